@@ -1,0 +1,1 @@
+//! Ferry's router: a pure function from an outbox row to a Kafka record.

@@ -1,0 +1,10 @@
+//! Ferry's logical-replication reader.
+//!
+//! The pure core (no I/O, always compiled): [`lsn`], [`pgoutput`] (the pgoutput decoder),
+//! [`wire`] (replication CopyData sub-messages), [`assembly`] (outbox transaction assembly) and
+//! [`progress`] (the feedback rules). The `io` feature adds the replication connection and slot
+//! management on top of tokio.
+
+pub mod lsn;
+
+pub use lsn::Lsn;

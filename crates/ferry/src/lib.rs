@@ -1,0 +1,1 @@
+//! Ferry: the pipeline from the replication slot to Kafka.
