@@ -1,1 +1,15 @@
-//! Test harness.
+//! Ferry's test harness: real servers for real tests.
+//!
+//! - [`pg`]: a throwaway PostgreSQL cluster with `wal_level=logical` (or `FERRY_TEST_PG_URL`),
+//!   one database per test.
+//! - [`kafka`] (feature `kafka`): a Kafka-protocol broker (or `FERRY_TEST_KAFKA_BROKERS`), topic
+//!   creation, and reading records back.
+//! - [`process`]: children that die with the test process, free ports, condition waits with
+//!   deadlines.
+
+#[cfg(feature = "kafka")]
+pub mod kafka;
+pub mod pg;
+pub mod process;
+
+pub use process::wait_until;

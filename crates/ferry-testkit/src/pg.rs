@@ -1,0 +1,473 @@
+//! PostgreSQL for tests: a throwaway PostgreSQL cluster with `wal_level=logical`, or the
+//! server named by `FERRY_TEST_PG_URL` (for example the docker-compose one).
+//!
+//! - [`shared`] is one server per test process. Each test takes its own database from it with
+//!   [`Postgres::create_db`], so tests run in parallel without seeing each other's slots or rows.
+//! - [`PgCluster::start`] is a private cluster for tests that restart or crash the server, or
+//!   need TLS.
+//!
+//! A local cluster runs as the `postgres` user when the tests run as root (initdb refuses root),
+//! in a temporary directory, on a free port, with the superuser `postgres`/`postgres` over
+//! SCRAM on TCP and trust on its Unix socket. It dies with the test process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::process::{self, spawn_owned};
+
+/// Environment variable naming an existing server (superuser URL) to use instead of a local cluster.
+pub const PG_URL_ENV: &str = "FERRY_TEST_PG_URL";
+/// Environment variable naming the PostgreSQL server binaries directory.
+pub const PG_BINDIR_ENV: &str = "FERRY_TEST_PG_BINDIR";
+/// The superuser password of local clusters.
+pub const SUPERUSER_PASSWORD: &str = "postgres";
+/// A role that local clusters authenticate with MD5 (created by tests that need it).
+pub const MD5_ROLE: &str = "ferry_md5_user";
+
+/// A PostgreSQL server tests can use.
+#[derive(Debug)]
+pub enum Postgres {
+    /// The server named by `FERRY_TEST_PG_URL`.
+    External { admin_url: String },
+    /// A cluster this process started.
+    Local(PgCluster),
+}
+
+/// The server shared by all tests of this process.
+pub fn shared() -> &'static Postgres {
+    static SHARED: OnceLock<Postgres> = OnceLock::new();
+    SHARED.get_or_init(|| match std::env::var(PG_URL_ENV) {
+        Ok(url) if !url.is_empty() => Postgres::External { admin_url: url },
+        _ => Postgres::Local(PgCluster::start_blocking(ClusterOptions::default())),
+    })
+}
+
+impl Postgres {
+    /// A superuser URL to the `postgres` database.
+    pub fn admin_url(&self) -> String {
+        match self {
+            Postgres::External { admin_url } => admin_url.clone(),
+            Postgres::Local(c) => c.url("postgres"),
+        }
+    }
+
+    /// A fresh, uniquely named database (dropped at the end of the test on external servers;
+    /// local clusters are thrown away whole).
+    pub async fn create_db(&self) -> TestDb {
+        let name = unique_name("ferry_t");
+        let admin = connect(&self.admin_url()).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+        let url = with_dbname(&self.admin_url(), &name);
+        TestDb {
+            name,
+            url,
+            admin_url: self.admin_url(),
+            cleanup: matches!(self, Postgres::External { .. }),
+        }
+    }
+}
+
+/// A database of its own for one test.
+#[derive(Debug)]
+pub struct TestDb {
+    /// Database name.
+    pub name: String,
+    /// Superuser URL to this database.
+    pub url: String,
+    admin_url: String,
+    cleanup: bool,
+}
+
+impl TestDb {
+    /// A new superuser connection to this database (its connection task runs on the current runtime).
+    pub async fn client(&self) -> tokio_postgres::Client {
+        connect(&self.url).await
+    }
+
+    /// This database's URL with another user and password.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        let rest = self.url.split_once('@').map(|(_, r)| r).unwrap_or("");
+        format!("postgres://{user}:{password}@{rest}")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if !self.cleanup {
+            return;
+        }
+        let (admin, name) = (self.admin_url.clone(), self.name.clone());
+        // Drop runs inside or outside a runtime: do the clean-up on a thread of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let c = connect(&admin).await;
+                let _ = c
+                    .execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                         WHERE database = $1 AND NOT active",
+                        &[&name],
+                    )
+                    .await;
+                let _ = c
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+/// Connects with tokio-postgres (no TLS), retrying briefly, and drives the connection in a task.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let mut last = None;
+    for _ in 0..50 {
+        match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+            Ok((client, conn)) => {
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                return client;
+            }
+            Err(e) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    panic!("connect to {url}: {last:?}");
+}
+
+/// `url` with its database name replaced.
+pub fn with_dbname(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map(|i| i + 3).unwrap_or(0);
+    let base = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{db}?{q}"),
+        None => format!("{base}/{db}"),
+    }
+}
+
+/// A name unique across processes and calls: `<prefix>_<pid>_<n>`.
+pub fn unique_name(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// How to set up a local cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Serve TLS with a test CA (see [`PgCluster::ca_cert`]); the server certificate names
+    /// `localhost` and `127.0.0.1`.
+    pub tls: bool,
+    /// Extra `postgresql.conf` lines.
+    pub extra_conf: Vec<String>,
+}
+
+/// A local throwaway cluster.
+#[derive(Debug)]
+pub struct PgCluster {
+    root: PathBuf,
+    port: u16,
+    bindir: PathBuf,
+    owner: Option<(u32, u32)>,
+    child: Mutex<Option<Child>>,
+}
+
+impl PgCluster {
+    /// initdb + start. Blocking; call from async code through [`PgCluster::start`].
+    pub fn start_blocking(opts: ClusterOptions) -> PgCluster {
+        let bindir = pg_bindir();
+        let owner = process::server_user();
+        let root = std::env::temp_dir().join(unique_name("ferry-pg"));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("sock")).expect("create cluster dir");
+        let data = root.join("data");
+        let pwfile = root.join("pwfile");
+        std::fs::write(&pwfile, SUPERUSER_PASSWORD).expect("write pwfile");
+        if let Some((uid, gid)) = owner {
+            for p in [&root, &root.join("sock"), &pwfile] {
+                std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown cluster dir");
+            }
+        }
+        let mut initdb = Command::new(bindir.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
+            .arg(format!("--pwfile={}", pwfile.display()));
+        as_owner(&mut initdb, owner);
+        let out = initdb.output().expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = process::free_port();
+        let mut conf = vec![
+            format!("port = {port}"),
+            "listen_addresses = '127.0.0.1'".into(),
+            format!("unix_socket_directories = '{}'", root.join("sock").display()),
+            "wal_level = logical".into(),
+            "max_wal_senders = 64".into(),
+            "max_replication_slots = 64".into(),
+            "max_connections = 300".into(),
+            "fsync = off".into(),
+            "full_page_writes = off".into(),
+            "password_encryption = 'scram-sha-256'".into(),
+            "shared_buffers = '64MB'".into(),
+            "max_slot_wal_keep_size = -1".into(),
+        ];
+        let mut hba = vec![
+            "local all all trust".to_string(),
+            format!("host all {MD5_ROLE} 127.0.0.1/32 md5"),
+        ];
+        if opts.tls {
+            make_certs(&root, owner);
+            conf.push("ssl = on".into());
+            conf.push(format!(
+                "ssl_cert_file = '{}'",
+                root.join("server.crt").display()
+            ));
+            conf.push(format!(
+                "ssl_key_file = '{}'",
+                root.join("server.key").display()
+            ));
+            // Over TLS only: a plaintext TCP connection is refused, so a test can tell.
+            hba.push("hostssl all all 127.0.0.1/32 scram-sha-256".into());
+        } else {
+            hba.push("host all all 127.0.0.1/32 scram-sha-256".into());
+        }
+        conf.extend(opts.extra_conf);
+        append(&data.join("postgresql.conf"), &conf.join("\n"));
+        std::fs::write(data.join("pg_hba.conf"), hba.join("\n") + "\n").expect("write pg_hba");
+        let cluster = PgCluster {
+            root,
+            port,
+            bindir,
+            owner,
+            child: Mutex::new(None),
+        };
+        cluster.spawn_postgres();
+        cluster
+    }
+
+    /// initdb + start, off the async runtime's threads.
+    pub async fn start(opts: ClusterOptions) -> PgCluster {
+        tokio::task::spawn_blocking(move || PgCluster::start_blocking(opts))
+            .await
+            .expect("start cluster")
+    }
+
+    fn spawn_postgres(&self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join("postgres.log"))
+            .expect("open postgres.log");
+        let mut cmd = Command::new(self.bindir.join("postgres"));
+        cmd.arg("-D")
+            .arg(self.root.join("data"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log);
+        as_owner(&mut cmd, self.owner);
+        let child = spawn_owned(cmd, libc::SIGQUIT).expect("spawn postgres");
+        *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let sock = self.socket_dir();
+        let start = std::time::Instant::now();
+        loop {
+            let ok = Command::new(self.bindir.join("pg_isready"))
+                .arg("-q")
+                .arg("-h")
+                .arg(&sock)
+                .arg("-p")
+                .arg(self.port.to_string())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return;
+            }
+            if let Some(status) = self.child_exited() {
+                panic!("postgres exited ({status}) during start-up; log:\n{}", self.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "postgres did not become ready within 60s; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn child_exited(&self) -> Option<std::process::ExitStatus> {
+        let mut g = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Stops the server: `fast` shutdown (SIGINT) or `immediate` (SIGQUIT, a crash: recovery on
+    /// the next start). Waits for the postmaster to exit.
+    pub fn stop(&self, immediate: bool) {
+        let mut g = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut child) = g.take() {
+            process::signal(
+                &child,
+                if immediate {
+                    libc::SIGQUIT
+                } else {
+                    libc::SIGINT
+                },
+            );
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port after [`PgCluster::stop`].
+    pub fn start_again(&self) {
+        self.spawn_postgres();
+    }
+
+    /// Superuser URL to database `db` over TCP.
+    pub fn url(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres:{SUPERUSER_PASSWORD}@127.0.0.1:{}/{db}",
+            self.port
+        )
+    }
+
+    /// TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Directory holding the Unix socket (`.s.PGSQL.<port>`).
+    pub fn socket_dir(&self) -> PathBuf {
+        self.root.join("sock")
+    }
+
+    /// The test CA's certificate (PEM), present when started with `tls`.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.root.join("ca.crt")
+    }
+
+    /// The server log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("postgres.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        self.stop(true);
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
+    use std::os::unix::process::CommandExt;
+    if let Some((uid, gid)) = owner {
+        cmd.uid(uid).gid(gid);
+    }
+}
+
+fn append(path: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .expect("open postgresql.conf");
+    writeln!(f, "\n{text}").expect("append postgresql.conf");
+}
+
+/// The PostgreSQL server binaries: `FERRY_TEST_PG_BINDIR`, else the newest
+/// `/usr/lib/postgresql/*/bin`, else `PATH`.
+pub fn pg_bindir() -> PathBuf {
+    if let Ok(d) = std::env::var(PG_BINDIR_ENV) {
+        return PathBuf::from(d);
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((v, bin))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| PathBuf::from(""))
+}
+
+/// A test CA and a server certificate for `localhost` / `127.0.0.1`, made with the openssl CLI.
+fn make_certs(root: &Path, owner: Option<(u32, u32)>) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .expect("run openssl (the test TLS certificates need the openssl command)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        root.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("write san.ext");
+    run(&[
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=ferry-test-ca",
+        "-keyout", "ca.key", "-out", "ca.crt",
+    ]);
+    run(&[
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "server.key",
+        "-out", "server.csr",
+    ]);
+    run(&[
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "server.crt",
+    ]);
+    if let Some((uid, gid)) = owner {
+        for f in ["server.key", "server.crt", "ca.crt"] {
+            std::os::unix::fs::chown(root.join(f), Some(uid), Some(gid)).expect("chown cert");
+        }
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        root.join("server.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .expect("chmod server.key");
+}

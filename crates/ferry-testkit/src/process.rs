@@ -1,0 +1,105 @@
+//! Child processes that cannot outlive the test process.
+//!
+//! Every server a test starts (postgres, a broker, the ferry binary) is spawned with
+//! `PR_SET_PDEATHSIG`, so a test binary that panics, is killed, or simply exits takes its
+//! servers with it. The kernel ties that signal to the *thread* that forked the child, so all
+//! spawns go through one long-lived spawner thread: a test thread or a tokio worker that ends
+//! would otherwise kill the servers it started.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("ferry-testkit-spawner".into())
+            .spawn(move || {
+                // Lives as long as the process: the parent-death signal of every child is tied to it.
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("spawn the testkit spawner thread");
+        Mutex::new(tx)
+    })
+}
+
+/// Spawns `cmd` so that it receives `signal` when the test process dies.
+pub fn spawn_owned(mut cmd: Command, signal: libc::c_int) -> io::Result<Child> {
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent; this is the
+    // documented way to tie a child's lifetime to its parent on Linux.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, tx))
+        .map_err(|_| io::Error::other("testkit spawner thread is gone"))?;
+    rx.recv()
+        .map_err(|_| io::Error::other("testkit spawner thread is gone"))?
+}
+
+/// Sends `signal` to a child (no-op if it already exited).
+pub fn signal(child: &Child, signal: libc::c_int) {
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) with a pid we own; a stale pid at worst gets ESRCH.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, signal);
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Waits until `cond` holds, polling with a short backoff, or panics with `what` at the deadline.
+pub async fn wait_until<F, Fut>(what: &str, deadline: std::time::Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(5);
+    loop {
+        if cond().await {
+            return;
+        }
+        if start.elapsed() > deadline {
+            panic!("timed out after {deadline:?} waiting for: {what}");
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The uid/gid to run servers as: `postgres` when we are root (initdb refuses root), else ourselves.
+pub fn server_user() -> Option<(u32, u32)> {
+    #[allow(unsafe_code)]
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        return None;
+    }
+    let out = Command::new("id").args(["-u", "postgres"]).output().ok()?;
+    let uid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    let out = Command::new("id").args(["-g", "postgres"]).output().ok()?;
+    let gid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some((uid, gid))
+}
