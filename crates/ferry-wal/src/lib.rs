@@ -5,6 +5,10 @@
 //! [`progress`] (the feedback rules). The `io` feature adds the replication connection and slot
 //! management on top of tokio.
 
+pub mod assembly;
 pub mod lsn;
+pub mod pgoutput;
+pub mod wire;
 
 pub use lsn::Lsn;
+pub use wire::PgTimestamp;

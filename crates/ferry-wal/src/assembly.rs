@@ -1,0 +1,481 @@
+//! Outbox transaction assembly: turns a decoded pgoutput (protocol version 1) stream into the
+//! events the pipeline acts on — transaction boundaries, outbox rows and outbox messages.
+//!
+//! # What it does
+//!
+//! [`Assembler::push`] takes each decoded message with the `wal_start` of the XLogData it came
+//! in, and returns at most one [`OutboxEvent`]:
+//!
+//! - **Begin / Commit for every transaction**, even one without outbox rows: the pipeline needs
+//!   every `end_lsn` to move the checkpoint past WAL that holds nothing for it.
+//! - **A Row per INSERT into the outbox table**, yielded as it arrives. A transaction is never
+//!   buffered here: with protocol version 1 the server sends a transaction only once it has
+//!   committed, so a row can be produced as soon as it is read; the pipeline still checkpoints
+//!   only at the Commit's `end_lsn`.
+//! - **A Message per transactional logical decoding message** whose prefix is the configured
+//!   one (`pg_logical_emit_message(true, prefix, content)`), an alternative to the table.
+//!
+//! Everything else is counted in [`AssemblyStats`] and skipped: inserts into other tables,
+//! UPDATE/DELETE/TRUNCATE (on the outbox, which suggests someone edits it by hand, separately
+//! from other tables), non-transactional messages (which are not atomic with anything, so
+//! relaying them would break the outbox contract), messages with other prefixes. Origin and Type
+//! messages are ignored.
+//!
+//! # Relations
+//!
+//! Rows carry no column names: each Insert names a relation oid whose layout the server sent
+//! earlier in a Relation message (before the first change of each relation in a session, and
+//! again whenever the relation changes). The assembler keeps the latest layout per oid in an
+//! [`Arc`]; each row holds the snapshot it was decoded with, so a column added or reordered
+//! mid-stream maps later rows by name correctly while earlier rows keep their meaning. A
+//! Relation is matched to the [`OutboxSource`] when it arrives, so the per-row cost is a hash
+//! lookup, an `Arc` clone and the move of the decoded values.
+//!
+//! # Misuse
+//!
+//! The stream must be well-formed: a Commit without Begin, a Begin inside a transaction, a
+//! Commit whose `commit_lsn` differs from the Begin's `final_lsn`, a change or transactional
+//! message outside a transaction, a change to a relation never described, an outbox row whose
+//! column count differs from its relation's, and any protocol version 2 stream message are an
+//! [`AssemblyError`] naming the xid and LSN. Such an error means the stream cannot be trusted:
+//! the caller should stop, and [`Assembler::reset`] before reading again. `reset` is also what
+//! a reconnect calls: the server resends relations and restarts at a transaction boundary.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::lsn::Lsn;
+use crate::pgoutput::{
+    Column, PgOutputMessage, PgTimestamp, Relation, ReplicaIdentity, TupleValue,
+};
+
+/// What counts as the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxSource {
+    /// The outbox table's schema, as in `pg_namespace` (e.g. `public`).
+    pub schema: String,
+    /// The outbox table's name.
+    pub table: String,
+    /// If set, transactional logical messages with exactly this prefix are outbox records too.
+    pub message_prefix: Option<String>,
+}
+
+/// What the pipeline is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutboxEvent {
+    Begin(TxnBegin),
+    Row(OutboxRow),
+    Message(OutboxMessage),
+    Commit(TxnCommit),
+}
+
+/// A transaction starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnBegin {
+    pub xid: u32,
+    /// The Begin's `final_lsn`: where the commit record starts.
+    pub commit_lsn: Lsn,
+    pub commit_time: PgTimestamp,
+}
+
+/// A transaction ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnCommit {
+    pub xid: u32,
+    pub commit_lsn: Lsn,
+    /// The end of the commit record: what becomes the checkpoint once the transaction's records
+    /// are durable.
+    pub end_lsn: Lsn,
+    pub commit_time: PgTimestamp,
+    /// Rows and messages yielded for this transaction.
+    pub rows: u64,
+}
+
+/// An INSERT into the outbox table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    pub xid: u32,
+    /// The `wal_start` of the XLogData that carried the Insert.
+    pub lsn: Lsn,
+    /// The relation layout the row was decoded with.
+    pub relation: Arc<RelationInfo>,
+    /// Column values in `relation.columns` order.
+    pub values: Vec<TupleValue>,
+}
+
+impl OutboxRow {
+    /// The named column's type oid and value.
+    pub fn get(&self, column: &str) -> Option<(u32, &TupleValue)> {
+        let i = self.relation.column_index(column)?;
+        let value = self.values.get(i)?;
+        Some((self.relation.columns[i].type_oid, value))
+    }
+}
+
+/// A transactional logical decoding message with the outbox prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxMessage {
+    pub xid: u32,
+    /// The `wal_start` of the XLogData that carried the message.
+    pub lsn: Lsn,
+    /// The message's own LSN, as sent in the message.
+    pub message_lsn: Lsn,
+    /// The content: a zero-copy slice of the replication data.
+    pub content: Bytes,
+}
+
+/// A relation's layout as last described by the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationInfo {
+    pub oid: u32,
+    pub namespace: String,
+    pub name: String,
+    pub replica_identity: ReplicaIdentity,
+    pub columns: Vec<Column>,
+}
+
+impl RelationInfo {
+    /// The position of the named column in tuples of this relation.
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+}
+
+impl From<Relation> for RelationInfo {
+    fn from(r: Relation) -> Self {
+        RelationInfo {
+            oid: r.oid,
+            namespace: r.namespace,
+            name: r.name,
+            replica_identity: r.replica_identity,
+            columns: r.columns,
+        }
+    }
+}
+
+/// Counters of what was seen and skipped. Cumulative: [`Assembler::reset`] keeps them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AssemblyStats {
+    /// Commits seen.
+    pub transactions: u64,
+    /// Relation messages seen.
+    pub relations: u64,
+    /// Outbox rows yielded.
+    pub outbox_rows: u64,
+    /// Outbox messages yielded.
+    pub outbox_messages: u64,
+    /// Skipped UPDATEs of the outbox table.
+    pub outbox_updates: u64,
+    /// Skipped DELETEs from the outbox table.
+    pub outbox_deletes: u64,
+    /// Skipped TRUNCATEs that included the outbox table.
+    pub outbox_truncates: u64,
+    /// Skipped INSERTs into other tables.
+    pub other_inserts: u64,
+    /// Skipped UPDATEs of other tables.
+    pub other_updates: u64,
+    /// Skipped DELETEs from other tables.
+    pub other_deletes: u64,
+    /// Skipped TRUNCATEs of other tables only.
+    pub other_truncates: u64,
+    /// Skipped non-transactional messages with the outbox prefix.
+    pub non_transactional_outbox_messages: u64,
+    /// Skipped messages with another prefix (or any prefix when none is configured).
+    pub other_messages: u64,
+}
+
+/// Why the stream could not be assembled; see the module docs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssemblyError {
+    #[error("Commit (commit_lsn {commit_lsn}) at {lsn} without a Begin")]
+    CommitWithoutBegin { commit_lsn: Lsn, lsn: Lsn },
+    #[error("Begin of xid {xid} at {lsn} while xid {open_xid} (commit_lsn {open_commit_lsn}) is still open")]
+    BeginInsideTransaction {
+        xid: u32,
+        lsn: Lsn,
+        open_xid: u32,
+        open_commit_lsn: Lsn,
+    },
+    #[error("Commit of xid {xid} at {lsn} has commit_lsn {commit_lsn}, but its Begin said {begin_final_lsn}")]
+    CommitLsnMismatch {
+        xid: u32,
+        lsn: Lsn,
+        begin_final_lsn: Lsn,
+        commit_lsn: Lsn,
+    },
+    #[error("{what} at {lsn} outside a transaction")]
+    OutsideTransaction { what: &'static str, lsn: Lsn },
+    #[error("{what} of xid {xid} at {lsn} names relation oid {oid}, which no Relation message described")]
+    UnknownRelation {
+        what: &'static str,
+        xid: u32,
+        lsn: Lsn,
+        oid: u32,
+    },
+    #[error("outbox row of xid {xid} at {lsn} has {values} values but relation {namespace}.{name} has {columns} columns")]
+    ColumnCountMismatch {
+        xid: u32,
+        lsn: Lsn,
+        namespace: String,
+        name: String,
+        values: usize,
+        columns: usize,
+    },
+    #[error("{what} (in-stream xid {stream_xid:?}) at {lsn} in transaction {xid:?}: streaming messages need protocol version 2, and Ferry reads version 1")]
+    StreamingMessage {
+        what: &'static str,
+        xid: Option<u32>,
+        stream_xid: Option<u32>,
+        lsn: Lsn,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct CachedRelation {
+    info: Arc<RelationInfo>,
+    is_outbox: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OpenTxn {
+    xid: u32,
+    commit_lsn: Lsn,
+    yielded: u64,
+}
+
+/// The assembly state machine; see the module docs.
+#[derive(Debug)]
+pub struct Assembler {
+    source: OutboxSource,
+    relations: HashMap<u32, CachedRelation>,
+    txn: Option<OpenTxn>,
+    stats: AssemblyStats,
+}
+
+impl Assembler {
+    pub fn new(source: OutboxSource) -> Self {
+        Assembler {
+            source,
+            relations: HashMap::new(),
+            txn: None,
+            stats: AssemblyStats::default(),
+        }
+    }
+
+    pub fn source(&self) -> &OutboxSource {
+        &self.source
+    }
+
+    pub fn stats(&self) -> &AssemblyStats {
+        &self.stats
+    }
+
+    /// The xid of the open transaction, if any.
+    pub fn open_xid(&self) -> Option<u32> {
+        self.txn.map(|t| t.xid)
+    }
+
+    /// The cached layout of a relation.
+    pub fn relation(&self, oid: u32) -> Option<&Arc<RelationInfo>> {
+        self.relations.get(&oid).map(|r| &r.info)
+    }
+
+    /// Forgets relations and any open transaction (on reconnect). Stats are kept.
+    pub fn reset(&mut self) {
+        self.relations.clear();
+        self.txn = None;
+    }
+
+    /// Feeds one message that arrived in an XLogData starting at `wal_start`.
+    pub fn push(
+        &mut self,
+        wal_start: Lsn,
+        msg: PgOutputMessage,
+    ) -> Result<Option<OutboxEvent>, AssemblyError> {
+        let lsn = wal_start;
+        if let Some(stream_xid) = msg.stream_xid() {
+            return Err(self.streaming(&msg, Some(stream_xid), lsn));
+        }
+        match msg {
+            PgOutputMessage::Begin(b) => {
+                if let Some(open) = self.txn {
+                    return Err(AssemblyError::BeginInsideTransaction {
+                        xid: b.xid,
+                        lsn,
+                        open_xid: open.xid,
+                        open_commit_lsn: open.commit_lsn,
+                    });
+                }
+                self.txn = Some(OpenTxn {
+                    xid: b.xid,
+                    commit_lsn: b.final_lsn,
+                    yielded: 0,
+                });
+                Ok(Some(OutboxEvent::Begin(TxnBegin {
+                    xid: b.xid,
+                    commit_lsn: b.final_lsn,
+                    commit_time: b.commit_time,
+                })))
+            }
+            PgOutputMessage::Commit(c) => {
+                let Some(open) = self.txn else {
+                    return Err(AssemblyError::CommitWithoutBegin {
+                        commit_lsn: c.commit_lsn,
+                        lsn,
+                    });
+                };
+                if open.commit_lsn != c.commit_lsn {
+                    return Err(AssemblyError::CommitLsnMismatch {
+                        xid: open.xid,
+                        lsn,
+                        begin_final_lsn: open.commit_lsn,
+                        commit_lsn: c.commit_lsn,
+                    });
+                }
+                self.txn = None;
+                self.stats.transactions += 1;
+                Ok(Some(OutboxEvent::Commit(TxnCommit {
+                    xid: open.xid,
+                    commit_lsn: c.commit_lsn,
+                    end_lsn: c.end_lsn,
+                    commit_time: c.commit_time,
+                    rows: open.yielded,
+                })))
+            }
+            PgOutputMessage::Origin(_) | PgOutputMessage::Type(_) => Ok(None),
+            PgOutputMessage::Relation(r) => {
+                let is_outbox = r.namespace == self.source.schema && r.name == self.source.table;
+                let info = Arc::new(RelationInfo::from(r));
+                self.relations
+                    .insert(info.oid, CachedRelation { info, is_outbox });
+                self.stats.relations += 1;
+                Ok(None)
+            }
+            PgOutputMessage::Insert(i) => {
+                let xid = self.open("Insert", lsn)?.xid;
+                let rel = self.lookup("Insert", xid, lsn, i.relation_oid)?;
+                if !rel.is_outbox {
+                    self.stats.other_inserts += 1;
+                    return Ok(None);
+                }
+                if i.new.len() != rel.info.columns.len() {
+                    return Err(AssemblyError::ColumnCountMismatch {
+                        xid,
+                        lsn,
+                        namespace: rel.info.namespace.clone(),
+                        name: rel.info.name.clone(),
+                        values: i.new.len(),
+                        columns: rel.info.columns.len(),
+                    });
+                }
+                let relation = Arc::clone(&rel.info);
+                self.stats.outbox_rows += 1;
+                self.count_yield();
+                Ok(Some(OutboxEvent::Row(OutboxRow {
+                    xid,
+                    lsn,
+                    relation,
+                    values: i.new,
+                })))
+            }
+            PgOutputMessage::Update(u) => {
+                let xid = self.open("Update", lsn)?.xid;
+                if self.lookup("Update", xid, lsn, u.relation_oid)?.is_outbox {
+                    self.stats.outbox_updates += 1;
+                } else {
+                    self.stats.other_updates += 1;
+                }
+                Ok(None)
+            }
+            PgOutputMessage::Delete(d) => {
+                let xid = self.open("Delete", lsn)?.xid;
+                if self.lookup("Delete", xid, lsn, d.relation_oid)?.is_outbox {
+                    self.stats.outbox_deletes += 1;
+                } else {
+                    self.stats.other_deletes += 1;
+                }
+                Ok(None)
+            }
+            PgOutputMessage::Truncate(t) => {
+                let xid = self.open("Truncate", lsn)?.xid;
+                let mut outbox = false;
+                for &oid in &t.relation_oids {
+                    outbox |= self.lookup("Truncate", xid, lsn, oid)?.is_outbox;
+                }
+                if outbox {
+                    self.stats.outbox_truncates += 1;
+                } else {
+                    self.stats.other_truncates += 1;
+                }
+                Ok(None)
+            }
+            PgOutputMessage::Message(m) => {
+                let ours = self.source.message_prefix.as_deref() == Some(m.prefix.as_str());
+                if !m.transactional {
+                    if ours {
+                        self.stats.non_transactional_outbox_messages += 1;
+                    } else {
+                        self.stats.other_messages += 1;
+                    }
+                    return Ok(None);
+                }
+                let xid = self.open("transactional Message", lsn)?.xid;
+                if !ours {
+                    self.stats.other_messages += 1;
+                    return Ok(None);
+                }
+                self.stats.outbox_messages += 1;
+                self.count_yield();
+                Ok(Some(OutboxEvent::Message(OutboxMessage {
+                    xid,
+                    lsn,
+                    message_lsn: m.lsn,
+                    content: m.content,
+                })))
+            }
+            PgOutputMessage::StreamStart(s) => Err(self.streaming(&msg, Some(s.xid), lsn)),
+            PgOutputMessage::StreamCommit(s) => Err(self.streaming(&msg, Some(s.xid), lsn)),
+            PgOutputMessage::StreamAbort(s) => Err(self.streaming(&msg, Some(s.xid), lsn)),
+            PgOutputMessage::StreamStop => Err(self.streaming(&msg, None, lsn)),
+        }
+    }
+
+    fn open(&self, what: &'static str, lsn: Lsn) -> Result<OpenTxn, AssemblyError> {
+        self.txn
+            .ok_or(AssemblyError::OutsideTransaction { what, lsn })
+    }
+
+    fn lookup(
+        &self,
+        what: &'static str,
+        xid: u32,
+        lsn: Lsn,
+        oid: u32,
+    ) -> Result<&CachedRelation, AssemblyError> {
+        self.relations
+            .get(&oid)
+            .ok_or(AssemblyError::UnknownRelation {
+                what,
+                xid,
+                lsn,
+                oid,
+            })
+    }
+
+    fn count_yield(&mut self) {
+        if let Some(txn) = &mut self.txn {
+            txn.yielded += 1;
+        }
+    }
+
+    fn streaming(&self, msg: &PgOutputMessage, stream_xid: Option<u32>, lsn: Lsn) -> AssemblyError {
+        AssemblyError::StreamingMessage {
+            what: crate::pgoutput::tag::name(msg.tag()).unwrap_or("message"),
+            xid: self.open_xid(),
+            stream_xid,
+            lsn,
+        }
+    }
+}
