@@ -1,1 +1,125 @@
-//! Ferry's router: a pure function from an outbox row to a Kafka record.
+//! Ferry's router: a pure function from an outbox row (or a table-less outbox message) to the Kafka
+//! record to produce: topic, key, headers, value, partition and timestamp. No I/O, no rdkafka, no
+//! tokio.
+//!
+//! This is where "point Ferry at the outbox table you already have" is won or lost, so every column
+//! is configurable and the defaults are Debezium's Outbox Event Router's: a Debezium user changes a
+//! config file, not an application.
+//!
+//! | Debezium (`transforms.outbox.*`)        | Ferry                                              |
+//! |-----------------------------------------|----------------------------------------------------|
+//! | `table.field.event.id` = `id`           | `outbox.id_column` = `"id"` (sent as header `id`)  |
+//! | `table.field.event.key` = `aggregateid` | `outbox.aggregate_id_column` = `"aggregateid"`     |
+//! | `table.field.event.payload` = `payload` | `outbox.payload_column` = `"payload"`              |
+//! | `table.field.event.timestamp`           | `outbox.timestamp_column`                          |
+//! | `route.by.field` = `aggregatetype`      | `outbox.aggregate_type_column` = `"aggregatetype"` |
+//! | `route.topic.replacement` = `outbox.event.${routedByValue}` | `route.topic` = `"outbox.event.{aggregatetype}"` |
+//! | `route.topic.regex` + `route.topic.replacement` | a `[[route.rules]]` entry with `regex` and `$1`/`${name}` |
+//! | `route.tombstone.on.empty.payload`      | `route.tombstone_on_null_payload`                  |
+//! | `table.fields.additional.placement`     | `route.additional_placement` (same syntax)         |
+//!
+//! # What a row becomes
+//! - **Topic**: the `route.topic` template over columns (`{column}` placeholders; default
+//!   `outbox.event.{aggregatetype}`), unless a `[[route.rules]]` entry matches first (exact value or
+//!   whole-value regex). A template without placeholders is a fixed topic. The result must be a legal
+//!   Kafka topic name (`[a-zA-Z0-9._-]`, 1 to 249 characters, not `.`/`..`); otherwise the row is a
+//!   routing error, never a mangled name.
+//! - **Key**: the aggregate id's text (bytea decoded), never JSON-quoted, so all events of an
+//!   aggregate share a partition and stay in order. The partition is the Java client's
+//!   ([`java_partition`]: `toPositive(murmur2(key)) % n`) unless a partition column is mapped.
+//!   A NULL aggregate id gives a keyless record.
+//! - **Headers**: `id` (event id, for consumer-side deduplication) and `type` by default (names
+//!   configurable, `""` to omit), then `[[route.headers]]` and `header` placements. Values are the
+//!   column's text bytes (bytea decoded); a NULL column gives a null header value.
+//! - **Value**: the payload as stored: json/jsonb/text as their UTF-8 text, bytea decoded to raw
+//!   bytes, zero-copy. With `route.envelope = true` it is `{"payload": <payload>, <fields>...}`
+//!   (json/jsonb embedded as JSON, text as a JSON string, bytea as base64, integers as numbers).
+//!   A NULL payload is a tombstone when `route.tombstone_on_null_payload`, else a routing error.
+//! - **Timestamp**: the commit time, or the mapped timestamp column when it is not NULL.
+//!
+//! Errors name the event id and the reason ([`RouteError`]); the binary applies `route.on_error`
+//! (`fail`, `skip`, `dead_letter`; [`Router::dead_letter`] builds the dead-letter record).
+//!
+//! # Configuration
+//! The full reference is `config.md` beside this crate's `Cargo.toml`. An example:
+//!
+//! ```toml
+//! [outbox]
+//! table = "public.outbox"              # "schema.table" or "table" (schema public)
+//! id_column = "id"
+//! aggregate_type_column = "aggregatetype"
+//! aggregate_id_column = "aggregateid"
+//! type_column = "type"
+//! payload_column = "payload"
+//! timestamp_column = "created_at"      # optional; default: commit time
+//! # partition_column = "partition"     # optional; default: murmur2 of the key
+//! message_prefix = "outbox"            # optional; table-less outbox messages
+//!
+//! [route]
+//! topic = "outbox.event.{aggregatetype}"
+//! id_header = "id"
+//! type_header = "type"
+//! envelope = false
+//! tombstone_on_null_payload = false
+//! max_payload_bytes = 983040
+//! on_error = "dead_letter"             # "fail" (default) | "skip" | "dead_letter"
+//! dead_letter_topic = "outbox.dead-letter"
+//! additional_placement = "tenant:header:tenant-id"
+//!
+//! [[route.rules]]
+//! column = "aggregatetype"
+//! equals = "Order"
+//! topic = "orders"
+//!
+//! [[route.rules]]
+//! column = "aggregatetype"
+//! regex = "legacy_(?<name>.+)"
+//! topic = "legacy.${name}"
+//!
+//! [[route.headers]]
+//! column = "trace_id"
+//! name = "traceparent"
+//! ```
+//!
+//! ```
+//! # let toml_text = "";
+//! use ferry_router::{OutboxConfig, RouteConfig, Router, SimpleRow, oid};
+//! let router = Router::new(&OutboxConfig::default(), &RouteConfig::default()).unwrap();
+//! let row = SimpleRow::new()
+//!     .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
+//!     .with("aggregatetype", oid::VARCHAR, "order")
+//!     .with("aggregateid", oid::VARCHAR, "42")
+//!     .with("type", oid::VARCHAR, "OrderCreated")
+//!     .with("payload", oid::JSONB, r#"{"total": 39.98}"#);
+//! let record = router.route_row(&row, 1_795_341_600_000_000).unwrap();
+//! assert_eq!(&*record.topic, "outbox.event.order");
+//! assert_eq!(record.key.as_deref(), Some(&b"42"[..]));
+//! assert_eq!(record.value.as_deref(), Some(&br#"{"total": 39.98}"#[..]));
+//! assert_eq!(record.timestamp_ms, Some(1_795_341_600_000));
+//! ```
+
+pub mod config;
+pub mod error;
+pub mod message;
+pub mod murmur2;
+mod router;
+pub mod row;
+pub mod template;
+pub mod topic;
+mod validate;
+pub mod value;
+
+pub use config::{
+    HeaderConfig, OnError, OutboxConfig, Placement, PlacementLocation, RouteConfig, RuleConfig,
+    TableName,
+};
+pub use error::{FieldRole, RouteError, RouteErrorReason};
+pub use murmur2::{java_partition, murmur2, to_positive};
+pub use router::{
+    Header, Record, Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER,
+    TOPIC_CACHE_CAPACITY,
+};
+pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
+pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
+pub use validate::{validate, ConfigErrors, ConfigProblem};
+pub use value::PG_EPOCH_OFFSET_MICROS;

@@ -1,0 +1,411 @@
+//! The `[outbox]` and `[route]` sections of Ferry's configuration: serde types, their defaults as named
+//! constants, and the parsed outbox table name.
+//!
+//! Both sections are closed (`deny_unknown_fields`): a misspelt key is an error, not a silently ignored
+//! line. Every scalar key is flat and snake_case so that the binary can also set it from the environment
+//! as `FERRY_<SECTION>_<KEY>` (e.g. `FERRY_OUTBOX_ID_COLUMN`, `FERRY_ROUTE_MAX_PAYLOAD_BYTES`). Validation
+//! lives in [`crate::validate`]; the full reference with an example is `config.md` in this crate.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Default outbox table: `public.outbox`, Debezium's conventional name.
+pub const DEFAULT_TABLE: &str = "public.outbox";
+/// Schema assumed when `outbox.table` names no schema.
+pub const DEFAULT_SCHEMA: &str = "public";
+/// Default event id column (Debezium `table.field.event.id`).
+pub const DEFAULT_ID_COLUMN: &str = "id";
+/// Default aggregate type column (Debezium `route.by.field`).
+pub const DEFAULT_AGGREGATE_TYPE_COLUMN: &str = "aggregatetype";
+/// Default aggregate id column, the record key (Debezium `table.field.event.key`).
+pub const DEFAULT_AGGREGATE_ID_COLUMN: &str = "aggregateid";
+/// Default event type column.
+pub const DEFAULT_TYPE_COLUMN: &str = "type";
+/// Default payload column (Debezium `table.field.event.payload`).
+pub const DEFAULT_PAYLOAD_COLUMN: &str = "payload";
+
+/// Topic template used when `route.topic` is unset, with the default column mapping. When unset, the
+/// effective template is `outbox.event.{<outbox.aggregate_type_column>}` (Debezium's
+/// `route.topic.replacement` default `outbox.event.${routedByValue}` with `route.by.field` the
+/// aggregate type column), so renaming the aggregate type column does not break the default topic.
+pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregatetype}";
+/// Prefix of the default topic template.
+pub const DEFAULT_TOPIC_PREFIX: &str = "outbox.event.";
+/// Default header carrying the event id (consumer-side deduplication: the inbox pattern). Debezium
+/// sends the same header.
+pub const DEFAULT_ID_HEADER: &str = "id";
+/// Default header carrying the event type.
+pub const DEFAULT_TYPE_HEADER: &str = "type";
+/// Key of the payload inside the JSON object produced in envelope mode (Debezium's envelope field).
+pub const ENVELOPE_PAYLOAD_KEY: &str = "payload";
+
+/// librdkafka's default `message.max.bytes` (1,000,000): the producer refuses larger messages.
+pub const LIBRDKAFKA_MESSAGE_MAX_BYTES: usize = 1_000_000;
+/// The Kafka broker's default `message.max.bytes` (1,048,588 = 1 MiB + 12): the largest record batch
+/// a broker accepts unless the topic's `max.message.bytes` says otherwise.
+pub const KAFKA_BROKER_MESSAGE_MAX_BYTES: usize = 1_048_588;
+/// Default `route.max_payload_bytes`: 960 KiB (983,040 bytes). Below both limits above, leaving
+/// 16,960 bytes under librdkafka's for the key, headers and record-batch overhead. Raise it only
+/// together with librdkafka's `message.max.bytes` and the topic's `max.message.bytes`.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 960 * 1024;
+/// Upper bound for `route.max_payload_bytes`: librdkafka's maximum `message.max.bytes`.
+pub const MAX_MAX_PAYLOAD_BYTES: usize = 1_000_000_000;
+/// Default `route.on_error`.
+pub const DEFAULT_ON_ERROR: OnError = OnError::Fail;
+
+/// `[outbox]`: where the outbox is and which columns play which role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    /// The outbox table, `schema.table` or `table` (schema `public`). Identifiers follow SQL rules:
+    /// unquoted ones are folded to lower case, double-quoted ones are taken as written.
+    pub table: String,
+    /// Column holding the event id; sent as the `id` header.
+    pub id_column: String,
+    /// Column holding the aggregate type; names the topic by default.
+    pub aggregate_type_column: String,
+    /// Column holding the aggregate id; its text is the record key.
+    pub aggregate_id_column: String,
+    /// Column holding the event type; sent as the `type` header.
+    pub type_column: String,
+    /// Column holding the payload; it becomes the record value as stored.
+    pub payload_column: String,
+    /// Optional column whose value is the record timestamp (timestamptz, timestamp, or an integer
+    /// of epoch milliseconds). Unset: the transaction's commit time.
+    pub timestamp_column: Option<String>,
+    /// Optional column holding an explicit partition number (an integer >= 0). Unset: the partition
+    /// is chosen from the key by the Java-compatible murmur2 partitioner.
+    pub partition_column: Option<String>,
+    /// Optional prefix of table-less outbox messages (`pg_logical_emit_message(true, prefix, doc)`).
+    /// Unset: logical decoding messages are not routed.
+    pub message_prefix: Option<String>,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            table: DEFAULT_TABLE.to_owned(),
+            id_column: DEFAULT_ID_COLUMN.to_owned(),
+            aggregate_type_column: DEFAULT_AGGREGATE_TYPE_COLUMN.to_owned(),
+            aggregate_id_column: DEFAULT_AGGREGATE_ID_COLUMN.to_owned(),
+            type_column: DEFAULT_TYPE_COLUMN.to_owned(),
+            payload_column: DEFAULT_PAYLOAD_COLUMN.to_owned(),
+            timestamp_column: None,
+            partition_column: None,
+            message_prefix: None,
+        }
+    }
+}
+
+impl OutboxConfig {
+    /// The parsed `table` (schema and relation name as PostgreSQL stores them, i.e. as pgoutput's
+    /// Relation message reports them).
+    pub fn table_name(&self) -> Result<TableName, String> {
+        self.table.parse()
+    }
+}
+
+/// What the router does about a row it cannot route. The router only reports; the binary applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Stop, checkpoint nothing past the row (the default: nothing is lost silently).
+    #[default]
+    Fail,
+    /// Skip the row with a log line and a metric.
+    Skip,
+    /// Produce the row to `route.dead_letter_topic` with the reason as a header.
+    DeadLetter,
+}
+
+impl OnError {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::Fail => "fail",
+            OnError::Skip => "skip",
+            OnError::DeadLetter => "dead_letter",
+        }
+    }
+}
+
+impl fmt::Display for OnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OnError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fail" => Ok(OnError::Fail),
+            "skip" => Ok(OnError::Skip),
+            "dead_letter" => Ok(OnError::DeadLetter),
+            other => Err(format!(
+                "unknown value {other:?}; expected \"fail\", \"skip\" or \"dead_letter\""
+            )),
+        }
+    }
+}
+
+/// `[route]`: how a row becomes a Kafka record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteConfig {
+    /// Topic template: literal text with `{column}` placeholders. A template without placeholders
+    /// is a fixed topic. Unset: `outbox.event.{<outbox.aggregate_type_column>}`.
+    pub topic: Option<String>,
+    /// Ordered override rules; the first that matches picks the topic.
+    pub rules: Vec<RuleConfig>,
+    /// Extra columns placed as headers.
+    pub headers: Vec<HeaderConfig>,
+    /// Name of the event id header; `""` sends none.
+    pub id_header: String,
+    /// Name of the event type header; `""` sends none.
+    pub type_header: String,
+    /// Wrap the payload in a JSON object `{"payload": ..., <envelope fields>}`.
+    pub envelope: bool,
+    /// Columns added to the envelope, under their own names (needs `envelope = true`).
+    pub envelope_fields: Vec<String>,
+    /// Debezium's `table.fields.additional.placement`, verbatim: comma-separated
+    /// `column:header[:alias]`, `column:envelope[:alias]` or `column:partition`.
+    pub additional_placement: Option<String>,
+    /// A NULL payload becomes a tombstone (null value) instead of a routing error.
+    pub tombstone_on_null_payload: bool,
+    /// Largest record value accepted, in bytes; a larger one is a routing error.
+    pub max_payload_bytes: usize,
+    /// What the binary does about a row that cannot be routed.
+    pub on_error: OnError,
+    /// Topic for rows that cannot be routed; required iff `on_error = "dead_letter"`.
+    pub dead_letter_topic: Option<String>,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            topic: None,
+            rules: Vec::new(),
+            headers: Vec::new(),
+            id_header: DEFAULT_ID_HEADER.to_owned(),
+            type_header: DEFAULT_TYPE_HEADER.to_owned(),
+            envelope: false,
+            envelope_fields: Vec::new(),
+            additional_placement: None,
+            tombstone_on_null_payload: false,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            on_error: DEFAULT_ON_ERROR,
+            dead_letter_topic: None,
+        }
+    }
+}
+
+impl RouteConfig {
+    /// The topic template in effect: `topic`, or the default built from the aggregate type column.
+    pub fn topic_template(&self, outbox: &OutboxConfig) -> String {
+        match &self.topic {
+            Some(t) => t.clone(),
+            None => format!("{DEFAULT_TOPIC_PREFIX}{{{}}}", outbox.aggregate_type_column),
+        }
+    }
+}
+
+/// One `[[route.rules]]` entry: when `column` equals `equals` (or fully matches `regex`), the
+/// record goes to `topic`. In a regex rule the topic may use the regex's capture groups as `$1` or
+/// `${name}` (Debezium's `route.topic.regex` / `route.topic.replacement`); any rule's topic may use
+/// `{column}` placeholders.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// Column whose value is matched.
+    pub column: String,
+    /// Exact value to match (bytes of the column's text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equals: Option<String>,
+    /// Regular expression (Rust `regex` syntax) that must match the whole value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// Topic template for matching rows.
+    pub topic: String,
+}
+
+/// One `[[route.headers]]` entry: the column's value as a header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderConfig {
+    /// Column whose value becomes the header value.
+    pub column: String,
+    /// Header name; defaults to the column name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl HeaderConfig {
+    /// The header name in effect.
+    pub fn header_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.column)
+    }
+}
+
+/// Where a Debezium `table.fields.additional.placement` entry puts its column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementLocation {
+    /// As a header named by the alias (or the column).
+    Header,
+    /// As a field of the envelope named by the alias (or the column).
+    Envelope,
+    /// As the explicit partition number.
+    Partition,
+}
+
+/// One parsed entry of `route.additional_placement`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Source column.
+    pub column: String,
+    /// Where it goes.
+    pub location: PlacementLocation,
+    /// Header or envelope field name (the column's name when no alias was given).
+    pub alias: String,
+}
+
+/// Parses Debezium's `table.fields.additional.placement` syntax: comma-separated
+/// `column:location[:alias]` with location `header`, `envelope` or `partition`. Returns each entry
+/// or, for each bad entry, its index and the problem.
+pub fn parse_additional_placement(spec: &str) -> Result<Vec<Placement>, Vec<(usize, String)>> {
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (i, entry) in spec.split(',').enumerate() {
+        let entry = entry.trim();
+        let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
+        if parts.len() < 2 || parts.len() > 3 || parts.iter().any(|p| p.is_empty()) {
+            errors.push((
+                i,
+                format!("{entry:?} is not column:location or column:location:alias"),
+            ));
+            continue;
+        }
+        let location = match parts[1] {
+            "header" => PlacementLocation::Header,
+            "envelope" => PlacementLocation::Envelope,
+            "partition" => PlacementLocation::Partition,
+            other => {
+                errors.push((
+                    i,
+                    format!("unknown location {other:?} in {entry:?}; expected header, envelope or partition"),
+                ));
+                continue;
+            }
+        };
+        let alias = parts.get(2).unwrap_or(&parts[0]).to_string();
+        out.push(Placement {
+            column: parts[0].to_owned(),
+            location,
+            alias,
+        });
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+/// A parsed outbox table name, as PostgreSQL stores it (and pgoutput's Relation message reports it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName {
+    /// Schema (namespace) name.
+    pub schema: String,
+    /// Relation name.
+    pub name: String,
+}
+
+impl FromStr for TableName {
+    type Err = String;
+
+    /// Parses `schema.table` or `table`; unquoted identifiers are folded to lower case, `"quoted"`
+    /// ones are kept as written (with `""` for a literal quote).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut chars = s.trim().chars().peekable();
+        loop {
+            let mut ident = String::new();
+            if chars.peek() == Some(&'"') {
+                chars.next();
+                loop {
+                    match chars.next() {
+                        Some('"') if chars.peek() == Some(&'"') => {
+                            chars.next();
+                            ident.push('"');
+                        }
+                        Some('"') => break,
+                        Some(c) => ident.push(c),
+                        None => return Err(format!("unterminated quoted identifier in {s:?}")),
+                    }
+                }
+            } else {
+                while let Some(&c) = chars.peek() {
+                    if c == '.' {
+                        break;
+                    }
+                    if c == '"' || c.is_whitespace() {
+                        return Err(format!(
+                            "unexpected {c:?} in {s:?}; quote identifiers that need it: \"My Schema\".\"Outbox\""
+                        ));
+                    }
+                    ident.extend(c.to_lowercase());
+                    chars.next();
+                }
+            }
+            if ident.is_empty() {
+                return Err(format!(
+                    "{s:?} is not a table name; expected \"schema.table\" or \"table\""
+                ));
+            }
+            parts.push(ident);
+            match chars.next() {
+                None => break,
+                Some('.') => continue,
+                Some(c) => return Err(format!("unexpected {c:?} after an identifier in {s:?}")),
+            }
+        }
+        match parts.len() {
+            1 => Ok(TableName {
+                schema: DEFAULT_SCHEMA.to_owned(),
+                name: parts.remove(0),
+            }),
+            2 => {
+                let name = parts.remove(1);
+                Ok(TableName {
+                    schema: parts.remove(0),
+                    name,
+                })
+            }
+            _ => Err(format!(
+                "{s:?} has too many parts; expected \"schema.table\" or \"table\""
+            )),
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_ident(f, &self.schema)?;
+        f.write_str(".")?;
+        write_ident(f, &self.name)
+    }
+}
+
+fn write_ident(f: &mut fmt::Formatter<'_>, ident: &str) -> fmt::Result {
+    let plain = ident
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !ident.starts_with(|c: char| c.is_ascii_digit());
+    if plain {
+        f.write_str(ident)
+    } else {
+        write!(f, "\"{}\"", ident.replace('"', "\"\""))
+    }
+}

@@ -1,0 +1,378 @@
+//! Validation of `[outbox]` and `[route]`: every problem is reported at once, each with its key path
+//! (`route.rules[2].topic: ...`), so one edit fixes a config instead of one edit per run.
+
+use std::fmt;
+
+use crate::config::{
+    parse_additional_placement, OutboxConfig, PlacementLocation, RouteConfig, ENVELOPE_PAYLOAD_KEY,
+    MAX_MAX_PAYLOAD_BYTES,
+};
+use crate::template::{GroupRef, Template};
+use crate::topic::{validate_topic, MAX_TOPIC_LENGTH};
+
+/// One configuration problem: the key path and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// Key path, e.g. `route.rules[2].topic`.
+    pub path: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl ConfigProblem {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigProblem {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Every problem found in a configuration (never empty when returned as an error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors {
+    /// The problems, in key order.
+    pub problems: Vec<ConfigProblem>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(
+            f,
+            "{n} configuration problem{}:",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl ConfigErrors {
+    pub(crate) fn from_problems(problems: Vec<ConfigProblem>) -> Result<(), ConfigErrors> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors { problems })
+        }
+    }
+}
+
+impl IntoIterator for ConfigErrors {
+    type Item = ConfigProblem;
+    type IntoIter = std::vec::IntoIter<ConfigProblem>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.problems.into_iter()
+    }
+}
+
+/// Validates both sections together, including the checks that span them (`partition` placement vs
+/// `outbox.partition_column`). [`crate::Router::new`] runs this.
+pub fn validate(outbox: &OutboxConfig, route: &RouteConfig) -> Result<(), ConfigErrors> {
+    let mut problems = outbox.problems();
+    problems.extend(route.problems());
+    if route.topic.is_none() && !outbox.aggregate_type_column.is_empty() {
+        let path = "route.topic (default, from outbox.aggregate_type_column)";
+        check_template(&mut problems, path, &route.topic_template(outbox), None);
+    }
+    if let (Some(col), Some(spec)) = (&outbox.partition_column, &route.additional_placement) {
+        if let Ok(placements) = parse_additional_placement(spec) {
+            if placements
+                .iter()
+                .any(|p| p.location == PlacementLocation::Partition && &p.column != col)
+            {
+                problems.push(ConfigProblem::new(
+                    "route.additional_placement",
+                    format!("a partition placement conflicts with outbox.partition_column = {col:?}; keep one of them"),
+                ));
+            }
+        }
+    }
+    ConfigErrors::from_problems(problems)
+}
+
+fn column_name(problems: &mut Vec<ConfigProblem>, path: &str, name: &str) {
+    if name.is_empty() {
+        problems.push(ConfigProblem::new(path, "must not be empty"));
+    } else if name.contains('\0') {
+        problems.push(ConfigProblem::new(path, "must not contain a NUL character"));
+    }
+}
+
+impl OutboxConfig {
+    /// Validates this section alone.
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        ConfigErrors::from_problems(self.problems())
+    }
+
+    /// Every problem in this section, with key paths.
+    pub fn problems(&self) -> Vec<ConfigProblem> {
+        let mut p = Vec::new();
+        if let Err(e) = self.table_name() {
+            p.push(ConfigProblem::new("outbox.table", e));
+        }
+        column_name(&mut p, "outbox.id_column", &self.id_column);
+        column_name(
+            &mut p,
+            "outbox.aggregate_type_column",
+            &self.aggregate_type_column,
+        );
+        column_name(
+            &mut p,
+            "outbox.aggregate_id_column",
+            &self.aggregate_id_column,
+        );
+        column_name(&mut p, "outbox.type_column", &self.type_column);
+        column_name(&mut p, "outbox.payload_column", &self.payload_column);
+        if let Some(c) = &self.timestamp_column {
+            column_name(&mut p, "outbox.timestamp_column", c);
+        }
+        if let Some(c) = &self.partition_column {
+            column_name(&mut p, "outbox.partition_column", c);
+        }
+        if let Some(prefix) = &self.message_prefix {
+            if prefix.is_empty() {
+                p.push(ConfigProblem::new(
+                    "outbox.message_prefix",
+                    "must not be empty; leave it unset to ignore logical decoding messages",
+                ));
+            }
+        }
+        p
+    }
+}
+
+impl RouteConfig {
+    /// Validates this section alone (see [`validate`] for the cross-section checks).
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        ConfigErrors::from_problems(self.problems())
+    }
+
+    /// Every problem in this section, with key paths.
+    pub fn problems(&self) -> Vec<ConfigProblem> {
+        let mut p = Vec::new();
+        if let Some(topic) = &self.topic {
+            check_template(&mut p, "route.topic", topic, None);
+        }
+        for (i, rule) in self.rules.iter().enumerate() {
+            let path = format!("route.rules[{i}]");
+            column_name(&mut p, &format!("{path}.column"), &rule.column);
+            let regex = match (&rule.equals, &rule.regex) {
+                (Some(_), Some(_)) => {
+                    p.push(ConfigProblem::new(
+                        &path,
+                        "set either `equals` or `regex`, not both",
+                    ));
+                    None
+                }
+                (None, None) => {
+                    p.push(ConfigProblem::new(
+                        &path,
+                        "set `equals = \"value\"` or `regex = \"pattern\"`",
+                    ));
+                    None
+                }
+                (Some(_), None) => None,
+                (None, Some(re)) => match compile_rule_regex(re) {
+                    Ok(re) => Some(re),
+                    Err(e) => {
+                        p.push(ConfigProblem::new(format!("{path}.regex"), e));
+                        None
+                    }
+                },
+            };
+            check_template(
+                &mut p,
+                &format!("{path}.topic"),
+                &rule.topic,
+                rule.regex.as_ref().map(|_| regex.as_ref()),
+            );
+        }
+        let mut header_names: Vec<(String, String)> = Vec::new();
+        for (what, name) in [
+            ("route.id_header", &self.id_header),
+            ("route.type_header", &self.type_header),
+        ] {
+            if !name.is_empty() {
+                header_names.push((name.clone(), what.to_owned()));
+            }
+        }
+        for (i, h) in self.headers.iter().enumerate() {
+            column_name(&mut p, &format!("route.headers[{i}].column"), &h.column);
+            if h.name.as_deref() == Some("") {
+                p.push(ConfigProblem::new(
+                    format!("route.headers[{i}].name"),
+                    "must not be empty; omit it to use the column name",
+                ));
+            }
+            header_names.push((h.header_name().to_owned(), format!("route.headers[{i}]")));
+        }
+        if !self.envelope && !self.envelope_fields.is_empty() {
+            p.push(ConfigProblem::new(
+                "route.envelope_fields",
+                "has no effect unless route.envelope = true",
+            ));
+        }
+        let mut envelope_keys: Vec<(String, String)> = Vec::new();
+        for (i, f) in self.envelope_fields.iter().enumerate() {
+            let path = format!("route.envelope_fields[{i}]");
+            column_name(&mut p, &path, f);
+            envelope_keys.push((f.clone(), path));
+        }
+        if let Some(spec) = &self.additional_placement {
+            match parse_additional_placement(spec) {
+                Err(errors) => {
+                    for (i, e) in errors {
+                        p.push(ConfigProblem::new(
+                            format!("route.additional_placement[{i}]"),
+                            e,
+                        ));
+                    }
+                }
+                Ok(placements) => {
+                    let mut partitions = 0;
+                    for (i, pl) in placements.iter().enumerate() {
+                        let path = format!("route.additional_placement[{i}]");
+                        match pl.location {
+                            PlacementLocation::Header => {
+                                header_names.push((pl.alias.clone(), path))
+                            }
+                            PlacementLocation::Envelope => {
+                                if !self.envelope {
+                                    p.push(ConfigProblem::new(
+                                        &path,
+                                        format!(
+                                            "{}:envelope needs route.envelope = true",
+                                            pl.column
+                                        ),
+                                    ));
+                                }
+                                envelope_keys.push((pl.alias.clone(), path));
+                            }
+                            PlacementLocation::Partition => partitions += 1,
+                        }
+                    }
+                    if partitions > 1 {
+                        p.push(ConfigProblem::new(
+                            "route.additional_placement",
+                            "at most one column can be placed as the partition",
+                        ));
+                    }
+                }
+            }
+        }
+        duplicates(&mut p, &header_names, "header name");
+        for (key, path) in &envelope_keys {
+            if key == ENVELOPE_PAYLOAD_KEY {
+                p.push(ConfigProblem::new(
+                    path,
+                    "\"payload\" is the envelope's payload key; use an alias (column:envelope:alias)",
+                ));
+            }
+        }
+        duplicates(&mut p, &envelope_keys, "envelope field");
+        if self.max_payload_bytes == 0 || self.max_payload_bytes > MAX_MAX_PAYLOAD_BYTES {
+            p.push(ConfigProblem::new(
+                "route.max_payload_bytes",
+                format!(
+                    "must be between 1 and {MAX_MAX_PAYLOAD_BYTES} (librdkafka's largest message.max.bytes), got {}",
+                    self.max_payload_bytes
+                ),
+            ));
+        }
+        match (self.on_error, &self.dead_letter_topic) {
+            (crate::OnError::DeadLetter, None) => p.push(ConfigProblem::new(
+                "route.dead_letter_topic",
+                "is required when route.on_error = \"dead_letter\"",
+            )),
+            (crate::OnError::DeadLetter, Some(t)) => {
+                if let Err(e) = validate_topic(t.as_bytes()) {
+                    p.push(ConfigProblem::new("route.dead_letter_topic", e.to_string()));
+                }
+            }
+            (other, Some(_)) => p.push(ConfigProblem::new(
+                "route.dead_letter_topic",
+                format!("is only used when route.on_error = \"dead_letter\" (it is {other:?}); remove it or change on_error", other = other.as_str()),
+            )),
+            (_, None) => {}
+        }
+        p
+    }
+}
+
+fn duplicates(p: &mut Vec<ConfigProblem>, names: &[(String, String)], what: &str) {
+    for (i, (name, path)) in names.iter().enumerate() {
+        if let Some((_, first)) = names[..i].iter().find(|(n, _)| n == name) {
+            p.push(ConfigProblem::new(
+                path,
+                format!("duplicate {what} {name:?} (also set by {first})"),
+            ));
+        }
+    }
+}
+
+/// Compiles a rule's regex so that it must match the whole value (like Java's `Matcher.matches()`,
+/// which Debezium's `route.topic.regex` uses).
+pub(crate) fn compile_rule_regex(re: &str) -> Result<regex::bytes::Regex, String> {
+    regex::bytes::RegexBuilder::new(&format!("^(?:{re})$"))
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| format!("invalid regex: {e}"))
+}
+
+/// Checks a template's syntax and literal text; `regex` is `Some` for a regex rule (with the
+/// compiled regex if it compiled) so capture references can be checked.
+fn check_template(
+    p: &mut Vec<ConfigProblem>,
+    path: &str,
+    text: &str,
+    regex: Option<Option<&regex::bytes::Regex>>,
+) {
+    let t = match Template::parse(text, regex.is_some()) {
+        Ok(t) => t,
+        Err(e) => {
+            p.push(ConfigProblem::new(path, e));
+            return;
+        }
+    };
+    if let Some(fixed) = t.as_fixed() {
+        if let Err(e) = validate_topic(fixed.as_bytes()) {
+            p.push(ConfigProblem::new(path, e.to_string()));
+        }
+    } else if t.literal_len() > MAX_TOPIC_LENGTH {
+        p.push(ConfigProblem::new(
+            path,
+            format!(
+                "its literal text alone is longer than Kafka's {MAX_TOPIC_LENGTH}-character limit"
+            ),
+        ));
+    }
+    if let Some(Some(re)) = regex {
+        for g in t.groups() {
+            let ok = match g {
+                GroupRef::Index(n) => *n < re.captures_len(),
+                GroupRef::Name(name) => re.capture_names().any(|c| c == Some(name.as_str())),
+            };
+            if !ok {
+                let shown = match g {
+                    GroupRef::Index(n) => format!("${n}"),
+                    GroupRef::Name(name) => format!("${{{name}}}"),
+                };
+                p.push(ConfigProblem::new(
+                    path,
+                    format!("{shown} names no capture group of the rule's regex"),
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,593 @@
+//! Column values as the router needs them: a value's bytes (text as stored, bytea decoded), a
+//! timestamp, a partition number, or a JSON rendering for envelope mode.
+//!
+//! Text format is pgoutput's output-function text (`\x..` for bytea, `t`/`f` for bool, ISO
+//! timestamps under the default `DateStyle`). Binary format is each type's send function; only the
+//! types an outbox plausibly uses are decoded, anything else is a routing error telling the operator
+//! to use text format. Nothing here panics on hostile bytes.
+
+use bytes::Bytes;
+
+use crate::row::oid;
+
+/// Microseconds from the Unix epoch to PostgreSQL's epoch (2000-01-01 00:00:00 UTC).
+pub const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
+
+/// The value's bytes: text and json as stored (zero-copy), bytea decoded to raw bytes, binary-format
+/// scalars rendered as PostgreSQL's text output would.
+pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<Bytes, String> {
+    if !binary {
+        return if type_oid == oid::BYTEA {
+            decode_bytea_text(v).map(Bytes::from)
+        } else {
+            Ok(v.clone())
+        };
+    }
+    match type_oid {
+        oid::TEXT
+        | oid::VARCHAR
+        | oid::BPCHAR
+        | oid::NAME
+        | oid::JSON
+        | oid::XML
+        | oid::UNKNOWN
+        | oid::CHAR
+        | oid::BYTEA => Ok(v.clone()),
+        oid::JSONB => match v.first() {
+            Some(1) => Ok(v.slice(1..)),
+            Some(n) => Err(format!("unsupported binary jsonb version {n}")),
+            None => Err("empty binary jsonb value".to_owned()),
+        },
+        oid::UUID => {
+            let b: &[u8; 16] = v.as_ref().try_into().map_err(|_| {
+                format!("binary uuid must be 16 bytes, got {}", v.len())
+            })?;
+            Ok(Bytes::from(format_uuid(b)))
+        }
+        oid::INT2 | oid::INT4 | oid::INT8 | oid::OID => {
+            Ok(Bytes::from(binary_int(type_oid, v)?.to_string()))
+        }
+        oid::BOOL => match v.as_ref() {
+            [0] => Ok(Bytes::from_static(b"f")),
+            [1] => Ok(Bytes::from_static(b"t")),
+            _ => Err("binary bool must be one byte 0 or 1".to_owned()),
+        },
+        oid::TIMESTAMP | oid::TIMESTAMPTZ => {
+            let unix = binary_timestamp_micros(v)?;
+            let mut s = format_timestamp(unix);
+            if type_oid == oid::TIMESTAMPTZ {
+                s.push_str("+00");
+            }
+            Ok(Bytes::from(s))
+        }
+        other => Err(format!(
+            "binary format of type OID {other} is not supported; use text format (publication/subscription without binary = true)"
+        )),
+    }
+}
+
+fn binary_int(type_oid: u32, v: &[u8]) -> Result<i64, String> {
+    let want = match type_oid {
+        oid::INT2 => 2,
+        oid::INT4 | oid::OID => 4,
+        _ => 8,
+    };
+    if v.len() != want {
+        return Err(format!(
+            "binary integer of type OID {type_oid} must be {want} bytes, got {}",
+            v.len()
+        ));
+    }
+    Ok(match type_oid {
+        oid::INT2 => i64::from(i16::from_be_bytes([v[0], v[1]])),
+        oid::INT4 => i64::from(i32::from_be_bytes([v[0], v[1], v[2], v[3]])),
+        oid::OID => i64::from(u32::from_be_bytes([v[0], v[1], v[2], v[3]])),
+        _ => i64::from_be_bytes([v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]]),
+    })
+}
+
+fn binary_timestamp_micros(v: &[u8]) -> Result<i64, String> {
+    let b: [u8; 8] = v
+        .try_into()
+        .map_err(|_| format!("binary timestamp must be 8 bytes, got {}", v.len()))?;
+    match i64::from_be_bytes(b) {
+        i64::MAX | i64::MIN => Err("infinite timestamps cannot be a record timestamp".to_owned()),
+        pg => pg
+            .checked_add(PG_EPOCH_OFFSET_MICROS)
+            .ok_or_else(|| "timestamp out of range".to_owned()),
+    }
+}
+
+fn format_uuid(b: &[u8; 16]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(36);
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push(HEX[usize::from(byte >> 4)] as char);
+        s.push(HEX[usize::from(byte & 15)] as char);
+    }
+    s
+}
+
+/// Decodes bytea text output: hex (`\x0a0b`, the default `bytea_output`) or the legacy escape
+/// format (`\\` and `\ooo` octal escapes, other bytes literal).
+pub fn decode_bytea_text(v: &[u8]) -> Result<Vec<u8>, String> {
+    if let Some(hex) = v.strip_prefix(b"\\x") {
+        if hex.len() % 2 != 0 {
+            return Err("bytea hex text has an odd number of digits".to_owned());
+        }
+        return hex
+            .chunks_exact(2)
+            .map(|p| match (hex_val(p[0]), hex_val(p[1])) {
+                (Some(h), Some(l)) => Ok(h << 4 | l),
+                _ => Err("bytea hex text has a non-hex digit".to_owned()),
+            })
+            .collect();
+    }
+    let mut out = Vec::with_capacity(v.len());
+    let mut i = 0;
+    while i < v.len() {
+        if v[i] != b'\\' {
+            out.push(v[i]);
+            i += 1;
+        } else if v.get(i + 1) == Some(&b'\\') {
+            out.push(b'\\');
+            i += 2;
+        } else {
+            let oct = v
+                .get(i + 1..i + 4)
+                .filter(|o| o[0] <= b'3' && o.iter().all(|d| (b'0'..=b'7').contains(d)))
+                .ok_or_else(|| format!("bad escape in bytea escape-format text at byte {i}"))?;
+            out.push((oct[0] - b'0') << 6 | (oct[1] - b'0') << 3 | (oct[2] - b'0'));
+            i += 4;
+        }
+    }
+    Ok(out)
+}
+
+fn hex_val(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The record timestamp (ms since the Unix epoch) from a timestamp column: timestamptz/timestamp
+/// (timestamp without time zone is taken as UTC), text in that format, or an integer of epoch ms.
+pub(crate) fn timestamp_ms(type_oid: u32, binary: bool, v: &Bytes) -> Result<i64, String> {
+    let micros = match (type_oid, binary) {
+        (oid::TIMESTAMP | oid::TIMESTAMPTZ, true) => binary_timestamp_micros(v)?,
+        (oid::INT2 | oid::INT4 | oid::INT8, _) => return integer(type_oid, binary, v),
+        _ => {
+            let text = natural_bytes(type_oid, binary, v)?;
+            let s = std::str::from_utf8(&text).map_err(|_| "timestamp text is not UTF-8")?;
+            parse_timestamp_micros(s)?
+        }
+    };
+    Ok(micros.div_euclid(1000))
+}
+
+/// An explicit partition number: an integer between 0 and `i32::MAX`.
+pub(crate) fn partition(type_oid: u32, binary: bool, v: &Bytes) -> Result<i32, String> {
+    let n = integer(type_oid, binary, v)?;
+    i32::try_from(n)
+        .ok()
+        .filter(|p| *p >= 0)
+        .ok_or_else(|| format!("partition {n} is out of range (0 to {})", i32::MAX))
+}
+
+fn integer(type_oid: u32, binary: bool, v: &Bytes) -> Result<i64, String> {
+    if binary && matches!(type_oid, oid::INT2 | oid::INT4 | oid::INT8 | oid::OID) {
+        return binary_int(type_oid, v);
+    }
+    let text = natural_bytes(type_oid, binary, v)?;
+    std::str::from_utf8(&text)
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .ok_or_else(|| {
+            format!(
+                "{:?} is not an integer",
+                String::from_utf8_lossy(&text[..text.len().min(64)])
+            )
+        })
+}
+
+/// Parses PostgreSQL's ISO timestamp text (`2026-11-22 10:00:00.123+00`, `... +05:30`, no zone =
+/// UTC) and RFC 3339 (`2026-11-22T10:00:00Z`) to microseconds since the Unix epoch.
+pub fn parse_timestamp_micros(s: &str) -> Result<i64, String> {
+    let bad = || {
+        format!("{s:?} is not an ISO timestamp like 2026-11-22 10:00:00.123+00 (is DateStyle ISO?)")
+    };
+    let b = s.trim().as_bytes();
+    if b.ends_with(b" BC") || b.ends_with(b"infinity") {
+        return Err(format!(
+            "{s:?} cannot be a record timestamp (infinite or BC)"
+        ));
+    }
+    let mut p = Cursor { b, i: 0 };
+    let year = p.digits(4, 9).ok_or_else(bad)?;
+    p.expect(b'-').ok_or_else(bad)?;
+    let month = p.digits(2, 2).ok_or_else(bad)?;
+    p.expect(b'-').ok_or_else(bad)?;
+    let day = p.digits(2, 2).ok_or_else(bad)?;
+    if !(p.eat(b' ') || p.eat(b'T') || p.eat(b't')) {
+        return Err(bad());
+    }
+    let hour = p.digits(2, 2).ok_or_else(bad)?;
+    p.expect(b':').ok_or_else(bad)?;
+    let minute = p.digits(2, 2).ok_or_else(bad)?;
+    p.expect(b':').ok_or_else(bad)?;
+    let second = p.digits(2, 2).ok_or_else(bad)?;
+    let mut micros = 0i64;
+    if p.eat(b'.') {
+        let start = p.i;
+        let frac = p.digits(1, 9).ok_or_else(bad)?;
+        let n = p.i - start;
+        micros = if n <= 6 {
+            frac * 10i64.pow((6 - n) as u32)
+        } else {
+            frac / 10i64.pow((n - 6) as u32)
+        };
+    }
+    let mut offset_secs = 0i64;
+    if p.eat(b'Z') || p.eat(b'z') {
+    } else if let Some(sign) = p.peek().filter(|c| *c == b'+' || *c == b'-') {
+        p.i += 1;
+        let oh = p.digits(2, 2).ok_or_else(bad)?;
+        let mut om = 0;
+        let mut os = 0;
+        if p.eat(b':') {
+            om = p.digits(2, 2).ok_or_else(bad)?;
+            if p.eat(b':') {
+                os = p.digits(2, 2).ok_or_else(bad)?;
+            }
+        }
+        offset_secs = (oh * 3600 + om * 60 + os) * if sign == b'-' { -1 } else { 1 };
+    }
+    if p.i != b.len() {
+        return Err(bad());
+    }
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let month_days = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    if !(1..=12).contains(&month)
+        || day < 1
+        || day > month_days[(month - 1) as usize]
+        || hour > 24
+        || minute > 59
+        || second > 60
+    {
+        return Err(format!("{s:?} is not a valid date and time"));
+    }
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
+    secs.checked_mul(1_000_000)
+        .and_then(|x| x.checked_add(micros))
+        .ok_or_else(|| format!("{s:?} is out of range"))
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Cursor<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+    fn eat(&mut self, c: u8) -> bool {
+        if self.peek() == Some(c) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn expect(&mut self, c: u8) -> Option<()> {
+        self.eat(c).then_some(())
+    }
+    /// Between `min` and `max` ASCII digits.
+    fn digits(&mut self, min: usize, max: usize) -> Option<i64> {
+        let start = self.i;
+        let mut n = 0i64;
+        while self.i - start < max {
+            match self.peek() {
+                Some(d @ b'0'..=b'9') => {
+                    n = n * 10 + i64::from(d - b'0');
+                    self.i += 1;
+                }
+                _ => break,
+            }
+        }
+        (self.i - start >= min).then_some(n)
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// `YYYY-MM-DD HH:MM:SS.ffffff` (UTC) for microseconds since the Unix epoch.
+fn format_timestamp(unix_micros: i64) -> String {
+    let secs = unix_micros.div_euclid(1_000_000);
+    let micros = unix_micros.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // civil_from_days, the inverse of days_from_civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{micros:06}",
+        sod / 3600,
+        sod / 60 % 60,
+        sod % 60
+    )
+}
+
+/// Appends the JSON rendering of a value (its natural bytes `v`) for envelope mode: json/jsonb as
+/// is, integers and finite numbers as numbers, bool as `true`/`false`, bytea as a base64 string,
+/// everything else as a JSON string.
+pub(crate) fn write_json(buf: &mut Vec<u8>, type_oid: u32, v: &[u8]) -> Result<(), String> {
+    match type_oid {
+        oid::JSON | oid::JSONB => buf.extend_from_slice(v),
+        oid::INT2 | oid::INT4 | oid::INT8 | oid::OID | oid::NUMERIC | oid::FLOAT4 | oid::FLOAT8
+            if serde_json::from_slice::<serde_json::Number>(v).is_ok() =>
+        {
+            buf.extend_from_slice(v)
+        }
+        oid::BOOL if matches!(v, b"t" | b"true") => buf.extend_from_slice(b"true"),
+        oid::BOOL if matches!(v, b"f" | b"false") => buf.extend_from_slice(b"false"),
+        oid::BYTEA => {
+            buf.push(b'"');
+            base64(buf, v);
+            buf.push(b'"');
+        }
+        _ => {
+            let s = std::str::from_utf8(v).map_err(|_| "text is not valid UTF-8".to_owned())?;
+            // Serializing a &str into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *buf, s);
+        }
+    }
+    Ok(())
+}
+
+fn base64(buf: &mut Vec<u8>, v: &[u8]) {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for c in v.chunks(3) {
+        let n = u32::from(c[0]) << 16
+            | u32::from(*c.get(1).unwrap_or(&0)) << 8
+            | u32::from(*c.get(2).unwrap_or(&0));
+        buf.push(A[(n >> 18) as usize & 63]);
+        buf.push(A[(n >> 12) as usize & 63]);
+        buf.push(if c.len() > 1 {
+            A[(n >> 6) as usize & 63]
+        } else {
+            b'='
+        });
+        buf.push(if c.len() > 2 {
+            A[n as usize & 63]
+        } else {
+            b'='
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytea_text_table() {
+        let ok: &[(&[u8], &[u8])] = &[
+            (b"\\x", b""),
+            (b"\\x0a0B", b"\x0a\x0b"),
+            (b"\\xdeadbeef", b"\xde\xad\xbe\xef"),
+            (b"abc", b"abc"),
+            (b"a\\\\b", b"a\\b"),
+            (b"\\000\\377x", b"\x00\xffx"),
+        ];
+        for (text, want) in ok {
+            assert_eq!(decode_bytea_text(text).unwrap(), *want, "{text:?}");
+        }
+        let bad: &[&[u8]] = &[b"\\x0", b"\\xzz", b"\\", b"\\4000", b"\\12", b"\\9aa"];
+        for text in bad {
+            assert!(decode_bytea_text(text).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn timestamp_text_table() {
+        let base = 1_795_341_600_000_000i64; // 2026-11-22 10:00:00 UTC
+        let ok: &[(&str, i64)] = &[
+            ("2026-11-22 10:00:00+00", base),
+            ("2026-11-22 10:00:00.123+00", base + 123_000),
+            ("2026-11-22 10:00:00.123456+00", base + 123_456),
+            ("2026-11-22 10:00:00.1234567+00", base + 123_456),
+            ("2026-11-22 10:00:00", base),
+            ("2026-11-22T10:00:00Z", base),
+            ("2026-11-22 12:30:00+02:30", base),
+            ("2026-11-22 05:00:00-05", base),
+            ("2026-11-22 10:00:10+00:00:10", base),
+            ("1970-01-01 00:00:00+00", 0),
+            ("1969-12-31 23:59:59.5+00", -500_000),
+            ("2000-01-01 00:00:00+00", PG_EPOCH_OFFSET_MICROS),
+            ("2024-02-29 00:00:00+00", 1_709_164_800_000_000),
+            ("10000-01-01 00:00:00+00", 253_402_300_800_000_000),
+        ];
+        for (s, want) in ok {
+            assert_eq!(parse_timestamp_micros(s), Ok(*want), "{s}");
+        }
+        let bad = [
+            "",
+            "infinity",
+            "-infinity",
+            "2026-11-22",
+            "2026-11-22 10:00",
+            "2026-13-01 00:00:00",
+            "2025-02-29 00:00:00",
+            "2026-11-22 10:00:00+",
+            "2026-11-22 10:00:00 junk",
+            "0044-03-15 12:00:00+00 BC",
+            "Sun Nov 22 10:00:00 2026 UTC",
+            "22.11.2026 10:00:00",
+        ];
+        for s in bad {
+            assert!(parse_timestamp_micros(s).is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn timestamp_formatting_round_trips() {
+        for micros in [
+            0,
+            -1,
+            1_795_341_600_123_456,
+            -62_135_596_800_000_000,
+            253_402_300_799_999_999,
+        ] {
+            let s = format_timestamp(micros);
+            assert_eq!(parse_timestamp_micros(&s), Ok(micros), "{s}");
+        }
+    }
+
+    #[test]
+    fn binary_values_table() {
+        let b = |v: &[u8]| Bytes::copy_from_slice(v);
+        type Case<'a> = (u32, &'a [u8], Result<&'a [u8], &'a str>);
+        let cases: &[Case<'_>] = &[
+            (oid::TEXT, b"hi", Ok(b"hi")),
+            (oid::BYTEA, b"\x00\x01", Ok(b"\x00\x01")),
+            (oid::JSONB, b"\x01{\"a\":1}", Ok(b"{\"a\":1}")),
+            (oid::JSONB, b"\x02{}", Err("version 2")),
+            (oid::JSONB, b"", Err("empty")),
+            (
+                oid::UUID,
+                &[
+                    0x4d, 0x47, 0xe1, 0x90, 0x04, 0x02, 0x40, 0x48, 0xbc, 0x2c, 0x89, 0xdd, 0x54,
+                    0x34, 0x3c, 0xdc,
+                ],
+                Ok(b"4d47e190-0402-4048-bc2c-89dd54343cdc"),
+            ),
+            (oid::UUID, b"short", Err("16 bytes")),
+            (oid::INT2, &[0xff, 0xfe], Ok(b"-2")),
+            (oid::INT4, &[0, 0, 1, 0], Ok(b"256")),
+            (oid::INT8, &[0, 0, 0, 0, 0, 0, 0, 42], Ok(b"42")),
+            (oid::INT8, &[0, 42], Err("8 bytes")),
+            (oid::BOOL, &[1], Ok(b"t")),
+            (oid::BOOL, &[2], Err("0 or 1")),
+            (
+                oid::TIMESTAMPTZ,
+                &[0; 8],
+                Ok(b"2000-01-01 00:00:00.000000+00"),
+            ),
+            (
+                oid::TIMESTAMP,
+                &[0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+                Err("infinite"),
+            ),
+            (oid::NUMERIC, &[0, 1], Err("not supported")),
+        ];
+        for (ty, v, want) in cases {
+            let got = natural_bytes(*ty, true, &b(v));
+            match (got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(&g[..], *w, "oid {ty}"),
+                (Err(g), Err(w)) => assert!(g.contains(w), "oid {ty}: {g}"),
+                (g, w) => panic!("oid {ty}: got {g:?}, want {w:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn timestamp_and_partition_columns() {
+        let b = |v: &str| Bytes::copy_from_slice(v.as_bytes());
+        assert_eq!(
+            timestamp_ms(oid::TIMESTAMPTZ, false, &b("1970-01-01 00:00:01.9999+00")),
+            Ok(1999)
+        );
+        assert_eq!(
+            timestamp_ms(oid::INT8, false, &b("1700000000000")),
+            Ok(1_700_000_000_000)
+        );
+        assert_eq!(
+            timestamp_ms(oid::TEXT, false, &b("1970-01-01T00:00:00Z")),
+            Ok(0)
+        );
+        assert_eq!(
+            timestamp_ms(
+                oid::TIMESTAMPTZ,
+                true,
+                &Bytes::copy_from_slice(&1_000i64.to_be_bytes())
+            ),
+            Ok(PG_EPOCH_OFFSET_MICROS / 1000 + 1)
+        );
+        assert!(timestamp_ms(oid::TIMESTAMPTZ, false, &b("yesterday")).is_err());
+        assert_eq!(partition(oid::INT4, false, &b("7")), Ok(7));
+        assert_eq!(
+            partition(oid::INT2, true, &Bytes::from_static(&[0, 3])),
+            Ok(3)
+        );
+        assert_eq!(partition(oid::TEXT, false, &b("0")), Ok(0));
+        for bad in ["-1", "2147483648", "x", ""] {
+            assert!(partition(oid::INT8, false, &b(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn json_rendering_table() {
+        let cases: &[(u32, &[u8], &str)] = &[
+            (oid::JSONB, b"{\"a\": 1}", "{\"a\": 1}"),
+            (oid::INT4, b"-12", "-12"),
+            (oid::NUMERIC, b"1.50", "1.50"),
+            (oid::NUMERIC, b"NaN", "\"NaN\""),
+            (oid::FLOAT8, b"Infinity", "\"Infinity\""),
+            (oid::BOOL, b"t", "true"),
+            (oid::BOOL, b"false", "false"),
+            (oid::BYTEA, b"", "\"\""),
+            (oid::BYTEA, b"f", "\"Zg==\""),
+            (oid::BYTEA, b"fo", "\"Zm8=\""),
+            (oid::BYTEA, b"foobar", "\"Zm9vYmFy\""),
+            (oid::TEXT, b"say \"hi\"\n", "\"say \\\"hi\\\"\\n\""),
+            (
+                oid::UUID,
+                b"4d47e190-0402-4048-bc2c-89dd54343cdc",
+                "\"4d47e190-0402-4048-bc2c-89dd54343cdc\"",
+            ),
+        ];
+        for (ty, v, want) in cases {
+            let mut buf = Vec::new();
+            write_json(&mut buf, *ty, v).unwrap();
+            assert_eq!(String::from_utf8(buf).unwrap(), *want, "oid {ty} {v:?}");
+        }
+        assert!(write_json(&mut Vec::new(), oid::TEXT, b"\xff").is_err());
+    }
+}
