@@ -378,3 +378,160 @@ impl<'a> Reader<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Byte fixtures from the layouts in "Streaming Replication Protocol" (`START_REPLICATION`).
+
+    use super::*;
+    use proptest::prelude::*;
+
+    /// 0/16B3748
+    const LSN_A: [u8; 8] = [0, 0, 0, 0, 0x01, 0x6b, 0x37, 0x48];
+    /// 0/16B3778
+    const LSN_B: [u8; 8] = [0, 0, 0, 0, 0x01, 0x6b, 0x37, 0x78];
+    /// 2024-01-01T00:00:00Z in microseconds since 2000-01-01.
+    const TS: [u8; 8] = [0x00, 0x02, 0xb0, 0xd5, 0xd4, 0xe9, 0x40, 0x00];
+    const TS_VALUE: PgTimestamp = PgTimestamp(757_382_400_000_000);
+
+    fn cat(parts: &[&[u8]]) -> Bytes {
+        Bytes::from(parts.concat())
+    }
+
+    fn xlog_fixture() -> (Bytes, ReplicationMessage) {
+        // Byte1('w') Int64 wal_start Int64 wal_end Int64 server_time Byte(n) data
+        let bytes = cat(&[b"w", &LSN_A, &LSN_B, &TS, b"B\x00payload"]);
+        let msg = ReplicationMessage::XLogData(XLogData {
+            wal_start: Lsn(0x16b3748),
+            wal_end: Lsn(0x16b3778),
+            server_time: TS_VALUE,
+            data: Bytes::from_static(b"B\x00payload"),
+        });
+        (bytes, msg)
+    }
+
+    fn keepalive_fixture() -> (Bytes, ReplicationMessage) {
+        // Byte1('k') Int64 wal_end Int64 server_time Byte1 reply_requested
+        let bytes = cat(&[b"k", &LSN_B, &TS, &[1]]);
+        let msg = ReplicationMessage::PrimaryKeepalive(PrimaryKeepalive {
+            wal_end: Lsn(0x16b3778),
+            server_time: TS_VALUE,
+            reply_requested: true,
+        });
+        (bytes, msg)
+    }
+
+    #[test]
+    fn server_messages_decode_from_documented_layouts() {
+        for (bytes, msg) in [xlog_fixture(), keepalive_fixture()] {
+            assert_eq!(ReplicationMessage::decode(bytes.clone()), Ok(msg.clone()));
+            assert_eq!(msg.encode(), bytes);
+        }
+        // XLogData data is a slice of the input, and may be empty.
+        let (bytes, _) = xlog_fixture();
+        let Ok(ReplicationMessage::XLogData(x)) = ReplicationMessage::decode(bytes.clone()) else {
+            panic!("not XLogData");
+        };
+        assert_eq!(x.data.as_ptr(), bytes[25..].as_ptr());
+        let empty = ReplicationMessage::decode(cat(&[b"w", &LSN_A, &LSN_B, &TS])).unwrap();
+        assert!(matches!(empty, ReplicationMessage::XLogData(x) if x.data.is_empty()));
+    }
+
+    #[test]
+    fn standby_status_update_has_the_documented_layout() {
+        let update = StandbyStatusUpdate {
+            write_lsn: Lsn(0x16b3778),
+            flush_lsn: Lsn(0x16b3748),
+            apply_lsn: Lsn(0x16b3748),
+            client_time: TS_VALUE,
+            reply_requested: false,
+        };
+        // Byte1('r') Int64 write Int64 flush Int64 apply Int64 client_time Byte1 reply_requested
+        let bytes = cat(&[b"r", &LSN_B, &LSN_A, &LSN_A, &TS, &[0]]);
+        assert_eq!(update.encode(), bytes);
+        assert_eq!(bytes.len(), 34);
+        assert_eq!(StandbyStatusUpdate::decode(bytes), Ok(update));
+    }
+
+    #[test]
+    fn truncated_and_hostile_payloads_are_errors() {
+        for (bytes, _) in [xlog_fixture(), keepalive_fixture()] {
+            let header = if bytes[0] == b'w' { 25 } else { bytes.len() };
+            for len in 0..header {
+                let e = ReplicationMessage::decode(bytes.slice(..len)).unwrap_err();
+                assert!(e.offset <= len);
+            }
+        }
+        let status = cat(&[b"r", &LSN_B, &LSN_A, &LSN_A, &TS, &[0]]);
+        for len in 0..status.len() {
+            assert!(StandbyStatusUpdate::decode(status.slice(..len)).is_err());
+        }
+        let e = ReplicationMessage::decode(Bytes::new()).unwrap_err();
+        assert_eq!(e.kind, WireErrorKind::Empty);
+        let e = ReplicationMessage::decode(cat(&[b"x", &[0; 30]])).unwrap_err();
+        assert_eq!((e.tag, e.kind), (Some(b'x'), WireErrorKind::UnknownTag));
+        let e = ReplicationMessage::decode(cat(&[b"k", &LSN_B, &TS, &[2]])).unwrap_err();
+        assert_eq!(
+            (e.offset, e.kind),
+            (17, WireErrorKind::InvalidFlag { value: 2 })
+        );
+        let e = ReplicationMessage::decode(cat(&[b"k", &LSN_B, &TS, &[0, 0]])).unwrap_err();
+        assert_eq!(
+            (e.offset, e.kind),
+            (18, WireErrorKind::TrailingBytes { count: 1 })
+        );
+        let e = StandbyStatusUpdate::decode(cat(&[b"k", &LSN_B, &TS, &[0]])).unwrap_err();
+        assert_eq!(e.kind, WireErrorKind::UnknownTag);
+    }
+
+    #[test]
+    fn errors_read_well() {
+        let e = ReplicationMessage::decode(cat(&[b"k", &LSN_B])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "replication Primary keepalive ('k') message: unexpected end of data at offset 9: need 8 more bytes"
+        );
+        let e = ReplicationMessage::decode(cat(&[b"?"])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "replication CopyData '?' message: unknown tag at offset 0"
+        );
+        let e = ReplicationMessage::decode(Bytes::new()).unwrap_err();
+        assert_eq!(e.to_string(), "replication CopyData message: empty payload");
+    }
+
+    #[test]
+    fn now_is_a_postgres_timestamp() {
+        let before = SystemTime::now();
+        let now = PgTimestamp::now();
+        let after = SystemTime::now();
+        let t = now.to_system_time().unwrap();
+        assert!(before - Duration::from_micros(1) <= t && t <= after);
+        assert!(now > TS_VALUE);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_payloads_never_panic_and_round_trip(bytes in prop::collection::vec(any::<u8>(), 0..48)) {
+            let bytes = Bytes::from(bytes);
+            if let Ok(m) = ReplicationMessage::decode(bytes.clone()) {
+                prop_assert_eq!(m.encode(), bytes.clone());
+            }
+            if let Ok(u) = StandbyStatusUpdate::decode(bytes.clone()) {
+                prop_assert_eq!(u.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn status_update_round_trips(w in any::<u64>(), f in any::<u64>(), a in any::<u64>(), t in any::<i64>(), r in any::<bool>()) {
+            let u = StandbyStatusUpdate { write_lsn: Lsn(w), flush_lsn: Lsn(f), apply_lsn: Lsn(a), client_time: PgTimestamp(t), reply_requested: r };
+            prop_assert_eq!(StandbyStatusUpdate::decode(u.encode()), Ok(u));
+        }
+
+        #[test]
+        fn system_time_round_trips_at_microsecond_precision(micros in -10_000_000_000_000_000i64..10_000_000_000_000_000) {
+            let ts = PgTimestamp(micros);
+            prop_assert_eq!(PgTimestamp::from_system_time(ts.to_system_time().unwrap()), ts);
+        }
+    }
+}
