@@ -8,7 +8,13 @@
 pub mod assembly;
 pub mod lsn;
 pub mod pgoutput;
+pub mod progress;
 pub mod wire;
+
+#[cfg(feature = "io")]
+pub mod conn;
+#[cfg(feature = "io")]
+pub mod slot;
 
 pub use lsn::Lsn;
 pub use wire::PgTimestamp;

@@ -1,0 +1,124 @@
+//! The reader's errors, in two families (CONVENTIONS.md "Two error families"):
+//!
+//! - **transient**: the network, a restarting server, a slot held by another Ferry. The caller
+//!   reconnects with backoff and resumes from the slot's `confirmed_flush_lsn`.
+//! - **permanent**: configuration, privileges, an invalidated slot, bytes that do not decode.
+//!   The caller stops, exits non-zero, and advances nothing. Every permanent error says how to
+//!   fix it.
+
+use std::io;
+
+use crate::Lsn;
+
+/// An error the server sent (ErrorResponse), with its SQLSTATE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerError {
+    pub severity: String,
+    pub code: String,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} (SQLSTATE {})",
+            self.severity, self.message, self.code
+        )?;
+        if let Some(d) = &self.detail {
+            write!(f, "; detail: {d}")?;
+        }
+        if let Some(h) = &self.hint {
+            write!(f, "; hint: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ServerError {
+    /// Whether retrying later can succeed.
+    pub fn is_transient(&self) -> bool {
+        let class = self.code.get(..2).unwrap_or("");
+        match self.code.as_str() {
+            // admin_shutdown, crash_shutdown, cannot_connect_now, idle_session_timeout
+            "57P01" | "57P02" | "57P03" | "57P05" => return true,
+            // object_in_use: "replication slot ... is active for PID ..."
+            "55006" => return true,
+            // object_not_in_prerequisite_state: an invalidated slot, or wal_level too low.
+            "55000" => return false,
+            _ => {}
+        }
+        // 08 connection, 53 resources (too many connections), 58 system/I-O, 40 rollback
+        matches!(class, "08" | "53" | "58" | "40" | "57" | "XX")
+    }
+}
+
+/// Everything that can go wrong reading the replication stream.
+#[derive(Debug, thiserror::Error)]
+pub enum ReaderError {
+    #[error(transparent)]
+    Config(#[from] super::config::ConfigError),
+    #[error("TLS setup: {0}")]
+    TlsSetup(#[from] super::tls::TlsSetupError),
+    #[error("{context}: {source}")]
+    Io {
+        context: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("timed out after {secs}s {what}")]
+    Timeout { what: &'static str, secs: u64 },
+    #[error("the server at {server} does not accept TLS but sslmode={sslmode} requires it; enable ssl on the server or lower sslmode")]
+    TlsRefused { server: String, sslmode: String },
+    #[error("authentication as {user:?} failed: {reason}")]
+    Auth { user: String, reason: String },
+    #[error("PostgreSQL {0}")]
+    Server(ServerError),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error(transparent)]
+    Wire(#[from] crate::wire::WireError),
+    #[error(transparent)]
+    Decode(#[from] crate::pgoutput::DecodeError),
+    #[error(transparent)]
+    Assembly(#[from] crate::assembly::AssemblyError),
+    #[error("the server ended the replication stream")]
+    StreamEnded,
+    #[error(
+        "replication slot {slot:?} is in use by another process (pid {pid}); another Ferry may be streaming it \
+         (this instance stands by), or terminate it with SELECT pg_terminate_backend({pid})"
+    )]
+    SlotInUse { slot: String, pid: i32 },
+    #[error(
+        "replication slot {slot:?} has confirmed_flush_lsn {confirmed} beyond the resume point {resume}: \
+         something other than Ferry advanced the slot, and the transactions between were skipped. \
+         Find who consumed or advanced the slot; if the skipped events are not needed, restart Ferry to accept the new position"
+    )]
+    SlotAdvancedPastResume {
+        slot: String,
+        resume: Lsn,
+        confirmed: Lsn,
+    },
+    #[error("the reader's caller went away")]
+    Closed,
+}
+
+impl ReaderError {
+    /// Whether reconnecting later can succeed (see the module docs).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ReaderError::Io { .. }
+            | ReaderError::Timeout { .. }
+            | ReaderError::StreamEnded
+            | ReaderError::SlotInUse { .. } => true,
+            ReaderError::Server(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn io(context: &'static str) -> impl FnOnce(io::Error) -> ReaderError {
+        move |source| ReaderError::Io { context, source }
+    }
+}

@@ -1,0 +1,17 @@
+//! The replication connection and the reader task (feature `io`).
+//!
+//! - [`config`]: libpq connection strings (URL or keyword/value), `sslmode` included.
+//! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
+//! - [`replication`]: the frontend/backend protocol for a `replication=database` session.
+//! - [`stream`]: the reader task that streams the slot into the pipeline.
+//! - [`error`]: transient vs permanent errors.
+
+pub mod config;
+pub mod error;
+pub mod replication;
+pub mod stream;
+pub mod tls;
+
+pub use config::{ConnectConfig, SslMode};
+pub use error::{ReaderError, ServerError};
+pub use stream::{start, ReaderEvent, ReaderHandle, ReaderStats, StreamOptions};

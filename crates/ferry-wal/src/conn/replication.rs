@@ -1,0 +1,515 @@
+//! The replication connection: PostgreSQL's frontend/backend protocol, spoken directly on top of
+//! `postgres-protocol`, because the released tokio-postgres cannot open one.
+//!
+//! Startup with `replication=database`, authentication (cleartext, MD5, SCRAM-SHA-256), the
+//! simple-query protocol for replication commands (`IDENTIFY_SYSTEM`, `START_REPLICATION`), and
+//! CopyBoth streaming. postgres-protocol does not parse CopyBothResponse (`'W'`), so frames are
+//! split here and only the others are handed to its parser. CopyData payloads are zero-copy
+//! slices of the read buffer.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::{backend, frontend};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+
+use super::config::{ConnectConfig, Host, SslMode};
+use super::error::{ReaderError, ServerError};
+use super::tls;
+
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
+const COPY_DATA_TAG: u8 = b'd';
+/// Read buffer growth step; large messages (a 1 MB payload) reserve exactly what they need.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Session settings that make the output plugin's text output deterministic, whatever the
+/// server's defaults: timestamps in ISO form in UTC, bytea in hex, floats round-tripping.
+const SESSION_SETTINGS: &[(&str, &str)] = &[
+    ("client_encoding", "UTF8"),
+    ("DateStyle", "ISO, MDY"),
+    ("TimeZone", "UTC"),
+    ("IntervalStyle", "postgres"),
+    ("extra_float_digits", "3"),
+    ("bytea_output", "hex"),
+];
+
+/// One frame read from the server.
+pub(crate) enum Frame {
+    /// A CopyData payload (during COPY BOTH: a replication message).
+    CopyData(Bytes),
+    /// Any other backend message.
+    Other(backend::Message),
+    /// CopyBothResponse: streaming started.
+    CopyBoth,
+}
+
+/// A replication connection after startup and authentication.
+pub struct ReplicationConnection {
+    io: Pin<Box<dyn Io>>,
+    read: BytesMut,
+    write: BytesMut,
+    /// `ParameterStatus` values the server reported (server_version, ...).
+    pub parameters: HashMap<String, String>,
+    /// The walsender's process id (`pg_stat_replication.pid`, `pg_replication_slots.active_pid`).
+    pub backend_pid: i32,
+}
+
+impl std::fmt::Debug for ReplicationConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicationConnection")
+            .field("backend_pid", &self.backend_pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicationConnection {
+    /// Connects, negotiates TLS per `sslmode`, starts a `replication=database` session and
+    /// authenticates.
+    pub async fn connect(cfg: &ConnectConfig) -> Result<ReplicationConnection, ReaderError> {
+        let timeout = cfg.connect_timeout.unwrap_or(Duration::from_secs(3600));
+        tokio::time::timeout(timeout, Self::connect_inner(cfg))
+            .await
+            .map_err(|_| ReaderError::Timeout {
+                what: "connecting to PostgreSQL for replication",
+                secs: timeout.as_secs(),
+            })?
+    }
+
+    async fn connect_inner(cfg: &ConnectConfig) -> Result<ReplicationConnection, ReaderError> {
+        let tls_config = tls::client_config(cfg)?;
+        let io: Pin<Box<dyn Io>> = match &cfg.host {
+            Host::Unix(dir) => {
+                let path = dir.join(format!(".s.PGSQL.{}", cfg.port));
+                Box::pin(connect_unix(&path).await?)
+            }
+            Host::Tcp(host) => {
+                let mut tcp = TcpStream::connect((host.as_str(), cfg.port))
+                    .await
+                    .map_err(ReaderError::io("connecting to PostgreSQL"))?;
+                tcp.set_nodelay(true)
+                    .map_err(ReaderError::io("setting TCP_NODELAY"))?;
+                match tls_config {
+                    None => Box::pin(tcp),
+                    Some(tls_config) => {
+                        let mut buf = BytesMut::new();
+                        frontend::ssl_request(&mut buf);
+                        tcp.write_all(&buf)
+                            .await
+                            .map_err(ReaderError::io("sending SSLRequest"))?;
+                        let answer = tcp
+                            .read_u8()
+                            .await
+                            .map_err(ReaderError::io("reading the SSLRequest answer"))?;
+                        match answer {
+                            b'S' => {
+                                let name = tls::server_name(host)?;
+                                let stream = tokio_rustls::TlsConnector::from(tls_config)
+                                    .connect(name, tcp)
+                                    .await
+                                    .map_err(ReaderError::io("TLS handshake with PostgreSQL"))?;
+                                Box::pin(stream)
+                            }
+                            b'N' if cfg.sslmode == SslMode::Prefer => Box::pin(tcp),
+                            b'N' => {
+                                return Err(ReaderError::TlsRefused {
+                                    server: format!("{host}:{}", cfg.port),
+                                    sslmode: format!("{:?}", cfg.sslmode).to_lowercase(),
+                                })
+                            }
+                            other => {
+                                return Err(ReaderError::Protocol(format!(
+                                    "unexpected answer {other:#x} to SSLRequest"
+                                )))
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let mut conn = ReplicationConnection {
+            io,
+            read: BytesMut::with_capacity(READ_CHUNK),
+            write: BytesMut::with_capacity(1024),
+            parameters: HashMap::new(),
+            backend_pid: 0,
+        };
+        conn.startup(cfg).await?;
+        Ok(conn)
+    }
+
+    async fn startup(&mut self, cfg: &ConnectConfig) -> Result<(), ReaderError> {
+        let mut params: Vec<(&str, &str)> = vec![
+            ("user", &cfg.user),
+            ("database", &cfg.dbname),
+            ("replication", "database"),
+            ("application_name", &cfg.application_name),
+        ];
+        params.extend_from_slice(SESSION_SETTINGS);
+        frontend::startup_message(params.iter().copied(), &mut self.write)
+            .map_err(ReaderError::io("encoding the startup message"))?;
+        self.flush().await?;
+        self.authenticate(cfg).await?;
+        loop {
+            match self.next_frame().await? {
+                Frame::Other(backend::Message::ParameterStatus(p)) => {
+                    let name = p.name().map_err(ReaderError::io("ParameterStatus"))?;
+                    let value = p.value().map_err(ReaderError::io("ParameterStatus"))?;
+                    self.parameters.insert(name.to_owned(), value.to_owned());
+                }
+                Frame::Other(backend::Message::BackendKeyData(k)) => {
+                    self.backend_pid = k.process_id()
+                }
+                Frame::Other(backend::Message::ReadyForQuery(_)) => return Ok(()),
+                Frame::Other(backend::Message::NoticeResponse(_)) => {}
+                Frame::Other(backend::Message::ErrorResponse(e)) => {
+                    return Err(ReaderError::Server(server_error(&e)))
+                }
+                other => {
+                    return Err(ReaderError::Protocol(format!(
+                        "unexpected message during startup: {}",
+                        describe(&other)
+                    )))
+                }
+            }
+        }
+    }
+
+    async fn authenticate(&mut self, cfg: &ConnectConfig) -> Result<(), ReaderError> {
+        let auth_err = |reason: String| ReaderError::Auth {
+            user: cfg.user.clone(),
+            reason,
+        };
+        let password = || {
+            cfg.password.as_deref().ok_or_else(|| {
+                auth_err(
+                    "the server asks for a password and none is configured (put it in the URL)"
+                        .into(),
+                )
+            })
+        };
+        loop {
+            match self.next_frame().await? {
+                Frame::Other(backend::Message::AuthenticationOk) => return Ok(()),
+                Frame::Other(backend::Message::AuthenticationCleartextPassword) => {
+                    frontend::password_message(password()?.as_bytes(), &mut self.write)
+                        .map_err(ReaderError::io("encoding the password message"))?;
+                    self.flush().await?;
+                }
+                Frame::Other(backend::Message::AuthenticationMd5Password(body)) => {
+                    let hash = postgres_protocol::authentication::md5_hash(
+                        cfg.user.as_bytes(),
+                        password()?.as_bytes(),
+                        body.salt(),
+                    );
+                    frontend::password_message(hash.as_bytes(), &mut self.write)
+                        .map_err(ReaderError::io("encoding the password message"))?;
+                    self.flush().await?;
+                }
+                Frame::Other(backend::Message::AuthenticationSasl(body)) => {
+                    let mut has_scram = false;
+                    let mut mechanisms = body.mechanisms();
+                    while let Some(m) = fallible_next(&mut mechanisms)? {
+                        has_scram |= m == SCRAM_SHA_256;
+                    }
+                    if !has_scram {
+                        return Err(auth_err(
+                            "the server offers no SASL mechanism Ferry supports (SCRAM-SHA-256)".into(),
+                        ));
+                    }
+                    self.scram(password()?, &auth_err).await?;
+                }
+                Frame::Other(backend::Message::ErrorResponse(e)) => {
+                    let e = server_error(&e);
+                    return Err(if e.code.starts_with("28") {
+                        auth_err(format!("{e}; check the user name and password, and pg_hba.conf"))
+                    } else {
+                        ReaderError::Server(e)
+                    });
+                }
+                other => {
+                    return Err(auth_err(format!(
+                        "unsupported authentication request {} (Ferry supports password, md5 and SCRAM-SHA-256)",
+                        describe(&other)
+                    )))
+                }
+            }
+        }
+    }
+
+    async fn scram(
+        &mut self,
+        password: &str,
+        auth_err: &dyn Fn(String) -> ReaderError,
+    ) -> Result<(), ReaderError> {
+        let mut scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+        frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut self.write)
+            .map_err(ReaderError::io("encoding SASLInitialResponse"))?;
+        self.flush().await?;
+        match self.next_frame().await? {
+            Frame::Other(backend::Message::AuthenticationSaslContinue(body)) => {
+                scram
+                    .update(body.data())
+                    .map_err(|e| auth_err(format!("SCRAM: {e}")))?;
+            }
+            Frame::Other(backend::Message::ErrorResponse(e)) => {
+                return Err(auth_err(server_error(&e).to_string()))
+            }
+            other => return Err(auth_err(format!("SCRAM: unexpected {}", describe(&other)))),
+        }
+        frontend::sasl_response(scram.message(), &mut self.write)
+            .map_err(ReaderError::io("encoding SASLResponse"))?;
+        self.flush().await?;
+        match self.next_frame().await? {
+            Frame::Other(backend::Message::AuthenticationSaslFinal(body)) => scram
+                .finish(body.data())
+                .map_err(|e| auth_err(format!("SCRAM: the server's proof is wrong: {e}"))),
+            Frame::Other(backend::Message::ErrorResponse(e)) => Err(auth_err(format!(
+                "{}; check the password",
+                server_error(&e)
+            ))),
+            other => Err(auth_err(format!("SCRAM: unexpected {}", describe(&other)))),
+        }
+    }
+
+    /// Runs one simple query and returns its rows as text (replication commands such as
+    /// `IDENTIFY_SYSTEM`). Errors are returned after the server is ready again.
+    pub async fn simple_query(
+        &mut self,
+        sql: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, ReaderError> {
+        frontend::query(sql, &mut self.write).map_err(ReaderError::io("encoding a query"))?;
+        self.flush().await?;
+        let mut rows = Vec::new();
+        let mut error = None;
+        loop {
+            match self.next_frame().await? {
+                Frame::Other(backend::Message::DataRow(row)) => {
+                    let buf = row.buffer();
+                    let mut cols = Vec::new();
+                    let mut ranges = row.ranges();
+                    while let Some(r) = fallible_next(&mut ranges)? {
+                        cols.push(r.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()));
+                    }
+                    rows.push(cols);
+                }
+                Frame::Other(backend::Message::ErrorResponse(e)) => error = Some(server_error(&e)),
+                Frame::Other(backend::Message::ReadyForQuery(_)) => {
+                    return match error {
+                        Some(e) => Err(ReaderError::Server(e)),
+                        None => Ok(rows),
+                    }
+                }
+                Frame::Other(_) => {}
+                other => {
+                    return Err(ReaderError::Protocol(format!(
+                        "unexpected {} in reply to {sql:?}",
+                        describe(&other)
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Sends `START_REPLICATION` (built by the caller) and waits for CopyBothResponse.
+    pub async fn start_copy_both(&mut self, command: &str) -> Result<(), ReaderError> {
+        frontend::query(command, &mut self.write)
+            .map_err(ReaderError::io("encoding START_REPLICATION"))?;
+        self.flush().await?;
+        loop {
+            match self.next_frame().await? {
+                Frame::CopyBoth => return Ok(()),
+                Frame::Other(backend::Message::ErrorResponse(e)) => {
+                    return Err(ReaderError::Server(server_error(&e)))
+                }
+                Frame::Other(backend::Message::NoticeResponse(_)) => {}
+                other => {
+                    return Err(ReaderError::Protocol(format!(
+                        "unexpected {} in reply to START_REPLICATION",
+                        describe(&other)
+                    )))
+                }
+            }
+        }
+    }
+
+    /// The next CopyData payload of the stream. Cancel-safe: partial frames stay buffered.
+    pub async fn recv_copy_data(&mut self) -> Result<Bytes, ReaderError> {
+        loop {
+            match self.next_frame().await? {
+                Frame::CopyData(data) => return Ok(data),
+                Frame::Other(backend::Message::NoticeResponse(_)) => {}
+                Frame::Other(backend::Message::ErrorResponse(e)) => {
+                    return Err(ReaderError::Server(server_error(&e)))
+                }
+                Frame::Other(backend::Message::CopyDone) => return Err(ReaderError::StreamEnded),
+                other => {
+                    return Err(ReaderError::Protocol(format!(
+                        "unexpected {} during streaming",
+                        describe(&other)
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Sends one CopyData message (a standby status update) and flushes it.
+    pub async fn send_copy_data(&mut self, payload: &[u8]) -> Result<(), ReaderError> {
+        frontend::CopyData::new(payload)
+            .map_err(ReaderError::io("encoding CopyData"))?
+            .write(&mut self.write);
+        self.flush().await
+    }
+
+    /// Ends the session politely (CopyDone + Terminate), best effort.
+    pub async fn close(mut self) {
+        frontend::copy_done(&mut self.write);
+        frontend::terminate(&mut self.write);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.flush()).await;
+    }
+
+    async fn flush(&mut self) -> Result<(), ReaderError> {
+        self.io
+            .write_all(&self.write)
+            .await
+            .map_err(ReaderError::io("writing to PostgreSQL"))?;
+        self.write.clear();
+        self.io
+            .flush()
+            .await
+            .map_err(ReaderError::io("writing to PostgreSQL"))
+    }
+
+    /// Reads until one whole frame is buffered. Cancel-safe.
+    async fn next_frame(&mut self) -> Result<Frame, ReaderError> {
+        loop {
+            if let Some(frame) = self.parse_frame()? {
+                return Ok(frame);
+            }
+            let n = self
+                .io
+                .read_buf(&mut self.read)
+                .await
+                .map_err(ReaderError::io("reading from PostgreSQL"))?;
+            if n == 0 {
+                return Err(ReaderError::Io {
+                    context: "reading from PostgreSQL",
+                    source: std::io::ErrorKind::UnexpectedEof.into(),
+                });
+            }
+        }
+    }
+
+    fn parse_frame(&mut self) -> Result<Option<Frame>, ReaderError> {
+        if self.read.len() < 5 {
+            self.read.reserve(READ_CHUNK);
+            return Ok(None);
+        }
+        let tag = self.read[0];
+        let len = i32::from_be_bytes([self.read[1], self.read[2], self.read[3], self.read[4]]);
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|l| *l >= 4)
+            .ok_or_else(|| {
+                ReaderError::Protocol(format!(
+                    "message {:?} with invalid length {len}",
+                    tag as char
+                ))
+            })?;
+        let total = len + 1;
+        if self.read.len() < total {
+            self.read.reserve(total.max(READ_CHUNK) - self.read.len());
+            return Ok(None);
+        }
+        match tag {
+            COPY_DATA_TAG => {
+                let mut frame = self.read.split_to(total);
+                frame.advance(5);
+                Ok(Some(Frame::CopyData(frame.freeze())))
+            }
+            COPY_BOTH_RESPONSE_TAG => {
+                self.read.advance(total);
+                Ok(Some(Frame::CopyBoth))
+            }
+            _ => match backend::Message::parse(&mut self.read) {
+                Ok(Some(m)) => Ok(Some(Frame::Other(m))),
+                Ok(None) => Err(ReaderError::Protocol(
+                    "incomplete message after a full frame".into(),
+                )),
+                Err(e) => Err(ReaderError::Protocol(format!(
+                    "malformed message {:?}: {e}",
+                    tag as char
+                ))),
+            },
+        }
+    }
+}
+
+async fn connect_unix(path: &Path) -> Result<UnixStream, ReaderError> {
+    UnixStream::connect(path)
+        .await
+        .map_err(ReaderError::io("connecting to PostgreSQL's Unix socket"))
+}
+
+fn fallible_next<I>(it: &mut I) -> Result<Option<I::Item>, ReaderError>
+where
+    I: FallibleIterator<Error = std::io::Error>,
+{
+    it.next()
+        .map_err(ReaderError::io("parsing a server message"))
+}
+
+/// Extracts the fields of an ErrorResponse.
+pub(crate) fn server_error(body: &backend::ErrorResponseBody) -> ServerError {
+    let mut e = ServerError {
+        severity: String::new(),
+        code: String::new(),
+        message: String::new(),
+        detail: None,
+        hint: None,
+    };
+    let mut fields = body.fields();
+    while let Ok(Some(f)) = fields.next() {
+        let v = String::from_utf8_lossy(f.value_bytes()).into_owned();
+        match f.type_() {
+            b'S' if e.severity.is_empty() => e.severity = v,
+            b'V' => e.severity = v,
+            b'C' => e.code = v,
+            b'M' => e.message = v,
+            b'D' => e.detail = Some(v),
+            b'H' => e.hint = Some(v),
+            _ => {}
+        }
+    }
+    e
+}
+
+fn describe(frame: &Frame) -> &'static str {
+    match frame {
+        Frame::CopyData(_) => "CopyData",
+        Frame::CopyBoth => "CopyBothResponse",
+        Frame::Other(m) => match m {
+            backend::Message::AuthenticationGss
+            | backend::Message::AuthenticationGssContinue(_) => "GSSAPI authentication",
+            backend::Message::AuthenticationSspi => "SSPI authentication",
+            backend::Message::AuthenticationKerberosV5 => "Kerberos V5 authentication",
+            backend::Message::AuthenticationScmCredential => "SCM credential authentication",
+            backend::Message::CommandComplete(_) => "CommandComplete",
+            backend::Message::CopyOutResponse(_) => "CopyOutResponse",
+            backend::Message::CopyInResponse(_) => "CopyInResponse",
+            backend::Message::DataRow(_) => "DataRow",
+            backend::Message::RowDescription(_) => "RowDescription",
+            backend::Message::ReadyForQuery(_) => "ReadyForQuery",
+            backend::Message::CopyDone => "CopyDone",
+            _ => "message",
+        },
+    }
+}

@@ -1,0 +1,379 @@
+//! The reader task: streams a logical slot and hands outbox events to the pipeline.
+//!
+//! [`start`] connects, checks the resume point (see [`crate::progress`] rule 6) and spawns a task
+//! that owns the replication connection. The task:
+//!
+//! - decodes each XLogData into pgoutput messages and assembles them into [`OutboxEvent`]s, sent
+//!   in WAL order over a **bounded** channel: when the pipeline stops taking events (its
+//!   in-flight window is full because Kafka is slow or down), the task stops reading the socket,
+//!   and the server stops sending. Memory does not grow;
+//! - forwards keepalives' `wal_end` (dropped when the channel is full: they only matter when the
+//!   pipeline is idle);
+//! - reports the LSN the pipeline confirms (through [`ReaderHandle::confirm`]) in standby status
+//!   updates, promptly and regularly, *also while blocked on a full channel*, so that the server
+//!   does not time the connection out during a long Kafka outage;
+//! - on [`ReaderHandle::shutdown`] sends a final status update and closes the session.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::config::ConnectConfig;
+use super::error::ReaderError;
+use super::replication::ReplicationConnection;
+use crate::assembly::{Assembler, AssemblyStats, OutboxEvent, OutboxSource};
+use crate::pgoutput::Decoder;
+use crate::progress::Progress;
+use crate::slot::{quote_ident, quote_literal, slot_state};
+use crate::wire::{PgTimestamp, ReplicationMessage};
+use crate::Lsn;
+
+/// Default cadence of standby status updates when nothing changes.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a new confirmation may wait before it is reported (coalesces bursts of acks).
+pub const CONFIRM_MIN_GAP: Duration = Duration::from_millis(10);
+/// Events buffered between the reader task and the pipeline.
+pub const DEFAULT_CHANNEL_CAPACITY: usize = 4096;
+
+/// What to stream.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    pub slot: String,
+    pub publication: String,
+    pub source: OutboxSource,
+    pub status_interval: Duration,
+    pub channel_capacity: usize,
+}
+
+/// What the reader hands the pipeline, in WAL order.
+#[derive(Debug)]
+pub enum ReaderEvent {
+    /// A transaction boundary, an outbox row or an outbox message.
+    Outbox(OutboxEvent),
+    /// The server's WAL end; confirmable when nothing is in flight.
+    Keepalive { wal_end: Lsn },
+}
+
+/// Counters the reader keeps for metrics (read with `Ordering::Relaxed`).
+#[derive(Debug, Default)]
+pub struct ReaderStats {
+    /// Highest WAL position received.
+    pub received_lsn: AtomicU64,
+    /// The server's WAL end as last reported.
+    pub server_wal_end: AtomicU64,
+    /// The flush LSN last reported to the server.
+    pub reported_flush_lsn: AtomicU64,
+    pub xlog_messages: AtomicU64,
+    pub xlog_bytes: AtomicU64,
+    pub keepalives: AtomicU64,
+    pub status_updates: AtomicU64,
+    /// Skipped UPDATE/DELETE/TRUNCATE statements on the outbox table.
+    pub outbox_updates_skipped: AtomicU64,
+    pub outbox_deletes_skipped: AtomicU64,
+    pub outbox_truncates_skipped: AtomicU64,
+}
+
+/// The pipeline's side of a running reader.
+#[derive(Debug)]
+pub struct ReaderHandle {
+    /// Events in WAL order.
+    pub events: mpsc::Receiver<ReaderEvent>,
+    /// Where streaming resumed (the slot's `confirmed_flush_lsn`).
+    pub resume_lsn: Lsn,
+    /// The walsender's pid (`active_pid` of the slot).
+    pub backend_pid: i32,
+    pub stats: Arc<ReaderStats>,
+    confirm: watch::Sender<Lsn>,
+    task: JoinHandle<Result<(), ReaderError>>,
+}
+
+impl ReaderHandle {
+    /// Confirms everything up to `lsn` (never lower than before).
+    pub fn confirm(&self, lsn: Lsn) {
+        self.confirm.send_if_modified(|cur| {
+            if lsn > *cur {
+                *cur = lsn;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// The LSN last confirmed.
+    pub fn confirmed(&self) -> Lsn {
+        *self.confirm.borrow()
+    }
+
+    /// Stops streaming after a final status update; returns the task's outcome.
+    pub async fn shutdown(self) -> Result<(), ReaderError> {
+        let ReaderHandle {
+            events,
+            confirm,
+            task,
+            ..
+        } = self;
+        drop(confirm);
+        drop(events);
+        match task.await {
+            Ok(r) => r,
+            Err(e) => Err(ReaderError::Protocol(format!("reader task failed: {e}"))),
+        }
+    }
+
+    /// Whether the task has ended (it then returns its error from [`ReaderHandle::shutdown`]).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+/// Connects and starts streaming `opts.slot` from its `confirmed_flush_lsn`.
+///
+/// `sql` is an ordinary connection to the same database, used to read the slot before and
+/// after `START_REPLICATION`.
+pub async fn start(
+    cfg: &ConnectConfig,
+    sql: &tokio_postgres::Client,
+    opts: StreamOptions,
+) -> Result<ReaderHandle, ReaderError> {
+    let before = slot_state(sql, &opts.slot).await?.ok_or_else(|| {
+        ReaderError::Server(super::error::ServerError {
+            severity: "ERROR".into(),
+            code: "42704".into(),
+            message: format!("replication slot {:?} does not exist", opts.slot),
+            detail: None,
+            hint: Some(
+                "run `ferry check`; Ferry creates it when postgres.create_slot = true".into(),
+            ),
+        })
+    })?;
+    if let Some(pid) = before.active_pid {
+        return Err(ReaderError::SlotInUse {
+            slot: opts.slot.clone(),
+            pid,
+        });
+    }
+    let resume = before.confirmed_flush_lsn;
+    let mut conn = ReplicationConnection::connect(cfg).await?;
+    let ident = conn.simple_query("IDENTIFY_SYSTEM").await?;
+    if ident
+        .first()
+        .and_then(|r| r.get(3))
+        .cloned()
+        .flatten()
+        .is_none()
+    {
+        return Err(ReaderError::Protocol(
+            "IDENTIFY_SYSTEM shows no database: the connection is not a logical replication connection".into(),
+        ));
+    }
+    let command = format!(
+        "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}, messages 'true')",
+        quote_ident(&opts.slot),
+        resume,
+        quote_literal(&quote_ident(&opts.publication)),
+    );
+    conn.start_copy_both(&command).await.map_err(|e| match e {
+        ReaderError::Server(s) if s.code == "55006" => ReaderError::SlotInUse {
+            slot: opts.slot.clone(),
+            pid: parse_pid(&s.message).unwrap_or(0),
+        },
+        other => other,
+    })?;
+    let after = slot_state(sql, &opts.slot).await?;
+    if let Some(after) = after {
+        if after.confirmed_flush_lsn > resume {
+            conn.close().await;
+            return Err(ReaderError::SlotAdvancedPastResume {
+                slot: opts.slot.clone(),
+                resume,
+                confirmed: after.confirmed_flush_lsn,
+            });
+        }
+    }
+    let (tx, rx) = mpsc::channel(opts.channel_capacity.max(1));
+    let (confirm_tx, confirm_rx) = watch::channel(resume);
+    let stats = Arc::new(ReaderStats::default());
+    stats.reported_flush_lsn.store(resume.0, Ordering::Relaxed);
+    let backend_pid = conn.backend_pid;
+    let task = Task {
+        conn,
+        tx,
+        confirm: confirm_rx,
+        progress: Progress::new(resume, opts.status_interval, CONFIRM_MIN_GAP),
+        decoder: Decoder::new(),
+        assembler: Assembler::new(opts.source),
+        stats: stats.clone(),
+    };
+    Ok(ReaderHandle {
+        events: rx,
+        resume_lsn: resume,
+        backend_pid,
+        stats,
+        confirm: confirm_tx,
+        task: tokio::spawn(task.run()),
+    })
+}
+
+fn parse_pid(msg: &str) -> Option<i32> {
+    msg.rsplit("PID ").next()?.trim().parse().ok()
+}
+
+struct Task {
+    conn: ReplicationConnection,
+    tx: mpsc::Sender<ReaderEvent>,
+    confirm: watch::Receiver<Lsn>,
+    progress: Progress,
+    decoder: Decoder,
+    assembler: Assembler,
+    stats: Arc<ReaderStats>,
+}
+
+/// What woke the task.
+enum Wake {
+    Data(Result<bytes::Bytes, ReaderError>),
+    Confirmed(bool),
+    StatusDue,
+}
+
+impl Task {
+    async fn run(mut self) -> Result<(), ReaderError> {
+        let result = self.stream().await;
+        if matches!(result, Ok(()) | Err(ReaderError::Closed)) {
+            // Orderly stop: report the final confirmation, then end the session.
+            self.progress
+                .confirm(*self.confirm.borrow())
+                .map_err(|e| ReaderError::Protocol(e.to_string()))?;
+            let _ = self.send_status().await;
+            self.conn.close().await;
+            return Ok(());
+        }
+        result
+    }
+
+    async fn stream(&mut self) -> Result<(), ReaderError> {
+        loop {
+            let due = tokio::time::Instant::from_std(self.progress.next_due(Instant::now()));
+            let wake = tokio::select! {
+                biased;
+                changed = self.confirm.changed() => Wake::Confirmed(changed.is_ok()),
+                _ = tokio::time::sleep_until(due) => Wake::StatusDue,
+                data = self.conn.recv_copy_data() => Wake::Data(data),
+            };
+            match wake {
+                Wake::Confirmed(false) => return Err(ReaderError::Closed),
+                Wake::Confirmed(true) => self.take_confirmation()?,
+                Wake::StatusDue => self.send_status().await?,
+                Wake::Data(data) => self.handle(data?).await?,
+            }
+        }
+    }
+
+    fn take_confirmation(&mut self) -> Result<(), ReaderError> {
+        let lsn = *self.confirm.borrow_and_update();
+        self.progress
+            .confirm(lsn)
+            .map_err(|e| ReaderError::Protocol(e.to_string()))
+    }
+
+    async fn send_status(&mut self) -> Result<(), ReaderError> {
+        let update = self
+            .progress
+            .take_update(Instant::now(), PgTimestamp::now());
+        let mut buf = bytes::BytesMut::with_capacity(64);
+        update.encode_into(&mut buf);
+        self.conn.send_copy_data(&buf).await?;
+        self.stats.status_updates.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .reported_flush_lsn
+            .store(update.flush_lsn.0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn handle(&mut self, data: bytes::Bytes) -> Result<(), ReaderError> {
+        match ReplicationMessage::decode(data)? {
+            ReplicationMessage::XLogData(x) => {
+                self.stats.xlog_messages.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .xlog_bytes
+                    .fetch_add(x.data.len() as u64, Ordering::Relaxed);
+                self.progress.on_received(x.wal_start);
+                self.stats
+                    .received_lsn
+                    .store(self.progress.received().0, Ordering::Relaxed);
+                self.stats
+                    .server_wal_end
+                    .store(x.wal_end.0, Ordering::Relaxed);
+                let msg = self.decoder.decode(x.data)?;
+                let event = self.assembler.push(x.wal_start, msg)?;
+                self.sync_stats();
+                if let Some(event) = event {
+                    self.deliver(ReaderEvent::Outbox(event)).await?;
+                }
+            }
+            ReplicationMessage::PrimaryKeepalive(k) => {
+                self.stats.keepalives.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .server_wal_end
+                    .store(k.wal_end.0, Ordering::Relaxed);
+                self.progress.on_keepalive(k.wal_end, k.reply_requested);
+                self.stats
+                    .received_lsn
+                    .store(self.progress.received().0, Ordering::Relaxed);
+                if k.reply_requested {
+                    self.send_status().await?;
+                }
+                // Only useful to an idle pipeline; never waits.
+                let _ = self
+                    .tx
+                    .try_send(ReaderEvent::Keepalive { wal_end: k.wal_end });
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands one event to the pipeline, keeping the session alive while it applies backpressure.
+    async fn deliver(&mut self, event: ReaderEvent) -> Result<(), ReaderError> {
+        let event = match self.tx.try_send(event) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(ReaderError::Closed),
+            Err(mpsc::error::TrySendError::Full(event)) => event,
+        };
+        // Backpressure: wait for room, answering the server meanwhile.
+        let tx = self.tx.clone();
+        loop {
+            let due = tokio::time::Instant::from_std(self.progress.next_due(Instant::now()));
+            tokio::select! {
+                biased;
+                permit = tx.reserve() => {
+                    let permit = permit.map_err(|_| ReaderError::Closed)?;
+                    permit.send(event);
+                    return Ok(());
+                }
+                changed = self.confirm.changed() => {
+                    if changed.is_err() {
+                        return Err(ReaderError::Closed);
+                    }
+                    self.take_confirmation()?;
+                }
+                _ = tokio::time::sleep_until(due) => self.send_status().await?,
+            }
+        }
+    }
+
+    fn sync_stats(&self) {
+        let s: &AssemblyStats = self.assembler.stats();
+        self.stats
+            .outbox_updates_skipped
+            .store(s.outbox_updates, Ordering::Relaxed);
+        self.stats
+            .outbox_deletes_skipped
+            .store(s.outbox_deletes, Ordering::Relaxed);
+        self.stats
+            .outbox_truncates_skipped
+            .store(s.outbox_truncates, Ordering::Relaxed);
+    }
+}

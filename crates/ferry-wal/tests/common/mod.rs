@@ -1,0 +1,142 @@
+//! Shared set-up for the reader's tests against a real PostgreSQL.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use ferry_testkit::pg::{self, TestDb};
+use ferry_wal::assembly::{OutboxEvent, OutboxSource};
+use ferry_wal::conn::{ConnectConfig, ReaderEvent, ReaderHandle, StreamOptions};
+use ferry_wal::pgoutput::TupleValue;
+use ferry_wal::slot::{self, RequiredColumn, SlotSpec};
+use ferry_wal::Lsn;
+
+pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
+    id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregatetype text NOT NULL,
+    aggregateid text NOT NULL,
+    type text NOT NULL,
+    payload jsonb,
+    blob bytea,
+    note text
+)";
+
+pub struct Setup {
+    pub db: TestDb,
+    pub sql: tokio_postgres::Client,
+    pub cfg: ConnectConfig,
+    pub spec: SlotSpec,
+}
+
+pub fn spec() -> SlotSpec {
+    SlotSpec {
+        slot: pg::unique_name("slot"),
+        publication: "ferry_outbox".into(),
+        schema: "public".into(),
+        table: "outbox".into(),
+        create_slot: true,
+        create_publication: true,
+        required_columns: ["id", "aggregatetype", "aggregateid", "type", "payload"]
+            .iter()
+            .map(|c| RequiredColumn {
+                name: c.to_string(),
+                config_key: format!("outbox.{c}"),
+                accepted_types: None,
+            })
+            .collect(),
+    }
+}
+
+/// A database with the outbox table, its publication and a slot.
+pub async fn setup() -> Setup {
+    let db = pg::shared().create_db().await;
+    let sql = db.client().await;
+    sql.batch_execute(OUTBOX_DDL).await.unwrap();
+    let spec = spec();
+    slot::ensure(&sql, &spec).await.unwrap();
+    let cfg = ConnectConfig::parse(&db.url).unwrap();
+    Setup { db, sql, cfg, spec }
+}
+
+pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
+    StreamOptions {
+        slot: spec.slot.clone(),
+        publication: spec.publication.clone(),
+        source: OutboxSource {
+            schema: spec.schema.clone(),
+            table: spec.table.clone(),
+            message_prefix: prefix.map(Into::into),
+        },
+        status_interval: Duration::from_secs(1),
+        channel_capacity: 1024,
+    }
+}
+
+pub async fn start(s: &Setup) -> ReaderHandle {
+    ferry_wal::conn::start(&s.cfg, &s.sql, options(&s.spec, Some("outbox")))
+        .await
+        .unwrap()
+}
+
+/// The next outbox event (keepalives skipped), or a panic at the deadline.
+pub async fn next_event(r: &mut ReaderHandle) -> OutboxEvent {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match tokio::time::timeout_at(deadline, r.events.recv()).await {
+            Err(_) => panic!("no outbox event within 60s"),
+            Ok(None) => panic!("reader ended: {:?}", "channel closed"),
+            Ok(Some(ReaderEvent::Keepalive { .. })) => {}
+            Ok(Some(ReaderEvent::Outbox(e))) => return e,
+        }
+    }
+}
+
+/// A whole transaction: its rows' `note` column values and its commit.
+pub struct Txn {
+    pub xid: u32,
+    pub rows: Vec<ferry_wal::assembly::OutboxRow>,
+    pub messages: Vec<ferry_wal::assembly::OutboxMessage>,
+    pub end_lsn: Lsn,
+    pub commit_lsn: Lsn,
+}
+
+pub async fn next_txn(r: &mut ReaderHandle) -> Txn {
+    let OutboxEvent::Begin(b) = next_event(r).await else {
+        panic!("expected Begin")
+    };
+    let mut t = Txn {
+        xid: b.xid,
+        rows: vec![],
+        messages: vec![],
+        end_lsn: Lsn::ZERO,
+        commit_lsn: b.commit_lsn,
+    };
+    loop {
+        match next_event(r).await {
+            OutboxEvent::Row(row) => t.rows.push(row),
+            OutboxEvent::Message(m) => t.messages.push(m),
+            OutboxEvent::Commit(c) => {
+                assert_eq!(c.xid, b.xid);
+                assert_eq!(c.commit_lsn, b.commit_lsn);
+                t.end_lsn = c.end_lsn;
+                return t;
+            }
+            OutboxEvent::Begin(_) => panic!("Begin inside a transaction"),
+        }
+    }
+}
+
+pub fn text(row: &ferry_wal::assembly::OutboxRow, col: &str) -> Option<String> {
+    match row.get(col).unwrap_or_else(|| panic!("no column {col}")).1 {
+        TupleValue::Null => None,
+        TupleValue::Text(b) => Some(String::from_utf8(b.to_vec()).unwrap()),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+pub async fn slot_confirmed(sql: &tokio_postgres::Client, slot: &str) -> Lsn {
+    slot::slot_state(sql, slot)
+        .await
+        .unwrap()
+        .unwrap()
+        .confirmed_flush_lsn
+}

@@ -1,0 +1,287 @@
+//! The reader against a real PostgreSQL 15: what arrives, in what order, and what the slot
+//! remembers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use ferry_wal::conn::ReaderEvent;
+use ferry_wal::pgoutput::TupleValue;
+
+#[tokio::test]
+async fn committed_rows_arrive_with_correct_values() {
+    let s = setup().await;
+    let mut r = start(&s).await;
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(1024 * 1024));
+    s.sql
+        .batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, blob, note) VALUES
+               ('6f1c7c38-54f5-4d6b-9d38-1f3a3c4f1a01', 'order', 'o-1', 'created', '{{\"a\": 1, \"ü\": \"日本\"}}', '\\x00ff10', 'première'),
+               ('6f1c7c38-54f5-4d6b-9d38-1f3a3c4f1a02', 'order', 'o-1', 'paid', NULL, NULL, NULL),
+               ('6f1c7c38-54f5-4d6b-9d38-1f3a3c4f1a03', 'order', 'o-2', 'big', '{big}', NULL, 'big');
+             COMMIT;"
+        ))
+        .await
+        .unwrap();
+    let t = next_txn(&mut r).await;
+    assert_eq!(t.rows.len(), 3);
+    assert!(t.end_lsn > t.commit_lsn);
+    let a = &t.rows[0];
+    assert_eq!(
+        text(a, "id").unwrap(),
+        "6f1c7c38-54f5-4d6b-9d38-1f3a3c4f1a01"
+    );
+    assert_eq!(text(a, "aggregatetype").unwrap(), "order");
+    assert_eq!(text(a, "aggregateid").unwrap(), "o-1");
+    assert_eq!(text(a, "payload").unwrap(), "{\"a\": 1, \"ü\": \"日本\"}");
+    assert_eq!(text(a, "blob").unwrap(), "\\x00ff10");
+    assert_eq!(text(a, "note").unwrap(), "première");
+    assert_eq!(a.get("payload").unwrap().0, 3802, "jsonb type oid");
+    let b = &t.rows[1];
+    assert_eq!(text(b, "payload"), None);
+    assert_eq!(text(b, "blob"), None);
+    let c = &t.rows[2];
+    assert_eq!(
+        text(c, "payload").unwrap(),
+        big.replace("{\"blob\": ", "{\"blob\": ")
+    );
+    assert_eq!(t.xid, a.xid);
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn rolled_back_transactions_never_arrive() {
+    let s = setup().await;
+    let mut r = start(&s).await;
+    s.sql
+        .batch_execute(
+            "BEGIN; INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','rolled back'); ROLLBACK;
+             BEGIN; INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','savepoint');
+               SAVEPOINT s; INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','undone');
+               ROLLBACK TO SAVEPOINT s; COMMIT;
+             INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','marker');",
+        )
+        .await
+        .unwrap();
+    let t = next_txn(&mut r).await;
+    let notes: Vec<_> = t.rows.iter().map(|r| text(r, "note").unwrap()).collect();
+    assert_eq!(notes, ["savepoint"]);
+    let t = next_txn(&mut r).await;
+    assert_eq!(text(&t.rows[0], "note").unwrap(), "marker");
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn interleaved_transactions_arrive_in_commit_order() {
+    let s = setup().await;
+    let mut r = start(&s).await;
+    let a = s.db.client().await;
+    let b = s.db.client().await;
+    let ins = |n: &str| {
+        format!("INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','{n}')")
+    };
+    a.batch_execute("BEGIN").await.unwrap();
+    b.batch_execute("BEGIN").await.unwrap();
+    a.batch_execute(&ins("a1")).await.unwrap();
+    b.batch_execute(&ins("b1")).await.unwrap();
+    a.batch_execute(&ins("a2")).await.unwrap();
+    b.batch_execute(&ins("b2")).await.unwrap();
+    b.batch_execute("COMMIT").await.unwrap();
+    a.batch_execute("COMMIT").await.unwrap();
+    let first = next_txn(&mut r).await;
+    let second = next_txn(&mut r).await;
+    let notes = |t: &Txn| {
+        t.rows
+            .iter()
+            .map(|r| text(r, "note").unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(notes(&first), ["b1", "b2"], "b committed first");
+    assert_eq!(notes(&second), ["a1", "a2"]);
+    assert!(first.end_lsn < second.end_lsn);
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn confirmed_lsn_survives_a_reconnect() {
+    let s = setup().await;
+    let mut r = start(&s).await;
+    let ins = |n: &str| {
+        format!("INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','{n}')")
+    };
+    s.sql.batch_execute(&ins("one")).await.unwrap();
+    let one = next_txn(&mut r).await;
+    r.confirm(one.end_lsn);
+    r.shutdown().await.unwrap();
+    assert_eq!(slot_confirmed(&s.sql, &s.spec.slot).await, one.end_lsn);
+
+    s.sql.batch_execute(&ins("two")).await.unwrap();
+    let mut r = start(&s).await;
+    assert_eq!(r.resume_lsn, one.end_lsn);
+    let two = next_txn(&mut r).await;
+    assert_eq!(
+        text(&two.rows[0], "note").unwrap(),
+        "two",
+        "only newer transactions arrive"
+    );
+    // Not confirmed: a reconnect replays it.
+    r.shutdown().await.unwrap();
+    let mut r = start(&s).await;
+    let again = next_txn(&mut r).await;
+    assert_eq!(text(&again.rows[0], "note").unwrap(), "two");
+    assert_eq!(again.end_lsn, two.end_lsn);
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn idle_outbox_with_writes_elsewhere_lets_the_slot_advance() {
+    let s = setup().await;
+    s.sql
+        .batch_execute("CREATE TABLE busy (x int)")
+        .await
+        .unwrap();
+    let mut r = start(&s).await;
+    let before = slot_confirmed(&s.sql, &s.spec.slot).await;
+    s.sql
+        .batch_execute("INSERT INTO busy SELECT generate_series(1, 1000)")
+        .await
+        .unwrap();
+    let target = ferry_wal::slot::current_wal_lsn(&s.sql).await.unwrap();
+    assert!(target > before);
+    // Act as an idle pipeline: confirm every keepalive's wal_end (nothing is in flight).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ev = tokio::time::timeout_at(deadline, r.events.recv())
+            .await
+            .expect("a keepalive past the busy writes within 60s")
+            .expect("reader alive");
+        match ev {
+            ReaderEvent::Keepalive { wal_end } => {
+                r.confirm(wal_end);
+                if wal_end >= target {
+                    break;
+                }
+            }
+            ReaderEvent::Outbox(e) => panic!("no outbox event expected, got {e:?}"),
+        }
+    }
+    ferry_testkit::wait_until(
+        "confirmed_flush_lsn passes the busy writes",
+        Duration::from_secs(30),
+        || async { slot_confirmed(&s.sql, &s.spec.slot).await >= target },
+    )
+    .await;
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn logical_messages_with_the_outbox_prefix_arrive() {
+    let s = setup().await;
+    let mut r = start(&s).await;
+    s.sql
+        .batch_execute(
+            "BEGIN;
+             SELECT pg_logical_emit_message(true, 'outbox', '{\"id\": \"m1\"}');
+             SELECT pg_logical_emit_message(true, 'other', 'ignored');
+             SELECT pg_logical_emit_message(false, 'outbox', 'non-transactional');
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    let t = next_txn(&mut r).await;
+    assert_eq!(t.messages.len(), 1);
+    assert_eq!(&t.messages[0].content[..], b"{\"id\": \"m1\"}");
+    assert!(t.rows.is_empty());
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn updates_deletes_and_other_tables_are_skipped() {
+    let s = setup().await;
+    s.sql
+        .batch_execute("CREATE TABLE other (x int); ALTER PUBLICATION ferry_outbox ADD TABLE other; ALTER PUBLICATION ferry_outbox SET (publish = 'insert, update, delete, truncate')")
+        .await
+        .unwrap();
+    let mut r = start(&s).await;
+    s.sql
+        .batch_execute(
+            "INSERT INTO other VALUES (1);
+             INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','kept');
+             UPDATE outbox SET note = 'changed';
+             DELETE FROM outbox;
+             INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','marker');",
+        )
+        .await
+        .unwrap();
+    let mut notes = vec![];
+    while notes.last().map(String::as_str) != Some("marker") {
+        let t = next_txn(&mut r).await;
+        notes.extend(t.rows.iter().map(|r| text(r, "note").unwrap()));
+    }
+    assert_eq!(notes, ["kept", "marker"]);
+    assert_eq!(
+        r.stats
+            .outbox_updates_skipped
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        r.stats
+            .outbox_deletes_skipped
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_relation_changed_mid_stream_is_remapped_by_name() {
+    let s = setup().await;
+    let mut r = start(&s).await;
+    s.sql
+        .batch_execute(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','before');
+             ALTER TABLE outbox DROP COLUMN blob, ADD COLUMN tenant text;
+             INSERT INTO outbox (aggregatetype, aggregateid, type, note, tenant) VALUES ('a','1','t','after','acme');",
+        )
+        .await
+        .unwrap();
+    // One simple query is one transaction: the layout changes between its two rows.
+    let t = next_txn(&mut r).await;
+    let (before, after) = (&t.rows[0], &t.rows[1]);
+    assert_eq!(text(before, "note").unwrap(), "before");
+    assert!(before.get("tenant").is_none());
+    assert_eq!(text(before, "blob"), None);
+    assert_eq!(text(after, "note").unwrap(), "after");
+    assert_eq!(text(after, "tenant").unwrap(), "acme");
+    assert!(after.get("blob").is_none());
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn values_of_every_outbox_type_arrive_as_text() {
+    let s = setup().await;
+    s.sql
+        .batch_execute("ALTER TABLE outbox ADD COLUMN ts timestamptz, ADD COLUMN n bigint")
+        .await
+        .unwrap();
+    let mut r = start(&s).await;
+    s.sql
+        .batch_execute("INSERT INTO outbox (aggregatetype, aggregateid, type, ts, n) VALUES ('a','1','t','2026-11-22 10:00:00.123+02', 9007199254740993)")
+        .await
+        .unwrap();
+    let t = next_txn(&mut r).await;
+    // The session is pinned to UTC and ISO dates, whatever the server's defaults.
+    assert_eq!(
+        text(&t.rows[0], "ts").unwrap(),
+        "2026-11-22 08:00:00.123+00"
+    );
+    assert_eq!(text(&t.rows[0], "n").unwrap(), "9007199254740993");
+    assert!(matches!(
+        t.rows[0].get("id").unwrap().1,
+        TupleValue::Text(_)
+    ));
+    r.shutdown().await.unwrap();
+}
