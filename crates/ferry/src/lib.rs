@@ -1,1 +1,2 @@
 //! Ferry: the pipeline from the replication slot to Kafka.
+pub mod telemetry;

@@ -1,0 +1,263 @@
+//! Process-wide logging setup: `tracing` events to stderr, as text or JSON lines.
+//!
+//! [`init`] installs the global subscriber once, at startup. The configured level is a single level
+//! name (`info`) or a directive list (`info,ferry=debug,rdkafka=warn`); a non-empty `RUST_LOG`
+//! replaces it entirely, with the usual `EnvFilter` syntax. Records of the `log` crate (librdkafka's
+//! and tokio-postgres's logs arrive that way) are forwarded into the same output. Text gets colours
+//! only when stderr is a terminal; JSON puts each event's fields at the top level of its object, next
+//! to `timestamp`, `level`, `target` and `message`.
+//!
+//! # Log fields
+//!
+//! Events carry data in fields, not in the message: the message is a short fixed phrase
+//! (`"confirmed flush position"`), the numbers go in fields, so logs can be filtered and
+//! aggregated. The same name means the same thing everywhere in Ferry:
+//!
+//! | Field | Meaning |
+//! |-------|---------|
+//! | `lsn` | A WAL position, logged with `%` so it prints as `X/X`. |
+//! | `commit_lsn`, `end_lsn`, `wal_end`, `flush_lsn` | The named LSN meanings of `ferry_wal::lsn`, also `X/X`. |
+//! | `xid` | A transaction id. |
+//! | `slot` | The replication slot name. |
+//! | `publication` | The publication name. |
+//! | `topic`, `partition` | A Kafka destination. |
+//! | `records` | A count of records. |
+//! | `bytes` | A size in bytes. |
+//! | `elapsed_ms` | A duration, in milliseconds. |
+//! | `attempt` | A retry or reconnect attempt, from 1. |
+//! | `component` | `postgres` or `kafka`, as in the `ferry_reconnects_total` label. |
+//! | `error` | An error, logged with `%` (its `Display`, which includes the fix for permanent errors). |
+//!
+//! Never logged: record payloads, keys and header values (they are the application's data, often
+//! personal), and secrets (passwords, connection strings with credentials, TLS keys; configuration
+//! types keep those in wrappers that do not print).
+
+use std::fmt;
+use std::io::IsTerminal;
+use std::str::FromStr;
+
+use tracing_subscriber::filter::{EnvFilter, LevelFilter};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// How events are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (`tracing_subscriber`'s full format).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = LoggingError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(LoggingError::InvalidFormat(other.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoggingError {
+    #[error("invalid log format {0:?}: expected \"text\" or \"json\"")]
+    InvalidFormat(String),
+    #[error("invalid log level {level:?}: expected trace, debug, info, warn, error, off or directives like \"info,ferry=debug\"{detail}")]
+    InvalidLevel { level: String, detail: String },
+    #[error("invalid RUST_LOG {value:?}: {detail}")]
+    InvalidRustLog { value: String, detail: String },
+    #[error("logging is already initialised: {0}")]
+    AlreadyInitialized(String),
+}
+
+/// Installs the global subscriber: `format` to stderr at `level`, unless `RUST_LOG` is set.
+pub fn init(format: LogFormat, level: &str) -> Result<(), LoggingError> {
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = filter(level, rust_log.as_deref())?;
+    let ansi = std::io::stderr().is_terminal();
+    subscriber(format, filter, std::io::stderr, ansi)
+        .try_init()
+        .map_err(|e| LoggingError::AlreadyInitialized(e.to_string()))
+}
+
+/// The filter for the configured `level`, replaced by `rust_log` when that is set and not blank.
+/// A configured level without `=` or `,` must be a level name, so that a typo (`warning`) is an
+/// error rather than a directive enabling a target of that name.
+pub fn filter(level: &str, rust_log: Option<&str>) -> Result<EnvFilter, LoggingError> {
+    if let Some(value) = rust_log.map(str::trim).filter(|v| !v.is_empty()) {
+        return EnvFilter::builder()
+            .parse(value)
+            .map_err(|e| LoggingError::InvalidRustLog {
+                value: value.to_string(),
+                detail: e.to_string(),
+            });
+    }
+    let level = level.trim();
+    let invalid = |detail: String| LoggingError::InvalidLevel {
+        level: level.to_string(),
+        detail,
+    };
+    if !level.contains(['=', ',']) {
+        // `LevelFilter` reads "" as ERROR; an empty setting is a mistake, not a level.
+        let single = Some(level)
+            .filter(|l| !l.is_empty())
+            .and_then(|l| LevelFilter::from_str(l).ok())
+            .ok_or_else(|| invalid(String::new()))?;
+        return Ok(EnvFilter::default().add_directive(single.into()));
+    }
+    EnvFilter::builder()
+        .parse(level)
+        .map_err(|e| invalid(format!(" ({e})")))
+}
+
+/// The subscriber [`init`] installs, writing to `writer` (tests capture it).
+pub fn subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    writer: W,
+    ansi: bool,
+) -> Box<dyn tracing::Subscriber + Send + Sync + 'static>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match format {
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+        LogFormat::Json => Box::new(builder.json().flatten_event(true).with_ansi(false).finish()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Capture {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Capture {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    fn capture(format: LogFormat, level: &str, body: impl FnOnce()) -> String {
+        let out = Capture::default();
+        let writer = out.clone();
+        let subscriber = subscriber(
+            format,
+            filter(level, None).unwrap(),
+            move || writer.clone(),
+            false,
+        );
+        tracing::subscriber::with_default(subscriber, body);
+        out.text()
+    }
+
+    #[test]
+    fn json_lines_carry_fields_at_the_top_level() {
+        let out = capture(LogFormat::Json, "info", || {
+            tracing::info!(lsn = %"0/16B3748", xid = 750u32, records = 3u64, "confirmed flush position");
+            tracing::debug!(bytes = 1u64, "filtered out");
+        });
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        let event: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(event["level"], "INFO");
+        assert_eq!(event["message"], "confirmed flush position");
+        assert_eq!(event["lsn"], "0/16B3748");
+        assert_eq!(event["xid"], 750);
+        assert_eq!(event["records"], 3);
+        assert!(event["timestamp"].is_string());
+        assert!(event["target"].as_str().unwrap().starts_with("ferry"));
+    }
+
+    #[test]
+    fn text_lines_are_plain_key_value() {
+        let out = capture(LogFormat::Text, "debug", || {
+            tracing::debug!(topic = "orders", elapsed_ms = 12u64, "produced");
+        });
+        assert!(out.contains(" DEBUG "), "{out}");
+        assert!(
+            out.contains("produced topic=\"orders\" elapsed_ms=12"),
+            "{out}"
+        );
+        assert!(!out.contains('\x1b'), "no colours when not a terminal");
+    }
+
+    #[test]
+    fn levels_and_directives_are_checked() {
+        for ok in [
+            "info",
+            " WARN ",
+            "off",
+            "trace",
+            "info,ferry=debug",
+            "ferry::telemetry=trace",
+        ] {
+            assert!(filter(ok, None).is_ok(), "{ok}");
+        }
+        for bad in ["warning", "loud", ""] {
+            let err = filter(bad, None).unwrap_err();
+            assert!(
+                matches!(err, LoggingError::InvalidLevel { .. }),
+                "{bad}: {err}"
+            );
+        }
+        assert!(filter("info,ferry=[", None).is_err());
+    }
+
+    #[test]
+    fn rust_log_overrides_the_configured_level() {
+        let out = Capture::default();
+        let writer = out.clone();
+        let debug = filter("error", Some("debug")).unwrap();
+        let subscriber = subscriber(LogFormat::Text, debug, move || writer.clone(), false);
+        tracing::subscriber::with_default(subscriber, || tracing::debug!("visible"));
+        assert!(out.text().contains("visible"));
+
+        assert!(
+            filter("error", Some("  ")).is_ok(),
+            "blank RUST_LOG is ignored"
+        );
+        assert!(matches!(
+            filter("info", Some("x=[")),
+            Err(LoggingError::InvalidRustLog { .. })
+        ));
+    }
+
+    #[test]
+    fn formats_parse_and_print() {
+        assert_eq!("json".parse::<LogFormat>().unwrap(), LogFormat::Json);
+        assert_eq!(LogFormat::Text.to_string(), "text");
+        assert!("yaml".parse::<LogFormat>().is_err());
+        let parsed: LogFormat = serde_json::from_str("\"json\"").unwrap();
+        assert_eq!(parsed, LogFormat::Json);
+    }
+}

@@ -1,0 +1,572 @@
+//! The metrics registry of one Ferry pipeline, rendered in the Prometheus text format.
+//!
+//! Every metric is a field of [`Metrics`], updated with plain atomics on the hot path (no locks, no
+//! allocation, no map lookups) and rendered by [`Metrics::render`] in the Prometheus text exposition
+//! format 0.0.4. There is one pipeline per process, so no metric carries a pipeline or slot label;
+//! the only labels are closed enums ([`Component`], [`RoutingErrorReason`]) and the build version.
+//! Every labelled series is rendered from the start, at zero, so rates work from the first scrape.
+//!
+//! # The metrics (this table is the telemetry spec)
+//!
+//! | Name | Type | Labels | Meaning |
+//! |------|------|--------|---------|
+//! | `ferry_build_info` | gauge | `version` | Always 1; the label carries the crate version. |
+//! | `ferry_streaming` | gauge | | 1 while streaming from the replication slot, else 0. |
+//! | `ferry_standby` | gauge | | 1 while standing by because another instance holds the slot. |
+//! | `ferry_records_produced_total` | counter | | Records Kafka acknowledged (successful delivery reports). |
+//! | `ferry_bytes_produced_total` | counter | | Key + value + header bytes of the records Kafka acknowledged. |
+//! | `ferry_delivery_errors_total` | counter | | Failed delivery reports (each freezes the checkpoint). |
+//! | `ferry_in_flight_records` | gauge | | Records handed to the producer and not yet acknowledged. |
+//! | `ferry_in_flight_bytes` | gauge | | Bytes of those records. |
+//! | `ferry_transactions_received_total` | counter | | Outbox transactions assembled from the slot (commit messages). |
+//! | `ferry_transactions_confirmed_total` | counter | | Transactions whose `end_lsn` was confirmed to the server. |
+//! | `ferry_received_lsn` | gauge | | Highest WAL position received from the server, as a number. |
+//! | `ferry_confirmed_lsn` | gauge | | Last `flush_lsn` reported to the server, as a number. |
+//! | `ferry_wal_lag_bytes` | gauge | | `pg_current_wal_lsn()` minus the confirmed LSN, at the last poll. |
+//! | `ferry_replication_lag_seconds` | histogram | | Commit time in Postgres to Kafka acknowledgement, per transaction. |
+//! | `ferry_replication_lag_latest_seconds` | gauge | | The latest observation of that histogram. |
+//! | `ferry_rows_skipped_total` | counter | | Outbox rows skipped by policy (not produced). |
+//! | `ferry_rows_dead_lettered_total` | counter | | Outbox rows sent to the dead-letter topic. |
+//! | `ferry_routing_errors_total` | counter | `reason` | Rows the router rejected; `reason` is one of [`RoutingErrorReason`]. |
+//! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
+//! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
+//!
+//! LSNs are exported as plain numbers (Prometheus samples are float64, exact up to 2^53 bytes =
+//! 8 PiB of WAL); `X/X` belongs in logs. The replication lag histogram has buckets from 1 ms to 60 s
+//! ([`REPLICATION_LAG_BUCKETS`]); observations that are NaN or infinite are dropped and negative
+//! ones (clock skew between Postgres and Ferry) count as zero.
+//!
+//! Readiness (see the `http` module) reads [`Metrics::streaming`], [`Metrics::standby`],
+//! [`Metrics::in_flight_records`] and [`Metrics::confirmed_lsn`]; the two [`StampedGauge`]s
+//! remember when their value last rose, which is how "the confirmed LSN advanced recently" is known
+//! without a second source of truth.
+
+use std::fmt::{self, Write as _};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub const BUILD_INFO: &str = "ferry_build_info";
+pub const STREAMING: &str = "ferry_streaming";
+pub const STANDBY: &str = "ferry_standby";
+pub const RECORDS_PRODUCED_TOTAL: &str = "ferry_records_produced_total";
+pub const BYTES_PRODUCED_TOTAL: &str = "ferry_bytes_produced_total";
+pub const DELIVERY_ERRORS_TOTAL: &str = "ferry_delivery_errors_total";
+pub const IN_FLIGHT_RECORDS: &str = "ferry_in_flight_records";
+pub const IN_FLIGHT_BYTES: &str = "ferry_in_flight_bytes";
+pub const TRANSACTIONS_RECEIVED_TOTAL: &str = "ferry_transactions_received_total";
+pub const TRANSACTIONS_CONFIRMED_TOTAL: &str = "ferry_transactions_confirmed_total";
+pub const RECEIVED_LSN: &str = "ferry_received_lsn";
+pub const CONFIRMED_LSN: &str = "ferry_confirmed_lsn";
+pub const WAL_LAG_BYTES: &str = "ferry_wal_lag_bytes";
+pub const REPLICATION_LAG_SECONDS: &str = "ferry_replication_lag_seconds";
+pub const REPLICATION_LAG_LATEST_SECONDS: &str = "ferry_replication_lag_latest_seconds";
+pub const ROWS_SKIPPED_TOTAL: &str = "ferry_rows_skipped_total";
+pub const ROWS_DEAD_LETTERED_TOTAL: &str = "ferry_rows_dead_lettered_total";
+pub const ROUTING_ERRORS_TOTAL: &str = "ferry_routing_errors_total";
+pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
+pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
+
+/// Whether a metric is a counter, gauge or histogram (its `# TYPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric family: name, type and `# HELP` text.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricSpec {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+}
+
+const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec {
+    MetricSpec { name, kind, help }
+}
+
+/// Every metric, in render order (the order of the table in the module docs).
+#[rustfmt::skip]
+pub const SPEC: [MetricSpec; 20] = {
+    use Kind::{Counter as C, Gauge as G, Histogram as H};
+    [
+        spec(BUILD_INFO, G, "Build information; always 1."),
+        spec(STREAMING, G, "1 while streaming from the replication slot."),
+        spec(STANDBY, G, "1 while standing by because another instance holds the slot."),
+        spec(RECORDS_PRODUCED_TOTAL, C, "Records Kafka acknowledged."),
+        spec(BYTES_PRODUCED_TOTAL, C, "Key, value and header bytes of the records Kafka acknowledged."),
+        spec(DELIVERY_ERRORS_TOTAL, C, "Failed delivery reports."),
+        spec(IN_FLIGHT_RECORDS, G, "Records handed to the producer and not yet acknowledged."),
+        spec(IN_FLIGHT_BYTES, G, "Bytes of the records in flight."),
+        spec(TRANSACTIONS_RECEIVED_TOTAL, C, "Outbox transactions assembled from the replication slot."),
+        spec(TRANSACTIONS_CONFIRMED_TOTAL, C, "Transactions whose end LSN was confirmed to the server."),
+        spec(RECEIVED_LSN, G, "Highest WAL position received from the server."),
+        spec(CONFIRMED_LSN, G, "Last flush LSN reported to the server."),
+        spec(WAL_LAG_BYTES, G, "Server WAL position minus the confirmed LSN."),
+        spec(REPLICATION_LAG_SECONDS, H, "Seconds from commit in Postgres to acknowledgement by Kafka, per transaction."),
+        spec(REPLICATION_LAG_LATEST_SECONDS, G, "The latest replication lag observation."),
+        spec(ROWS_SKIPPED_TOTAL, C, "Outbox rows skipped by policy."),
+        spec(ROWS_DEAD_LETTERED_TOTAL, C, "Outbox rows sent to the dead-letter topic."),
+        spec(ROUTING_ERRORS_TOTAL, C, "Rows the router rejected, by reason."),
+        spec(STATUS_UPDATES_SENT_TOTAL, C, "Standby status updates sent to the server."),
+        spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
+    ]
+};
+
+/// Upper bounds (inclusive, seconds) of the replication lag histogram; `+Inf` is implicit.
+pub const REPLICATION_LAG_BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A monotonically increasing count.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.add(1);
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// A non-negative integer that goes up and down; subtraction saturates at zero.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Relaxed);
+    }
+    /// Sets 1 for `true`, 0 for `false`.
+    pub fn set_flag(&self, on: bool) {
+        self.set(u64::from(on));
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+    pub fn sub(&self, n: u64) {
+        // Never fails: the closure always returns Some.
+        let _ = self
+            .0
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// A gauge holding a float (seconds).
+#[derive(Debug, Default)]
+pub struct FloatGauge(AtomicU64);
+
+impl FloatGauge {
+    pub fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Relaxed);
+    }
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Relaxed))
+    }
+}
+
+/// An integer gauge that remembers when its value last rose (or, before that, when it was made).
+#[derive(Debug)]
+pub struct StampedGauge {
+    value: AtomicU64,
+    epoch: Instant,
+    /// Nanoseconds after `epoch` of the last rise.
+    raised_ns: AtomicU64,
+}
+
+impl StampedGauge {
+    fn new() -> Self {
+        StampedGauge {
+            value: AtomicU64::new(0),
+            epoch: Instant::now(),
+            raised_ns: AtomicU64::new(0),
+        }
+    }
+    pub fn set(&self, v: u64) {
+        self.set_at(v, Instant::now());
+    }
+    /// [`StampedGauge::set`] with the clock read by the caller (tests use it to place rises).
+    pub(crate) fn set_at(&self, v: u64, now: Instant) {
+        let prev = self.value.swap(v, Relaxed);
+        if v > prev {
+            let ns = now.saturating_duration_since(self.epoch).as_nanos();
+            self.raised_ns
+                .fetch_max(u64::try_from(ns).unwrap_or(u64::MAX), Relaxed);
+        }
+    }
+    /// Sets 1 for `true`, 0 for `false`; going to 1 counts as a rise.
+    pub fn set_flag(&self, on: bool) {
+        self.set(u64::from(on));
+    }
+    pub fn get(&self) -> u64 {
+        self.value.load(Relaxed)
+    }
+    /// When the value last rose; the gauge's creation time if it never did.
+    pub fn last_raised(&self) -> Instant {
+        self.epoch + std::time::Duration::from_nanos(self.raised_ns.load(Relaxed))
+    }
+}
+
+/// A histogram over fixed bucket bounds. Bucket counts are stored per bucket (not cumulative) and
+/// summed when rendered; `_count` is the sum of the buckets, so it always equals the `+Inf` bucket.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// One slot per bound plus the `+Inf` overflow slot.
+    buckets: Box<[AtomicU64]>,
+    sum_bits: AtomicU64,
+}
+
+impl Histogram {
+    /// `bounds` must be finite and strictly increasing.
+    pub fn new(bounds: &'static [f64]) -> Self {
+        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]));
+        let buckets = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Histogram {
+            bounds,
+            buckets,
+            sum_bits: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// Records one value. NaN and infinities are dropped; negative values count as zero.
+    pub fn observe(&self, v: f64) {
+        if !v.is_finite() {
+            return;
+        }
+        let v = v.max(0.0);
+        // `le` is inclusive: the first bound >= v; past the last bound is the +Inf slot.
+        let slot = self.bounds.partition_point(|&b| b < v);
+        self.buckets[slot].fetch_add(1, Relaxed);
+        let _ = self.sum_bits.fetch_update(Relaxed, Relaxed, |bits| {
+            Some((f64::from_bits(bits) + v).to_bits())
+        });
+    }
+
+    /// `(upper bound, cumulative count)` per bucket, ending with `(+Inf, total count)`.
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut total = 0u64;
+        let bounds = self
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY));
+        bounds
+            .zip(self.buckets.iter())
+            .map(|(b, n)| {
+                total = total.saturating_add(n.load(Relaxed));
+                (b, total)
+            })
+            .collect()
+    }
+
+    pub fn sum(&self) -> f64 {
+        f64::from_bits(self.sum_bits.load(Relaxed))
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets
+            .iter()
+            .map(|n| n.load(Relaxed))
+            .fold(0, u64::saturating_add)
+    }
+}
+
+/// A closed set of label values for one label key.
+pub trait LabelSet: Copy + 'static {
+    const KEY: &'static str;
+    const ALL: &'static [Self];
+    /// Position in [`LabelSet::ALL`].
+    fn index(self) -> usize;
+    fn value(self) -> &'static str;
+}
+
+/// One counter per value of a closed label set.
+#[derive(Debug)]
+pub struct CounterVec<L> {
+    counters: Box<[Counter]>,
+    _labels: PhantomData<L>,
+}
+
+impl<L: LabelSet> CounterVec<L> {
+    fn new() -> Self {
+        CounterVec {
+            counters: L::ALL.iter().map(|_| Counter::default()).collect(),
+            _labels: PhantomData,
+        }
+    }
+    pub fn inc(&self, label: L) {
+        self.counters[label.index()].inc();
+    }
+    pub fn get(&self, label: L) -> u64 {
+        self.counters[label.index()].get()
+    }
+}
+
+/// What reconnected: the `component` label of `ferry_reconnects_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Component {
+    Postgres,
+    Kafka,
+}
+
+impl LabelSet for Component {
+    const KEY: &'static str = "component";
+    const ALL: &'static [Self] = &[Component::Postgres, Component::Kafka];
+    fn index(self) -> usize {
+        self as usize
+    }
+    fn value(self) -> &'static str {
+        match self {
+            Component::Postgres => "postgres",
+            Component::Kafka => "kafka",
+        }
+    }
+}
+
+/// Why the router rejected a row: the `reason` label of `ferry_routing_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoutingErrorReason {
+    /// A column the routing needs is absent or NULL.
+    MissingField,
+    /// The destination topic name is empty or not a legal Kafka topic name.
+    InvalidTopic,
+    /// A header name or value could not be built.
+    InvalidHeader,
+    /// The payload column could not be converted to record bytes.
+    InvalidPayload,
+    /// The record exceeds the configured maximum size.
+    TooLarge,
+    /// Anything else.
+    Other,
+}
+
+impl LabelSet for RoutingErrorReason {
+    const KEY: &'static str = "reason";
+    const ALL: &'static [Self] = &[
+        RoutingErrorReason::MissingField,
+        RoutingErrorReason::InvalidTopic,
+        RoutingErrorReason::InvalidHeader,
+        RoutingErrorReason::InvalidPayload,
+        RoutingErrorReason::TooLarge,
+        RoutingErrorReason::Other,
+    ];
+    fn index(self) -> usize {
+        self as usize
+    }
+    fn value(self) -> &'static str {
+        match self {
+            RoutingErrorReason::MissingField => "missing_field",
+            RoutingErrorReason::InvalidTopic => "invalid_topic",
+            RoutingErrorReason::InvalidHeader => "invalid_header",
+            RoutingErrorReason::InvalidPayload => "invalid_payload",
+            RoutingErrorReason::TooLarge => "too_large",
+            RoutingErrorReason::Other => "other",
+        }
+    }
+}
+
+/// The registry: one field per metric of the table in the module docs.
+#[derive(Debug)]
+pub struct Metrics {
+    pub streaming: StampedGauge,
+    pub standby: Gauge,
+    pub records_produced: Counter,
+    pub bytes_produced: Counter,
+    pub delivery_errors: Counter,
+    pub in_flight_records: Gauge,
+    pub in_flight_bytes: Gauge,
+    pub transactions_received: Counter,
+    pub transactions_confirmed: Counter,
+    pub received_lsn: Gauge,
+    pub confirmed_lsn: StampedGauge,
+    pub wal_lag_bytes: Gauge,
+    pub replication_lag: Histogram,
+    pub replication_lag_latest: FloatGauge,
+    pub rows_skipped: Counter,
+    pub rows_dead_lettered: Counter,
+    pub routing_errors: CounterVec<RoutingErrorReason>,
+    pub status_updates_sent: Counter,
+    pub reconnects: CounterVec<Component>,
+}
+
+impl Metrics {
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new() -> Arc<Metrics> {
+        Arc::new(Metrics {
+            streaming: StampedGauge::new(),
+            standby: Gauge::default(),
+            records_produced: Counter::default(),
+            bytes_produced: Counter::default(),
+            delivery_errors: Counter::default(),
+            in_flight_records: Gauge::default(),
+            in_flight_bytes: Gauge::default(),
+            transactions_received: Counter::default(),
+            transactions_confirmed: Counter::default(),
+            received_lsn: Gauge::default(),
+            confirmed_lsn: StampedGauge::new(),
+            wal_lag_bytes: Gauge::default(),
+            replication_lag: Histogram::new(&REPLICATION_LAG_BUCKETS),
+            replication_lag_latest: FloatGauge::default(),
+            rows_skipped: Counter::default(),
+            rows_dead_lettered: Counter::default(),
+            routing_errors: CounterVec::new(),
+            status_updates_sent: Counter::default(),
+            reconnects: CounterVec::new(),
+        })
+    }
+
+    /// Records one transaction's commit-to-acknowledgement lag in the histogram and the latest gauge.
+    pub fn observe_replication_lag(&self, secs: f64) {
+        self.replication_lag.observe(secs);
+        if secs.is_finite() {
+            self.replication_lag_latest.set(secs.max(0.0));
+        }
+    }
+
+    /// Sets `ferry_wal_lag_bytes` from the server's `pg_current_wal_lsn()` and the confirmed LSN.
+    pub fn set_server_wal_lsn(&self, server_wal_lsn: u64) {
+        self.wal_lag_bytes
+            .set(server_wal_lsn.saturating_sub(self.confirmed_lsn.get()));
+    }
+
+    /// Appends the whole registry to `out` in the Prometheus text format 0.0.4.
+    pub fn render(&self, out: &mut String) {
+        for (spec, sample) in SPEC.iter().zip(self.samples()) {
+            // Writing to a String cannot fail.
+            let _ = render_family(out, spec, sample);
+        }
+    }
+
+    /// The current values, in [`SPEC`] order.
+    fn samples(&self) -> [Sample<'_>; 20] {
+        [
+            Sample::Info,
+            Sample::Int(self.streaming.get()),
+            Sample::Int(self.standby.get()),
+            Sample::Int(self.records_produced.get()),
+            Sample::Int(self.bytes_produced.get()),
+            Sample::Int(self.delivery_errors.get()),
+            Sample::Int(self.in_flight_records.get()),
+            Sample::Int(self.in_flight_bytes.get()),
+            Sample::Int(self.transactions_received.get()),
+            Sample::Int(self.transactions_confirmed.get()),
+            Sample::Int(self.received_lsn.get()),
+            Sample::Int(self.confirmed_lsn.get()),
+            Sample::Int(self.wal_lag_bytes.get()),
+            Sample::Histogram(&self.replication_lag),
+            Sample::Float(self.replication_lag_latest.get()),
+            Sample::Int(self.rows_skipped.get()),
+            Sample::Int(self.rows_dead_lettered.get()),
+            Sample::Labelled(labelled(&self.routing_errors)),
+            Sample::Int(self.status_updates_sent.get()),
+            Sample::Labelled(labelled(&self.reconnects)),
+        ]
+    }
+}
+
+/// One family's value(s) at render time.
+enum Sample<'a> {
+    /// `ferry_build_info`: the version label, value 1.
+    Info,
+    Int(u64),
+    Float(f64),
+    Histogram(&'a Histogram),
+    /// `(label key, label value, count)` per series.
+    Labelled(Vec<(&'static str, &'static str, u64)>),
+}
+
+fn labelled<L: LabelSet>(v: &CounterVec<L>) -> Vec<(&'static str, &'static str, u64)> {
+    L::ALL
+        .iter()
+        .map(|&l| (L::KEY, l.value(), v.get(l)))
+        .collect()
+}
+
+fn render_family(out: &mut String, spec: &MetricSpec, sample: Sample<'_>) -> fmt::Result {
+    let name = spec.name;
+    writeln!(out, "# HELP {name} {}", spec.help)?;
+    writeln!(out, "# TYPE {name} {}", spec.kind.as_str())?;
+    match sample {
+        Sample::Info => writeln!(
+            out,
+            "{name}{{version=\"{}\"}} 1",
+            Escaped(env!("CARGO_PKG_VERSION"))
+        ),
+        Sample::Int(v) => writeln!(out, "{name} {v}"),
+        Sample::Float(v) => writeln!(out, "{name} {}", Float(v)),
+        Sample::Histogram(h) => {
+            for (bound, n) in h.cumulative() {
+                writeln!(out, "{name}_bucket{{le=\"{}\"}} {n}", Float(bound))?;
+            }
+            writeln!(out, "{name}_sum {}", Float(h.sum()))?;
+            writeln!(out, "{name}_count {}", h.count())
+        }
+        Sample::Labelled(series) => {
+            for (key, value, n) in series {
+                writeln!(out, "{name}{{{key}=\"{}\"}} {n}", Escaped(value))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A float as the exposition format spells it: `+Inf`, `-Inf`, `NaN`, else Rust's shortest
+/// round-tripping decimal (never an exponent).
+struct Float(f64);
+
+impl fmt::Display for Float {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            v if v.is_nan() => f.write_str("NaN"),
+            v if v == f64::INFINITY => f.write_str("+Inf"),
+            v if v == f64::NEG_INFINITY => f.write_str("-Inf"),
+            v => write!(f, "{v}"),
+        }
+    }
+}
+
+/// A label value with `\`, `"` and newline escaped.
+struct Escaped<'a>(&'a str);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.chars() {
+            match c {
+                '\\' => f.write_str("\\\\")?,
+                '"' => f.write_str("\\\"")?,
+                '\n' => f.write_str("\\n")?,
+                c => f.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "metrics_tests.rs"]
+mod tests;

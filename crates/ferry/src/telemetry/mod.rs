@@ -1,0 +1,21 @@
+//! Ferry's telemetry: the metrics registry, the HTTP endpoint that exposes it, and logging setup.
+//!
+//! - [`metrics`]: one [`Metrics`] registry per process, atomics only, rendered in the Prometheus
+//!   text format. Its module docs hold the table of every metric: that table is the telemetry spec.
+//! - [`readiness`]: the rule `/readyz` applies to the registry.
+//! - [`http`]: [`serve`] answers `/metrics`, `/healthz` and `/readyz` with a small, bounded HTTP/1.1
+//!   server; its request parsing is the pure `request` module.
+//! - [`logging`]: [`logging::init`] installs text or JSON logging to stderr, and documents the log
+//!   field names used across Ferry.
+//!
+//! The pipeline owns an `Arc<Metrics>` and updates it as it goes; the HTTP server only reads it.
+
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod readiness;
+mod request;
+
+pub use http::{serve, HttpState, Limits};
+pub use logging::LogFormat;
+pub use metrics::{Component, Metrics, RoutingErrorReason};

@@ -1,0 +1,186 @@
+//! The readiness rule behind `/readyz`: is this instance doing its job right now?
+//!
+//! Ready means all of:
+//!
+//! 1. not standing by (another instance holds the replication slot: this one is healthy but idle,
+//!    and a load balancer or rollout should not count it as serving);
+//! 2. streaming from the replication slot (`ferry_streaming` is 1: connected, `START_REPLICATION`
+//!    accepted);
+//! 3. confirming: either nothing is in flight, or the confirmed LSN rose within the last
+//!    `stall_after`. Streaming start counts as a rise, so a fresh stream gets a full window before its
+//!    first confirmation is due. An idle outbox (nothing in flight, no new WAL) is ready: the keepalive
+//!    rules confirm the server's `wal_end` on their own schedule and there is nothing to be late for.
+//!
+//! The rule reads only the registry, so the pipeline has one thing to update (the metrics) and
+//! `/readyz` can never disagree with `/metrics`. It takes `now` as an argument so tests need no
+//! clock.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::metrics::Metrics;
+
+/// Default for how long records may be in flight without the confirmed LSN rising.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(60);
+
+/// Why the instance is not ready; the `Display` text is the one-line `/readyz` 503 body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReady {
+    Standby,
+    NotStreaming,
+    Stalled {
+        in_flight_records: u64,
+        since: Duration,
+    },
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotReady::Standby => {
+                f.write_str("standing by: another instance holds the replication slot")
+            }
+            NotReady::NotStreaming => f.write_str("not streaming from the replication slot"),
+            NotReady::Stalled {
+                in_flight_records,
+                since,
+            } => write!(
+                f,
+                "confirmed LSN has not advanced for {}s with {in_flight_records} records in flight",
+                since.as_secs()
+            ),
+        }
+    }
+}
+
+/// Applies the rule in the module docs to `metrics` at `now`.
+pub fn check(metrics: &Metrics, stall_after: Duration, now: Instant) -> Result<(), NotReady> {
+    if metrics.standby.get() != 0 {
+        return Err(NotReady::Standby);
+    }
+    if metrics.streaming.get() == 0 {
+        return Err(NotReady::NotStreaming);
+    }
+    let in_flight_records = metrics.in_flight_records.get();
+    if in_flight_records == 0 {
+        return Ok(());
+    }
+    let progress = metrics
+        .confirmed_lsn
+        .last_raised()
+        .max(metrics.streaming.last_raised());
+    let since = now.saturating_duration_since(progress);
+    if since >= stall_after {
+        return Err(NotReady::Stalled {
+            in_flight_records,
+            since,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_secs(60);
+
+    fn streaming() -> std::sync::Arc<Metrics> {
+        let m = Metrics::new();
+        m.streaming.set_flag(true);
+        m
+    }
+
+    #[test]
+    fn a_fresh_registry_is_not_streaming() {
+        let m = Metrics::new();
+        assert_eq!(
+            check(&m, WINDOW, Instant::now()),
+            Err(NotReady::NotStreaming)
+        );
+    }
+
+    #[test]
+    fn standby_is_never_ready() {
+        let m = streaming();
+        m.standby.set_flag(true);
+        assert_eq!(check(&m, WINDOW, Instant::now()), Err(NotReady::Standby));
+        m.streaming.set_flag(false);
+        assert_eq!(check(&m, WINDOW, Instant::now()), Err(NotReady::Standby));
+    }
+
+    #[test]
+    fn idle_streaming_is_ready_however_long_ago_anything_moved() {
+        let m = streaming();
+        let much_later = m.streaming.last_raised() + Duration::from_secs(86_400);
+        assert_eq!(check(&m, WINDOW, much_later), Ok(()));
+    }
+
+    #[test]
+    fn in_flight_records_need_recent_confirmations() {
+        let m = streaming();
+        m.in_flight_records.set(5);
+        let start = m.streaming.last_raised();
+        assert_eq!(
+            check(&m, WINDOW, start + Duration::from_secs(59)),
+            Ok(()),
+            "grace after streaming starts"
+        );
+        let stalled = check(&m, WINDOW, start + Duration::from_secs(60));
+        assert_eq!(
+            stalled,
+            Err(NotReady::Stalled {
+                in_flight_records: 5,
+                since: Duration::from_secs(60)
+            })
+        );
+        assert_eq!(
+            stalled.unwrap_err().to_string(),
+            "confirmed LSN has not advanced for 60s with 5 records in flight"
+        );
+
+        m.confirmed_lsn.set(100);
+        let confirmed = m.confirmed_lsn.last_raised();
+        assert!(confirmed >= start);
+        assert_eq!(
+            check(&m, WINDOW, confirmed + Duration::from_secs(30)),
+            Ok(())
+        );
+        assert!(check(&m, WINDOW, confirmed + Duration::from_secs(61)).is_err());
+
+        m.in_flight_records.set(0);
+        assert_eq!(
+            check(&m, WINDOW, confirmed + Duration::from_secs(61)),
+            Ok(()),
+            "drained is ready"
+        );
+    }
+
+    #[test]
+    fn a_lower_or_equal_confirmed_lsn_is_not_progress() {
+        let m = streaming();
+        m.confirmed_lsn.set(100);
+        let raised = m.confirmed_lsn.last_raised();
+        m.in_flight_records.set(1);
+        m.confirmed_lsn.set(100);
+        m.confirmed_lsn.set(90);
+        assert_eq!(m.confirmed_lsn.last_raised(), raised);
+        assert!(check(&m, WINDOW, raised + WINDOW).is_err());
+    }
+
+    #[test]
+    fn restarting_the_stream_restarts_the_window() {
+        let m = streaming();
+        m.in_flight_records.set(1);
+        let first = m.streaming.last_raised();
+        assert!(check(&m, WINDOW, first + Duration::from_secs(120)).is_err());
+        m.streaming.set_at(0, first + Duration::from_secs(100));
+        assert_eq!(
+            check(&m, WINDOW, first + Duration::from_secs(100)),
+            Err(NotReady::NotStreaming)
+        );
+        m.streaming.set_at(1, first + Duration::from_secs(100));
+        assert_eq!(check(&m, WINDOW, first + Duration::from_secs(120)), Ok(()));
+        assert!(check(&m, WINDOW, first + Duration::from_secs(160)).is_err());
+    }
+}
