@@ -17,7 +17,10 @@
 //!   `"aggregateid": 42` keys the record with `42`, and a timestamp may be integer epoch milliseconds);
 //! - `true`/`false` is `bool`; `null` is SQL NULL.
 //!
-//! Missing members are missing columns, exactly as for a table. Duplicate keys are an error.
+//! An absent member for the timestamp, the partition, an extra header or an envelope field is NULL
+//! (those are optional in a document); an absent id, aggregate type (when the topic needs it),
+//! aggregate id, type (when the type header is on) or payload is a missing column, as for a table.
+//! Duplicate keys are an error.
 //! Strings without escapes and object/array payloads are zero-copy slices of the message content.
 
 use std::fmt;

@@ -23,7 +23,7 @@ use crate::config::{
 use crate::error::{shown_topic, FieldRole, RouteError, RouteErrorReason};
 use crate::message::parse_message;
 use crate::murmur2::java_partition;
-use crate::row::{oid, ColumnRef, OutboxRow};
+use crate::row::{oid, ColumnRef, OutboxRow, SimpleRow};
 use crate::template::{slot_of, GroupRef, Segment, Template};
 use crate::topic::validate_topic;
 use crate::validate::{compile_rule_regex, validate, ConfigErrors, ConfigProblem};
@@ -296,11 +296,28 @@ impl Router {
         content: &Bytes,
         commit_time_micros: i64,
     ) -> Result<Record, RouteError> {
-        let row = parse_message(content).map_err(|problem| RouteError {
+        let mut row = parse_message(content).map_err(|problem| RouteError {
             event_id: None,
             reason: RouteErrorReason::InvalidMessage { problem },
         })?;
+        self.absent_optional_members_are_null(&mut row);
         self.route_row(&row, commit_time_micros)
+    }
+
+    /// In a message, an absent timestamp, partition, extra-header or envelope-field member is NULL
+    /// (a document has no fixed set of columns); the other mapped members stay required.
+    fn absent_optional_members_are_null(&self, row: &mut SimpleRow) {
+        let optional = self
+            .timestamp_col
+            .iter()
+            .chain(self.partition_col.iter())
+            .chain(self.extra_headers.iter().map(|(c, _)| c))
+            .chain(self.envelope.iter().flatten().map(|(c, _)| c));
+        for col in optional {
+            if row.column(col).is_none() {
+                row.push(col, oid::TEXT, None);
+            }
+        }
     }
 
     /// The dead-letter record for a row that failed with `error`, when `on_error = "dead_letter"`
@@ -338,7 +355,10 @@ impl Router {
         commit_time_micros: i64,
     ) -> Option<Record> {
         match parse_message(content) {
-            Ok(row) => self.dead_letter(&row, error, commit_time_micros),
+            Ok(mut row) => {
+                self.absent_optional_members_are_null(&mut row);
+                self.dead_letter(&row, error, commit_time_micros)
+            }
             Err(_) => {
                 let value = Some(content.clone()).filter(|v| v.len() <= self.max_payload_bytes);
                 self.dead_letter_record(None, value, error, commit_time_micros)
