@@ -336,8 +336,10 @@ fn every_problem_with_its_path() {
 
 #[test]
 fn template_literal_longer_than_a_topic() {
-    let mut route = RouteConfig::default();
-    route.topic = Some(format!("{}{{x}}", "a".repeat(250)));
+    let route = RouteConfig {
+        topic: Some(format!("{}{{x}}", "a".repeat(250))),
+        ..RouteConfig::default()
+    };
     let e = validate(&OutboxConfig::default(), &route).unwrap_err();
     assert_eq!(e.problems.len(), 1);
     assert_eq!(e.problems[0].path, "route.topic");
@@ -379,4 +381,27 @@ fn config_round_trips_through_toml() {
     let again = sections(&back);
     assert_eq!(again.outbox, s.outbox);
     assert_eq!(again.route, s.route);
+}
+
+/// The examples in `config.md` and the crate docs parse, validate and compile.
+#[test]
+fn documented_examples_are_valid() {
+    let md = include_str!("../config.md");
+    let start = md.find("```toml\n").unwrap() + "```toml\n".len();
+    let example = &md[start..start + md[start..].find("```").unwrap()];
+    let lib = include_str!("../src/lib.rs");
+    let doc: String = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .map(|l| l.strip_prefix(' ').unwrap_or(l))
+        .skip_while(|l| *l != "```toml")
+        .skip(1)
+        .take_while(|l| *l != "```")
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for text in [example, doc.as_str()] {
+        assert!(text.contains("[[route.rules]]"), "{text}");
+        let s = sections(text);
+        Router::new(&s.outbox, &s.route).unwrap_or_else(|e| panic!("{text}\n{e}"));
+    }
 }
