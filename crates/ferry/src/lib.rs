@@ -1,2 +1,3 @@
 //! Ferry: the pipeline from the replication slot to Kafka.
 pub mod telemetry;
+pub mod watermark;
