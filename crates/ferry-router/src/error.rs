@@ -63,8 +63,9 @@ impl FieldRole {
     }
 }
 
-/// Why a row could not be routed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why a row could not be routed. (`Display` is written by hand below: each message says what,
+/// why and how to fix it.)
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteErrorReason {
     /// The relation has no column of that name.
     MissingColumn {
@@ -176,7 +177,8 @@ impl fmt::Display for RouteErrorReason {
 }
 
 /// A row that could not be routed: its event id (if it could be read) and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot route outbox event {}: {reason}", shown_id(.event_id.as_deref()))]
 pub struct RouteError {
     /// The row's event id, if it could be read.
     pub event_id: Option<String>,
@@ -191,20 +193,12 @@ impl RouteError {
     }
 }
 
-impl fmt::Display for RouteError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.event_id {
-            Some(id) => write!(f, "cannot route outbox event {id:?}: {}", self.reason),
-            None => write!(
-                f,
-                "cannot route outbox event (event id unknown): {}",
-                self.reason
-            ),
-        }
+fn shown_id(id: Option<&str>) -> String {
+    match id {
+        Some(id) => format!("{id:?}"),
+        None => "(event id unknown)".to_owned(),
     }
 }
-
-impl std::error::Error for RouteError {}
 
 /// The rendered topic, shortened for an error message.
 pub(crate) fn shown_topic(bytes: &[u8]) -> String {

@@ -82,7 +82,6 @@
 //! ```
 //!
 //! ```
-//! # let toml_text = "";
 //! use ferry_router::{OutboxConfig, RouteConfig, Router, SimpleRow, oid};
 //! let router = Router::new(&OutboxConfig::default(), &RouteConfig::default()).unwrap();
 //! let row = SimpleRow::new()
@@ -102,10 +101,13 @@ pub mod config;
 pub mod error;
 pub mod message;
 pub mod murmur2;
+mod record;
 mod router;
 pub mod row;
 pub mod template;
+pub mod timestamp;
 pub mod topic;
+pub mod topic_plan;
 mod validate;
 pub mod value;
 
@@ -115,11 +117,10 @@ pub use config::{
 };
 pub use error::{FieldRole, RouteError, RouteErrorReason};
 pub use murmur2::{java_partition, murmur2, to_positive};
-pub use router::{
-    Header, Record, Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER,
-    TOPIC_CACHE_CAPACITY,
-};
+pub use record::{Header, Record};
+pub use router::{Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER};
 pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
 pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
+pub use topic_plan::TOPIC_CACHE_CAPACITY;
 pub use validate::{validate, ConfigErrors, ConfigProblem};
 pub use value::PG_EPOCH_OFFSET_MICROS;

@@ -4,15 +4,11 @@
 //! # The hot path
 //! With the default mapping a row costs a handful of column look-ups, `Bytes` clones (reference
 //! counts, no copies) for key, value and headers, one `Vec` for the headers, one `String` for the
-//! event id, and one hash look-up in the topic cache: the topic is a pure function of the values of
-//! its *input columns* (those named by the template and the rules), so it is rendered, checked
-//! against Kafka's rules and interned as an `Arc<str>` the first time a combination is seen and then
-//! reused. No regex runs unless a rule has one, and then only on a cache miss. The cache is bounded
-//! ([`TOPIC_CACHE_CAPACITY`]) and cleared when full, so a template over a high-cardinality column
-//! costs a render per row but never unbounded memory.
+//! event id, and one hash look-up in the topic cache (see [`crate::topic_plan`]): no regex, no
+//! topic rendering and no topic allocation for a topic seen before. About 0.3 µs per row on the
+//! development machine (`tests/bench.rs`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -20,94 +16,18 @@ use crate::config::{
     parse_additional_placement, OnError, OutboxConfig, PlacementLocation, RouteConfig, TableName,
     ENVELOPE_PAYLOAD_KEY,
 };
-use crate::error::{shown_topic, FieldRole, RouteError, RouteErrorReason};
+use crate::error::{FieldRole, RouteError, RouteErrorReason};
 use crate::message::parse_message;
-use crate::murmur2::java_partition;
+use crate::record::Record;
 use crate::row::{oid, ColumnRef, OutboxRow, SimpleRow};
-use crate::template::{slot_of, GroupRef, Segment, Template};
-use crate::topic::validate_topic;
-use crate::validate::{compile_rule_regex, validate, ConfigErrors, ConfigProblem};
+use crate::topic_plan::TopicPlan;
+use crate::validate::{validate, ConfigErrors, ConfigProblem};
 use crate::value::{natural_bytes, partition, timestamp_ms, write_json};
 
-/// Most distinct topic-input combinations kept in the topic cache before it is cleared.
-pub const TOPIC_CACHE_CAPACITY: usize = 4096;
 /// Dead-letter header with the routing error, in words.
 pub const DEAD_LETTER_REASON_HEADER: &str = "ferry.error";
 /// Dead-letter header with the routing error's code ([`RouteErrorReason::code`]).
 pub const DEAD_LETTER_CODE_HEADER: &str = "ferry.error.code";
-
-/// A header: name and value (`None` = null value, from a NULL column).
-pub type Header = (Arc<str>, Option<Bytes>);
-
-/// The Kafka record to produce for one outbox row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    /// Destination topic (interned: repeated topics share one allocation).
-    pub topic: Arc<str>,
-    /// The aggregate id as plain bytes (its text; bytea decoded); `None` if it is NULL.
-    pub key: Option<Bytes>,
-    /// The payload as stored (or the envelope); `None` is a tombstone.
-    pub value: Option<Bytes>,
-    /// Headers, in order: id, type, then configured extra headers.
-    pub headers: Vec<Header>,
-    /// An explicit partition from the partition column; `None` = choose by key.
-    pub partition: Option<i32>,
-    /// Record timestamp, ms since the Unix epoch.
-    pub timestamp_ms: Option<i64>,
-    /// The event id, for logs and errors.
-    pub event_id: String,
-}
-
-impl Record {
-    /// The partition the Java producer would pick: the explicit one if set, else murmur2 of the
-    /// key; `None` for a keyless record without an explicit partition (any partition will do).
-    pub fn java_partition(&self, num_partitions: i32) -> Option<i32> {
-        match (self.partition, &self.key) {
-            (Some(p), _) => Some(p),
-            (None, Some(k)) => Some(java_partition(k, num_partitions)),
-            (None, None) => None,
-        }
-    }
-
-    /// Bytes of key, value and headers (names and values): the record's payload size for
-    /// in-flight accounting.
-    pub fn size_bytes(&self) -> usize {
-        let h: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| n.len() + v.as_ref().map_or(0, Bytes::len))
-            .sum();
-        self.key.as_ref().map_or(0, Bytes::len) + self.value.as_ref().map_or(0, Bytes::len) + h
-    }
-}
-
-#[derive(Debug)]
-enum Matcher {
-    Equals(Box<[u8]>),
-    Regex(regex::bytes::Regex),
-}
-
-#[derive(Debug)]
-enum Target {
-    Fixed(Arc<str>),
-    Template(Template),
-}
-
-#[derive(Debug)]
-struct Rule {
-    slot: usize,
-    matcher: Matcher,
-    target: Target,
-}
-
-#[derive(Debug)]
-struct TopicPlan {
-    /// Columns the topic depends on; template slots index this list.
-    inputs: Vec<String>,
-    rules: Vec<Rule>,
-    default: Target,
-    cache: Mutex<HashMap<Box<[u8]>, Arc<str>>>,
-}
 
 /// Routes outbox rows to Kafka records. Cheap to share between threads (`Send + Sync`).
 #[derive(Debug)]
@@ -132,24 +52,10 @@ pub struct Router {
     dead_letter_topic: Option<Arc<str>>,
 }
 
-fn problem(path: &str, message: String) -> ConfigErrors {
+pub(crate) fn problem(path: &str, message: String) -> ConfigErrors {
     ConfigErrors {
         problems: vec![ConfigProblem::new(path, message)],
     }
-}
-
-fn target(
-    text: &str,
-    path: &str,
-    groups: bool,
-    inputs: &mut Vec<String>,
-) -> Result<Target, ConfigErrors> {
-    let mut t = Template::parse(text, groups).map_err(|e| problem(path, e))?;
-    if let Some(fixed) = t.as_fixed() {
-        return Ok(Target::Fixed(Arc::from(fixed)));
-    }
-    t.bind(inputs);
-    Ok(Target::Template(t))
 }
 
 impl Router {
@@ -187,35 +93,6 @@ impl Router {
             }
         }
 
-        let mut inputs = Vec::new();
-        let mut rules = Vec::new();
-        for (i, r) in route.rules.iter().enumerate() {
-            let slot = slot_of(&mut inputs, &r.column);
-            let matcher = match (&r.equals, &r.regex) {
-                (Some(e), _) => Matcher::Equals(e.as_bytes().into()),
-                (None, Some(re)) => Matcher::Regex(
-                    compile_rule_regex(re)
-                        .map_err(|e| problem(&format!("route.rules[{i}].regex"), e))?,
-                ),
-                (None, None) => {
-                    return Err(problem(&format!("route.rules[{i}]"), "no matcher".into()))
-                }
-            };
-            let path = format!("route.rules[{i}].topic");
-            let target = target(&r.topic, &path, r.regex.is_some(), &mut inputs)?;
-            rules.push(Rule {
-                slot,
-                matcher,
-                target,
-            });
-        }
-        let default = target(
-            &route.topic_template(outbox),
-            "route.topic",
-            false,
-            &mut inputs,
-        )?;
-
         let header = |name: &str| (!name.is_empty()).then(|| Arc::from(name));
         Ok(Router {
             table,
@@ -230,12 +107,7 @@ impl Router {
             type_header: header(&route.type_header),
             extra_headers,
             envelope: route.envelope.then_some(envelope),
-            topic: TopicPlan {
-                inputs,
-                rules,
-                default,
-                cache: Mutex::new(HashMap::new()),
-            },
+            topic: TopicPlan::compile(outbox, route)?,
             tombstone_on_null_payload: route.tombstone_on_null_payload,
             max_payload_bytes: route.max_payload_bytes,
             on_error: route.on_error,
@@ -417,7 +289,7 @@ impl Router {
         id: Bytes,
         commit_time_micros: i64,
     ) -> Result<Record, RouteErrorReason> {
-        let topic = self.topic(row)?;
+        let topic = self.topic.topic(row)?;
         let c = column(row, &self.aggregate_id_col, FieldRole::AggregateId)?;
         let key = value(&c, &self.aggregate_id_col, FieldRole::AggregateId)?;
         let value = self.value(row)?;
@@ -529,142 +401,9 @@ impl Router {
             Ok(())
         }
     }
-
-    fn input<R: OutboxRow + ?Sized>(
-        &self,
-        row: &R,
-        slot: usize,
-    ) -> Result<Option<Bytes>, RouteErrorReason> {
-        let name = &self.topic.inputs[slot];
-        let c = column(row, name, FieldRole::Topic)?;
-        value(&c, name, FieldRole::Topic)
-    }
-
-    fn topic<R: OutboxRow + ?Sized>(&self, row: &R) -> Result<Arc<str>, RouteErrorReason> {
-        let plan = &self.topic;
-        match plan.inputs.len() {
-            0 => plan.resolve(&[]),
-            1 => {
-                let v = self.input(row, 0)?;
-                let Some(k) = &v else {
-                    return plan.resolve(std::slice::from_ref(&v));
-                };
-                if let Some(t) = plan.cached(k) {
-                    return Ok(t);
-                }
-                let t = plan.resolve(std::slice::from_ref(&v))?;
-                plan.remember(k, &t);
-                Ok(t)
-            }
-            n => {
-                let mut values = Vec::with_capacity(n);
-                let mut key = Vec::new();
-                for slot in 0..n {
-                    let v = self.input(row, slot)?;
-                    match &v {
-                        None => key.push(0),
-                        Some(b) => {
-                            key.push(1);
-                            key.extend_from_slice(&(b.len() as u64).to_le_bytes());
-                            key.extend_from_slice(b);
-                        }
-                    }
-                    values.push(v);
-                }
-                if let Some(t) = plan.cached(&key) {
-                    return Ok(t);
-                }
-                let t = plan.resolve(&values)?;
-                plan.remember(&key, &t);
-                Ok(t)
-            }
-        }
-    }
 }
 
-impl TopicPlan {
-    fn cached(&self, key: &[u8]) -> Option<Arc<str>> {
-        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.get(key).cloned()
-    }
-
-    fn remember(&self, key: &[u8], topic: &Arc<str>) {
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= TOPIC_CACHE_CAPACITY {
-            cache.clear();
-        }
-        cache.insert(key.into(), topic.clone());
-    }
-
-    /// The topic for these input values (aligned with `inputs`): first matching rule, else default.
-    fn resolve(&self, values: &[Option<Bytes>]) -> Result<Arc<str>, RouteErrorReason> {
-        for rule in &self.rules {
-            let Some(v) = &values[rule.slot] else {
-                continue;
-            };
-            match &rule.matcher {
-                Matcher::Equals(e) if v[..] == e[..] => {
-                    return self.render(&rule.target, values, None)
-                }
-                Matcher::Equals(_) => {}
-                Matcher::Regex(re) => {
-                    if let Some(caps) = re.captures(v) {
-                        return self.render(&rule.target, values, Some(&caps));
-                    }
-                }
-            }
-        }
-        self.render(&self.default, values, None)
-    }
-
-    fn render(
-        &self,
-        target: &Target,
-        values: &[Option<Bytes>],
-        caps: Option<&regex::bytes::Captures<'_>>,
-    ) -> Result<Arc<str>, RouteErrorReason> {
-        let t = match target {
-            Target::Fixed(t) => return Ok(t.clone()),
-            Target::Template(t) => t,
-        };
-        let mut buf = Vec::with_capacity(64);
-        for seg in t.segments() {
-            match seg {
-                Segment::Literal(l) => buf.extend_from_slice(l.as_bytes()),
-                Segment::Column { name, slot } => match &values[*slot] {
-                    Some(v) => buf.extend_from_slice(v),
-                    None => {
-                        return Err(RouteErrorReason::NullValue {
-                            role: FieldRole::Topic,
-                            column: name.clone(),
-                        })
-                    }
-                },
-                Segment::Group(g) => {
-                    let m = caps.and_then(|c| match g {
-                        GroupRef::Index(i) => c.get(*i),
-                        GroupRef::Name(n) => c.name(n),
-                    });
-                    if let Some(m) = m {
-                        buf.extend_from_slice(m.as_bytes());
-                    }
-                }
-            }
-        }
-        validate_topic(&buf).map_err(|problem| RouteErrorReason::InvalidTopic {
-            topic: shown_topic(&buf),
-            problem,
-        })?;
-        // validate_topic admits only ASCII, so this cannot fail.
-        let s = String::from_utf8(buf).map_err(|e| RouteErrorReason::InvalidTopic {
-            topic: shown_topic(e.as_bytes()),
-            problem: crate::topic::TopicProblem::Empty,
-        })?;
-        Ok(Arc::from(s))
-    }
-}
-
-fn column<'r, R: OutboxRow + ?Sized>(
+pub(crate) fn column<'r, R: OutboxRow + ?Sized>(
     row: &'r R,
     name: &str,
     role: FieldRole,
@@ -676,7 +415,7 @@ fn column<'r, R: OutboxRow + ?Sized>(
         })
 }
 
-fn value(
+pub(crate) fn value(
     c: &ColumnRef<'_>,
     name: &str,
     role: FieldRole,

@@ -35,7 +35,7 @@ impl fmt::Display for ConfigProblem {
 }
 
 /// Every problem found in a configuration (never empty when returned as an error).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ConfigErrors {
     /// The problems, in key order.
     pub problems: Vec<ConfigProblem>,
@@ -55,8 +55,6 @@ impl fmt::Display for ConfigErrors {
         Ok(())
     }
 }
-
-impl std::error::Error for ConfigErrors {}
 
 impl ConfigErrors {
     pub(crate) fn from_problems(problems: Vec<ConfigProblem>) -> Result<(), ConfigErrors> {

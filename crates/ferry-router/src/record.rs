@@ -1,0 +1,52 @@
+//! The router's output: the Kafka record to produce for one outbox row.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::murmur2::java_partition;
+
+/// A header: name and value (`None` = null value, from a NULL column).
+pub type Header = (Arc<str>, Option<Bytes>);
+
+/// The Kafka record to produce for one outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Destination topic (interned: repeated topics share one allocation).
+    pub topic: Arc<str>,
+    /// The aggregate id as plain bytes (its text; bytea decoded); `None` if it is NULL.
+    pub key: Option<Bytes>,
+    /// The payload as stored (or the envelope); `None` is a tombstone.
+    pub value: Option<Bytes>,
+    /// Headers, in order: id, type, then configured extra headers.
+    pub headers: Vec<Header>,
+    /// An explicit partition from the partition column; `None` = choose by key.
+    pub partition: Option<i32>,
+    /// Record timestamp, ms since the Unix epoch.
+    pub timestamp_ms: Option<i64>,
+    /// The event id, for logs and errors.
+    pub event_id: String,
+}
+
+impl Record {
+    /// The partition the Java producer would pick: the explicit one if set, else murmur2 of the
+    /// key; `None` for a keyless record without an explicit partition (any partition will do).
+    pub fn java_partition(&self, num_partitions: i32) -> Option<i32> {
+        match (self.partition, &self.key) {
+            (Some(p), _) => Some(p),
+            (None, Some(k)) => Some(java_partition(k, num_partitions)),
+            (None, None) => None,
+        }
+    }
+
+    /// Bytes of key, value and headers (names and values): the record's payload size for
+    /// in-flight accounting.
+    pub fn size_bytes(&self) -> usize {
+        let h: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.len() + v.as_ref().map_or(0, Bytes::len))
+            .sum();
+        self.key.as_ref().map_or(0, Bytes::len) + self.value.as_ref().map_or(0, Bytes::len) + h
+    }
+}
