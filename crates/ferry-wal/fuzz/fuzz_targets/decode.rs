@@ -16,7 +16,11 @@ use libfuzzer_sys::fuzz_target;
 fn pgoutput_exact(bytes: &Bytes) {
     for in_stream in [false, true] {
         if let Ok(msg) = decode(bytes.clone(), in_stream) {
-            assert_eq!(&msg.encode(), bytes, "pgoutput re-encode (in_stream {in_stream})");
+            assert_eq!(
+                &msg.encode(),
+                bytes,
+                "pgoutput re-encode (in_stream {in_stream})"
+            );
         }
     }
 }
@@ -43,7 +47,11 @@ fuzz_target!(|data: &[u8]| {
         let frame = rest.slice(1..end);
         let in_stream = decoder.in_stream();
         if let Ok(msg) = decoder.decode(frame.clone()) {
-            assert_eq!(msg.encode(), frame, "Decoder re-encode (in_stream {in_stream})");
+            assert_eq!(
+                msg.encode(),
+                frame,
+                "Decoder re-encode (in_stream {in_stream})"
+            );
         }
         rest = rest.slice(end..);
     }
