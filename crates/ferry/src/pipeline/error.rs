@@ -1,0 +1,74 @@
+//! The pipeline's errors: each is transient (reconnect and resume) or permanent (stop, exit
+//! non-zero, confirm nothing past it), and each permanent one says how to fix it.
+
+use ferry_router::RouteError;
+use ferry_wal::conn::ReaderError;
+use ferry_wal::slot::SetupError;
+use ferry_wal::Lsn;
+use rdkafka::error::KafkaError;
+
+use crate::producer;
+use crate::watermark::WatermarkError;
+
+/// Why a session or the pipeline ended.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("PostgreSQL: {0}")]
+    Reader(#[from] ReaderError),
+    #[error("PostgreSQL set-up:\n{0}")]
+    Setup(#[from] SetupError),
+    #[error(
+        "cannot route outbox event (transaction commit {commit_lsn}): {error}. \
+         on_error = \"fail\" stops Ferry here and confirms nothing past it; fix the row's data or the \
+         route configuration, or set route.on_error = \"skip\" or \"dead_letter\""
+    )]
+    Route { error: RouteError, commit_lsn: Lsn },
+    #[error("Kafka did not accept a record for topic {topic:?}: {error}; fix: {fix}")]
+    Delivery {
+        topic: String,
+        error: KafkaError,
+        fix: &'static str,
+        transient: bool,
+    },
+    #[error("Kafka producer configuration: {0}; check [kafka] brokers and properties")]
+    ProducerConfig(KafkaError),
+    #[error("Kafka producer fatal error: {0}")]
+    ProducerFatal(String),
+    #[error("acknowledgement bookkeeping: {0} (a bug in Ferry; nothing past it was confirmed)")]
+    Watermark(#[from] WatermarkError),
+    #[error(
+        "{records} records were still unacknowledged when the drain timeout passed; they are not confirmed \
+         and will be produced again on the next start"
+    )]
+    DrainTimeout { records: u64 },
+}
+
+impl PipelineError {
+    /// Whether a new session may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            PipelineError::Reader(e) => e.is_transient(),
+            PipelineError::Setup(e) => e.is_transient(),
+            PipelineError::Delivery { transient, .. } => *transient,
+            PipelineError::ProducerFatal(_) => true,
+            PipelineError::Route { .. }
+            | PipelineError::ProducerConfig(_)
+            | PipelineError::Watermark(_)
+            | PipelineError::DrainTimeout { .. } => false,
+        }
+    }
+
+    /// Whether another process streams the slot (this instance stands by).
+    pub fn is_standby(&self) -> bool {
+        matches!(self, PipelineError::Reader(ReaderError::SlotInUse { .. }))
+    }
+
+    pub(crate) fn delivery(topic: &str, error: KafkaError) -> PipelineError {
+        PipelineError::Delivery {
+            topic: topic.to_string(),
+            transient: producer::is_transient(&error),
+            fix: producer::fix_for(&error),
+            error,
+        }
+    }
+}

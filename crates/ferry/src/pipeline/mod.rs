@@ -1,0 +1,120 @@
+//! The pipeline: slot → router → Kafka → confirmed LSN, supervised.
+//!
+//! [`run`] is what `ferry run` calls and what tests call with their own shutdown future. It runs
+//! streaming *sessions* ([`session`]) one after another:
+//!
+//! - a session that ends with a **transient** error (Postgres restarted, network dropped, the
+//!   brokers unreachable past the delivery timeout) is followed by a new one after a backoff;
+//!   the new session resumes from the slot's `confirmed_flush_lsn`, so what was in flight is
+//!   produced again (duplicates, never loss);
+//! - a slot streamed by another process makes this instance a **hot standby**: it polls until
+//!   the slot is free and then takes over;
+//! - a **permanent** error (privileges, an invalidated slot, a record Kafka refuses, a routing
+//!   error under `on_error = "fail"`) ends `run` with that error: `ferry` exits non-zero and
+//!   nothing past the failed record was confirmed;
+//! - the shutdown future ends the current session gracefully: stop reading, wait for in-flight
+//!   deliveries (up to the drain timeout), confirm, send a final status update.
+//!
+//! Every session drains its in-flight records before it ends, whatever the reason: a record of
+//! an earlier session can therefore never be appended after a replayed copy, which keeps
+//! per-key order across reconnects.
+
+mod error;
+mod session;
+pub mod settings;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use error::PipelineError;
+pub use settings::PipelineSettings;
+
+use crate::producer::Producer;
+use crate::telemetry::{Component, Metrics};
+use crate::watermark::Token;
+
+/// Runs sessions until `shutdown` resolves (Ok) or a permanent error (Err).
+pub async fn run(
+    settings: PipelineSettings,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), PipelineError> {
+    let settings = Arc::new(settings);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = settings.reconnect_backoff_min;
+    let mut producer: Option<(Producer<Token>, _)> = None;
+    let mut standing_by = false;
+    loop {
+        if producer
+            .as_ref()
+            .is_some_and(|(p, _): &(Producer<Token>, _)| p.fatal_error().is_some())
+        {
+            producer = None;
+        }
+        let (p, reports) = match producer.take() {
+            Some(p) => p,
+            None => Producer::new(&settings.producer_properties, settings.report_capacity())
+                .map_err(PipelineError::ProducerConfig)?,
+        };
+        let outcome = session::Session::new(&settings, &metrics, &p, reports)
+            .run(shutdown.as_mut())
+            .await;
+        let reports = outcome.reports;
+        producer = Some((p, reports));
+        match outcome.result {
+            Ok(session::End::Shutdown) => {
+                if let Some((p, _)) = &producer {
+                    let _ = tokio::task::block_in_place(|| p.flush(Duration::from_secs(5)));
+                }
+                return Ok(());
+            }
+            Ok(session::End::Streamed) => backoff = settings.reconnect_backoff_min,
+            Err(e) if e.is_standby() => {
+                if !standing_by {
+                    tracing::info!(slot = %settings.stream.slot, "{e}; standing by");
+                }
+                standing_by = true;
+                metrics.standby.set_flag(true);
+                if sleep_or_shutdown(settings.standby_poll_interval, shutdown.as_mut()).await {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(e) if e.is_transient() => {
+                metrics.reconnects.inc(e.component());
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "session ended; reconnecting");
+                if sleep_or_shutdown(backoff, shutdown.as_mut()).await {
+                    return Ok(());
+                }
+                backoff = (backoff * 2).min(settings.reconnect_backoff_max);
+            }
+            Err(e) => return Err(e),
+        }
+        if standing_by {
+            tracing::info!(slot = %settings.stream.slot, "slot is free; taking over");
+            standing_by = false;
+            metrics.standby.set_flag(false);
+        }
+    }
+}
+
+/// Sleeps for `d`; returns true if `shutdown` resolved first.
+async fn sleep_or_shutdown(
+    d: Duration,
+    shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = shutdown => true,
+    }
+}
+
+impl PipelineError {
+    fn component(&self) -> Component {
+        match self {
+            PipelineError::Delivery { .. } | PipelineError::ProducerFatal(_) => Component::Kafka,
+            _ => Component::Postgres,
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! One streaming session: connect, stream, route, produce, confirm, drain.
+//!
+//! The loop prefers delivery reports over new WAL (`biased` select): acknowledgements free room
+//! in the in-flight window and advance the confirmed LSN, so they are never starved by a fast
+//! WAL stream. New events are taken only while the window has room; when it is full the reader
+//! task's bounded channel fills, it stops reading the socket, and the server stops sending.
+//! Memory therefore stays bounded by the window however long Kafka is away and however large a
+//! transaction is.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use ferry_router::{ColumnRef, OnError, Record, RouteError};
+use ferry_wal::assembly::{OutboxEvent, OutboxRow};
+use ferry_wal::conn::{ReaderEvent, ReaderHandle};
+use ferry_wal::pgoutput::TupleValue;
+use ferry_wal::{slot, Lsn};
+use tokio::sync::mpsc;
+
+use super::{PipelineError, PipelineSettings};
+use crate::producer::{Delivery, Meta, Producer, SendError};
+use crate::telemetry::{Metrics, RoutingErrorReason};
+use crate::watermark::{Token, Watermark};
+
+/// How a session ended without error.
+#[derive(Debug)]
+pub(super) enum End {
+    /// The shutdown future resolved; everything was drained and confirmed.
+    Shutdown,
+    /// Streaming stopped without an error (the server ended the stream cleanly).
+    Streamed,
+}
+
+/// A session's result, and the report channel handed back for the next session.
+pub(super) struct Outcome {
+    pub result: Result<End, PipelineError>,
+    pub reports: mpsc::Receiver<Delivery<Token>>,
+}
+
+pub(super) struct Session<'a> {
+    settings: &'a PipelineSettings,
+    metrics: &'a Arc<Metrics>,
+    producer: &'a Producer<Token>,
+    reports: mpsc::Receiver<Delivery<Token>>,
+}
+
+/// The state of the current transaction while its rows stream through.
+struct Current {
+    commit_lsn: Lsn,
+    commit_unix_micros: i64,
+}
+
+impl<'a> Session<'a> {
+    pub fn new(
+        settings: &'a PipelineSettings,
+        metrics: &'a Arc<Metrics>,
+        producer: &'a Producer<Token>,
+        reports: mpsc::Receiver<Delivery<Token>>,
+    ) -> Self {
+        Session {
+            settings,
+            metrics,
+            producer,
+            reports,
+        }
+    }
+
+    pub async fn run(mut self, shutdown: Pin<&mut impl Future<Output = ()>>) -> Outcome {
+        let result = self.stream(shutdown).await;
+        self.metrics.streaming.set_flag(false);
+        Outcome {
+            result,
+            reports: self.reports,
+        }
+    }
+
+    async fn stream(
+        &mut self,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<End, PipelineError> {
+        let s = self.settings;
+        let sql = slot::connect_sql(&s.postgres).await?;
+        let sql = Arc::new(sql);
+        slot::ensure(&sql, &s.slot).await?;
+        let mut reader = ferry_wal::conn::start(&s.postgres, &sql, s.stream.clone()).await?;
+        if self.metrics.standby.get() != 0 {
+            tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
+            self.metrics.standby.set_flag(false);
+        }
+        tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
+        self.metrics.streaming.set_flag(true);
+        self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
+        let lag = tokio::spawn(sample_lag(
+            sql.clone(),
+            self.metrics.clone(),
+            s.lag_sample_interval,
+        ));
+
+        let mut run = Run {
+            wm: Watermark::new(reader.resume_lsn),
+            current: None,
+            confirmed: reader.resume_lsn,
+            failure: None,
+            stats_seen: 0,
+            status_updates_seen: 0,
+            begins: 0,
+        };
+        let mut draining: Option<(Instant, bool)> = None; // (deadline, shutdown requested)
+        let result = loop {
+            let window_open = run.wm.in_flight_records() < s.max_in_flight_records as u64
+                && run.wm.in_flight_bytes() < s.max_in_flight_bytes as u64;
+            tokio::select! {
+                biased;
+                Some(d) = self.reports.recv() => self.on_delivery(&mut run, d)?,
+                _ = shutdown.as_mut(), if draining.is_none() => {
+                    tracing::info!(in_flight = run.wm.in_flight_records(), "shutting down: draining in-flight records");
+                    draining = Some((Instant::now() + s.drain_timeout, true));
+                }
+                ev = reader.events.recv(), if window_open && draining.is_none() && run.failure.is_none() => match ev {
+                    Some(ev) => {
+                        if let Err(e) = self.on_event(&mut run, ev) {
+                            run.failure = Some(e);
+                        }
+                    }
+                    // The reader task ended: its error comes from shutdown() below.
+                    None => draining = Some((Instant::now() + s.session_drain_timeout, false)),
+                },
+                _ = tokio::time::sleep(Duration::from_millis(200)), if draining.is_some() => {}
+            }
+            self.publish_progress(&mut run, &reader);
+            if run.failure.is_some() && draining.is_none() {
+                draining = Some((Instant::now() + s.session_drain_timeout, false));
+            }
+            if let Some((deadline, by_shutdown)) = draining {
+                if run.wm.in_flight_records() == 0 {
+                    break Ok(by_shutdown);
+                }
+                if Instant::now() >= deadline {
+                    break Err(PipelineError::DrainTimeout {
+                        records: run.wm.in_flight_records(),
+                    });
+                }
+            }
+        };
+        lag.abort();
+        self.publish_progress(&mut run, &reader);
+        let reader_result = finish(reader).await;
+        if let Some(e) = run.failure {
+            return Err(e);
+        }
+        let by_shutdown = result?;
+        if by_shutdown {
+            tracing::info!(confirmed = %run.confirmed, "drained and confirmed");
+            return Ok(End::Shutdown);
+        }
+        reader_result?;
+        Ok(End::Streamed)
+    }
+
+    fn on_event(&self, run: &mut Run, ev: ReaderEvent) -> Result<(), PipelineError> {
+        match ev {
+            ReaderEvent::Keepalive { wal_end } => {
+                run.wm.idle_advance(wal_end);
+            }
+            ReaderEvent::Outbox(OutboxEvent::Begin(b)) => {
+                run.wm.begin(b.commit_lsn)?;
+                run.begins += 1;
+                run.current = Some(Current {
+                    commit_lsn: b.commit_lsn,
+                    commit_unix_micros: b.commit_time.to_unix_micros().unwrap_or(0),
+                });
+                self.metrics.transactions_received.inc();
+            }
+            ReaderEvent::Outbox(OutboxEvent::Row(row)) => {
+                let cur = run
+                    .current
+                    .as_ref()
+                    .expect("assembler emits Begin before rows");
+                let routed = self
+                    .settings
+                    .router
+                    .route_row(&WalRow(&row), cur.commit_unix_micros);
+                let record = match routed {
+                    Ok(r) => Some(r),
+                    Err(e) => self.on_route_error(cur, e, |err| {
+                        self.settings
+                            .router
+                            .dead_letter(&WalRow(&row), err, cur.commit_unix_micros)
+                    })?,
+                };
+                if let Some(r) = record {
+                    self.produce(run, r)?;
+                }
+            }
+            ReaderEvent::Outbox(OutboxEvent::Message(m)) => {
+                let cur = run
+                    .current
+                    .as_ref()
+                    .expect("assembler emits Begin before messages");
+                let routed = self
+                    .settings
+                    .router
+                    .route_message(&m.content, cur.commit_unix_micros);
+                let record = match routed {
+                    Ok(r) => Some(r),
+                    Err(e) => self.on_route_error(cur, e, |err| {
+                        self.settings.router.dead_letter_message(
+                            &m.content,
+                            err,
+                            cur.commit_unix_micros,
+                        )
+                    })?,
+                };
+                if let Some(r) = record {
+                    self.produce(run, r)?;
+                }
+            }
+            ReaderEvent::Outbox(OutboxEvent::Commit(c)) => {
+                run.wm.commit(c.end_lsn)?;
+                run.current = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `route.on_error` to a row that cannot be routed.
+    fn on_route_error(
+        &self,
+        cur: &Current,
+        error: RouteError,
+        dead_letter: impl FnOnce(&RouteError) -> Option<Record>,
+    ) -> Result<Option<Record>, PipelineError> {
+        self.metrics.routing_errors.inc(reason_label(&error.reason));
+        match self.settings.router.on_error() {
+            OnError::Fail => Err(PipelineError::Route {
+                error,
+                commit_lsn: cur.commit_lsn,
+            }),
+            OnError::Skip => {
+                tracing::warn!(lsn = %cur.commit_lsn, error = %error, "skipping an outbox event that cannot be routed (on_error = skip)");
+                self.metrics.rows_skipped.inc();
+                Ok(None)
+            }
+            OnError::DeadLetter => {
+                let record = dead_letter(&error);
+                tracing::warn!(lsn = %cur.commit_lsn, error = %error, topic = ?record.as_ref().map(|r| r.topic.clone()),
+                    "sending an outbox event that cannot be routed to the dead-letter topic");
+                self.metrics.rows_dead_lettered.inc();
+                Ok(record)
+            }
+        }
+    }
+
+    fn produce(&self, run: &mut Run, record: Record) -> Result<(), PipelineError> {
+        let bytes = record.size_bytes();
+        let token = run.wm.add_record(bytes)?;
+        let cur = run
+            .current
+            .as_ref()
+            .expect("records belong to a transaction");
+        let meta = Meta {
+            token,
+            commit_unix_micros: cur.commit_unix_micros,
+            bytes,
+            topic: record.topic.clone(),
+        };
+        match self.producer.send(&record, meta) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                run.wm.failed(token, "librdkafka refused the record")?;
+                Err(match e {
+                    // The settings keep librdkafka's queue larger than the in-flight window, so
+                    // this means the properties were overridden: not a state to spin in.
+                    SendError::QueueFull(_) => PipelineError::delivery(
+                        &record.topic,
+                        rdkafka::error::KafkaError::MessageProduction(
+                            rdkafka::types::RDKafkaErrorCode::QueueFull,
+                        ),
+                    ),
+                    SendError::Refused(e) => PipelineError::delivery(&record.topic, e),
+                })
+            }
+        }
+    }
+
+    fn on_delivery(&self, run: &mut Run, d: Delivery<Token>) -> Result<(), PipelineError> {
+        match d.result {
+            Ok(_) => {
+                run.wm.delivered(d.meta.token)?;
+                self.metrics.records_produced.inc();
+                self.metrics.bytes_produced.add(d.meta.bytes as u64);
+                if d.meta.commit_unix_micros > 0 {
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| d.as_micros() as i64)
+                        .unwrap_or(0);
+                    let lag = (now - d.meta.commit_unix_micros).max(0) as f64 / 1e6;
+                    self.metrics.observe_replication_lag(lag);
+                }
+            }
+            Err(e) => {
+                run.wm.failed(d.meta.token, e.to_string())?;
+                self.metrics.delivery_errors.inc();
+                tracing::error!(topic = %d.meta.topic, error = %e, "delivery failed; the confirmed LSN stops before this record");
+                if run.failure.is_none() {
+                    run.failure = Some(PipelineError::delivery(&d.meta.topic, e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn publish_progress(&self, run: &mut Run, reader: &ReaderHandle) {
+        let c = run.wm.confirmed();
+        if c > run.confirmed {
+            reader.confirm(c);
+            run.confirmed = c;
+            self.metrics.confirmed_lsn.set(c.0);
+        }
+        let closed = run.begins - run.wm.open_transactions() as u64;
+        if closed > run.stats_seen {
+            self.metrics
+                .transactions_confirmed
+                .add(closed - run.stats_seen);
+            run.stats_seen = closed;
+        }
+        self.metrics
+            .in_flight_records
+            .set(run.wm.in_flight_records());
+        self.metrics.in_flight_bytes.set(run.wm.in_flight_bytes());
+        self.metrics
+            .received_lsn
+            .set(reader.stats.received_lsn.load(Ordering::Relaxed));
+        let sent = reader.stats.status_updates.load(Ordering::Relaxed);
+        if sent > run.status_updates_seen {
+            self.metrics
+                .status_updates_sent
+                .add(sent - run.status_updates_seen);
+            run.status_updates_seen = sent;
+        }
+    }
+}
+
+struct Run {
+    wm: Watermark,
+    current: Option<Current>,
+    confirmed: Lsn,
+    failure: Option<PipelineError>,
+    stats_seen: u64,
+    status_updates_seen: u64,
+    begins: u64,
+}
+
+fn reason_label(reason: &ferry_router::RouteErrorReason) -> RoutingErrorReason {
+    use ferry_router::RouteErrorReason as R;
+    match reason {
+        R::MissingColumn { .. } | R::NullValue { .. } | R::NullPayload { .. } => {
+            RoutingErrorReason::MissingField
+        }
+        R::InvalidTopic { .. } => RoutingErrorReason::InvalidTopic,
+        R::InvalidValue { .. } | R::InvalidMessage { .. } => RoutingErrorReason::InvalidPayload,
+        R::PayloadTooLarge { .. } => RoutingErrorReason::TooLarge,
+    }
+}
+
+/// Ends the reader: a final status update with the confirmed LSN, then its outcome.
+async fn finish(reader: ReaderHandle) -> Result<(), PipelineError> {
+    match reader.shutdown().await {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Samples `pg_current_wal_lsn()` for the WAL lag metric.
+async fn sample_lag(sql: Arc<tokio_postgres::Client>, metrics: Arc<Metrics>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        if let Ok(lsn) = slot::current_wal_lsn(&sql).await {
+            metrics.set_server_wal_lsn(lsn.0);
+        }
+    }
+}
+
+/// A decoded row, as the router reads it.
+struct WalRow<'a>(&'a OutboxRow);
+
+impl ferry_router::OutboxRow for WalRow<'_> {
+    fn column(&self, name: &str) -> Option<ColumnRef<'_>> {
+        let (type_oid, value) = self.0.get(name)?;
+        let (value, binary): (Option<&Bytes>, bool) = match value {
+            TupleValue::Null | TupleValue::UnchangedToast => (None, false),
+            TupleValue::Text(b) => (Some(b), false),
+            TupleValue::Binary(b) => (Some(b), true),
+        };
+        Some(ColumnRef {
+            type_oid,
+            value,
+            binary,
+        })
+    }
+}

@@ -1,0 +1,115 @@
+//! Everything one pipeline needs, resolved from the configuration once, before anything runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_router::Router;
+use ferry_wal::assembly::OutboxSource;
+use ferry_wal::conn::{ConnectConfig, StreamOptions};
+use ferry_wal::slot::{RequiredColumn, SlotSpec};
+
+/// The resolved pipeline settings.
+#[derive(Debug, Clone)]
+pub struct PipelineSettings {
+    /// Postgres connection (both the SQL and the replication connection).
+    pub postgres: ConnectConfig,
+    /// What the database must have (created when allowed).
+    pub slot: SlotSpec,
+    /// What to stream.
+    pub stream: StreamOptions,
+    /// Row → record.
+    pub router: Arc<Router>,
+    /// librdkafka properties, built in one place by the configuration.
+    pub producer_properties: Vec<(String, String)>,
+    /// In-flight window: records handed to the producer and not yet reported.
+    pub max_in_flight_records: usize,
+    /// In-flight window in payload bytes.
+    pub max_in_flight_bytes: usize,
+    /// Graceful shutdown: how long to wait for in-flight deliveries.
+    pub drain_timeout: Duration,
+    /// Longest a session waits for in-flight deliveries before reconnecting (must exceed
+    /// librdkafka's `delivery.timeout.ms`, which guarantees a report for every record).
+    pub session_drain_timeout: Duration,
+    pub reconnect_backoff_min: Duration,
+    pub reconnect_backoff_max: Duration,
+    pub standby_poll_interval: Duration,
+    /// How often the WAL lag (server WAL position − confirmed) is sampled.
+    pub lag_sample_interval: Duration,
+}
+
+impl PipelineSettings {
+    /// Capacity of the delivery-report channel: above the in-flight window, so librdkafka's
+    /// thread never waits on it.
+    pub fn report_capacity(&self) -> usize {
+        self.max_in_flight_records + 1024
+    }
+}
+
+/// The slot spec and stream options for `router`'s table, with the columns it reads.
+pub fn outbox_spec(
+    router: &Router,
+    outbox: &ferry_router::OutboxConfig,
+    slot: &str,
+    publication: &str,
+    create_slot: bool,
+    create_publication: bool,
+) -> SlotSpec {
+    let table = router.table();
+    let mut required: Vec<RequiredColumn> = Vec::new();
+    let mut need = |name: &str, key: &str, types: Option<Vec<u32>>| {
+        if !required.iter().any(|c| c.name == name) {
+            required.push(RequiredColumn {
+                name: name.to_string(),
+                config_key: key.to_string(),
+                accepted_types: types,
+            });
+        }
+    };
+    use ferry_router::oid;
+    need(&outbox.id_column, "outbox.id_column", None);
+    need(
+        &outbox.aggregate_id_column,
+        "outbox.aggregate_id_column",
+        None,
+    );
+    need(
+        &outbox.payload_column,
+        "outbox.payload_column",
+        Some(vec![
+            oid::JSONB,
+            oid::JSON,
+            oid::TEXT,
+            oid::VARCHAR,
+            oid::BYTEA,
+        ]),
+    );
+    SlotSpec {
+        slot: slot.to_string(),
+        publication: publication.to_string(),
+        schema: table.schema.clone(),
+        table: table.name.clone(),
+        create_slot,
+        create_publication,
+        required_columns: required,
+    }
+}
+
+/// Stream options for the spec's table and the router's message prefix.
+pub fn stream_options(
+    spec: &SlotSpec,
+    router: &Router,
+    status_interval: Duration,
+    capacity: usize,
+) -> StreamOptions {
+    StreamOptions {
+        slot: spec.slot.clone(),
+        publication: spec.publication.clone(),
+        source: OutboxSource {
+            schema: spec.schema.clone(),
+            table: spec.table.clone(),
+            message_prefix: router.message_prefix().map(str::to_string),
+        },
+        status_interval,
+        channel_capacity: capacity,
+    }
+}
