@@ -289,6 +289,15 @@ async fn table_kind(
     Ok(row.map(|r| (r.get::<_, u32>(0), r.get::<_, i8>(1))))
 }
 
+/// How to recover from an invalidated slot (`wal_status = lost`).
+pub(crate) fn invalidated_slot_fix(slot: &str) -> String {
+    format!(
+        "drop it (SELECT pg_drop_replication_slot({})) so Ferry creates a new one, re-publish the lost \
+         outbox rows if the table still holds them, and raise max_slot_wal_keep_size",
+        quote_literal(slot)
+    )
+}
+
 /// Every problem that would stop Ferry (or that an operator should know), with its fix.
 pub async fn check(
     client: &tokio_postgres::Client,
@@ -493,11 +502,7 @@ pub async fn check(
                          so events after {} are gone from the WAL",
                         spec.slot, s.confirmed_flush_lsn
                     ),
-                    format!(
-                        "drop it (SELECT pg_drop_replication_slot({})) so Ferry creates a new one, re-publish the lost \
-                         outbox rows if the table still holds them, and raise max_slot_wal_keep_size",
-                        quote_literal(&spec.slot)
-                    ),
+                    invalidated_slot_fix(&spec.slot),
                 );
             }
             if let Some(pid) = s.active_pid {

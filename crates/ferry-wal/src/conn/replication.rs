@@ -171,7 +171,7 @@ impl ReplicationConnection {
                 Frame::Other(backend::Message::ReadyForQuery(_)) => return Ok(()),
                 Frame::Other(backend::Message::NoticeResponse(_)) => {}
                 Frame::Other(backend::Message::ErrorResponse(e)) => {
-                    return Err(ReaderError::Server(server_error(&e)))
+                    return Err(ReaderError::Server(startup_error(server_error(&e), cfg)))
                 }
                 other => {
                     return Err(ReaderError::Protocol(format!(
@@ -488,6 +488,18 @@ pub(crate) fn server_error(body: &backend::ErrorResponseBody) -> ServerError {
             b'H' => e.hint = Some(v),
             _ => {}
         }
+    }
+    e
+}
+
+/// Adds the fix to a startup refusal that lacks one: a role without REPLICATION is refused a
+/// walsender with "must be superuser or replication role to start walsender" and no hint.
+fn startup_error(mut e: ServerError, cfg: &ConnectConfig) -> ServerError {
+    if e.code == "42501" && e.hint.is_none() && e.message.contains("replication role") {
+        let role = crate::slot::quote_ident(&cfg.user);
+        e.hint = Some(format!(
+            "run ALTER ROLE {role} WITH REPLICATION as a superuser (on Amazon RDS: GRANT rds_replication TO {role})"
+        ));
     }
     e
 }

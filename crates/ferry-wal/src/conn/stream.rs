@@ -150,6 +150,9 @@ pub async fn start(
             ),
         })
     })?;
+    if before.wal_status.as_deref() == Some("lost") {
+        return Err(invalidated(&opts.slot, None));
+    }
     if let Some(pid) = before.active_pid {
         return Err(ReaderError::SlotInUse {
             slot: opts.slot.clone(),
@@ -181,6 +184,15 @@ pub async fn start(
             slot: opts.slot.clone(),
             pid: parse_pid(&s.message).unwrap_or(0),
         },
+        // Invalidated after we read the slot.
+        ReaderError::Server(s)
+            if s.code == "55000"
+                && s.detail
+                    .as_deref()
+                    .is_some_and(|d| d.contains("invalidated")) =>
+        {
+            invalidated(&opts.slot, Some(s))
+        }
         other => other,
     })?;
     let after = slot_state(sql, &opts.slot).await?;
@@ -215,6 +227,27 @@ pub async fn start(
         stats,
         confirm: confirm_tx,
         task: tokio::spawn(task.run()),
+    })
+}
+
+/// A permanent error for a slot whose WAL is gone (`wal_status = lost`), saying how to recover;
+/// `server` is the server's own report when it refused `START_REPLICATION`.
+fn invalidated(slot: &str, server: Option<super::error::ServerError>) -> ReaderError {
+    let fix = crate::slot::invalidated_slot_fix(slot);
+    ReaderError::Server(match server {
+        Some(s) => super::error::ServerError {
+            hint: Some(s.hint.map_or(fix.clone(), |h| format!("{h}; {fix}"))),
+            ..s
+        },
+        None => super::error::ServerError {
+            severity: "ERROR".into(),
+            code: "55000".into(),
+            message: format!(
+                "replication slot {slot:?} was invalidated (wal_status = lost): the WAL it needed was removed"
+            ),
+            detail: None,
+            hint: Some(fix),
+        },
     })
 }
 
