@@ -125,8 +125,14 @@ pub async fn connect_sql(cfg: &ConnectConfig) -> Result<tokio_postgres::Client, 
         pg.connect_timeout(t);
     }
     let timeout = cfg.connect_timeout.unwrap_or(Duration::from_secs(3600));
+    // TLS over a Unix socket is impossible (the configuration allows at most `prefer` there),
+    // and tokio-postgres would ask the TLS connector for a server name the socket lacks.
+    let tls_config = match cfg.host {
+        Host::Unix(_) => None,
+        Host::Tcp(_) => tls::client_config(cfg)?,
+    };
     let connect = async {
-        match tls::client_config(cfg)? {
+        match tls_config {
             None => {
                 let (client, conn) = pg.connect(tokio_postgres::NoTls).await.map_err(sql_error)?;
                 tokio::spawn(conn);
@@ -136,7 +142,10 @@ pub async fn connect_sql(cfg: &ConnectConfig) -> Result<tokio_postgres::Client, 
                 let (client, conn) = pg
                     .connect(tls::MakeRustlsConnect::new(tls_config))
                     .await
-                    .map_err(sql_error)?;
+                    .map_err(|e| match tls::rejected_certificate(&e) {
+                        Some(reason) => tls::certificate_error(reason, cfg),
+                        None => sql_error(e),
+                    })?;
                 tokio::spawn(conn);
                 Ok(client)
             }
@@ -153,13 +162,16 @@ pub async fn connect_sql(cfg: &ConnectConfig) -> Result<tokio_postgres::Client, 
 /// Maps a tokio-postgres error into the reader's families.
 pub fn sql_error(e: tokio_postgres::Error) -> ReaderError {
     if let Some(db) = e.as_db_error() {
-        return ReaderError::Server(crate::conn::error::ServerError {
-            severity: db.severity().to_string(),
-            code: db.code().code().to_string(),
-            message: db.message().to_string(),
-            detail: db.detail().map(Into::into),
-            hint: db.hint().map(Into::into),
-        });
+        return ReaderError::Server(
+            crate::conn::error::ServerError {
+                severity: db.severity().to_string(),
+                code: db.code().code().to_string(),
+                message: db.message().to_string(),
+                detail: db.detail().map(Into::into),
+                hint: db.hint().map(Into::into),
+            }
+            .with_fix(),
+        );
     }
     ReaderError::Io {
         context: "talking to PostgreSQL",

@@ -49,6 +49,19 @@ impl SslMode {
     }
 }
 
+impl fmt::Display for SslMode {
+    /// The libpq spelling (`verify-full`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        })
+    }
+}
+
 /// Where the certificate roots for verification come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RootCerts {

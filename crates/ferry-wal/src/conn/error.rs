@@ -55,6 +55,27 @@ impl ServerError {
     }
 }
 
+impl ServerError {
+    /// Adds the fix to refusals the server sends without a hint.
+    pub(crate) fn with_fix(mut self) -> ServerError {
+        if self.hint.is_none()
+            && self.code == "28000"
+            && self.message.contains("no pg_hba.conf entry")
+        {
+            self.hint = Some(
+                if self.message.contains("no encryption") {
+                    "the server accepts this connection only over TLS (a hostssl line in pg_hba.conf): \
+                     set sslmode=verify-full with sslrootcert=/path/to/ca.pem (or at least sslmode=require)"
+                } else {
+                    "add a pg_hba.conf line for this user, database and client address (or connect as a user it allows)"
+                }
+                .into(),
+            );
+        }
+        self
+    }
+}
+
 /// Everything that can go wrong reading the replication stream.
 #[derive(Debug, thiserror::Error)]
 pub enum ReaderError {
@@ -72,6 +93,13 @@ pub enum ReaderError {
     Timeout { what: &'static str, secs: u64 },
     #[error("the server at {server} does not accept TLS but sslmode={sslmode} requires it; enable ssl on the server or lower sslmode")]
     TlsRefused { server: String, sslmode: String },
+    #[error("the TLS certificate of {server} was rejected (sslmode={sslmode}): {reason}; {fix}")]
+    TlsCertificate {
+        server: String,
+        sslmode: String,
+        reason: String,
+        fix: String,
+    },
     #[error("authentication as {user:?} failed: {reason}")]
     Auth { user: String, reason: String },
     #[error("PostgreSQL {0}")]

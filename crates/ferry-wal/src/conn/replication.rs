@@ -115,14 +115,17 @@ impl ReplicationConnection {
                                 let stream = tokio_rustls::TlsConnector::from(tls_config)
                                     .connect(name, tcp)
                                     .await
-                                    .map_err(ReaderError::io("TLS handshake with PostgreSQL"))?;
+                                    .map_err(|e| match tls::rejected_certificate(&e) {
+                                        Some(reason) => tls::certificate_error(reason, cfg),
+                                        None => ReaderError::io("TLS handshake with PostgreSQL")(e),
+                                    })?;
                                 Box::pin(stream)
                             }
                             b'N' if cfg.sslmode == SslMode::Prefer => Box::pin(tcp),
                             b'N' => {
                                 return Err(ReaderError::TlsRefused {
                                     server: format!("{host}:{}", cfg.port),
-                                    sslmode: format!("{:?}", cfg.sslmode).to_lowercase(),
+                                    sslmode: cfg.sslmode.to_string(),
                                 })
                             }
                             other => {
@@ -229,7 +232,9 @@ impl ReplicationConnection {
                 }
                 Frame::Other(backend::Message::ErrorResponse(e)) => {
                     let e = server_error(&e);
-                    return Err(if e.code.starts_with("28") {
+                    return Err(if e.code.starts_with("28") && e.hint.is_some() {
+                        auth_err(e.to_string())
+                    } else if e.code.starts_with("28") {
                         auth_err(format!("{e}; check the user name and password, and pg_hba.conf"))
                     } else {
                         ReaderError::Server(e)
@@ -489,7 +494,7 @@ pub(crate) fn server_error(body: &backend::ErrorResponseBody) -> ServerError {
             _ => {}
         }
     }
-    e
+    e.with_fix()
 }
 
 /// Adds the fix to a startup refusal that lacks one: a role without REPLICATION is refused a

@@ -123,6 +123,62 @@ fn root_store(roots: &RootCerts) -> Result<RootCertStore, TlsSetupError> {
     Ok(store)
 }
 
+/// The certificate problem behind a failed handshake, if that is why it failed: the error
+/// itself, or an `io::Error` wrapping it (tokio-rustls), anywhere in `err`'s source chain.
+pub(crate) fn rejected_certificate<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::Error> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        let found = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(r @ rustls::Error::InvalidCertificate(_)) = found {
+            return Some(r);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// A permanent error for a server certificate that failed verification, saying what to change.
+pub(crate) fn certificate_error(
+    reason: &rustls::Error,
+    cfg: &ConnectConfig,
+) -> super::error::ReaderError {
+    let fix = match reason {
+        rustls::Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => {
+            "connect with a host name the certificate lists in its subjectAltName, or use \
+              sslmode=verify-ca to verify the chain only"
+        }
+        rustls::Error::InvalidCertificate(
+            CertificateError::Expired
+            | CertificateError::ExpiredContext { .. }
+            | CertificateError::NotValidYet
+            | CertificateError::NotValidYetContext { .. },
+        ) => "renew the server's certificate (or check this machine's clock)",
+        _ => {
+            "set sslrootcert to the CA certificate that signed the server's certificate \
+              (sslrootcert=system for a public CA)"
+        }
+    };
+    let server = match &cfg.host {
+        super::config::Host::Tcp(h) if h.contains(':') => format!("[{h}]:{}", cfg.port),
+        super::config::Host::Tcp(h) => format!("{h}:{}", cfg.port),
+        super::config::Host::Unix(d) => d.display().to_string(),
+    };
+    super::error::ReaderError::TlsCertificate {
+        server,
+        sslmode: cfg.sslmode.to_string(),
+        reason: reason.to_string(),
+        fix: fix.into(),
+    }
+}
+
 /// The name to verify and send as SNI.
 pub fn server_name(host: &str) -> Result<ServerName<'static>, TlsSetupError> {
     ServerName::try_from(host.to_string()).map_err(|e| {
