@@ -1,4 +1,5 @@
 //! Ferry: the pipeline from the replication slot to Kafka.
+pub mod config;
 pub mod pipeline;
 pub mod producer;
 pub mod telemetry;

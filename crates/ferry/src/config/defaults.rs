@@ -1,0 +1,69 @@
+//! Every default and limit of Ferry's own configuration sections, in one place. (`[outbox]` and
+//! `[route]` keep theirs in `ferry_router::config`.)
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use crate::config::kafka::Compression;
+use crate::telemetry::LogFormat;
+
+// [postgres]
+/// `postgres.slot`: the logical replication slot Ferry reads.
+pub const SLOT: &str = "ferry";
+/// `postgres.publication`: the publication the slot is read through (pgoutput `publication_names`).
+pub const PUBLICATION: &str = "ferry_outbox";
+/// `postgres.create_slot`: create the slot at startup when it does not exist.
+pub const CREATE_SLOT: bool = true;
+/// `postgres.create_publication`: create the publication (for the outbox table) when missing.
+pub const CREATE_PUBLICATION: bool = true;
+/// `postgres.status_interval`: standby status update cadence.
+pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// Upper limit of `postgres.status_interval`: half of PostgreSQL's default `wal_sender_timeout`
+/// (60s), after which the server drops a client that sent no status update.
+pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(30);
+/// `postgres.connect_timeout`.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// `postgres.reconnect_backoff_min`: first delay after a transient failure.
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(500);
+/// `postgres.reconnect_backoff_max`: the delay doubles up to this.
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// `postgres.standby_poll_interval`: how often a server in recovery is asked again.
+pub const STANDBY_POLL_INTERVAL: Duration = Duration::from_secs(2);
+/// Longest slot or publication name PostgreSQL keeps (`NAMEDATALEN - 1` bytes).
+pub const MAX_NAME_BYTES: usize = 63;
+
+// [kafka]
+/// `kafka.compression`: lz4 compresses JSON well at little CPU cost, and every broker since
+/// Kafka 0.10 reads it.
+pub const COMPRESSION: Compression = Compression::Lz4;
+/// `kafka.max_in_flight_records`: librdkafka's own default queue size.
+pub const MAX_IN_FLIGHT_RECORDS: u64 = 100_000;
+/// `kafka.max_in_flight_bytes`: 64 MiB, the memory bound of records waiting for Kafka.
+pub const MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
+/// `kafka.delivery_timeout` (librdkafka `message.timeout.ms`): after this a record fails, the
+/// watermark freezes, and the pipeline restarts from the checkpoint.
+pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
+/// `kafka.linger` (librdkafka `linger.ms`): librdkafka's default.
+pub const LINGER: Duration = Duration::from_millis(5);
+/// librdkafka's upper limit of `linger.ms`.
+pub const MAX_LINGER: Duration = Duration::from_millis(900_000);
+/// librdkafka's upper limit of `message.timeout.ms` (`i32::MAX` ms).
+pub const MAX_DELIVERY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+/// librdkafka's upper limit of `queue.buffering.max.messages` and `queue.buffering.max.kbytes`.
+pub const LIBRDKAFKA_QUEUE_LIMIT: u64 = i32::MAX as u64;
+/// `client.id` unless `kafka.properties` sets one.
+pub const CLIENT_ID: &str = "ferry";
+
+// [http]
+/// `http.listen`: loopback only; set `0.0.0.0:9187` (or `[::]:9187`) to expose it.
+pub const HTTP_LISTEN: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9187));
+
+// [log]
+/// `log.format`.
+pub const LOG_FORMAT: LogFormat = LogFormat::Text;
+/// `log.level`.
+pub const LOG_LEVEL: &str = "info";
+
+// [shutdown]
+/// `shutdown.drain_timeout`: how long shutdown waits for in-flight deliveries.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,0 +1,331 @@
+//! `[kafka]`: brokers, the producer settings Ferry exposes, the librdkafka passthrough, and
+//! [`KafkaConfig::producer_properties`], the one place that builds the producer's client config.
+//!
+//! Ferry's guarantee rests on a few producer settings, so they are not left to the passthrough:
+//! `enable.idempotence=true` (retries neither duplicate nor reorder within a partition),
+//! `acks=all` (a delivery report means every in-sync replica has the record), the Java-compatible
+//! `murmur2_random` partitioner, and timeouts and queue limits derived from the `[kafka]` keys.
+//! [`property_rule`] says, for each property Ferry controls, why it cannot be set and what to set
+//! instead.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use super::{defaults, duration};
+
+/// `[kafka]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port`: a comma-separated string or an array. Required.
+    pub brokers: Brokers,
+    /// librdkafka properties passed through to the producer (string, integer or boolean values),
+    /// except those Ferry controls (see [`property_rule`]). Secret ones never print.
+    pub properties: KafkaProperties,
+    /// Compression of record batches.
+    pub compression: Compression,
+    /// Most records handed to the producer and not yet acknowledged; the pipeline stops reading
+    /// WAL at this bound until deliveries catch up.
+    pub max_in_flight_records: u64,
+    /// Most bytes of such records: the memory bound. At least `route.max_payload_bytes`.
+    pub max_in_flight_bytes: u64,
+    /// How long librdkafka keeps trying to deliver a record (`message.timeout.ms`). After it the
+    /// record fails, nothing past it is checkpointed, and the pipeline restarts from the checkpoint.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub delivery_timeout: Duration,
+    /// How long librdkafka waits to fill a batch (`linger.ms`).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub linger: Duration,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: Brokers::default(),
+            properties: KafkaProperties::default(),
+            compression: defaults::COMPRESSION,
+            max_in_flight_records: defaults::MAX_IN_FLIGHT_RECORDS,
+            max_in_flight_bytes: defaults::MAX_IN_FLIGHT_BYTES,
+            delivery_timeout: defaults::DELIVERY_TIMEOUT,
+            linger: defaults::LINGER,
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// The producer's librdkafka configuration, in the order to apply it: `client.id` (`ferry`
+    /// unless the passthrough sets it), the passthrough, then every property Ferry controls, last
+    /// so that it wins even over an unvalidated passthrough. Holds secrets: never log it
+    /// (see [`is_secret_property`]).
+    pub fn producer_properties(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        if !self.properties.0.contains_key("client.id") {
+            out.push(("client.id".into(), defaults::CLIENT_ID.into()));
+        }
+        out.extend(
+            self.properties
+                .0
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        // librdkafka's own queue limits sit above Ferry's (twice, so that the pipeline's
+        // backpressure is what bites); a QueueFull is still handled as backpressure.
+        let queue_messages = self
+            .max_in_flight_records
+            .saturating_mul(2)
+            .min(defaults::LIBRDKAFKA_QUEUE_LIMIT);
+        let queue_kbytes = self
+            .max_in_flight_bytes
+            .div_ceil(1024)
+            .saturating_mul(2)
+            .clamp(1, defaults::LIBRDKAFKA_QUEUE_LIMIT);
+        let controlled: [(&str, String); 9] = [
+            ("bootstrap.servers", self.brokers.0.join(",")),
+            ("enable.idempotence", "true".into()),
+            ("acks", "all".into()),
+            ("partitioner", "murmur2_random".into()),
+            ("compression.codec", self.compression.as_str().into()),
+            ("linger.ms", self.linger.as_millis().to_string()),
+            (
+                "message.timeout.ms",
+                self.delivery_timeout.as_millis().to_string(),
+            ),
+            ("queue.buffering.max.messages", queue_messages.to_string()),
+            ("queue.buffering.max.kbytes", queue_kbytes.to_string()),
+        ];
+        out.extend(controlled.into_iter().map(|(k, v)| (k.to_owned(), v)));
+        out
+    }
+}
+
+/// Bootstrap brokers. Deserialized from `"a:9092,b:9092"` or `["a:9092", "b:9092"]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Brokers(pub Vec<String>);
+
+impl FromStr for Brokers {
+    type Err = String;
+    /// A comma-separated list; blanks around entries are dropped, an all-blank string is empty.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().is_empty() {
+            return Ok(Brokers(Vec::new()));
+        }
+        Ok(Brokers(s.split(',').map(|b| b.trim().to_owned()).collect()))
+    }
+}
+
+impl<'de> Deserialize<'de> for Brokers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(String),
+            Many(Vec<String>),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a comma-separated string or an array of strings")
+        })? {
+            Raw::One(s) => Ok(s.parse().unwrap_or_default()),
+            Raw::Many(v) => Ok(Brokers(
+                v.into_iter().map(|b| b.trim().to_owned()).collect(),
+            )),
+        }
+    }
+}
+
+/// `kafka.compression`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// No compression.
+    None,
+    /// gzip: small, slow.
+    Gzip,
+    /// snappy: fast, larger.
+    Snappy,
+    /// lz4: fast and small (the default).
+    Lz4,
+    /// zstd: smallest; needs brokers 2.1 or later.
+    Zstd,
+}
+
+impl Compression {
+    /// The librdkafka (and configuration) spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Snappy => "snappy",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Compression::None),
+            "gzip" => Ok(Compression::Gzip),
+            "snappy" => Ok(Compression::Snappy),
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd),
+            other => Err(format!(
+                "unknown compression {other:?}; expected none, gzip, snappy, lz4 or zstd"
+            )),
+        }
+    }
+}
+
+/// `kafka.properties`: librdkafka property name to value. `Debug` hides secret values.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KafkaProperties(pub BTreeMap<String, String>);
+
+impl fmt::Debug for KafkaProperties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(k, v)| {
+                let shown = if is_secret_property(k) { "***" } else { v };
+                (k, shown)
+            }))
+            .finish()
+    }
+}
+
+impl<'de> Deserialize<'de> for KafkaProperties {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// One value: a string, or an integer or boolean taken as its text.
+        struct Value(String);
+        impl<'de> Deserialize<'de> for Value {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_any(ValueVisitor)
+            }
+        }
+        struct ValueVisitor;
+        impl serde::de::Visitor<'_> for ValueVisitor {
+            type Value = Value;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a librdkafka property value: a string, integer or boolean")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+                Ok(Value(v.to_owned()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+                Ok(Value(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+                Ok(Value(v.to_string()))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+                Ok(Value(v.to_string()))
+            }
+        }
+        let raw = BTreeMap::<String, Value>::deserialize(d)?;
+        Ok(KafkaProperties(
+            raw.into_iter().map(|(k, v)| (k, v.0)).collect(),
+        ))
+    }
+}
+
+/// Whether a librdkafka property holds a secret (passwords, client secrets, private keys, the
+/// OAUTHBEARER config): its value is never printed.
+pub fn is_secret_property(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "passphrase",
+        "key.pem",
+        "sasl.oauthbearer.config",
+        "sasl.jaas.config",
+    ]
+    .iter()
+    .any(|s| name.contains(s))
+}
+
+/// Properties settable only through librdkafka's C API (callbacks, opaques, in-memory keys).
+const API_ONLY: &[&str] = &[
+    "background_event_cb",
+    "closesocket_cb",
+    "connect_cb",
+    "consume_cb",
+    "default_topic_conf",
+    "dr_cb",
+    "dr_msg_cb",
+    "error_cb",
+    "interceptors",
+    "log_cb",
+    "msg_order_cmp",
+    "oauthbearer_token_refresh_cb",
+    "offset_commit_cb",
+    "opaque",
+    "open_cb",
+    "partitioner_cb",
+    "rebalance_cb",
+    "resolve_cb",
+    "socket_cb",
+    "ssl.certificate.verify_cb",
+    "ssl_ca",
+    "ssl_certificate",
+    "ssl_engine_callback_data",
+    "ssl_key",
+    "stats_cb",
+    "throttle_cb",
+];
+
+/// Why `name = value` may not be passed through, or `None` if it may. Names compare
+/// case-insensitively.
+pub fn property_rule(name: &str, value: &str) -> Option<String> {
+    let lower = name.trim().to_ascii_lowercase();
+    let fixed = |what: &str, why: &str| Some(format!("Ferry always sets {what}: {why}"));
+    let use_key = |key: &str| Some(format!("set by Ferry from kafka.{key}; set that instead"));
+    match lower.as_str() {
+        "" => Some("an empty property name".to_owned()),
+        "enable.idempotence" => fixed(
+            "enable.idempotence=true",
+            "without it a retried batch can be duplicated or reordered within a partition",
+        ),
+        "acks" | "request.required.acks" => fixed(
+            "acks=all",
+            "a delivery report must mean every in-sync replica has the record before its LSN is checkpointed",
+        ),
+        "partitioner" => fixed(
+            "partitioner=murmur2_random",
+            "the Java client's partitioner, so a key lands on the same partition as with Java producers and Debezium",
+        ),
+        "max.in.flight.requests.per.connection" | "max.in.flight" => match value.trim().parse::<u32>() {
+            Ok(1..=5) => None,
+            _ => Some(format!(
+                "must be 1 to 5 (got {value:?}): the idempotent producer keeps order only with at most 5 requests in flight per connection"
+            )),
+        },
+        "queuing.strategy" => fixed("FIFO queuing", "any other order reorders records within a partition"),
+        "enable.gapless.guarantee" => Some(
+            "not supported: experimental in librdkafka, and it makes a failed batch a fatal producer error; \
+             Ferry already never checkpoints past a failed record and replays it after restarting"
+                .to_owned(),
+        ),
+        "transactional.id" | "transaction.timeout.ms" => Some(
+            "reserved for Ferry's exactly-once mode; a transactional producer needs Ferry to run the transactions"
+                .to_owned(),
+        ),
+        "bootstrap.servers" | "metadata.broker.list" => use_key("brokers"),
+        "delivery.report.only.error" => Some(
+            "Ferry needs the report of every delivered record to advance its checkpoint; with this set it would never advance"
+                .to_owned(),
+        ),
+        "compression.codec" | "compression.type" => use_key("compression"),
+        "linger.ms" | "queue.buffering.max.ms" => use_key("linger"),
+        "message.timeout.ms" | "delivery.timeout.ms" => use_key("delivery_timeout"),
+        "queue.buffering.max.messages" => use_key("max_in_flight_records"),
+        "queue.buffering.max.kbytes" => use_key("max_in_flight_bytes"),
+        other if API_ONLY.contains(&other) => Some(
+            "set through librdkafka's API, not a property; Ferry installs its own".to_owned(),
+        ),
+        _ => None,
+    }
+}

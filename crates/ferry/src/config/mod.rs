@@ -1,0 +1,179 @@
+//! Ferry's configuration: `ferry.toml`, overridden by `FERRY_*` environment variables.
+//!
+//! # Shape
+//!
+//! Seven sections, each closed (`deny_unknown_fields`: a misspelt key is an error naming the key
+//! and the section's valid keys, with its line and column), each key with a default, except the
+//! two without which nothing can run: `postgres.url` and `kafka.brokers`.
+//!
+//! | section | type | what |
+//! |---|---|---|
+//! | `[postgres]` | [`PostgresConfig`] | the server, slot, publication, and connection timings |
+//! | `[outbox]` | [`ferry_router::OutboxConfig`] | the outbox table and its columns |
+//! | `[route]` | [`ferry_router::RouteConfig`] | how a row becomes a Kafka record |
+//! | `[kafka]` | [`KafkaConfig`] | brokers, producer settings, librdkafka passthrough |
+//! | `[http]` | [`HttpConfig`] | the metrics and health endpoint |
+//! | `[log]` | [`LogConfig`] | log format and level |
+//! | `[shutdown]` | [`ShutdownConfig`] | the drain deadline |
+//!
+//! `ferry.example.toml` beside this crate's `Cargo.toml` documents every key; a test loads it, so
+//! it cannot rot. Defaults are named constants in [`defaults`]; `[outbox]` and `[route]` keep
+//! theirs in `ferry_router::config`.
+//!
+//! # Loading
+//!
+//! [`load`] takes the file's text (or none: a container can be configured by environment alone)
+//! and the environment as a map, so tests never touch the process environment. It parses, applies
+//! the overrides ([`env`]), and runs [`Config::validate`], which reports every problem at once,
+//! each with its key path (`kafka.brokers: must not be empty`, `route.rules[2].topic: ...`).
+//!
+//! # Values
+//!
+//! Durations are strings with a unit (`"500ms"`, `"5s"`, `"2m"`, `"1h"`; see [`duration`]).
+//! Secrets never print: `postgres.url` shows with its password replaced by `***`, and secret
+//! librdkafka properties (`sasl.password`, `ssl.key.password`, ...) as `***` ([`secret`],
+//! [`is_secret_property`]).
+
+pub mod defaults;
+pub mod duration;
+pub mod env;
+mod kafka;
+pub mod secret;
+mod sections;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+use ferry_router::{ConfigErrors, ConfigProblem, OutboxConfig, RouteConfig};
+use serde::Deserialize;
+
+pub use kafka::{
+    is_secret_property, property_rule, Brokers, Compression, KafkaConfig, KafkaProperties,
+};
+pub use secret::{PostgresUrl, Secret};
+pub use sections::{HttpConfig, HttpListen, LogConfig, PostgresConfig, ShutdownConfig};
+
+/// The whole configuration. `Debug` hides secrets.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[postgres]`.
+    pub postgres: PostgresConfig,
+    /// `[outbox]`.
+    pub outbox: OutboxConfig,
+    /// `[route]`.
+    pub route: RouteConfig,
+    /// `[kafka]`.
+    pub kafka: KafkaConfig,
+    /// `[http]`.
+    pub http: HttpConfig,
+    /// `[log]`.
+    pub log: LogConfig,
+    /// `[shutdown]`.
+    pub shutdown: ShutdownConfig,
+}
+
+/// Why a configuration cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is not valid TOML, or a key or value does not fit (unknown key, wrong type).
+    #[error("{0}")]
+    Toml(TomlError),
+    /// Some `FERRY_*` variables are unknown or have bad values (path = the variable).
+    #[error("environment: {0}")]
+    Env(ConfigErrors),
+    /// Values that parse but cannot work together.
+    #[error("{0}")]
+    Invalid(ConfigErrors),
+}
+
+/// A TOML or schema error in the file, with its position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TomlError {
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// 1-based column (in characters), when known.
+    pub column: Option<usize>,
+    /// The nearest `[section]` header above the error, when there is one.
+    pub section: Option<String>,
+    /// What is wrong (for an unknown key: the key and the valid ones).
+    pub message: String,
+}
+
+impl fmt::Display for TomlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid configuration file")?;
+        if let (Some(line), Some(column)) = (self.line, self.column) {
+            write!(f, " at line {line}, column {column}")?;
+        }
+        if let Some(section) = &self.section {
+            write!(f, " (in {section})")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Loads the configuration from the file's text (if any) and the environment, and validates it.
+pub fn load(
+    file: Option<&str>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, ConfigError> {
+    let mut config = match file {
+        Some(text) => Config::from_toml(text)?,
+        None => Config::default(),
+    };
+    env::apply(&mut config, env).map_err(|problems| ConfigError::Env(ConfigErrors { problems }))?;
+    config.validate().map_err(ConfigError::Invalid)?;
+    Ok(config)
+}
+
+impl Config {
+    /// Parses the file's text alone: no environment, no validation.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Toml(toml_error(text, &e)))
+    }
+
+    /// Every problem of the configuration, with key paths, or `Ok`.
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        let problems: Vec<ConfigProblem> = validate::problems(self);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors { problems })
+        }
+    }
+}
+
+fn toml_error(text: &str, e: &toml::de::Error) -> TomlError {
+    let message = e.message().trim_end().to_owned();
+    let Some(span) = e.span() else {
+        return TomlError {
+            line: None,
+            column: None,
+            section: None,
+            message,
+        };
+    };
+    let before = text.get(..span.start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    let line_end = text[line_start..]
+        .find('\n')
+        .map_or(text.len(), |i| line_start + i);
+    let section = text[..line_end]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.split('#').next().unwrap_or(l).trim().to_owned());
+    TomlError {
+        line: Some(line),
+        column: Some(column),
+        section,
+        message,
+    }
+}

@@ -1,0 +1,165 @@
+//! `[postgres]`, `[http]`, `[log]` and `[shutdown]`. (`[kafka]` is in `kafka.rs`; `[outbox]` and
+//! `[route]` are `ferry_router`'s.)
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use super::secret::PostgresUrl;
+use super::{defaults, duration};
+use crate::telemetry::LogFormat;
+
+/// `[postgres]`: where the WAL comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresConfig {
+    /// libpq connection URL (`postgres://ferry:pw@db:5432/app?sslmode=verify-full&sslrootcert=/ca.pem`)
+    /// or keyword/value string. Required. Prints with the password hidden.
+    pub url: PostgresUrl,
+    /// Logical replication slot to read (and create, with `create_slot`).
+    pub slot: String,
+    /// Publication to read the outbox table through (and create, with `create_publication`).
+    pub publication: String,
+    /// Create the slot at startup if it does not exist.
+    pub create_slot: bool,
+    /// Create the publication for the outbox table if it does not exist.
+    pub create_publication: bool,
+    /// How often a standby status update (the confirmed LSN) is sent, also when idle.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub status_interval: Duration,
+    /// Time allowed to establish a connection.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub connect_timeout: Duration,
+    /// First delay before reconnecting after a transient failure; it doubles up to
+    /// `reconnect_backoff_max`.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub reconnect_backoff_min: Duration,
+    /// Longest delay between reconnect attempts.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub reconnect_backoff_max: Duration,
+    /// How often a server in recovery (a standby) is checked again for promotion.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub standby_poll_interval: Duration,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            url: PostgresUrl::default(),
+            slot: defaults::SLOT.to_owned(),
+            publication: defaults::PUBLICATION.to_owned(),
+            create_slot: defaults::CREATE_SLOT,
+            create_publication: defaults::CREATE_PUBLICATION,
+            status_interval: defaults::STATUS_INTERVAL,
+            connect_timeout: defaults::CONNECT_TIMEOUT,
+            reconnect_backoff_min: defaults::RECONNECT_BACKOFF_MIN,
+            reconnect_backoff_max: defaults::RECONNECT_BACKOFF_MAX,
+            standby_poll_interval: defaults::STANDBY_POLL_INTERVAL,
+        }
+    }
+}
+
+/// `[http]`: the `/metrics`, `/healthz`, `/readyz` endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// `ip:port` to listen on, or `"off"` for no endpoint.
+    pub listen: HttpListen,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: HttpListen::Addr(defaults::HTTP_LISTEN),
+        }
+    }
+}
+
+/// `http.listen`: an address, or off. An empty string is an error rather than "off": an empty
+/// environment variable is more often a templating accident than a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpListen {
+    /// No HTTP endpoint.
+    Off,
+    /// Listen on this address.
+    Addr(SocketAddr),
+}
+
+impl HttpListen {
+    /// The address, unless off.
+    pub fn addr(self) -> Option<SocketAddr> {
+        match self {
+            HttpListen::Off => None,
+            HttpListen::Addr(a) => Some(a),
+        }
+    }
+}
+
+impl FromStr for HttpListen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(HttpListen::Off);
+        }
+        s.parse().map(HttpListen::Addr).map_err(|_| {
+            format!("invalid listen address {s:?}: expected ip:port like \"127.0.0.1:9187\" or \"[::]:9187\", or \"off\"")
+        })
+    }
+}
+
+impl fmt::Display for HttpListen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HttpListen::Off => f.write_str("off"),
+            HttpListen::Addr(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HttpListen {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `"text"` or `"json"` (one object per line).
+    pub format: LogFormat,
+    /// A level (`info`) or directives (`info,ferry=debug,rdkafka=warn`); `RUST_LOG` replaces it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: defaults::LOG_FORMAT,
+            level: defaults::LOG_LEVEL.to_owned(),
+        }
+    }
+}
+
+/// `[shutdown]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    /// How long shutdown waits for in-flight records to be acknowledged before exiting; what is
+    /// not acknowledged by then is not checkpointed and is sent again on the next start.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig {
+            drain_timeout: defaults::DRAIN_TIMEOUT,
+        }
+    }
+}

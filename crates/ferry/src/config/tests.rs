@@ -1,0 +1,527 @@
+//! Table-driven tests of loading, environment overrides, validation and redaction.
+
+use std::time::Duration;
+
+use super::env::{var_name, KEYS, SECTIONS};
+use super::*;
+
+const EXAMPLE: &str = include_str!("../../ferry.example.toml");
+const URL: &str = "postgres://ferry:hunter2@localhost:5432/app";
+
+fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+    vars.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The smallest valid configuration: environment only.
+fn minimal_env() -> Vec<(String, String)> {
+    env(&[
+        ("FERRY_POSTGRES_URL", URL),
+        ("FERRY_KAFKA_BROKERS", "localhost:9092"),
+    ])
+}
+
+fn valid() -> Config {
+    load(None, minimal_env()).unwrap()
+}
+
+fn problems(err: ConfigError) -> Vec<String> {
+    match err {
+        ConfigError::Env(e) | ConfigError::Invalid(e) => {
+            e.problems.iter().map(ToString::to_string).collect()
+        }
+        ConfigError::Toml(e) => panic!("unexpected TOML error: {e}"),
+    }
+}
+
+#[test]
+fn environment_alone_is_enough_and_everything_else_defaults() {
+    let c = valid();
+    assert_eq!(c.postgres.url.expose(), URL);
+    assert_eq!(c.kafka.brokers.0, ["localhost:9092"]);
+    let pg = &c.postgres;
+    assert_eq!(pg.slot, defaults::SLOT);
+    assert_eq!(pg.publication, defaults::PUBLICATION);
+    assert_eq!((pg.create_slot, pg.create_publication), (true, true));
+    assert_eq!(pg.status_interval, Duration::from_secs(1));
+    assert_eq!(pg.connect_timeout, Duration::from_secs(10));
+    assert_eq!(pg.reconnect_backoff_min, Duration::from_millis(500));
+    assert_eq!(pg.reconnect_backoff_max, Duration::from_secs(30));
+    assert_eq!(pg.standby_poll_interval, Duration::from_secs(2));
+    assert_eq!(c.outbox, ferry_router::OutboxConfig::default());
+    assert_eq!(c.route, ferry_router::RouteConfig::default());
+    let k = &c.kafka;
+    assert_eq!(k.compression, Compression::Lz4);
+    assert_eq!(k.max_in_flight_records, 100_000);
+    assert_eq!(k.max_in_flight_bytes, 64 * 1024 * 1024);
+    assert_eq!(k.delivery_timeout, Duration::from_secs(120));
+    assert_eq!(k.linger, Duration::from_millis(5));
+    assert!(k.properties.0.is_empty());
+    assert_eq!(
+        c.http.listen.addr(),
+        Some("127.0.0.1:9187".parse().unwrap())
+    );
+    assert_eq!(c.log.format, crate::telemetry::LogFormat::Text);
+    assert_eq!(c.log.level, "info");
+    assert_eq!(c.shutdown.drain_timeout, Duration::from_secs(30));
+    // An empty file is the same as no file.
+    assert_eq!(load(Some(""), minimal_env()).unwrap(), c);
+}
+
+#[test]
+fn the_example_file_loads_validates_and_documents_every_key() {
+    let c = load(Some(EXAMPLE), []).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.kafka.brokers.0.len(), 2);
+    assert_eq!(c.kafka.properties.0["sasl.mechanism"], "SCRAM-SHA-512");
+    for k in KEYS {
+        let documented = EXAMPLE.lines().any(|l| {
+            let l = l.trim_start_matches(['#', ' ']);
+            l.starts_with(&format!("{} =", k.key))
+        });
+        assert!(
+            documented,
+            "ferry.example.toml does not mention {}.{}",
+            k.section, k.key
+        );
+    }
+}
+
+/// (variable, value, the key's value read back, expected)
+type EnvCase = (
+    &'static str,
+    &'static str,
+    fn(&Config) -> String,
+    &'static str,
+);
+
+#[test]
+fn every_scalar_key_is_overridable_from_the_environment() {
+    #[rustfmt::skip]
+    let cases: &[EnvCase] = &[
+        ("FERRY_POSTGRES_URL", "host=db user=u", |c| c.postgres.url.expose().into(), "host=db user=u"),
+        ("FERRY_POSTGRES_SLOT", "s2", |c| c.postgres.slot.clone(), "s2"),
+        ("FERRY_POSTGRES_PUBLICATION", "p2", |c| c.postgres.publication.clone(), "p2"),
+        ("FERRY_POSTGRES_CREATE_SLOT", "false", |c| c.postgres.create_slot.to_string(), "false"),
+        ("FERRY_POSTGRES_CREATE_PUBLICATION", "false", |c| c.postgres.create_publication.to_string(), "false"),
+        ("FERRY_POSTGRES_STATUS_INTERVAL", "250ms", |c| format!("{:?}", c.postgres.status_interval), "250ms"),
+        ("FERRY_POSTGRES_CONNECT_TIMEOUT", "3s", |c| format!("{:?}", c.postgres.connect_timeout), "3s"),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "1s", |c| format!("{:?}", c.postgres.reconnect_backoff_min), "1s"),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1h", |c| format!("{:?}", c.postgres.reconnect_backoff_max), "3600s"),
+        ("FERRY_POSTGRES_STANDBY_POLL_INTERVAL", "9s", |c| format!("{:?}", c.postgres.standby_poll_interval), "9s"),
+        ("FERRY_OUTBOX_TABLE", "app.events", |c| c.outbox.table.clone(), "app.events"),
+        ("FERRY_OUTBOX_ID_COLUMN", "event_id", |c| c.outbox.id_column.clone(), "event_id"),
+        ("FERRY_OUTBOX_AGGREGATE_TYPE_COLUMN", "at", |c| c.outbox.aggregate_type_column.clone(), "at"),
+        ("FERRY_OUTBOX_AGGREGATE_ID_COLUMN", "ai", |c| c.outbox.aggregate_id_column.clone(), "ai"),
+        ("FERRY_OUTBOX_TYPE_COLUMN", "kind", |c| c.outbox.type_column.clone(), "kind"),
+        ("FERRY_OUTBOX_PAYLOAD_COLUMN", "body", |c| c.outbox.payload_column.clone(), "body"),
+        ("FERRY_OUTBOX_TIMESTAMP_COLUMN", "ts", |c| format!("{:?}", c.outbox.timestamp_column), "Some(\"ts\")"),
+        ("FERRY_OUTBOX_PARTITION_COLUMN", "p", |c| format!("{:?}", c.outbox.partition_column), "Some(\"p\")"),
+        ("FERRY_OUTBOX_MESSAGE_PREFIX", "outbox", |c| format!("{:?}", c.outbox.message_prefix), "Some(\"outbox\")"),
+        ("FERRY_ROUTE_TOPIC", "events", |c| format!("{:?}", c.route.topic), "Some(\"events\")"),
+        ("FERRY_ROUTE_ID_HEADER", "", |c| c.route.id_header.clone(), ""),
+        ("FERRY_ROUTE_TYPE_HEADER", "t", |c| c.route.type_header.clone(), "t"),
+        ("FERRY_ROUTE_ENVELOPE", "true", |c| c.route.envelope.to_string(), "true"),
+        ("FERRY_ROUTE_ADDITIONAL_PLACEMENT", "x:header", |c| format!("{:?}", c.route.additional_placement), "Some(\"x:header\")"),
+        ("FERRY_ROUTE_TOMBSTONE_ON_NULL_PAYLOAD", "true", |c| c.route.tombstone_on_null_payload.to_string(), "true"),
+        ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "1000", |c| c.route.max_payload_bytes.to_string(), "1000"),
+        ("FERRY_ROUTE_ON_ERROR", "skip", |c| c.route.on_error.to_string(), "skip"),
+        ("FERRY_ROUTE_DEAD_LETTER_TOPIC", "dlq", |c| format!("{:?}", c.route.dead_letter_topic), "Some(\"dlq\")"),
+        ("FERRY_KAFKA_BROKERS", "a:1, b:2", |c| c.kafka.brokers.0.join("|"), "a:1|b:2"),
+        ("FERRY_KAFKA_COMPRESSION", "zstd", |c| c.kafka.compression.as_str().into(), "zstd"),
+        ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS", "7", |c| c.kafka.max_in_flight_records.to_string(), "7"),
+        ("FERRY_KAFKA_MAX_IN_FLIGHT_BYTES", "2000000", |c| c.kafka.max_in_flight_bytes.to_string(), "2000000"),
+        ("FERRY_KAFKA_DELIVERY_TIMEOUT", "5m", |c| format!("{:?}", c.kafka.delivery_timeout), "300s"),
+        ("FERRY_KAFKA_LINGER", "0ms", |c| format!("{:?}", c.kafka.linger), "0ns"),
+        ("FERRY_KAFKA_PROPERTIES_SASL_MECHANISM", "PLAIN", |c| { c.kafka .properties .0 .get("sasl.mechanism") .cloned() .unwrap_or_default() }, "PLAIN"),
+        ("FERRY_HTTP_LISTEN", "off", |c| c.http.listen.to_string(), "off"),
+        ("FERRY_LOG_FORMAT", "json", |c| c.log.format.to_string(), "json"),
+        ("FERRY_LOG_LEVEL", "debug", |c| c.log.level.clone(), "debug"),
+        ("FERRY_SHUTDOWN_DRAIN_TIMEOUT", "1m", |c| format!("{:?}", c.shutdown.drain_timeout), "60s"),
+    ];
+    for &(var, value, read, expected) in cases {
+        let mut vars = minimal_env();
+        vars.push((var.to_owned(), value.to_owned()));
+        let c = Config::from_toml("").unwrap();
+        let mut c2 = c.clone();
+        env::apply(&mut c2, vars).unwrap_or_else(|e| panic!("{var}: {e:?}"));
+        assert_eq!(read(&c2), expected, "{var}");
+        assert_ne!(
+            read(&c),
+            expected,
+            "{var}: the test value must differ from the default"
+        );
+    }
+    // Every key has a case above.
+    for k in KEYS {
+        let name = var_name(k.section, k.key);
+        assert!(cases.iter().any(|c| c.0 == name), "no test for {name}");
+    }
+}
+
+#[test]
+fn the_environment_wins_over_the_file_and_can_unset_optional_keys() {
+    let file = "[outbox]\ntimestamp_column = \"ts\"\n[kafka]\nbrokers = \"file:9092\"\n";
+    let mut vars = minimal_env();
+    vars.push(("FERRY_OUTBOX_TIMESTAMP_COLUMN".into(), String::new()));
+    let c = load(Some(file), vars).unwrap();
+    assert_eq!(c.kafka.brokers.0, ["localhost:9092"]);
+    assert_eq!(c.outbox.timestamp_column, None);
+}
+
+#[test]
+fn every_key_of_every_section_is_either_overridable_or_file_only() {
+    // serde lists a section's keys in its unknown-field error; compare with the override table.
+    const FILE_ONLY: &[&str] = &[
+        "route.rules",
+        "route.headers",
+        "route.envelope_fields",
+        "kafka.properties",
+    ];
+    for section in SECTIONS {
+        let err = Config::from_toml(&format!("[{section}]\nzzz_unknown = 1\n")).unwrap_err();
+        let ConfigError::Toml(e) = err else {
+            panic!("{err}")
+        };
+        let listed = e
+            .message
+            .split("expected")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{}", e.message));
+        for key in listed.split('`').skip(1).step_by(2) {
+            let path = format!("{section}.{key}");
+            let env = KEYS.iter().any(|k| k.section == *section && k.key == key);
+            assert!(
+                env || FILE_ONLY.contains(&path.as_str()),
+                "{path} has no FERRY_ variable"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_environment_values_and_unknown_variables_name_the_variable() {
+    // (variable, value, expected substring of "VARIABLE: message")
+    #[rustfmt::skip]
+    let cases = [
+        ("FERRY_POSTGRES_URLL", "x", "FERRY_POSTGRES_URLL: unknown variable; the [postgres] variables are FERRY_POSTGRES_URL, FERRY_POSTGRES_SLOT"),
+        ("FERRY_KAFKA_BROKER", "x", "FERRY_KAFKA_PROPERTIES_<NAME>"),
+        ("FERRY_KAFKAA_BROKERS", "x", "SECTION one of POSTGRES, OUTBOX, ROUTE, KAFKA, HTTP, LOG, SHUTDOWN"),
+        ("FERRY_POSTGRES", "x", "unknown variable"),
+        ("FERRY_postgres_url", "x", "unknown variable"),
+        ("FERRY_POSTGRES_url", "x", "unknown variable"),
+        ("FERRY_ROUTE_RULES", "x", "unknown variable"),
+        ("FERRY_KAFKA_PROPERTIES_", "x", "upper case"),
+        ("FERRY_KAFKA_PROPERTIES_sasl", "x", "upper case"),
+        ("FERRY_POSTGRES_CREATE_SLOT", "yes", "FERRY_POSTGRES_CREATE_SLOT: postgres.create_slot: invalid boolean \"yes\""),
+        ("FERRY_POSTGRES_STATUS_INTERVAL", "5", "postgres.status_interval: invalid duration \"5\""),
+        ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS", "-1", "kafka.max_in_flight_records: invalid value \"-1\""),
+        ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "1e6", "invalid value \"1e6\""),
+        ("FERRY_ROUTE_ON_ERROR", "explode", "unknown value \"explode\""),
+        ("FERRY_KAFKA_COMPRESSION", "brotli", "unknown compression \"brotli\""),
+        ("FERRY_HTTP_LISTEN", "", "invalid listen address \"\""),
+        ("FERRY_HTTP_LISTEN", "localhost:9187", "expected ip:port"),
+        ("FERRY_LOG_FORMAT", "yaml", "invalid log format \"yaml\""),
+    ];
+    for (var, value, expected) in cases {
+        let mut vars = minimal_env();
+        vars.push((var.to_owned(), value.to_owned()));
+        let problems = problems(load(None, vars).unwrap_err());
+        assert_eq!(problems.len(), 1, "{var}: {problems:?}");
+        assert!(
+            problems[0].contains(expected),
+            "{var}: {:?} lacks {expected:?}",
+            problems[0]
+        );
+    }
+}
+
+#[test]
+fn all_environment_problems_are_reported_and_other_variables_ignored() {
+    let vars = env(&[
+        ("FERRY_A", "1"),
+        ("FERRY_B", "2"),
+        ("FERRY_CONFIG", "/etc/ferry.toml"),
+        ("FERRY_TEST_PG_URL", "postgres://x"),
+        ("PATH", "/bin"),
+        ("ferry_lower", "ignored: not FERRY_"),
+    ]);
+    let p = problems(load(None, vars).unwrap_err());
+    assert_eq!(p.len(), 2, "{p:?}");
+    assert!(
+        p[0].starts_with("FERRY_A: ") && p[1].starts_with("FERRY_B: "),
+        "{p:?}"
+    );
+}
+
+/// (file, line, column, section, expected substrings of the message)
+type FileCase = (
+    &'static str,
+    usize,
+    usize,
+    Option<&'static str>,
+    &'static [&'static str],
+);
+
+#[test]
+fn file_errors_have_a_position_and_unknown_keys_list_the_valid_ones() {
+    #[rustfmt::skip]
+    let cases: &[FileCase] = &[
+        ("[postgres]\nurl = \"x\"\nslott = \"s\"\n", 3, 1, Some("[postgres]"), &["unknown field `slott`", "`slot`", "`standby_poll_interval`"]),
+        ("[kafak]\n", 1, 2, Some("[kafak]"), &["unknown field `kafak`", "`kafka`", "`shutdown`"]),
+        ("[kafka]\nbrokers = 5\n", 2, 11, Some("[kafka]"), &["comma-separated string or an array"]),
+        ("[kafka]\nlinger = 5\n", 2, 10, Some("[kafka]"), &["a duration string like"]),
+        ("[kafka]\nlinger = \"5 ms\"\n", 2, 10, Some("[kafka]"), &["invalid duration \"5 ms\""]),
+        ("[kafka]\ncompression = \"brotli\"\n", 2, 15, Some("[kafka]"), &["unknown variant `brotli`", "`lz4`"]),
+        ("[kafka.properties]\n\"a.b\" = 1.5\n", 2, 9, Some("[kafka.properties]"), &["a string, integer or boolean"]),
+        ("[http]\nlisten = \"nowhere\"\n", 2, 10, Some("[http]"), &["invalid listen address"]),
+        ("[log]\nformat = \"xml\"\n", 2, 10, Some("[log]"), &["unknown variant `xml`"]),
+        ("[outbox]\ntabel = \"x\"\n", 2, 1, Some("[outbox]"), &["unknown field `tabel`", "`table`"]),
+        ("[[route.rules]]\ncolumn = \"a\"\ntopic = \"t\"\nequal = \"x\"\n", 4, 1, Some("[[route.rules]]"), &["unknown field `equal`"]),
+        ("stray = 1\n", 1, 1, None, &["unknown field `stray`", "`postgres`"]),
+        ("[postgres\n", 1, 10, Some("[postgres"), &[""]),
+        ("[shutdown]\ndrain_timeout = \"30s\"\ndrain_timeout = \"1s\"\n", 3, 1, Some("[shutdown]"), &["duplicate key"]),
+    ];
+    for &(file, line, column, section, expected) in cases {
+        let err = load(Some(file), minimal_env()).unwrap_err();
+        let ConfigError::Toml(e) = &err else {
+            panic!("{file:?}: {err}")
+        };
+        assert_eq!(
+            (e.line, e.column),
+            (Some(line), Some(column)),
+            "{file:?}: {err}"
+        );
+        assert_eq!(e.section.as_deref(), section, "{file:?}");
+        for s in expected {
+            assert!(
+                e.message.contains(s),
+                "{file:?}: {:?} lacks {s:?}",
+                e.message
+            );
+        }
+        assert!(
+            err.to_string()
+                .contains(&format!("line {line}, column {column}")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn brokers_are_a_string_or_an_array() {
+    #[rustfmt::skip]
+    let cases = [
+        ("brokers = \"a:1\"", vec!["a:1"]),
+        ("brokers = \"a:1, b:2 ,c:3\"", vec!["a:1", "b:2", "c:3"]),
+        ("brokers = [\"a:1\", \" b:2\"]", vec!["a:1", "b:2"]),
+        ("brokers = []", vec![]),
+        ("brokers = \"\"", vec![]),
+    ];
+    for (line, expected) in cases {
+        let c = Config::from_toml(&format!("[kafka]\n{line}\n")).unwrap();
+        assert_eq!(c.kafka.brokers.0, expected, "{line}");
+    }
+}
+
+/// (what to change, expected problem "path: message" prefix)
+type ValidateCase = (fn(&mut Config), &'static str);
+
+#[test]
+fn validate_reports_each_problem_with_its_key_path() {
+    #[rustfmt::skip]
+    let cases: &[ValidateCase] = &[
+        (|c| c.postgres.url = PostgresUrl::default(), "postgres.url: required"),
+        (|c| c.postgres.url = PostgresUrl::new("mysql://root@db/app"), "postgres.url: invalid PostgreSQL connection string"),
+        (|c| c.postgres.url = PostgresUrl::new("postgres://u@db/app?sslmode=maybe"), "postgres.url: invalid PostgreSQL connection string: sslmode=\"maybe\""),
+        (|c| c.postgres.slot = "Ferry".into(), "postgres.slot: invalid slot name \"Ferry\""),
+        (|c| c.postgres.slot = String::new(), "postgres.slot: invalid slot name"),
+        (|c| c.postgres.slot = "s".repeat(64), "postgres.slot: invalid slot name"),
+        (|c| c.postgres.publication = String::new(), "postgres.publication: must be 1 to 63 bytes"),
+        (|c| c.postgres.status_interval = Duration::ZERO, "postgres.status_interval: must be greater than 0s"),
+        (|c| c.postgres.status_interval = Duration::from_secs(31), "postgres.status_interval: must be at most 30s"),
+        (|c| c.postgres.connect_timeout = Duration::ZERO, "postgres.connect_timeout: must be greater than 0s"),
+        (|c| c.postgres.reconnect_backoff_min = Duration::ZERO, "postgres.reconnect_backoff_min: must be greater"),
+        (|c| c.postgres.reconnect_backoff_max = Duration::from_millis(100), "postgres.reconnect_backoff_max: must be at least postgres.reconnect_backoff_min (500ms)"),
+        (|c| c.postgres.standby_poll_interval = Duration::ZERO, "postgres.standby_poll_interval: must be greater"),
+        (|c| c.outbox.id_column = String::new(), "outbox.id_column: "),
+        (|c| c.route.rules = vec![ferry_router::RuleConfig { column: "aggregatetype".into(), equals: Some("a".into()), regex: None, topic: "bad topic!".into() }], "route.rules[0].topic: "),
+        (|c| c.kafka.brokers = Brokers::default(), "kafka.brokers: must not be empty"),
+        (|c| c.kafka.brokers = Brokers(vec!["a:1".into(), "b 2".into()]), "kafka.brokers[1]: invalid broker \"b 2\""),
+        (|c| c.kafka.brokers = Brokers(vec!["a:1".into(), String::new()]), "kafka.brokers[1]: invalid broker \"\""),
+        (|c| c.kafka.max_in_flight_records = 0, "kafka.max_in_flight_records: must be 1 to"),
+        (|c| c.kafka.max_in_flight_bytes = 1000, "kafka.max_in_flight_bytes: must be at least route.max_payload_bytes (983040)"),
+        (|c| c.kafka.max_in_flight_bytes = u64::MAX, "kafka.max_in_flight_bytes: must be at most"),
+        (|c| { c.kafka.linger = Duration::from_secs(1000); c.kafka.delivery_timeout = Duration::from_secs(1001); }, "kafka.linger: must be at most 15m"),
+        (|c| c.kafka.delivery_timeout = Duration::from_millis(5), "kafka.delivery_timeout: must be longer than kafka.linger (5ms)"),
+        (|c| c.kafka.delivery_timeout = Duration::from_secs(1 << 31), "kafka.delivery_timeout: must be at most"),
+        (|c| c.log.level = "loud".into(), "log.level: invalid log level \"loud\""),
+        (|c| c.shutdown.drain_timeout = Duration::ZERO, "shutdown.drain_timeout: must be greater than 0s"),
+    ];
+    for (change, expected) in cases {
+        let mut c = valid();
+        change(&mut c);
+        let p: Vec<String> = c
+            .validate()
+            .unwrap_err()
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(p.len(), 1, "{expected}: {p:?}");
+        assert!(
+            p[0].starts_with(expected),
+            "{:?} does not start with {expected:?}",
+            p[0]
+        );
+    }
+}
+
+#[test]
+fn validate_reports_every_problem_at_once_in_file_order() {
+    let p =
+        problems(load(Some("[postgres]\nslot = \"X\"\n[log]\nlevel = \"\"\n"), []).unwrap_err());
+    let paths: Vec<&str> = p.iter().map(|p| p.split(':').next().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "postgres.url",
+            "postgres.slot",
+            "kafka.brokers",
+            "log.level"
+        ]
+    );
+}
+
+#[test]
+fn properties_ferry_controls_are_refused_with_the_reason() {
+    // (property, value, expected message substring); None: accepted
+    #[rustfmt::skip]
+    let cases: &[(&str, &str, Option<&str>)] = &[
+        ("enable.idempotence", "false", Some("always sets enable.idempotence=true")),
+        ("acks", "1", Some("always sets acks=all")),
+        ("request.required.acks", "all", Some("always sets acks=all")),
+        ("ACKS", "all", Some("always sets acks=all")),
+        ("partitioner", "consistent", Some("murmur2_random")),
+        ("max.in.flight.requests.per.connection", "6", Some("must be 1 to 5")),
+        ("max.in.flight", "100", Some("must be 1 to 5")),
+        ("max.in.flight.requests.per.connection", "0", Some("must be 1 to 5")),
+        ("max.in.flight.requests.per.connection", "5", None),
+        ("max.in.flight", "1", None),
+        ("queuing.strategy", "lifo", Some("FIFO")),
+        ("enable.gapless.guarantee", "true", Some("not supported")),
+        ("transactional.id", "ferry-1", Some("exactly-once")),
+        ("transaction.timeout.ms", "60000", Some("exactly-once")),
+        ("bootstrap.servers", "x:1", Some("kafka.brokers")),
+        ("metadata.broker.list", "x:1", Some("kafka.brokers")),
+        ("delivery.report.only.error", "true", Some("never advance")),
+        ("compression.codec", "gzip", Some("kafka.compression")),
+        ("compression.type", "gzip", Some("kafka.compression")),
+        ("linger.ms", "10", Some("kafka.linger")),
+        ("queue.buffering.max.ms", "10", Some("kafka.linger")),
+        ("message.timeout.ms", "1000", Some("kafka.delivery_timeout")),
+        ("delivery.timeout.ms", "1000", Some("kafka.delivery_timeout")),
+        ("queue.buffering.max.messages", "1", Some("kafka.max_in_flight_records")),
+        ("queue.buffering.max.kbytes", "1", Some("kafka.max_in_flight_bytes")),
+        ("dr_msg_cb", "x", Some("librdkafka's API")),
+        ("opaque", "x", Some("librdkafka's API")),
+        ("", "x", Some("empty property name")),
+        ("sasl.mechanism", "PLAIN", None),
+        ("compression.level", "3", None),
+        ("client.id", "mine", None),
+        ("message.max.bytes", "2000000", None),
+    ];
+    for &(name, value, expected) in cases {
+        let mut c = valid();
+        c.kafka
+            .properties
+            .0
+            .insert(name.to_owned(), value.to_owned());
+        match (c.validate(), expected) {
+            (Ok(()), None) => {}
+            (Err(e), Some(why)) => {
+                let p = e.problems[0].to_string();
+                assert_eq!(e.problems.len(), 1, "{name}");
+                assert!(
+                    p.starts_with(&format!("kafka.properties.{name:?}: ")),
+                    "{p}"
+                );
+                assert!(p.contains(why), "{name}: {p}");
+            }
+            (got, _) => panic!("{name}={value}: {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn producer_properties_pin_what_the_guarantee_needs() {
+    let mut c = valid();
+    c.kafka
+        .properties
+        .0
+        .insert("sasl.mechanism".into(), "PLAIN".into());
+    // Unvalidated forbidden values still lose: Ferry's settings come last.
+    c.kafka.properties.0.insert("acks".into(), "0".into());
+    let props = c.kafka.producer_properties();
+    let last = |k: &str| {
+        props
+            .iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(last("client.id"), Some("ferry"));
+    assert_eq!(last("sasl.mechanism"), Some("PLAIN"));
+    assert_eq!(last("bootstrap.servers"), Some("localhost:9092"));
+    assert_eq!(last("enable.idempotence"), Some("true"));
+    assert_eq!(last("acks"), Some("all"));
+    assert_eq!(last("partitioner"), Some("murmur2_random"));
+    assert_eq!(last("compression.codec"), Some("lz4"));
+    assert_eq!(last("linger.ms"), Some("5"));
+    assert_eq!(last("message.timeout.ms"), Some("120000"));
+    assert_eq!(last("queue.buffering.max.messages"), Some("200000"));
+    assert_eq!(last("queue.buffering.max.kbytes"), Some("131072"));
+    c.kafka
+        .properties
+        .0
+        .insert("client.id".into(), "mine".into());
+    let props = c.kafka.producer_properties();
+    assert_eq!(props.iter().filter(|(k, _)| k == "client.id").count(), 1);
+}
+
+#[test]
+fn secrets_never_appear_in_debug_output() {
+    let file = r#"
+        [postgres]
+        url = "postgres://ferry:pg-SECRET-1@db/app?sslmode=require"
+        [kafka]
+        brokers = "k:9092"
+        [kafka.properties]
+        "sasl.username" = "ferry"
+        "sasl.password" = "SECRET-2"
+        "ssl.key.password" = "SECRET-3"
+        "ssl.keystore.password" = "SECRET-4"
+        "ssl.key.pem" = "-----BEGIN PRIVATE KEY----- SECRET-5"
+        "sasl.oauthbearer.client.secret" = "SECRET-6"
+        "sasl.oauthbearer.config" = "clientSecret=SECRET-7"
+    "#;
+    let c = load(Some(file), []).unwrap();
+    for shown in [
+        format!("{c:?}"),
+        format!("{c:#?}"),
+        c.postgres.url.to_string(),
+    ] {
+        assert!(!shown.contains("SECRET"), "{shown}");
+    }
+    let debug = format!("{c:?}");
+    assert!(
+        debug.contains("postgres://ferry:***@db/app?sslmode=require"),
+        "{debug}"
+    );
+    assert!(debug.contains("\"sasl.username\": \"ferry\""), "{debug}");
+    // An invalid URL's problem does not quote the password either.
+    let mut bad = c.clone();
+    bad.postgres.url = PostgresUrl::new("host=db password=pg SECRET-8 user=u");
+    let p = bad.validate().unwrap_err().to_string();
+    assert!(p.contains("postgres.url") && !p.contains("SECRET"), "{p}");
+}

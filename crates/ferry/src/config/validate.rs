@@ -1,0 +1,201 @@
+//! [`Config::validate`](super::Config::validate)'s rules: every problem, with its key path.
+
+use std::time::Duration;
+
+use ferry_router::ConfigProblem;
+use ferry_wal::conn::ConnectConfig;
+
+use super::{defaults, duration, property_rule, Config};
+
+/// Every problem, in file order: `[postgres]`, `[outbox]`/`[route]` (the router's own rules),
+/// `[kafka]`, `[log]`, `[shutdown]`. (`[http]` is checked while parsing.)
+pub(super) fn problems(c: &Config) -> Vec<ConfigProblem> {
+    let mut p = Problems(Vec::new());
+    postgres(c, &mut p);
+    if let Err(e) = ferry_router::validate(&c.outbox, &c.route) {
+        p.0.extend(e.problems);
+    }
+    kafka(c, &mut p);
+    if let Err(e) = crate::telemetry::logging::filter(&c.log.level, None) {
+        p.add("log.level", e.to_string());
+    }
+    p.positive("shutdown.drain_timeout", c.shutdown.drain_timeout);
+    p.0
+}
+
+struct Problems(Vec<ConfigProblem>);
+
+impl Problems {
+    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigProblem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+
+    fn positive(&mut self, path: &str, d: Duration) {
+        if d.is_zero() {
+            self.add(path, "must be greater than 0s");
+        }
+    }
+
+    fn at_most(&mut self, path: &str, d: Duration, max: Duration, why: &str) {
+        if d > max {
+            let max = duration::format(max);
+            self.add(path, format!("must be at most {max}: {why}"));
+        }
+    }
+}
+
+fn postgres(c: &Config, p: &mut Problems) {
+    let pg = &c.postgres;
+    if pg.url.is_empty() {
+        p.add(
+            "postgres.url",
+            "required: a libpq URL like postgres://ferry@db.example.com:5432/app?sslmode=verify-full (or FERRY_POSTGRES_URL)",
+        );
+    } else if let Err(e) = ConnectConfig::parse(pg.url.expose()) {
+        p.add(
+            "postgres.url",
+            without_secrets(&e.to_string(), pg.url.expose(), &pg.url.redacted()),
+        );
+    }
+    if pg.slot.is_empty()
+        || pg.slot.len() > defaults::MAX_NAME_BYTES
+        || !pg
+            .slot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        p.add(
+            "postgres.slot",
+            format!(
+                "invalid slot name {:?}: 1 to {} lower-case letters, digits and underscores",
+                pg.slot,
+                defaults::MAX_NAME_BYTES
+            ),
+        );
+    }
+    if pg.publication.is_empty()
+        || pg.publication.len() > defaults::MAX_NAME_BYTES
+        || pg.publication.contains('\0')
+    {
+        p.add(
+            "postgres.publication",
+            format!(
+                "must be 1 to {} bytes without NUL",
+                defaults::MAX_NAME_BYTES
+            ),
+        );
+    }
+    p.positive("postgres.status_interval", pg.status_interval);
+    p.at_most(
+        "postgres.status_interval",
+        pg.status_interval,
+        defaults::MAX_STATUS_INTERVAL,
+        "the server drops a client that sends no status update within wal_sender_timeout (60s by default)",
+    );
+    p.positive("postgres.connect_timeout", pg.connect_timeout);
+    p.positive("postgres.reconnect_backoff_min", pg.reconnect_backoff_min);
+    if pg.reconnect_backoff_max < pg.reconnect_backoff_min {
+        p.add(
+            "postgres.reconnect_backoff_max",
+            format!(
+                "must be at least postgres.reconnect_backoff_min ({})",
+                duration::format(pg.reconnect_backoff_min)
+            ),
+        );
+    }
+    p.positive("postgres.standby_poll_interval", pg.standby_poll_interval);
+}
+
+fn kafka(c: &Config, p: &mut Problems) {
+    let k = &c.kafka;
+    if k.brokers.0.is_empty() {
+        p.add(
+            "kafka.brokers",
+            "must not be empty: give host:port of one or more brokers (or FERRY_KAFKA_BROKERS)",
+        );
+    }
+    for (i, b) in k.brokers.0.iter().enumerate() {
+        if b.is_empty() || b.contains(char::is_whitespace) || b.contains(',') {
+            p.add(
+                format!("kafka.brokers[{i}]"),
+                format!("invalid broker {b:?}: expected host:port"),
+            );
+        }
+    }
+    for (name, value) in &k.properties.0 {
+        if let Some(why) = property_rule(name, value) {
+            p.add(format!("kafka.properties.{name:?}"), why);
+        }
+    }
+    if k.max_in_flight_records == 0
+        || k.max_in_flight_records > defaults::LIBRDKAFKA_QUEUE_LIMIT / 2
+    {
+        p.add(
+            "kafka.max_in_flight_records",
+            format!("must be 1 to {}", defaults::LIBRDKAFKA_QUEUE_LIMIT / 2),
+        );
+    }
+    let max_payload = u64::try_from(c.route.max_payload_bytes).unwrap_or(u64::MAX);
+    if k.max_in_flight_bytes < max_payload {
+        p.add(
+            "kafka.max_in_flight_bytes",
+            format!(
+                "must be at least route.max_payload_bytes ({max_payload}), or the largest record could never be sent"
+            ),
+        );
+    }
+    let max_bytes = defaults::LIBRDKAFKA_QUEUE_LIMIT / 2 * 1024;
+    if k.max_in_flight_bytes > max_bytes {
+        p.add(
+            "kafka.max_in_flight_bytes",
+            format!("must be at most {max_bytes}"),
+        );
+    }
+    p.at_most(
+        "kafka.linger",
+        k.linger,
+        defaults::MAX_LINGER,
+        "librdkafka's limit for linger.ms",
+    );
+    if k.delivery_timeout <= k.linger {
+        p.add(
+            "kafka.delivery_timeout",
+            format!(
+                "must be longer than kafka.linger ({}): librdkafka refuses a message timeout that does not exceed linger.ms",
+                duration::format(k.linger)
+            ),
+        );
+    }
+    p.at_most(
+        "kafka.delivery_timeout",
+        k.delivery_timeout,
+        defaults::MAX_DELIVERY_TIMEOUT,
+        "librdkafka's limit for message.timeout.ms",
+    );
+}
+
+/// `message` with every quoted fragment that shows part of the password masked: a fragment may
+/// be shown only if the redacted connection string shows it too.
+fn without_secrets(message: &str, raw: &str, redacted: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(open) = rest.find('"') {
+        let Some(len) = rest[open + 1..].find('"') else {
+            break;
+        };
+        let fragment = &rest[open + 1..open + 1 + len];
+        out.push_str(&rest[..=open]);
+        if !fragment.is_empty() && raw.contains(fragment) && !redacted.contains(fragment) {
+            out.push_str("***");
+        } else {
+            out.push_str(fragment);
+        }
+        out.push('"');
+        rest = &rest[open + len + 2..];
+    }
+    out.push_str(rest);
+    out
+}
