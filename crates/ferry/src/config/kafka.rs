@@ -148,7 +148,8 @@ pub enum Compression {
     Snappy,
     /// lz4: fast and small (the default).
     Lz4,
-    /// zstd: smallest; needs brokers 2.1 or later.
+    /// zstd: smallest; needs brokers 2.1 or later and a librdkafka built with it (rdkafka's
+    /// `zstd` feature), which [`Compression::is_available`] checks.
     Zstd,
 }
 
@@ -163,6 +164,23 @@ impl Compression {
             Compression::Zstd => "zstd",
         }
     }
+}
+
+impl Compression {
+    /// Whether the linked librdkafka can use this codec (its `builtin.features`; zstd, for one,
+    /// needs rdkafka's `zstd` feature at build time).
+    pub fn is_available(self) -> bool {
+        self == Compression::None || builtin_features().iter().any(|f| f == self.as_str())
+    }
+}
+
+/// The linked librdkafka's `builtin.features` (`gzip`, `snappy`, `lz4`, `ssl`, ...).
+pub fn builtin_features() -> Vec<String> {
+    rdkafka::ClientConfig::new()
+        .create_native_config()
+        .and_then(|native| native.get("builtin.features"))
+        .map(|list| list.split(',').map(|f| f.trim().to_owned()).collect())
+        .unwrap_or_default()
 }
 
 impl FromStr for Compression {

@@ -51,7 +51,8 @@ use ferry_router::{ConfigErrors, ConfigProblem, OutboxConfig, RouteConfig};
 use serde::Deserialize;
 
 pub use kafka::{
-    is_secret_property, property_rule, Brokers, Compression, KafkaConfig, KafkaProperties,
+    builtin_features, is_secret_property, property_rule, Brokers, Compression, KafkaConfig,
+    KafkaProperties,
 };
 pub use secret::{PostgresUrl, Secret};
 pub use sections::{HttpConfig, HttpListen, LogConfig, PostgresConfig, ShutdownConfig};

@@ -378,6 +378,28 @@ fn validate_reports_each_problem_with_its_key_path() {
 }
 
 #[test]
+fn compression_must_be_built_into_librdkafka() {
+    let features = kafka::builtin_features();
+    assert!(features.iter().any(|f| f == "lz4"), "{features:?}");
+    for codec in ["none", "gzip", "snappy", "lz4", "zstd"] {
+        let mut c = valid();
+        c.kafka.compression = codec.parse().unwrap();
+        let built_in = codec == "none" || features.iter().any(|f| f == codec);
+        match c.validate() {
+            Ok(()) => assert!(built_in, "{codec}"),
+            Err(e) => {
+                assert!(!built_in, "{codec}: {e}");
+                let p = e.problems[0].to_string();
+                assert!(
+                    p.starts_with(&format!("kafka.compression: {codec} is not built into")),
+                    "{p}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn validate_reports_every_problem_at_once_in_file_order() {
     let p =
         problems(load(Some("[postgres]\nslot = \"X\"\n[log]\nlevel = \"\"\n"), []).unwrap_err());

@@ -5,7 +5,7 @@ use std::time::Duration;
 use ferry_router::ConfigProblem;
 use ferry_wal::conn::ConnectConfig;
 
-use super::{defaults, duration, property_rule, Config};
+use super::{defaults, duration, property_rule, Compression, Config};
 
 /// Every problem, in file order: `[postgres]`, `[outbox]`/`[route]` (the router's own rules),
 /// `[kafka]`, `[log]`, `[shutdown]`. (`[http]` is checked while parsing.)
@@ -124,6 +124,27 @@ fn kafka(c: &Config, p: &mut Problems) {
                 format!("invalid broker {b:?}: expected host:port"),
             );
         }
+    }
+    if !k.compression.is_available() {
+        let available: Vec<&str> = [
+            Compression::None,
+            Compression::Gzip,
+            Compression::Snappy,
+            Compression::Lz4,
+            Compression::Zstd,
+        ]
+        .into_iter()
+        .filter(|c| c.is_available())
+        .map(Compression::as_str)
+        .collect();
+        p.add(
+            "kafka.compression",
+            format!(
+                "{} is not built into this librdkafka; use one of: {}",
+                k.compression.as_str(),
+                available.join(", ")
+            ),
+        );
     }
     for (name, value) in &k.properties.0 {
         if let Some(why) = property_rule(name, value) {
