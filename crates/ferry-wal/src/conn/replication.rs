@@ -31,6 +31,9 @@ const COPY_DATA_TAG: u8 = b'd';
 /// Read buffer growth step; large messages (a 1 MB payload) reserve exactly what they need.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// How long [`ReplicationConnection::close`] waits for the server to end the stream.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Session settings that make the output plugin's text output deterministic, whatever the
 /// server's defaults: timestamps in ISO form in UTC, bytea in hex, floats round-tripping.
 const SESSION_SETTINGS: &[(&str, &str)] = &[
@@ -374,11 +377,31 @@ impl ReplicationConnection {
         self.flush().await
     }
 
-    /// Ends the session politely (CopyDone + Terminate), best effort.
+    /// Ends the session politely, best effort: CopyDone, then — within [`CLOSE_TIMEOUT`] — reads
+    /// (and drops) what the server still sends until it ends the copy and is ready for a query,
+    /// and only then Terminate.
+    ///
+    /// The server handles messages in order, so once it is ready again it has applied
+    /// everything sent before, the final standby status update included: when `close` returns
+    /// the slot's `confirmed_flush_lsn` has moved. Closing the socket straight after the update
+    /// would not promise that, and closing it with unread data pending makes the kernel reset
+    /// the connection, which can discard the update on the server's side.
     pub async fn close(mut self) {
         frontend::copy_done(&mut self.write);
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+            self.flush().await?;
+            loop {
+                if let Frame::Other(
+                    backend::Message::ReadyForQuery(_) | backend::Message::ErrorResponse(_),
+                ) = self.next_frame().await?
+                {
+                    return Ok::<(), ReaderError>(());
+                }
+            }
+        })
+        .await;
         frontend::terminate(&mut self.write);
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.flush()).await;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.flush()).await;
     }
 
     async fn flush(&mut self) -> Result<(), ReaderError> {
