@@ -45,7 +45,7 @@ async fn committed_rows_arrive_with_correct_values() {
     let c = &t.rows[2];
     assert_eq!(
         text(c, "payload").unwrap(),
-        big.replace("{\"blob\": ", "{\"blob\": ")
+        big
     );
     assert_eq!(t.xid, a.xid);
     r.shutdown().await.unwrap();

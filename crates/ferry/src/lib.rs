@@ -1,4 +1,6 @@
 //! Ferry: the pipeline from the replication slot to Kafka.
+pub mod check;
+pub mod cli;
 pub mod config;
 pub mod pipeline;
 pub mod producer;

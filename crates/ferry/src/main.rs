@@ -1,1 +1,4 @@
-fn main() {}
+//! The `ferry` binary: see `ferry --help`.
+fn main() -> std::process::ExitCode {
+    ferry::cli::main()
+}

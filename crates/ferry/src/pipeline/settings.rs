@@ -113,3 +113,56 @@ pub fn stream_options(
         channel_capacity: capacity,
     }
 }
+
+/// Why the configuration cannot make a pipeline (beyond what `Config::validate` checks).
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("postgres.url: {0}")]
+    Url(#[from] ferry_wal::conn::config::ConfigError),
+    #[error("{0}")]
+    Router(ferry_router::ConfigErrors),
+}
+
+/// Derived timings.
+/// How often the WAL lag is sampled.
+pub const LAG_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+/// Extra time a session waits past librdkafka's delivery timeout for the last reports.
+pub const SESSION_DRAIN_MARGIN: Duration = Duration::from_secs(30);
+
+impl PipelineSettings {
+    /// Resolves a validated configuration.
+    pub fn from_config(config: &crate::config::Config) -> Result<PipelineSettings, SettingsError> {
+        let mut postgres = ConnectConfig::parse(config.postgres.url.expose())?;
+        postgres.connect_timeout = Some(config.postgres.connect_timeout);
+        let router = Router::new(&config.outbox, &config.route).map_err(SettingsError::Router)?;
+        let slot = outbox_spec(
+            &router,
+            &config.outbox,
+            &config.postgres.slot,
+            &config.postgres.publication,
+            config.postgres.create_slot,
+            config.postgres.create_publication,
+        );
+        let stream = stream_options(
+            &slot,
+            &router,
+            config.postgres.status_interval,
+            ferry_wal::conn::stream::DEFAULT_CHANNEL_CAPACITY,
+        );
+        Ok(PipelineSettings {
+            postgres,
+            slot,
+            stream,
+            router: Arc::new(router),
+            producer_properties: config.kafka.producer_properties(),
+            max_in_flight_records: config.kafka.max_in_flight_records as usize,
+            max_in_flight_bytes: config.kafka.max_in_flight_bytes as usize,
+            drain_timeout: config.shutdown.drain_timeout,
+            session_drain_timeout: config.kafka.delivery_timeout + SESSION_DRAIN_MARGIN,
+            reconnect_backoff_min: config.postgres.reconnect_backoff_min,
+            reconnect_backoff_max: config.postgres.reconnect_backoff_max,
+            standby_poll_interval: config.postgres.standby_poll_interval,
+            lag_sample_interval: LAG_SAMPLE_INTERVAL,
+        })
+    }
+}

@@ -1,0 +1,294 @@
+//! `ferry check` and `ferry status`: what an operator runs before and while Ferry runs.
+//!
+//! `check` lists every problem it finds, each with its fix, and exits 1 if any is an error.
+//! It never creates anything.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferry_router::SimpleRow;
+use ferry_wal::slot::{self, Problem, Severity};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseProducer, Producer as _};
+
+use crate::config::Config;
+use crate::pipeline::PipelineSettings;
+
+/// How long `check` waits for the brokers.
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many distinct aggregate types `check` routes to find topics.
+const SAMPLE_ROWS: i64 = 50;
+
+/// `ferry check`.
+pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
+    let settings = match PipelineSettings::from_config(&config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ferry: the configuration cannot be used:\n{e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    let mut problems: Vec<Problem> = Vec::new();
+    let mut topics: Vec<String> = Vec::new();
+
+    println!("PostgreSQL {}", settings.postgres);
+    match slot::connect_sql(&settings.postgres).await {
+        Err(e) => problems.push(error(
+            format!("cannot connect to PostgreSQL: {e}"),
+            "check postgres.url (host, port, user, password, sslmode) and that the server accepts the connection (pg_hba.conf)",
+        )),
+        Ok(sql) => {
+            match slot::check(&sql, &settings.slot).await {
+                Ok(found) => {
+                    for p in found {
+                        // What `ferry run` would create is not a problem when it may.
+                        let creatable = (settings.slot.create_slot && p.what.contains("replication slot") && p.what.ends_with("does not exist"))
+                            || (settings.slot.create_publication && p.what.starts_with("publication") && p.what.ends_with("does not exist"));
+                        if creatable {
+                            println!("  note: {} (ferry run creates it)", p.what);
+                        } else {
+                            problems.push(p);
+                        }
+                    }
+                }
+                Err(e) => problems.push(error(format!("cannot inspect the database: {e}"), "see the error")),
+            }
+            match sample_topics(&sql, &settings).await {
+                Ok(t) => topics = t,
+                Err(p) => problems.push(p),
+            }
+        }
+    }
+
+    println!("Kafka {}", brokers(&settings));
+    match kafka_topics(&settings).await {
+        Err(p) => problems.push(p),
+        Ok((existing, auto_create)) => {
+            for t in &topics {
+                if existing.iter().any(|e| e == t) {
+                    continue;
+                }
+                let (severity, fix) = match auto_create {
+                    Some(true) => continue,
+                    Some(false) => (Severity::Error, "create it (kafka-topics.sh --create --topic ...), or enable auto.create.topics.enable on the brokers"),
+                    None => (Severity::Warning, "create it, unless the brokers auto-create topics (auto.create.topics.enable)"),
+                };
+                problems.push(Problem {
+                    severity,
+                    what: format!("topic {t:?} (where current outbox rows route) does not exist"),
+                    fix: fix.into(),
+                });
+            }
+        }
+    }
+
+    let errors = problems
+        .iter()
+        .filter(|p| p.severity == Severity::Error)
+        .count();
+    for p in &problems {
+        let tag = match p.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        println!("  {tag}: {}\n    fix: {}", p.what, p.fix);
+    }
+    if errors == 0 {
+        println!("OK: Ferry can run ({} warning(s))", problems.len());
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("{errors} problem(s) must be fixed before Ferry can run");
+        Err(ExitCode::from(1))
+    }
+}
+
+fn error(what: String, fix: &str) -> Problem {
+    Problem {
+        severity: Severity::Error,
+        what,
+        fix: fix.into(),
+    }
+}
+
+fn brokers(settings: &PipelineSettings) -> String {
+    settings
+        .producer_properties
+        .iter()
+        .find(|(k, _)| k == "bootstrap.servers")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+/// Routes one row per aggregate type found in the outbox, to learn the topics it needs.
+async fn sample_topics(
+    sql: &tokio_postgres::Client,
+    settings: &PipelineSettings,
+) -> Result<Vec<String>, Problem> {
+    let table = format!(
+        "{}.{}",
+        slot::quote_ident(&settings.slot.schema),
+        slot::quote_ident(&settings.slot.table)
+    );
+    let cols = sql
+        .query(
+            "SELECT attname::text, atttypid FROM pg_attribute WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            &[&table],
+        )
+        .await;
+    let Ok(cols) = cols else {
+        return Ok(Vec::new()); // the table problem is reported by slot::check
+    };
+    let names: Vec<(String, u32)> = cols.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let select = names
+        .iter()
+        .map(|(n, _)| format!("{}::text", slot::quote_ident(n)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rows = match sql
+        .query(&format!("SELECT {select} FROM {table} LIMIT {SAMPLE_ROWS}"), &[])
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return Err(Problem {
+                severity: Severity::Warning,
+                what: format!("cannot read {table} to learn its topics: {}", slot::sql_error(e)),
+                fix: "GRANT SELECT ON the outbox to Ferry's role (sql/role.sql) so check can verify topics".into(),
+            })
+        }
+    };
+    let mut topics = Vec::new();
+    for r in rows {
+        let mut row = SimpleRow::new();
+        for (i, (name, oid)) in names.iter().enumerate() {
+            let v: Option<String> = r.get(i);
+            row.push(name, *oid, v.map(Bytes::from));
+        }
+        if let Ok(record) = settings.router.route_row(&row, 0) {
+            if !topics.iter().any(|t: &String| **t == *record.topic) {
+                topics.push(record.topic.to_string());
+            }
+        }
+    }
+    if let Some(dlq) = settings.router.dead_letter_topic() {
+        topics.push(dlq.to_string());
+    }
+    Ok(topics)
+}
+
+/// The topics the brokers know, and whether they auto-create topics (if they say).
+async fn kafka_topics(settings: &PipelineSettings) -> Result<(Vec<String>, Option<bool>), Problem> {
+    let mut cc = ClientConfig::new();
+    for (k, v) in &settings.producer_properties {
+        cc.set(k, v);
+    }
+    let producer: BaseProducer = cc.create().map_err(|e| {
+        error(
+            format!("invalid Kafka client configuration: {e}"),
+            "check [kafka] properties",
+        )
+    })?;
+    let md = tokio::task::spawn_blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(None, KAFKA_TIMEOUT)
+            .map(|md| {
+                (
+                    md.topics().iter().map(|t| t.name().to_string()).collect::<Vec<_>>(),
+                    md.brokers().first().map(|b| b.id()),
+                )
+            })
+    })
+    .await
+    .map_err(|e| error(format!("metadata task failed: {e}"), "retry"))?
+    .map_err(|e| {
+        error(
+            format!("cannot reach the Kafka brokers: {e}"),
+            "check kafka.brokers, network access, and the security settings in [kafka.properties] (security.protocol, sasl.*, ssl.*)",
+        )
+    })?;
+    let (topics, broker) = md;
+    let mut auto_create = None;
+    if let Some(id) = broker {
+        let mut cc = ClientConfig::new();
+        for (k, v) in &settings.producer_properties {
+            cc.set(k, v);
+        }
+        if let Ok(admin) = cc.create::<AdminClient<DefaultClientContext>>() {
+            let opts = AdminOptions::new().request_timeout(Some(KAFKA_TIMEOUT));
+            if let Ok(res) = admin
+                .describe_configs([&ResourceSpecifier::Broker(id)], &opts)
+                .await
+            {
+                auto_create = res
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|r| r.entries)
+                    .find(|e| e.name == "auto.create.topics.enable")
+                    .and_then(|e| e.value)
+                    .map(|v| v == "true");
+            }
+        }
+    }
+    Ok((topics, auto_create))
+}
+
+/// `ferry status`.
+pub async fn status(config: Config) -> Result<ExitCode, ExitCode> {
+    let settings = PipelineSettings::from_config(&config).map_err(|e| {
+        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        ExitCode::from(2)
+    })?;
+    let sql = slot::connect_sql(&settings.postgres).await.map_err(|e| {
+        eprintln!("ferry: cannot connect to PostgreSQL: {e}");
+        ExitCode::from(1)
+    })?;
+    let state = slot::slot_state(&sql, &settings.slot.slot)
+        .await
+        .map_err(|e| {
+            eprintln!("ferry: {e}");
+            ExitCode::from(1)
+        })?;
+    let Some(state) = state else {
+        println!(
+            "slot {:?} does not exist (ferry run creates it)",
+            settings.slot.slot
+        );
+        return Err(ExitCode::from(1));
+    };
+    let current = slot::current_wal_lsn(&sql).await.map_err(|e| {
+        eprintln!("ferry: {e}");
+        ExitCode::from(1)
+    })?;
+    println!("slot                 {}", settings.slot.slot);
+    println!(
+        "streaming            {}",
+        match state.active_pid {
+            Some(pid) => format!("yes (walsender pid {pid})"),
+            None => "no".into(),
+        }
+    );
+    println!("server WAL position  {current}");
+    println!("confirmed_flush_lsn  {}", state.confirmed_flush_lsn);
+    println!(
+        "lag                  {} bytes (server WAL not yet confirmed by Ferry)",
+        current.saturating_sub(state.confirmed_flush_lsn)
+    );
+    println!("restart_lsn          {}", state.restart_lsn);
+    println!(
+        "retained WAL         {} bytes (kept on the server for this slot)",
+        current.saturating_sub(state.restart_lsn)
+    );
+    println!(
+        "wal_status           {}",
+        state.wal_status.as_deref().unwrap_or("unknown")
+    );
+    if state.wal_status.as_deref() == Some("lost") {
+        println!("the slot was invalidated: run `ferry check` for what to do");
+        return Err(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,196 @@
+//! The command line: `ferry run | check | status | config`.
+//!
+//! Exit codes: 0 success; 1 a permanent runtime error (Ferry stopped, nothing past the failed
+//! record was confirmed) or `check` found problems; 2 the configuration cannot be used.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, Config};
+use crate::pipeline::{self, PipelineSettings};
+use crate::telemetry::{self, HttpState, Metrics};
+
+const ABOUT: &str = "Relays the transactional outbox from PostgreSQL to Kafka by tailing the WAL.";
+
+const LONG_ABOUT: &str = "\
+Relays the transactional outbox from PostgreSQL to Kafka by tailing the WAL.
+
+Ferry reads committed INSERTs into your outbox table from a logical replication slot
+(pgoutput), turns each row into a Kafka record (topic from the aggregate type, key from the
+aggregate id, event id and type as headers, the payload as the value), produces it with an
+idempotent producer (acks=all), and confirms the slot's position only after Kafka has
+acknowledged every record at or below it. A crash may cause duplicates (consumers deduplicate
+on the `id` header), never loss, never reordering within a key.
+
+Configuration comes from a TOML file (--config, or FERRY_CONFIG) and environment variables
+FERRY_<SECTION>_<KEY> that override it (FERRY_POSTGRES_URL, FERRY_KAFKA_BROKERS, ...); with no
+file, the environment alone configures Ferry. See ferry.example.toml for every key.
+
+Typical use:
+  ferry check --config ferry.toml     # verify PostgreSQL, Kafka and the outbox first
+  ferry run --config ferry.toml       # relay until SIGTERM or SIGINT
+  ferry status --config ferry.toml    # where the slot is, how far behind, what WAL it retains";
+
+/// Ferry's command line.
+#[derive(Debug, Parser)]
+#[command(name = "ferry", version, about = ABOUT, long_about = LONG_ABOUT)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+struct ConfigArg {
+    /// The configuration file (TOML). Without it, FERRY_* environment variables alone configure Ferry.
+    #[arg(long, short, env = "FERRY_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Relay the outbox to Kafka until SIGTERM or SIGINT.
+    ///
+    /// Creates the publication and the slot when missing (if allowed), streams from the slot's
+    /// confirmed position, and on a signal stops reading, waits for in-flight deliveries (up to
+    /// shutdown.drain_timeout), confirms, and exits 0. Transient failures (network, restarts,
+    /// brokers away) are retried with backoff without exiting; permanent ones exit 1 with what
+    /// to fix. When another process streams the slot, this one stands by and takes over when
+    /// the slot is free.
+    Run(ConfigArg),
+    /// Check everything Ferry needs and list every problem with its fix (exit 1 if any).
+    ///
+    /// PostgreSQL connectivity, wal_level, the REPLICATION privilege, the outbox table and its
+    /// columns, the publication, the slot's state; Kafka connectivity and the topics that the
+    /// outbox's current rows route to.
+    Check(ConfigArg),
+    /// Show the slot's position, its lag behind the server, and the WAL it retains.
+    Status(ConfigArg),
+    /// Configuration tools.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print the configuration as Ferry sees it (file plus environment), secrets redacted.
+    Show(ConfigArg),
+}
+
+/// Entry point of the `ferry` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ferry: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime
+        .block_on(dispatch(cli.command))
+        .unwrap_or_else(|code| code)
+}
+
+async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
+    match command {
+        Command::Run(c) => run(c).await,
+        Command::Check(c) => crate::check::check(load(&c)?).await,
+        Command::Status(c) => crate::check::status(load(&c)?).await,
+        Command::Config(ConfigCommand::Show(c)) => {
+            let config = load(&c)?;
+            println!("{config:#?}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Loads and validates the configuration; on failure prints why and returns exit code 2.
+fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
+    let text = match &arg.config {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!(
+                    "ferry: cannot read the configuration file {}: {e}",
+                    path.display()
+                );
+                return Err(ExitCode::from(2));
+            }
+        },
+        None => None,
+    };
+    config::load(text.as_deref(), std::env::vars()).map_err(|e| {
+        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        ExitCode::from(2)
+    })
+}
+
+async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
+    let config = load(&arg)?;
+    if let Err(e) = telemetry::logging::init(config.log.format, &config.log.level) {
+        eprintln!("ferry: log.level: {e}");
+        return Err(ExitCode::from(2));
+    }
+    let settings = PipelineSettings::from_config(&config).map_err(|e| {
+        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        ExitCode::from(2)
+    })?;
+    let metrics = Metrics::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(addr) = config.http.listen.addr() {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            tracing::error!(%addr, error = %e, "cannot listen for HTTP (http.listen); choose another address or \"off\"");
+            ExitCode::from(2)
+        })?;
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        let state = Arc::new(HttpState::new(metrics.clone()));
+        let mut rx = stop_rx.clone();
+        tokio::spawn(telemetry::serve(listener, state, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+    }
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        postgres = %settings.postgres,
+        slot = %settings.slot.slot,
+        publication = %settings.slot.publication,
+        table = %format!("{}.{}", settings.slot.schema, settings.slot.table),
+        "starting"
+    );
+    let result = pipeline::run(settings, metrics, shutdown_signal()).await;
+    let _ = stop_tx.send(true);
+    match result {
+        Ok(()) => {
+            tracing::info!("stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "stopping: permanent error");
+            eprintln!("ferry: {e}");
+            Err(ExitCode::from(1))
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install the SIGTERM handler");
+            std::future::pending::<()>().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
