@@ -160,14 +160,22 @@ pub fn noida_bin() -> PathBuf {
     }
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let cache = PathBuf::from(home).join(".cache/ferry");
-    let found = std::fs::read_dir(&cache).into_iter().flatten().flatten().find_map(|e| {
-        let venv = e.path();
-        let lib = venv.join("lib");
-        std::fs::read_dir(lib).into_iter().flatten().flatten().find_map(|py| {
-            let bin = py.path().join("site-packages/noida_db/noida-db");
-            bin.exists().then_some(bin)
-        })
-    });
+    let found = std::fs::read_dir(&cache)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find_map(|e| {
+            let venv = e.path();
+            let lib = venv.join("lib");
+            std::fs::read_dir(lib)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .find_map(|py| {
+                    let bin = py.path().join("site-packages/noida_db/noida-db");
+                    bin.exists().then_some(bin)
+                })
+        });
     found.unwrap_or_else(|| {
         panic!(
             "no Kafka broker for the tests: set {BROKERS_ENV} to a broker list, or install one with \
@@ -264,14 +272,24 @@ impl Consumed {
 /// Reads every partition of `topic` from the beginning until at least `expected` records have
 /// arrived, or panics at the deadline saying how many came. Returns them in per-partition
 /// offset order (partitions interleaved as fetched).
-pub async fn consume(brokers: &str, topic: &str, expected: usize, deadline: Duration) -> Vec<Consumed> {
+pub async fn consume(
+    brokers: &str,
+    topic: &str,
+    expected: usize,
+    deadline: Duration,
+) -> Vec<Consumed> {
     let (brokers, topic) = (brokers.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || consume_blocking(&brokers, &topic, expected, deadline))
         .await
         .expect("consume task")
 }
 
-fn consume_blocking(brokers: &str, topic: &str, expected: usize, deadline: Duration) -> Vec<Consumed> {
+fn consume_blocking(
+    brokers: &str,
+    topic: &str,
+    expected: usize,
+    deadline: Duration,
+) -> Vec<Consumed> {
     let parts = partition_count(brokers, topic)
         .unwrap_or_else(|| panic!("topic {topic} does not exist on {brokers}"));
     let consumer: BaseConsumer = ClientConfig::new()

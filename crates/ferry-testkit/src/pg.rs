@@ -228,7 +228,10 @@ impl PgCluster {
         let mut conf = vec![
             format!("port = {port}"),
             "listen_addresses = '127.0.0.1'".into(),
-            format!("unix_socket_directories = '{}'", root.join("sock").display()),
+            format!(
+                "unix_socket_directories = '{}'",
+                root.join("sock").display()
+            ),
             "wal_level = logical".into(),
             "max_wal_senders = 64".into(),
             "max_replication_slots = 64".into(),
@@ -315,7 +318,10 @@ impl PgCluster {
                 return;
             }
             if let Some(status) = self.child_exited() {
-                panic!("postgres exited ({status}) during start-up; log:\n{}", self.log());
+                panic!(
+                    "postgres exited ({status}) during start-up; log:\n{}",
+                    self.log()
+                );
             }
             assert!(
                 start.elapsed() < Duration::from_secs(60),
@@ -448,16 +454,48 @@ fn make_certs(root: &Path, owner: Option<(u32, u32)>) {
     )
     .expect("write san.ext");
     run(&[
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=ferry-test-ca",
-        "-keyout", "ca.key", "-out", "ca.crt",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ferry-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
     ]);
     run(&[
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "server.key",
-        "-out", "server.csr",
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
     ]);
     run(&[
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "server.crt",
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.crt",
     ]);
     if let Some((uid, gid)) = owner {
         for f in ["server.key", "server.crt", "ca.crt"] {

@@ -19,12 +19,20 @@ async fn private_cluster_restarts_on_the_same_port() {
     let cluster = pg::PgCluster::start(pg::ClusterOptions::default()).await;
     let url = cluster.url("postgres");
     let c = pg::connect(&url).await;
-    c.batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (1)").await.unwrap();
+    c.batch_execute("CREATE TABLE t (x int); INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
     drop(c);
     cluster.stop(true);
-    assert!(tokio_postgres::connect(&url, tokio_postgres::NoTls).await.is_err());
+    assert!(tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .is_err());
     cluster.start_again();
     let c = pg::connect(&url).await;
-    let n: i64 = c.query_one("SELECT count(*) FROM t", &[]).await.unwrap().get(0);
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1);
 }
