@@ -19,7 +19,7 @@ use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
 };
 use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
@@ -180,6 +180,12 @@ impl<T: Send + Sync + Copy + 'static> Producer<T> {
     /// A fatal error librdkafka raised (the producer must be replaced), if any.
     pub fn fatal_error(&self) -> Option<String> {
         self.fatal.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Fails every record still queued (not yet sent) with a purge error: after one record
+    /// failed, none queued behind it may be delivered ahead of its replay.
+    pub fn purge_queued(&self) {
+        self.inner.purge(PurgeConfig::default().queue());
     }
 
     /// Records librdkafka holds (queued or in flight).

@@ -40,9 +40,14 @@ pub const COMPRESSION: Compression = Compression::Lz4;
 pub const MAX_IN_FLIGHT_RECORDS: u64 = 100_000;
 /// `kafka.max_in_flight_bytes`: 64 MiB, the memory bound of records waiting for Kafka.
 pub const MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
-/// `kafka.delivery_timeout` (librdkafka `message.timeout.ms`): after this a record fails, the
-/// watermark freezes, and the pipeline restarts from the checkpoint.
-pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(120);
+/// `kafka.delivery_timeout` (librdkafka `message.timeout.ms`): `0` (the default) means records
+/// never time out: during a Kafka outage they wait in the in-flight window (bounded memory) and
+/// are delivered in order when the brokers return. A finite value makes a record fail after it,
+/// the watermark freeze and the pipeline restart from the checkpoint; but librdkafka then skips
+/// the timed-out records and may deliver later ones of the same partition, so a consumer can see
+/// a key's later event before the replayed earlier one (librdkafka INTRODUCTION.md, "Message
+/// timeout considerations"). Per-key order therefore needs the default.
+pub const DELIVERY_TIMEOUT: Duration = Duration::ZERO;
 /// `kafka.linger` (librdkafka `linger.ms`): librdkafka's default.
 pub const LINGER: Duration = Duration::from_millis(5);
 /// librdkafka's upper limit of `linger.ms`.

@@ -181,11 +181,11 @@ fn kafka(c: &Config, p: &mut Problems) {
         defaults::MAX_LINGER,
         "librdkafka's limit for linger.ms",
     );
-    if k.delivery_timeout <= k.linger {
+    if !k.delivery_timeout.is_zero() && k.delivery_timeout <= k.linger {
         p.add(
             "kafka.delivery_timeout",
             format!(
-                "must be longer than kafka.linger ({}): librdkafka refuses a message timeout that does not exceed linger.ms",
+                "must be 0 (never time out, the default) or longer than kafka.linger ({}): librdkafka refuses a message timeout that does not exceed linger.ms",
                 duration::format(k.linger)
             ),
         );

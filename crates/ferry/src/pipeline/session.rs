@@ -109,16 +109,16 @@ impl<'a> Session<'a> {
             status_updates_seen: 0,
             begins: 0,
         };
-        let mut draining: Option<(Instant, bool)> = None; // (deadline, shutdown requested)
+        let mut draining: Option<(Option<Instant>, bool)> = None; // (deadline, shutdown requested)
         let result = loop {
             let window_open = run.wm.in_flight_records() < s.max_in_flight_records as u64
                 && run.wm.in_flight_bytes() < s.max_in_flight_bytes as u64;
             tokio::select! {
                 biased;
                 Some(d) = self.reports.recv() => self.on_delivery(&mut run, d)?,
-                _ = shutdown.as_mut(), if draining.is_none() => {
+                _ = shutdown.as_mut(), if !matches!(draining, Some((_, true))) => {
                     tracing::info!(in_flight = run.wm.in_flight_records(), "shutting down: draining in-flight records");
-                    draining = Some((Instant::now() + s.drain_timeout, true));
+                    draining = Some((Some(Instant::now() + s.drain_timeout), true));
                 }
                 ev = reader.events.recv(), if window_open && draining.is_none() && run.failure.is_none() => match ev {
                     Some(ev) => {
@@ -127,19 +127,19 @@ impl<'a> Session<'a> {
                         }
                     }
                     // The reader task ended: its error comes from shutdown() below.
-                    None => draining = Some((Instant::now() + s.session_drain_timeout, false)),
+                    None => draining = Some((session_deadline(s), false)),
                 },
                 _ = tokio::time::sleep(Duration::from_millis(200)), if draining.is_some() => {}
             }
             self.publish_progress(&mut run, &reader);
             if run.failure.is_some() && draining.is_none() {
-                draining = Some((Instant::now() + s.session_drain_timeout, false));
+                draining = Some((session_deadline(s), false));
             }
             if let Some((deadline, by_shutdown)) = draining {
                 if run.wm.in_flight_records() == 0 {
                     break Ok(by_shutdown);
                 }
-                if Instant::now() >= deadline {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
                     break Err(PipelineError::DrainTimeout {
                         records: run.wm.in_flight_records(),
                     });
@@ -307,6 +307,8 @@ impl<'a> Session<'a> {
                 self.metrics.delivery_errors.inc();
                 tracing::error!(topic = %d.meta.topic, error = %e, "delivery failed; the confirmed LSN stops before this record");
                 if run.failure.is_none() {
+                    // Nothing queued behind the failed record may land before its replay.
+                    self.producer.purge_queued();
                     run.failure = Some(PipelineError::delivery(&d.meta.topic, e));
                 }
             }
@@ -365,6 +367,12 @@ fn reason_label(reason: &ferry_router::RouteErrorReason) -> RoutingErrorReason {
         R::InvalidValue { .. } | R::InvalidMessage { .. } => RoutingErrorReason::InvalidPayload,
         R::PayloadTooLarge { .. } => RoutingErrorReason::TooLarge,
     }
+}
+
+/// When a session that is ending (not by shutdown) stops waiting for in-flight reports.
+fn session_deadline(s: &PipelineSettings) -> Option<Instant> {
+    s.session_drain_timeout
+        .and_then(|t| Instant::now().checked_add(t))
 }
 
 /// Ends the reader: a final status update with the confirmed LSN, then its outcome.

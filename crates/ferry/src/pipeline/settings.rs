@@ -27,9 +27,10 @@ pub struct PipelineSettings {
     pub max_in_flight_bytes: usize,
     /// Graceful shutdown: how long to wait for in-flight deliveries.
     pub drain_timeout: Duration,
-    /// Longest a session waits for in-flight deliveries before reconnecting (must exceed
-    /// librdkafka's `delivery.timeout.ms`, which guarantees a report for every record).
-    pub session_drain_timeout: Duration,
+    /// Longest a session waits for in-flight deliveries before reconnecting: librdkafka's
+    /// `delivery.timeout.ms` (which guarantees a report for every record) plus a margin; `None`
+    /// when records never time out, so the session waits for every report.
+    pub session_drain_timeout: Option<Duration>,
     pub reconnect_backoff_min: Duration,
     pub reconnect_backoff_max: Duration,
     pub standby_poll_interval: Duration,
@@ -158,7 +159,8 @@ impl PipelineSettings {
             max_in_flight_records: config.kafka.max_in_flight_records as usize,
             max_in_flight_bytes: config.kafka.max_in_flight_bytes as usize,
             drain_timeout: config.shutdown.drain_timeout,
-            session_drain_timeout: config.kafka.delivery_timeout + SESSION_DRAIN_MARGIN,
+            session_drain_timeout: (!config.kafka.delivery_timeout.is_zero())
+                .then(|| config.kafka.delivery_timeout + SESSION_DRAIN_MARGIN),
             reconnect_backoff_min: config.postgres.reconnect_backoff_min,
             reconnect_backoff_max: config.postgres.reconnect_backoff_max,
             standby_poll_interval: config.postgres.standby_poll_interval,
