@@ -302,3 +302,43 @@ impl Drop for Ferry {
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ferry-under-test"))
 }
+
+// Helpers for the failure scenarios (`failures.rs`).
+
+impl Ferry {
+    /// The process id, while the process runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The resident set size (`VmRSS` of `/proc/<pid>/status`) in bytes, while the process runs.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    }
+
+    /// A labelled metric's value: the sample of `name` whose labels include `label="value"`.
+    pub async fn metric_labeled(&self, name: &str, label: &str, value: &str) -> Option<f64> {
+        let (_, body) = self.http_get("/metrics").await?;
+        let wanted = format!("{label}=\"{value}\"");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find(|l| {
+                let Some((metric, rest)) = l.split_once('{') else {
+                    return false;
+                };
+                let labels = rest.split('}').next().unwrap_or("");
+                metric == name && labels.split(',').any(|kv| kv == wanted)
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+}
