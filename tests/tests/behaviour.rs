@@ -1,0 +1,539 @@
+//! Ferry's promises under load, idleness, failover, bad rows and shutdown, end to end with the
+//! real binary: per-aggregate order across concurrent writers, a slot that advances while the
+//! outbox is idle, a hot standby that takes over, the three poison-row policies, and a SIGTERM
+//! that drains before exiting 0.
+//!
+//! **The ordering rule under at-least-once delivery.** A crash or a reconnect may replay records
+//! already in Kafka, so a key's records can read `1 2 3 2 3 4`. What Ferry promises, and what
+//! [`assert_per_key_order`] checks, is: per key, in partition offset order, the *first*
+//! occurrence of each event forms exactly the commit order `1, 2, ..., n` (every event is there,
+//! and no event's first copy overtakes an earlier one's).
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use ferry_testkit::kafka::{Consumed, LocalBroker};
+use ferry_testkit::pg;
+
+const PARTITIONS: i32 = 6;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_aggregate_order_holds_across_concurrent_writers() {
+    const WRITERS: usize = 4;
+    const AGGREGATES: usize = 20;
+    const EVENTS_PER_WRITER: usize = 500;
+    let w = World::new().await;
+    let topic = w.create_topic("order", PARTITIONS).await;
+    // One counter per aggregate, bumped in the transaction that inserts its event: the row lock
+    // makes a second writer of the same aggregate wait for the first one's commit, so per
+    // aggregate the sequence number is the commit order.
+    w.sql
+        .batch_execute(&format!(
+            "CREATE TABLE counters (aggregateid text PRIMARY KEY, seq bigint NOT NULL);
+             INSERT INTO counters SELECT 'agg-' || i, 0 FROM generate_series(0, {}) i;",
+            AGGREGATES - 1
+        ))
+        .await
+        .unwrap();
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let mut client = w.db.client().await;
+        writers.push(tokio::spawn(async move {
+            let mut rng = Lcg(writer as u64 + 1);
+            let mut written = Vec::new();
+            while written.len() < EVENTS_PER_WRITER {
+                // 1 to 3 distinct aggregates per transaction, locked in a fixed order (no deadlocks).
+                let want = (1 + rng.next() % 3).min((EVENTS_PER_WRITER - written.len()) as u64);
+                let mut aggs: Vec<usize> = (0..want)
+                    .map(|_| (rng.next() % AGGREGATES as u64) as usize)
+                    .collect();
+                aggs.sort_unstable();
+                aggs.dedup();
+                let tx = client.transaction().await.unwrap();
+                for a in aggs {
+                    let key = format!("agg-{a}");
+                    let seq: i64 = tx
+                        .query_one(
+                            "UPDATE counters SET seq = seq + 1 WHERE aggregateid = $1 RETURNING seq",
+                            &[&key],
+                        )
+                        .await
+                        .unwrap()
+                        .get(0);
+                    let id: String = tx
+                        .query_one(
+                            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+                             VALUES ('order', $1, 'Step', jsonb_build_object('seq', $2::bigint, 'writer', $3::int)) \
+                             RETURNING id::text",
+                            &[&key, &seq, &(writer as i32)],
+                        )
+                        .await
+                        .unwrap()
+                        .get(0);
+                    written.push((key, seq, id));
+                }
+                tx.commit().await.unwrap();
+            }
+            written
+        }));
+    }
+    let mut events: Vec<(String, i64, String)> = Vec::new();
+    for wr in writers {
+        events.extend(wr.await.unwrap());
+    }
+    assert_eq!(events.len(), WRITERS * EVENTS_PER_WRITER);
+
+    let ids: Vec<String> = events.iter().map(|e| e.2.clone()).collect();
+    let got = consume_ids(&w, &topic, &ids).await;
+    let mut expected: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
+    for (key, seq, id) in events {
+        expected.entry(key).or_default().push((seq, id));
+    }
+    assert_eq!(expected.len(), AGGREGATES, "every aggregate got events");
+    for (key, mut evs) in expected {
+        evs.sort();
+        let seqs: Vec<i64> = evs.iter().map(|e| e.0).collect();
+        assert_eq!(seqs, (1..=evs.len() as i64).collect::<Vec<_>>(), "{key}");
+        assert_per_key_order(&got, &key, &evs);
+        let partitions: HashSet<i32> = got
+            .iter()
+            .filter(|r| r.key.as_deref() == Some(key.as_bytes()))
+            .map(|r| r.partition)
+            .collect();
+        assert_eq!(
+            partitions,
+            HashSet::from([ferry_router::java_partition(key.as_bytes(), PARTITIONS)]),
+            "key {key} lives on exactly one partition, the Java client's murmur2 choice"
+        );
+    }
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_outbox_in_a_busy_database_lets_the_slot_advance() {
+    let w = World::new().await;
+    w.sql
+        .batch_execute("CREATE TABLE busy (id bigserial PRIMARY KEY, v text)")
+        .await
+        .unwrap();
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let start = w.confirmed_lsn().await.expect("ferry created the slot");
+
+    for i in 0..200 {
+        w.sql
+            .execute("INSERT INTO busy (v) VALUES ($1)", &[&format!("row {i}")])
+            .await
+            .unwrap();
+    }
+    let target = w.current_wal_lsn().await;
+    assert!(target > start);
+    // Without keepalive confirmation the slot would pin all this WAL on the server forever.
+    wait_until(
+        "confirmed_flush_lsn passes WAL written only to other tables",
+        Duration::from_secs(30),
+        || async { w.confirmed_lsn().await.unwrap() >= target },
+    )
+    .await;
+    assert_eq!(
+        ferry.metric("ferry_records_produced_total").await,
+        Some(0.0)
+    );
+    assert_eq!(ferry.metric("ferry_in_flight_records").await, Some(0.0));
+    assert!(ferry.is_running());
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("order", 3).await;
+    w.env.push((
+        "FERRY_POSTGRES_STANDBY_POLL_INTERVAL".into(),
+        "200ms".into(),
+    ));
+    w.env
+        .push(("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX".into(), "1s".into()));
+    let mut a = w.start_ferry();
+    a.wait_ready().await;
+
+    // One key, one writer: commit order is the order of the writer's inserts.
+    let writer = Writer::start(w.db.client().await, "k");
+    writer.wait_for(20).await;
+
+    let mut b = w.start_ferry();
+    wait_until("B reports standby", Duration::from_secs(30), || async {
+        b.metric("ferry_standby").await == Some(1.0)
+    })
+    .await;
+    let (status, body) = b.http_get("/readyz").await.expect("B serves HTTP");
+    assert_eq!(status, 503, "a standby is not ready: {body}");
+    assert!(body.contains("standing by"), "{body}");
+    assert_eq!(b.metric("ferry_streaming").await, Some(0.0));
+    assert!(b.is_running(), "a standby waits, it does not exit");
+    assert_eq!(a.metric("ferry_streaming").await, Some(1.0));
+
+    let before_kill = writer.count();
+    a.kill9();
+    wait_until("B takes over the slot", Duration::from_secs(30), || async {
+        b.metric("ferry_streaming").await == Some(1.0)
+            && b.metric("ferry_standby").await == Some(0.0)
+    })
+    .await;
+    b.wait_ready().await;
+    // Rows committed while A was dead and B not yet streaming, then after the takeover.
+    writer.wait_for(writer.count().max(before_kill) + 20).await;
+    let ids = writer.stop().await;
+
+    let got = consume_ids(&w, &topic, &ids).await;
+    let expected: Vec<(i64, String)> = (1..).zip(ids).collect();
+    assert_per_key_order(&got, "k", &expected);
+    assert!(b.log_text().contains("taking over"), "{}", b.log_text());
+    assert!(b.terminate().await.success(), "{}", b.log_text());
+}
+
+const GOOD_1: &str = "00000000-0000-0000-0000-000000000001";
+const GOOD_2: &str = "00000000-0000-0000-0000-000000000002";
+const GOOD_3: &str = "00000000-0000-0000-0000-000000000003";
+const POISON: &str = "00000000-0000-0000-0000-0000000000bd";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_row_under_fail_stops_ferry_and_confirms_nothing_past_it() {
+    let w = World::new().await;
+    let topic = w.create_topic("order", 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+
+    insert(&w, GOOD_1, "order", Some("{\"n\": 1}")).await;
+    insert(&w, GOOD_2, "order", Some("{\"n\": 2}")).await;
+    // The topic would be "<prefix>.bad topic!": not a legal Kafka topic name.
+    let poison_xid = insert(&w, POISON, "bad topic!", Some("{\"n\": 9}")).await;
+    let after_poison = w.current_wal_lsn().await;
+    insert(&w, GOOD_3, "order", Some("{\"n\": 3}")).await;
+
+    let status = ferry.wait_exit(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(1), "{}", ferry.log_text());
+    let log = ferry.log_text();
+    assert!(log.contains(POISON), "names the event: {log}");
+    assert!(
+        log.contains("not a legal Kafka topic name"),
+        "says why: {log}"
+    );
+    assert!(log.contains("route.on_error"), "says how to fix it: {log}");
+
+    let got = w.consume(&topic, 2).await;
+    let ids: Vec<_> = got.iter().map(|r| r.header("id").unwrap()).collect();
+    assert_eq!(ids, [GOOD_1, GOOD_2], "the rows before it arrived");
+    assert!(w.confirmed_lsn().await.unwrap() < after_poison);
+    assert_eq!(
+        first_pending_xid(&w).await.as_deref(),
+        Some(poison_xid.as_str()),
+        "the slot's next transaction is the poison one: nothing past it was confirmed"
+    );
+
+    // A restart meets the same row and stops the same way.
+    let mut again = w.start_ferry();
+    let status = again.wait_exit(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(1), "{}", again.log_text());
+    assert!(again.log_text().contains(POISON), "{}", again.log_text());
+    assert_eq!(
+        first_pending_xid(&w).await.as_deref(),
+        Some(poison_xid.as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_row_under_skip_is_counted_and_the_rest_flows() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("order", 1).await;
+    w.env.push(("FERRY_ROUTE_ON_ERROR".into(), "skip".into()));
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+
+    insert(&w, GOOD_1, "order", Some("{\"n\": 1}")).await;
+    // A NULL payload without route.tombstone_on_null_payload cannot be routed.
+    insert(&w, POISON, "order", None).await;
+    insert(&w, GOOD_2, "order", Some("{\"n\": 2}")).await;
+    let target = w.current_wal_lsn().await;
+
+    wait_until("the skip is counted", Duration::from_secs(30), || async {
+        ferry.metric("ferry_rows_skipped_total").await == Some(1.0)
+    })
+    .await;
+    wait_until(
+        "the slot is confirmed past the last row",
+        Duration::from_secs(30),
+        || async { w.confirmed_lsn().await.unwrap() >= target },
+    )
+    .await;
+    // One partition: had the poison row been produced, it would sit between the two.
+    let got = w.consume(&topic, 2).await;
+    let ids: Vec<_> = got.iter().map(|r| r.header("id").unwrap()).collect();
+    assert_eq!(ids, [GOOD_1, GOOD_2]);
+    assert!(ferry.log_text().contains(POISON), "{}", ferry.log_text());
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_row_under_dead_letter_goes_to_the_dead_letter_topic_with_its_reason() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("order", 1).await;
+    let dlq = w.create_topic("dead-letter", 1).await;
+    w.env
+        .push(("FERRY_ROUTE_ON_ERROR".into(), "dead_letter".into()));
+    w.env
+        .push(("FERRY_ROUTE_DEAD_LETTER_TOPIC".into(), dlq.clone()));
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+
+    insert(&w, GOOD_1, "order", Some("{\"n\": 1}")).await;
+    insert(&w, POISON, "bad topic!", Some("{\"n\": 9}")).await;
+    insert(&w, GOOD_2, "order", Some("{\"n\": 2}")).await;
+
+    let dead = w.consume(&dlq, 1).await;
+    assert_eq!(dead.len(), 1, "{dead:#?}");
+    let d = &dead[0];
+    assert_eq!(d.header("id").as_deref(), Some(POISON));
+    assert_eq!(
+        d.header("ferry.error.code").as_deref(),
+        Some("invalid_topic")
+    );
+    let reason = d.header("ferry.error").unwrap();
+    assert!(
+        reason.contains(POISON) && reason.contains("not a legal Kafka topic name"),
+        "{reason}"
+    );
+    assert_eq!(d.key.as_deref(), Some(&b"agg-bad topic!"[..]));
+    assert_eq!(d.value.as_deref(), Some(&b"{\"n\": 9}"[..]));
+
+    let got = w.consume(&topic, 2).await;
+    let ids: Vec<_> = got.iter().map(|r| r.header("id").unwrap()).collect();
+    assert_eq!(ids, [GOOD_1, GOOD_2], "the rows around it flow");
+    wait_until(
+        "the dead letter is counted",
+        Duration::from_secs(30),
+        || async { ferry.metric("ferry_rows_dead_lettered_total").await == Some(1.0) },
+    )
+    .await;
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_records_confirms_and_exits_zero() {
+    const ROWS: usize = 40;
+    let broker = LocalBroker::start().await;
+    let mut w = World::on(pg::shared().create_db().await, broker.brokers()).await;
+    let topic = w.create_topic("order", 2).await;
+    w.env
+        .push(("FERRY_SHUTDOWN_DRAIN_TIMEOUT".into(), "50s".into()));
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+
+    // With the broker away, every row is read and produced but none is acknowledged.
+    let broker = Arc::new(broker);
+    let b = broker.clone();
+    tokio::task::spawn_blocking(move || b.stop()).await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..ROWS {
+        let id = format!("00000000-0000-0000-0000-{i:012}");
+        insert(&w, &id, "order", Some(&format!("{{\"seq\": {}}}", i + 1))).await;
+        ids.push(id);
+    }
+    let target = w.current_wal_lsn().await;
+    wait_until(
+        "every row is in flight",
+        Duration::from_secs(30),
+        || async { ferry.metric("ferry_in_flight_records").await == Some(ROWS as f64) },
+    )
+    .await;
+    assert!(w.confirmed_lsn().await.unwrap() < target);
+
+    // SIGTERM now; once Ferry says it is draining, bring the broker back.
+    let log = ferry.log.clone();
+    let b = broker.clone();
+    let restore = async move {
+        wait_until("ferry starts draining", Duration::from_secs(30), || {
+            let log = log.clone();
+            async move {
+                std::fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .contains("draining in-flight records")
+            }
+        })
+        .await;
+        tokio::task::spawn_blocking(move || b.start_again())
+            .await
+            .unwrap();
+    };
+    let (status, ()) = tokio::join!(ferry.terminate(), restore);
+    assert_eq!(status.code(), Some(0), "{}", ferry.log_text());
+    assert!(
+        ferry.log_text().contains("drained and confirmed"),
+        "{}",
+        ferry.log_text()
+    );
+    assert!(
+        w.confirmed_lsn().await.unwrap() >= target,
+        "the final status update confirmed every drained transaction"
+    );
+    let got = consume_ids(&w, &topic, &ids).await;
+    let expected: Vec<(i64, String)> = (1..).zip(ids).collect();
+    assert_per_key_order(&got, "agg-order", &expected);
+}
+
+/// Inserts an outbox row with a fixed id and aggregate id `agg-<aggregate type>`; returns the
+/// inserting transaction's id.
+async fn insert(w: &World, id: &str, aggregate_type: &str, payload: Option<&str>) -> String {
+    w.sql
+        .query_one(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) \
+             VALUES ($1::text::uuid, $2, 'agg-' || $2, 'Happened', $3::text::jsonb) \
+             RETURNING pg_current_xact_id()::text",
+            &[&id, &aggregate_type, &payload],
+        )
+        .await
+        .expect("insert outbox row")
+        .get(0)
+}
+
+/// The id of the first transaction the slot would still send (it must not be streamed: waits
+/// until no walsender holds it).
+async fn first_pending_xid(w: &World) -> Option<String> {
+    wait_until("the slot is released", Duration::from_secs(30), || async {
+        let active: bool = w
+            .sql
+            .query_one(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&w.slot],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        !active
+    })
+    .await;
+    w.sql
+        .query(
+            "SELECT xid::text FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
+             'proto_version', '1', 'publication_names', $2)",
+            &[&w.slot, &w.publication],
+        )
+        .await
+        .unwrap()
+        .first()
+        .map(|r| r.get(0))
+}
+
+/// Reads `topic` from the beginning until every id in `ids` has arrived (duplicates allowed).
+async fn consume_ids(w: &World, topic: &str, ids: &[String]) -> Vec<Consumed> {
+    let mut n = ids.len();
+    loop {
+        let got = w.consume(topic, n).await;
+        let seen: HashSet<String> = got.iter().filter_map(|r| r.header("id")).collect();
+        let missing = ids.iter().filter(|id| !seen.contains(*id)).count();
+        if missing == 0 {
+            return got;
+        }
+        n = got.len() + missing;
+    }
+}
+
+/// The ordering rule of the module docs: `expected` is `key`'s events in commit order as
+/// `(seq, id)`, and each record's payload carries its `seq`.
+fn assert_per_key_order(got: &[Consumed], key: &str, expected: &[(i64, String)]) {
+    let mut seen = HashSet::new();
+    let mut first: Vec<(i64, String)> = Vec::new();
+    for r in got
+        .iter()
+        .filter(|r| r.key.as_deref() == Some(key.as_bytes()))
+    {
+        let id = r.header("id").expect("id header");
+        let payload: serde_json::Value =
+            serde_json::from_slice(r.value.as_deref().expect("payload")).expect("json payload");
+        let seq = payload["seq"].as_i64().expect("payload seq");
+        if seen.insert(id.clone()) {
+            first.push((seq, id));
+        }
+    }
+    assert_eq!(
+        first, expected,
+        "key {key}: first occurrences must be every event, in commit order"
+    );
+}
+
+/// A background writer inserting one row at a time for one key, with `seq` 1, 2, ... in the
+/// payload, until stopped.
+struct Writer {
+    count: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Writer {
+    fn start(client: tokio_postgres::Client, key: &'static str) -> Writer {
+        let count = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, s) = (count.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut ids = Vec::new();
+            // Paces the writer (a steady trickle rather than a flood); not a synchronization.
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            while !s.load(Ordering::SeqCst) {
+                tick.tick().await;
+                let seq = ids.len() as i64 + 1;
+                let id: String = client
+                    .query_one(
+                        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+                         VALUES ('order', $1, 'Tick', jsonb_build_object('seq', $2::bigint)) RETURNING id::text",
+                        &[&key, &seq],
+                    )
+                    .await
+                    .expect("writer insert")
+                    .get(0);
+                ids.push(id);
+                c.store(ids.len(), Ordering::SeqCst);
+            }
+            ids
+        });
+        Writer { count, stop, task }
+    }
+
+    fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    async fn wait_for(&self, n: usize) {
+        wait_until(
+            &format!("{n} rows written"),
+            Duration::from_secs(30),
+            || async { self.count() >= n },
+        )
+        .await;
+    }
+
+    async fn stop(self) -> Vec<String> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("writer task")
+    }
+}
+
+/// A small deterministic generator (no `rand` needed for picking aggregates).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+}
