@@ -41,7 +41,10 @@ pub fn shared() -> &'static Broker {
     static SHARED: OnceLock<Broker> = OnceLock::new();
     SHARED.get_or_init(|| match std::env::var(BROKERS_ENV) {
         Ok(b) if !b.is_empty() => Broker::External { brokers: b },
-        _ => Broker::Local(LocalBroker::start_blocking()),
+        _ => {
+            process::sweep_stale_dirs("ferry-broker");
+            Broker::Local(LocalBroker::start_blocking())
+        }
     })
 }
 

@@ -41,7 +41,10 @@ pub fn shared() -> &'static Postgres {
     static SHARED: OnceLock<Postgres> = OnceLock::new();
     SHARED.get_or_init(|| match std::env::var(PG_URL_ENV) {
         Ok(url) if !url.is_empty() => Postgres::External { admin_url: url },
-        _ => Postgres::Local(PgCluster::start_blocking(ClusterOptions::default())),
+        _ => {
+            process::sweep_stale_dirs("ferry-pg");
+            Postgres::Local(PgCluster::start_blocking(ClusterOptions::default()))
+        }
     })
 }
 

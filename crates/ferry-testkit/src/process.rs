@@ -103,3 +103,24 @@ pub fn server_user() -> Option<(u32, u32)> {
     let gid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
     Some((uid, gid))
 }
+
+/// Removes the temporary directories (`<prefix>_<pid>_<n>` under the temp dir) that test
+/// processes which are no longer running left behind: a cluster or broker shared by a whole
+/// test process lives in a static and is never dropped, so its directory outlives it.
+pub fn sweep_stale_dirs(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest.strip_prefix('_').and_then(|r| r.split('_').next()) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}

@@ -43,10 +43,7 @@ async fn committed_rows_arrive_with_correct_values() {
     assert_eq!(text(b, "payload"), None);
     assert_eq!(text(b, "blob"), None);
     let c = &t.rows[2];
-    assert_eq!(
-        text(c, "payload").unwrap(),
-        big
-    );
+    assert_eq!(text(c, "payload").unwrap(), big);
     assert_eq!(t.xid, a.xid);
     r.shutdown().await.unwrap();
 }
