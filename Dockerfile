@@ -9,42 +9,58 @@
 # variables only (FERRY_<SECTION>_<KEY>); docker-compose.yml shows the latter. In a container
 # set FERRY_HTTP_LISTEN=0.0.0.0:9187: the default listens on loopback only.
 
-# --- build -----------------------------------------------------------------------------------
-FROM rust:1.95-bookworm AS build
+# --- toolchain -------------------------------------------------------------------------------
+FROM rust:1.95-bookworm AS toolchain
 
 # rdkafka builds librdkafka from source and links the system OpenSSL (its `ssl` feature) and zlib
-# dynamically; the runtime stage installs the matching libraries. Debian package versions are not
-# pinned (DL3008): the archive drops superseded versions with every security update, which would
-# break the build; the base images are pinned instead.
+# dynamically; the runtime stage installs the matching libraries. jq reads `cargo metadata`.
+# Debian package versions are not pinned (DL3008): the archive drops superseded versions with
+# every security update, which would break the build; the base images are pinned instead.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends pkg-config libssl-dev zlib1g-dev \
+ && apt-get install -y --no-install-recommends pkg-config libssl-dev zlib1g-dev jq \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
 
-# Dependencies first: this layer is rebuilt only when a manifest or Cargo.lock changes, not on
-# every source edit. Every workspace member's manifest is needed to resolve the workspace, with
-# stub sources for its targets; a new workspace member needs a line here.
-COPY Cargo.toml Cargo.lock ./
-COPY crates/ferry-wal/Cargo.toml crates/ferry-wal/
-COPY crates/ferry-router/Cargo.toml crates/ferry-router/
-COPY crates/ferry/Cargo.toml crates/ferry/
-COPY crates/ferry-testkit/Cargo.toml crates/ferry-testkit/
-COPY tests/Cargo.toml tests/
-RUN for crate in crates/ferry-wal crates/ferry-router crates/ferry-testkit crates/ferry tests; do \
-        mkdir -p "$crate/src/bin" && touch "$crate/src/lib.rs"; \
-    done \
- && echo 'fn main() {}' > crates/ferry/src/main.rs \
- && echo 'fn main() {}' > tests/src/bin/ferry-under-test.rs \
- && cargo build --release -p ferry --locked \
- && rm -rf crates tests
+# --- recipe: what the dependency build depends on ---------------------------------------------
+# Cargo.lock, every workspace member's manifest, and an empty stub at the path of each target
+# cargo needs to load the workspace (libraries, binaries, build scripts, and tests, benches and
+# examples declared with [[...]]), all derived from `cargo metadata`, so a new workspace member
+# needs no change here. The stage reruns on every source change, but its output changes only when
+# a manifest or the set of targets does, and that is what keeps the next stage's cache.
+FROM toolchain AS recipe
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY . .
+# hadolint ignore=SC2016
+RUN mkdir -p /recipe && cp Cargo.toml Cargo.lock /recipe/ \
+ && cargo metadata --no-deps --format-version 1 --locked \
+  | jq -r '.workspace_root as $root | .packages[] \
+           | "manifest \(.manifest_path | ltrimstr($root + "/"))", \
+             (.targets[] | "\(.kind[0]) \(.src_path | ltrimstr($root + "/"))")' \
+  | while read -r kind path; do \
+      case "$kind" in \
+        manifest) manifest=$path; stub=copy ;; \
+        lib|rlib|dylib|cdylib|staticlib|proc-macro) stub='' ;; \
+        bin|custom-build) stub='fn main() {}' ;; \
+        *) grep -q "^\[\[$kind\]\]" "$manifest" || continue; stub='fn main() {}' ;; \
+      esac; \
+      mkdir -p "/recipe/$(dirname "$path")"; \
+      if [ "$stub" = copy ]; then cp "$path" "/recipe/$path"; else echo "$stub" > "/recipe/$path"; fi; \
+    done
 
-# Then the sources. Their mtimes may predate the stub build above, so drop the workspace crates'
-# fingerprints to make sure cargo rebuilds them from the real sources.
-COPY crates crates
-COPY tests tests
-RUN rm -rf target/release/.fingerprint/ferry-* \
+# --- build -----------------------------------------------------------------------------------
+FROM toolchain AS build
+
+# Dependencies first, against the stubs: this layer is rebuilt only when the recipe changes, not
+# on every source edit.
+COPY --from=recipe /recipe ./
+RUN cargo build --release -p ferry --locked
+
+# Then the sources. COPY keeps their mtimes, which may predate the stub build: touch them so
+# cargo rebuilds the workspace crates from the real sources.
+COPY . .
+RUN find . -path ./target -prune -o -type f -exec touch {} + \
  && cargo build --release -p ferry --locked \
  && install -m 0755 target/release/ferry /usr/local/bin/ferry
 
@@ -52,7 +68,7 @@ RUN rm -rf target/release/.fingerprint/ferry-* \
 FROM debian:bookworm-slim
 
 # libssl3 and zlib1g: the binary links them (see `ldd`); ca-certificates: TLS to Postgres and
-# Kafka (verify-full, SASL_SSL). Unpinned versions: see the build stage.
+# Kafka (verify-full, SASL_SSL). Unpinned versions: see the toolchain stage.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g \
