@@ -360,12 +360,13 @@ struct Run {
 fn reason_label(reason: &ferry_router::RouteErrorReason) -> RoutingErrorReason {
     use ferry_router::RouteErrorReason as R;
     match reason {
-        R::MissingColumn { .. } | R::NullValue { .. } | R::NullPayload { .. } => {
-            RoutingErrorReason::MissingField
-        }
+        R::MissingColumn { .. } => RoutingErrorReason::MissingColumn,
+        R::NullValue { .. } => RoutingErrorReason::NullValue,
+        R::NullPayload { .. } => RoutingErrorReason::NullPayload,
+        R::InvalidValue { .. } => RoutingErrorReason::InvalidValue,
         R::InvalidTopic { .. } => RoutingErrorReason::InvalidTopic,
-        R::InvalidValue { .. } | R::InvalidMessage { .. } => RoutingErrorReason::InvalidPayload,
-        R::PayloadTooLarge { .. } => RoutingErrorReason::TooLarge,
+        R::PayloadTooLarge { .. } => RoutingErrorReason::PayloadTooLarge,
+        R::InvalidMessage { .. } => RoutingErrorReason::InvalidMessage,
     }
 }
 

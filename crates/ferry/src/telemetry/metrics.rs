@@ -348,44 +348,50 @@ impl LabelSet for Component {
     }
 }
 
-/// Why the router rejected a row: the `reason` label of `ferry_routing_errors_total`.
+/// Why the router rejected a row: the `reason` label of `ferry_routing_errors_total`. The
+/// values are the router's own error codes (`ferry_router::RouteErrorReason::code`), so a log
+/// line, a dead-letter header and this label name a reason the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoutingErrorReason {
-    /// A column the routing needs is absent or NULL.
-    MissingField,
-    /// The destination topic name is empty or not a legal Kafka topic name.
+    /// The relation has no column of the configured name.
+    MissingColumn,
+    /// A column that must have a value (event id, a topic placeholder) is NULL.
+    NullValue,
+    /// The payload is NULL and tombstones are off.
+    NullPayload,
+    /// A value cannot be used (bad bytea text, unparsable timestamp, partition out of range...).
+    InvalidValue,
+    /// The routed topic is not a legal Kafka topic name.
     InvalidTopic,
-    /// A header name or value could not be built.
-    InvalidHeader,
-    /// The payload column could not be converted to record bytes.
-    InvalidPayload,
-    /// The record exceeds the configured maximum size.
-    TooLarge,
-    /// Anything else.
-    Other,
+    /// The record value is over `route.max_payload_bytes`.
+    PayloadTooLarge,
+    /// A table-less outbox message is not a valid document.
+    InvalidMessage,
 }
 
 impl LabelSet for RoutingErrorReason {
     const KEY: &'static str = "reason";
     const ALL: &'static [Self] = &[
-        RoutingErrorReason::MissingField,
+        RoutingErrorReason::MissingColumn,
+        RoutingErrorReason::NullValue,
+        RoutingErrorReason::NullPayload,
+        RoutingErrorReason::InvalidValue,
         RoutingErrorReason::InvalidTopic,
-        RoutingErrorReason::InvalidHeader,
-        RoutingErrorReason::InvalidPayload,
-        RoutingErrorReason::TooLarge,
-        RoutingErrorReason::Other,
+        RoutingErrorReason::PayloadTooLarge,
+        RoutingErrorReason::InvalidMessage,
     ];
     fn index(self) -> usize {
         self as usize
     }
     fn value(self) -> &'static str {
         match self {
-            RoutingErrorReason::MissingField => "missing_field",
+            RoutingErrorReason::MissingColumn => "missing_column",
+            RoutingErrorReason::NullValue => "null_value",
+            RoutingErrorReason::NullPayload => "null_payload",
+            RoutingErrorReason::InvalidValue => "invalid_value",
             RoutingErrorReason::InvalidTopic => "invalid_topic",
-            RoutingErrorReason::InvalidHeader => "invalid_header",
-            RoutingErrorReason::InvalidPayload => "invalid_payload",
-            RoutingErrorReason::TooLarge => "too_large",
-            RoutingErrorReason::Other => "other",
+            RoutingErrorReason::PayloadTooLarge => "payload_too_large",
+            RoutingErrorReason::InvalidMessage => "invalid_message",
         }
     }
 }

@@ -74,12 +74,13 @@ ferry_rows_skipped_total 0
 ferry_rows_dead_lettered_total 1
 # HELP ferry_routing_errors_total Rows the router rejected, by reason.
 # TYPE ferry_routing_errors_total counter
-ferry_routing_errors_total{reason="missing_field"} 0
+ferry_routing_errors_total{reason="missing_column"} 0
+ferry_routing_errors_total{reason="null_value"} 0
+ferry_routing_errors_total{reason="null_payload"} 0
+ferry_routing_errors_total{reason="invalid_value"} 0
 ferry_routing_errors_total{reason="invalid_topic"} 0
-ferry_routing_errors_total{reason="invalid_header"} 0
-ferry_routing_errors_total{reason="invalid_payload"} 0
-ferry_routing_errors_total{reason="too_large"} 1
-ferry_routing_errors_total{reason="other"} 0
+ferry_routing_errors_total{reason="payload_too_large"} 1
+ferry_routing_errors_total{reason="invalid_message"} 0
 # HELP ferry_status_updates_sent_total Standby status updates sent to the server.
 # TYPE ferry_status_updates_sent_total counter
 ferry_status_updates_sent_total 7
@@ -108,7 +109,7 @@ fn renders_the_exposition_format_exactly() {
     m.observe_replication_lag(0.5);
     m.observe_replication_lag(120.0);
     m.rows_dead_lettered.inc();
-    m.routing_errors.inc(RoutingErrorReason::TooLarge);
+    m.routing_errors.inc(RoutingErrorReason::PayloadTooLarge);
     m.status_updates_sent.add(7);
     m.reconnects.inc(Component::Kafka);
     m.reconnects.inc(Component::Kafka);
