@@ -359,6 +359,12 @@ impl ReplicationConnection {
                     return Err(ReaderError::Server(server_error(&e)))
                 }
                 Frame::Other(backend::Message::CopyDone) => return Err(ReaderError::StreamEnded),
+                // A walsender stopping with the server (smart or fast shutdown) sends the
+                // CommandComplete "COPY 0" with no CopyDone before it and exits (walsender.c
+                // `WalSndDone`): the server ended the stream, a transient condition.
+                Frame::Other(backend::Message::CommandComplete(_)) => {
+                    return Err(ReaderError::StreamEnded)
+                }
                 other => {
                     return Err(ReaderError::Protocol(format!(
                         "unexpected {} during streaming",
