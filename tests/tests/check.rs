@@ -18,14 +18,14 @@ async fn check_passes_on_a_good_setup() {
     // Neither exists yet, and `ferry run` may create both: notes, not problems.
     assert!(
         out.contains(&format!(
-            "publication {:?} does not exist (ferry run creates it)",
+            "note: publication {:?} does not exist\n    fix: none needed: Ferry creates it",
             w.publication
         )),
         "{out}"
     );
     assert!(
         out.contains(&format!(
-            "replication slot {:?} does not exist (ferry run creates it)",
+            "note: replication slot {:?} does not exist\n    fix: none needed: Ferry creates it",
             w.slot
         )),
         "{out}"

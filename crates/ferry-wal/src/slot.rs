@@ -44,6 +44,8 @@ pub enum Severity {
     Error,
     /// Ferry runs, but the operator should know (e.g. another process streams the slot).
     Warning,
+    /// Information: something is missing that `ferry run` creates (the configuration allows it).
+    Note,
 }
 
 /// One finding of [`check`]: what is wrong and how to fix it.
@@ -273,7 +275,13 @@ pub async fn ensure(
             }
         }
     }
-    let problems = check(client, spec).await?;
+    // Whatever is still missing now could not be created: an error, not a note.
+    let created = SlotSpec {
+        create_slot: false,
+        create_publication: false,
+        ..spec.clone()
+    };
+    let problems = check(client, &created).await?;
     let errors: Vec<Problem> = problems
         .into_iter()
         .filter(|p| p.severity == Severity::Error)
@@ -316,6 +324,7 @@ pub async fn check(
     spec: &SlotSpec,
 ) -> Result<Vec<Problem>, ReaderError> {
     let mut problems = Vec::new();
+    let mut notes = Vec::new();
     let mut error = |what: String, fix: String| {
         problems.push(Problem {
             severity: Severity::Error,
@@ -421,6 +430,11 @@ pub async fn check(
         quote_ident(&spec.publication)
     );
     match publication {
+        None if spec.create_publication => notes.push(Problem {
+            severity: Severity::Note,
+            what: format!("publication {:?} does not exist", spec.publication),
+            fix: format!("none needed: Ferry creates it (`{create_pub_sql}`; its role must own the table)"),
+        }),
         None => error(
             format!("publication {:?} does not exist", spec.publication),
             format!("run `{create_pub_sql}` as the table's owner, or set postgres.create_publication = true"),
@@ -479,6 +493,11 @@ pub async fn check(
         .map_err(sql_error)?
         .get(0);
     match slot_state(client, &spec.slot).await? {
+        None if spec.create_slot => notes.push(Problem {
+            severity: Severity::Note,
+            what: format!("replication slot {:?} does not exist", spec.slot),
+            fix: "none needed: Ferry creates it at the server's current position".into(),
+        }),
         None => error(
             format!("replication slot {:?} does not exist", spec.slot),
             format!(
@@ -526,5 +545,6 @@ pub async fn check(
             }
         }
     }
+    problems.extend(notes);
     Ok(problems)
 }

@@ -42,18 +42,7 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
         )),
         Ok(sql) => {
             match slot::check(&sql, &settings.slot).await {
-                Ok(found) => {
-                    for p in found {
-                        // What `ferry run` would create is not a problem when it may.
-                        let creatable = (settings.slot.create_slot && p.what.contains("replication slot") && p.what.ends_with("does not exist"))
-                            || (settings.slot.create_publication && p.what.starts_with("publication") && p.what.ends_with("does not exist"));
-                        if creatable {
-                            println!("  note: {} (ferry run creates it)", p.what);
-                        } else {
-                            problems.push(p);
-                        }
-                    }
-                }
+                Ok(found) => problems.extend(found),
                 Err(e) => problems.push(error(format!("cannot inspect the database: {e}"), "see the error")),
             }
             match sample_topics(&sql, &settings).await {
@@ -93,11 +82,16 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
         let tag = match p.severity {
             Severity::Error => "error",
             Severity::Warning => "warning",
+            Severity::Note => "note",
         };
         println!("  {tag}: {}\n    fix: {}", p.what, p.fix);
     }
     if errors == 0 {
-        println!("OK: Ferry can run ({} warning(s))", problems.len());
+        let warnings = problems
+            .iter()
+            .filter(|p| p.severity == Severity::Warning)
+            .count();
+        println!("OK: Ferry can run ({warnings} warning(s))");
         Ok(ExitCode::SUCCESS)
     } else {
         println!("{errors} problem(s) must be fixed before Ferry can run");
