@@ -1,0 +1,648 @@
+//! Failures end to end: the broker away (briefly or for long), `kill -9` of Ferry at several
+//! points, PostgreSQL restarted or crashed under Ferry. In every scenario nothing committed is
+//! lost, Ferry does not exit by itself, and the slot is never confirmed past a record Kafka has
+//! not acknowledged.
+//!
+//! # Events and the rules asserted
+//!
+//! Events are outbox rows of aggregate type `ev`, aggregate id (the record key) `k-<seq % 8>` and
+//! payload `{"seq": <seq>, "pad": "xx…"}`. `seq` is global and increases in commit order (one
+//! writer, rows inserted in `seq` order). Delivery is at least once: after a restart Ferry
+//! replays from the slot's checkpoint, so a key's partition may read `A, B, A, B`. Hence:
+//!
+//! - **no loss**: every inserted `seq` is consumed at least once;
+//! - **per-key order**: for each key, its partition read in offset order with every `seq` kept at
+//!   its *first* occurrence is exactly that key's `seq`s in increasing (commit) order, no more,
+//!   no fewer. (Checking the raw sequence would reject correct replays; checking only the set
+//!   would accept a reordering.)
+//!
+//! With a finite `kafka.delivery_timeout` only the first rule holds (see that scenario).
+//!
+//! Waits are conditions with deadlines. Where a scenario has a duration (an outage, moments to
+//! kill at), it only decides when things happen, never what is asserted.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferry_testkit::kafka::{self, LocalBroker};
+use ferry_testkit::pg::{self, ClusterOptions, PgCluster, Postgres};
+use ferry_wal::Lsn;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+/// Aggregate type of every event (the topic is `<prefix>.ev`).
+const AGGREGATE: &str = "ev";
+/// Distinct keys (aggregate ids).
+const KEYS: u64 = 8;
+const PARTITIONS: i32 = 3;
+/// How long reading a topic back may take.
+const CONSUME_DEADLINE: Duration = Duration::from_secs(90);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_lsn_never_passes_an_unacknowledged_record_while_the_broker_is_down() {
+    let broker = LocalBroker::start().await;
+    let mut w = World::on(pg::shared().create_db().await, broker.brokers()).await;
+    quick_reconnects(&mut w);
+    w.env
+        .push(("FERRY_POSTGRES_STATUS_INTERVAL".into(), "200ms".into()));
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+
+    let probe = CommitProbe::create(&w).await;
+    tokio::task::block_in_place(|| broker.stop());
+    insert_events(&w.sql, 10..110, 0).await;
+    insert_events(&w.sql, 110..210, 0).await;
+    let end = w.current_wal_lsn().await;
+    let first_unacked = probe.first_commit_lsn(&w).await;
+    probe.drop_slot(&w).await;
+    wait_until(
+        "Ferry received the transactions and handed them to the producer",
+        Duration::from_secs(30),
+        || async {
+            metric(&ferry, "ferry_received_lsn").await >= first_unacked.0 as f64
+                && metric(&ferry, "ferry_in_flight_records").await > 0.0
+        },
+    )
+    .await;
+
+    // Several standby status updates (the server's reply_time moves) while nothing is acked:
+    // every one of them leaves the slot before the first unacknowledged commit.
+    let mut replies = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while replies.len() < 6 {
+        let confirmed = w.confirmed_lsn().await.expect("slot exists");
+        assert!(
+            confirmed < first_unacked,
+            "slot confirmed at {confirmed}, at or past the unacknowledged commit {first_unacked}"
+        );
+        let reported = metric(&ferry, "ferry_confirmed_lsn").await;
+        assert!(
+            reported < first_unacked.0 as f64,
+            "Ferry reported {reported}, at or past the unacknowledged commit {first_unacked}"
+        );
+        if let Some((_, Some(reply))) = walsender(&w).await {
+            replies.insert(reply);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} status updates reached the server in 30s",
+            replies.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ferry.is_running(), "Ferry exited while the broker was down");
+
+    tokio::task::block_in_place(|| broker.start_again());
+    let events = consume_events(&w.brokers, &topic, 0..210).await;
+    assert_key_order(&events, 0..210);
+    wait_confirmed(&w, end).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_outage_loses_nothing_keeps_memory_bounded_and_ferry_keeps_running() {
+    const WINDOW: f64 = 500.0;
+    const OUTAGE: Duration = Duration::from_secs(15);
+    // 30 000 rows of ~2 KiB (60 MiB) are written during the outage: buffering them would
+    // raise the RSS far past the bound, the window (500 records) and the reader's channel
+    // (4096 events, ~8 MiB) stay well under it.
+    const ROWS: u64 = 30_000;
+    const PAD: i32 = 2048;
+    const RSS_GROWTH_BOUND: u64 = 40 << 20;
+    let broker = LocalBroker::start().await;
+    let mut w = World::on(pg::shared().create_db().await, broker.brokers()).await;
+    // The server ends a walsender silent this long: the outage outlasts it several times, so
+    // only Ferry's status updates keep the replication connection alive.
+    w.sql
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET wal_sender_timeout = '3s'",
+            w.db.name
+        ))
+        .await
+        .unwrap();
+    quick_reconnects(&mut w);
+    w.env.push((
+        "FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(),
+        (WINDOW as u64).to_string(),
+    ));
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..1000, PAD).await;
+    consume_events(&w.brokers, &topic, 0..1000).await;
+    let baseline_rss = ferry.rss_bytes().expect("ferry runs");
+    let (walsender_pid, _) = walsender(&w).await.expect("Ferry streams");
+
+    tokio::task::block_in_place(|| broker.stop());
+    let outage = Instant::now();
+    for from in (1000..1000 + ROWS).step_by(1000) {
+        insert_events(&w.sql, from..from + 1000, PAD).await;
+    }
+    let end = w.current_wal_lsn().await;
+    wait_until(
+        "the in-flight window fills",
+        Duration::from_secs(30),
+        || async { metric(&ferry, "ferry_in_flight_records").await == WINDOW },
+    )
+    .await;
+    let mut peak_rss = 0;
+    while outage.elapsed() < OUTAGE {
+        assert!(ferry.is_running(), "Ferry exited during the outage");
+        let in_flight = metric(&ferry, "ferry_in_flight_records").await;
+        assert!(in_flight <= WINDOW, "{in_flight} records in flight");
+        peak_rss = peak_rss.max(ferry.rss_bytes().expect("ferry runs"));
+        tokio::time::sleep(Duration::from_millis(200)).await; // sampling period
+    }
+    assert_eq!(
+        walsender(&w).await.map(|(pid, _)| pid),
+        Some(walsender_pid),
+        "the replication connection survived the outage"
+    );
+    assert_eq!(reconnects(&ferry, "postgres").await, 0.0);
+    assert!(
+        peak_rss <= baseline_rss + RSS_GROWTH_BOUND,
+        "RSS grew from {} MiB to {} MiB during the outage (bound: +{} MiB)",
+        baseline_rss >> 20,
+        peak_rss >> 20,
+        RSS_GROWTH_BOUND >> 20
+    );
+
+    tokio::task::block_in_place(|| broker.start_again());
+    let events = consume_events(&w.brokers, &topic, 0..1000 + ROWS).await;
+    assert_key_order(&events, 0..1000 + ROWS);
+    wait_confirmed(&w, end).await;
+    assert!(ferry.is_running());
+    eprintln!(
+        "RSS: {} MiB before the outage, peak {} MiB during it",
+        baseline_rss >> 20,
+        peak_rss >> 20
+    );
+}
+
+/// With a finite timeout, records fail while the broker is away and the session restarts from
+/// the checkpoint. Only "no loss" is asserted: librdkafka may drop timed-out records of a
+/// partition and deliver later ones of the same partition, so a key's first occurrences can
+/// be out of commit order (which is why the default timeout is 0, never).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finite_delivery_timeout_restarts_from_the_checkpoint_and_loses_nothing() {
+    let broker = LocalBroker::start().await;
+    let mut w = World::on(pg::shared().create_db().await, broker.brokers()).await;
+    quick_reconnects(&mut w);
+    w.env
+        .push(("FERRY_KAFKA_DELIVERY_TIMEOUT".into(), "3s".into()));
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..50, 0).await;
+    consume_events(&w.brokers, &topic, 0..50).await;
+
+    tokio::task::block_in_place(|| broker.stop());
+    for from in (50..550).step_by(100) {
+        insert_events(&w.sql, from..from + 100, 0).await;
+    }
+    let end = w.current_wal_lsn().await;
+    wait_until(
+        "a delivery failure restarts the session (kafka reconnect)",
+        Duration::from_secs(40),
+        || async { reconnects(&ferry, "kafka").await >= 1.0 },
+    )
+    .await;
+    assert!(metric(&ferry, "ferry_delivery_errors_total").await >= 1.0);
+    assert!(ferry.is_running(), "Ferry exited after delivery failures");
+    assert!(
+        w.confirmed_lsn().await.expect("slot") < end,
+        "failed records were confirmed"
+    );
+
+    tokio::task::block_in_place(|| broker.start_again());
+    let events = consume_events(&w.brokers, &topic, 0..550).await;
+    assert_no_loss(&events, 0..550);
+    wait_confirmed(&w, end).await;
+    assert!(ferry.is_running());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_transaction_then_restart_loses_nothing() {
+    const ROWS: u64 = 50_000;
+    let mut w = World::new().await;
+    quick_reconnects(&mut w);
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+
+    insert_events(&w.sql, 0..ROWS, 0).await;
+    let end = w.current_wal_lsn().await;
+    // Kill as soon as Kafka acknowledged part of the transaction (polled tightly: no backoff).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let produced = loop {
+        let n = metric(&ferry, "ferry_records_produced_total").await;
+        if n >= 1.0 {
+            break n;
+        }
+        assert!(Instant::now() < deadline, "nothing was produced in 60s");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    ferry.kill9();
+    assert!(
+        produced < ROWS as f64,
+        "the whole transaction was acknowledged before the kill ({produced}): not mid-transaction"
+    );
+    assert!(
+        w.confirmed_lsn().await.expect("slot") < end,
+        "a partly acknowledged transaction was confirmed"
+    );
+
+    eprintln!("killed after {produced} of {ROWS} records were acknowledged");
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let events = consume_events(&w.brokers, &topic, 0..ROWS).await;
+    assert_key_order(&events, 0..ROWS);
+    wait_confirmed(&w, end).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_after_produce_before_ack_then_restart_loses_nothing() {
+    let broker = LocalBroker::start().await;
+    let mut w = World::on(pg::shared().create_db().await, broker.brokers()).await;
+    quick_reconnects(&mut w);
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..20, 0).await;
+    consume_events(&w.brokers, &topic, 0..20).await;
+
+    tokio::task::block_in_place(|| broker.stop());
+    insert_events(&w.sql, 20..120, 0).await;
+    insert_events(&w.sql, 120..220, 0).await;
+    let end = w.current_wal_lsn().await;
+    wait_until(
+        "every record was handed to the producer",
+        Duration::from_secs(30),
+        || async { metric(&ferry, "ferry_in_flight_records").await == 200.0 },
+    )
+    .await;
+    ferry.kill9();
+    assert!(
+        w.confirmed_lsn().await.expect("slot") < end,
+        "unacknowledged records were confirmed"
+    );
+
+    tokio::task::block_in_place(|| broker.start_again());
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let events = consume_events(&w.brokers, &topic, 0..220).await;
+    assert_key_order(&events, 0..220);
+    wait_confirmed(&w, end).await;
+}
+
+/// Covers "after ack, before confirm" among others: under a steady write load there is almost
+/// always a transaction whose records are acknowledged and not yet confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_points_under_load_loses_nothing_and_keeps_key_order() {
+    const KILLS: usize = 5;
+    let mut rng = SplitMix64(0x5eed_f00d);
+    let mut w = World::new().await;
+    quick_reconnects(&mut w);
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let sql = w.db.client().await;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut next = 0;
+            while !stop.load(Ordering::Relaxed) {
+                insert_events(&sql, next..next + 10, 0).await;
+                next += 10;
+                tokio::time::sleep(Duration::from_millis(5)).await; // pacing: ~1500 rows/s
+            }
+            next
+        })
+    };
+    for _ in 0..KILLS {
+        // The moment to kill at: pseudo-random, reproducible; nothing waits on it.
+        tokio::time::sleep(Duration::from_millis(200 + rng.next() % 1300)).await;
+        ferry.kill9();
+        ferry = w.start_ferry();
+        ferry.wait_ready().await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.await.expect("writer");
+    let end = w.current_wal_lsn().await;
+
+    let events = consume_events(&w.brokers, &topic, 0..written).await;
+    assert_key_order(&events, 0..written);
+    wait_confirmed(&w, end).await;
+    eprintln!(
+        "{written} events, {} records read ({} duplicates)",
+        events.len(),
+        events.len() as u64 - written
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_under_ferry_reconnects_and_resumes() {
+    let pg = Postgres::Local(PgCluster::start(ClusterOptions::default()).await);
+    let Postgres::Local(cluster) = &pg else {
+        unreachable!()
+    };
+    let mut w = World::on(pg.create_db().await, kafka::shared().brokers()).await;
+    quick_reconnects(&mut w);
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..100, 0).await;
+    consume_events(&w.brokers, &topic, 0..100).await;
+
+    // A clean (fast) shutdown and a start.
+    tokio::task::block_in_place(|| cluster.stop(false));
+    wait_until(
+        "Ferry notices the server went away",
+        Duration::from_secs(30),
+        || async { reconnects(&ferry, "postgres").await >= 1.0 },
+    )
+    .await;
+    tokio::task::block_in_place(|| cluster.start_again());
+    w.sql = w.db.client().await;
+    insert_events(&w.sql, 100..200, 0).await;
+    consume_events(&w.brokers, &topic, 0..200).await;
+
+    // A crash (immediate stop: recovery on start) right after a commit.
+    insert_events(&w.sql, 200..300, 0).await;
+    let before = reconnects(&ferry, "postgres").await;
+    tokio::task::block_in_place(|| cluster.stop(true));
+    wait_until(
+        "Ferry notices the crash",
+        Duration::from_secs(30),
+        || async { reconnects(&ferry, "postgres").await > before },
+    )
+    .await;
+    tokio::task::block_in_place(|| cluster.start_again());
+    w.sql = w.db.client().await;
+    insert_events(&w.sql, 300..400, 0).await;
+    let end = w.current_wal_lsn().await;
+
+    let events = consume_events(&w.brokers, &topic, 0..400).await;
+    assert_key_order(&events, 0..400);
+    wait_confirmed(&w, end).await;
+    assert!(ferry.is_running(), "Ferry exited across the restarts");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Small backoffs so that reconnects happen within the test's time.
+fn quick_reconnects(w: &mut World) {
+    for (k, v) in [
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "100ms"),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1s"),
+    ] {
+        w.env.push((k.into(), v.into()));
+    }
+}
+
+/// Inserts the events `seqs` in one transaction, in `seq` order, with `pad` bytes of padding.
+async fn insert_events(sql: &tokio_postgres::Client, seqs: Range<u64>, pad: i32) {
+    if seqs.is_empty() {
+        return;
+    }
+    sql.execute(
+        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+         SELECT 'ev', 'k-' || (g % $3), 'Happened', jsonb_build_object('seq', g, 'pad', repeat('x', $4))
+         FROM generate_series($1::bigint, $2::bigint) AS g ORDER BY g",
+        &[
+            &(seqs.start as i64),
+            &(seqs.end as i64 - 1),
+            &(KEYS as i64),
+            &pad,
+        ],
+    )
+    .await
+    .expect("insert events");
+}
+
+/// A metric's value, 0 when absent (or Ferry not answering).
+async fn metric(ferry: &Ferry, name: &str) -> f64 {
+    ferry.metric(name).await.unwrap_or(0.0)
+}
+
+/// `ferry_reconnects_total{component}`.
+async fn reconnects(ferry: &Ferry, component: &str) -> f64 {
+    ferry
+        .metric_labeled("ferry_reconnects_total", "component", component)
+        .await
+        .unwrap_or(0.0)
+}
+
+/// The walsender streaming the world's slot: its pid and the time of the last status update it
+/// received (`reply_time`, as text).
+async fn walsender(w: &World) -> Option<(i32, Option<String>)> {
+    w.sql
+        .query_opt(
+            "SELECT r.pid, r.reply_time::text FROM pg_stat_replication r
+             JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1",
+            &[&w.slot],
+        )
+        .await
+        .expect("pg_stat_replication")
+        .map(|r| (r.get(0), r.get(1)))
+}
+
+/// Waits until the slot is confirmed at or past `lsn`.
+async fn wait_confirmed(w: &World, lsn: Lsn) {
+    wait_until(
+        &format!("the slot is confirmed past {lsn}"),
+        Duration::from_secs(30),
+        || async { w.confirmed_lsn().await.is_some_and(|c| c >= lsn) },
+    )
+    .await;
+}
+
+/// A second pgoutput slot on the world's publication, to learn a transaction's exact commit
+/// LSN: the `final_lsn` of its Begin message (`B`, then the LSN as Int64).
+struct CommitProbe(String);
+
+impl CommitProbe {
+    async fn create(w: &World) -> CommitProbe {
+        let name = format!("{}_probe", w.slot);
+        w.sql
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&name],
+            )
+            .await
+            .expect("create probe slot");
+        CommitProbe(name)
+    }
+
+    /// The commit LSN of the first outbox transaction after the probe was created.
+    async fn first_commit_lsn(&self, w: &World) -> Lsn {
+        let rows = w
+            .sql
+            .query(
+                "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+                   'proto_version', '1', 'publication_names', $2)",
+                &[&self.0, &w.publication],
+            )
+            .await
+            .expect("peek probe slot");
+        rows.iter()
+            .map(|r| r.get::<_, Vec<u8>>(0))
+            .find(|d| d.first() == Some(&b'B') && d.len() >= 9)
+            .map(|d| Lsn(u64::from_be_bytes(d[1..9].try_into().expect("8 bytes"))))
+            .expect("a Begin message on the probe slot")
+    }
+
+    async fn drop_slot(self, w: &World) {
+        w.sql
+            .execute("SELECT pg_drop_replication_slot($1)", &[&self.0])
+            .await
+            .expect("drop probe slot");
+    }
+}
+
+/// One consumed event.
+#[derive(Debug)]
+struct Event {
+    partition: i32,
+    offset: i64,
+    key: String,
+    seq: u64,
+}
+
+/// Reads `topic` from the beginning until every `seq` of `expected` arrived at least once (or
+/// panics at the deadline saying what is missing); returns what was read, by partition and
+/// offset.
+async fn consume_events(brokers: &str, topic: &str, expected: Range<u64>) -> Vec<Event> {
+    let (brokers, topic) = (brokers.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || consume_blocking(&brokers, &topic, expected))
+        .await
+        .expect("consume task")
+}
+
+fn consume_blocking(brokers: &str, topic: &str, expected: Range<u64>) -> Vec<Event> {
+    let parts = kafka::partition_count(brokers, topic)
+        .unwrap_or_else(|| panic!("topic {topic} does not exist"));
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", pg::unique_name("ferry-failures"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..parts {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("partition offset");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut missing: HashSet<u64> = expected.clone().collect();
+    let mut out = Vec::new();
+    let start = Instant::now();
+    while !missing.is_empty() {
+        assert!(
+            start.elapsed() < CONSUME_DEADLINE,
+            "after {CONSUME_DEADLINE:?}, {} of {} events never arrived in {topic} \
+             (lowest missing seq {:?}; {} records read)",
+            missing.len(),
+            expected.end - expected.start,
+            missing.iter().min(),
+            out.len()
+        );
+        let m = match consumer.poll(Duration::from_millis(100)) {
+            None => continue,
+            Some(m) => m.unwrap_or_else(|e| panic!("consume {topic}: {e}")),
+        };
+        let value: serde_json::Value =
+            serde_json::from_slice(m.payload().expect("a payload")).expect("JSON payload");
+        let seq = value["seq"].as_u64().expect("seq in the payload");
+        missing.remove(&seq);
+        out.push(Event {
+            partition: m.partition(),
+            offset: m.offset(),
+            key: String::from_utf8(m.key().expect("a key").to_vec()).expect("UTF-8 key"),
+            seq,
+        });
+    }
+    out.sort_by_key(|e| (e.partition, e.offset));
+    out
+}
+
+/// Every `seq` of `expected` arrived at least once, and nothing else did.
+fn assert_no_loss(events: &[Event], expected: Range<u64>) {
+    let got: HashSet<u64> = events.iter().map(|e| e.seq).collect();
+    let want: HashSet<u64> = expected.collect();
+    let mut missing: Vec<_> = want.difference(&got).collect();
+    let mut unexpected: Vec<_> = got.difference(&want).collect();
+    missing.sort();
+    unexpected.sort();
+    assert!(
+        missing.is_empty() && unexpected.is_empty(),
+        "missing {missing:?}, unexpected {unexpected:?}"
+    );
+}
+
+/// The per-key order rule of the module docs (which implies no loss): per key, the first
+/// occurrences in offset order are exactly that key's `seq`s of `expected`, ascending.
+fn assert_key_order(events: &[Event], expected: Range<u64>) {
+    let mut seen = HashSet::new();
+    let mut firsts: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut partition_of: BTreeMap<&str, i32> = BTreeMap::new();
+    for e in events {
+        assert_eq!(e.key, key_of(e.seq), "key of seq {}", e.seq);
+        let p = *partition_of.entry(&e.key).or_insert(e.partition);
+        assert_eq!(p, e.partition, "key {} in two partitions", e.key);
+        if seen.insert(e.seq) {
+            firsts.entry(&e.key).or_default().push(e.seq);
+        }
+    }
+    for k in 0..KEYS {
+        let key = format!("k-{k}");
+        let want: Vec<u64> = expected.clone().filter(|s| s % KEYS == k).collect();
+        let got = firsts.get(key.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+        if got != want.as_slice() {
+            let at = got
+                .iter()
+                .zip(&want)
+                .position(|(g, w)| g != w)
+                .unwrap_or(got.len().min(want.len()));
+            let lo = at.saturating_sub(3);
+            panic!(
+                "key {key}: first occurrences differ from commit order at position {at}: \
+                 got {:?}…, want {:?}… ({} vs {} events)",
+                &got[lo..(at + 4).min(got.len())],
+                &want[lo..(at + 4).min(want.len())],
+                got.len(),
+                want.len()
+            );
+        }
+    }
+}
+
+fn key_of(seq: u64) -> String {
+    format!("k-{}", seq % KEYS)
+}
+
+/// A tiny seeded generator (SplitMix64), so kill moments are reproducible without a dependency.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
