@@ -26,6 +26,9 @@ use crate::producer::{Delivery, Meta, Producer, SendError};
 use crate::telemetry::{Metrics, RoutingErrorReason};
 use crate::watermark::{Token, Watermark};
 
+/// Longest interval between two metric publications of a session.
+const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How a session ended without error.
 #[derive(Debug)]
 pub(super) enum End {
@@ -109,6 +112,11 @@ impl<'a> Session<'a> {
             status_updates_seen: 0,
             begins: 0,
         };
+        // Metrics are published after every wake-up; this one guarantees wake-ups while the
+        // loop waits on nothing else (window full, Kafka away), so the reader's counters
+        // (status updates sent, received LSN) stay current through an outage.
+        let mut publish_tick = tokio::time::interval(PUBLISH_INTERVAL);
+        publish_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut draining: Option<(Option<Instant>, bool)> = None; // (deadline, shutdown requested)
         let result = loop {
             let window_open = run.wm.in_flight_records() < s.max_in_flight_records as u64
@@ -130,6 +138,7 @@ impl<'a> Session<'a> {
                     None => draining = Some((session_deadline(s), false)),
                 },
                 _ = tokio::time::sleep(Duration::from_millis(200)), if draining.is_some() => {}
+                _ = publish_tick.tick() => {}
             }
             self.publish_progress(&mut run, &reader);
             if run.failure.is_some() && draining.is_none() {
