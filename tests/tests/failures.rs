@@ -155,6 +155,7 @@ async fn broker_outage_loses_nothing_keeps_memory_bounded_and_ferry_keeps_runnin
         || async { metric(&ferry, "ferry_in_flight_records").await == WINDOW },
     )
     .await;
+    let status_updates = metric(&ferry, "ferry_status_updates_sent_total").await;
     let mut peak_rss = 0;
     while outage.elapsed() < OUTAGE {
         assert!(ferry.is_running(), "Ferry exited during the outage");
@@ -169,6 +170,10 @@ async fn broker_outage_loses_nothing_keeps_memory_bounded_and_ferry_keeps_runnin
         "the replication connection survived the outage"
     );
     assert_eq!(reconnects(&ferry, "postgres").await, 0.0);
+    assert!(
+        metric(&ferry, "ferry_status_updates_sent_total").await > status_updates,
+        "Ferry's metrics show no status update during the outage"
+    );
     assert!(
         peak_rss <= baseline_rss + RSS_GROWTH_BOUND,
         "RSS grew from {} MiB to {} MiB during the outage (bound: +{} MiB)",
