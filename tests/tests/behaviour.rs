@@ -181,21 +181,38 @@ async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
     assert!(b.is_running(), "a standby waits, it does not exit");
     assert_eq!(a.metric("ferry_streaming").await, Some(1.0));
 
-    let before_kill = writer.count();
     a.kill9();
+    // Committed right after A died, most likely before B notices the slot is free.
+    let mut orphans = Vec::new();
+    for seq in 1..=5 {
+        let id: String = w
+            .sql
+            .query_one(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+                 VALUES ('order', 'h', 'Orphan', jsonb_build_object('seq', $1::bigint)) RETURNING id::text",
+                &[&(seq as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        orphans.push((seq, id));
+    }
     wait_until("B takes over the slot", Duration::from_secs(30), || async {
         b.metric("ferry_streaming").await == Some(1.0)
             && b.metric("ferry_standby").await == Some(0.0)
     })
     .await;
     b.wait_ready().await;
-    // Rows committed while A was dead and B not yet streaming, then after the takeover.
-    writer.wait_for(writer.count().max(before_kill) + 20).await;
+    // And rows committed after the takeover.
+    writer.wait_for(writer.count() + 20).await;
     let ids = writer.stop().await;
 
-    let got = consume_ids(&w, &topic, &ids).await;
+    let mut all = ids.clone();
+    all.extend(orphans.iter().map(|o| o.1.clone()));
+    let got = consume_ids(&w, &topic, &all).await;
     let expected: Vec<(i64, String)> = (1..).zip(ids).collect();
     assert_per_key_order(&got, "k", &expected);
+    assert_per_key_order(&got, "h", &orphans);
     assert!(b.log_text().contains("taking over"), "{}", b.log_text());
     assert!(b.terminate().await.success(), "{}", b.log_text());
 }
@@ -380,9 +397,12 @@ async fn sigterm_drains_in_flight_records_confirms_and_exits_zero() {
         "{}",
         ferry.log_text()
     );
-    assert!(
-        w.confirmed_lsn().await.unwrap() >= target,
-        "the final status update confirmed every drained transaction"
+    // Not `confirmed >= target`: other tests' WAL on the shared server may lie past the last
+    // commit, and only a keepalive (none after shutdown) would confirm that.
+    assert_eq!(
+        first_pending_xid(&w).await,
+        None,
+        "the final status update confirmed every drained transaction: nothing is left to replay"
     );
     let got = consume_ids(&w, &topic, &ids).await;
     let expected: Vec<(i64, String)> = (1..).zip(ids).collect();
