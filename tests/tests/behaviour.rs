@@ -184,13 +184,13 @@ async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
     a.kill9();
     // Committed right after A died, most likely before B notices the slot is free.
     let mut orphans = Vec::new();
-    for seq in 1..=5 {
+    for seq in 1..=5i64 {
         let id: String = w
             .sql
             .query_one(
                 "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
                  VALUES ('order', 'h', 'Orphan', jsonb_build_object('seq', $1::bigint)) RETURNING id::text",
-                &[&(seq as i64)],
+                &[&seq],
             )
             .await
             .unwrap()
@@ -214,6 +214,14 @@ async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
     assert_per_key_order(&got, "k", &expected);
     assert_per_key_order(&got, "h", &orphans);
     assert!(b.log_text().contains("taking over"), "{}", b.log_text());
+
+    // A standby stops cleanly on SIGTERM too.
+    let mut c = w.start_ferry();
+    wait_until("C reports standby", Duration::from_secs(30), || async {
+        c.metric("ferry_standby").await == Some(1.0)
+    })
+    .await;
+    assert!(c.terminate().await.success(), "{}", c.log_text());
     assert!(b.terminate().await.success(), "{}", b.log_text());
 }
 
