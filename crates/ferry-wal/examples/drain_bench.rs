@@ -193,7 +193,7 @@ async fn drain_with_reader(
     let mut r = conn::start(cfg, sql, opts).await?;
     let mut seen = 0u64;
     while seen < rows {
-        match r.events.recv().await {
+        match r.recv().await {
             None => return Err(format!("reader ended after {seen} rows").into()),
             Some(ReaderEvent::Outbox(OutboxEvent::Row(_))) => seen += 1,
             Some(_) => {}
@@ -201,7 +201,7 @@ async fn drain_with_reader(
     }
     // The last transaction's commit.
     let last = loop {
-        match r.events.recv().await {
+        match r.recv().await {
             None => return Err("reader ended before the last commit".into()),
             Some(ReaderEvent::Outbox(OutboxEvent::Commit(c))) => break c.end_lsn,
             Some(ReaderEvent::Outbox(OutboxEvent::Row(_))) => {

@@ -61,7 +61,7 @@ async fn a_million_row_transaction_streams_in_bounded_memory() {
     let (mut rows, mut first_row_at) = (0u64, None);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
     let commit = loop {
-        let ev = tokio::time::timeout_at(deadline, r.events.recv())
+        let ev = tokio::time::timeout_at(deadline, r.recv())
             .await
             .expect("the transaction streams within 10 minutes")
             .expect("the reader is alive");

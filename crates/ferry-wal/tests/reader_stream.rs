@@ -150,7 +150,7 @@ async fn idle_outbox_with_writes_elsewhere_lets_the_slot_advance() {
     // Act as an idle pipeline: confirm every keepalive's wal_end (nothing is in flight).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let ev = tokio::time::timeout_at(deadline, r.events.recv())
+        let ev = tokio::time::timeout_at(deadline, r.recv())
             .await
             .expect("a keepalive past the busy writes within 60s")
             .expect("reader alive");
@@ -280,5 +280,38 @@ async fn values_of_every_outbox_type_arrive_as_text() {
         t.rows[0].get("id").unwrap().1,
         TupleValue::Text(_)
     ));
+    r.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_pipeline_that_stops_taking_events_stops_the_reader_within_its_byte_budget() {
+    use std::sync::atomic::Ordering;
+    let s = setup().await;
+    let mut r = start(&s).await;
+    // 48 rows of 1 MiB: far more than the channel's byte budget.
+    s.sql
+        .batch_execute(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+             SELECT 'a', g::text, 't', jsonb_build_object('pad', repeat('x', 1048576))
+             FROM generate_series(1, 48) g",
+        )
+        .await
+        .unwrap();
+    let budget = ferry_wal::conn::stream::CHANNEL_BYTES;
+    // Take nothing: the reader fills its budget, then stops reading the socket.
+    ferry_testkit::wait_until(
+        "the reader's byte budget fills up",
+        Duration::from_secs(60),
+        || async { r.buffered_bytes() + 1024 * 1024 + 64 * 1024 > budget },
+    )
+    .await;
+    let received = r.stats.xlog_bytes.load(Ordering::Relaxed) as usize;
+    assert!(
+        received <= budget + 2 * 1024 * 1024,
+        "the reader went on reading past its budget: {received} bytes received, budget {budget}"
+    );
+    // Taking events frees the budget and the rest flows.
+    let t = next_txn(&mut r).await;
+    assert_eq!(t.rows.len(), 48);
     r.shutdown().await.unwrap();
 }

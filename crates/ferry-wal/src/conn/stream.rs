@@ -4,9 +4,11 @@
 //! that owns the replication connection. The task:
 //!
 //! - decodes each XLogData into pgoutput messages and assembles them into [`OutboxEvent`]s, sent
-//!   in WAL order over a **bounded** channel: when the pipeline stops taking events (its
-//!   in-flight window is full because Kafka is slow or down), the task stops reading the socket,
-//!   and the server stops sending. Memory does not grow;
+//!   in WAL order over a channel **bounded in events and in bytes** ([`CHANNEL_BYTES`]: rows
+//!   are zero-copy slices of what the server sent, so a few thousand 1 MB payloads must not
+//!   queue up): when the pipeline stops taking events (its in-flight window is full because
+//!   Kafka is slow or down), the task stops reading the socket, and the server stops sending.
+//!   Memory does not grow;
 //! - forwards keepalives' `wal_end` (dropped when the channel is full: they only matter when the
 //!   pipeline is idle);
 //! - reports the LSN the pipeline confirms (through [`ReaderHandle::confirm`]) in standby status
@@ -18,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::config::ConnectConfig;
@@ -37,6 +39,9 @@ pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
 pub const CONFIRM_MIN_GAP: Duration = Duration::from_millis(10);
 /// Events buffered between the reader task and the pipeline.
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 4096;
+/// Bytes of WAL data (pgoutput messages) buffered between the reader task and the pipeline; an
+/// event larger than this travels alone.
+pub const CHANNEL_BYTES: usize = 8 * 1024 * 1024;
 
 /// What to stream.
 #[derive(Debug, Clone)]
@@ -79,8 +84,9 @@ pub struct ReaderStats {
 /// The pipeline's side of a running reader.
 #[derive(Debug)]
 pub struct ReaderHandle {
-    /// Events in WAL order.
-    pub events: mpsc::Receiver<ReaderEvent>,
+    /// Events in WAL order, each with its share of the byte budget.
+    events: mpsc::Receiver<(ReaderEvent, Option<OwnedSemaphorePermit>)>,
+    budget: Arc<Semaphore>,
     /// Where streaming resumed (the slot's `confirmed_flush_lsn`).
     pub resume_lsn: Lsn,
     /// The walsender's pid (`active_pid` of the slot).
@@ -101,6 +107,19 @@ impl ReaderHandle {
                 false
             }
         });
+    }
+
+    /// The next event in WAL order; `None` once the reader task has ended (its outcome then
+    /// comes from [`ReaderHandle::shutdown`]). Cancel-safe.
+    pub async fn recv(&mut self) -> Option<ReaderEvent> {
+        // The permit returns the event's bytes to the budget as it is dropped here.
+        self.events.recv().await.map(|(event, _permit)| event)
+    }
+
+    /// WAL bytes decoded and waiting in the channel for [`ReaderHandle::recv`] (at most
+    /// [`CHANNEL_BYTES`]).
+    pub fn buffered_bytes(&self) -> usize {
+        CHANNEL_BYTES - self.budget.available_permits()
     }
 
     /// The LSN last confirmed.
@@ -207,6 +226,7 @@ pub async fn start(
         }
     }
     let (tx, rx) = mpsc::channel(opts.channel_capacity.max(1));
+    let budget = Arc::new(Semaphore::new(CHANNEL_BYTES));
     let (confirm_tx, confirm_rx) = watch::channel(resume);
     let stats = Arc::new(ReaderStats::default());
     stats.reported_flush_lsn.store(resume.0, Ordering::Relaxed);
@@ -214,6 +234,7 @@ pub async fn start(
     let task = Task {
         conn,
         tx,
+        budget: budget.clone(),
         confirm: confirm_rx,
         progress: Progress::new(resume, opts.status_interval, CONFIRM_MIN_GAP),
         decoder: Decoder::new(),
@@ -222,6 +243,7 @@ pub async fn start(
     };
     Ok(ReaderHandle {
         events: rx,
+        budget,
         resume_lsn: resume,
         backend_pid,
         stats,
@@ -257,7 +279,8 @@ fn parse_pid(msg: &str) -> Option<i32> {
 
 struct Task {
     conn: ReplicationConnection,
-    tx: mpsc::Sender<ReaderEvent>,
+    tx: mpsc::Sender<(ReaderEvent, Option<OwnedSemaphorePermit>)>,
+    budget: Arc<Semaphore>,
     confirm: watch::Receiver<Lsn>,
     progress: Progress,
     decoder: Decoder,
@@ -340,11 +363,12 @@ impl Task {
                 self.stats
                     .server_wal_end
                     .store(x.wal_end.0, Ordering::Relaxed);
+                let size = x.data.len();
                 let msg = self.decoder.decode(x.data)?;
                 let event = self.assembler.push(x.wal_start, msg)?;
                 self.sync_stats();
                 if let Some(event) = event {
-                    self.deliver(ReaderEvent::Outbox(event)).await?;
+                    self.deliver(ReaderEvent::Outbox(event), size).await?;
                 }
             }
             ReplicationMessage::PrimaryKeepalive(k) => {
@@ -362,18 +386,43 @@ impl Task {
                 // Only useful to an idle pipeline; never waits.
                 let _ = self
                     .tx
-                    .try_send(ReaderEvent::Keepalive { wal_end: k.wal_end });
+                    .try_send((ReaderEvent::Keepalive { wal_end: k.wal_end }, None));
             }
         }
         Ok(())
     }
 
-    /// Hands one event to the pipeline, keeping the session alive while it applies backpressure.
-    async fn deliver(&mut self, event: ReaderEvent) -> Result<(), ReaderError> {
-        let event = match self.tx.try_send(event) {
+    /// Hands one event of `size` WAL bytes to the pipeline, keeping the session alive while the
+    /// pipeline applies backpressure (a full channel or an exhausted byte budget).
+    async fn deliver(&mut self, event: ReaderEvent, size: usize) -> Result<(), ReaderError> {
+        let want = size.clamp(1, CHANNEL_BYTES) as u32;
+        let permit = match self.budget.clone().try_acquire_many_owned(want) {
+            Ok(p) => p,
+            Err(_) => {
+                let budget = self.budget.clone();
+                let acquire = budget.acquire_many_owned(want);
+                tokio::pin!(acquire);
+                loop {
+                    let due =
+                        tokio::time::Instant::from_std(self.progress.next_due(Instant::now()));
+                    tokio::select! {
+                        biased;
+                        p = &mut acquire => break p.map_err(|_| ReaderError::Closed)?,
+                        changed = self.confirm.changed() => {
+                            if changed.is_err() {
+                                return Err(ReaderError::Closed);
+                            }
+                            self.take_confirmation()?;
+                        }
+                        _ = tokio::time::sleep_until(due) => self.send_status().await?,
+                    }
+                }
+            }
+        };
+        let item = match self.tx.try_send((event, Some(permit))) {
             Ok(()) => return Ok(()),
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(ReaderError::Closed),
-            Err(mpsc::error::TrySendError::Full(event)) => event,
+            Err(mpsc::error::TrySendError::Full(item)) => item,
         };
         // Backpressure: wait for room, answering the server meanwhile.
         let tx = self.tx.clone();
@@ -381,9 +430,8 @@ impl Task {
             let due = tokio::time::Instant::from_std(self.progress.next_due(Instant::now()));
             tokio::select! {
                 biased;
-                permit = tx.reserve() => {
-                    let permit = permit.map_err(|_| ReaderError::Closed)?;
-                    permit.send(event);
+                slot = tx.reserve() => {
+                    slot.map_err(|_| ReaderError::Closed)?.send(item);
                     return Ok(());
                 }
                 changed = self.confirm.changed() => {

@@ -81,7 +81,7 @@ pub async fn start(s: &Setup) -> ReaderHandle {
 pub async fn next_event(r: &mut ReaderHandle) -> OutboxEvent {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        match tokio::time::timeout_at(deadline, r.events.recv()).await {
+        match tokio::time::timeout_at(deadline, r.recv()).await {
             Err(_) => panic!("no outbox event within 60s"),
             Ok(None) => panic!("reader ended: {:?}", "channel closed"),
             Ok(Some(ReaderEvent::Keepalive { .. })) => {}

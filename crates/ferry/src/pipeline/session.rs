@@ -128,7 +128,7 @@ impl<'a> Session<'a> {
                     tracing::info!(in_flight = run.wm.in_flight_records(), "shutting down: draining in-flight records");
                     draining = Some((Some(Instant::now() + s.drain_timeout), true));
                 }
-                ev = reader.events.recv(), if window_open && draining.is_none() && run.failure.is_none() => match ev {
+                ev = reader.recv(), if window_open && draining.is_none() && run.failure.is_none() => match ev {
                     Some(ev) => {
                         if let Err(e) = self.on_event(&mut run, ev) {
                             run.failure = Some(e);
