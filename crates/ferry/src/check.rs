@@ -35,37 +35,37 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     let mut topics: Vec<String> = Vec::new();
 
     println!("PostgreSQL {}", settings.postgres);
+    let mut found: Vec<Problem> = Vec::new();
     match slot::connect_sql(&settings.postgres).await {
-        Err(e) => problems.push(error(
+        Err(e) => found.push(error(
             format!("cannot connect to PostgreSQL: {e}"),
             "check postgres.url (host, port, user, password, sslmode) and that the server accepts the connection (pg_hba.conf)",
         )),
         Ok(sql) => {
             match slot::check(&sql, &settings.slot).await {
-                Ok(found) => problems.extend(found),
-                Err(e) => problems.push(error(format!("cannot inspect the database: {e}"), "see the error")),
+                Ok(p) => found.extend(p),
+                Err(e) => found.push(error(format!("cannot inspect the database: {e}"), "see the error")),
             }
             match sample_topics(&sql, &settings).await {
                 Ok(t) => topics = t,
-                Err(p) => problems.push(p),
+                Err(p) => found.push(p),
             }
         }
     }
+    print_problems(&found);
+    problems.append(&mut found);
 
     println!("Kafka {}", brokers(&settings));
     match kafka_topics(&settings).await {
-        Err(p) => problems.push(p),
+        Err(p) => found.push(p),
         Ok((existing, auto_create)) => {
-            for t in &topics {
-                if existing.iter().any(|e| e == t) {
-                    continue;
-                }
+            for t in topics.iter().filter(|t| !existing.contains(t)) {
                 let (severity, fix) = match auto_create {
-                    Some(true) => continue,
+                    Some(true) => (Severity::Note, "none needed: the brokers create it on first use (auto.create.topics.enable), with their default partition count"),
                     Some(false) => (Severity::Error, "create it (kafka-topics.sh --create --topic ...), or enable auto.create.topics.enable on the brokers"),
                     None => (Severity::Warning, "create it, unless the brokers auto-create topics (auto.create.topics.enable)"),
                 };
-                problems.push(Problem {
+                found.push(Problem {
                     severity,
                     what: format!("topic {t:?} (where current outbox rows route) does not exist"),
                     fix: fix.into(),
@@ -73,29 +73,31 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
             }
         }
     }
+    print_problems(&found);
+    problems.append(&mut found);
 
-    let errors = problems
-        .iter()
-        .filter(|p| p.severity == Severity::Error)
-        .count();
-    for p in &problems {
+    let count = |s: Severity| problems.iter().filter(|p| p.severity == s).count();
+    let errors = count(Severity::Error);
+    if errors == 0 {
+        println!(
+            "OK: Ferry can run ({} warning(s))",
+            count(Severity::Warning)
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("{errors} problem(s) must be fixed before Ferry can run");
+        Err(ExitCode::from(1))
+    }
+}
+
+fn print_problems(problems: &[Problem]) {
+    for p in problems {
         let tag = match p.severity {
             Severity::Error => "error",
             Severity::Warning => "warning",
             Severity::Note => "note",
         };
         println!("  {tag}: {}\n    fix: {}", p.what, p.fix);
-    }
-    if errors == 0 {
-        let warnings = problems
-            .iter()
-            .filter(|p| p.severity == Severity::Warning)
-            .count();
-        println!("OK: Ferry can run ({warnings} warning(s))");
-        Ok(ExitCode::SUCCESS)
-    } else {
-        println!("{errors} problem(s) must be fixed before Ferry can run");
-        Err(ExitCode::from(1))
     }
 }
 
