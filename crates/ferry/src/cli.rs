@@ -77,6 +77,22 @@ enum Command {
 enum ConfigCommand {
     /// Print the configuration as Ferry sees it (file plus environment), secrets redacted.
     Show(ConfigArg),
+    /// Translate a Debezium PostgreSQL connector config with the Outbox Event Router into a ferry.toml.
+    ///
+    /// Reads the JSON posted to Kafka Connect ({"name": ..., "config": {...}} or the bare map;
+    /// "-" for standard input), prints the equivalent ferry.toml (or writes it to --output), and
+    /// lists every option without an equivalent on standard error as
+    /// "not translated: <option> = <value>: <why / what to do>". Secrets are never written out.
+    FromDebezium {
+        /// The connector configuration (JSON).
+        file: PathBuf,
+        /// Write the ferry.toml here instead of standard output.
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Kafka brokers (host:port,...): a connector config does not hold them.
+        #[arg(long, value_name = "BROKERS")]
+        brokers: Option<String>,
+    },
 }
 
 /// Entry point of the `ferry` binary.
@@ -107,7 +123,51 @@ async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
             println!("{config:#?}");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Config(ConfigCommand::FromDebezium {
+            file,
+            output,
+            brokers,
+        }) => from_debezium(&file, output.as_deref(), brokers),
     }
+}
+
+/// `config from-debezium`: translation notes go to standard error, the TOML to stdout or `output`.
+fn from_debezium(
+    file: &std::path::Path,
+    output: Option<&std::path::Path>,
+    brokers: Option<String>,
+) -> Result<ExitCode, ExitCode> {
+    let read = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(file)
+    };
+    let json = read.map_err(|e| {
+        eprintln!("ferry: cannot read {}: {e}", file.display());
+        ExitCode::from(2)
+    })?;
+    let options = crate::debezium::Options {
+        brokers,
+        source: file
+            .file_name()
+            .filter(|_| file.as_os_str() != "-")
+            .map(|n| n.to_string_lossy().into_owned()),
+    };
+    let t = crate::debezium::translate(&json, &options).map_err(|e| {
+        eprintln!("ferry: {}: {e}", file.display());
+        ExitCode::from(2)
+    })?;
+    match output {
+        Some(path) => std::fs::write(path, &t.toml).map_err(|e| {
+            eprintln!("ferry: cannot write {}: {e}", path.display());
+            ExitCode::from(2)
+        })?,
+        None => print!("{}", t.toml),
+    }
+    for note in &t.notes {
+        eprintln!("{note}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Loads and validates the configuration; on failure prints why and returns exit code 2.

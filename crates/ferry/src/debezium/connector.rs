@@ -1,0 +1,564 @@
+//! The PostgreSQL connector's own options to `[postgres]` and `outbox.table`, and the reasons
+//! given for connector options that have no equivalent ([`known_reason`]).
+//!
+//! Defaults are Debezium's (`PostgresConnectorConfig`): `database.port` 5432, `database.sslmode`
+//! `disable`, `plugin.name` `decoderbufs`, `slot.name` `debezium`, `publication.name`
+//! `dbz_publication`, `publication.autocreate.mode` `all_tables`, `status.update.interval.ms`
+//! 10000, `snapshot.mode` `initial`.
+
+use std::time::Duration;
+
+use super::outbox::parse_bool;
+use super::render::{Doc, Value, OUTBOX, POSTGRES};
+use super::{is_provider_ref, Source, CHANGE_ME};
+use crate::config::defaults::MAX_STATUS_INTERVAL;
+use crate::config::duration;
+
+const DEFAULT_SLOT: &str = "debezium";
+const DEFAULT_PUBLICATION: &str = "dbz_publication";
+
+/// Translates the connection, slot, publication and table options.
+pub(super) fn translate(src: &mut Source, doc: &mut Doc) {
+    url(src, doc);
+    slot(src, doc);
+    table(src, doc);
+    if let Some(v) = src.take("status.update.interval.ms") {
+        match v.parse::<u64>() {
+            Ok(ms) if ms > 0 => {
+                let d = Duration::from_millis(ms).min(MAX_STATUS_INTERVAL);
+                doc.set(
+                    POSTGRES,
+                    "status_interval",
+                    Value::Str(duration::format(d)),
+                    Some("status.update.interval.ms"),
+                );
+                if Duration::from_millis(ms) > MAX_STATUS_INTERVAL {
+                    doc.caveat(
+                        POSTGRES,
+                        "status_interval",
+                        format!(
+                            "status.update.interval.ms = {ms} exceeds Ferry's limit ({}): the server \
+                             drops a client that reports less often than wal_sender_timeout.",
+                            duration::format(MAX_STATUS_INTERVAL)
+                        ),
+                    );
+                }
+            }
+            _ => src.note(
+                "status.update.interval.ms",
+                "not a positive number of milliseconds",
+            ),
+        }
+    }
+    match src.peek("snapshot.mode").map(str::to_ascii_lowercase).as_deref() {
+        Some("never" | "no_data") | None => {
+            src.take("snapshot.mode");
+        }
+        Some(_) => src.note(
+            "snapshot.mode",
+            "Ferry never snapshots: it relays rows inserted after its slot's position. Keeping the \
+             connector's slot loses nothing (its snapshot ran long ago); rows already in the outbox \
+             table are not sent again",
+        ),
+    }
+    match src.peek("heartbeat.interval.ms").map(str::parse::<u64>) {
+        Some(Ok(0)) => {
+            src.take("heartbeat.interval.ms");
+        }
+        _ => src.note(
+            "heartbeat.interval.ms",
+            "Ferry confirms the server's keepalive positions itself whenever nothing is in flight, \
+             so its slot advances on a quiet outbox without heartbeat records or writes",
+        ),
+    }
+    if src.peek("slot.drop.on.stop").and_then(parse_bool) == Some(false) {
+        src.take("slot.drop.on.stop");
+    } else {
+        src.note(
+            "slot.drop.on.stop",
+            "Ferry never drops its slot (that would lose its position and every row written while \
+             it is stopped); drop it by hand when retiring it: SELECT pg_drop_replication_slot('<slot>')",
+        );
+    }
+    if src.peek("flush.lsn.source").and_then(parse_bool) == Some(true) {
+        src.take("flush.lsn.source");
+    } else {
+        src.note(
+            "flush.lsn.source",
+            "Ferry always confirms the slot's position, once Kafka has acknowledged every record at \
+             or below it: that is its checkpoint",
+        );
+    }
+    if src.peek("tasks.max").is_some() {
+        // The PostgreSQL connector always runs one task; Ferry is one process per slot.
+        src.take("tasks.max");
+    }
+}
+
+/// `database.*` to `postgres.url` (without the password).
+fn url(src: &mut Source, doc: &mut Doc) {
+    let part = |src: &mut Source, key: &str, default: &str| match src.take(key) {
+        Some(v) if is_provider_ref(&v) => {
+            src.note(
+                key,
+                "a Kafka Connect config provider reference, resolved by the worker: replace \
+                 CHANGE-ME in postgres.url with its value",
+            );
+            CHANGE_ME.to_owned()
+        }
+        Some(v) if !v.is_empty() => v,
+        _ => default.to_owned(),
+    };
+    let host = part(src, "database.hostname", CHANGE_ME);
+    let port = part(src, "database.port", "5432");
+    let user = part(src, "database.user", CHANGE_ME);
+    let dbname = part(src, "database.dbname", "");
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        encode(&host, "")
+    };
+    let mut url = format!(
+        "postgres://{}@{host}:{}",
+        encode(&user, ""),
+        encode(&port, "")
+    );
+    if !dbname.is_empty() {
+        url.push('/');
+        url.push_str(&encode(&dbname, ""));
+    }
+    let mut params: Vec<(&str, String)> = Vec::new();
+    let mut caveats: Vec<String> = Vec::new();
+    let sslmode = src.take("database.sslmode").map(|m| m.to_ascii_lowercase());
+    match sslmode.as_deref() {
+        None => caveats.push(
+            "database.sslmode is unset: Debezium connected without TLS (its default is disable); \
+             Ferry's default, prefer, uses TLS when the server offers it but verifies nothing. Use \
+             sslmode=verify-full with sslrootcert where the server has a certificate."
+                .to_owned(),
+        ),
+        Some(m @ ("disable" | "prefer" | "require" | "verify-ca" | "verify-full")) => {
+            params.push(("sslmode", m.to_owned()))
+        }
+        Some("allow") => {
+            params.push(("sslmode", "prefer".to_owned()));
+            caveats.push(
+                "database.sslmode = allow: Ferry does not support allow; prefer also connects with \
+                 or without TLS, trying TLS first."
+                    .to_owned(),
+            );
+        }
+        Some(_) => src.note(
+            "database.sslmode",
+            "not an sslmode; use disable, prefer, require, verify-ca or verify-full in postgres.url",
+        ),
+    }
+    let tls = sslmode.as_deref() != Some("disable");
+    for (key, param) in [
+        ("database.sslrootcert", "sslrootcert"),
+        ("database.sslcert", "sslcert"),
+        ("database.sslkey", "sslkey"),
+    ] {
+        match src.peek(key).map(str::to_owned) {
+            Some(v) if tls && !v.is_empty() && !is_provider_ref(&v) => {
+                src.take(key);
+                if param == "sslkey" && (v.ends_with(".pk8") || v.ends_with(".der")) {
+                    caveats.push(format!(
+                        "database.sslkey is a PKCS#8 DER key (the JDBC driver's format); Ferry reads \
+                         PEM: openssl pkcs8 -inform DER -in {v} -out key.pem -nocrypt, then point \
+                         sslkey at key.pem."
+                    ));
+                }
+                params.push((param, v));
+            }
+            Some(_) if !tls => src.note(key, "sslmode is disable, so it was unused; Ferry refuses it with disable"),
+            _ => src.note(key, "a config provider reference or empty: add sslrootcert/sslcert/sslkey to postgres.url"),
+        }
+    }
+    if !params.is_empty() {
+        let query: Vec<String> = params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", encode(v, "/")))
+            .collect();
+        url.push('?');
+        url.push_str(&query.join("&"));
+    }
+    doc.set(
+        POSTGRES,
+        "url",
+        Value::Str(url.clone()),
+        Some("database.hostname, .port, .user, .dbname, .ssl*"),
+    );
+    for c in caveats {
+        doc.caveat(POSTGRES, "url", c);
+    }
+    if let Some(pw) = src.peek("database.password").map(str::to_owned) {
+        let with_password = url.replacen('@', ":<password>@", 1);
+        let provider = if is_provider_ref(&pw) {
+            " (here a Kafka Connect config provider reference: resolve it)"
+        } else {
+            ""
+        };
+        src.note(
+            "database.password",
+            format!(
+                "Ferry writes no secrets into its file, and TOML cannot read the environment: set \
+                 FERRY_POSTGRES_URL={with_password}{provider}; it overrides postgres.url"
+            ),
+        );
+        doc.caveat(
+            POSTGRES,
+            "url",
+            "No password here: set the whole URL with it in FERRY_POSTGRES_URL, which overrides this line.",
+        );
+    }
+    src.note(
+        "database.sslpassword",
+        "Ferry cannot read an encrypted client key: decrypt it (openssl pkey -in key.pem -out \
+         key-plain.pem) and protect the file instead",
+    );
+    let factory_reason = match src.peek("database.sslfactory") {
+        Some(f) if f.contains("NonValidatingFactory") => {
+            "Ferry has no non-validating factory: sslmode=require encrypts without verifying the \
+             certificate, as libpq does"
+        }
+        _ => "a JDBC socket factory class; Ferry's TLS is configured by sslmode and sslrootcert",
+    };
+    src.note("database.sslfactory", factory_reason);
+}
+
+/// Percent-encodes everything but unreserved characters and `keep`.
+fn encode(s: &str, keep: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.as_bytes().contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `slot.name`, `plugin.name`, `publication.name`, `publication.autocreate.mode`.
+fn slot(src: &mut Source, doc: &mut Doc) {
+    let slot_from = if src.peek("slot.name").is_some() {
+        "slot.name"
+    } else {
+        "slot.name (unset: Debezium's default)"
+    };
+    let slot = src
+        .take("slot.name")
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| DEFAULT_SLOT.to_owned());
+    let plugin = src.take("plugin.name").map(|p| p.to_ascii_lowercase());
+    if plugin.as_deref() == Some("pgoutput") {
+        doc.set(POSTGRES, "slot", Value::str(&slot), Some(slot_from));
+        doc.caveat(
+            POSTGRES,
+            "slot",
+            "The connector's own slot (plugin.name = pgoutput): Ferry continues from its confirmed \
+             position, so nothing is lost and the records since the connector's last offset commit \
+             are sent again (consumers deduplicate on the id header). Start Ferry, then stop the \
+             connector: Ferry stands by while the slot is in use and takes over when it is free.",
+        );
+    } else {
+        let new = if slot == "ferry" {
+            "ferry_pgoutput"
+        } else {
+            "ferry"
+        };
+        doc.set(
+            POSTGRES,
+            "slot",
+            Value::str(new),
+            Some("new: plugin.name is not pgoutput"),
+        );
+        let shown = plugin
+            .clone()
+            .unwrap_or_else(|| "(unset: Debezium's default is decoderbufs)".into());
+        src.note_value(
+            "plugin.name",
+            &shown,
+            format!(
+                "Ferry decodes only pgoutput (built into PostgreSQL 10+) and a slot keeps the plugin \
+                 it was created with, so slot {slot:?} cannot be reused; the output names a new slot, \
+                 {new:?}, which Ferry creates. Run Ferry and the connector side by side until Ferry \
+                 relays (duplicates, never a gap: consumers deduplicate on the id header), stop the \
+                 connector, then drop its slot, which retains WAL until dropped: \
+                 SELECT pg_drop_replication_slot('{slot}'). If that slot was in fact created with \
+                 pgoutput, set postgres.slot = {slot:?} instead"
+            ),
+        );
+    }
+    doc.set(
+        POSTGRES,
+        "create_slot",
+        Value::Bool(true),
+        Some("Debezium creates a missing slot too"),
+    );
+    let pub_from = if src.peek("publication.name").is_some() {
+        "publication.name"
+    } else {
+        "publication.name (unset: Debezium's default)"
+    };
+    let publication = src
+        .take("publication.name")
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| DEFAULT_PUBLICATION.to_owned());
+    doc.set(
+        POSTGRES,
+        "publication",
+        Value::Str(publication),
+        Some(pub_from),
+    );
+    let mode = src
+        .peek("publication.autocreate.mode")
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_else(|| "all_tables".into());
+    let create = match mode.as_str() {
+        "all_tables" | "filtered" => Some(true),
+        "disabled" | "no_tables" => Some(false),
+        _ => None,
+    };
+    match create {
+        Some(create) => {
+            src.take("publication.autocreate.mode");
+            doc.set(
+                POSTGRES,
+                "create_publication",
+                Value::Bool(create),
+                Some(&format!("publication.autocreate.mode = {mode}")),
+            );
+            if create {
+                doc.caveat(
+                    POSTGRES,
+                    "create_publication",
+                    "When missing, Ferry creates it FOR TABLE <outbox.table> WITH (publish = 'insert'). \
+                     An existing FOR ALL TABLES publication also works, but streams every table's changes \
+                     to Ferry only to be skipped.",
+                );
+            }
+        }
+        None => src.note(
+            "publication.autocreate.mode",
+            "not a mode Ferry knows; set postgres.create_publication = true (Ferry creates it for \
+             the outbox table) or false (it must exist)",
+        ),
+    }
+}
+
+/// `table.include.list` (or 1.x `table.whitelist`) to `outbox.table`.
+fn table(src: &mut Source, doc: &mut Doc) {
+    let key = if src.peek("table.include.list").is_some() {
+        "table.include.list"
+    } else {
+        "table.whitelist"
+    };
+    let Some(list) = src.take(key) else {
+        doc.set(
+            OUTBOX,
+            "table",
+            Value::str("public.outbox"),
+            Some("no table.include.list"),
+        );
+        src.note_value(
+            "table.include.list",
+            "(unset)",
+            "the connector captured every table and the SMT routed them all; Ferry relays one \
+             outbox table: set outbox.table to it (the output assumes public.outbox)",
+        );
+        return;
+    };
+    let entries: Vec<&str> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    let literal: Vec<String> = entries.iter().filter_map(|e| literal_table(e)).collect();
+    let chosen = literal
+        .iter()
+        .find(|t| t.to_ascii_lowercase().contains("outbox"))
+        .or_else(|| literal.first())
+        .cloned();
+    let Some(table) = chosen else {
+        doc.set(OUTBOX, "table", Value::str("public.outbox"), Some(key));
+        src.note_value(
+            key,
+            &list,
+            "a pattern, not a table name: set outbox.table to the one outbox table it matches \
+             (the output assumes public.outbox)",
+        );
+        return;
+    };
+    doc.set(OUTBOX, "table", Value::str(&table), Some(key));
+    if table.chars().any(|c| c.is_ascii_uppercase()) {
+        doc.caveat(
+            OUTBOX,
+            "table",
+            "Debezium matched the name case-insensitively; Ferry folds an unquoted name to lower \
+             case. If the table was created with a quoted mixed-case name, quote it: \"Schema\".\"Outbox\".",
+        );
+    }
+    if entries.len() > 1 {
+        src.note_value(
+            key,
+            &list,
+            format!(
+                "Ferry relays one outbox table per process and the output uses {table}; for each \
+                 other outbox table run another Ferry with its own outbox.table, postgres.slot and \
+                 postgres.publication (tables that are not outboxes need no equivalent)"
+            ),
+        );
+    }
+}
+
+/// An include-list entry that names one table (`public.outbox`, `public\.outbox`, `outbox`), as
+/// `outbox.table` text, or `None` for a real pattern.
+fn literal_table(entry: &str) -> Option<String> {
+    let e = entry.strip_prefix('^').unwrap_or(entry);
+    let e = e.strip_suffix('$').unwrap_or(e).replace("\\.", ".");
+    let parts: Vec<&str> = e.split('.').collect();
+    let ident = |p: &&str| {
+        !p.is_empty()
+            && !p.starts_with(|c: char| c.is_ascii_digit())
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    ((1..=2).contains(&parts.len()) && parts.iter().all(ident)).then_some(e)
+}
+
+/// Why a connector option left over after translation has no equivalent, for the options Ferry
+/// knows about; `None` for the rest.
+pub(super) fn known_reason(key: &str) -> Option<String> {
+    let has = |prefixes: &[&str]| prefixes.iter().any(|p| key.starts_with(p));
+    let is = |keys: &[&str]| keys.contains(&key);
+    let reason = if has(&["snapshot."]) {
+        "Ferry never snapshots (see snapshot.mode)"
+    } else if has(&["incremental.snapshot.", "signal.", "notification."]) || is(&["read.only"]) {
+        "Ferry has no signals, notifications or incremental snapshots"
+    } else if has(&["heartbeat.", "topic.heartbeat."]) {
+        "Ferry needs no heartbeat records or writes: it confirms keepalive positions itself when \
+         nothing is in flight; drop a heartbeat table that only this connector used"
+    } else if has(&["topic.creation."]) {
+        "Ferry creates no topics: create them with these settings before the first run \
+         (`ferry check` lists the topics the outbox's rows route to)"
+    } else if has(&["topic."]) || is(&["database.server.name"]) {
+        "names Debezium's own topics (heartbeats, transaction metadata, the topic before routing); \
+         Ferry's topics come from [route] alone"
+    } else if has(&[
+        "schema.include.list",
+        "schema.exclude.list",
+        "schema.whitelist",
+        "schema.blacklist",
+        "table.exclude.list",
+        "table.blacklist",
+        "column.",
+        "message.key.columns",
+    ]) {
+        "Ferry reads exactly outbox.table, with all its columns"
+    } else if has(&["message.prefix."]) {
+        "Ferry relays logical decoding messages only as table-less outbox events \
+         (outbox.message_prefix, a different format: see ferry-router's config.md)"
+    } else if is(&[
+        "decimal.handling.mode",
+        "time.precision.mode",
+        "binary.handling.mode",
+        "hstore.handling.mode",
+        "interval.handling.mode",
+        "include.unknown.datatypes",
+        "money.fraction.digits",
+        "datatype.propagate.source.type",
+        "converters",
+        "unavailable.value.placeholder",
+        "schema.name.adjustment.mode",
+        "field.name.adjustment.mode",
+        "schema.refresh.mode",
+        "tombstones.on.delete",
+        "skipped.operations",
+        "provide.transaction.metadata",
+        "include.schema.comments",
+        "xmin.fetch.interval.ms",
+    ]) {
+        "shapes Debezium's change events, which Ferry does not produce: it sends the payload as \
+         stored and placed columns as their text"
+    } else if is(&["event.processing.failure.handling.mode"]) {
+        "Ferry stops on WAL it cannot decode (nothing is skipped silently); rows it cannot route \
+         follow route.on_error"
+    } else if is(&[
+        "max.batch.size",
+        "max.queue.size",
+        "max.queue.size.in.bytes",
+        "poll.interval.ms",
+    ]) {
+        "Debezium's internal queue; Ferry's bound on unacknowledged records is \
+         kafka.max_in_flight_records and kafka.max_in_flight_bytes"
+    } else if is(&[
+        "errors.max.retries",
+        "retriable.restart.connector.wait.ms",
+        "slot.max.retries",
+        "slot.retry.delay.ms",
+    ]) {
+        "Ferry retries transient failures (a busy slot, an unreachable server) without limit, \
+         waiting postgres.reconnect_backoff_min doubling up to postgres.reconnect_backoff_max"
+    } else if is(&["slot.stream.params"]) {
+        "Ferry passes pgoutput's parameters (proto_version, publication_names) itself"
+    } else if is(&["database.initial.statements"]) {
+        "Ferry runs no statements on connecting; set session parameters on its role instead \
+         (ALTER ROLE ... SET ...)"
+    } else if has(&["consumer.override.", "admin.override."]) {
+        "Ferry runs no Kafka consumer or admin client with separate settings; [kafka.properties] \
+         configures its one producer"
+    } else if is(&[
+        "offsets.storage.topic",
+        "exactly.once.support",
+        "transaction.boundary",
+        "transaction.boundary.interval.ms",
+    ]) {
+        "Ferry keeps its position in the replication slot, confirmed only after Kafka \
+         acknowledges (at least once: consumers deduplicate on the id header)"
+    } else if has(&["predicates"]) {
+        "Ferry applies no SMT predicates: it routes only the outbox table's rows"
+    } else if has(&["transforms."]) {
+        "belongs to a transform not listed in transforms, which Kafka Connect ignored too"
+    } else {
+        return None;
+    };
+    Some(reason.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn include_list_entries_that_name_one_table() {
+        assert_eq!(
+            literal_table("public.outbox").as_deref(),
+            Some("public.outbox")
+        );
+        assert_eq!(
+            literal_table("public\\.outbox").as_deref(),
+            Some("public.outbox")
+        );
+        assert_eq!(
+            literal_table("^inventory\\.OutboxEvent$").as_deref(),
+            Some("inventory.OutboxEvent")
+        );
+        assert_eq!(literal_table("outbox").as_deref(), Some("outbox"));
+        for pattern in [
+            "public\\..*",
+            "public.outbox_[0-9]+",
+            "(a|b).outbox",
+            "a.b.c",
+            "",
+        ] {
+            assert_eq!(literal_table(pattern), None, "{pattern}");
+        }
+    }
+
+    #[test]
+    fn url_parts_are_percent_encoded() {
+        assert_eq!(encode("app db/ü", ""), "app%20db%2F%C3%BC");
+        assert_eq!(encode("/etc/ssl/ca.pem", "/"), "/etc/ssl/ca.pem");
+    }
+}

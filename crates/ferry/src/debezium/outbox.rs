@@ -1,0 +1,430 @@
+//! The Outbox Event Router SMT (`transforms.<name>.*`) to `[outbox]` and `[route]`.
+//!
+//! Defaults are Debezium's (`EventRouterConfigDefinition`): `table.field.event.id` = `id`,
+//! `.key` = `aggregateid`, `.type` = `type`, `.payload` = `payload`, `route.by.field` =
+//! `aggregatetype`, `route.topic.regex` = `(?<routedByValue>.*)`, `route.topic.replacement` =
+//! `outbox.event.${routedByValue}`. Debezium 1.x spelt the payload column `table.field.payload`
+//! and the schema version `table.field.schema.version`; both spellings are read.
+//!
+//! Routing: Debezium sets the record's topic to the `route.by.field` value and hands it to Kafka
+//! Connect's `RegexRouter`, which replaces the topic when the regex matches the whole value
+//! (`Matcher.matches()`, then `replaceFirst`) and leaves it unchanged otherwise. A regex that
+//! captures the whole value in one group (the default) becomes a plain topic template; any other
+//! becomes a regex rule, whose topic uses the same `$1` / `${name}` references (Java and Ferry
+//! agree on both, and on the `(?<name>...)` group syntax), with `route.topic = "{<field>}"` as
+//! the unchanged-value fallback.
+
+use ferry_router::config::parse_additional_placement;
+use ferry_router::PlacementLocation;
+
+use super::render::{Doc, Value, OUTBOX, ROUTE};
+use super::{DebeziumError, Source, EVENT_ROUTER_CLASS};
+
+/// `route.topic.regex`'s default.
+pub(super) const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
+/// `route.topic.replacement`'s default.
+pub(super) const DEFAULT_TOPIC_REPLACEMENT: &str = "outbox.event.${routedByValue}";
+
+/// What the Kafka part of the translation needs to know about the SMT.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Facts {
+    /// `table.expand.json.payload`.
+    pub(super) expand_json: bool,
+    /// Some placement puts a column into an envelope (the value is a struct, not the payload).
+    pub(super) envelope: bool,
+}
+
+/// Finds the Outbox Event Router among `transforms` and notes every other transform's options.
+pub(super) fn find(src: &mut Source) -> Result<String, DebeziumError> {
+    let names: Vec<String> = src
+        .take("transforms")
+        .unwrap_or_default()
+        .split(',')
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let is_router = |src: &Source, n: &str| {
+        src.peek(&format!("transforms.{n}.type")) == Some(EVENT_ROUTER_CLASS)
+    };
+    let smt = names
+        .iter()
+        .find(|n| is_router(src, n))
+        .cloned()
+        .ok_or(DebeziumError::NoOutboxRouter)?;
+    for other in names.iter().filter(|n| **n != smt) {
+        let prefix = format!("transforms.{other}.");
+        let type_key = format!("{prefix}type");
+        let reason = if is_router(src, other) {
+            "a second Outbox Event Router: a Ferry process relays one outbox table; translate \
+             a connector with only this SMT for a second Ferry"
+                .to_owned()
+        } else {
+            format!(
+                "Ferry applies no SMT besides the outbox router; the record it sends is described \
+                 by [route] (transforms = {:?})",
+                names.join(",")
+            )
+        };
+        src.note(&type_key, reason);
+        for key in src.keys_with_prefix(&prefix) {
+            src.note(
+                &key,
+                format!("an option of the transform {other:?} (see {type_key})"),
+            );
+        }
+    }
+    Ok(smt)
+}
+
+/// Translates the SMT's options.
+pub(super) fn translate(src: &mut Source, doc: &mut Doc, smt: &str) -> Facts {
+    let key = |opt: &str| format!("transforms.{smt}.{opt}");
+    src.take(&key("type"));
+    // Each column option: its value, or Debezium's default, and the comment naming it.
+    let column = |src: &mut Source, opts: &[&str], default: Option<&str>| {
+        for opt in opts {
+            let k = key(opt);
+            if let Some(v) = src.take(&k) {
+                return Some((v, k));
+            }
+        }
+        default.map(|d| {
+            (
+                d.to_owned(),
+                format!("{} (unset: Debezium's default)", key(opts[0])),
+            )
+        })
+    };
+    let id = column(src, &["table.field.event.id"], Some("id"));
+    let aggregate_id = column(src, &["table.field.event.key"], Some("aggregateid"));
+    let by = column(src, &["route.by.field"], Some("aggregatetype"));
+    let type_col = column(src, &["table.field.event.type"], Some("type"));
+    let payload = column(
+        src,
+        &["table.field.event.payload", "table.field.payload"],
+        Some("payload"),
+    );
+    let timestamp = column(src, &["table.field.event.timestamp"], None);
+    for (ferry_key, c) in [
+        ("id_column", &id),
+        ("aggregate_type_column", &by),
+        ("aggregate_id_column", &aggregate_id),
+        ("type_column", &type_col),
+        ("payload_column", &payload),
+        ("timestamp_column", &timestamp),
+    ] {
+        if let Some((v, from)) = c {
+            doc.set(OUTBOX, ferry_key, Value::str(v), Some(from));
+        }
+    }
+    doc.caveat(
+        OUTBOX,
+        "payload_column",
+        "Ferry sends the payload as stored: json/jsonb as their JSON text, text as UTF-8, bytea as \
+         its bytes; the record key is the aggregate id's text.",
+    );
+    if timestamp.is_none() {
+        doc.intro(
+            OUTBOX,
+            "No table.field.event.timestamp: Debezium stamped records with the time it processed \
+             the row; Ferry uses the transaction's commit time.",
+        );
+    }
+    let by_column = by.map(|(v, _)| v).unwrap_or_default();
+    route(src, doc, smt, &by_column);
+
+    doc.set(
+        ROUTE,
+        "id_header",
+        Value::str("id"),
+        Some("Debezium's event id header"),
+    );
+    doc.set(
+        ROUTE,
+        "type_header",
+        Value::str(""),
+        Some("Debezium sends no type header"),
+    );
+    doc.caveat(
+        ROUTE,
+        "type_header",
+        "Debezium sends the event type only where table.fields.additional.placement puts it \
+         (e.g. type:header:eventType); Ferry would add a \"type\" header by default.",
+    );
+    let mut facts = Facts::default();
+    let placement_key = key("table.fields.additional.placement");
+    if let Some(spec) = src.take(&placement_key).filter(|s| !s.is_empty()) {
+        let spec = lowercase_locations(&spec);
+        if let Ok(placements) = parse_additional_placement(&spec) {
+            facts.envelope = placements
+                .iter()
+                .any(|p| p.location == PlacementLocation::Envelope);
+        }
+        doc.set(
+            ROUTE,
+            "additional_placement",
+            Value::Str(spec),
+            Some(&placement_key),
+        );
+    }
+    doc.set(
+        ROUTE,
+        "envelope",
+        Value::Bool(facts.envelope),
+        Some(if facts.envelope {
+            "an envelope placement: the value is {\"payload\": ..., <fields>}"
+        } else {
+            "no envelope placement: the value is the payload"
+        }),
+    );
+    let tombstone_key = key("route.tombstone.on.empty.payload");
+    match src.take(&tombstone_key).map(|v| parse_bool(&v)) {
+        Some(Some(b)) => doc.set(
+            ROUTE,
+            "tombstone_on_null_payload",
+            Value::Bool(b),
+            Some(&tombstone_key),
+        ),
+        Some(None) => src.note(
+            &tombstone_key,
+            "not true or false; Debezium would refuse it too",
+        ),
+        None => {}
+    }
+    facts.expand_json = the_rest(src, smt);
+    facts
+}
+
+/// `route.by.field`, `route.topic.regex` and `route.topic.replacement` to `route.topic` (and a
+/// rule when the regex is not a catch-all).
+fn route(src: &mut Source, doc: &mut Doc, smt: &str, by: &str) {
+    let regex_key = format!("transforms.{smt}.route.topic.regex");
+    let replacement_key = format!("transforms.{smt}.route.topic.replacement");
+    let regex = src.take(&regex_key);
+    let replacement = src.take(&replacement_key);
+    let from = match (&regex, &replacement) {
+        (None, None) => format!("{replacement_key} (unset: Debezium's default)"),
+        (None, Some(_)) => replacement_key.clone(),
+        _ => format!("{regex_key} + {replacement_key}"),
+    };
+    let regex = regex.unwrap_or_else(|| DEFAULT_TOPIC_REGEX.to_owned());
+    let replacement = replacement.unwrap_or_else(|| DEFAULT_TOPIC_REPLACEMENT.to_owned());
+    let placeholder = format!("{{{by}}}");
+    if let Some(template) =
+        catch_all_group(&regex).and_then(|refs| as_template(&replacement, &refs, &placeholder))
+    {
+        doc.set(ROUTE, "topic", Value::Str(template), Some(&from));
+        return;
+    }
+    let rule = vec![
+        ("column", by.to_owned()),
+        ("regex", regex),
+        ("topic", replacement),
+    ];
+    doc.set(ROUTE, "rules", Value::Tables(vec![rule]), Some(&from));
+    doc.set(
+        ROUTE,
+        "topic",
+        Value::Str(placeholder),
+        Some("a value the regex does not match is the topic itself (Kafka Connect's RegexRouter)"),
+    );
+}
+
+/// If `regex` matches any value whole as one group (`(?<name>.*)`, `(.*)`, `.*`), the references
+/// that stand for the value in a replacement.
+fn catch_all_group(regex: &str) -> Option<Vec<String>> {
+    let re = regex.trim();
+    if re == ".*" {
+        return Some(vec!["$0".into(), "${0}".into()]);
+    }
+    let inner = re.strip_prefix('(')?.strip_suffix(".*)")?;
+    let mut refs = vec!["$0".into(), "${0}".into(), "$1".into(), "${1}".into()];
+    if inner.is_empty() {
+        return Some(refs);
+    }
+    let name = inner.strip_prefix("?<")?.strip_suffix('>')?;
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return None;
+    }
+    refs.push(format!("${{{name}}}"));
+    Some(refs)
+}
+
+/// `replacement` with each of `refs` replaced by `placeholder`, if no other `$` reference or
+/// Java escape remains and no brace could be read as a placeholder.
+fn as_template(replacement: &str, refs: &[String], placeholder: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut rest = replacement;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        // The longest reference that matches and is not followed by a digit ($1 vs $10).
+        let hit = refs
+            .iter()
+            .filter(|r| tail.starts_with(r.as_str()))
+            .filter(|r| !tail[r.len()..].starts_with(|c: char| c.is_ascii_digit()))
+            .max_by_key(|r| r.len())?;
+        out.push_str(placeholder);
+        rest = &tail[hit.len()..];
+    }
+    out.push_str(rest);
+    if out.replace(placeholder, "").contains(['{', '}', '\\']) {
+        return None;
+    }
+    Some(out)
+}
+
+/// Debezium reads a placement's location case-insensitively; Ferry wants it in lower case.
+fn lowercase_locations(spec: &str) -> String {
+    spec.split(',')
+        .map(|entry| {
+            let mut parts: Vec<String> = entry.split(':').map(str::to_owned).collect();
+            if let Some(loc) = parts.get_mut(1) {
+                let lower = loc.trim().to_ascii_lowercase();
+                if ["header", "envelope", "partition"].contains(&lower.as_str()) {
+                    *loc = lower;
+                }
+            }
+            parts.join(":")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Kafka's boolean parsing: `true`/`false`, any case.
+pub(super) fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
+
+/// Notes the SMT's options without an equivalent; returns `table.expand.json.payload`.
+fn the_rest(src: &mut Source, smt: &str) -> bool {
+    let key = |opt: &str| format!("transforms.{smt}.{opt}");
+    let expand = src
+        .peek(&key("table.expand.json.payload"))
+        .and_then(parse_bool)
+        .unwrap_or(false);
+    src.note(
+        &key("table.expand.json.payload"),
+        if expand {
+            "Ferry always sends a json/jsonb payload as JSON, as this did, but as stored: Debezium \
+             re-serialised it (key order and spacing normalised, fields with null values dropped \
+             under table.json.payload.null.behavior = ignore, the default); consumers relying on \
+             dropped nulls must accept them"
+        } else {
+            "Ferry sends a json/jsonb payload as its JSON text; without expansion Debezium sent it \
+             as a string (with JsonConverter: a quoted, escaped JSON string), so consumers that \
+             decode the value twice must decode it once"
+        },
+    );
+    src.note(
+        &key("table.json.payload.null.behavior"),
+        "Ferry does not re-serialise the payload: null fields are sent as stored",
+    );
+    let missing = key("table.fields.additional.error.on.missing");
+    match src.peek(&missing).and_then(parse_bool) {
+        Some(true) => {
+            src.take(&missing);
+        }
+        _ => src.note(
+            &missing,
+            "Ferry always treats a placed column missing from the row as a routing error \
+             (handled by route.on_error); `ferry check` reports placed columns missing from the table",
+        ),
+    }
+    for opt in [
+        "table.field.event.schema.version",
+        "table.field.schema.version",
+    ] {
+        src.note(
+            &key(opt),
+            "sets the Kafka Connect schema version of the value, which only a schema-aware \
+             converter writes; Ferry sends no schema",
+        );
+    }
+    for opt in ["table.op.invalid.behavior", "debezium.op.invalid.behavior"] {
+        let k = key(opt);
+        match src.peek(&k).map(str::to_ascii_lowercase).as_deref() {
+            Some("warn") => {
+                src.take(&k);
+            }
+            _ => src.note(
+                &k,
+                "Ferry skips (and counts) UPDATEs and DELETEs of the outbox table, as Debezium's \
+                 default warn did; it has no mode that fails on them",
+            ),
+        }
+    }
+    for opt in ["table.field.event.payload.id", "table.field.payload.id"] {
+        src.note(
+            &key(opt),
+            "a Debezium 1.x envelope field; to send that column, add it to route.additional_placement",
+        );
+    }
+    for opt in [
+        "tracing.span.context.field",
+        "tracing.operation.name",
+        "tracing.with.context.field.only",
+    ] {
+        src.note(
+            &key(opt),
+            "Ferry creates no OpenTelemetry spans; to pass a stored trace context on, place its \
+             column as a header in route.additional_placement",
+        );
+    }
+    for opt in ["predicate", "negate"] {
+        src.note(
+            &key(opt),
+            "Ferry routes only the outbox table's INSERTs, which is what a predicate selecting the \
+             outbox topic achieves; check that it did nothing else",
+        );
+    }
+    for k in src.keys_with_prefix(&format!("transforms.{smt}.")) {
+        src.note(
+            &k,
+            "not an Outbox Event Router option Ferry has an equivalent for",
+        );
+    }
+    expand
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catch_all_regexes_become_templates() {
+        let t = |re: &str, rep: &str| {
+            catch_all_group(re).and_then(|refs| as_template(rep, &refs, "{aggregatetype}"))
+        };
+        assert_eq!(
+            t(DEFAULT_TOPIC_REGEX, DEFAULT_TOPIC_REPLACEMENT).as_deref(),
+            Some("outbox.event.{aggregatetype}")
+        );
+        assert_eq!(
+            t("(.*)", "events.$1.v1").as_deref(),
+            Some("events.{aggregatetype}.v1")
+        );
+        assert_eq!(t(".*", "x.$0").as_deref(), Some("x.{aggregatetype}"));
+        assert_eq!(t("(?<v>.*)", "fixed").as_deref(), Some("fixed"));
+        // A reference the catch-all regex does not define, a group number that is not 1, a
+        // Java escape, a regex that selects: rules.
+        assert_eq!(t("(?<v>.*)", "x.${other}"), None);
+        assert_eq!(t("(.*)", "x.$12"), None);
+        assert_eq!(t("(.*)", "x\\$"), None);
+        assert_eq!(t("(?<v>.*)Aggregate", "x.${v}"), None);
+        assert_eq!(t("(?<v>[a-z]+)", "x.${v}"), None);
+    }
+
+    #[test]
+    fn placement_locations_are_lowercased_and_the_rest_kept() {
+        assert_eq!(
+            lowercase_locations("type:HEADER:eventType,tenant:Envelope,p:partition"),
+            "type:header:eventType,tenant:envelope,p:partition"
+        );
+        assert_eq!(lowercase_locations("odd:nowhere"), "odd:nowhere");
+    }
+}
