@@ -95,12 +95,15 @@ impl<T: Send + Sync + 'static> ProducerContext for Context<T> {
             }),
             Err((e, _)) => Err(e.clone()),
         };
-        // Never full: the channel is larger than the in-flight window. If the pipeline is gone
-        // the report has no one to matter to.
-        let _ = self.reports.blocking_send(Delivery {
+        // Never full: the channel is larger than the in-flight window (the blocking send is a
+        // safety net, not a path). If the pipeline is gone the report has no one to matter to.
+        let delivery = Delivery {
             meta: *meta,
             result,
-        });
+        };
+        if let Err(mpsc::error::TrySendError::Full(delivery)) = self.reports.try_send(delivery) {
+            let _ = self.reports.blocking_send(delivery);
+        }
     }
 }
 

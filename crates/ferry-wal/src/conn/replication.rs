@@ -352,27 +352,22 @@ impl ReplicationConnection {
     /// The next CopyData payload of the stream. Cancel-safe: partial frames stay buffered.
     pub async fn recv_copy_data(&mut self) -> Result<Bytes, ReaderError> {
         loop {
-            match self.next_frame().await? {
-                Frame::CopyData(data) => return Ok(data),
-                Frame::Other(backend::Message::NoticeResponse(_)) => {}
-                Frame::Other(backend::Message::ErrorResponse(e)) => {
-                    return Err(ReaderError::Server(server_error(&e)))
-                }
-                Frame::Other(backend::Message::CopyDone) => return Err(ReaderError::StreamEnded),
-                // A walsender stopping with the server (smart or fast shutdown) sends the
-                // CommandComplete "COPY 0" with no CopyDone before it and exits (walsender.c
-                // `WalSndDone`): the server ended the stream, a transient condition.
-                Frame::Other(backend::Message::CommandComplete(_)) => {
-                    return Err(ReaderError::StreamEnded)
-                }
-                other => {
-                    return Err(ReaderError::Protocol(format!(
-                        "unexpected {} during streaming",
-                        describe(&other)
-                    )))
-                }
+            let frame = self.next_frame().await?;
+            if let Some(data) = streaming_frame(frame)? {
+                return Ok(data);
             }
         }
+    }
+
+    /// The next CopyData payload if a whole one is already buffered, without reading the
+    /// socket: lets the caller handle everything one read brought before it waits again.
+    pub fn buffered_copy_data(&mut self) -> Result<Option<Bytes>, ReaderError> {
+        while let Some(frame) = self.parse_frame()? {
+            if let Some(data) = streaming_frame(frame)? {
+                return Ok(Some(data));
+            }
+        }
+        Ok(None)
     }
 
     /// Sends one CopyData message (a standby status update) and flushes it.
@@ -484,6 +479,26 @@ impl ReplicationConnection {
                 ))),
             },
         }
+    }
+}
+
+/// What a frame means during streaming: a payload, nothing (a notice), or the end of it.
+fn streaming_frame(frame: Frame) -> Result<Option<Bytes>, ReaderError> {
+    match frame {
+        Frame::CopyData(data) => Ok(Some(data)),
+        Frame::Other(backend::Message::NoticeResponse(_)) => Ok(None),
+        Frame::Other(backend::Message::ErrorResponse(e)) => {
+            Err(ReaderError::Server(server_error(&e)))
+        }
+        Frame::Other(backend::Message::CopyDone) => Err(ReaderError::StreamEnded),
+        // A walsender stopping with the server (smart or fast shutdown) sends the
+        // CommandComplete "COPY 0" with no CopyDone before it and exits (walsender.c
+        // `WalSndDone`): the server ended the stream, a transient condition.
+        Frame::Other(backend::Message::CommandComplete(_)) => Err(ReaderError::StreamEnded),
+        other => Err(ReaderError::Protocol(format!(
+            "unexpected {} during streaming",
+            describe(&other)
+        ))),
     }
 }
 

@@ -288,6 +288,9 @@ struct Task {
     stats: Arc<ReaderStats>,
 }
 
+/// Most buffered messages handled in a row before the task looks at its timers again.
+const BUFFERED_BURST: usize = 256;
+
 /// What woke the task.
 enum Wake {
     Data(Result<bytes::Bytes, ReaderError>),
@@ -323,7 +326,17 @@ impl Task {
                 Wake::Confirmed(false) => return Err(ReaderError::Closed),
                 Wake::Confirmed(true) => self.take_confirmation()?,
                 Wake::StatusDue => self.send_status().await?,
-                Wake::Data(data) => self.handle(data?).await?,
+                Wake::Data(data) => {
+                    self.handle(data?).await?;
+                    // Everything that read brought, before waiting on the socket and the
+                    // timers again (bounded, so confirmations and status updates stay prompt).
+                    for _ in 0..BUFFERED_BURST {
+                        match self.conn.buffered_copy_data()? {
+                            Some(data) => self.handle(data).await?,
+                            None => break,
+                        }
+                    }
+                }
             }
         }
     }
