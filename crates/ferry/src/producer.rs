@@ -258,3 +258,42 @@ pub fn fix_for(e: &KafkaError) -> &'static str {
         _ => "see the broker's logs for why it refuses the record",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Managed Kafka means TLS and SASL (PLAIN, SCRAM): the linked librdkafka must have them.
+    #[test]
+    fn librdkafka_is_built_with_tls_and_sasl() {
+        let features = crate::config::builtin_features();
+        for f in ["ssl", "sasl_plain", "sasl_scram"] {
+            assert!(
+                features.iter().any(|x| x == f),
+                "librdkafka lacks {f}: {features:?}"
+            );
+        }
+    }
+
+    /// A SASL_SSL producer configuration (SCRAM and PLAIN) is accepted by the client; this is
+    /// what fails at start-up when TLS or SASL support is missing from the build.
+    #[test]
+    fn sasl_ssl_producers_can_be_created() {
+        for mechanism in ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] {
+            let props: Vec<(String, String)> = [
+                ("bootstrap.servers", "127.0.0.1:1"),
+                ("security.protocol", "sasl_ssl"),
+                ("sasl.mechanism", mechanism),
+                ("sasl.username", "ferry"),
+                ("sasl.password", "secret"),
+                ("enable.idempotence", "true"),
+                ("acks", "all"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let created = Producer::<u64>::new(&props, 16);
+            assert!(created.is_ok(), "{mechanism}: {:?}", created.err());
+        }
+    }
+}
