@@ -43,9 +43,11 @@
 //! `PostgresConnectorConfig`, and Kafka's `RegexRouter` and `SinkConnectorConfig` (a dead letter
 //! queue serves sink connectors only).
 
+mod connect;
 mod connector;
-mod kafka;
+mod known;
 mod outbox;
+mod producer;
 mod render;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -158,7 +160,8 @@ pub fn translate(json: &str, options: &Options) -> Result<Translation, DebeziumE
     );
     connector::translate(&mut src, &mut doc);
     let facts = outbox::translate(&mut src, &mut doc, &smt);
-    kafka::translate(&mut src, &mut doc, options, &facts);
+    producer::translate(&mut src, &mut doc, options);
+    connect::translate(&mut src, &mut doc, &facts);
     src.note_the_rest();
     let toml = doc.render();
     let mut notes = src.notes;
@@ -281,7 +284,7 @@ impl Source {
         });
     }
 
-    /// Notes every option nobody handled, with the reason [`connector::known_reason`] knows or
+    /// Notes every option nobody handled, with the reason [`known::reason`] knows or
     /// a generic one.
     fn note_the_rest(&mut self) {
         let rest: Vec<String> = self
@@ -291,7 +294,7 @@ impl Source {
             .cloned()
             .collect();
         for key in rest {
-            let reason = connector::known_reason(&key).unwrap_or_else(|| {
+            let reason = known::reason(&key).unwrap_or_else(|| {
                 "not an option Ferry has an equivalent for; check that Ferry's defaults suit"
                     .to_owned()
             });
@@ -301,13 +304,15 @@ impl Source {
     }
 }
 
-/// `value` as a note shows it: `***` for secrets, quoted when it has spaces or is empty.
+/// `value` as a note shows it: `***` for secrets, quoted when it has spaces or is empty (but
+/// not a `(marker)` like `(unset)`).
 fn shown(key: &str, value: &str) -> String {
     if crate::config::is_secret_property(key) {
         return "***".to_owned();
     }
     let v = render::one_line(value.trim());
-    if v.is_empty() || v.contains(' ') {
+    let marker = v.starts_with('(') && v.ends_with(')');
+    if v.is_empty() || (v.contains(' ') && !marker) {
         format!("{v:?}")
     } else {
         v

@@ -1,5 +1,4 @@
-//! The PostgreSQL connector's own options to `[postgres]` and `outbox.table`, and the reasons
-//! given for connector options that have no equivalent ([`known_reason`]).
+//! The PostgreSQL connector's own options to `[postgres]` and `outbox.table`.
 //!
 //! Defaults are Debezium's (`PostgresConnectorConfig`): `database.port` 5432, `database.sslmode`
 //! `disable`, `plugin.name` `decoderbufs`, `slot.name` `debezium`, `publication.name`
@@ -50,15 +49,19 @@ pub(super) fn translate(src: &mut Source, doc: &mut Doc) {
             ),
         }
     }
-    match src.peek("snapshot.mode").map(str::to_ascii_lowercase).as_deref() {
+    match src
+        .peek("snapshot.mode")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         Some("never" | "no_data") | None => {
             src.take("snapshot.mode");
         }
         Some(_) => src.note(
             "snapshot.mode",
-            "Ferry never snapshots: it relays rows inserted after its slot's position. Keeping the \
-             connector's slot loses nothing (its snapshot ran long ago); rows already in the outbox \
-             table are not sent again",
+            "Ferry never snapshots: it relays the rows inserted after its slot's position. With \
+             the connector's slot kept nothing is lost (the snapshot ran when the connector first \
+             started); a new slot starts where Ferry creates it (see plugin.name for the overlap)",
         ),
     }
     match src.peek("heartbeat.interval.ms").map(str::parse::<u64>) {
@@ -425,105 +428,6 @@ fn literal_table(entry: &str) -> Option<String> {
             && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
     };
     ((1..=2).contains(&parts.len()) && parts.iter().all(ident)).then_some(e)
-}
-
-/// Why a connector option left over after translation has no equivalent, for the options Ferry
-/// knows about; `None` for the rest.
-pub(super) fn known_reason(key: &str) -> Option<String> {
-    let has = |prefixes: &[&str]| prefixes.iter().any(|p| key.starts_with(p));
-    let is = |keys: &[&str]| keys.contains(&key);
-    let reason = if has(&["snapshot."]) {
-        "Ferry never snapshots (see snapshot.mode)"
-    } else if has(&["incremental.snapshot.", "signal.", "notification."]) || is(&["read.only"]) {
-        "Ferry has no signals, notifications or incremental snapshots"
-    } else if has(&["heartbeat.", "topic.heartbeat."]) {
-        "Ferry needs no heartbeat records or writes: it confirms keepalive positions itself when \
-         nothing is in flight; drop a heartbeat table that only this connector used"
-    } else if has(&["topic.creation."]) {
-        "Ferry creates no topics: create them with these settings before the first run \
-         (`ferry check` lists the topics the outbox's rows route to)"
-    } else if has(&["topic."]) || is(&["database.server.name"]) {
-        "names Debezium's own topics (heartbeats, transaction metadata, the topic before routing); \
-         Ferry's topics come from [route] alone"
-    } else if has(&[
-        "schema.include.list",
-        "schema.exclude.list",
-        "schema.whitelist",
-        "schema.blacklist",
-        "table.exclude.list",
-        "table.blacklist",
-        "column.",
-        "message.key.columns",
-    ]) {
-        "Ferry reads exactly outbox.table, with all its columns"
-    } else if has(&["message.prefix."]) {
-        "Ferry relays logical decoding messages only as table-less outbox events \
-         (outbox.message_prefix, a different format: see ferry-router's config.md)"
-    } else if is(&[
-        "decimal.handling.mode",
-        "time.precision.mode",
-        "binary.handling.mode",
-        "hstore.handling.mode",
-        "interval.handling.mode",
-        "include.unknown.datatypes",
-        "money.fraction.digits",
-        "datatype.propagate.source.type",
-        "converters",
-        "unavailable.value.placeholder",
-        "schema.name.adjustment.mode",
-        "field.name.adjustment.mode",
-        "schema.refresh.mode",
-        "tombstones.on.delete",
-        "skipped.operations",
-        "provide.transaction.metadata",
-        "include.schema.comments",
-        "xmin.fetch.interval.ms",
-    ]) {
-        "shapes Debezium's change events, which Ferry does not produce: it sends the payload as \
-         stored and placed columns as their text"
-    } else if is(&["event.processing.failure.handling.mode"]) {
-        "Ferry stops on WAL it cannot decode (nothing is skipped silently); rows it cannot route \
-         follow route.on_error"
-    } else if is(&[
-        "max.batch.size",
-        "max.queue.size",
-        "max.queue.size.in.bytes",
-        "poll.interval.ms",
-    ]) {
-        "Debezium's internal queue; Ferry's bound on unacknowledged records is \
-         kafka.max_in_flight_records and kafka.max_in_flight_bytes"
-    } else if is(&[
-        "errors.max.retries",
-        "retriable.restart.connector.wait.ms",
-        "slot.max.retries",
-        "slot.retry.delay.ms",
-    ]) {
-        "Ferry retries transient failures (a busy slot, an unreachable server) without limit, \
-         waiting postgres.reconnect_backoff_min doubling up to postgres.reconnect_backoff_max"
-    } else if is(&["slot.stream.params"]) {
-        "Ferry passes pgoutput's parameters (proto_version, publication_names) itself"
-    } else if is(&["database.initial.statements"]) {
-        "Ferry runs no statements on connecting; set session parameters on its role instead \
-         (ALTER ROLE ... SET ...)"
-    } else if has(&["consumer.override.", "admin.override."]) {
-        "Ferry runs no Kafka consumer or admin client with separate settings; [kafka.properties] \
-         configures its one producer"
-    } else if is(&[
-        "offsets.storage.topic",
-        "exactly.once.support",
-        "transaction.boundary",
-        "transaction.boundary.interval.ms",
-    ]) {
-        "Ferry keeps its position in the replication slot, confirmed only after Kafka \
-         acknowledges (at least once: consumers deduplicate on the id header)"
-    } else if has(&["predicates"]) {
-        "Ferry applies no SMT predicates: it routes only the outbox table's rows"
-    } else if has(&["transforms."]) {
-        "belongs to a transform not listed in transforms, which Kafka Connect ignored too"
-    } else {
-        return None;
-    };
-    Some(reason.to_owned())
 }
 
 #[cfg(test)]

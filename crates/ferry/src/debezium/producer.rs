@@ -1,30 +1,27 @@
-//! The Kafka side: brokers, `producer.override.*` (Java producer properties) to `[kafka]` and
-//! librdkafka's names in `[kafka.properties]`, the converters, and `errors.*`.
+//! `producer.override.*` (Java producer properties) to `[kafka]` keys and librdkafka's names in
+//! `[kafka.properties]`, and the brokers.
 //!
 //! Java and librdkafka share many property names but not all, and librdkafka refuses unknown
-//! ones, so only properties known to mean the same in both pass through ([`java_property`]);
-//! the rest are listed. Secrets (SASL and key store passwords) are never written into the file:
-//! their line is commented out and the note names the `FERRY_KAFKA_PROPERTIES_*` variable.
-//!
-//! What a consumer sees: Ferry sends the payload column as stored and the key as the aggregate
-//! id's text, with no schema envelope and no schema registry framing. Kafka Connect passed the
-//! same data through its converters: `JsonConverter` with `schemas.enable=true` (its default)
-//! wrapped each key and value in `{"schema": ..., "payload": ...}`; with `false` it still wrote a
-//! string as a quoted JSON string. Those notes say what changes for consumers, including the
-//! key's partition, which follows the key's bytes.
+//! ones, so only properties known to mean the same in both pass through ([`java_property`], from
+//! librdkafka's CONFIGURATION.md and Kafka's ProducerConfig); the rest are listed. A SASL JAAS
+//! config becomes `sasl.username` (or the Kerberos keytab and principal); Java key stores become
+//! librdkafka's PEM or PKCS#12 settings where the format allows. Secrets (SASL and key store
+//! passwords) are never written into the file: their line is commented out and the note names
+//! the `FERRY_KAFKA_PROPERTIES_*` variable. Properties Ferry controls (`acks`,
+//! `enable.idempotence`, the partitioner) are dropped when they already agree, noted otherwise.
 
 use std::str::FromStr;
 
-use super::outbox::{parse_bool, Facts};
-use super::render::{Doc, Value, KAFKA, KAFKA_PROPERTIES, ROUTE};
+use super::outbox::parse_bool;
+use super::render::{Doc, Value, KAFKA, KAFKA_PROPERTIES};
 use super::{is_provider_ref, Options, Source, CHANGE_ME};
 use crate::config::defaults::LIBRDKAFKA_QUEUE_LIMIT;
 use crate::config::{duration, is_secret_property, property_rule, Compression};
 
 const OVERRIDE: &str = "producer.override.";
 
-/// Translates brokers, producer overrides, converters and error handling.
-pub(super) fn translate(src: &mut Source, doc: &mut Doc, options: &Options, facts: &Facts) {
+/// Translates the brokers and every `producer.override.*` option.
+pub(super) fn translate(src: &mut Source, doc: &mut Doc, options: &Options) {
     brokers(src, doc, options);
     jaas(src, doc);
     stores(src, doc);
@@ -32,18 +29,15 @@ pub(super) fn translate(src: &mut Source, doc: &mut Doc, options: &Options, fact
         let Some(value) = src.peek(&key).map(str::to_owned) else {
             continue;
         };
-        let name = &key[OVERRIDE.len()..];
         if is_provider_ref(&value) {
             src.note(
                 &key,
-                format!(
-                    "a Kafka Connect config provider reference: set {} to its value",
-                    env_name(name)
-                ),
+                "a Kafka Connect config provider reference: put its value under librdkafka's \
+                 name in [kafka.properties] (or its FERRY_KAFKA_PROPERTIES_* variable)",
             );
             continue;
         }
-        match java_property(name, &value) {
+        match java_property(&key[OVERRIDE.len()..], &value) {
             Action::Property(librdkafka, v) => property(src, doc, &key, librdkafka, v),
             Action::Key(ferry_key, v) => {
                 src.take(&key);
@@ -62,18 +56,6 @@ pub(super) fn translate(src: &mut Source, doc: &mut Doc, options: &Options, fact
              Connect ignored it here",
         );
     }
-    converter(src, doc, "key", facts);
-    converter(src, doc, "value", facts);
-    match src.peek("header.converter") {
-        Some(c) if c.ends_with("SimpleHeaderConverter") => {
-            src.take("header.converter");
-        }
-        _ => src.note(
-            "header.converter",
-            "Ferry sends header values as the column's text (bytea decoded)",
-        ),
-    }
-    errors(src, doc);
 }
 
 /// Writes a librdkafka property, or its commented line and a note when it is a secret, or a
@@ -450,155 +432,6 @@ fn stores(src: &mut Source, doc: &mut Doc) {
     }
     for n in ["ssl.keystore.type", "ssl.keystore.password"] {
         src.note(&k(n), "belongs to ssl.keystore.location (see there)");
-    }
-}
-
-/// `key.converter` / `value.converter` and their settings.
-fn converter(src: &mut Source, doc: &mut Doc, side: &str, facts: &Facts) {
-    let key = format!("{side}.converter");
-    let schemas_key = format!("{key}.schemas.enable");
-    let Some(class) = src.peek(&key).map(str::to_owned) else {
-        if side == "value" {
-            doc.intro(
-                ROUTE,
-                "The converters are the Kafka Connect worker's (not in this connector config). \
-                 Ferry sends the key as the aggregate id's text and the value as the payload as \
-                 stored, with no schema envelope: the worker default, JsonConverter with \
-                 schemas.enable=true, wrapped both in {\"schema\": ..., \"payload\": ...}.",
-            );
-        }
-        return;
-    };
-    let schemas = src.peek(&schemas_key).and_then(parse_bool).unwrap_or(true);
-    let what = if side == "key" {
-        "the aggregate id's text"
-    } else if facts.envelope {
-        "the object {\"payload\": <payload>, <envelope fields>}"
-    } else {
-        "the payload as stored"
-    };
-    let partition = if side == "key" {
-        " The key's bytes differ, so a key's partition changes at the switch: per-key order holds \
-         within the connector's records and within Ferry's, not across them."
-    } else {
-        ""
-    };
-    let reason = if class.ends_with("StringConverter")
-        || (class.ends_with("ByteArrayConverter") && side == "value")
-        || (class.ends_with("JsonConverter") && !schemas && side == "value" && facts.expand_json)
-    {
-        None
-    } else if class.ends_with("JsonConverter") && schemas {
-        Some(format!(
-            "Debezium wrote {{\"schema\": ..., \"payload\": ...}}; Ferry sends {what} with no schema \
-             envelope, so consumers that read the payload field must read the {side} itself.{partition}"
-        ))
-    } else if class.ends_with("JsonConverter") {
-        Some(format!(
-            "with schemas.enable=false Debezium still wrote a string as a quoted JSON string \
-             (\"\\\"42\\\"\"); Ferry sends {what} unquoted, so consumers that JSON-decode the {side} \
-             must read it as is.{partition}"
-        ))
-    } else if class.contains("CloudEvents") {
-        Some(format!(
-            "Ferry does not produce CloudEvents: it sends {what}.{partition}"
-        ))
-    } else if ["Avro", "Protobuf", "JsonSchema", "confluent", "apicurio"]
-        .iter()
-        .any(|s| class.contains(s))
-    {
-        Some(format!(
-            "Ferry uses no schema registry: it sends {what} without registry framing, so \
-             consumers must switch to plain deserializers.{partition}"
-        ))
-    } else {
-        Some(format!("Ferry sends {what}.{partition}"))
-    };
-    match reason {
-        None => {
-            src.take(&key);
-            src.take(&schemas_key);
-        }
-        Some(r) => {
-            src.note(&key, r.trim_end_matches('.').to_owned());
-            src.note(&schemas_key, format!("belongs to {key} (see there)"));
-        }
-    }
-    for sub in src.keys_with_prefix(&format!("{key}.")) {
-        src.note(
-            &sub,
-            format!("a setting of {key}, which Ferry does not use"),
-        );
-    }
-}
-
-/// `errors.*` to `route.on_error`.
-fn errors(src: &mut Source, doc: &mut Doc) {
-    match src
-        .peek("errors.tolerance")
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("all") => {
-            src.take("errors.tolerance");
-            doc.set(
-                ROUTE,
-                "on_error",
-                Value::str("skip"),
-                Some("errors.tolerance = all"),
-            );
-            doc.caveat(
-                ROUTE,
-                "on_error",
-                "Kafka Connect skipped records its transforms or converters failed on (and, since \
-                 Kafka 3.2, records the producer could not send); Ferry skips only rows it cannot \
-                 route, with a log line and a metric each, and never a record Kafka refused.",
-            );
-        }
-        Some("none") | None => {
-            let from = if src.take("errors.tolerance").is_some() {
-                "errors.tolerance = none"
-            } else {
-                "errors.tolerance (unset: none)"
-            };
-            doc.set(ROUTE, "on_error", Value::str("fail"), Some(from));
-        }
-        Some(_) => src.note(
-            "errors.tolerance",
-            "not none or all; Ferry's route.on_error is fail, skip or dead_letter",
-        ),
-    }
-    if let Some(topic) = src
-        .peek("errors.deadletterqueue.topic.name")
-        .map(str::to_owned)
-    {
-        src.note(
-            "errors.deadletterqueue.topic.name",
-            format!(
-                "Kafka Connect uses a dead letter queue for sink connectors only, so this source \
-                 connector sent nothing there; to dead-letter the rows Ferry cannot route, set \
-                 route.on_error = \"dead_letter\" and route.dead_letter_topic = {topic:?}"
-            ),
-        );
-    }
-    for key in src.keys_with_prefix("errors.deadletterqueue.") {
-        src.note(
-            &key,
-            "belongs to errors.deadletterqueue.topic.name (see there)",
-        );
-    }
-    for key in ["errors.log.enable", "errors.log.include.messages"] {
-        src.note(
-            key,
-            "Ferry logs every row it skips or dead-letters (event id and reason, never the payload)",
-        );
-    }
-    for key in ["errors.retry.timeout", "errors.retry.delay.max.ms"] {
-        src.note(
-            key,
-            "Ferry's routing is deterministic, so it does not retry it; librdkafka retries \
-             deliveries until kafka.delivery_timeout (never, by default)",
-        );
     }
 }
 

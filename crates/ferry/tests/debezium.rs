@@ -1,0 +1,577 @@
+//! `ferry config from-debezium` on realistic connector configs (`tests/debezium/*.json`).
+//!
+//! Every fixture's output must load and validate as a `ferry.toml` through
+//! `ferry::config::load`, match its golden files (`<fixture>.toml`, and `<fixture>.notes` for the
+//! "not translated" lines; `UPDATE_GOLDEN=1 cargo test -p ferry --test debezium` rewrites them
+//! after a deliberate change), leak no secret, and leave no option unaccounted for. The
+//! per-fixture tests then check the values that matter and route rows through the translated
+//! router config to show the records are the ones Debezium produced.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ferry::config::{self, Config};
+use ferry::debezium::{translate, Options, Translation};
+use ferry_router::{oid, OnError, Record, Router, RuleConfig, SimpleRow};
+use proptest::prelude::*;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/debezium")
+}
+
+fn fixture_json(name: &str) -> String {
+    std::fs::read_to_string(dir().join(format!("{name}.json"))).unwrap()
+}
+
+fn run(name: &str) -> Translation {
+    let options = Options {
+        brokers: None,
+        source: Some(format!("{name}.json")),
+    };
+    translate(&fixture_json(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn load(t: &Translation) -> Config {
+    config::load(Some(&t.toml), []).unwrap_or_else(|e| panic!("{e}\n{}", t.toml))
+}
+
+fn notes_text(t: &Translation) -> String {
+    t.notes.iter().map(|n| format!("{n}\n")).collect()
+}
+
+fn note<'a>(t: &'a Translation, option: &str) -> &'a str {
+    t.notes
+        .iter()
+        .find(|n| n.option == option)
+        .map(|n| n.reason.as_str())
+        .unwrap_or_else(|| panic!("no note for {option}:\n{}", notes_text(t)))
+}
+
+fn noted(t: &Translation) -> BTreeSet<&str> {
+    t.notes.iter().map(|n| n.option.as_str()).collect()
+}
+
+fn router(c: &Config) -> Router {
+    Router::new(&c.outbox, &c.route).unwrap()
+}
+
+fn header<'a>(r: &'a Record, name: &str) -> Option<&'a [u8]> {
+    r.headers
+        .iter()
+        .find(|(n, _)| &**n == name)
+        .and_then(|(_, v)| v.as_deref())
+}
+
+fn header_names(r: &Record) -> Vec<&str> {
+    r.headers.iter().map(|(n, _)| &**n).collect()
+}
+
+const FIXTURES: &[&str] = &[
+    "defaults",
+    "renamed_columns",
+    "ssl_sasl",
+    "unsupported",
+    "debezium_1x",
+];
+
+/// Options translated without a trace in the output's comments: what Ferry does anyway.
+const CONSUMED: &[&str] = &[
+    "name",
+    "connector.class",
+    "tasks.max",
+    "transforms",
+    "transforms.outbox.type",
+    "database.port",
+    "database.user",
+    "database.dbname",
+    "database.sslmode",
+    "database.sslrootcert",
+    "database.sslcert",
+    "database.sslkey",
+    "plugin.name",
+    "snapshot.mode",
+    "producer.override.acks",
+    "producer.override.enable.idempotence",
+];
+
+#[test]
+fn every_fixture_loads_validates_matches_its_golden_files_and_leaks_no_secret() {
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
+    let on_disk: BTreeSet<String> = std::fs::read_dir(dir())
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".json").map(str::to_owned))
+        .collect();
+    let listed: BTreeSet<String> = FIXTURES.iter().map(|f| f.to_string()).collect();
+    assert_eq!(on_disk, listed, "every fixture is tested");
+    for name in FIXTURES.iter().filter(|_| update) {
+        let t = run(name);
+        std::fs::write(dir().join(format!("{name}.toml")), &t.toml).unwrap();
+        std::fs::write(dir().join(format!("{name}.notes")), notes_text(&t)).unwrap();
+    }
+    for name in FIXTURES {
+        let t = run(name);
+        load(&t);
+        for (ext, actual) in [("toml", t.toml.clone()), ("notes", notes_text(&t))] {
+            let path = dir().join(format!("{name}.{ext}"));
+            let expected = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(
+                actual, expected,
+                "{name}.{ext} differs from its golden file"
+            );
+        }
+        assert!(
+            t.notes.iter().all(|n| !n.reason.is_empty()),
+            "every note says why"
+        );
+        let json: serde_json::Value = serde_json::from_str(&fixture_json(name)).unwrap();
+        let map = json.get("config").unwrap_or(&json).as_object().unwrap();
+        let everything = format!("{}{}", t.toml, notes_text(&t));
+        for (key, value) in map {
+            let value = value
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or(value.to_string());
+            // (Short values like the tutorial's "dbz" also occur in innocent words.)
+            if config::is_secret_property(key) && !value.starts_with("${") && value.len() >= 6 {
+                assert!(
+                    !everything.contains(&value),
+                    "{name}: the secret {key} leaked"
+                );
+            }
+            // Nothing silently dropped: each option is named in the output, noted, or consumed
+            // because Ferry does that anyway.
+            assert!(
+                everything.contains(key.as_str()) || CONSUMED.contains(&key.as_str()),
+                "{name}: {key} is neither translated nor noted"
+            );
+        }
+    }
+}
+
+#[test]
+fn defaults_only_outbox_becomes_debeziums_defaults() {
+    let t = run("defaults");
+    let c = load(&t);
+    assert_eq!(
+        c.postgres.url.expose(),
+        "postgres://debezium@postgres:5432/orderdb"
+    );
+    assert_eq!(c.postgres.slot, "debezium");
+    assert_eq!(c.postgres.publication, "dbz_publication");
+    assert!(c.postgres.create_slot && c.postgres.create_publication);
+    assert_eq!(c.outbox, ferry_router::OutboxConfig::default());
+    assert_eq!(
+        c.route.topic.as_deref(),
+        Some("outbox.event.{aggregatetype}")
+    );
+    assert!(c.route.rules.is_empty());
+    assert_eq!(
+        (c.route.id_header.as_str(), c.route.type_header.as_str()),
+        ("id", "")
+    );
+    assert!(!c.route.envelope && !c.route.tombstone_on_null_payload);
+    assert_eq!(c.route.on_error, OnError::Fail);
+    assert_eq!(c.kafka.brokers.0, ["CHANGE-ME:9092"]);
+    assert_eq!(
+        noted(&t),
+        BTreeSet::from([
+            "bootstrap.servers",
+            "database.password",
+            "tombstones.on.delete",
+            "topic.prefix"
+        ])
+    );
+    assert!(note(&t, "database.password")
+        .contains("FERRY_POSTGRES_URL=postgres://debezium:<password>@postgres:5432/orderdb"));
+    // Debezium's record for a row: topic from the aggregate type, key the aggregate id, the id
+    // header alone, the payload as the value.
+    let row = SimpleRow::new()
+        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
+        .with("aggregatetype", oid::VARCHAR, "order")
+        .with("aggregateid", oid::VARCHAR, "1")
+        .with("type", oid::VARCHAR, "OrderCreated")
+        .with("payload", oid::JSONB, r#"{"id": 1, "customerId": 123}"#);
+    let r = router(&c).route_row(&row, 1_556_890_294_484_000).unwrap();
+    assert_eq!(&*r.topic, "outbox.event.order");
+    assert_eq!(r.key.as_deref(), Some(&b"1"[..]));
+    assert_eq!(header_names(&r), ["id"]);
+    assert_eq!(
+        r.value.as_deref(),
+        Some(&br#"{"id": 1, "customerId": 123}"#[..])
+    );
+}
+
+#[test]
+fn renamed_columns_placements_and_a_custom_regex_route_as_debezium_did() {
+    let t = run("renamed_columns");
+    let c = load(&t);
+    assert_eq!(
+        c.postgres.url.expose(),
+        "postgres://cdc_orders@orders-db.internal:6432/orders"
+    );
+    assert_eq!(
+        (c.postgres.slot.as_str(), c.postgres.publication.as_str()),
+        ("orders_outbox", "orders_outbox_pub")
+    );
+    let o = &c.outbox;
+    assert_eq!(o.table, "orders.outbox_events");
+    assert_eq!(
+        [
+            &o.id_column,
+            &o.aggregate_id_column,
+            &o.aggregate_type_column,
+            &o.type_column,
+            &o.payload_column
+        ],
+        [
+            "event_id",
+            "aggregate_id",
+            "aggregate_type",
+            "event_type",
+            "body"
+        ]
+    );
+    assert_eq!(o.timestamp_column.as_deref(), Some("occurred_at"));
+    assert_eq!(
+        c.route.rules,
+        [RuleConfig {
+            column: "aggregate_type".into(),
+            equals: None,
+            regex: Some("(?<routedByValue>[A-Za-z]+)Aggregate".into()),
+            topic: "orders.${routedByValue}.events".into(),
+        }]
+    );
+    assert_eq!(c.route.topic.as_deref(), Some("{aggregate_type}"));
+    assert_eq!(
+        c.route.additional_placement.as_deref(),
+        Some("event_type:header:eventType,tenant_id:header:tenant,schema_version:envelope:schemaVersion")
+    );
+    assert!(c.route.envelope && c.route.tombstone_on_null_payload);
+    assert!(note(&t, "database.password").contains("config provider"));
+    assert!(note(&t, "transforms.outbox.table.expand.json.payload").contains("null"));
+    assert!(
+        !noted(&t).contains("value.converter"),
+        "JsonConverter without schemas over an expanded payload is what Ferry sends"
+    );
+
+    let row = |aggregate_type: &str, body: Option<&str>| {
+        let r = SimpleRow::new()
+            .with(
+                "event_id",
+                oid::UUID,
+                "0b5a3c1e-2f4d-4e6a-8b9c-0d1e2f3a4b5c",
+            )
+            .with("aggregate_type", oid::VARCHAR, aggregate_type)
+            .with("aggregate_id", oid::VARCHAR, "order-7")
+            .with("event_type", oid::VARCHAR, "OrderShipped")
+            .with("tenant_id", oid::VARCHAR, "acme")
+            .with("schema_version", oid::INT4, "3")
+            .with("occurred_at", oid::TIMESTAMPTZ, "2024-05-01 10:00:00+00");
+        match body {
+            Some(b) => r.with("body", oid::JSONB, b),
+            None => r.null("body", oid::JSONB),
+        }
+    };
+    let router = router(&c);
+    let r = router
+        .route_row(&row("OrderAggregate", Some(r#"{"n":1}"#)), 0)
+        .unwrap();
+    assert_eq!(
+        &*r.topic, "orders.Order.events",
+        "the regex rule, as RegexRouter"
+    );
+    assert_eq!(header_names(&r), ["id", "eventType", "tenant"]);
+    assert_eq!(header(&r, "eventType"), Some(&b"OrderShipped"[..]));
+    assert_eq!(r.key.as_deref(), Some(&b"order-7"[..]));
+    assert_eq!(r.timestamp_ms, Some(1_714_557_600_000));
+    let value: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        value,
+        serde_json::json!({"payload": {"n": 1}, "schemaVersion": 3})
+    );
+    let unmatched = router.route_row(&row("Customer", Some("{}")), 0).unwrap();
+    assert_eq!(
+        &*unmatched.topic, "Customer",
+        "RegexRouter leaves a non-matching topic as is"
+    );
+    let tombstone = router.route_row(&row("OrderAggregate", None), 0).unwrap();
+    assert_eq!(tombstone.value, None);
+}
+
+#[test]
+fn ssl_verify_full_and_sasl_producer_overrides() {
+    let t = run("ssl_sasl");
+    let c = load(&t);
+    assert_eq!(
+        c.postgres.url.expose(),
+        "postgres://debezium@payments.cluster-c1x2y3z4.eu-west-1.rds.amazonaws.com:5432/payments\
+         ?sslmode=verify-full&sslrootcert=/etc/ssl/certs/rds-global-bundle.pem\
+         &sslcert=/etc/debezium/tls/client.crt&sslkey=/etc/debezium/tls/client.pk8"
+    );
+    assert!(
+        t.toml.contains("# database.sslkey is a PKCS#8 DER key"),
+        "{}",
+        t.toml
+    );
+    assert_eq!(
+        (c.postgres.slot.as_str(), c.postgres.publication.as_str()),
+        ("payments_outbox", "payments_outbox")
+    );
+    assert!(
+        !c.postgres.create_publication,
+        "publication.autocreate.mode = disabled"
+    );
+    assert_eq!(
+        c.postgres.status_interval,
+        std::time::Duration::from_secs(10)
+    );
+    assert_eq!(c.outbox.table, "payments.outbox");
+    assert_eq!(c.route.topic.as_deref(), Some("payments.{aggregatetype}"));
+    assert_eq!(c.route.on_error, OnError::Skip, "errors.tolerance = all");
+    assert_eq!(c.route.dead_letter_topic, None);
+    let k = &c.kafka;
+    assert_eq!(
+        k.brokers.0,
+        [
+            "b-1.payments.kafka.eu-west-1.amazonaws.com:9096",
+            "b-2.payments.kafka.eu-west-1.amazonaws.com:9096"
+        ]
+    );
+    assert_eq!(k.compression, config::Compression::Lz4);
+    assert_eq!(k.linger, std::time::Duration::from_millis(20));
+    assert_eq!(k.max_in_flight_bytes, 67_108_864);
+    let props: Vec<(&str, &str)> = k
+        .properties
+        .0
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        props,
+        [
+            ("batch.size", "262144"),
+            ("client.id", "payments-outbox"),
+            ("max.in.flight.requests.per.connection", "5"),
+            ("message.max.bytes", "2097152"),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+            ("sasl.username", "payments-cdc"),
+            ("security.protocol", "sasl_ssl"),
+            ("ssl.endpoint.identification.algorithm", "https"),
+        ]
+    );
+    let effective = k.producer_properties();
+    assert!(effective.contains(&("acks".into(), "all".into())));
+    assert!(effective.contains(&("enable.idempotence".into(), "true".into())));
+    assert!(note(&t, "producer.override.sasl.jaas.config")
+        .contains("FERRY_KAFKA_PROPERTIES_SASL_PASSWORD"));
+    assert!(t.toml.contains("# \"sasl.password\" = \"\""));
+    assert!(note(&t, "producer.override.ssl.truststore.location").contains("ssl.ca.location"));
+    assert!(note(&t, "producer.override.delivery.timeout.ms").contains("order"));
+    assert!(note(&t, "errors.deadletterqueue.topic.name")
+        .contains("route.dead_letter_topic = \"payments.outbox.dlq\""));
+    assert!(note(&t, "heartbeat.interval.ms").contains("keepalive"));
+    for consumed in [
+        "snapshot.mode",
+        "value.converter",
+        "key.converter",
+        "producer.override.acks",
+        "producer.override.enable.idempotence",
+    ] {
+        assert!(
+            !noted(&t).contains(consumed),
+            "{consumed} is what Ferry does"
+        );
+    }
+    for secret in ["Sup3r-S3cret!", "kafka-s3cret", "changeit"] {
+        assert!(!t.toml.contains(secret) && !notes_text(&t).contains(secret));
+    }
+    // The placement makes the type a header named eventType, as Debezium sent it.
+    let row = SimpleRow::new()
+        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
+        .with("aggregatetype", oid::VARCHAR, "refund")
+        .with("aggregateid", oid::VARCHAR, "p-9")
+        .with("type", oid::VARCHAR, "RefundIssued")
+        .with(
+            "trace_id",
+            oid::TEXT,
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .with("payload", oid::TEXT, "{}");
+    let r = router(&c).route_row(&row, 0).unwrap();
+    assert_eq!(&*r.topic, "payments.refund");
+    assert_eq!(header_names(&r), ["id", "eventType", "traceparent"]);
+}
+
+#[test]
+fn unsupported_options_are_listed_with_what_to_do_instead() {
+    let t = run("unsupported");
+    let c = load(&t);
+    assert_eq!(
+        c.postgres.slot, "ferry",
+        "a decoderbufs slot cannot be read with pgoutput"
+    );
+    assert!(note(&t, "plugin.name").contains("pg_drop_replication_slot('debezium')"));
+    assert!(note(&t, "snapshot.mode").contains("never snapshots"));
+    assert_eq!(c.outbox.table, "public.outbox");
+    assert!(note(&t, "table.include.list").contains("another Ferry"));
+    assert!(note(&t, "slot.drop.on.stop").contains("never drops"));
+    assert!(note(&t, "key.converter").contains("partition changes"));
+    assert!(note(&t, "key.converter").contains("no schema envelope"));
+    assert!(note(&t, "value.converter").contains("no schema registry"));
+    assert!(note(&t, "transforms.prefix.type").contains("no SMT"));
+    assert!(note(&t, "producer.override.acks").contains("acks=all"));
+    assert!(note(&t, "producer.override.partitioner.class").contains("murmur2"));
+    assert!(note(&t, "transforms.outbox.table.op.invalid.behavior").contains("UPDATE"));
+    assert!(note(&t, "topic.creation.default.partitions").contains("creates no topics"));
+    for option in [
+        "database.server.name",
+        "decimal.handling.mode",
+        "time.precision.mode",
+        "topic.creation.default.replication.factor",
+        "transforms.outbox.table.expand.json.payload",
+        "transforms.outbox.table.json.payload.null.behavior",
+        "transforms.outbox.table.fields.additional.error.on.missing",
+        "transforms.outbox.table.field.event.schema.version",
+        "transforms.outbox.tracing.span.context.field",
+        "transforms.prefix.regex",
+        "transforms.prefix.replacement",
+        "value.converter.schema.registry.url",
+    ] {
+        note(&t, option);
+    }
+    assert_eq!(c.route.on_error, OnError::Fail);
+}
+
+#[test]
+fn debezium_1x_option_names_are_read() {
+    let t = run("debezium_1x");
+    let c = load(&t);
+    assert_eq!(c.outbox.table, "inventory.outboxevent");
+    assert_eq!(c.route.topic.as_deref(), Some("{aggregatetype}.events"));
+    assert!(c.route.envelope, "type:envelope:eventType");
+    let row = SimpleRow::new()
+        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
+        .with("aggregatetype", oid::VARCHAR, "Order")
+        .with("aggregateid", oid::VARCHAR, "1")
+        .with("type", oid::VARCHAR, "OrderCreated")
+        .with("payload", oid::JSONB, r#"{"id":1}"#);
+    let r = router(&c).route_row(&row, 0).unwrap();
+    let value: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        value,
+        serde_json::json!({"payload": {"id": 1}, "eventType": "OrderCreated"})
+    );
+}
+
+#[test]
+fn brokers_from_the_flag_and_the_environment_over_the_file() {
+    let json = fixture_json("defaults");
+    let options = Options {
+        brokers: Some("kafka-1:9092,kafka-2:9092".into()),
+        source: None,
+    };
+    let t = translate(&json, &options).unwrap();
+    assert_eq!(load(&t).kafka.brokers.0, ["kafka-1:9092", "kafka-2:9092"]);
+    assert!(!noted(&t).contains("bootstrap.servers"));
+    let env = [
+        (
+            "FERRY_POSTGRES_URL",
+            "postgres://debezium:dbz@postgres:5432/orderdb",
+        ),
+        ("FERRY_KAFKA_BROKERS", "kafka:9092"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let c = config::load(Some(&run("defaults").toml), env).unwrap();
+    assert_eq!(
+        c.postgres.url.expose(),
+        "postgres://debezium:dbz@postgres:5432/orderdb"
+    );
+    assert_eq!(c.kafka.brokers.0, ["kafka:9092"]);
+}
+
+#[test]
+fn the_cli_prints_the_toml_and_the_notes_and_exits_0() {
+    let bin = env!("CARGO_BIN_EXE_ferry");
+    let path = dir().join("ssl_sasl.json");
+    let out = Command::new(bin)
+        .args(["config", "from-debezium"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let t = run("ssl_sasl");
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), t.toml);
+    assert_eq!(String::from_utf8(out.stderr).unwrap(), notes_text(&t));
+    assert!(notes_text(&t)
+        .lines()
+        .all(|l| l.starts_with("not translated: ")));
+
+    let tmp = std::env::temp_dir().join(format!("ferry-from-debezium-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let written = tmp.join("ferry.toml");
+    let out = Command::new(bin)
+        .args(["config", "from-debezium", "--brokers", "k:9092", "--output"])
+        .arg(&written)
+        .arg(dir().join("defaults.json"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout.is_empty());
+    let text = std::fs::read_to_string(&written).unwrap();
+    assert_eq!(
+        config::load(Some(&text), []).unwrap().kafka.brokers.0,
+        ["k:9092"]
+    );
+
+    let bad = tmp.join("bad.json");
+    std::fs::write(&bad, r#"{"config": {"transforms": ""}}"#).unwrap();
+    let out = Command::new(bin)
+        .args(["config", "from-debezium"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no Outbox Event Router"));
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+/// Option values that stress quoting, regexes, URLs and names.
+fn hostile() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[ -~]{0,24}",
+        "\\PC{0,12}",
+        Just("a\"b\\c\nd".to_owned()),
+        Just("${file:/x:y}".to_owned()),
+        Just("(?<v>.*)".to_owned()),
+    ]
+}
+
+proptest! {
+    /// Whatever the values, the translation succeeds and its output is a ferry.toml that parses
+    /// (it may not validate: a note then says what to fix).
+    #[test]
+    fn any_option_values_give_parsable_toml(
+        values in proptest::collection::vec(hostile(), 14),
+    ) {
+        let keys = [
+            "database.hostname", "database.user", "database.dbname", "database.sslmode",
+            "database.sslrootcert", "slot.name", "table.include.list",
+            "transforms.o.route.topic.regex", "transforms.o.route.topic.replacement",
+            "transforms.o.table.fields.additional.placement", "transforms.o.route.by.field",
+            "producer.override.sasl.jaas.config", "producer.override.linger.ms",
+            "status.update.interval.ms",
+        ];
+        let mut map = serde_json::Map::new();
+        map.insert("transforms".into(), "o".into());
+        map.insert("transforms.o.type".into(), ferry::debezium::EVENT_ROUTER_CLASS.into());
+        for (k, v) in keys.iter().zip(values) {
+            map.insert((*k).into(), v.into());
+        }
+        let json = serde_json::Value::Object(map).to_string();
+        let t = translate(&json, &Options::default()).unwrap();
+        prop_assert!(Config::from_toml(&t.toml).is_ok(), "{}", t.toml);
+    }
+}
