@@ -32,7 +32,8 @@ file, the environment alone configures Ferry. See ferry.example.toml for every k
 Typical use:
   ferry check --config ferry.toml     # verify PostgreSQL, Kafka and the outbox first
   ferry run --config ferry.toml       # relay until SIGTERM or SIGINT
-  ferry status --config ferry.toml    # where the slot is, how far behind, what WAL it retains";
+  ferry status --config ferry.toml    # where the slot is, how far behind, what WAL it retains
+  ferry config from-debezium connector.json > ferry.toml   # migrate a Debezium outbox connector";
 
 /// Ferry's command line.
 #[derive(Debug, Parser)]

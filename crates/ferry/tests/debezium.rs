@@ -575,3 +575,114 @@ proptest! {
         prop_assert!(Config::from_toml(&t.toml).is_ok(), "{}", t.toml);
     }
 }
+
+/// A connector config with the outbox SMT and `extra` options.
+fn with(extra: &[(&str, &str)]) -> Translation {
+    let mut map = serde_json::Map::new();
+    map.insert(
+        "connector.class".into(),
+        ferry::debezium::POSTGRES_CONNECTOR_CLASS.into(),
+    );
+    map.insert("database.hostname".into(), "db".into());
+    map.insert("database.user".into(), "cdc".into());
+    map.insert("plugin.name".into(), "pgoutput".into());
+    map.insert("transforms".into(), "outbox".into());
+    map.insert(
+        "transforms.outbox.type".into(),
+        ferry::debezium::EVENT_ROUTER_CLASS.into(),
+    );
+    for (k, v) in extra {
+        map.insert((*k).into(), (*v).into());
+    }
+    translate(
+        &serde_json::Value::Object(map).to_string(),
+        &Options::default(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn key_stores_kerberos_and_oauth_map_to_librdkafka_or_say_how() {
+    let t = with(&[
+        ("producer.override.ssl.truststore.type", "PEM"),
+        (
+            "producer.override.ssl.truststore.location",
+            "/etc/kafka/ca.pem",
+        ),
+        ("producer.override.ssl.keystore.type", "PKCS12"),
+        (
+            "producer.override.ssl.keystore.location",
+            "/etc/kafka/client.p12",
+        ),
+        ("producer.override.ssl.keystore.password", "keystore-pass"),
+        (
+            "producer.override.sasl.jaas.config",
+            "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true \
+             keyTab=\"/etc/security/ferry.keytab\" principal=\"ferry@EXAMPLE.COM\";",
+        ),
+    ]);
+    let c = load(&t);
+    let p = &c.kafka.properties.0;
+    assert_eq!(p["ssl.ca.location"], "/etc/kafka/ca.pem");
+    assert_eq!(p["ssl.keystore.location"], "/etc/kafka/client.p12");
+    assert!(!p.contains_key("ssl.keystore.password"));
+    assert!(note(&t, "producer.override.ssl.keystore.password")
+        .contains("FERRY_KAFKA_PROPERTIES_SSL_KEYSTORE_PASSWORD"));
+    assert_eq!(p["sasl.kerberos.keytab"], "/etc/security/ferry.keytab");
+    assert_eq!(p["sasl.kerberos.principal"], "ferry@EXAMPLE.COM");
+    assert!(!t.toml.contains("keystore-pass") && !notes_text(&t).contains("keystore-pass"));
+
+    let t = with(&[(
+        "producer.override.sasl.jaas.config",
+        "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required \
+         clientId=\"ferry\" clientSecret=\"oauth-secret\";",
+    )]);
+    load(&t);
+    assert!(note(&t, "producer.override.sasl.jaas.config").contains("sasl.oauthbearer.method"));
+    assert!(!notes_text(&t).contains("oauth-secret"));
+}
+
+#[test]
+fn compression_follows_what_this_librdkafka_has() {
+    let t = with(&[("producer.override.compression.type", "zstd")]);
+    let c = load(&t);
+    if config::Compression::Zstd.is_available() {
+        assert_eq!(c.kafka.compression, config::Compression::Zstd);
+    } else {
+        assert_eq!(c.kafka.compression, config::Compression::Lz4);
+        assert!(note(&t, "producer.override.compression.type").contains("not built into"));
+    }
+}
+
+#[test]
+fn what_ferry_would_refuse_is_noted_not_hidden() {
+    // A Java-only regex construct (look-ahead), and a placement duplicating the id header.
+    let t = with(&[
+        ("transforms.outbox.route.topic.regex", "(?=Order)(?<v>.*)"),
+        ("transforms.outbox.route.topic.replacement", "t.${v}"),
+        (
+            "transforms.outbox.table.fields.additional.placement",
+            "id:header",
+        ),
+    ]);
+    assert!(Config::from_toml(&t.toml).is_ok(), "it still parses");
+    let refused: Vec<&str> = t
+        .notes
+        .iter()
+        .filter(|n| n.option == "(translated configuration)")
+        .map(|n| n.reason.as_str())
+        .collect();
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(refused[0].contains("route.rules[0].regex"), "{refused:?}");
+    assert!(refused[1].contains("duplicate header name"), "{refused:?}");
+}
+
+#[test]
+fn mixed_case_and_pattern_include_lists() {
+    let t = with(&[("table.include.list", "Sales\\.OutboxEvent")]);
+    assert_eq!(load(&t).outbox.table, "Sales.OutboxEvent");
+    assert!(t.toml.contains("case-insensitively"));
+    let t = with(&[("table.include.list", "public\\.outbox_.*")]);
+    assert_eq!(load(&t).outbox.table, "public.outbox");
+    assert!(note(&t, "table.include.list").contains("a pattern"));
+}

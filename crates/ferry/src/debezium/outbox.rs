@@ -331,8 +331,9 @@ fn the_rest(src: &mut Source, smt: &str) -> bool {
         }
         _ => src.note(
             &missing,
-            "Ferry always treats a placed column missing from the row as a routing error \
-             (handled by route.on_error); `ferry check` reports placed columns missing from the table",
+            "Ferry always treats a placed column missing from the row as a routing error, which \
+             route.on_error handles (fail, skip or dead_letter); leave columns that may be absent \
+             out of route.additional_placement",
         ),
     }
     for opt in [
