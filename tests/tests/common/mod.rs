@@ -45,8 +45,17 @@ impl World {
 
     /// A fresh world on a given database and broker.
     pub async fn on(db: TestDb, brokers: String) -> World {
+        let w = Self::bare(db, brokers).await;
+        w.sql
+            .batch_execute(OUTBOX_DDL)
+            .await
+            .expect("create outbox");
+        w
+    }
+
+    /// A fresh world whose database has no outbox table yet.
+    pub async fn bare(db: TestDb, brokers: String) -> World {
         let sql = db.client().await;
-        sql.batch_execute(OUTBOX_DDL).await.expect("create outbox");
         World {
             sql,
             brokers,
