@@ -116,6 +116,11 @@ impl ReaderHandle {
         self.events.recv().await.map(|(event, _permit)| event)
     }
 
+    /// The next event if one is already waiting, without waiting.
+    pub fn try_recv(&mut self) -> Option<ReaderEvent> {
+        self.events.try_recv().ok().map(|(event, _permit)| event)
+    }
+
     /// WAL bytes decoded and waiting in the channel for [`ReaderHandle::recv`] (at most
     /// [`CHANNEL_BYTES`]).
     pub fn buffered_bytes(&self) -> usize {

@@ -36,10 +36,12 @@ pub const MAX_NAME_BYTES: usize = 63;
 /// `kafka.compression`: lz4 compresses JSON well at little CPU cost, and every broker since
 /// Kafka 0.10 reads it.
 pub const COMPRESSION: Compression = Compression::Lz4;
-/// `kafka.max_in_flight_records`: librdkafka's own default queue size.
-pub const MAX_IN_FLIGHT_RECORDS: u64 = 100_000;
-/// `kafka.max_in_flight_bytes`: 64 MiB, the memory bound of records waiting for Kafka.
-pub const MAX_IN_FLIGHT_BYTES: u64 = 64 * 1024 * 1024;
+/// `kafka.max_in_flight_records`: far above what the brokers' round trip needs (at 100,000
+/// rows/s and 20 ms per acknowledgement, 2,000 are in flight), and small enough that librdkafka's
+/// per-message memory stays low; measured: 100,000 here doubled peak RSS and ran no faster.
+pub const MAX_IN_FLIGHT_RECORDS: u64 = 10_000;
+/// `kafka.max_in_flight_bytes`: 32 MiB, the memory bound of records waiting for Kafka.
+pub const MAX_IN_FLIGHT_BYTES: u64 = 32 * 1024 * 1024;
 /// `kafka.delivery_timeout` (librdkafka `message.timeout.ms`): `0` (the default) means records
 /// never time out: during a Kafka outage they wait in the in-flight window (bounded memory) and
 /// are delivered in order when the brokers return. A finite value makes a record fail after it,

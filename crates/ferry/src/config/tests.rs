@@ -53,8 +53,8 @@ fn environment_alone_is_enough_and_everything_else_defaults() {
     assert_eq!(c.route, ferry_router::RouteConfig::default());
     let k = &c.kafka;
     assert_eq!(k.compression, Compression::Lz4);
-    assert_eq!(k.max_in_flight_records, 100_000);
-    assert_eq!(k.max_in_flight_bytes, 64 * 1024 * 1024);
+    assert_eq!(k.max_in_flight_records, 10_000);
+    assert_eq!(k.max_in_flight_bytes, 32 * 1024 * 1024);
     assert_eq!(
         k.delivery_timeout,
         Duration::ZERO,
@@ -505,8 +505,8 @@ fn producer_properties_pin_what_the_guarantee_needs() {
     assert_eq!(last("compression.codec"), Some("lz4"));
     assert_eq!(last("linger.ms"), Some("5"));
     assert_eq!(last("message.timeout.ms"), Some("0"));
-    assert_eq!(last("queue.buffering.max.messages"), Some("200000"));
-    assert_eq!(last("queue.buffering.max.kbytes"), Some("131072"));
+    assert_eq!(last("queue.buffering.max.messages"), Some("20000"));
+    assert_eq!(last("queue.buffering.max.kbytes"), Some("65536"));
     c.kafka
         .properties
         .0

@@ -204,7 +204,7 @@ fn java_property(name: &str, value: &str) -> Action {
             }
             _ => Action::Note(
                 "out of kafka.max_in_flight_bytes's range (at least route.max_payload_bytes); \
-                 Ferry's default is 64 MiB"
+                 Ferry's default is 32 MiB"
                     .to_owned(),
             ),
         },

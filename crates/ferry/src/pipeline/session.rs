@@ -26,6 +26,13 @@ use crate::producer::{Delivery, Meta, Producer, SendError};
 use crate::telemetry::{Metrics, RoutingErrorReason};
 use crate::watermark::{Token, Watermark};
 
+/// Most delivery reports or WAL events handled in one wake-up of the session loop.
+const BURST: usize = 512;
+/// After the in-flight window filled up, reading resumes once it has drained to this fraction:
+/// without the hysteresis, every acknowledgement would let exactly one record in, and the loop
+/// would ping-pong with the producer one record at a time.
+const WINDOW_RESUME_FRACTION: u64 = 2; // resume at half
+
 /// Longest interval between two metric publications of a session.
 const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -105,6 +112,7 @@ impl<'a> Session<'a> {
 
         let mut run = Run {
             wm: Watermark::new(reader.resume_lsn),
+            paused: false,
             current: None,
             confirmed: reader.resume_lsn,
             failure: None,
@@ -119,19 +127,37 @@ impl<'a> Session<'a> {
         publish_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut draining: Option<(Option<Instant>, bool)> = None; // (deadline, shutdown requested)
         let result = loop {
-            let window_open = run.wm.in_flight_records() < s.max_in_flight_records as u64
-                && run.wm.in_flight_bytes() < s.max_in_flight_bytes as u64;
+            let window_open = run.window_open(s);
             tokio::select! {
                 biased;
-                Some(d) = self.reports.recv() => self.on_delivery(&mut run, d)?,
+                Some(d) = self.reports.recv() => {
+                    self.on_delivery(&mut run, d)?;
+                    // Every report already queued, in one wake-up.
+                    for _ in 0..BURST {
+                        match self.reports.try_recv() {
+                            Ok(d) => self.on_delivery(&mut run, d)?,
+                            Err(_) => break,
+                        }
+                    }
+                }
                 _ = shutdown.as_mut(), if !matches!(draining, Some((_, true))) => {
                     tracing::info!(in_flight = run.wm.in_flight_records(), "shutting down: draining in-flight records");
                     draining = Some((Some(Instant::now() + s.drain_timeout), true));
                 }
                 ev = reader.recv(), if window_open && draining.is_none() && run.failure.is_none() => match ev {
                     Some(ev) => {
-                        if let Err(e) = self.on_event(&mut run, ev) {
-                            run.failure = Some(e);
+                        // This event and those already buffered, while the window has room.
+                        let mut next = Some(ev);
+                        let mut taken = 0;
+                        while let Some(ev) = next.take() {
+                            if let Err(e) = self.on_event(&mut run, ev) {
+                                run.failure = Some(e);
+                                break;
+                            }
+                            taken += 1;
+                            if taken < BURST && run.window_open(s) {
+                                next = reader.try_recv();
+                            }
                         }
                     }
                     // The reader task ended: its error comes from shutdown() below.
@@ -358,12 +384,31 @@ impl<'a> Session<'a> {
 
 struct Run {
     wm: Watermark,
+    /// The in-flight window filled up and has not yet drained enough to read again.
+    paused: bool,
     current: Option<Current>,
     confirmed: Lsn,
     failure: Option<PipelineError>,
     stats_seen: u64,
     status_updates_seen: u64,
     begins: u64,
+}
+
+impl Run {
+    /// Whether the pipeline may take more WAL: the in-flight window (records and bytes) has
+    /// room, with hysteresis (see [`WINDOW_RESUME_FRACTION`]).
+    fn window_open(&mut self, s: &PipelineSettings) -> bool {
+        let (records, bytes) = (self.wm.in_flight_records(), self.wm.in_flight_bytes());
+        let (max_records, max_bytes) =
+            (s.max_in_flight_records as u64, s.max_in_flight_bytes as u64);
+        if self.paused {
+            self.paused = records > max_records / WINDOW_RESUME_FRACTION
+                || bytes > max_bytes / WINDOW_RESUME_FRACTION;
+        } else {
+            self.paused = records >= max_records || bytes >= max_bytes;
+        }
+        !self.paused
+    }
 }
 
 fn reason_label(reason: &ferry_router::RouteErrorReason) -> RoutingErrorReason {
