@@ -1,138 +1,107 @@
-//! Ferry's end-to-end benchmark: the `ferry` binary against `pg_recvlogical` on the same WAL.
+//! Ferry's benchmark harness: four contenders on the same WAL, and latency at a steady rate.
 //!
 //! ```text
-//! cargo build --release -p ferry -p ferry-bench && target/release/ferry-bench [--rows 200000] [--txn-rows 100] [--payload 300] [--runs 3] [--rate 2000] [--latency-secs 20]
+//! cargo build --release -p ferry -p ferry-bench && target/release/ferry-bench [flags]
 //! ```
 //!
-//! Starts a private PostgreSQL cluster and a local broker (or uses `FERRY_TEST_PG_URL` /
-//! `FERRY_TEST_KAFKA_BROKERS`). For each run it creates two identical slots, then a backlog of
-//! `--rows` outbox rows (jsonb payloads of about `--payload` bytes) in transactions of
-//! `--txn-rows`, so both slots see the same WAL, and drains one with `pg_recvlogical -P
-//! pgoutput` (the physical read limit) and the other with `ferry run` until the slot's
-//! `confirmed_flush_lsn` reaches the backlog's end (read → route → produce with acks=all →
-//! confirm). The contenders alternate order between runs; figures are medians. Ferry's CPU
-//! seconds and peak RSS come from `/proc/<pid>`.
+//! (`--help` lists the flags; `bench/README.md` explains the method and how to read the
+//! results.) Starts a private PostgreSQL cluster and a local broker, or uses
+//! `FERRY_TEST_PG_URL` / `FERRY_TEST_KAFKA_BROKERS`. For each workload (a database of its own)
+//! and each run it creates two identical slots, writes the backlog, then lets the contenders
+//! drain it one after the other, taking turns at going first:
 //!
-//! Then a latency run: a writer commits `--rate` rows/s (10-row transactions) for
-//! `--latency-secs` seconds while Ferry relays them; commit → Kafka acknowledgement latency
-//! is read from Ferry's own `ferry_replication_lag_seconds` histogram (quantiles interpolated
-//! within buckets, as Prometheus does).
+//! 1. `pg_recvlogical -P pgoutput` from one slot ([`recv`]), the physical read limit;
+//! 2. the same records produced by rdkafka from memory ([`raw`]), the broker/client limit;
+//! 3. the `ferry` binary from the other slot until the slot confirms the backlog's end
+//!    ([`ferry`]);
+//! 4. a polling relay over the same table ([`relay`]).
+//!
+//! Then a steady writer at each `--rates` value while Ferry relays ([`latency`]). Figures are
+//! medians ([`report`]); the table is printed, and a full run writes `bench/results.md` and
+//! the plot `bench/results.svg` ([`svg`]). Benchmarks print figures; they assert nothing about
+//! speed. `--smoke` runs everything tiny, as CI does, so the harness cannot rot.
 
+mod args;
+mod ferry;
+mod kafka;
+mod latency;
+mod machine;
 mod procfs;
+mod raw;
+mod recv;
+mod relay;
+mod report;
+mod svg;
+mod workload;
 
 use std::error::Error;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ferry_testkit::kafka;
+use ferry_testkit::kafka as testkafka;
 use ferry_testkit::pg::{self, PgCluster};
-use ferry_testkit::process::{free_port, signal, spawn_owned};
 use ferry_wal::Lsn;
 
-type Res<T> = Result<T, Box<dyn Error>>;
+use crate::args::Args;
+use crate::machine::Machine;
+use crate::report::{Report, WorkloadResult};
+use crate::workload::{thousands, Workload};
 
-const OUTBOX_DDL: &str = "CREATE TABLE outbox (
-    id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    aggregatetype text NOT NULL,
-    aggregateid text NOT NULL,
-    type text NOT NULL,
-    payload jsonb
-)";
-const PUBLICATION: &str = "ferry_outbox";
+pub type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
-struct Args {
-    rows: u64,
-    txn_rows: u64,
-    payload: usize,
-    runs: u32,
-    rate: u64,
-    latency_secs: u64,
+/// The publication every contender reads through.
+pub const PUBLICATION: &str = "ferry_outbox";
+
+/// The four contenders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contender {
+    Recv,
+    Raw,
+    Ferry,
+    Relay,
 }
 
-impl Args {
-    fn parse() -> Res<Args> {
-        let mut a = Args {
-            rows: 200_000,
-            txn_rows: 100,
-            payload: 300,
-            runs: 3,
-            rate: 2000,
-            latency_secs: 20,
-        };
-        let mut it = std::env::args().skip(1);
-        while let Some(flag) = it.next() {
-            let v = it.next().ok_or(format!("{flag} needs a value"))?;
-            match flag.as_str() {
-                "--rows" => a.rows = v.parse()?,
-                "--txn-rows" => a.txn_rows = v.parse()?,
-                "--payload" => a.payload = v.parse()?,
-                "--runs" => a.runs = v.parse()?,
-                "--rate" => a.rate = v.parse()?,
-                "--latency-secs" => a.latency_secs = v.parse()?,
-                other => return Err(format!("unknown flag {other} (see the module docs)").into()),
-            }
+impl Contender {
+    pub const ALL: [Contender; 4] = [
+        Contender::Recv,
+        Contender::Raw,
+        Contender::Ferry,
+        Contender::Relay,
+    ];
+
+    /// The name on the command line and in topic names.
+    pub fn key(self) -> &'static str {
+        match self {
+            Contender::Recv => "recv",
+            Contender::Raw => "raw",
+            Contender::Ferry => "ferry",
+            Contender::Relay => "relay",
         }
-        Ok(a)
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Contender::Recv => "pg_recvlogical -P pgoutput",
+            Contender::Raw => "raw produce (rdkafka, from memory)",
+            Contender::Ferry => "Ferry end to end",
+            Contender::Relay => "polling relay (SKIP LOCKED)",
+        }
     }
 }
 
-/// The `ferry` binary: `FERRY_BIN`, else beside this executable.
-fn ferry_bin() -> Res<PathBuf> {
-    if let Ok(p) = std::env::var("FERRY_BIN") {
-        return Ok(p.into());
-    }
-    let p = std::env::current_exe()?.with_file_name("ferry");
-    if !p.exists() {
-        return Err(format!(
-            "{} not found: build it with `cargo build --release -p ferry -p ferry-bench`, or set FERRY_BIN",
-            p.display()
-        )
-        .into());
-    }
-    Ok(p)
+/// One contender's run.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    /// Wall-clock seconds to drain the backlog.
+    pub secs: f64,
+    /// CPU seconds of the contender's process (see each contender for which process).
+    pub cpu: Option<f64>,
+    /// Peak resident set (Ferry only).
+    pub peak_rss_kib: Option<u64>,
+    /// Seconds from spawn to the first acknowledged record (Ferry only).
+    pub first_ack: Option<f64>,
 }
 
-struct World {
-    _cluster: Option<PgCluster>,
-    _broker: Option<kafka::LocalBroker>,
-    admin_url: String,
-    brokers: String,
-}
-
-async fn world() -> Res<World> {
-    let (cluster, admin_url) = match std::env::var(pg::PG_URL_ENV) {
-        Ok(u) if !u.is_empty() => (None, u),
-        _ => {
-            let c = PgCluster::start(pg::ClusterOptions {
-                tls: false,
-                extra_conf: vec![
-                    "shared_buffers = '256MB'".into(),
-                    "max_wal_size = '4GB'".into(),
-                ],
-            })
-            .await;
-            let u = c.url("postgres");
-            (Some(c), u)
-        }
-    };
-    let (broker, brokers) = match std::env::var(kafka::BROKERS_ENV) {
-        Ok(b) if !b.is_empty() => (None, b),
-        _ => {
-            let b = kafka::LocalBroker::start().await;
-            let s = b.brokers();
-            (Some(b), s)
-        }
-    };
-    Ok(World {
-        _cluster: cluster,
-        _broker: broker,
-        admin_url,
-        brokers,
-    })
-}
-
-async fn current_lsn(sql: &tokio_postgres::Client) -> Res<Lsn> {
+pub async fn current_lsn(sql: &tokio_postgres::Client) -> Res<Lsn> {
     let s: String = sql
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await?
@@ -140,7 +109,7 @@ async fn current_lsn(sql: &tokio_postgres::Client) -> Res<Lsn> {
     Ok(s.parse()?)
 }
 
-async fn confirmed(sql: &tokio_postgres::Client, slot: &str) -> Res<Lsn> {
+pub async fn confirmed(sql: &tokio_postgres::Client, slot: &str) -> Res<Lsn> {
     let s: Option<String> = sql
         .query_one(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
@@ -151,276 +120,340 @@ async fn confirmed(sql: &tokio_postgres::Client, slot: &str) -> Res<Lsn> {
     Ok(s.ok_or("slot has no confirmed_flush_lsn")?.parse()?)
 }
 
-async fn insert_backlog(
-    sql: &tokio_postgres::Client,
-    rows: u64,
-    txn_rows: u64,
-    payload: usize,
-) -> Res<()> {
-    let pad = "x".repeat(payload.saturating_sub(60));
-    let stmt = format!(
-        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
-         SELECT 'order', 'o-' || (g % 1000), 'OrderUpdated', \
-                jsonb_build_object('seq', g, 'status', 'paid', 'pad', '{pad}') \
-         FROM generate_series($1::bigint, $2::bigint) g"
-    );
-    let mut done = 0;
-    while done < rows {
-        let n = txn_rows.min(rows - done);
-        sql.execute(&stmt, &[&(done as i64), &((done + n - 1) as i64)])
-            .await?;
-        done += n;
+/// PostgreSQL and the broker.
+struct World {
+    _cluster: Option<PgCluster>,
+    broker: Option<testkafka::LocalBroker>,
+    external_brokers: Option<String>,
+    admin_url: String,
+}
+
+impl World {
+    async fn start() -> Res<World> {
+        // Directories that killed runs (and tests) left behind.
+        ferry_testkit::process::sweep_stale_dirs("ferry-pg");
+        ferry_testkit::process::sweep_stale_dirs("ferry-broker");
+        let (cluster, admin_url) = match std::env::var(pg::PG_URL_ENV) {
+            Ok(u) if !u.is_empty() => (None, u),
+            _ => {
+                let c = PgCluster::start(pg::ClusterOptions {
+                    tls: false,
+                    extra_conf: vec![
+                        "shared_buffers = '256MB'".into(),
+                        "max_wal_size = '8GB'".into(),
+                        "checkpoint_timeout = '30min'".into(),
+                        // The slot holder (see `ferry`) never answers keepalives.
+                        "wal_sender_timeout = 0".into(),
+                    ],
+                })
+                .await;
+                let u = c.url("postgres");
+                (Some(c), u)
+            }
+        };
+        let external_brokers = std::env::var(testkafka::BROKERS_ENV)
+            .ok()
+            .filter(|b| !b.is_empty());
+        let broker = match external_brokers {
+            Some(_) => None,
+            None => Some(testkafka::LocalBroker::start().await),
+        };
+        Ok(World {
+            _cluster: cluster,
+            broker,
+            external_brokers,
+            admin_url,
+        })
     }
-    Ok(())
-}
 
-struct Sample {
-    secs: f64,
-    cpu: f64,
-    peak_rss_kib: u64,
-}
-
-fn pg_recvlogical(url: &str, slot: &str, end: Lsn) -> Res<Sample> {
-    let before = procfs::children_cpu_seconds();
-    let start = Instant::now();
-    let out = Command::new(pg::pg_bindir().join("pg_recvlogical"))
-        .args([
-            "-d",
-            url,
-            "--slot",
-            slot,
-            "--start",
-            "--no-loop",
-            "-P",
-            "pgoutput",
-        ])
-        .args([
-            "-o",
-            "proto_version=1",
-            "-o",
-            &format!("publication_names={PUBLICATION}"),
-        ])
-        .args(["-f", "/dev/null", "-F", "0", "-E", &end.to_string()])
-        .output()?;
-    let secs = start.elapsed().as_secs_f64();
-    if !out.status.success() {
-        return Err(format!("pg_recvlogical: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(Sample {
-        secs,
-        cpu: procfs::children_cpu_seconds() - before,
-        peak_rss_kib: 0,
-    })
-}
-
-/// Starts `ferry run` on `slot`; returns it once it streams.
-fn spawn_ferry(
-    url: &str,
-    brokers: &str,
-    slot: &str,
-    topic: &str,
-) -> Res<(std::process::Child, u16)> {
-    let port = free_port();
-    let mut cmd = Command::new(ferry_bin()?);
-    cmd.arg("run")
-        .env_clear()
-        .env("FERRY_POSTGRES_URL", url)
-        .env("FERRY_POSTGRES_SLOT", slot)
-        .env("FERRY_POSTGRES_PUBLICATION", PUBLICATION)
-        .env("FERRY_KAFKA_BROKERS", brokers)
-        .env("FERRY_ROUTE_TOPIC", topic)
-        .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{port}"))
-        .env("FERRY_LOG_LEVEL", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    Ok((spawn_owned(cmd, libc::SIGKILL)?, port))
-}
-
-async fn ferry_drain(
-    w: &World,
-    db_url: &str,
-    sql: &tokio_postgres::Client,
-    slot: &str,
-    topic: &str,
-    end: Lsn,
-) -> Res<Sample> {
-    let start = Instant::now();
-    let (mut child, _) = spawn_ferry(db_url, &w.brokers, slot, topic)?;
-    let pid = child.id();
-    loop {
-        if confirmed(sql, slot).await? >= end {
-            break;
+    fn brokers(&self) -> String {
+        match (&self.external_brokers, &self.broker) {
+            (Some(b), _) => b.clone(),
+            (None, Some(b)) => b.brokers(),
+            (None, None) => unreachable!("a world has a broker"),
         }
-        if let Some(status) = child.try_wait()? {
-            return Err(format!("ferry exited early: {status}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let secs = start.elapsed().as_secs_f64();
-    let cpu = procfs::cpu_seconds(pid)?;
-    let peak_rss_kib = procfs::peak_rss_kib(pid)?;
-    signal(&child, libc::SIGTERM);
-    let _ = child.wait();
-    Ok(Sample {
-        secs,
-        cpu,
-        peak_rss_kib,
-    })
-}
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    /// A local broker starts afresh for every run (noida-db keeps all data in one file, which
+    /// would otherwise grow through the whole matrix); an external one is kept.
+    async fn fresh_broker(&mut self) {
+        if let Some(old) = self.broker.take() {
+            drop(old);
+            self.broker = Some(testkafka::LocalBroker::start().await);
+        }
+    }
+
+    fn broker_version(&self) -> String {
+        match &self.external_brokers {
+            Some(b) => format!("external ({b})"),
+            None if std::env::var(testkafka::TANSU_BIN_ENV).is_ok() => "tansu (local)".into(),
+            None => {
+                let v = machine::output(&testkafka::noida_bin().to_string_lossy(), &["version"]);
+                format!(
+                    "noida-db {} (local, Kafka protocol)",
+                    v.trim_start_matches("noida-db ")
+                )
+            }
+        }
+    }
 }
 
 #[tokio::main]
-async fn main() -> Res<()> {
-    let args = Args::parse()?;
-    let w = world().await?;
-    let admin = pg::connect(&w.admin_url).await;
-    let db = pg::unique_name("bench");
+async fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = match Args::parse(&argv) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{}", args::USAGE);
+            return;
+        }
+        Err(e) => {
+            eprintln!("ferry-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(args).await {
+        eprintln!("ferry-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Res<()> {
+    let started = std::time::Instant::now();
+    let mut report = Report {
+        machine: Machine::probe(),
+        command: args.command.clone(),
+        runs: args.runs,
+        ..Report::default()
+    };
+    let needs_ferry = args.contenders.contains(&Contender::Ferry) || !args.rates.is_empty();
+    if needs_ferry {
+        report.machine.ferry = machine::output(&ferry::bin()?.to_string_lossy(), &["--version"]);
+    }
+    let mut world = World::start().await?;
+    let admin = pg::connect(&world.admin_url).await;
+    report.machine.postgres = admin.query_one("SHOW server_version", &[]).await?.get(0);
+    report.machine.broker = world.broker_version();
+    println!(
+        "ferry-bench: {}\n  PostgreSQL {}, broker {}, librdkafka {}, {}\n  {} workload(s) × {} run(s), contenders: {}; latency at {:?} rows/s",
+        report.machine.summary(),
+        report.machine.postgres,
+        report.machine.broker,
+        report.machine.librdkafka,
+        report.machine.ferry,
+        args.workloads.len(),
+        args.runs,
+        args.contenders.iter().map(|c| c.key()).collect::<Vec<_>>().join(","),
+        args.rates
+    );
+    for w in &args.workloads {
+        let r = run_workload(&args, &mut world, &admin, w).await?;
+        report.workloads.push(r);
+        report.machine.loads.push(machine::load_average());
+    }
+    if !args.rates.is_empty() {
+        report.latency = run_latency(&args, &mut world, &admin).await?;
+    }
+    report.machine.loads.push(machine::load_average());
+    println!("\n{}", report.markdown());
+    if let Some(dir) = &args.out {
+        std::fs::write(dir.join("results.md"), report.markdown())?;
+        std::fs::write(dir.join("results.svg"), svg::chart(&report))?;
+        println!("wrote {0}/results.md and {0}/results.svg", dir.display());
+    }
+    println!("done in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// A fresh database with the workload's outbox table and the publication.
+async fn create_db(
+    admin: &tokio_postgres::Client,
+    world: &World,
+    w: &Workload,
+) -> Res<(String, String)> {
+    let db = pg::unique_name(&format!("bench_{}", w.name.replace('-', "_")));
     admin
         .batch_execute(&format!("CREATE DATABASE {db}"))
         .await?;
-    let db_url = pg::with_dbname(&w.admin_url, &db);
-    let sql = pg::connect(&db_url).await;
-    sql.batch_execute(OUTBOX_DDL).await?;
+    let url = pg::with_dbname(&world.admin_url, &db);
+    let sql = pg::connect(&url).await;
+    sql.batch_execute(&w.ddl()).await?;
     sql.batch_execute(&format!(
         "CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox WITH (publish = 'insert')"
     ))
     .await?;
-    let topic = "bench.{aggregatetype}";
-    kafka::create_topic(&w.brokers, "bench.order", 6).await;
-    let version: String = sql.query_one("SHOW server_version", &[]).await?.get(0);
-    println!(
-        "ferry-bench: {} rows in {}-row transactions, ~{} B jsonb payloads, {} runs; PostgreSQL {version}; {} cores",
-        args.rows,
-        args.txn_rows,
-        args.payload,
-        args.runs,
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
-    );
+    Ok((db, url))
+}
 
-    let (mut pgr, mut fer, mut cpu, mut rss) = (vec![], vec![], vec![], vec![]);
+async fn create_topics(brokers: &str, workload: &str, contenders: &[Contender]) {
+    testkafka::create_topic(brokers, kafka::WARMUP_TOPIC, 1).await;
+    for c in contenders.iter().filter(|c| **c != Contender::Recv) {
+        testkafka::create_topic(brokers, &kafka::topic(workload, c.key()), kafka::PARTITIONS).await;
+    }
+}
+
+async fn run_workload(
+    args: &Args,
+    world: &mut World,
+    admin: &tokio_postgres::Client,
+    w: &Workload,
+) -> Res<WorkloadResult> {
+    println!("\n[{}] {}", w.name, w.describe());
+    let (db, url) = create_db(admin, world, w).await?;
+    let sql = pg::connect(&url).await;
+    let mut result = WorkloadResult {
+        workload: w.clone(),
+        rows: w.rows,
+        payload_bytes: 0,
+        insert_secs: vec![],
+        samples: vec![],
+    };
     for run in 0..args.runs {
-        let (a, b) = (format!("bench_a_{run}"), format!("bench_b_{run}"));
-        for s in [&a, &b] {
+        let tag = format!("[{}] run {}/{}", w.name, run + 1, args.runs);
+        if !args.smoke {
+            world.fresh_broker().await;
+        }
+        let brokers = world.brokers();
+        create_topics(&brokers, w.name, &args.contenders).await;
+        let slots = [format!("bench_recv_{run}"), format!("bench_ferry_{run}")];
+        for s in &slots {
             sql.execute(
                 "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
                 &[s],
             )
             .await?;
         }
-        insert_backlog(&sql, args.rows, args.txn_rows, args.payload).await?;
-        let end = current_lsn(&sql).await?;
-        let order: [bool; 2] = if run % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
+        let mut holder = match args.contenders.contains(&Contender::Ferry) {
+            true => Some(ferry::Holder::hold(&url, &slots[1]).await?),
+            false => None,
         };
-        for recv_first in order {
-            if recv_first {
-                let s = pg_recvlogical(&db_url, &a, end)?;
-                println!(
-                    "  run {run}: pg_recvlogical {:>9.0} rows/s ({:.2}s, {:.2} CPU s)",
-                    args.rows as f64 / s.secs,
-                    s.secs,
-                    s.cpu
-                );
-                pgr.push(args.rows as f64 / s.secs);
-            } else {
-                let s = ferry_drain(&w, &db_url, &sql, &b, topic, end).await?;
-                println!(
-                    "  run {run}: ferry         {:>9.0} rows/s ({:.2}s, {:.2} CPU s, peak RSS {} MiB)",
-                    args.rows as f64 / s.secs,
-                    s.secs,
-                    s.cpu,
-                    s.peak_rss_kib / 1024
-                );
-                fer.push(args.rows as f64 / s.secs);
-                cpu.push(s.cpu / args.rows as f64 * 100_000.0);
-                rss.push(s.peak_rss_kib as f64 / 1024.0);
-            }
+        let took = w.insert(&sql).await?;
+        let end = current_lsn(&sql).await?;
+        sql.batch_execute("CHECKPOINT").await?;
+        let (rows, bytes) = workload::measure(&sql, w.kind).await?;
+        if rows != w.rows {
+            return Err(format!("{tag}: the table holds {rows} rows, expected {}", w.rows).into());
         }
-        for s in [&a, &b] {
+        result.payload_bytes = bytes;
+        result.insert_secs.push(took.as_secs_f64());
+        println!(
+            "{tag}: wrote {} rows ({:.0} MB of payload) in {:.1} s; load average {:.1}",
+            thousands(rows),
+            bytes as f64 / 1e6,
+            took.as_secs_f64(),
+            machine::load_average()
+        );
+        // Take turns at going first.
+        let n = args.contenders.len();
+        for i in 0..n {
+            let c = args.contenders[(i + run as usize) % n];
+            let topic = kafka::topic(w.name, c.key());
+            let s = match c {
+                Contender::Recv => recv::drain(&url, &slots[0], end).await?,
+                Contender::Raw => raw::produce(&sql, &brokers, w.kind, &topic).await?,
+                Contender::Ferry => {
+                    let template = format!("{{aggregatetype}}.{}.ferry", w.name);
+                    let holder = holder.take().ok_or("one ferry turn per run")?;
+                    ferry::drain(
+                        &url, &brokers, &sql, &slots[1], &template, rows, end, holder,
+                    )
+                    .await?
+                }
+                Contender::Relay => {
+                    let suffix = format!("{}.relay", w.name);
+                    relay::publish_all(&url, &brokers, w.kind, &suffix, rows).await?
+                }
+            };
+            print_sample(&tag, c, &s, rows, bytes);
+            result.samples.push((c, s));
+        }
+        for s in &slots {
             sql.execute("SELECT pg_drop_replication_slot($1)", &[s])
                 .await?;
         }
         sql.batch_execute("TRUNCATE outbox").await?;
+        if args.smoke {
+            verify_topics(&brokers, w.name, &args.contenders, rows).await;
+        }
     }
-    let (p, f) = (median(pgr), median(fer));
-    println!();
-    println!("| contender | rows/s (median) | MB/s | vs pg_recvlogical | CPU s / 100k rows | peak RSS MiB |");
-    println!("|---|---|---|---|---|---|");
-    let mb = |r: f64| r * args.payload as f64 / 1e6;
-    println!(
-        "| pg_recvlogical -P pgoutput | {p:.0} | {:.1} | 100% | – | – |",
-        mb(p)
-    );
-    println!(
-        "| ferry end to end (acks=all, confirmed) | {f:.0} | {:.1} | {:.0}% | {:.2} | {:.0} |",
-        mb(f),
-        f / p * 100.0,
-        median(cpu),
-        median(rss)
-    );
-    latency(&args, &w, &db_url, &sql, topic).await?;
-    Ok(())
+    drop(sql);
+    admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
+    Ok(result)
 }
 
-/// Steady writer at `--rate` rows/s while Ferry relays; commit → ack quantiles from Ferry's histogram.
-async fn latency(
+fn print_sample(tag: &str, c: Contender, s: &Sample, rows: u64, bytes: u64) {
+    let mut line = format!(
+        "{tag}: {:<36} {:>10} rows/s {:>7.1} MB/s ({:.2} s",
+        c.label(),
+        thousands((rows as f64 / s.secs).round() as u64),
+        bytes as f64 / s.secs / 1e6,
+        s.secs
+    );
+    if let Some(cpu) = s.cpu {
+        line += &format!(", {cpu:.2} CPU s");
+    }
+    if let Some(rss) = s.peak_rss_kib {
+        line += &format!(", peak RSS {} MiB", rss / 1024);
+    }
+    if let Some(f) = s.first_ack {
+        line += &format!(", first ack at {f:.2} s");
+    }
+    println!("{line})");
+}
+
+/// Smoke runs read every contender's topic back: each must hold exactly the backlog.
+async fn verify_topics(brokers: &str, workload: &str, contenders: &[Contender], rows: u64) {
+    for c in contenders.iter().filter(|c| **c != Contender::Recv) {
+        let topic = kafka::topic(workload, c.key());
+        let got = testkafka::consume(brokers, &topic, rows as usize, Duration::from_secs(60)).await;
+        assert_eq!(got.len() as u64, rows, "{topic}: records read back");
+        println!("  {topic}: {} records read back", got.len());
+    }
+}
+
+async fn run_latency(
     args: &Args,
-    w: &World,
-    db_url: &str,
-    sql: &tokio_postgres::Client,
-    topic: &str,
-) -> Res<()> {
-    let slot = "bench_latency";
-    sql.execute(
-        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-        &[&slot],
-    )
-    .await?;
-    let (mut child, port) = spawn_ferry(db_url, &w.brokers, slot, topic)?;
-    // Warm up: the idempotent producer's first send waits for its producer id.
-    insert_backlog(sql, 100, 10, args.payload).await?;
-    let warm = current_lsn(sql).await?;
-    while confirmed(sql, slot).await? < warm {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let before = procfs::histogram(port, "ferry_replication_lag_seconds").await?;
-    let txn_rows = 10u64;
-    let period = Duration::from_secs_f64(txn_rows as f64 / args.rate as f64);
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let until = Instant::now() + Duration::from_secs(args.latency_secs);
-    let mut rows = 0;
-    while Instant::now() < until {
-        tick.tick().await;
-        insert_backlog(sql, txn_rows, txn_rows, args.payload).await?;
-        rows += txn_rows;
-    }
-    let end = current_lsn(sql).await?;
-    while confirmed(sql, slot).await? < end {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let after = procfs::histogram(port, "ferry_replication_lag_seconds").await?;
-    let h = procfs::diff(&after, &before);
-    signal(&child, libc::SIGTERM);
-    let _ = child.wait();
-    println!();
+    world: &mut World,
+    admin: &tokio_postgres::Client,
+) -> Res<Vec<latency::Latency>> {
+    let w = latency::workload();
     println!(
-        "latency: {rows} rows at {} rows/s over {}s (10-row transactions), commit → Kafka ack:",
-        args.rate, args.latency_secs
+        "\n[latency] steady writer, {}-row transactions of ~1 KB jsonb, {} s per rate",
+        latency::TXN_ROWS,
+        args.latency_secs
     );
-    println!(
-        "| p50 | p99 | p999 | samples |\n|---|---|---|---|\n| {:.1} ms | {:.1} ms | {:.1} ms | {} |",
-        procfs::quantile(&h, 0.50) * 1e3,
-        procfs::quantile(&h, 0.99) * 1e3,
-        procfs::quantile(&h, 0.999) * 1e3,
-        h.last().map(|b| b.1).unwrap_or(0)
-    );
-    Ok(())
+    let (db, url) = create_db(admin, world, &w).await?;
+    let mut out = Vec::new();
+    for &rate in &args.rates {
+        if !args.smoke {
+            world.fresh_broker().await;
+        }
+        let brokers = world.brokers();
+        create_topics(&brokers, "steady", &[Contender::Ferry]).await;
+        let l = latency::run(
+            &url,
+            &brokers,
+            "{aggregatetype}.steady.ferry",
+            &format!("bench_latency_{rate}"),
+            rate,
+            args.latency_secs,
+        )
+        .await?;
+        println!(
+            "[latency] {} rows/s (achieved {}): p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} records; slot lag {} → {} (max {}), caught up {:.2} s after the last commit",
+            thousands(rate),
+            thousands(l.achieved.round() as u64),
+            l.p50 * 1e3,
+            l.p99 * 1e3,
+            l.p999 * 1e3,
+            thousands(l.samples),
+            report::kib(l.lag_first_quarter),
+            report::kib(l.lag_last_quarter),
+            report::kib(l.lag_max),
+            l.catch_up
+        );
+        out.push(l);
+    }
+    admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
+    Ok(out)
 }

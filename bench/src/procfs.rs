@@ -2,7 +2,7 @@
 
 use std::error::Error;
 
-type Res<T> = Result<T, Box<dyn Error>>;
+type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
 fn clock_ticks() -> f64 {
     std::process::Command::new("getconf")
@@ -31,6 +31,13 @@ pub fn cpu_seconds(pid: u32) -> Res<f64> {
     Ok((f[10] + f[11]) as f64 / clock_ticks())
 }
 
+/// User + system CPU seconds of this process (all threads).
+pub fn self_cpu_seconds() -> f64 {
+    stat_fields("/proc/self/stat")
+        .map(|f| (f[10] + f[11]) as f64 / clock_ticks())
+        .unwrap_or(0.0)
+}
+
 /// CPU seconds of this process's reaped children.
 pub fn children_cpu_seconds() -> f64 {
     stat_fields("/proc/self/stat")
@@ -48,14 +55,32 @@ pub fn peak_rss_kib(pid: u32) -> Res<u64> {
     Ok(line.split_whitespace().nth(1).ok_or("bad VmHWM")?.parse()?)
 }
 
-/// Cumulative histogram buckets `(le, count)` of `name` from Ferry's `/metrics`.
-pub async fn histogram(port: u16, name: &str) -> Res<Vec<(f64, u64)>> {
+/// The text of Ferry's `/metrics` on `port`.
+pub async fn fetch_metrics(port: u16) -> Res<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await?;
     let mut body = String::new();
     s.read_to_string(&mut body).await?;
+    Ok(body)
+}
+
+/// The value of an unlabelled metric `name` in a `/metrics` text.
+pub fn scalar(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// Cumulative histogram buckets `(le, count)` of `name` from Ferry's `/metrics`.
+pub async fn histogram(port: u16, name: &str) -> Res<Vec<(f64, u64)>> {
+    buckets(&fetch_metrics(port).await?, name)
+}
+
+/// Cumulative histogram buckets `(le, count)` of `name` in a `/metrics` text.
+pub fn buckets(body: &str, name: &str) -> Res<Vec<(f64, u64)>> {
     let prefix = format!("{name}_bucket{{le=\"");
     let mut out = Vec::new();
     for line in body.lines().filter_map(|l| l.strip_prefix(&prefix)) {
@@ -111,6 +136,20 @@ pub fn quantile(h: &[(f64, u64)], q: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_text_is_read_by_name() {
+        let body = "# HELP ferry_streaming x\nferry_streaming 1\nferry_streaming_total 7\n\
+                    h_bucket{le=\"0.5\"} 3\nh_bucket{le=\"+Inf\"} 4\n";
+        assert_eq!(scalar(body, "ferry_streaming"), Some(1.0));
+        assert_eq!(scalar(body, "ferry_missing"), None);
+        assert_eq!(
+            buckets(body, "h").unwrap(),
+            vec![(0.5, 3), (f64::INFINITY, 4)]
+        );
+        assert!(buckets(body, "nope").is_err());
+        assert!(self_cpu_seconds() >= 0.0);
+    }
 
     #[test]
     fn quantiles_interpolate_within_buckets() {

@@ -1,0 +1,176 @@
+//! Command-line flags. Without any, the full matrix runs and its report is written to `bench/`.
+
+use std::path::PathBuf;
+
+use crate::workload::{matrix, Workload};
+use crate::{Contender, Res};
+
+pub const USAGE: &str = "\
+ferry-bench: Ferry against pg_recvlogical, a raw rdkafka producer and a polling relay on the same WAL
+
+usage: ferry-bench [flags]
+
+  --runs N              runs per workload; figures are medians (default 3)
+  --workloads a,b       workloads to run, or `none` (default: all):
+                        backlog-1k, backlog-100b, backlog-16k, bytea-1k, single-row-txns, one-1m-txn
+  --contenders a,b      recv, raw, ferry, relay (default: all)
+  --scale F             multiply every workload's rows by F (default 1)
+  --rates a,b           steady rates for the latency runs, rows/s, or `none` (default 2000,10000)
+  --latency-secs S      length of each latency run (default 30)
+  --out DIR             write results.md and results.svg to DIR (default: bench/ of the source
+                        tree for a full-matrix run, nowhere otherwise)
+  --smoke               tiny version of everything, one run (the CI stage): --runs 1 --scale 0.01
+                        --latency-secs 2
+  -h, --help            this text
+
+Starts a private PostgreSQL cluster and a local broker, unless FERRY_TEST_PG_URL /
+FERRY_TEST_KAFKA_BROKERS name existing ones. The ferry binary is FERRY_BIN, else the one
+beside this executable.";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub runs: u32,
+    pub workloads: Vec<Workload>,
+    pub contenders: Vec<Contender>,
+    pub rates: Vec<u64>,
+    pub latency_secs: f64,
+    pub out: Option<PathBuf>,
+    pub smoke: bool,
+    /// The flags as given, for the report.
+    pub command: String,
+}
+
+impl Args {
+    /// Parses `args` (without the program name). `Ok(None)` means help was asked for.
+    pub fn parse(args: &[String]) -> Res<Option<Args>> {
+        let mut a = Args {
+            runs: 3,
+            workloads: matrix(),
+            contenders: Contender::ALL.to_vec(),
+            rates: vec![2000, 10_000],
+            latency_secs: 30.0,
+            out: None,
+            smoke: false,
+            command: std::iter::once("ferry-bench".to_string())
+                .chain(args.iter().cloned())
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        let (mut scale, mut full, mut it) = (None, true, args.iter());
+        while let Some(flag) = it.next() {
+            let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--smoke" => {
+                    a.smoke = true;
+                    a.runs = 1;
+                    a.latency_secs = 2.0;
+                    scale.get_or_insert(0.01);
+                    full = false;
+                }
+                "--runs" => a.runs = value()?.parse()?,
+                "--scale" => {
+                    scale = Some(value()?.parse()?);
+                    full = false;
+                }
+                "--latency-secs" => a.latency_secs = value()?.parse()?,
+                "--out" => a.out = Some(value()?.into()),
+                "--workloads" => {
+                    let v = value()?;
+                    full = false;
+                    a.workloads = list(v)
+                        .map(|n| {
+                            matrix()
+                                .into_iter()
+                                .find(|w| w.name == n)
+                                .ok_or_else(|| format!("unknown workload {n:?}\n\n{USAGE}"))
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
+                "--contenders" => {
+                    let v = value()?;
+                    full = false;
+                    a.contenders = list(v)
+                        .map(|n| {
+                            Contender::ALL
+                                .into_iter()
+                                .find(|c| c.key() == n)
+                                .ok_or_else(|| format!("unknown contender {n:?}\n\n{USAGE}"))
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
+                "--rates" => {
+                    let v = value()?;
+                    full = false;
+                    a.rates = list(v).map(str::parse).collect::<Result<_, _>>()?;
+                }
+                other => return Err(format!("unknown flag {other}\n\n{USAGE}").into()),
+            }
+        }
+        if a.runs == 0 {
+            return Err("--runs must be at least 1".into());
+        }
+        if let Some(s) = scale {
+            a.workloads = a.workloads.iter().map(|w| w.scaled(s)).collect();
+        }
+        if a.out.is_none() && full {
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+            a.out = dir.is_dir().then_some(dir);
+        }
+        Ok(Some(a))
+    }
+}
+
+/// "a,b" → ["a", "b"]; "none" → [].
+fn list(v: &str) -> impl Iterator<Item = &str> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && *s != "none")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Args {
+        let v: Vec<String> = s.split_whitespace().map(String::from).collect();
+        Args::parse(&v).unwrap().unwrap()
+    }
+
+    #[test]
+    fn no_flags_is_the_full_matrix_written_to_the_source_tree() {
+        let a = parse("");
+        assert_eq!(a.runs, 3);
+        assert_eq!(a.workloads.len(), matrix().len());
+        assert_eq!(a.contenders, Contender::ALL.to_vec());
+        assert_eq!(a.rates, vec![2000, 10_000]);
+        assert!(a.out.is_some());
+    }
+
+    #[test]
+    fn smoke_is_tiny_and_writes_nothing() {
+        let a = parse("--smoke");
+        assert_eq!(a.runs, 1);
+        assert_eq!(a.workloads[0].rows, 2000);
+        assert!(a.out.is_none());
+        assert!(a.latency_secs <= 2.0);
+        assert_eq!(a.contenders.len(), 4);
+    }
+
+    #[test]
+    fn selections_narrow_the_matrix() {
+        let a = parse(
+            "--workloads backlog-1k,one-1m-txn --contenders ferry,recv --rates none --runs 5",
+        );
+        assert_eq!(a.workloads.len(), 2);
+        assert_eq!(a.contenders, vec![Contender::Ferry, Contender::Recv]);
+        assert!(a.rates.is_empty());
+        assert_eq!(a.runs, 5);
+        assert!(a.out.is_none());
+        let v: Vec<String> = vec!["--workloads".into(), "nope".into()];
+        assert!(Args::parse(&v).is_err());
+        assert!(Args::parse(&["--help".to_string()]).unwrap().is_none());
+        assert!(Args::parse(&["--runs".to_string()]).is_err());
+    }
+}

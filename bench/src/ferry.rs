@@ -1,0 +1,190 @@
+//! Contender 3, Ferry end to end: the `ferry` binary (read → route → produce with `acks=all` →
+//! confirm in the slot) draining a backlog from its slot.
+//!
+//! Ferry is measured as a warm standby taking over, so that the figure is throughput rather
+//! than process start-up: a cold `ferry run` spends about a second before its first record can
+//! be sent, most of it librdkafka acquiring the idempotent producer's id (its first attempt is
+//! scheduled 500 ms after the producer is created, and retried 500 ms later when no broker
+//! connection is up yet); the latency runs report that cold start separately. A [`Holder`]
+//! keeps the slot active (a replication connection that never reads) while the backlog is
+//! written; Ferry is started on the slot, finds it in use and stands by with its producer
+//! ready; then the holder disconnects and the clock starts. It stops when the slot's
+//! `confirmed_flush_lsn` reaches the backlog's end, so it includes Ferry noticing the free slot
+//! (it polls every 50 ms), connecting and starting replication, and every record being
+//! acknowledged and confirmed. CPU seconds are Ferry's from the release on; peak RSS
+//! (`VmHWM`) is its whole life's.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_testkit::process::{free_port, signal, spawn_owned};
+use ferry_wal::conn::replication::ReplicationConnection;
+use ferry_wal::conn::ConnectConfig;
+use ferry_wal::Lsn;
+
+use crate::{confirmed, procfs, Res, Sample, PUBLICATION};
+
+/// The `ferry` binary: `FERRY_BIN`, else beside this executable.
+pub fn bin() -> Res<PathBuf> {
+    if let Ok(p) = std::env::var("FERRY_BIN") {
+        return Ok(p.into());
+    }
+    let p = std::env::current_exe()?.with_file_name("ferry");
+    if !p.exists() {
+        return Err(format!(
+            "{} not found: build it with `cargo build --release -p ferry -p ferry-bench`, or set FERRY_BIN",
+            p.display()
+        )
+        .into());
+    }
+    Ok(p)
+}
+
+/// A running `ferry run` and its metrics port.
+pub struct Running {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Running {
+    /// Starts `ferry run` on `slot`, routing every row to `topic` (a template).
+    pub fn spawn(db_url: &str, brokers: &str, slot: &str, topic: &str) -> Res<Running> {
+        let port = free_port();
+        let mut cmd = Command::new(bin()?);
+        cmd.arg("run")
+            .env_clear()
+            .env("FERRY_POSTGRES_URL", db_url)
+            .env("FERRY_POSTGRES_SLOT", slot)
+            .env("FERRY_POSTGRES_PUBLICATION", PUBLICATION)
+            .env("FERRY_KAFKA_BROKERS", brokers)
+            .env("FERRY_ROUTE_TOPIC", topic)
+            .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{port}"))
+            .env("FERRY_POSTGRES_STANDBY_POLL_INTERVAL", "50ms")
+            .env("FERRY_LOG_LEVEL", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        Ok(Running {
+            child: spawn_owned(cmd, libc::SIGKILL)?,
+            port,
+        })
+    }
+
+    /// Fails if Ferry has exited.
+    pub fn check_alive(&mut self) -> Res<()> {
+        match self.child.try_wait()? {
+            Some(status) => Err(format!("ferry exited early: {status}").into()),
+            None => Ok(()),
+        }
+    }
+
+    /// An unlabelled metric's value, if Ferry answers.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let body = procfs::fetch_metrics(self.port).await.ok()?;
+        procfs::scalar(&body, name)
+    }
+
+    /// `ferry_records_produced_total`, if Ferry answers.
+    pub async fn produced(&self) -> Option<f64> {
+        self.metric("ferry_records_produced_total").await
+    }
+
+    /// SIGTERM (Ferry drains and confirms), then waits for the exit.
+    pub async fn stop(mut self) {
+        signal(&self.child, libc::SIGTERM);
+        let _ = tokio::task::spawn_blocking(move || self.child.wait()).await;
+    }
+}
+
+/// Keeps a slot active without consuming it: a replication connection that started streaming
+/// and never reads. Dropping it frees the slot.
+pub struct Holder(#[allow(dead_code)] ReplicationConnection);
+
+impl Holder {
+    pub async fn hold(db_url: &str, slot: &str) -> Res<Holder> {
+        let mut conn = ReplicationConnection::connect(&ConnectConfig::parse(db_url)?).await?;
+        conn.start_copy_both(&format!(
+            "START_REPLICATION SLOT \"{slot}\" LOGICAL 0/0 \
+             (proto_version '1', publication_names '\"{PUBLICATION}\"', messages 'true')"
+        ))
+        .await?;
+        Ok(Holder(conn))
+    }
+}
+
+/// How long Ferry stands by before the slot is freed: long enough for the producer id.
+const WARM_UP: Duration = Duration::from_millis(1500);
+/// With every record acknowledged, how long the confirmed LSN may stay short of the measured
+/// end (WAL written after the last commit that no keepalive has reported yet) before the last
+/// confirmation counts as the end.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// Drains the backlog on `slot` (`rows` rows ending at `end`), which `holder` keeps busy until
+/// Ferry stands by.
+#[allow(clippy::too_many_arguments)]
+pub async fn drain(
+    db_url: &str,
+    brokers: &str,
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    topic: &str,
+    rows: u64,
+    end: Lsn,
+    holder: Holder,
+) -> Res<Sample> {
+    let mut ferry = Running::spawn(db_url, brokers, slot, topic)?;
+    let pid = ferry.child.id();
+    let spawned = Instant::now();
+    while spawned.elapsed() < WARM_UP || ferry.metric("ferry_standby").await != Some(1.0) {
+        ferry.check_alive()?;
+        if spawned.elapsed() > Duration::from_secs(60) {
+            return Err("ferry did not stand by within 60 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cpu = procfs::cpu_seconds(pid)?;
+    let start = Instant::now();
+    drop(holder);
+    let mut first_ack = None;
+    let (mut last, mut last_at) = (confirmed(sql, slot).await?, start);
+    let mut polls = 0u64;
+    let secs = loop {
+        let c = confirmed(sql, slot).await?;
+        if c >= end {
+            break start.elapsed().as_secs_f64();
+        }
+        if c > last {
+            (last, last_at) = (c, Instant::now());
+        }
+        ferry.check_alive()?;
+        polls += 1;
+        if polls % 4 == 0 {
+            let produced = ferry.produced().await.unwrap_or(0.0);
+            if first_ack.is_none() && produced > 0.0 {
+                first_ack = Some(start.elapsed().as_secs_f64());
+            }
+            if produced >= rows as f64 && last_at.elapsed() > SETTLE {
+                eprintln!("  (ferry confirmed {last}, short of {end} with every record acknowledged: WAL after the last commit)");
+                break (last_at - start).as_secs_f64();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let cpu = procfs::cpu_seconds(pid)? - cpu;
+    let peak_rss_kib = procfs::peak_rss_kib(pid)?;
+    let produced = ferry.produced().await.unwrap_or(f64::NAN);
+    ferry.stop().await;
+    if produced != rows as f64 {
+        return Err(format!(
+            "ferry confirmed the backlog but reports {produced} records produced, expected {rows}"
+        )
+        .into());
+    }
+    Ok(Sample {
+        secs,
+        cpu: Some(cpu),
+        peak_rss_kib: Some(peak_rss_kib),
+        first_ack: Some(first_ack.unwrap_or(secs)),
+    })
+}

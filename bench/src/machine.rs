@@ -1,0 +1,102 @@
+//! The machine and versions reported with the numbers.
+
+use std::process::Command;
+
+/// What the numbers were measured on.
+#[derive(Debug, Clone, Default)]
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub os: String,
+    pub date: String,
+    pub postgres: String,
+    pub broker: String,
+    pub librdkafka: String,
+    pub ferry: String,
+    pub commit: String,
+    /// 1-minute load averages seen during the run (start, between workloads, end).
+    pub loads: Vec<f64>,
+}
+
+impl Machine {
+    pub fn probe() -> Machine {
+        let cpuinfo = read("/proc/cpuinfo");
+        let meminfo = read("/proc/meminfo");
+        let mem_kib: f64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0);
+        Machine {
+            cpu: cpuinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_string())
+                .unwrap_or_else(|| "unknown CPU".into()),
+            cores: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(0),
+            memory_gib: mem_kib / 1024.0 / 1024.0,
+            kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
+            os: read("/etc/os-release")
+                .lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_string())
+                .unwrap_or_default(),
+            date: output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+            librdkafka: rdkafka::util::get_rdkafka_version().1,
+            commit: output("git", &["rev-parse", "--short", "HEAD"]),
+            loads: vec![load_average()],
+            ..Machine::default()
+        }
+    }
+
+    /// "1 core … 24 GiB" line for headers.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} × {}, {:.0} GiB RAM, Linux {}{}",
+            self.cores,
+            self.cpu,
+            self.memory_gib,
+            self.kernel,
+            if self.os.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", self.os)
+            }
+        )
+    }
+}
+
+/// The 1-minute load average.
+pub fn load_average() -> f64 {
+    read("/proc/loadavg")
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// A command's first output line, or "" if it cannot run.
+pub fn output(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}

@@ -1,0 +1,404 @@
+//! Figures from samples, the markdown report (`results.md`) and the targets Ferry is held to.
+//!
+//! Every figure is a median over runs (rows/s, CPU); peak RSS is the maximum over runs, the
+//! figure a memory budget cares about. MB/s counts payload bytes as Kafka receives them (jsonb
+//! text, raw bytea). "% of pg_recvlogical" divides medians.
+
+use std::fmt::Write as _;
+
+use crate::latency::Latency;
+use crate::machine::Machine;
+use crate::workload::{thousands, Workload};
+use crate::{Contender, Sample};
+
+/// One workload's samples, all runs and contenders.
+#[derive(Debug, Clone)]
+pub struct WorkloadResult {
+    pub workload: Workload,
+    pub rows: u64,
+    /// Total payload bytes of the backlog.
+    pub payload_bytes: u64,
+    pub insert_secs: Vec<f64>,
+    pub samples: Vec<(Contender, Sample)>,
+}
+
+/// A contender's figures on one workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub rate: f64,
+    pub rate_min: f64,
+    pub rate_max: f64,
+    pub mb_s: f64,
+    pub cpu_per_100k: Option<f64>,
+    pub peak_rss_mib: Option<f64>,
+    pub first_ack: Option<f64>,
+}
+
+impl WorkloadResult {
+    pub fn stats(&self, c: Contender) -> Option<Stats> {
+        let s: Vec<&Sample> = self
+            .samples
+            .iter()
+            .filter(|(k, _)| *k == c)
+            .map(|(_, s)| s)
+            .collect();
+        if s.is_empty() {
+            return None;
+        }
+        let rows = self.rows as f64;
+        let rates: Vec<f64> = s.iter().map(|s| rows / s.secs).collect();
+        let rate = median(&rates);
+        let cpus: Vec<f64> = s
+            .iter()
+            .filter_map(|s| s.cpu.map(|c| c / rows * 100_000.0))
+            .collect();
+        let rss = s
+            .iter()
+            .filter_map(|s| s.peak_rss_kib)
+            .max()
+            .map(|k| k as f64 / 1024.0);
+        let first: Vec<f64> = s.iter().filter_map(|s| s.first_ack).collect();
+        Some(Stats {
+            rate,
+            rate_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+            rate_max: rates.iter().copied().fold(0.0, f64::max),
+            mb_s: rate * self.payload_bytes as f64 / rows / 1e6,
+            cpu_per_100k: (!cpus.is_empty()).then(|| median(&cpus)),
+            peak_rss_mib: rss,
+            first_ack: (!first.is_empty()).then(|| median(&first)),
+        })
+    }
+}
+
+/// Median (upper median for even counts); NaN for none.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Everything one invocation measured.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub machine: Machine,
+    pub command: String,
+    pub runs: u32,
+    pub workloads: Vec<WorkloadResult>,
+    pub latency: Vec<Latency>,
+}
+
+/// One target from the issue and how Ferry did.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub what: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+impl Report {
+    /// The throughput table.
+    pub fn throughput_table(&self) -> String {
+        let mut o = String::new();
+        o.push_str("| workload | contender | rows/s | MB/s | % of pg_recvlogical | CPU s / 100k rows | peak RSS MiB | rows/s min–max |\n");
+        o.push_str("|---|---|--:|--:|--:|--:|--:|--:|\n");
+        for w in &self.workloads {
+            let base = w.stats(Contender::Recv).map(|s| s.rate);
+            for c in Contender::ALL {
+                let Some(s) = w.stats(c) else { continue };
+                let pct = base.map_or("–".into(), |b| format!("{:.0}%", s.rate / b * 100.0));
+                let cpu = s.cpu_per_100k.map_or("–".into(), |v| format!("{v:.2}"));
+                let rss = s.peak_rss_mib.map_or("–".into(), |v| format!("{v:.0}"));
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {} | {:.1} | {pct} | {cpu} | {rss} | {}–{} |",
+                    w.workload.name,
+                    c.label(),
+                    thousands(s.rate.round() as u64),
+                    s.mb_s,
+                    thousands(s.rate_min.round() as u64),
+                    thousands(s.rate_max.round() as u64),
+                );
+            }
+        }
+        o
+    }
+
+    /// The latency table.
+    pub fn latency_table(&self) -> String {
+        let mut o = String::new();
+        o.push_str("| rate rows/s | achieved (rows) | p50 | p99 | p999 | records | slot lag: first ¼ → last ¼ (max) | catch-up | Ferry CPU s / 100k | peak RSS MiB |\n");
+        o.push_str("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        for l in &self.latency {
+            let _ = writeln!(
+                o,
+                "| {} | {} ({}) | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} → {} ({}) | {:.2} s | {:.2} | {:.0} |",
+                thousands(l.rate),
+                thousands(l.achieved.round() as u64),
+                thousands(l.rows),
+                l.p50 * 1e3,
+                l.p99 * 1e3,
+                l.p999 * 1e3,
+                thousands(l.samples),
+                kib(l.lag_first_quarter),
+                kib(l.lag_last_quarter),
+                kib(l.lag_max),
+                l.catch_up,
+                l.cpu_per_100k,
+                l.peak_rss_mib
+            );
+        }
+        o
+    }
+
+    /// The targets of the issue, for what this run measured.
+    pub fn targets(&self) -> Vec<Target> {
+        let mut t = Vec::new();
+        let ferry = |name: &str| {
+            self.workloads
+                .iter()
+                .find(|w| w.workload.name == name)
+                .and_then(|w| Some((w.stats(Contender::Ferry)?, w.stats(Contender::Recv))))
+        };
+        if let Some((f, Some(r))) = ferry("backlog-1k") {
+            let pct = f.rate / r.rate * 100.0;
+            t.push(Target {
+                what: "backlog drain ≥ 85% of pg_recvlogical (backlog-1k)".into(),
+                measured: format!("{pct:.0}%"),
+                met: pct >= 85.0,
+            });
+        }
+        let all: Vec<(&str, Stats)> = self
+            .workloads
+            .iter()
+            .filter_map(|w| Some((w.workload.name, w.stats(Contender::Ferry)?)))
+            .collect();
+        if let Some((name, worst)) =
+            all.iter()
+                .filter(|(_, s)| s.cpu_per_100k.is_some())
+                .max_by(|a, b| {
+                    let v = |s: &Stats| s.cpu_per_100k.unwrap_or(0.0);
+                    v(&a.1).total_cmp(&v(&b.1))
+                })
+        {
+            let v = worst.cpu_per_100k.unwrap_or(f64::NAN);
+            t.push(Target {
+                what: "Ferry ≤ 1.0 CPU-s per 100k rows (worst workload)".into(),
+                measured: format!("{v:.2} ({name})"),
+                met: v <= 1.0,
+            });
+        }
+        let rss = |pred: &dyn Fn(&str) -> bool| {
+            all.iter()
+                .filter(|(n, _)| pred(n))
+                .filter_map(|(n, s)| Some((*n, s.peak_rss_mib?)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+        };
+        if let Some((name, v)) = rss(&|n| n != "one-1m-txn") {
+            t.push(Target {
+                what: "Ferry peak RSS ≤ 64 MiB draining a backlog (worst workload)".into(),
+                measured: format!("{v:.0} MiB ({name})"),
+                met: v <= 64.0,
+            });
+        }
+        if let Some((_, v)) = rss(&|n| n == "one-1m-txn") {
+            t.push(Target {
+                what: "Ferry peak RSS ≤ 96 MiB through the 1,000,000-row transaction".into(),
+                measured: format!("{v:.0} MiB"),
+                met: v <= 96.0,
+            });
+        }
+        for l in &self.latency {
+            if l.rate == 2000 {
+                t.push(Target {
+                    what: "p99 commit → ack ≤ 10 ms at 2,000 rows/s".into(),
+                    measured: format!("{:.1} ms", l.p99 * 1e3),
+                    met: l.p99 <= 0.010,
+                });
+            }
+            if l.rate == 10_000 {
+                t.push(Target {
+                    what: "no lag growth at 10,000 rows/s".into(),
+                    measured: format!(
+                        "{} → {} (achieved {} rows/s)",
+                        kib(l.lag_first_quarter),
+                        kib(l.lag_last_quarter),
+                        thousands(l.achieved.round() as u64)
+                    ),
+                    met: !l.lag_grows() && l.achieved >= 0.95 * l.rate as f64,
+                });
+            }
+        }
+        t
+    }
+
+    pub fn targets_table(&self) -> String {
+        let mut o = String::from("| target | measured | met |\n|---|---|---|\n");
+        for t in self.targets() {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} |",
+                t.what,
+                t.measured,
+                if t.met { "yes" } else { "**no**" }
+            );
+        }
+        o
+    }
+
+    /// The whole report, as committed in `bench/results.md`.
+    pub fn markdown(&self) -> String {
+        let m = &self.machine;
+        let mut o = String::from("# Ferry benchmark results\n\n");
+        let _ = writeln!(o, "Measured {} with `{}`.\n", m.date, self.command);
+        let _ = writeln!(o, "- Machine: {}", m.summary());
+        let _ = writeln!(
+            o,
+            "- Load average (1 min) during the run: {} (other work shares these cores; contenders are interleaved so drift spreads over all of them)",
+            m.loads
+                .iter()
+                .map(|l| format!("{l:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let _ = writeln!(o, "- PostgreSQL {}; broker: {}", m.postgres, m.broker);
+        let _ = writeln!(
+            o,
+            "- Ferry {} (commit {}), librdkafka {}",
+            m.ferry, m.commit, m.librdkafka
+        );
+        let _ = writeln!(
+            o,
+            "- {} run(s) per workload; each figure is the median; contenders take turns going first\n",
+            self.runs
+        );
+        if !self.workloads.is_empty() {
+            o.push_str("## Throughput\n\nWorkloads:\n\n");
+            for w in &self.workloads {
+                let _ = writeln!(
+                    o,
+                    "- `{}`: {} (measured payload {:.0} B/row)",
+                    w.workload.name,
+                    w.workload.describe(),
+                    w.payload_bytes as f64 / w.rows.max(1) as f64
+                );
+            }
+            o.push('\n');
+            o.push_str(&self.throughput_table());
+            o.push_str("\nCPU is the contender's own process: `ferry`, `pg_recvlogical`, or the benchmark process for the raw producer and the relay (their client side only, not PostgreSQL's work). Peak RSS is Ferry's `VmHWM`, the largest over runs.\n\n");
+            o.push_str("![rows/s per workload and contender](results.svg)\n\n");
+            let firsts: Vec<String> = self
+                .workloads
+                .iter()
+                .filter_map(|w| {
+                    let s = w.stats(Contender::Ferry)?;
+                    Some(format!(
+                        "{} {:.2} s",
+                        w.workload.name,
+                        s.first_ack.unwrap_or(f64::NAN)
+                    ))
+                })
+                .collect();
+            if !firsts.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "Ferry's clock starts when the slot is freed for it (a warm standby taking over; see `bench/README.md`); time from then to its first acknowledged record (median): {}.\n",
+                    firsts.join(", ")
+                );
+            }
+        }
+        if !self.latency.is_empty() {
+            o.push_str("## Latency at a steady rate\n\nCommit in PostgreSQL → acknowledgement by Kafka, from Ferry's `ferry_replication_lag_seconds` histogram (quantiles interpolated within its buckets: 1, 2.5, 5, 10, 25 ms, ...). 10-row transactions of ~1 KB jsonb rows. Slot lag is `pg_current_wal_lsn() - confirmed_flush_lsn` sampled every 250 ms; catch-up is the time from the writer's last commit to Ferry confirming it.\n\n");
+            o.push_str(&self.latency_table());
+            let colds: Vec<String> = self
+                .latency
+                .iter()
+                .map(|l| format!("{:.2} s", l.cold_start))
+                .collect();
+            let _ = writeln!(
+                o,
+                "\nCold start (spawning `ferry run` until its first transaction is confirmed): {}.\n",
+                colds.join(", ")
+            );
+        }
+        let targets = self.targets();
+        if !targets.is_empty() {
+            o.push_str("## Targets\n\n");
+            o.push_str(&self.targets_table());
+        }
+        o
+    }
+}
+
+/// Bytes as KiB/MiB text.
+pub fn kib(bytes: u64) -> String {
+    if bytes >= 10 << 20 {
+        format!("{:.0} MiB", bytes as f64 / (1 << 20) as f64)
+    } else if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+    } else {
+        format!("{:.0} KiB", bytes as f64 / 1024.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::matrix;
+
+    fn sample(secs: f64, cpu: f64, rss: u64) -> Sample {
+        Sample {
+            secs,
+            cpu: Some(cpu),
+            peak_rss_kib: Some(rss),
+            first_ack: Some(0.5),
+        }
+    }
+
+    #[test]
+    fn figures_are_medians_and_targets_follow_them() {
+        let w = WorkloadResult {
+            workload: matrix()[0].clone(),
+            rows: 200_000,
+            payload_bytes: 200_000_000,
+            insert_secs: vec![1.0],
+            samples: vec![
+                (Contender::Recv, sample(1.0, 0.1, 0)),
+                (Contender::Ferry, sample(2.0, 2.0, 80 * 1024)),
+                (Contender::Recv, sample(2.0, 0.1, 0)),
+                (Contender::Ferry, sample(1.0, 1.0, 40 * 1024)),
+                (Contender::Ferry, sample(1.25, 1.0, 50 * 1024)),
+            ],
+        };
+        let f = w.stats(Contender::Ferry).unwrap();
+        assert_eq!(f.rate, 160_000.0);
+        assert_eq!((f.rate_min, f.rate_max), (100_000.0, 200_000.0));
+        assert_eq!(f.mb_s, 160.0);
+        assert_eq!(f.cpu_per_100k, Some(0.5));
+        assert_eq!(f.peak_rss_mib, Some(80.0));
+        assert!(w.stats(Contender::Relay).is_none());
+        let r = Report {
+            workloads: vec![w],
+            ..Report::default()
+        };
+        let t = r.targets();
+        assert_eq!(t[0].measured, "80%");
+        assert!(!t[0].met);
+        assert!(t[1].met, "0.5 CPU-s per 100k rows");
+        assert!(!t[2].met, "80 MiB is over 64");
+        assert!(r.markdown().contains("| backlog-1k | Ferry end to end | 160,000 | 160.0 | 80% | 0.50 | 80 | 100,000–200,000 |"));
+    }
+
+    #[test]
+    fn lag_growth_needs_a_real_increase() {
+        let l = |a, b| Latency {
+            lag_first_quarter: a,
+            lag_last_quarter: b,
+            ..Latency::default()
+        };
+        assert!(!l(100_000, 150_000).lag_grows());
+        assert!(!l(0, 1 << 20).lag_grows());
+        assert!(l(1 << 20, 4 << 20).lag_grows());
+        assert_eq!(kib(512), "0 KiB");
+        assert_eq!(kib(3 << 20), "3.0 MiB");
+    }
+}
