@@ -47,7 +47,7 @@ impl Machine {
                 .unwrap_or_default(),
             date: output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
             librdkafka: rdkafka::util::get_rdkafka_version().1,
-            commit: output("git", &["rev-parse", "--short", "HEAD"]),
+            commit: commit(),
             loads: vec![load_average()],
             ..Machine::default()
         }
@@ -67,6 +67,22 @@ impl Machine {
                 format!(" ({})", self.os)
             }
         )
+    }
+}
+
+/// The commit the sources are at, marked when Ferry's own sources have uncommitted changes.
+fn commit() -> String {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let head = output("git", &["-C", root, "rev-parse", "--short", "HEAD"]);
+    let dirty = Command::new("git")
+        .args(["-C", root, "status", "--porcelain", "--", "crates"])
+        .output()
+        .map(|o| !o.stdout.is_empty())
+        .unwrap_or(false);
+    match (head.is_empty(), dirty) {
+        (true, _) => "unknown".into(),
+        (false, true) => format!("{head} + uncommitted changes under crates/"),
+        (false, false) => head,
     }
 }
 

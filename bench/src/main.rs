@@ -33,18 +33,20 @@ mod relay;
 mod report;
 mod svg;
 mod workload;
+mod world;
 
 use std::error::Error;
 use std::time::Duration;
 
 use ferry_testkit::kafka as testkafka;
-use ferry_testkit::pg::{self, PgCluster};
+use ferry_testkit::pg;
 use ferry_wal::Lsn;
 
 use crate::args::Args;
 use crate::machine::Machine;
 use crate::report::{Report, WorkloadResult};
 use crate::workload::{thousands, Workload};
+use crate::world::{create_db, create_topics, World};
 
 pub type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
@@ -120,84 +122,6 @@ pub async fn confirmed(sql: &tokio_postgres::Client, slot: &str) -> Res<Lsn> {
     Ok(s.ok_or("slot has no confirmed_flush_lsn")?.parse()?)
 }
 
-/// PostgreSQL and the broker.
-struct World {
-    _cluster: Option<PgCluster>,
-    broker: Option<testkafka::LocalBroker>,
-    external_brokers: Option<String>,
-    admin_url: String,
-}
-
-impl World {
-    async fn start() -> Res<World> {
-        // Directories that killed runs (and tests) left behind.
-        ferry_testkit::process::sweep_stale_dirs("ferry-pg");
-        ferry_testkit::process::sweep_stale_dirs("ferry-broker");
-        let (cluster, admin_url) = match std::env::var(pg::PG_URL_ENV) {
-            Ok(u) if !u.is_empty() => (None, u),
-            _ => {
-                let c = PgCluster::start(pg::ClusterOptions {
-                    tls: false,
-                    extra_conf: vec![
-                        "shared_buffers = '256MB'".into(),
-                        "max_wal_size = '8GB'".into(),
-                        "checkpoint_timeout = '30min'".into(),
-                        // The slot holder (see `ferry`) never answers keepalives.
-                        "wal_sender_timeout = 0".into(),
-                    ],
-                })
-                .await;
-                let u = c.url("postgres");
-                (Some(c), u)
-            }
-        };
-        let external_brokers = std::env::var(testkafka::BROKERS_ENV)
-            .ok()
-            .filter(|b| !b.is_empty());
-        let broker = match external_brokers {
-            Some(_) => None,
-            None => Some(testkafka::LocalBroker::start().await),
-        };
-        Ok(World {
-            _cluster: cluster,
-            broker,
-            external_brokers,
-            admin_url,
-        })
-    }
-
-    fn brokers(&self) -> String {
-        match (&self.external_brokers, &self.broker) {
-            (Some(b), _) => b.clone(),
-            (None, Some(b)) => b.brokers(),
-            (None, None) => unreachable!("a world has a broker"),
-        }
-    }
-
-    /// A local broker starts afresh for every run (noida-db keeps all data in one file, which
-    /// would otherwise grow through the whole matrix); an external one is kept.
-    async fn fresh_broker(&mut self) {
-        if let Some(old) = self.broker.take() {
-            drop(old);
-            self.broker = Some(testkafka::LocalBroker::start().await);
-        }
-    }
-
-    fn broker_version(&self) -> String {
-        match &self.external_brokers {
-            Some(b) => format!("external ({b})"),
-            None if std::env::var(testkafka::TANSU_BIN_ENV).is_ok() => "tansu (local)".into(),
-            None => {
-                let v = machine::output(&testkafka::noida_bin().to_string_lossy(), &["version"]);
-                format!(
-                    "noida-db {} (local, Kafka protocol)",
-                    v.trim_start_matches("noida-db ")
-                )
-            }
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -263,33 +187,6 @@ async fn run(args: Args) -> Res<()> {
     }
     println!("done in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
-}
-
-/// A fresh database with the workload's outbox table and the publication.
-async fn create_db(
-    admin: &tokio_postgres::Client,
-    world: &World,
-    w: &Workload,
-) -> Res<(String, String)> {
-    let db = pg::unique_name(&format!("bench_{}", w.name.replace('-', "_")));
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await?;
-    let url = pg::with_dbname(&world.admin_url, &db);
-    let sql = pg::connect(&url).await;
-    sql.batch_execute(&w.ddl()).await?;
-    sql.batch_execute(&format!(
-        "CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox WITH (publish = 'insert')"
-    ))
-    .await?;
-    Ok((db, url))
-}
-
-async fn create_topics(brokers: &str, workload: &str, contenders: &[Contender]) {
-    testkafka::create_topic(brokers, kafka::WARMUP_TOPIC, 1).await;
-    for c in contenders.iter().filter(|c| **c != Contender::Recv) {
-        testkafka::create_topic(brokers, &kafka::topic(workload, c.key()), kafka::PARTITIONS).await;
-    }
 }
 
 async fn run_workload(
@@ -364,6 +261,9 @@ async fn run_workload(
                     relay::publish_all(&url, &brokers, w.kind, &suffix, rows).await?
                 }
             };
+            if s.secs.is_nan() || s.secs <= 0.0 {
+                return Err(format!("{tag}: {} took no time: a measurement bug", c.label()).into());
+            }
             print_sample(&tag, c, &s, rows, bytes);
             result.samples.push((c, s));
         }

@@ -1,0 +1,114 @@
+//! The servers a benchmark runs against: a private PostgreSQL cluster and a local broker (or
+//! the ones `FERRY_TEST_PG_URL` / `FERRY_TEST_KAFKA_BROKERS` name), and the database and topics
+//! of each workload.
+
+use ferry_testkit::kafka as testkafka;
+use ferry_testkit::pg::{self, PgCluster};
+
+use crate::workload::Workload;
+use crate::{kafka, machine, Contender, Res, PUBLICATION};
+
+/// PostgreSQL and the broker.
+pub struct World {
+    _cluster: Option<PgCluster>,
+    broker: Option<testkafka::LocalBroker>,
+    external_brokers: Option<String>,
+    pub admin_url: String,
+}
+
+impl World {
+    pub async fn start() -> Res<World> {
+        // Directories that killed runs (and tests) left behind.
+        ferry_testkit::process::sweep_stale_dirs("ferry-pg");
+        ferry_testkit::process::sweep_stale_dirs("ferry-broker");
+        let (cluster, admin_url) = match std::env::var(pg::PG_URL_ENV) {
+            Ok(u) if !u.is_empty() => (None, u),
+            _ => {
+                let c = PgCluster::start(pg::ClusterOptions {
+                    tls: false,
+                    extra_conf: vec![
+                        "shared_buffers = '256MB'".into(),
+                        "max_wal_size = '8GB'".into(),
+                        "checkpoint_timeout = '30min'".into(),
+                        // The slot holder (see `ferry`) never answers keepalives.
+                        "wal_sender_timeout = 0".into(),
+                    ],
+                })
+                .await;
+                let u = c.url("postgres");
+                (Some(c), u)
+            }
+        };
+        let external_brokers = std::env::var(testkafka::BROKERS_ENV)
+            .ok()
+            .filter(|b| !b.is_empty());
+        let broker = match external_brokers {
+            Some(_) => None,
+            None => Some(testkafka::LocalBroker::start().await),
+        };
+        Ok(World {
+            _cluster: cluster,
+            broker,
+            external_brokers,
+            admin_url,
+        })
+    }
+
+    pub fn brokers(&self) -> String {
+        match (&self.external_brokers, &self.broker) {
+            (Some(b), _) => b.clone(),
+            (None, Some(b)) => b.brokers(),
+            (None, None) => unreachable!("a world has a broker"),
+        }
+    }
+
+    /// A local broker starts afresh for every run (noida-db keeps all data in one file, which
+    /// would otherwise grow through the whole matrix); an external one is kept.
+    pub async fn fresh_broker(&mut self) {
+        if let Some(old) = self.broker.take() {
+            drop(old);
+            self.broker = Some(testkafka::LocalBroker::start().await);
+        }
+    }
+
+    pub fn broker_version(&self) -> String {
+        match &self.external_brokers {
+            Some(b) => format!("external ({b})"),
+            None if std::env::var(testkafka::TANSU_BIN_ENV).is_ok() => "tansu (local)".into(),
+            None => {
+                let v = machine::output(&testkafka::noida_bin().to_string_lossy(), &["version"]);
+                format!(
+                    "noida-db {} (local, Kafka protocol)",
+                    v.trim_start_matches("noida-db ")
+                )
+            }
+        }
+    }
+}
+
+/// A fresh database with the workload's outbox table and the publication.
+pub async fn create_db(
+    admin: &tokio_postgres::Client,
+    world: &World,
+    w: &Workload,
+) -> Res<(String, String)> {
+    let db = pg::unique_name(&format!("bench_{}", w.name.replace('-', "_")));
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await?;
+    let url = pg::with_dbname(&world.admin_url, &db);
+    let sql = pg::connect(&url).await;
+    sql.batch_execute(&w.ddl()).await?;
+    sql.batch_execute(&format!(
+        "CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox WITH (publish = 'insert')"
+    ))
+    .await?;
+    Ok((db, url))
+}
+
+pub async fn create_topics(brokers: &str, workload: &str, contenders: &[Contender]) {
+    testkafka::create_topic(brokers, kafka::WARMUP_TOPIC, 1).await;
+    for c in contenders.iter().filter(|c| **c != Contender::Recv) {
+        testkafka::create_topic(brokers, &kafka::topic(workload, c.key()), kafka::PARTITIONS).await;
+    }
+}
