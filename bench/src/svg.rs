@@ -42,17 +42,25 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-fn shape(w: &Workload) -> String {
+/// A round count: 20000 → "20k", 1000000 → "1M", 250 → "250".
+pub fn round(v: u64) -> String {
+    match v {
+        v if v >= 1_000_000 && v % 100_000 == 0 => format!("{}M", v as f64 / 1e6),
+        v if v >= 1_000 && v % 100 == 0 => format!("{}k", v as f64 / 1e3),
+        v => v.to_string(),
+    }
+}
+
+/// Two short lines under a group: rows and transactions, payload.
+fn shape(w: &Workload) -> (String, String) {
     let txn = if w.txn_rows >= w.rows {
         "one txn".to_string()
     } else {
         format!("{}/txn", w.txn_rows)
     };
-    format!(
-        "{} rows, {txn}, {} {}",
-        compact(w.rows as f64),
-        size(w.payload),
-        w.kind.sql_type()
+    (
+        format!("{} rows, {txn}", round(w.rows)),
+        format!("{} {}", size(w.payload), w.kind.sql_type()),
     )
 }
 
@@ -99,9 +107,13 @@ pub fn chart(report: &Report) -> String {
     let _ = writeln!(o, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
     let _ = writeln!(
         o,
-        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">Rows per second draining a backlog (median of {} runs; {})</text>"#,
+        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">Rows per second draining a backlog (median of {}; {})</text>"#,
         W / 2.0,
-        report.runs,
+        if report.runs == 1 {
+            "1 run".to_string()
+        } else {
+            format!("{} runs", report.runs)
+        },
         esc(&report.machine.date)
     );
     // Legend.
@@ -126,7 +138,7 @@ pub fn chart(report: &Report) -> String {
             W - RIGHT,
             LEFT - 6.0,
             yy + 4.0,
-            compact(v)
+            round(v as u64)
         );
     }
     let _ = writeln!(
@@ -168,13 +180,16 @@ pub fn chart(report: &Report) -> String {
             );
         }
         let cx = gx + group_w / 2.0;
+        let (rows, payload) = shape(w);
         let _ = writeln!(
             o,
-            r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle" font-weight="bold">{}</text><text x="{cx:.1}" y="{:.1}" text-anchor="middle" font-size="9.5">{}</text>"#,
+            r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle" font-weight="bold">{}</text><text x="{cx:.1}" y="{:.1}" text-anchor="middle" font-size="9.5">{}</text><text x="{cx:.1}" y="{:.1}" text-anchor="middle" font-size="9.5">{}</text>"#,
             TOP + plot_h + 18.0,
             esc(w.name),
             TOP + plot_h + 32.0,
-            esc(&shape(w))
+            esc(&rows),
+            TOP + plot_h + 44.0,
+            esc(&payload)
         );
     }
     let _ = writeln!(
@@ -199,5 +214,9 @@ mod tests {
         assert_eq!(compact(123_456.0), "123k");
         assert_eq!(compact(1_234_567.0), "1.23M");
         assert_eq!(esc("a<b&c"), "a&lt;b&amp;c");
+        assert_eq!(round(20_000), "20k");
+        assert_eq!(round(1_000_000), "1M");
+        assert_eq!(round(2_500), "2.5k");
+        assert_eq!(round(250), "250");
     }
 }
