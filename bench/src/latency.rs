@@ -9,7 +9,7 @@
 //! - Lag growth: `pg_current_wal_lsn() - confirmed_flush_lsn` of Ferry's slot, sampled every
 //!   250 ms; the median of the first and of the last quarter of the run, the maximum, and how
 //!   long Ferry needs after the writer stops to confirm everything.
-//! - The writer pipelines its transactions over one connection and reports the rate it
+//! - The writer pipelines its transactions over a few connections and reports the rate it
 //!   actually achieved, so a writer that cannot keep up is visible rather than hidden.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +24,9 @@ use crate::{confirmed, current_lsn, procfs, Res};
 
 /// Rows per transaction of the steady writer.
 pub const TXN_ROWS: u64 = 10;
+/// Connections the writer spreads its transactions over (one backend alone fell short of
+/// 10,000 generated rows/s on a busy 2-core machine).
+const WRITERS: usize = 4;
 
 /// The payload shape of the latency runs.
 pub fn workload() -> Workload {
@@ -102,7 +105,11 @@ pub async fn run(
         slot.to_string(),
         stop.clone(),
     ));
-    let (rows, elapsed) = write_steadily(&sql, &w, rate, secs).await?;
+    let mut writers = Vec::new();
+    for _ in 0..WRITERS {
+        writers.push(Arc::new(pg::connect(db_url).await));
+    }
+    let (rows, elapsed) = write_steadily(&writers, &w, rate, secs).await?;
     let last_commit = Instant::now();
     stop.store(true, Ordering::Relaxed);
     let end = current_lsn(&sql).await?;
@@ -145,7 +152,7 @@ pub async fn run(
 /// Commits `rate` rows/s in `TXN_ROWS`-row transactions for `secs`; returns rows written and
 /// the time it took.
 async fn write_steadily(
-    sql: &Arc<tokio_postgres::Client>,
+    sqls: &[Arc<tokio_postgres::Client>],
     w: &Workload,
     rate: u64,
     secs: f64,
@@ -164,7 +171,8 @@ async fn write_steadily(
         while pending.len() >= MAX_PENDING {
             pending.join_next().await.ok_or("writer")???;
         }
-        let (sql, w, first) = (sql.clone(), w.clone(), next);
+        let sql = sqls[(next / TXN_ROWS) as usize % sqls.len()].clone();
+        let (w, first) = (w.clone(), next);
         pending.spawn(async move { w.insert_one_txn(&sql, first, TXN_ROWS).await });
         next += TXN_ROWS;
         while let Some(done) = pending.try_join_next() {
