@@ -299,12 +299,7 @@ async fn verify_full_with_the_servers_ca_streams_over_tls() {
         db.uses_tls(r.backend_pid).await,
         "the replication stream is encrypted"
     );
-    db.admin
-        .batch_execute("INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','over tls')")
-        .await
-        .unwrap();
-    let t = next_txn(&mut r).await;
-    assert_eq!(text(&t.rows[0], "note").unwrap(), "over tls");
+    insert_and_expect_note(&db.admin, &mut r, "over tls").await;
     r.shutdown().await.unwrap();
 }
 

@@ -198,12 +198,7 @@ async fn a_slot_streamed_by_another_reader_is_in_use_until_it_stops() {
     })
     .await;
     let mut second = start(&s).await;
-    s.sql
-        .batch_execute("INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','second')")
-        .await
-        .unwrap();
-    let t = next_txn(&mut second).await;
-    assert_eq!(text(&t.rows[0], "note").unwrap(), "second");
+    insert_and_expect_note(&s.sql, &mut second, "second").await;
     second.shutdown().await.unwrap();
 }
 
@@ -484,12 +479,7 @@ async fn a_slot_advanced_behind_the_readers_back_stops_it() {
     // Restarting accepts the new position: the skipped row is gone, later ones arrive.
     let mut r = start(&s).await;
     assert_eq!(r.resume_lsn, advanced);
-    s.sql
-        .batch_execute("INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a','1','t','after')")
-        .await
-        .unwrap();
-    let t = next_txn(&mut r).await;
-    assert_eq!(text(&t.rows[0], "note").unwrap(), "after");
+    insert_and_expect_note(&s.sql, &mut r, "after").await;
     r.shutdown().await.unwrap();
 }
 

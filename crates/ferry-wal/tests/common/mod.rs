@@ -140,3 +140,20 @@ pub async fn slot_confirmed(sql: &tokio_postgres::Client, slot: &str) -> Lsn {
         .unwrap()
         .confirmed_flush_lsn
 }
+
+/// Inserts one outbox row with `note` in its own transaction and asserts that the reader's next
+/// transaction starts with that row.
+pub async fn insert_and_expect_note(
+    sql: &tokio_postgres::Client,
+    r: &mut ReaderHandle,
+    note: &str,
+) {
+    sql.execute(
+        "INSERT INTO outbox (aggregatetype, aggregateid, type, note) VALUES ('a', '1', 't', $1)",
+        &[&note],
+    )
+    .await
+    .unwrap();
+    let t = next_txn(r).await;
+    assert_eq!(text(&t.rows[0], "note").as_deref(), Some(note));
+}
