@@ -99,7 +99,12 @@ enum ConfigCommand {
 /// Entry point of the `ferry` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One thread for everything async: the reader task and the session hand events back and
+    // forth for every socket read, and on a multi-threaded runtime each hand-over is a
+    // cross-thread wake-up. librdkafka has its own threads for compression and the brokers.
+    // Measured on the 200,000-row backlog: 1.15 -> 0.98 CPU-s per 100k rows; single-row
+    // transactions 2.18 -> 1.36 (bench/README.md).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -64,8 +64,11 @@ pub async fn run(
         producer = Some((p, reports));
         match outcome.result {
             Ok(session::End::Shutdown) => {
-                if let Some((p, _)) = &producer {
-                    let _ = tokio::task::block_in_place(|| p.flush(Duration::from_secs(5)));
+                // Every report is in (the session drained), so this returns at once; it waits
+                // for anything librdkafka itself still has to send. Blocking: off the runtime.
+                if let Some((p, _)) = producer.take() {
+                    let _ =
+                        tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(5))).await;
                 }
                 return Ok(());
             }
