@@ -116,16 +116,7 @@ fn format_uuid(b: &[u8; 16]) -> String {
 /// format (`\\` and `\ooo` octal escapes, other bytes literal).
 pub fn decode_bytea_text(v: &[u8]) -> Result<Vec<u8>, String> {
     if let Some(hex) = v.strip_prefix(b"\\x") {
-        if hex.len() % 2 != 0 {
-            return Err("bytea hex text has an odd number of digits".to_owned());
-        }
-        return hex
-            .chunks_exact(2)
-            .map(|p| match (hex_val(p[0]), hex_val(p[1])) {
-                (Some(h), Some(l)) => Ok(h << 4 | l),
-                _ => Err("bytea hex text has a non-hex digit".to_owned()),
-            })
-            .collect();
+        return decode_hex(hex);
     }
     let mut out = Vec::with_capacity(v.len());
     let mut i = 0;
@@ -148,13 +139,41 @@ pub fn decode_bytea_text(v: &[u8]) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-fn hex_val(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
+/// Hex digit values; `INVALID` marks every other byte.
+const HEX: [u8; 256] = {
+    let mut t = [INVALID; 256];
+    let mut i = 0;
+    while i < 10 {
+        t[b'0' as usize + i] = i as u8;
+        i += 1;
     }
+    let mut i = 0;
+    while i < 6 {
+        t[b'a' as usize + i] = 10 + i as u8;
+        t[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    t
+};
+const INVALID: u8 = 0x10;
+
+/// Decodes hex digits into bytes (a payload column is decoded whole, so this is a hot path: a
+/// table lookup per digit, one allocation, and a single check of all digits at the end).
+fn decode_hex(hex: &[u8]) -> Result<Vec<u8>, String> {
+    if hex.len() % 2 != 0 {
+        return Err("bytea hex text has an odd number of digits".to_owned());
+    }
+    let mut out = Vec::with_capacity(hex.len() / 2);
+    let mut bad = 0u8;
+    out.extend(hex.chunks_exact(2).map(|p| {
+        let (h, l) = (HEX[p[0] as usize], HEX[p[1] as usize]);
+        bad |= h | l;
+        h << 4 | l
+    }));
+    if bad & INVALID != 0 {
+        return Err("bytea hex text has a non-hex digit".to_owned());
+    }
+    Ok(out)
 }
 
 /// The record timestamp (ms since the Unix epoch) from a timestamp column: timestamptz/timestamp
@@ -265,6 +284,26 @@ mod tests {
         let bad: &[&[u8]] = &[b"\\x0", b"\\xzz", b"\\", b"\\4000", b"\\12", b"\\9aa"];
         for text in bad {
             assert!(decode_bytea_text(text).is_err(), "{text:?}");
+        }
+    }
+
+    /// Every pair of bytes, against `u8::from_str_radix`: the table accepts exactly the hex
+    /// digits of both cases and nothing else.
+    #[test]
+    fn hex_pairs_exhaustive() {
+        for hi in 0..=255u8 {
+            for lo in 0..=255u8 {
+                let text = [b'\\', b'x', hi, lo, b'0', b'f'];
+                let reference = std::str::from_utf8(&[hi, lo])
+                    .ok()
+                    .filter(|s| s.bytes().all(|c| c.is_ascii_hexdigit()))
+                    .and_then(|s| u8::from_str_radix(s, 16).ok());
+                match (decode_bytea_text(&text), reference) {
+                    (Ok(got), Some(want)) => assert_eq!(got, [want, 0x0f]),
+                    (Err(_), None) => {}
+                    (got, want) => panic!("{hi:#04x} {lo:#04x}: {got:?} vs {want:?}"),
+                }
+            }
         }
     }
 
