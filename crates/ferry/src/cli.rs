@@ -98,6 +98,7 @@ enum ConfigCommand {
 
 /// Entry point of the `ferry` binary.
 pub fn main() -> ExitCode {
+    crate::malloc::tune();
     let cli = Cli::parse();
     // One thread for everything async: the reader task and the session hand events back and
     // forth for every socket read, and on a multi-threaded runtime each hand-over is a

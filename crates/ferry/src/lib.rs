@@ -3,6 +3,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod debezium;
+pub mod malloc;
 pub mod pipeline;
 pub mod producer;
 pub mod telemetry;
