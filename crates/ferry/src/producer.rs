@@ -5,6 +5,9 @@
 //! record gets exactly one report within `delivery.timeout.ms`; that is what lets the pipeline
 //! drain before it reconnects, so records of one key never overtake each other across sessions.
 //!
+//! A record travels through librdkafka with a `usize` key, not a boxed value: the caller keeps
+//! what it needs per record in a [`Pending`] table (owned by one thread, no allocation per
+//! record, nothing freed across threads) and finds it again by the key its report carries.
 //! Reports travel over a bounded channel sized above the in-flight window, so the librdkafka
 //! thread that delivers them never waits. Errors are classified into the two families: a report
 //! that can succeed on a later attempt (the broker was unreachable past the delivery timeout) is
@@ -24,24 +27,66 @@ use rdkafka::producer::{
 use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
 
-/// What travels with a record through librdkafka and comes back with its report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Meta<T> {
-    /// The watermark's token for the record.
-    pub token: T,
-    /// Commit time of the record's transaction, µs since the Unix epoch (for the lag metric).
-    pub commit_unix_micros: i64,
-    /// Payload size accounted in the in-flight window.
-    pub bytes: usize,
-    /// The record's topic (shared, not copied), for errors.
-    pub topic: Arc<str>,
+/// One delivery report: the key given to [`Producer::send`] and the outcome.
+#[derive(Debug)]
+pub struct Delivery {
+    pub key: usize,
+    pub result: Result<Delivered, KafkaError>,
 }
 
-/// One delivery report.
+/// What the caller keeps per accepted record until its report, under the key the record was
+/// sent with: a slab (a vector and a free list) owned by the thread that sends and receives
+/// reports. Keys are reused only after their report was taken, so a report finds its own entry.
 #[derive(Debug)]
-pub struct Delivery<T> {
-    pub meta: Meta<T>,
-    pub result: Result<Delivered, KafkaError>,
+pub struct Pending<T> {
+    entries: Vec<Option<T>>,
+    free: Vec<usize>,
+    len: usize,
+}
+
+impl<T> Default for Pending<T> {
+    fn default() -> Self {
+        Pending {
+            entries: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Pending<T> {
+    /// Stores `value`; returns its key.
+    pub fn insert(&mut self, value: T) -> usize {
+        self.len += 1;
+        match self.free.pop() {
+            Some(key) => {
+                self.entries[key] = Some(value);
+                key
+            }
+            None => {
+                self.entries.push(Some(value));
+                self.entries.len() - 1
+            }
+        }
+    }
+
+    /// Takes the entry of `key` (`None` if there is none: a report for a key never issued, or
+    /// a second report for one).
+    pub fn remove(&mut self, key: usize) -> Option<T> {
+        let value = self.entries.get_mut(key)?.take()?;
+        self.free.push(key);
+        self.len -= 1;
+        Some(value)
+    }
+
+    /// Entries waiting for their report.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// Where a durable record landed.
@@ -51,12 +96,12 @@ pub struct Delivered {
     pub offset: i64,
 }
 
-struct Context<T> {
-    reports: mpsc::Sender<Delivery<T>>,
+struct Context {
+    reports: mpsc::Sender<Delivery>,
     fatal: Arc<Mutex<Option<String>>>,
 }
 
-impl<T: Send + Sync + 'static> ClientContext for Context<T> {
+impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         match level {
             RDKafkaLogLevel::Emerg
@@ -84,10 +129,10 @@ impl<T: Send + Sync + 'static> ClientContext for Context<T> {
     }
 }
 
-impl<T: Send + Sync + 'static> ProducerContext for Context<T> {
-    type DeliveryOpaque = Box<Meta<T>>;
+impl ProducerContext for Context {
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, meta: Box<Meta<T>>) {
+    fn delivery(&self, result: &DeliveryResult<'_>, key: usize) {
         let result = match result {
             Ok(m) => Ok(Delivered {
                 partition: m.partition(),
@@ -97,10 +142,7 @@ impl<T: Send + Sync + 'static> ProducerContext for Context<T> {
         };
         // Never full: the channel is larger than the in-flight window (the blocking send is a
         // safety net, not a path). If the pipeline is gone the report has no one to matter to.
-        let delivery = Delivery {
-            meta: *meta,
-            result,
-        };
+        let delivery = Delivery { key, result };
         if let Err(mpsc::error::TrySendError::Full(delivery)) = self.reports.try_send(delivery) {
             let _ = self.reports.blocking_send(delivery);
         }
@@ -108,12 +150,12 @@ impl<T: Send + Sync + 'static> ProducerContext for Context<T> {
 }
 
 /// An idempotent Kafka producer with delivery reports on a channel.
-pub struct Producer<T: Send + Sync + 'static> {
-    inner: ThreadedProducer<Context<T>>,
+pub struct Producer {
+    inner: ThreadedProducer<Context>,
     fatal: Arc<Mutex<Option<String>>>,
 }
 
-impl<T: Send + Sync + 'static> std::fmt::Debug for Producer<T> {
+impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Producer").finish_non_exhaustive()
     }
@@ -121,20 +163,20 @@ impl<T: Send + Sync + 'static> std::fmt::Debug for Producer<T> {
 
 /// Why `send` did not accept a record.
 #[derive(Debug)]
-pub enum SendError<T> {
-    /// librdkafka's queue is full: wait for reports, then retry with the same meta.
-    QueueFull(Meta<T>),
+pub enum SendError {
+    /// librdkafka's queue is full: wait for reports, then retry.
+    QueueFull,
     /// Any other refusal (the record is invalid for the client, e.g. too large).
     Refused(KafkaError),
 }
 
-impl<T: Send + Sync + Copy + 'static> Producer<T> {
+impl Producer {
     /// Creates the producer from `properties` (built in one place by the configuration:
     /// idempotence and `acks=all` always on). `report_capacity` must exceed the in-flight window.
     pub fn new(
         properties: &[(String, String)],
         report_capacity: usize,
-    ) -> Result<(Producer<T>, mpsc::Receiver<Delivery<T>>), KafkaError> {
+    ) -> Result<(Producer, mpsc::Receiver<Delivery>), KafkaError> {
         let mut cc = ClientConfig::new();
         for (k, v) in properties {
             cc.set(k, v);
@@ -148,8 +190,8 @@ impl<T: Send + Sync + Copy + 'static> Producer<T> {
         Ok((Producer { inner, fatal }, rx))
     }
 
-    /// Hands a record to librdkafka (accepted, not yet durable).
-    pub fn send(&self, record: &Record, meta: Meta<T>) -> Result<(), SendError<T>> {
+    /// Hands a record to librdkafka (accepted, not yet durable); its report will carry `key`.
+    pub fn send(&self, record: &Record, key: usize) -> Result<(), SendError> {
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (name, value) in &record.headers {
             headers = headers.insert(Header {
@@ -157,8 +199,8 @@ impl<T: Send + Sync + Copy + 'static> Producer<T> {
                 value: value.as_deref(),
             });
         }
-        let mut r: BaseRecord<'_, [u8], [u8], Box<Meta<T>>> =
-            BaseRecord::with_opaque_to(&record.topic, Box::new(meta)).headers(headers);
+        let mut r: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(&record.topic, key).headers(headers);
         if let Some(k) = &record.key {
             r = r.key(&k[..]);
         }
@@ -173,8 +215,8 @@ impl<T: Send + Sync + Copy + 'static> Producer<T> {
         }
         match self.inner.send(r) {
             Ok(()) => Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                Err(SendError::QueueFull(*r.delivery_opaque))
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err(SendError::QueueFull)
             }
             Err((e, _)) => Err(SendError::Refused(e)),
         }
@@ -263,6 +305,32 @@ pub fn fix_for(e: &KafkaError) -> &'static str {
 mod tests {
     use super::*;
 
+    /// Against a map model: every key finds its own value exactly once, keys are reused only
+    /// once free, and unknown or repeated keys find nothing.
+    #[test]
+    fn pending_matches_a_map() {
+        use std::collections::HashMap;
+        let mut p = Pending::default();
+        let mut model = HashMap::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x % 3 != 0 || model.is_empty() {
+                let key = p.insert(i);
+                assert!(model.insert(key, i).is_none(), "key {key} handed out twice");
+            } else {
+                let key = *model.keys().nth((x as usize / 3) % model.len()).unwrap();
+                assert_eq!(p.remove(key), model.remove(&key));
+                assert_eq!(p.remove(key), None, "second report for {key}");
+            }
+            assert_eq!(p.len(), model.len());
+        }
+        assert_eq!(p.remove(usize::MAX), None);
+        assert!(p.entries.len() <= 20_000);
+    }
+
     /// Managed Kafka means TLS and SASL (PLAIN, SCRAM): the linked librdkafka must have them.
     #[test]
     fn librdkafka_is_built_with_tls_and_sasl() {
@@ -292,7 +360,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-            let created = Producer::<u64>::new(&props, 16);
+            let created = Producer::new(&props, 16);
             assert!(created.is_ok(), "{mechanism}: {:?}", created.err());
         }
     }

@@ -37,6 +37,11 @@ pub enum PipelineError {
     #[error("acknowledgement bookkeeping: {0} (a bug in Ferry; nothing past it was confirmed)")]
     Watermark(#[from] WatermarkError),
     #[error(
+        "acknowledgement bookkeeping: a delivery report for a record this producer has no record of (key {key}); \
+         a bug in Ferry or librdkafka, so nothing past it is confirmed"
+    )]
+    UnknownReport { key: usize },
+    #[error(
         "{records} records were still unacknowledged when the drain timeout passed; they are not confirmed \
          and will be produced again on the next start"
     )]
@@ -54,6 +59,7 @@ impl PipelineError {
             PipelineError::Route { .. }
             | PipelineError::ProducerConfig(_)
             | PipelineError::Watermark(_)
+            | PipelineError::UnknownReport { .. }
             | PipelineError::DrainTimeout { .. } => false,
         }
     }

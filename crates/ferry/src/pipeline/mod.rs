@@ -32,7 +32,6 @@ pub use settings::PipelineSettings;
 
 use crate::producer::Producer;
 use crate::telemetry::{Component, Metrics};
-use crate::watermark::Token;
 
 /// Runs sessions until `shutdown` resolves (Ok) or a permanent error (Err).
 pub async fn run(
@@ -43,18 +42,19 @@ pub async fn run(
     let settings = Arc::new(settings);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut backoff = settings.reconnect_backoff_min;
-    let mut producer: Option<(Producer<Token>, _)> = None;
+    let mut producer: Option<(Producer, session::Reports)> = None;
     let mut standing_by = false;
     loop {
         if producer
             .as_ref()
-            .is_some_and(|(p, _): &(Producer<Token>, _)| p.fatal_error().is_some())
+            .is_some_and(|(p, _)| p.fatal_error().is_some())
         {
             producer = None;
         }
         let (p, reports) = match producer.take() {
             Some(p) => p,
             None => Producer::new(&settings.producer_properties, settings.report_capacity())
+                .map(|(p, rx)| (p, session::Reports::new(rx)))
                 .map_err(PipelineError::ProducerConfig)?,
         };
         let outcome = session::Session::new(&settings, &metrics, &p, reports)

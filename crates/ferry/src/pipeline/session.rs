@@ -22,7 +22,7 @@ use ferry_wal::{slot, Lsn};
 use tokio::sync::mpsc;
 
 use super::{PipelineError, PipelineSettings};
-use crate::producer::{Delivery, Meta, Producer, SendError};
+use crate::producer::{Delivery, Pending, Producer, SendError};
 use crate::telemetry::{Metrics, RoutingErrorReason};
 use crate::watermark::{Token, Watermark};
 
@@ -45,17 +45,42 @@ pub(super) enum End {
     Streamed,
 }
 
-/// A session's result, and the report channel handed back for the next session.
+/// A session's result, and the reports handed back for the next session.
 pub(super) struct Outcome {
     pub result: Result<End, PipelineError>,
-    pub reports: mpsc::Receiver<Delivery<Token>>,
+    pub reports: Reports,
+}
+
+/// The producer's delivery reports and what is kept per record until its report arrives. They
+/// live as long as the producer, across sessions, so a report always finds its own record.
+pub(super) struct Reports {
+    rx: mpsc::Receiver<Delivery>,
+    pending: Pending<InFlight>,
+}
+
+impl Reports {
+    pub fn new(rx: mpsc::Receiver<Delivery>) -> Self {
+        Reports {
+            rx,
+            pending: Pending::default(),
+        }
+    }
+}
+
+/// A record handed to the producer and not yet reported.
+struct InFlight {
+    token: Token,
+    /// Commit time of the record's transaction, µs since the Unix epoch (for the lag metric).
+    commit_unix_micros: i64,
+    /// The record's topic (shared, not copied), for errors.
+    topic: Arc<str>,
 }
 
 pub(super) struct Session<'a> {
     settings: &'a PipelineSettings,
     metrics: &'a Arc<Metrics>,
-    producer: &'a Producer<Token>,
-    reports: mpsc::Receiver<Delivery<Token>>,
+    producer: &'a Producer,
+    reports: Reports,
 }
 
 /// The state of the current transaction while its rows stream through.
@@ -68,8 +93,8 @@ impl<'a> Session<'a> {
     pub fn new(
         settings: &'a PipelineSettings,
         metrics: &'a Arc<Metrics>,
-        producer: &'a Producer<Token>,
-        reports: mpsc::Receiver<Delivery<Token>>,
+        producer: &'a Producer,
+        reports: Reports,
     ) -> Self {
         Session {
             settings,
@@ -130,11 +155,11 @@ impl<'a> Session<'a> {
             let window_open = run.window_open(s);
             tokio::select! {
                 biased;
-                Some(d) = self.reports.recv() => {
+                Some(d) = self.reports.rx.recv() => {
                     self.on_delivery(&mut run, d)?;
                     // Every report already queued, in one wake-up.
                     for _ in 0..BURST {
-                        match self.reports.try_recv() {
+                        match self.reports.rx.try_recv() {
                             Ok(d) => self.on_delivery(&mut run, d)?,
                             Err(_) => break,
                         }
@@ -196,7 +221,7 @@ impl<'a> Session<'a> {
         Ok(End::Streamed)
     }
 
-    fn on_event(&self, run: &mut Run, ev: ReaderEvent) -> Result<(), PipelineError> {
+    fn on_event(&mut self, run: &mut Run, ev: ReaderEvent) -> Result<(), PipelineError> {
         match ev {
             ReaderEvent::Keepalive { wal_end } => {
                 run.wm.idle_advance(wal_end);
@@ -290,27 +315,26 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn produce(&self, run: &mut Run, record: Record) -> Result<(), PipelineError> {
-        let bytes = record.size_bytes();
-        let token = run.wm.add_record(bytes)?;
+    fn produce(&mut self, run: &mut Run, record: Record) -> Result<(), PipelineError> {
+        let token = run.wm.add_record(record.size_bytes())?;
         let cur = run
             .current
             .as_ref()
             .expect("records belong to a transaction");
-        let meta = Meta {
+        let key = self.reports.pending.insert(InFlight {
             token,
             commit_unix_micros: cur.commit_unix_micros,
-            bytes,
             topic: record.topic.clone(),
-        };
-        match self.producer.send(&record, meta) {
+        });
+        match self.producer.send(&record, key) {
             Ok(()) => Ok(()),
             Err(e) => {
+                self.reports.pending.remove(key);
                 run.wm.failed(token, "librdkafka refused the record")?;
                 Err(match e {
                     // The settings keep librdkafka's queue larger than the in-flight window, so
                     // this means the properties were overridden: not a state to spin in.
-                    SendError::QueueFull(_) => PipelineError::delivery(
+                    SendError::QueueFull => PipelineError::delivery(
                         &record.topic,
                         rdkafka::error::KafkaError::MessageProduction(
                             rdkafka::types::RDKafkaErrorCode::QueueFull,
@@ -322,29 +346,34 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn on_delivery(&self, run: &mut Run, d: Delivery<Token>) -> Result<(), PipelineError> {
+    fn on_delivery(&mut self, run: &mut Run, d: Delivery) -> Result<(), PipelineError> {
+        let Some(meta) = self.reports.pending.remove(d.key) else {
+            return Err(PipelineError::UnknownReport { key: d.key });
+        };
         match d.result {
             Ok(_) => {
-                run.wm.delivered(d.meta.token)?;
+                run.wm.delivered(meta.token)?;
                 self.metrics.records_produced.inc();
-                self.metrics.bytes_produced.add(d.meta.bytes as u64);
-                if d.meta.commit_unix_micros > 0 {
+                self.metrics
+                    .bytes_produced
+                    .add(u64::from(meta.token.bytes()));
+                if meta.commit_unix_micros > 0 {
                     let now = SystemTime::now()
                         .duration_since(UNIX_EPOCH)
                         .map(|d| d.as_micros() as i64)
                         .unwrap_or(0);
-                    let lag = (now - d.meta.commit_unix_micros).max(0) as f64 / 1e6;
+                    let lag = (now - meta.commit_unix_micros).max(0) as f64 / 1e6;
                     self.metrics.observe_replication_lag(lag);
                 }
             }
             Err(e) => {
-                run.wm.failed(d.meta.token, e.to_string())?;
+                run.wm.failed(meta.token, e.to_string())?;
                 self.metrics.delivery_errors.inc();
-                tracing::error!(topic = %d.meta.topic, error = %e, "delivery failed; the confirmed LSN stops before this record");
+                tracing::error!(topic = %meta.topic, error = %e, "delivery failed; the confirmed LSN stops before this record");
                 if run.failure.is_none() {
                     // Nothing queued behind the failed record may land before its replay.
                     self.producer.purge_queued();
-                    run.failure = Some(PipelineError::delivery(&d.meta.topic, e));
+                    run.failure = Some(PipelineError::delivery(&meta.topic, e));
                 }
             }
         }
