@@ -50,8 +50,12 @@ pub const MAX_IN_FLIGHT_BYTES: u64 = 32 * 1024 * 1024;
 /// a key's later event before the replayed earlier one (librdkafka INTRODUCTION.md, "Message
 /// timeout considerations"). Per-key order therefore needs the default.
 pub const DELIVERY_TIMEOUT: Duration = Duration::ZERO;
-/// `kafka.linger` (librdkafka `linger.ms`): librdkafka's default.
-pub const LINGER: Duration = Duration::from_millis(5);
+/// `kafka.linger` (librdkafka `linger.ms`): 1 ms, not librdkafka's 5. An outbox event is
+/// usually waited for by another service, and a draining backlog fills batches while earlier
+/// requests are in flight whatever the linger. Measured (bench/README.md): commit -> ack p50
+/// 6.0 -> 1.8 ms and p99 10.0 -> 4.2 ms at 2,000 rows/s, p99 16.6 -> 8.6 ms at 10,000 rows/s;
+/// the 100-byte-row backlog drains at the same rate and CPU.
+pub const LINGER: Duration = Duration::from_millis(1);
 /// librdkafka's upper limit of `linger.ms`.
 pub const MAX_LINGER: Duration = Duration::from_millis(900_000);
 /// librdkafka's upper limit of `message.timeout.ms` (`i32::MAX` ms).

@@ -60,7 +60,7 @@ fn environment_alone_is_enough_and_everything_else_defaults() {
         Duration::ZERO,
         "records never time out by default"
     );
-    assert_eq!(k.linger, Duration::from_millis(5));
+    assert_eq!(k.linger, Duration::from_millis(1));
     assert!(k.properties.0.is_empty());
     assert_eq!(
         c.http.listen.addr(),
@@ -357,7 +357,7 @@ fn validate_reports_each_problem_with_its_key_path() {
         (|c| c.kafka.max_in_flight_bytes = 1000, "kafka.max_in_flight_bytes: must be at least route.max_payload_bytes (983040)"),
         (|c| c.kafka.max_in_flight_bytes = u64::MAX, "kafka.max_in_flight_bytes: must be at most"),
         (|c| { c.kafka.linger = Duration::from_secs(1000); c.kafka.delivery_timeout = Duration::from_secs(1001); }, "kafka.linger: must be at most 15m"),
-        (|c| c.kafka.delivery_timeout = Duration::from_millis(5), "kafka.delivery_timeout: must be 0 (never time out, the default) or longer than kafka.linger (5ms)"),
+        (|c| c.kafka.delivery_timeout = Duration::from_millis(1), "kafka.delivery_timeout: must be 0 (never time out, the default) or longer than kafka.linger (1ms)"),
         (|c| c.kafka.delivery_timeout = Duration::from_secs(1 << 31), "kafka.delivery_timeout: must be at most"),
         (|c| c.log.level = "loud".into(), "log.level: invalid log level \"loud\""),
         (|c| c.shutdown.drain_timeout = Duration::ZERO, "shutdown.drain_timeout: must be greater than 0s"),
@@ -503,7 +503,7 @@ fn producer_properties_pin_what_the_guarantee_needs() {
     assert_eq!(last("acks"), Some("all"));
     assert_eq!(last("partitioner"), Some("murmur2_random"));
     assert_eq!(last("compression.codec"), Some("lz4"));
-    assert_eq!(last("linger.ms"), Some("5"));
+    assert_eq!(last("linger.ms"), Some("1"));
     assert_eq!(last("message.timeout.ms"), Some("0"));
     assert_eq!(last("queue.buffering.max.messages"), Some("20000"));
     assert_eq!(last("queue.buffering.max.kbytes"), Some("65536"));
