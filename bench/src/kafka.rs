@@ -58,7 +58,7 @@ mod tests {
         assert_eq!(cc.get("enable.idempotence"), Some("true"));
         assert_eq!(cc.get("acks"), Some("all"));
         assert_eq!(cc.get("compression.codec"), Some("lz4"));
-        assert_eq!(cc.get("linger.ms"), Some("5"));
+        assert_eq!(cc.get("linger.ms"), Some("1"));
         assert_eq!(cc.get("partitioner"), Some("murmur2_random"));
         assert_eq!(topic("backlog-1k", "raw"), "order.backlog-1k.raw");
     }
