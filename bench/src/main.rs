@@ -181,6 +181,8 @@ async fn run(args: Args) -> Res<()> {
     report.machine.loads.push(machine::load_average());
     println!("\n{}", report.markdown());
     if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         std::fs::write(dir.join("results.md"), report.markdown())?;
         std::fs::write(dir.join("results.svg"), svg::chart(&report))?;
         println!("wrote {0}/results.md and {0}/results.svg", dir.display());
