@@ -248,7 +248,11 @@ async fn run_workload(
             let c = args.contenders[(i + run as usize) % n];
             let topic = kafka::topic(w.name, c.key());
             let s = match c {
-                Contender::Recv => recv::drain(&url, &slots[0], end).await?,
+                Contender::Recv => {
+                    // Ferry streams binary values when the payload is bytea (postgres.binary).
+                    let binary = w.kind == workload::Kind::Bytea;
+                    recv::drain(&url, &slots[0], end, binary).await?
+                }
                 Contender::Raw => raw::produce(&sql, &brokers, w.kind, &topic).await?,
                 Contender::Ferry => {
                     let template = format!("{{aggregatetype}}.{}.ferry", w.name);

@@ -1,6 +1,7 @@
 //! Contender 1, the physical read limit: `pg_recvlogical -P pgoutput` drains the backlog from
 //! its own slot into `/dev/null` with the options Ferry starts replication with
-//! (`proto_version 1`, the same publication, `messages true`), stopping at the backlog's end.
+//! (`proto_version 1`, the same publication, `messages true`, and `binary true` where Ferry
+//! chooses binary mode: a bytea payload), stopping at the backlog's end.
 
 use std::time::Instant;
 
@@ -9,7 +10,7 @@ use ferry_wal::Lsn;
 
 use crate::{procfs, Res, Sample, PUBLICATION};
 
-pub async fn drain(db_url: &str, slot: &str, end: Lsn) -> Res<Sample> {
+pub async fn drain(db_url: &str, slot: &str, end: Lsn, binary: bool) -> Res<Sample> {
     let before = procfs::children_cpu_seconds();
     let start = Instant::now();
     let out = tokio::process::Command::new(pg::pg_bindir().join("pg_recvlogical"))
@@ -17,6 +18,11 @@ pub async fn drain(db_url: &str, slot: &str, end: Lsn) -> Res<Sample> {
         .args(["-P", "pgoutput", "-o", "proto_version=1", "-o"])
         .arg(format!("publication_names={PUBLICATION}"))
         .args(["-o", "messages=true", "-f", "/dev/null", "-F", "0"])
+        .args(if binary {
+            &["-o", "binary=true"][..]
+        } else {
+            &[]
+        })
         .args(["-E", &end.to_string()])
         .kill_on_drop(true)
         .output()

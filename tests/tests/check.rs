@@ -30,6 +30,10 @@ async fn check_passes_on_a_good_setup() {
         )),
         "{out}"
     );
+    assert!(
+        out.contains("note: values will stream as text: no column Ferry reads is bytea"),
+        "{out}"
+    );
     assert!(out.contains("OK: Ferry can run (0 warning(s))"), "{out}");
     assert!(!out.contains("error:"), "{out}");
 }

@@ -123,4 +123,4 @@ pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
 pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
 pub use topic_plan::TOPIC_CACHE_CAPACITY;
 pub use validate::{validate, ConfigErrors, ConfigProblem};
-pub use value::PG_EPOCH_OFFSET_MICROS;
+pub use value::{renders_binary, PG_EPOCH_OFFSET_MICROS};

@@ -121,6 +121,23 @@ impl Router {
     }
 
     /// The prefix of table-less outbox messages, if configured.
+    /// Every column the router reads from a row (deduplicated, in no particular order).
+    pub fn columns(&self) -> Vec<&str> {
+        let mut cols: Vec<&str> = [&self.id_col, &self.aggregate_id_col, &self.payload_col]
+            .into_iter()
+            .chain(self.type_header.as_ref().map(|_| &self.type_col))
+            .chain(self.timestamp_col.iter())
+            .chain(self.partition_col.iter())
+            .chain(self.extra_headers.iter().map(|(c, _)| c))
+            .chain(self.envelope.iter().flatten().map(|(c, _)| c))
+            .chain(self.topic.inputs().iter())
+            .map(String::as_str)
+            .collect();
+        cols.sort_unstable();
+        cols.dedup();
+        cols
+    }
+
     pub fn message_prefix(&self) -> Option<&str> {
         self.message_prefix.as_deref()
     }

@@ -68,6 +68,11 @@ fn target(
 
 impl TopicPlan {
     /// Compiles `route.rules` and the topic template (the configuration is already validated).
+    /// The columns the topic depends on.
+    pub(crate) fn inputs(&self) -> &[String] {
+        &self.inputs
+    }
+
     pub(crate) fn compile(
         outbox: &OutboxConfig,
         route: &RouteConfig,

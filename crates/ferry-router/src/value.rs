@@ -14,6 +14,33 @@ use crate::timestamp::{format_timestamp, parse_timestamp_micros};
 /// Microseconds from the Unix epoch to PostgreSQL's epoch (2000-01-01 00:00:00 UTC).
 pub const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
+/// Whether the router renders a value of this type from its binary (send function) format, as
+/// [`natural_bytes`] and the timestamp and partition readers do; any other type must arrive as
+/// text (pgoutput without `binary`).
+pub fn renders_binary(type_oid: u32) -> bool {
+    matches!(
+        type_oid,
+        oid::TEXT
+            | oid::VARCHAR
+            | oid::BPCHAR
+            | oid::NAME
+            | oid::JSON
+            | oid::XML
+            | oid::UNKNOWN
+            | oid::CHAR
+            | oid::BYTEA
+            | oid::JSONB
+            | oid::UUID
+            | oid::INT2
+            | oid::INT4
+            | oid::INT8
+            | oid::OID
+            | oid::BOOL
+            | oid::TIMESTAMP
+            | oid::TIMESTAMPTZ
+    )
+}
+
 /// The value's bytes: text and json as stored (zero-copy), bytea decoded to raw bytes, binary-format
 /// scalars rendered as PostgreSQL's text output would.
 pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<Bytes, String> {
@@ -284,6 +311,17 @@ mod tests {
         let bad: &[&[u8]] = &[b"\\x0", b"\\xzz", b"\\", b"\\4000", b"\\12", b"\\9aa"];
         for text in bad {
             assert!(decode_bytea_text(text).is_err(), "{text:?}");
+        }
+    }
+
+    /// `renders_binary` says exactly which types `natural_bytes` renders from binary.
+    #[test]
+    fn renders_binary_matches_natural_bytes() {
+        for type_oid in 0..20_000u32 {
+            let refused = natural_bytes(type_oid, true, &Bytes::from_static(b"\x01"))
+                .err()
+                .is_some_and(|e| e.contains("is not supported"));
+            assert_eq!(renders_binary(type_oid), !refused, "type OID {type_oid}");
         }
     }
 

@@ -405,3 +405,38 @@ fn documented_examples_are_valid() {
         Router::new(&s.outbox, &s.route).unwrap_or_else(|e| panic!("{text}\n{e}"));
     }
 }
+
+/// The columns a router reads: the defaults, and every place a configuration can name one.
+#[test]
+fn columns_read() {
+    let r = Router::new(&OutboxConfig::default(), &RouteConfig::default()).unwrap();
+    assert_eq!(
+        r.columns(),
+        ["aggregateid", "aggregatetype", "id", "payload", "type"]
+    );
+    let outbox = OutboxConfig {
+        timestamp_column: Some("created_at".into()),
+        partition_column: Some("part".into()),
+        ..OutboxConfig::default()
+    };
+    let route = RouteConfig {
+        topic: Some("events.{tenant}".into()),
+        type_header: String::new(),
+        envelope: true,
+        envelope_fields: vec!["extra".into()],
+        ..RouteConfig::default()
+    };
+    let r = Router::new(&outbox, &route).unwrap();
+    assert_eq!(
+        r.columns(),
+        [
+            "aggregateid",
+            "created_at",
+            "extra",
+            "id",
+            "part",
+            "payload",
+            "tenant"
+        ]
+    );
+}

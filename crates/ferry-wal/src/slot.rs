@@ -309,6 +309,37 @@ async fn table_kind(
     Ok(row.map(|r| (r.get::<_, u32>(0), r.get::<_, i8>(1))))
 }
 
+/// The server's `server_version_num` (e.g. 150004).
+pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, ReaderError> {
+    let v: String = client
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0);
+    v.trim()
+        .parse()
+        .map_err(|_| ReaderError::Protocol(format!("server_version_num is not a number: {v:?}")))
+}
+
+/// The table's columns and their type OIDs, in column order (empty if there is no such table).
+pub async fn column_types(
+    client: &tokio_postgres::Client,
+    schema: &str,
+    table: &str,
+) -> Result<Vec<(String, u32)>, ReaderError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.atttypid FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&schema, &table],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
 /// How to recover from an invalidated slot (`wal_status = lost`).
 pub(crate) fn invalidated_slot_fix(slot: &str) -> String {
     format!(

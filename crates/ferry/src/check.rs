@@ -15,7 +15,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer as _};
 
 use crate::config::Config;
-use crate::pipeline::PipelineSettings;
+use crate::pipeline::{binary, PipelineSettings};
 
 /// How long `check` waits for the brokers.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,6 +45,13 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
             match slot::check(&sql, &settings.slot).await {
                 Ok(p) => found.extend(p),
                 Err(e) => found.push(error(format!("cannot inspect the database: {e}"), "see the error")),
+            }
+            if let Ok(mode) = binary::decide(&sql, &settings).await {
+                let what = match mode {
+                    binary::Mode::Binary => "values will stream in pgoutput's binary mode (bytea read raw, not as hex text)".to_string(),
+                    binary::Mode::Text(why) => format!("values will stream as text: {why}"),
+                };
+                found.push(Problem { severity: Severity::Note, what, fix: "none needed (postgres.binary chooses)".into() });
             }
             match sample_topics(&sql, &settings).await {
                 Ok(t) => topics = t,

@@ -51,6 +51,9 @@ pub struct StreamOptions {
     pub source: OutboxSource,
     pub status_interval: Duration,
     pub channel_capacity: usize,
+    /// pgoutput's `binary 'true'` (PostgreSQL 14+): each column in its type's binary send
+    /// format where the type has one, text otherwise (the tuple data says which, per value).
+    pub binary: bool,
 }
 
 /// What the reader hands the pipeline, in WAL order.
@@ -198,10 +201,11 @@ pub async fn start(
         ));
     }
     let command = format!(
-        "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}, messages 'true')",
+        "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}, messages 'true'{})",
         quote_ident(&opts.slot),
         resume,
         quote_literal(&quote_ident(&opts.publication)),
+        if opts.binary { ", binary 'true'" } else { "" },
     );
     conn.start_copy_both(&command).await.map_err(|e| match e {
         ReaderError::Server(s) if s.code == "55006" => ReaderError::SlotInUse {

@@ -68,6 +68,7 @@ pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
         },
         status_interval: Duration::from_secs(1),
         channel_capacity: 1024,
+        binary: false,
     }
 }
 

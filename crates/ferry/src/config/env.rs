@@ -66,6 +66,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     postgres.reconnect_backoff_min = duration::parse;
     postgres.reconnect_backoff_max = duration::parse;
     postgres.standby_poll_interval = duration::parse;
+    postgres.binary = boolean;
     outbox.table = text;
     outbox.id_column = text;
     outbox.aggregate_type_column = text;

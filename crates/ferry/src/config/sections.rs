@@ -43,6 +43,10 @@ pub struct PostgresConfig {
     /// How often a server in recovery (a standby) is checked again for promotion.
     #[serde(deserialize_with = "duration::deserialize")]
     pub standby_poll_interval: Duration,
+    /// Let pgoutput send values in binary where that helps: a bytea column the router reads
+    /// arrives raw instead of as hex text. Used only when every column the router reads has a
+    /// type it renders from binary, on PostgreSQL 14 or later; `false` always streams text.
+    pub binary: bool,
 }
 
 impl Default for PostgresConfig {
@@ -58,6 +62,7 @@ impl Default for PostgresConfig {
             reconnect_backoff_min: defaults::RECONNECT_BACKOFF_MIN,
             reconnect_backoff_max: defaults::RECONNECT_BACKOFF_MAX,
             standby_poll_interval: defaults::STANDBY_POLL_INTERVAL,
+            binary: defaults::BINARY,
         }
     }
 }

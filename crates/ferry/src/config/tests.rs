@@ -49,6 +49,7 @@ fn environment_alone_is_enough_and_everything_else_defaults() {
     assert_eq!(pg.reconnect_backoff_min, Duration::from_millis(500));
     assert_eq!(pg.reconnect_backoff_max, Duration::from_secs(30));
     assert_eq!(pg.standby_poll_interval, Duration::from_secs(2));
+    assert!(pg.binary, "binary mode where it helps");
     assert_eq!(c.outbox, ferry_router::OutboxConfig::default());
     assert_eq!(c.route, ferry_router::RouteConfig::default());
     let k = &c.kafka;
@@ -113,6 +114,7 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "1s", |c| format!("{:?}", c.postgres.reconnect_backoff_min), "1s"),
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1h", |c| format!("{:?}", c.postgres.reconnect_backoff_max), "3600s"),
         ("FERRY_POSTGRES_STANDBY_POLL_INTERVAL", "9s", |c| format!("{:?}", c.postgres.standby_poll_interval), "9s"),
+        ("FERRY_POSTGRES_BINARY", "false", |c| c.postgres.binary.to_string(), "false"),
         ("FERRY_OUTBOX_TABLE", "app.events", |c| c.outbox.table.clone(), "app.events"),
         ("FERRY_OUTBOX_ID_COLUMN", "event_id", |c| c.outbox.id_column.clone(), "event_id"),
         ("FERRY_OUTBOX_AGGREGATE_TYPE_COLUMN", "at", |c| c.outbox.aggregate_type_column.clone(), "at"),

@@ -46,6 +46,11 @@ pub enum PipelineError {
          and will be produced again on the next start"
     )]
     DrainTimeout { records: u64 },
+    #[error(
+        "the outbox table changed while streaming in binary mode: column {column:?} is now of type OID \
+         {type_oid}, which Ferry reads only as text; reconnecting to stream text"
+    )]
+    TextNeeded { column: String, type_oid: u32 },
 }
 
 impl PipelineError {
@@ -55,7 +60,7 @@ impl PipelineError {
             PipelineError::Reader(e) => e.is_transient(),
             PipelineError::Setup(e) => e.is_transient(),
             PipelineError::Delivery { transient, .. } => *transient,
-            PipelineError::ProducerFatal(_) => true,
+            PipelineError::ProducerFatal(_) | PipelineError::TextNeeded { .. } => true,
             PipelineError::Route { .. }
             | PipelineError::ProducerConfig(_)
             | PipelineError::Watermark(_)

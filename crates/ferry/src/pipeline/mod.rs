@@ -19,6 +19,7 @@
 //! an earlier session can therefore never be appended after a replayed copy, which keeps
 //! per-key order across reconnects.
 
+pub mod binary;
 mod error;
 mod session;
 pub mod settings;

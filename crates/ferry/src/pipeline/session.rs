@@ -15,12 +15,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use ferry_router::{ColumnRef, OnError, Record, RouteError};
-use ferry_wal::assembly::{OutboxEvent, OutboxRow};
+use ferry_wal::assembly::{OutboxEvent, OutboxRow, RelationInfo};
 use ferry_wal::conn::{ReaderEvent, ReaderHandle};
 use ferry_wal::pgoutput::TupleValue;
 use ferry_wal::{slot, Lsn};
 use tokio::sync::mpsc;
 
+use super::binary::{self, Mode};
 use super::{PipelineError, PipelineSettings};
 use crate::producer::{Delivery, Pending, Producer, SendError};
 use crate::telemetry::{Metrics, RoutingErrorReason};
@@ -121,7 +122,15 @@ impl<'a> Session<'a> {
         let sql = slot::connect_sql(&s.postgres).await?;
         let sql = Arc::new(sql);
         slot::ensure(&sql, &s.slot).await?;
-        let mut reader = ferry_wal::conn::start(&s.postgres, &sql, s.stream.clone()).await?;
+        let read: Vec<String> = s.router.columns().into_iter().map(String::from).collect();
+        let mode = binary::decide(&sql, s).await?;
+        let mut options = s.stream.clone();
+        options.binary = mode == Mode::Binary;
+        match &mode {
+            Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
+            Mode::Text(why) => tracing::info!("values stream as text: {why}"),
+        }
+        let mut reader = ferry_wal::conn::start(&s.postgres, &sql, options).await?;
         if self.metrics.standby.get() != 0 {
             tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
             self.metrics.standby.set_flag(false);
@@ -144,6 +153,10 @@ impl<'a> Session<'a> {
             stats_seen: 0,
             status_updates_seen: 0,
             begins: 0,
+            binary: (mode == Mode::Binary).then_some(BinaryGuard {
+                read,
+                checked: None,
+            }),
         };
         // Metrics are published after every wake-up; this one guarantees wake-ups while the
         // loop waits on nothing else (window full, Kafka away), so the reader's counters
@@ -236,6 +249,9 @@ impl<'a> Session<'a> {
                 self.metrics.transactions_received.inc();
             }
             ReaderEvent::Outbox(OutboxEvent::Row(row)) => {
+                if let Some(guard) = run.binary.as_mut() {
+                    guard.check(&row.relation)?;
+                }
                 let cur = run
                     .current
                     .as_ref()
@@ -411,6 +427,34 @@ impl<'a> Session<'a> {
     }
 }
 
+/// In binary mode: the columns the router reads, and the last relation layout found readable.
+struct BinaryGuard {
+    read: Vec<String>,
+    checked: Option<Arc<RelationInfo>>,
+}
+
+impl BinaryGuard {
+    /// Fails (transiently: the next session streams text) when a new layout of the outbox table
+    /// gives a column the router reads a type it cannot render from binary. Each layout is
+    /// checked once: rows share their relation's `Arc`.
+    fn check(&mut self, relation: &Arc<RelationInfo>) -> Result<(), PipelineError> {
+        if self
+            .checked
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, relation))
+        {
+            return Ok(());
+        }
+        let read: Vec<&str> = self.read.iter().map(String::as_str).collect();
+        let layout = relation.columns.iter().map(|c| (&c.name, c.type_oid));
+        if let Some((column, type_oid)) = binary::unreadable(&read, layout) {
+            return Err(PipelineError::TextNeeded { column, type_oid });
+        }
+        self.checked = Some(relation.clone());
+        Ok(())
+    }
+}
+
 struct Run {
     wm: Watermark,
     /// The in-flight window filled up and has not yet drained enough to read again.
@@ -421,6 +465,8 @@ struct Run {
     stats_seen: u64,
     status_updates_seen: u64,
     begins: u64,
+    /// Set when the session streams binary values.
+    binary: Option<BinaryGuard>,
 }
 
 impl Run {

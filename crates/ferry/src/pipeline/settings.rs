@@ -36,6 +36,8 @@ pub struct PipelineSettings {
     pub standby_poll_interval: Duration,
     /// How often the WAL lag (server WAL position − confirmed) is sampled.
     pub lag_sample_interval: Duration,
+    /// `postgres.binary`: pgoutput binary mode allowed where it helps (see [`super::binary`]).
+    pub binary: bool,
 }
 
 impl PipelineSettings {
@@ -112,6 +114,8 @@ pub fn stream_options(
         },
         status_interval,
         channel_capacity: capacity,
+        // Chosen per session (see super::binary).
+        binary: false,
     }
 }
 
@@ -165,6 +169,7 @@ impl PipelineSettings {
             reconnect_backoff_max: config.postgres.reconnect_backoff_max,
             standby_poll_interval: config.postgres.standby_poll_interval,
             lag_sample_interval: LAG_SAMPLE_INTERVAL,
+            binary: config.postgres.binary,
         })
     }
 }
