@@ -315,3 +315,43 @@ async fn a_pipeline_that_stops_taking_events_stops_the_reader_within_its_byte_bu
     assert_eq!(t.rows.len(), 48);
     r.shutdown().await.unwrap();
 }
+
+/// Through a backlog the reader batches its reads (the socket's low-water mark is raised); when
+/// the stream stops, the mark comes down again: a small transaction after a large one arrives
+/// at once, both straight behind it and later, not with the next keepalive (30 s away with the
+/// default `wal_sender_timeout`).
+#[tokio::test]
+async fn small_transactions_after_a_fast_stream_arrive_at_once() {
+    let s = setup().await;
+    let mut r = start(&s).await;
+    let bulk = "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note)
+                  SELECT 'order', 'o', 'bulk', jsonb_build_object('x', repeat('y', 8000)), 'bulk'
+                  FROM generate_series(1, 500);";
+    let small = |note: &str| {
+        format!(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note)
+               VALUES ('order', 'o', 'small', '{{}}', '{note}');"
+        )
+    };
+    // ~4 MB in one transaction (wake-ups bring far more than the batching threshold), and a
+    // small transaction straight behind it.
+    s.sql
+        .batch_execute(&format!("BEGIN; {bulk} COMMIT; {}", small("behind")))
+        .await
+        .unwrap();
+    assert_eq!(next_txn(&mut r).await.rows.len(), 500);
+    let within = Duration::from_secs(10);
+    let t = tokio::time::timeout(within, next_txn(&mut r))
+        .await
+        .expect("the transaction behind the bulk waited for more data");
+    assert_eq!(text(&t.rows[0], "note").unwrap(), "behind");
+    // Another bulk, then, once it is read, a small transaction on its own.
+    s.sql.batch_execute(bulk).await.unwrap();
+    assert_eq!(next_txn(&mut r).await.rows.len(), 500);
+    s.sql.batch_execute(&small("later")).await.unwrap();
+    let t = tokio::time::timeout(within, next_txn(&mut r))
+        .await
+        .expect("a later small transaction waited for more data: the low-water mark stayed up");
+    assert_eq!(text(&t.rows[0], "note").unwrap(), "later");
+    r.shutdown().await.unwrap();
+}

@@ -64,6 +64,8 @@ pub struct ReplicationConnection {
     pub parameters: HashMap<String, String>,
     /// The walsender's process id (`pg_stat_replication.pid`, `pg_replication_slots.active_pid`).
     pub backend_pid: i32,
+    /// The TCP socket under `io` (also under TLS), for socket options; `None` on a Unix socket.
+    tcp_fd: Option<std::os::fd::RawFd>,
 }
 
 impl std::fmt::Debug for ReplicationConnection {
@@ -89,6 +91,7 @@ impl ReplicationConnection {
 
     async fn connect_inner(cfg: &ConnectConfig) -> Result<ReplicationConnection, ReaderError> {
         let tls_config = tls::client_config(cfg)?;
+        let mut tcp_fd = None;
         let io: Pin<Box<dyn Io>> = match &cfg.host {
             Host::Unix(dir) => {
                 let path = dir.join(format!(".s.PGSQL.{}", cfg.port));
@@ -100,6 +103,7 @@ impl ReplicationConnection {
                     .map_err(ReaderError::io("connecting to PostgreSQL"))?;
                 tcp.set_nodelay(true)
                     .map_err(ReaderError::io("setting TCP_NODELAY"))?;
+                tcp_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&tcp));
                 match tls_config {
                     None => Box::pin(tcp),
                     Some(tls_config) => {
@@ -147,6 +151,7 @@ impl ReplicationConnection {
             write: BytesMut::with_capacity(1024),
             parameters: HashMap::new(),
             backend_pid: 0,
+            tcp_fd,
         };
         conn.startup(cfg).await?;
         Ok(conn)
@@ -349,6 +354,21 @@ impl ReplicationConnection {
         }
     }
 
+    /// Sets the socket's receive low-water mark (`SO_RCVLOWAT`): the socket reports readable
+    /// only once `bytes` are queued, so a fast stream is read in large batches instead of one
+    /// wake-up per message. Lowering it reports readable at once if enough is queued (Linux
+    /// signals EPOLLIN when the mark is set). Returns false where it does not apply (a Unix
+    /// socket) or the kernel refused it.
+    pub fn set_read_low_watermark(&self, bytes: usize) -> bool {
+        let Some(fd) = self.tcp_fd else {
+            return false;
+        };
+        let value = libc::c_int::try_from(bytes)
+            .unwrap_or(libc::c_int::MAX)
+            .max(1);
+        set_rcvlowat(fd, value)
+    }
+
     /// The next CopyData payload of the stream. Cancel-safe: partial frames stay buffered.
     pub async fn recv_copy_data(&mut self) -> Result<Bytes, ReaderError> {
         loop {
@@ -500,6 +520,22 @@ fn streaming_frame(frame: Frame) -> Result<Option<Bytes>, ReaderError> {
             describe(&other)
         ))),
     }
+}
+
+#[allow(unsafe_code)]
+fn set_rcvlowat(fd: std::os::fd::RawFd, value: libc::c_int) -> bool {
+    // SAFETY: `fd` is the connection's own open TCP socket (owned by `io`, which lives as long
+    // as the connection), and the option value is a c_int passed with its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::addr_of!(value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    rc == 0
 }
 
 async fn connect_unix(path: &Path) -> Result<UnixStream, ReaderError> {

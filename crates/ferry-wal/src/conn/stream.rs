@@ -249,6 +249,7 @@ pub async fn start(
         decoder: Decoder::new(),
         assembler: Assembler::new(opts.source),
         stats: stats.clone(),
+        batching: None,
     };
     Ok(ReaderHandle {
         events: rx,
@@ -295,16 +296,28 @@ struct Task {
     decoder: Decoder,
     assembler: Assembler,
     stats: Arc<ReaderStats>,
+    /// While reads are batched: when the batch wait ends (see [`Task::batch_reads`]).
+    batching: Option<tokio::time::Instant>,
 }
 
 /// Most buffered messages handled in a row before the task looks at its timers again.
 const BUFFERED_BURST: usize = 256;
+
+/// A wake-up that brought at least this much means the server is streaming a backlog: the
+/// task then reads in batches (see [`Task::batch_reads`]).
+const BATCH_ABOVE: usize = 32 * 1024;
+/// While batching, the socket reports readable only once this much is queued (`SO_RCVLOWAT`).
+const BATCH_LOW_WATERMARK: usize = 64 * 1024;
+/// While batching, a wait this long with less than [`BATCH_LOW_WATERMARK`] queued ends the
+/// batching, and whatever is queued is read at once: the most a message waits for company.
+const BATCH_WAIT: Duration = Duration::from_millis(2);
 
 /// What woke the task.
 enum Wake {
     Data(Result<bytes::Bytes, ReaderError>),
     Confirmed(bool),
     StatusDue,
+    BatchWaitOver,
 }
 
 impl Task {
@@ -325,28 +338,61 @@ impl Task {
     async fn stream(&mut self) -> Result<(), ReaderError> {
         loop {
             let due = tokio::time::Instant::from_std(self.progress.next_due(Instant::now()));
+            let batch_until = self.batching;
             let wake = tokio::select! {
                 biased;
                 changed = self.confirm.changed() => Wake::Confirmed(changed.is_ok()),
                 _ = tokio::time::sleep_until(due) => Wake::StatusDue,
+                _ = tokio::time::sleep_until(batch_until.unwrap_or(due)), if batch_until.is_some() => Wake::BatchWaitOver,
                 data = self.conn.recv_copy_data() => Wake::Data(data),
             };
             match wake {
                 Wake::Confirmed(false) => return Err(ReaderError::Closed),
                 Wake::Confirmed(true) => self.take_confirmation()?,
                 Wake::StatusDue => self.send_status().await?,
+                Wake::BatchWaitOver => self.batch_reads(0),
                 Wake::Data(data) => {
-                    self.handle(data?).await?;
+                    let data = data?;
+                    let mut bytes = data.len();
+                    self.handle(data).await?;
                     // Everything that read brought, before waiting on the socket and the
                     // timers again (bounded, so confirmations and status updates stay prompt).
                     for _ in 0..BUFFERED_BURST {
                         match self.conn.buffered_copy_data()? {
-                            Some(data) => self.handle(data).await?,
+                            Some(data) => {
+                                bytes += data.len();
+                                self.handle(data).await?;
+                            }
                             None => break,
                         }
                     }
+                    self.batch_reads(bytes);
                 }
             }
+        }
+    }
+
+    /// Switches batched reading on and off after a wake-up that brought `bytes` (0: the batch
+    /// wait passed with nothing). The walsender sends every message on its own, so a reader that
+    /// keeps up with it wakes once per message; through a backlog that is tens of thousands of
+    /// wake-ups a second, most of the reader's CPU. Once a wake-up brings [`BATCH_ABOVE`], the
+    /// socket's low-water mark is raised so that wake-ups come per [`BATCH_LOW_WATERMARK`];
+    /// when [`BATCH_WAIT`] passes without one (the stream slowed or ended), the mark drops
+    /// back and what is queued is read at once.
+    fn batch_reads(&mut self, bytes: usize) {
+        let now = tokio::time::Instant::now();
+        match self.batching {
+            Some(_) if bytes == 0 => {
+                self.conn.set_read_low_watermark(1);
+                self.batching = None;
+            }
+            Some(_) => self.batching = Some(now + BATCH_WAIT),
+            None if bytes >= BATCH_ABOVE
+                && self.conn.set_read_low_watermark(BATCH_LOW_WATERMARK) =>
+            {
+                self.batching = Some(now + BATCH_WAIT);
+            }
+            None => {}
         }
     }
 
