@@ -51,25 +51,22 @@ pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<By
             Ok(v.clone())
         };
     }
+    if !renders_binary(type_oid) {
+        return Err(format!(
+            "binary format of type OID {type_oid} is not supported; use text format (postgres.binary = false)"
+        ));
+    }
     match type_oid {
-        oid::TEXT
-        | oid::VARCHAR
-        | oid::BPCHAR
-        | oid::NAME
-        | oid::JSON
-        | oid::XML
-        | oid::UNKNOWN
-        | oid::CHAR
-        | oid::BYTEA => Ok(v.clone()),
         oid::JSONB => match v.first() {
             Some(1) => Ok(v.slice(1..)),
             Some(n) => Err(format!("unsupported binary jsonb version {n}")),
             None => Err("empty binary jsonb value".to_owned()),
         },
         oid::UUID => {
-            let b: &[u8; 16] = v.as_ref().try_into().map_err(|_| {
-                format!("binary uuid must be 16 bytes, got {}", v.len())
-            })?;
+            let b: &[u8; 16] = v
+                .as_ref()
+                .try_into()
+                .map_err(|_| format!("binary uuid must be 16 bytes, got {}", v.len()))?;
             Ok(Bytes::from(format_uuid(b)))
         }
         oid::INT2 | oid::INT4 | oid::INT8 | oid::OID => {
@@ -88,9 +85,8 @@ pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<By
             }
             Ok(Bytes::from(s))
         }
-        other => Err(format!(
-            "binary format of type OID {other} is not supported; use text format (publication/subscription without binary = true)"
-        )),
+        // Text, json, bytea and the other types whose send format is their bytes.
+        _ => Ok(v.clone()),
     }
 }
 
