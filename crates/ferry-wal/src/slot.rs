@@ -321,15 +321,24 @@ pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, 
         .map_err(|_| ReaderError::Protocol(format!("server_version_num is not a number: {v:?}")))
 }
 
-/// The table's columns and their type OIDs, in column order (empty if there is no such table).
+/// A column of a table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableColumn {
+    pub name: String,
+    pub type_oid: u32,
+    /// The type as PostgreSQL shows it (`format_type`), for messages.
+    pub type_name: String,
+}
+
+/// The table's columns, in column order (empty if there is no such table).
 pub async fn column_types(
     client: &tokio_postgres::Client,
     schema: &str,
     table: &str,
-) -> Result<Vec<(String, u32)>, ReaderError> {
+) -> Result<Vec<TableColumn>, ReaderError> {
     let rows = client
         .query(
-            "SELECT a.attname::text, a.atttypid FROM pg_attribute a \
+            "SELECT a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
              JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
              ORDER BY a.attnum",
@@ -337,7 +346,14 @@ pub async fn column_types(
         )
         .await
         .map_err(sql_error)?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| TableColumn {
+            name: r.get(0),
+            type_oid: r.get(1),
+            type_name: r.get(2),
+        })
+        .collect())
 }
 
 /// How to recover from an invalidated slot (`wal_status = lost`).
@@ -408,18 +424,10 @@ pub async fn check(
             format!("table {table} does not exist (or is not a table)"),
             "create it (sql/outbox.sql has the Debezium-compatible DDL) or point outbox.table at your outbox".into(),
         ),
-        Some((oid, _)) => {
-            let rows = client
-                .query(
-                    "SELECT attname::text, atttypid, format_type(atttypid, atttypmod) FROM pg_attribute \
-                     WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
-                    &[&oid],
-                )
-                .await
-                .map_err(sql_error)?;
-            let columns: Vec<(String, u32, String)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+        Some(_) => {
+            let columns = column_types(client, &spec.schema, &spec.table).await?;
             for req in &spec.required_columns {
-                match columns.iter().find(|(n, _, _)| *n == req.name) {
+                match columns.iter().find(|c| c.name == req.name) {
                     None => error(
                         format!(
                             "table {table} has no column {:?} (named by {})",
@@ -428,10 +436,10 @@ pub async fn check(
                         format!(
                             "set {} to one of its columns ({}) or add the column",
                             req.config_key,
-                            columns.iter().map(|c| c.0.as_str()).collect::<Vec<_>>().join(", ")
+                            columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
                         ),
                     ),
-                    Some((_, ty, shown)) => {
+                    Some(TableColumn { type_oid: ty, type_name: shown, .. }) => {
                         if let Some(ok) = &req.accepted_types {
                             if !ok.contains(ty) {
                                 error(

@@ -380,17 +380,16 @@ impl Task {
     /// when [`BATCH_WAIT`] passes without one (the stream slowed or ended), the mark drops
     /// back and what is queued is read at once.
     fn batch_reads(&mut self, bytes: usize) {
-        let now = tokio::time::Instant::now();
         match self.batching {
             Some(_) if bytes == 0 => {
                 self.conn.set_read_low_watermark(1);
                 self.batching = None;
             }
-            Some(_) => self.batching = Some(now + BATCH_WAIT),
+            Some(_) => self.batching = Some(tokio::time::Instant::now() + BATCH_WAIT),
             None if bytes >= BATCH_ABOVE
                 && self.conn.set_read_low_watermark(BATCH_LOW_WATERMARK) =>
             {
-                self.batching = Some(now + BATCH_WAIT);
+                self.batching = Some(tokio::time::Instant::now() + BATCH_WAIT);
             }
             None => {}
         }

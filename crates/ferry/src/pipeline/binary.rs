@@ -65,7 +65,12 @@ pub async fn decide(
     s: &PipelineSettings,
 ) -> Result<Mode, ReaderError> {
     let version = slot::server_version_num(sql).await?;
-    let columns = slot::column_types(sql, &s.stream.source.schema, &s.stream.source.table).await?;
+    let columns: Vec<(String, u32)> =
+        slot::column_types(sql, &s.stream.source.schema, &s.stream.source.table)
+            .await?
+            .into_iter()
+            .map(|c| (c.name, c.type_oid))
+            .collect();
     Ok(choose(s.binary, version, &s.router.columns(), &columns))
 }
 
