@@ -3,9 +3,9 @@
 //! when `FERRY_TEST_TANSU_BIN` is set), plus helpers to create topics and read them back.
 //!
 //! Verify by consuming records back, never by reading watermarks (tansu's are wrong), and use
-//! one consumer per group (see `shared/kafka-in-ci.md`).
+//! one consumer per group: a group shared by consumers of different tests rebalances under them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -113,7 +113,13 @@ impl LocalBroker {
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup"))
             .stderr(log);
-        let child = spawn_owned(cmd, libc::SIGKILL).expect("spawn broker");
+        let program = cmd.get_program().to_owned();
+        let child = spawn_owned(cmd, libc::SIGKILL).unwrap_or_else(|e| {
+            panic!(
+                "start the test broker {}: {e}: {BROKER_SETUP_HINT}",
+                Path::new(&program).display()
+            )
+        });
         *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
         let start = Instant::now();
         while !metadata_ok(&self.brokers()) {
@@ -155,34 +161,55 @@ impl Drop for LocalBroker {
     }
 }
 
-/// The noida-db binary: `FERRY_TEST_NOIDA_BIN`, else the one `.ci/run` installs under
-/// `~/.cache/ferry/noida-<version>/`.
+/// What to do when the tests have no broker to start or use.
+pub const BROKER_SETUP_HINT: &str = "run `bash .ci/install-deps` once (installs the test broker \
+     noida-db under ~/.cache/ferry, and PostgreSQL 15; needs root or sudo for the packages) or \
+     `bash .ci/install-broker` (the broker only), or set FERRY_TEST_KAFKA_BROKERS to the bootstrap \
+     servers of a Kafka cluster (README, \"Run the tests\")";
+
+/// The noida-db binary: `FERRY_TEST_NOIDA_BIN`, else the one `.ci/install-broker` installs under
+/// `~/.cache/ferry/noida-<version>/`. Panics with what to do when there is none.
 pub fn noida_bin() -> PathBuf {
-    if let Ok(b) = std::env::var(NOIDA_BIN_ENV) {
-        return PathBuf::from(b);
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    find_noida_bin(
+        std::env::var_os(NOIDA_BIN_ENV).map(PathBuf::from),
+        &home.unwrap_or_else(|| PathBuf::from("/root")).join(".cache/ferry"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`noida_bin`] with its inputs as arguments: the `FERRY_TEST_NOIDA_BIN` value and the cache
+/// directory holding the venvs `.ci/install-broker` makes.
+pub fn find_noida_bin(env_bin: Option<PathBuf>, cache: &Path) -> Result<PathBuf, String> {
+    if let Some(bin) = env_bin {
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(format!(
+            "{NOIDA_BIN_ENV}={} is not a file: point it at the noida-db binary, or unset it \
+             to use the one .ci/install-broker installs",
+            bin.display()
+        ));
     }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let cache = PathBuf::from(home).join(".cache/ferry");
-    let found = std::fs::read_dir(&cache)
+    let found = std::fs::read_dir(cache)
         .into_iter()
         .flatten()
         .flatten()
         .find_map(|e| {
-            let venv = e.path();
-            let lib = venv.join("lib");
+            let lib = e.path().join("lib");
             std::fs::read_dir(lib)
                 .into_iter()
                 .flatten()
                 .flatten()
                 .find_map(|py| {
                     let bin = py.path().join("site-packages/noida_db/noida-db");
-                    bin.exists().then_some(bin)
+                    bin.is_file().then_some(bin)
                 })
         });
-    found.unwrap_or_else(|| {
-        panic!(
-            "no Kafka broker for the tests: set {BROKERS_ENV} to a broker list, or install one with \
-             `bash .ci/install-broker` (puts noida-db under {}), or set {NOIDA_BIN_ENV}/{TANSU_BIN_ENV}",
+    found.ok_or_else(|| {
+        format!(
+            "no Kafka broker for the tests (no noida-db under {}, {BROKERS_ENV} and \
+             {NOIDA_BIN_ENV} unset): {BROKER_SETUP_HINT}",
             cache.display()
         )
     })

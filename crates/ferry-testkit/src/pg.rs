@@ -201,7 +201,7 @@ impl PgCluster {
     /// initdb + start. Blocking; call from async code through [`PgCluster::start`].
     pub fn start_blocking(opts: ClusterOptions) -> PgCluster {
         let bindir = pg_bindir();
-        let owner = process::server_user();
+        let owner = process::server_user().unwrap_or_else(|e| panic!("{e}: {PG_SETUP_HINT}"));
         let root = std::env::temp_dir().join(unique_name("ferry-pg"));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("sock")).expect("create cluster dir");
@@ -221,7 +221,9 @@ impl PgCluster {
             .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
             .arg(format!("--pwfile={}", pwfile.display()));
         as_owner(&mut initdb, owner);
-        let out = initdb.output().expect("run initdb");
+        let out = initdb
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", bindir.join("initdb").display()));
         assert!(
             out.status.success(),
             "initdb failed: {}",
@@ -414,27 +416,75 @@ fn append(path: &Path, text: &str) {
     writeln!(f, "\n{text}").expect("append postgresql.conf");
 }
 
+/// What to do when the tests have no PostgreSQL to start or use: every message about a missing
+/// server ends with it.
+pub const PG_SETUP_HINT: &str = "run `bash .ci/install-deps` once (installs PostgreSQL 15 and the \
+     test broker; needs root or sudo), or set FERRY_TEST_PG_URL to the superuser URL of a server \
+     with wal_level = logical (README, \"Run the tests\")";
+
 /// The PostgreSQL server binaries: `FERRY_TEST_PG_BINDIR`, else the newest
-/// `/usr/lib/postgresql/*/bin`, else `PATH`.
+/// `/usr/lib/postgresql/*/bin`, else the directory on `PATH` holding `initdb`. Panics with what to
+/// do when there are none (see [`find_pg_bindir`]).
 pub fn pg_bindir() -> PathBuf {
-    if let Ok(d) = std::env::var(PG_BINDIR_ENV) {
-        return PathBuf::from(d);
+    find_pg_bindir(
+        std::env::var_os(PG_BINDIR_ENV).map(PathBuf::from),
+        Path::new("/usr/lib/postgresql"),
+        std::env::var_os("PATH").as_deref(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The binaries a local cluster needs.
+const PG_SERVER_BINARIES: [&str; 3] = ["initdb", "postgres", "pg_isready"];
+
+/// [`pg_bindir`] with its inputs as arguments: the `FERRY_TEST_PG_BINDIR` value, the directory
+/// of per-version installs (Debian's `/usr/lib/postgresql/<major>/bin`), and `PATH`. The error
+/// says what is missing and how to get it.
+pub fn find_pg_bindir(
+    env_dir: Option<PathBuf>,
+    versions_root: &Path,
+    path: Option<&std::ffi::OsStr>,
+) -> Result<PathBuf, String> {
+    let complete = |dir: &Path| PG_SERVER_BINARIES.iter().all(|b| dir.join(b).is_file());
+    if let Some(dir) = env_dir {
+        if complete(&dir) {
+            return Ok(dir);
+        }
+        return Err(format!(
+            "{PG_BINDIR_ENV}={} does not hold the PostgreSQL server binaries the tests need ({}): \
+             point it at the directory with initdb (e.g. /usr/lib/postgresql/15/bin), or unset it",
+            dir.display(),
+            PG_SERVER_BINARIES.join(", ")
+        ));
     }
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(versions_root)
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
             let v = e.file_name().to_str()?.parse::<u32>().ok()?;
             let bin = e.path().join("bin");
-            bin.join("postgres").exists().then_some((v, bin))
+            complete(&bin).then_some((v, bin))
         })
         .collect();
     found.sort();
-    found
-        .pop()
-        .map(|(_, p)| p)
-        .unwrap_or_else(|| PathBuf::from(""))
+    if let Some((_, dir)) = found.pop() {
+        return Ok(dir);
+    }
+    if let Some(dir) = path
+        .map(std::env::split_paths)
+        .into_iter()
+        .flatten()
+        .find(|d| complete(d))
+    {
+        return Ok(dir);
+    }
+    Err(format!(
+        "no PostgreSQL server binaries for the tests ({} were looked for in {PG_BINDIR_ENV}, \
+         {}/<version>/bin and PATH): {PG_SETUP_HINT}",
+        PG_SERVER_BINARIES.join(", "),
+        versions_root.display()
+    ))
 }
 
 /// A test CA and a server certificate for `localhost` / `127.0.0.1`, made with the openssl CLI.

@@ -89,19 +89,29 @@ where
     }
 }
 
-/// The uid/gid to run servers as: `postgres` when we are root (initdb refuses root), else ourselves.
-pub fn server_user() -> Option<(u32, u32)> {
+/// The uid/gid to run servers as: `postgres` when we are root (initdb refuses root), else
+/// ourselves (`None`). An error when root and there is no `postgres` user.
+pub fn server_user() -> Result<Option<(u32, u32)>, String> {
     #[allow(unsafe_code)]
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     if euid != 0 {
-        return None;
+        return Ok(None);
     }
-    let out = Command::new("id").args(["-u", "postgres"]).output().ok()?;
-    let uid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    let out = Command::new("id").args(["-g", "postgres"]).output().ok()?;
-    let gid = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    Some((uid, gid))
+    let id = |flag: &str| -> Option<u32> {
+        let out = Command::new("id").args([flag, "postgres"]).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    match (id("-u"), id("-g")) {
+        (Some(uid), Some(gid)) => Ok(Some((uid, gid))),
+        _ => Err("the tests run as root, and initdb refuses root, so local PostgreSQL clusters \
+                  run as the user `postgres`, which does not exist here \
+                  (`useradd --system --user-group postgres` creates it; so does .ci/install-deps)"
+            .into()),
+    }
 }
 
 /// Removes the temporary directories (`<prefix>_<pid>_<n>` under the temp dir) that test
