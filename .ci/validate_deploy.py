@@ -85,6 +85,19 @@ def check_compose(root):
                     error(where, f"bind mount source {source} does not exist")
 
 
+def check_monitoring_profile(root):
+    """The compose monitoring profile scrapes Ferry under the job the alerts select."""
+    path = os.path.join(root, "deploy/prometheus/prometheus.yml")
+    doc = yaml.safe_load(open(path, encoding="utf-8"))
+    jobs = [j.get("job_name") for j in doc.get("scrape_configs", [])]
+    if "ferry" not in jobs:
+        error(path, f"no scrape job named ferry (jobs: {jobs}); the alert rules select job=\"ferry\"")
+    ds = os.path.join(root, "deploy/grafana/provisioning/datasources/prometheus.yml")
+    sources = yaml.safe_load(open(ds, encoding="utf-8")).get("datasources", [])
+    if not any(d.get("type") == "prometheus" and d.get("isDefault") for d in sources):
+        error(ds, "no default Prometheus data source: the dashboard's DS_PROMETHEUS picks the default")
+
+
 def check_dashboard(root, kinds):
     path = os.path.join(root, "deploy/grafana/ferry-dashboard.json")
     try:
@@ -118,7 +131,11 @@ def check_dashboard(root, kinds):
                 continue
             check_names(where, expr, kinds)
             exprs.append((where, expr))
-    for var in dash.get("templating", {}).get("list", []):
+    variables = dash.get("templating", {}).get("list", [])
+    if not any(v.get("name") == "DS_PROMETHEUS" and v.get("type") == "datasource" for v in variables):
+        error(path, "no datasource variable DS_PROMETHEUS: a provisioned dashboard (the compose "
+              "monitoring profile) cannot resolve ${DS_PROMETHEUS} without it")
+    for var in variables:
         check_names(f"{path}: variable {var.get('name')}", var.get("definition", ""), kinds)
     return exprs
 
@@ -297,6 +314,7 @@ def main():
     exprs = check_dashboard(root, kinds)
     check_alerts(root, kinds)
     check_kubernetes(root)
+    check_monitoring_profile(root)
     write_promql(exprs, promql_out)
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
