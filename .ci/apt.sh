@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by .ci/install-deps and .ci/validate-deploy: installs Debian packages as root, or through
 # sudo when not root, and says plainly what to do when neither is possible (the caller names the
 # packages; nothing is installed that is already there).

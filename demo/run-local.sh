@@ -83,6 +83,19 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# http_get PATH: GET http://127.0.0.1:$http_port/PATH with bash's /dev/tcp (no curl needed);
+# HTTP/1.0, so the body is never chunked. Prints the body, fails unless the status is 200.
+http_get() {
+  local status body
+  exec 3<>"/dev/tcp/127.0.0.1/$http_port" || return 1
+  printf 'GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n' "$1" >&3
+  body=$(cat <&3)
+  exec 3<&-
+  status=$(head -n 1 <<<"$body")
+  [[ $status == *" 200 "* ]] || return 1
+  sed '1,/^\r\?$/d' <<<"$body"
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -114,11 +127,14 @@ if [ -n "${DEMO_PG_URL:-}" ]; then
 else
   pg_bindir=${DEMO_PG_BINDIR:-}
   if [ -z "$pg_bindir" ]; then
-    pg_bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
-    [ -n "$pg_bindir" ] && [ -x "$pg_bindir/initdb" ] \
+    # The newest version with server binaries (a client-only install has no initdb), else PATH.
+    for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V); do
+      [ -x "$d/initdb" ] && pg_bindir=$d
+    done
+    [ -n "$pg_bindir" ] \
       || pg_bindir=$(dirname "$(command -v initdb 2>/dev/null || echo /nonexistent/initdb)")
   fi
-  [ -x "$pg_bindir/initdb" ] && [ -x "$pg_bindir/pg_ctl" ] || die "no PostgreSQL server binaries \
+  { [ -x "$pg_bindir/initdb" ] && [ -x "$pg_bindir/pg_ctl" ]; } || die "no PostgreSQL server binaries \
 (initdb, pg_ctl): run \`bash .ci/install-deps\` (needs root or sudo), set DEMO_PG_BINDIR to their \
 directory, or DEMO_PG_URL to a server with wal_level=logical"
   if [ "$(id -u)" = 0 ]; then
@@ -186,7 +202,7 @@ env "${unset_ferry[@]}" \
 ferry_pid=$!
 pids+=("$ferry_pid")
 wait_for "Ferry's /readyz (streaming from slot $slot)" "$ferry_pid" \
-  curl -sf "http://127.0.0.1:$http_port/readyz"
+  http_get /readyz
 
 # --- writer and consumer ---------------------------------------------------------------------
 say "writer: demo/writer.sql every ${interval}s (3 events per transaction)"
@@ -202,7 +218,7 @@ if $check; then
   say "reading $want events back from $topics (up to ${timeout_s}s)"
   "$bin/ferry-demo-consumer" --brokers "$brokers" --topics "$topics" --count "$want" \
     --timeout "$timeout_s" || die "fewer than $want events arrived"
-  produced=$(curl -sf "http://127.0.0.1:$http_port/metrics" \
+  produced=$(http_get /metrics \
     | awk '/^ferry_records_produced_total/ {s += $2} END {print s + 0}')
   say "ok: $want events read back from Kafka (ferry_records_produced_total $produced)"
 else

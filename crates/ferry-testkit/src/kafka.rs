@@ -173,7 +173,9 @@ pub fn noida_bin() -> PathBuf {
     let home = std::env::var_os("HOME").map(PathBuf::from);
     find_noida_bin(
         std::env::var_os(NOIDA_BIN_ENV).map(PathBuf::from),
-        &home.unwrap_or_else(|| PathBuf::from("/root")).join(".cache/ferry"),
+        &home
+            .unwrap_or_else(|| PathBuf::from("/root"))
+            .join(".cache/ferry"),
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }

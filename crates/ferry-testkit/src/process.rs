@@ -107,10 +107,12 @@ pub fn server_user() -> Result<Option<(u32, u32)>, String> {
     };
     match (id("-u"), id("-g")) {
         (Some(uid), Some(gid)) => Ok(Some((uid, gid))),
-        _ => Err("the tests run as root, and initdb refuses root, so local PostgreSQL clusters \
+        _ => Err(
+            "the tests run as root, and initdb refuses root, so local PostgreSQL clusters \
                   run as the user `postgres`, which does not exist here \
                   (`useradd --system --user-group postgres` creates it; so does .ci/install-deps)"
-            .into()),
+                .into(),
+        ),
     }
 }
 

@@ -67,11 +67,16 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             "--prepare-only" => a.prepare_only = true,
             "--count" => {
                 let v = value()?;
-                a.count = Some(v.parse().map_err(|_| format!("--count {v}: not a number"))?);
+                a.count = Some(
+                    v.parse()
+                        .map_err(|_| format!("--count {v}: not a number"))?,
+                );
             }
             "--timeout" => {
                 let v = value()?;
-                let secs: u64 = v.parse().map_err(|_| format!("--timeout {v}: not seconds"))?;
+                let secs: u64 = v
+                    .parse()
+                    .map_err(|_| format!("--timeout {v}: not seconds"))?;
                 a.timeout = Duration::from_secs(secs);
             }
             other => return Err(format!("unknown argument {other}")),
@@ -157,7 +162,10 @@ fn consume(args: &Args, start: Instant) -> Result<(), String> {
     let mut tpl = TopicPartitionList::new();
     for topic in &args.topics {
         let parts = kafka::partition_count(&args.brokers, topic).ok_or_else(|| {
-            format!("topic {topic} does not exist on {} (use --create-topics)", args.brokers)
+            format!(
+                "topic {topic} does not exist on {} (use --create-topics)",
+                args.brokers
+            )
         })?;
         for p in 0..parts {
             tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
