@@ -308,7 +308,7 @@ impl PgCluster {
         let sock = self.socket_dir();
         let start = std::time::Instant::now();
         loop {
-            let ok = Command::new(self.bindir.join("pg_isready"))
+            let ok = Command::new(client_tool(&self.bindir, "pg_isready"))
                 .arg("-q")
                 .arg("-h")
                 .arg(&sock)
@@ -435,6 +435,32 @@ pub fn pg_bindir() -> PathBuf {
         .pop()
         .map(|(_, p)| p)
         .unwrap_or_else(|| PathBuf::from(""))
+}
+
+/// A client program (`pg_isready`, `psql`): from the server's `bindir` when it ships one, else
+/// from the newest `/usr/lib/postgresql/*/bin`, else from `PATH`. Server builds of other major
+/// versions (see `.ci/install-pg-versions`) ship only the server; the client tools of any version
+/// talk to every server version.
+pub fn client_tool(bindir: &Path, name: &str) -> PathBuf {
+    let own = bindir.join(name);
+    if own.exists() {
+        return own;
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let tool = e.path().join("bin").join(name);
+            tool.exists().then_some((v, tool))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// A test CA and a server certificate for `localhost` / `127.0.0.1`, made with the openssl CLI.
