@@ -490,12 +490,19 @@ pub async fn check(
                 );
             }
             if kind.is_some() && !all {
+                // `FOR TABLES IN SCHEMA` (pg_publication_namespace) exists from PostgreSQL 15 on.
+                let by_schema = if server_version_num(client).await? >= 150000 {
+                    "OR EXISTS (SELECT 1 FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid \
+                     JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 AND n.nspname = $3)"
+                } else {
+                    "OR $3::text IS NULL"
+                };
                 let covered: bool = client
                     .query_one(
-                        "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
-                         WHERE p.pubname = $1 AND pr.prrelid = $2::text::regclass) \
-                         OR EXISTS (SELECT 1 FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid \
-                         JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 AND n.nspname = $3)",
+                        &format!(
+                            "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+                             WHERE p.pubname = $1 AND pr.prrelid = $2::text::regclass) {by_schema}"
+                        ),
                         &[&spec.publication, &table, &spec.schema],
                     )
                     .await
