@@ -23,6 +23,9 @@ pub struct SlotSpec {
     pub table: String,
     pub create_slot: bool,
     pub create_publication: bool,
+    /// A failover slot (PostgreSQL 17+): created with `failover = true`, or made one, so a
+    /// standby with `sync_replication_slots` keeps a copy that survives a promotion.
+    pub failover: bool,
     /// Columns the router reads, with the types it accepts.
     pub required_columns: Vec<RequiredColumn>,
 }
@@ -72,6 +75,10 @@ pub struct SlotState {
     pub plugin: Option<String>,
     pub database: Option<String>,
     pub slot_type: String,
+    /// `failover` (PostgreSQL 17+; `None` before).
+    pub failover: Option<bool>,
+    /// `synced`: a standby's copy of a primary's failover slot (PostgreSQL 17+).
+    pub synced: Option<bool>,
 }
 
 /// Setup failed: the problems, each with its fix.
@@ -188,8 +195,10 @@ pub async fn slot_state(
 ) -> Result<Option<SlotState>, ReaderError> {
     let row = client
         .query_opt(
-            "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid, wal_status, plugin, database, slot_type \
-             FROM pg_replication_slots WHERE slot_name = $1",
+            // Columns newer than PostgreSQL 14 through to_jsonb, so one query serves every version.
+            "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid, wal_status, plugin, database::text, slot_type, \
+                    (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool \
+             FROM pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
         .await
@@ -202,6 +211,8 @@ pub async fn slot_state(
         plugin: r.get(4),
         database: r.get(5),
         slot_type: r.get(6),
+        failover: r.get(7),
+        synced: r.get(8),
     }))
 }
 
@@ -254,9 +265,15 @@ pub async fn ensure(
         }
     }
     if spec.create_slot && slot_state(client, &spec.slot).await?.is_none() {
+        // failover (the fifth argument) exists from PostgreSQL 17 on; check() refuses it before.
+        let failover = spec.failover && server_version_num(client).await? >= 170000;
         let res = client
             .query_one(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                if failover {
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+                } else {
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+                },
                 &[&spec.slot],
             )
             .await;
@@ -626,8 +643,123 @@ pub async fn check(
             }
         }
     }
+    if spec.failover {
+        failover_checks(client, spec, &mut problems, &mut notes).await?;
+    }
     problems.extend(notes);
     Ok(problems)
+}
+
+/// What `postgres.failover_slot` needs: PostgreSQL 17, and `synchronized_standby_slots` naming
+/// the standbys' physical slots. Without it the primary may send a logical consumer a
+/// transaction that no standby has received; if the primary then fails over, that transaction
+/// never happened, but Ferry has already published it (a phantom event).
+async fn failover_checks(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+    problems: &mut Vec<Problem>,
+    notes: &mut Vec<Problem>,
+) -> Result<(), ReaderError> {
+    let version = server_version_num(client).await?;
+    if version < 170000 {
+        problems.push(Problem {
+            severity: Severity::Error,
+            what: format!(
+                "postgres.failover_slot needs PostgreSQL 17 or later; this server is {}",
+                version / 10000
+            ),
+            fix: "set postgres.failover_slot = false (the slot is then lost on a failover), or upgrade to 17+".into(),
+        });
+        return Ok(());
+    }
+    match slot_state(client, &spec.slot).await? {
+        Some(s) if s.synced == Some(true) => notes.push(Problem {
+            severity: Severity::Note,
+            what: format!(
+                "replication slot {:?} is a standby's synchronized copy (this server is a standby)",
+                spec.slot
+            ),
+            fix: "none needed: Ferry streams from it once this server is promoted".into(),
+        }),
+        Some(s) if s.failover != Some(true) => notes.push(Problem {
+            severity: Severity::Note,
+            what: format!("replication slot {:?} is not a failover slot", spec.slot),
+            fix: format!(
+                "none needed: Ferry makes it one when it starts streaming (ALTER_REPLICATION_SLOT {} (FAILOVER true))",
+                quote_ident(&spec.slot)
+            ),
+        }),
+        Some(_) => notes.push(Problem {
+            severity: Severity::Note,
+            what: format!("replication slot {:?} is a failover slot", spec.slot),
+            fix: "none needed: standbys with sync_replication_slots = on keep a copy of it".into(),
+        }),
+        None => {}
+    }
+    let in_recovery: bool = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0);
+    if in_recovery {
+        return Ok(());
+    }
+    let names: String = client
+        .query_one("SELECT current_setting('synchronized_standby_slots')", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0);
+    let names: Vec<&str> = names
+        .split(',')
+        .map(|n| n.trim().trim_matches('"'))
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() {
+        problems.push(Problem {
+            severity: Severity::Warning,
+            what: "synchronized_standby_slots is empty: PostgreSQL may send Ferry a transaction no standby has yet, \
+                   and after a failover that transaction never happened although Ferry published it (a phantom event)"
+                .into(),
+            fix: "name the standbys' physical slots: ALTER SYSTEM SET synchronized_standby_slots = 'standby_slot'; \
+                  SELECT pg_reload_conf() (and on each standby: sync_replication_slots = on, hot_standby_feedback = on, \
+                  primary_slot_name set, dbname in primary_conninfo)"
+                .into(),
+        });
+    }
+    for name in names {
+        let active: Option<bool> = client
+            .query_opt(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'",
+                &[&name],
+            )
+            .await
+            .map_err(sql_error)?
+            .map(|r| r.get(0));
+        match active {
+            Some(true) => notes.push(Problem {
+                severity: Severity::Note,
+                what: format!("standby slot {name:?} (synchronized_standby_slots) is streaming"),
+                fix: "none needed".into(),
+            }),
+            Some(false) => problems.push(Problem {
+                severity: Severity::Warning,
+                what: format!(
+                    "standby slot {name:?} named in synchronized_standby_slots has no standby connected: \
+                     PostgreSQL holds back every logical consumer, Ferry too, until it catches up"
+                ),
+                fix: "start the standby, or remove its slot from synchronized_standby_slots".into(),
+            }),
+            None => problems.push(Problem {
+                severity: Severity::Warning,
+                what: format!(
+                    "synchronized_standby_slots names {name:?}, which is not a physical replication slot here: \
+                     PostgreSQL holds back every logical consumer, Ferry too"
+                ),
+                fix: "create it (SELECT pg_create_physical_replication_slot(...)) for the standby, or correct the setting".into(),
+            }),
+        }
+    }
+    Ok(())
 }
 
 /// How many replication slots and WAL senders the server has, and how many are taken.

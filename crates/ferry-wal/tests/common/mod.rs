@@ -34,6 +34,7 @@ pub fn spec() -> SlotSpec {
         schema: "public".into(),
         table: "outbox".into(),
         create_slot: true,
+        failover: false,
         create_publication: true,
         required_columns: ["id", "aggregatetype", "aggregateid", "type", "payload"]
             .iter()
@@ -69,6 +70,7 @@ pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
         status_interval: Duration::from_secs(1),
         channel_capacity: 1024,
         binary: false,
+        failover: spec.failover,
     }
 }
 
