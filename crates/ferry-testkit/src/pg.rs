@@ -264,8 +264,11 @@ impl PgCluster {
             ));
             // Over TLS only: a plaintext TCP connection is refused, so a test can tell.
             hba.push("hostssl all all 127.0.0.1/32 scram-sha-256".into());
+            hba.push("hostssl replication all 127.0.0.1/32 scram-sha-256".into());
         } else {
             hba.push("host all all 127.0.0.1/32 scram-sha-256".into());
+            // Physical replication, for standbys ("all" does not match it).
+            hba.push("host replication all 127.0.0.1/32 scram-sha-256".into());
         }
         conf.extend(opts.extra_conf);
         append(&data.join("postgresql.conf"), &conf.join("\n"));
@@ -310,7 +313,7 @@ impl PgCluster {
         let sock = self.socket_dir();
         let start = std::time::Instant::now();
         loop {
-            let ok = Command::new(self.bindir.join("pg_isready"))
+            let ok = Command::new(client_tool(&self.bindir, "pg_isready"))
                 .arg("-q")
                 .arg("-h")
                 .arg(&sock)
@@ -357,6 +360,64 @@ impl PgCluster {
             );
             let _ = child.wait();
         }
+    }
+
+    /// A physical standby of this cluster, streaming from it: a copy of its data directory taken
+    /// while it is stopped (so no base backup tool of the server's version is needed), started
+    /// with `standby.signal` and `primary_conninfo` pointing here, plus `extra_conf` (for example
+    /// `primary_slot_name`, `hot_standby_feedback`, `sync_replication_slots`). This cluster is
+    /// stopped (fast) and started again in the middle. Blocking.
+    pub fn standby_blocking(&self, extra_conf: Vec<String>) -> PgCluster {
+        let root = std::env::temp_dir().join(unique_name("ferry-pg"));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("sock")).expect("create standby dir");
+        self.stop(false);
+        let out = Command::new("cp")
+            .arg("-a")
+            .arg(self.root.join("data"))
+            .arg(root.join("data"))
+            .output()
+            .expect("run cp");
+        assert!(
+            out.status.success(),
+            "copy the data directory: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.start_again();
+        if let Some((uid, gid)) = self.owner {
+            for p in [&root, &root.join("sock")] {
+                std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown standby dir");
+            }
+        }
+        let port = process::free_port();
+        let data = root.join("data");
+        let mut conf = vec![
+            format!("port = {port}"),
+            format!(
+                "unix_socket_directories = '{}'",
+                root.join("sock").display()
+            ),
+            format!(
+                "primary_conninfo = 'host=127.0.0.1 port={} user=postgres password={SUPERUSER_PASSWORD} dbname=postgres application_name=standby'",
+                self.port
+            ),
+        ];
+        conf.extend(extra_conf);
+        append(&data.join("postgresql.conf"), &conf.join("\n"));
+        std::fs::write(data.join("standby.signal"), "").expect("write standby.signal");
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(data.join("standby.signal"), Some(uid), Some(gid))
+                .expect("chown standby.signal");
+        }
+        let standby = PgCluster {
+            root,
+            port,
+            bindir: self.bindir.clone(),
+            owner: self.owner,
+            child: Mutex::new(None),
+        };
+        standby.spawn_postgres();
+        standby
     }
 
     /// Starts the server again on the same port after [`PgCluster::stop`].
@@ -485,6 +546,32 @@ pub fn find_pg_bindir(
         PG_SERVER_BINARIES.join(", "),
         versions_root.display()
     ))
+}
+
+/// A client program (`pg_isready`, `psql`): from the server's `bindir` when it ships one, else
+/// from the newest `/usr/lib/postgresql/*/bin`, else from `PATH`. Server builds of other major
+/// versions (see `.ci/install-pg-versions`) ship only the server; the client tools of any version
+/// talk to every server version.
+pub fn client_tool(bindir: &Path, name: &str) -> PathBuf {
+    let own = bindir.join(name);
+    if own.exists() {
+        return own;
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let tool = e.path().join("bin").join(name);
+            tool.exists().then_some((v, tool))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// A test CA and a server certificate for `localhost` / `127.0.0.1`, made with the openssl CLI.

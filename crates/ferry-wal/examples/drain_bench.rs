@@ -188,6 +188,7 @@ async fn drain_with_reader(
         status_interval: conn::stream::DEFAULT_STATUS_INTERVAL,
         channel_capacity: conn::stream::DEFAULT_CHANNEL_CAPACITY,
         binary: false,
+        failover: false,
     };
     let (cpu0, _) = cpu_seconds(tck);
     let t = Instant::now();

@@ -23,6 +23,9 @@ pub struct SlotSpec {
     pub table: String,
     pub create_slot: bool,
     pub create_publication: bool,
+    /// A failover slot (PostgreSQL 17+): created with `failover = true`, or made one, so a
+    /// standby with `sync_replication_slots` keeps a copy that survives a promotion.
+    pub failover: bool,
     /// Columns the router reads, with the types it accepts.
     pub required_columns: Vec<RequiredColumn>,
 }
@@ -72,6 +75,10 @@ pub struct SlotState {
     pub plugin: Option<String>,
     pub database: Option<String>,
     pub slot_type: String,
+    /// `failover` (PostgreSQL 17+; `None` before).
+    pub failover: Option<bool>,
+    /// `synced`: a standby's copy of a primary's failover slot (PostgreSQL 17+).
+    pub synced: Option<bool>,
 }
 
 /// Setup failed: the problems, each with its fix.
@@ -188,8 +195,10 @@ pub async fn slot_state(
 ) -> Result<Option<SlotState>, ReaderError> {
     let row = client
         .query_opt(
-            "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid, wal_status, plugin, database, slot_type \
-             FROM pg_replication_slots WHERE slot_name = $1",
+            // Columns newer than PostgreSQL 14 through to_jsonb, so one query serves every version.
+            "SELECT confirmed_flush_lsn::text, restart_lsn::text, active_pid, wal_status, plugin, database::text, slot_type, \
+                    (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool \
+             FROM pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
         .await
@@ -202,6 +211,8 @@ pub async fn slot_state(
         plugin: r.get(4),
         database: r.get(5),
         slot_type: r.get(6),
+        failover: r.get(7),
+        synced: r.get(8),
     }))
 }
 
@@ -254,9 +265,15 @@ pub async fn ensure(
         }
     }
     if spec.create_slot && slot_state(client, &spec.slot).await?.is_none() {
+        // failover (the fifth argument) exists from PostgreSQL 17 on; check() refuses it before.
+        let failover = spec.failover && server_version_num(client).await? >= 170000;
         let res = client
             .query_one(
-                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                if failover {
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+                } else {
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+                },
                 &[&spec.slot],
             )
             .await;
@@ -490,12 +507,19 @@ pub async fn check(
                 );
             }
             if kind.is_some() && !all {
+                // `FOR TABLES IN SCHEMA` (pg_publication_namespace) exists from PostgreSQL 15 on.
+                let by_schema = if server_version_num(client).await? >= 150000 {
+                    "OR EXISTS (SELECT 1 FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid \
+                     JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 AND n.nspname = $3)"
+                } else {
+                    "OR $3::text IS NULL"
+                };
                 let covered: bool = client
                     .query_one(
-                        "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
-                         WHERE p.pubname = $1 AND pr.prrelid = $2::text::regclass) \
-                         OR EXISTS (SELECT 1 FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid \
-                         JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 AND n.nspname = $3)",
+                        &format!(
+                            "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+                             WHERE p.pubname = $1 AND pr.prrelid = $2::text::regclass) {by_schema}"
+                        ),
                         &[&spec.publication, &table, &spec.schema],
                     )
                     .await
@@ -531,6 +555,41 @@ pub async fn check(
         .await
         .map_err(sql_error)?
         .get(0);
+    let cap = capacity(client).await?;
+    let existing = slot_state(client, &spec.slot).await?;
+    let slot_exists = existing.is_some();
+    // A slot another process streams is reported below; its walsender is not Ferry's problem.
+    let slot_streamed = existing.is_some_and(|s| s.active_pid.is_some());
+    if !slot_exists && cap.slots_used >= cap.max_slots {
+        error(
+            format!(
+                "all {} replication slots are in use, so slot {:?} cannot be created",
+                cap.max_slots, spec.slot
+            ),
+            "drop a slot nothing uses (SELECT slot_name, active FROM pg_replication_slots; \
+             SELECT pg_drop_replication_slot('name')), or raise max_replication_slots and restart PostgreSQL"
+                .into(),
+        );
+    }
+    if cap.senders_used >= cap.max_senders && !slot_streamed {
+        error(
+            format!(
+                "all {} WAL senders are in use (max_wal_senders), so Ferry cannot open its replication connection",
+                cap.max_senders
+            ),
+            "stop a replication consumer you no longer need (see pg_stat_replication), or raise \
+             max_wal_senders and restart PostgreSQL"
+                .into(),
+        );
+    }
+    notes.push(Problem {
+        severity: Severity::Note,
+        what: format!(
+            "replication slots: {} of {} in use; WAL senders: {} of {} in use",
+            cap.slots_used, cap.max_slots, cap.senders_used, cap.max_senders
+        ),
+        fix: "none needed".into(),
+    });
     match slot_state(client, &spec.slot).await? {
         None if spec.create_slot => notes.push(Problem {
             severity: Severity::Note,
@@ -584,6 +643,151 @@ pub async fn check(
             }
         }
     }
+    if spec.failover {
+        failover_checks(client, spec, &mut problems, &mut notes).await?;
+    }
     problems.extend(notes);
     Ok(problems)
+}
+
+/// What `postgres.failover_slot` needs: PostgreSQL 17, and `synchronized_standby_slots` naming
+/// the standbys' physical slots. Without it the primary may send a logical consumer a
+/// transaction that no standby has received; if the primary then fails over, that transaction
+/// never happened, but Ferry has already published it (a phantom event).
+async fn failover_checks(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+    problems: &mut Vec<Problem>,
+    notes: &mut Vec<Problem>,
+) -> Result<(), ReaderError> {
+    let version = server_version_num(client).await?;
+    if version < 170000 {
+        problems.push(Problem {
+            severity: Severity::Error,
+            what: format!(
+                "postgres.failover_slot needs PostgreSQL 17 or later; this server is {}",
+                version / 10000
+            ),
+            fix: "set postgres.failover_slot = false (the slot is then lost on a failover), or upgrade to 17+".into(),
+        });
+        return Ok(());
+    }
+    match slot_state(client, &spec.slot).await? {
+        Some(s) if s.synced == Some(true) => notes.push(Problem {
+            severity: Severity::Note,
+            what: format!(
+                "replication slot {:?} is a standby's synchronized copy (this server is a standby)",
+                spec.slot
+            ),
+            fix: "none needed: Ferry streams from it once this server is promoted".into(),
+        }),
+        Some(s) if s.failover != Some(true) => notes.push(Problem {
+            severity: Severity::Note,
+            what: format!("replication slot {:?} is not a failover slot", spec.slot),
+            fix: format!(
+                "none needed: Ferry makes it one when it starts streaming (ALTER_REPLICATION_SLOT {} (FAILOVER true))",
+                quote_ident(&spec.slot)
+            ),
+        }),
+        Some(_) => notes.push(Problem {
+            severity: Severity::Note,
+            what: format!("replication slot {:?} is a failover slot", spec.slot),
+            fix: "none needed: standbys with sync_replication_slots = on keep a copy of it".into(),
+        }),
+        None => {}
+    }
+    let in_recovery: bool = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0);
+    if in_recovery {
+        return Ok(());
+    }
+    let names: String = client
+        .query_one("SELECT current_setting('synchronized_standby_slots')", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0);
+    let names: Vec<&str> = names
+        .split(',')
+        .map(|n| n.trim().trim_matches('"'))
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() {
+        problems.push(Problem {
+            severity: Severity::Warning,
+            what: "synchronized_standby_slots is empty: PostgreSQL may send Ferry a transaction no standby has yet, \
+                   and after a failover that transaction never happened although Ferry published it (a phantom event)"
+                .into(),
+            fix: "name the standbys' physical slots: ALTER SYSTEM SET synchronized_standby_slots = 'standby_slot'; \
+                  SELECT pg_reload_conf() (and on each standby: sync_replication_slots = on, hot_standby_feedback = on, \
+                  primary_slot_name set, dbname in primary_conninfo)"
+                .into(),
+        });
+    }
+    for name in names {
+        let active: Option<bool> = client
+            .query_opt(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1 AND slot_type = 'physical'",
+                &[&name],
+            )
+            .await
+            .map_err(sql_error)?
+            .map(|r| r.get(0));
+        match active {
+            Some(true) => notes.push(Problem {
+                severity: Severity::Note,
+                what: format!("standby slot {name:?} (synchronized_standby_slots) is streaming"),
+                fix: "none needed".into(),
+            }),
+            Some(false) => problems.push(Problem {
+                severity: Severity::Warning,
+                what: format!(
+                    "standby slot {name:?} named in synchronized_standby_slots has no standby connected: \
+                     PostgreSQL holds back every logical consumer, Ferry too, until it catches up"
+                ),
+                fix: "start the standby, or remove its slot from synchronized_standby_slots".into(),
+            }),
+            None => problems.push(Problem {
+                severity: Severity::Warning,
+                what: format!(
+                    "synchronized_standby_slots names {name:?}, which is not a physical replication slot here: \
+                     PostgreSQL holds back every logical consumer, Ferry too"
+                ),
+                fix: "create it (SELECT pg_create_physical_replication_slot(...)) for the standby, or correct the setting".into(),
+            }),
+        }
+    }
+    Ok(())
+}
+
+/// How many replication slots and WAL senders the server has, and how many are taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub max_slots: i32,
+    pub slots_used: i32,
+    pub max_senders: i32,
+    pub senders_used: i32,
+}
+
+/// Reads [`Capacity`]: `max_replication_slots` against `pg_replication_slots`, `max_wal_senders`
+/// against the walsenders in `pg_stat_replication` (every role sees those rows).
+pub async fn capacity(client: &tokio_postgres::Client) -> Result<Capacity, ReaderError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int, \
+                    (SELECT count(*) FROM pg_replication_slots)::int, \
+                    current_setting('max_wal_senders')::int, \
+                    (SELECT count(*) FROM pg_stat_replication)::int",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok(Capacity {
+        max_slots: row.get(0),
+        slots_used: row.get(1),
+        max_senders: row.get(2),
+        senders_used: row.get(3),
+    })
 }

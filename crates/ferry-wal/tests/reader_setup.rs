@@ -547,3 +547,68 @@ async fn rows_inserted_into_partitions_arrive_under_the_partitioned_tables_name(
         &["SET (publish_via_partition_root = true)"],
     );
 }
+
+#[tokio::test]
+async fn exhausted_slots_and_wal_senders_are_permanent_errors_with_their_fix() {
+    let cluster = PgCluster::start(ClusterOptions {
+        tls: false,
+        extra_conf: vec![
+            "max_replication_slots = 2".into(),
+            "max_wal_senders = 1".into(),
+        ],
+    })
+    .await;
+    let url = cluster.url("postgres");
+    let sql = pg::connect(&url).await;
+    sql.batch_execute(OUTBOX_DDL).await.unwrap();
+    let spec = spec();
+    slot::ensure(&sql, &spec).await.unwrap();
+    sql.batch_execute("SELECT pg_create_logical_replication_slot('filler', 'pgoutput')")
+        .await
+        .unwrap();
+
+    // Both slots are taken: a second Ferry's slot cannot be created, and check says so first.
+    let second = SlotSpec {
+        slot: "second".into(),
+        ..spec.clone()
+    };
+    let problems = slot::check(&sql, &second).await.unwrap();
+    the_error(
+        &problems,
+        "all 2 replication slots are in use",
+        &["pg_drop_replication_slot", "max_replication_slots"],
+    );
+    assert!(
+        problems.iter().any(|p| p.severity == Severity::Note
+            && p.what == "replication slots: 2 of 2 in use; WAL senders: 0 of 1 in use"),
+        "{problems:#?}"
+    );
+    let err = slot::ensure(&sql, &second).await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    assert!(
+        err.to_string().contains("pg_drop_replication_slot"),
+        "{err}"
+    );
+
+    // The one WAL sender streams Ferry's slot: another slot cannot be streamed, permanently.
+    let cfg = ConnectConfig::parse(&url).unwrap();
+    let first = ferry_wal::conn::start(&cfg, &sql, options(&spec, None))
+        .await
+        .unwrap();
+    let filler = SlotSpec {
+        slot: "filler".into(),
+        ..spec.clone()
+    };
+    let problems = slot::check(&sql, &filler).await.unwrap();
+    the_error(
+        &problems,
+        "all 1 WAL senders are in use",
+        &["pg_stat_replication", "max_wal_senders"],
+    );
+    let err = start_err(&cfg, &sql, &filler).await;
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains("max_wal_senders"), "{err}");
+    // The slot being streamed is not reported as lacking a sender: it has one.
+    assert!(errors(&slot::check(&sql, &spec).await.unwrap()).is_empty());
+    first.shutdown().await.unwrap();
+}

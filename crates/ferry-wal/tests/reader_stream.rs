@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use ferry_wal::assembly::OutboxEvent;
 use ferry_wal::conn::ReaderEvent;
 use ferry_wal::pgoutput::TupleValue;
 
@@ -161,7 +162,11 @@ async fn idle_outbox_with_writes_elsewhere_lets_the_slot_advance() {
                     break;
                 }
             }
-            ReaderEvent::Outbox(e) => panic!("no outbox event expected, got {e:?}"),
+            // PostgreSQL 14 sends the busy writes' transactions as empty Begin/Commit pairs
+            // (15+ skips them): an idle pipeline confirms each one's end_lsn; rows never come.
+            ReaderEvent::Outbox(OutboxEvent::Commit(c)) => r.confirm(c.end_lsn),
+            ReaderEvent::Outbox(OutboxEvent::Begin(_)) => {}
+            ReaderEvent::Outbox(e) => panic!("no outbox row or message expected, got {e:?}"),
         }
     }
     ferry_testkit::wait_until(

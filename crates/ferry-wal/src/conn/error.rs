@@ -48,6 +48,13 @@ impl ServerError {
             "55006" => return true,
             // object_not_in_prerequisite_state: an invalidated slot, or wal_level too low.
             "55000" => return false,
+            // configuration_limit_exceeded: "all replication slots are in use". Retrying waits for
+            // someone to drop a slot; the operator has to act, so say it once, loudly.
+            "53400" => return false,
+            // too_many_connections is transient, except the walsender limit: "number of requested
+            // standby connections exceeds max_wal_senders" holds until the setting changes or
+            // another consumer goes away.
+            "53300" if self.message.contains("max_wal_senders") => return false,
             _ => {}
         }
         // 08 connection, 53 resources (too many connections), 58 system/I-O, 40 rollback
@@ -58,6 +65,22 @@ impl ServerError {
 impl ServerError {
     /// Adds the fix to refusals the server sends without a hint.
     pub(crate) fn with_fix(mut self) -> ServerError {
+        if self.hint.is_none() && self.code == "53300" && self.message.contains("max_wal_senders") {
+            self.hint = Some(
+                "every WAL sender is taken: stop a replication consumer you no longer need (see pg_stat_replication), \
+                 or raise max_wal_senders and restart PostgreSQL (`ferry check` shows how many are in use)"
+                    .into(),
+            );
+        }
+        if self.code == "53400" && self.message.contains("replication slots") {
+            // The server's own hint ("Free one or increase max_replication_slots.") names no query.
+            self.hint = Some(
+                "every replication slot is taken: drop one nothing uses (SELECT slot_name, active, \
+                 confirmed_flush_lsn FROM pg_replication_slots; SELECT pg_drop_replication_slot('name')), \
+                 or raise max_replication_slots and restart PostgreSQL"
+                    .into(),
+            );
+        }
         if self.hint.is_none()
             && self.code == "28000"
             && self.message.contains("no pg_hba.conf entry")

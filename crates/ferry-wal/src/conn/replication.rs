@@ -578,9 +578,11 @@ pub(crate) fn server_error(body: &backend::ErrorResponseBody) -> ServerError {
 }
 
 /// Adds the fix to a startup refusal that lacks one: a role without REPLICATION is refused a
-/// walsender with "must be superuser or replication role to start walsender" and no hint.
+/// walsender with no hint, worded "must be superuser or replication role to start walsender" up
+/// to PostgreSQL 15 and "permission denied to start WAL sender" from 16 on.
 fn startup_error(mut e: ServerError, cfg: &ConnectConfig) -> ServerError {
-    if e.code == "42501" && e.hint.is_none() && e.message.contains("replication role") {
+    let walsender = e.message.contains("walsender") || e.message.contains("WAL sender");
+    if e.code == "42501" && e.hint.is_none() && walsender {
         let role = crate::slot::quote_ident(&cfg.user);
         e.hint = Some(format!(
             "run ALTER ROLE {role} WITH REPLICATION as a superuser (on Amazon RDS: GRANT rds_replication TO {role})"

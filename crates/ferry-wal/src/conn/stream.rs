@@ -54,6 +54,8 @@ pub struct StreamOptions {
     /// pgoutput's `binary 'true'` (PostgreSQL 14+): each column in its type's binary send
     /// format where the type has one, text otherwise (the tuple data says which, per value).
     pub binary: bool,
+    /// Make the slot a failover slot (PostgreSQL 17+) before streaming, if it is not one.
+    pub failover: bool,
 }
 
 /// What the reader hands the pipeline, in WAL order.
@@ -199,6 +201,14 @@ pub async fn start(
         return Err(ReaderError::Protocol(
             "IDENTIFY_SYSTEM shows no database: the connection is not a logical replication connection".into(),
         ));
+    }
+    if opts.failover && before.failover == Some(false) && before.synced != Some(true) {
+        // Replication protocol only: there is no SQL function for it.
+        conn.simple_query(&format!(
+            "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
+            quote_ident(&opts.slot)
+        ))
+        .await?;
     }
     let command = format!(
         "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}, messages 'true'{})",

@@ -34,6 +34,7 @@ pub fn spec() -> SlotSpec {
         schema: "public".into(),
         table: "outbox".into(),
         create_slot: true,
+        failover: false,
         create_publication: true,
         required_columns: ["id", "aggregatetype", "aggregateid", "type", "payload"]
             .iter()
@@ -69,6 +70,7 @@ pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
         status_interval: Duration::from_secs(1),
         channel_capacity: 1024,
         binary: false,
+        failover: spec.failover,
     }
 }
 
@@ -100,7 +102,20 @@ pub struct Txn {
     pub commit_lsn: Lsn,
 }
 
+/// The next transaction that carries outbox rows or messages. PostgreSQL 14 sends every
+/// transaction, even one with no published change (DDL, writes to other tables), as an empty
+/// Begin/Commit; 15 and later skip those. Either way the reader passes what the server sends.
 pub async fn next_txn(r: &mut ReaderHandle) -> Txn {
+    loop {
+        let t = next_txn_or_empty(r).await;
+        if !t.rows.is_empty() || !t.messages.is_empty() {
+            return t;
+        }
+    }
+}
+
+/// The next transaction, empty or not.
+pub async fn next_txn_or_empty(r: &mut ReaderHandle) -> Txn {
     let OutboxEvent::Begin(b) = next_event(r).await else {
         panic!("expected Begin")
     };

@@ -16,6 +16,8 @@ pub const PUBLICATION: &str = "ferry_outbox";
 pub const CREATE_SLOT: bool = true;
 /// `postgres.create_publication`: create the publication (for the outbox table) when missing.
 pub const CREATE_PUBLICATION: bool = true;
+/// `postgres.failover_slot`: off, as Debezium's `slot.failover`; needs PostgreSQL 17.
+pub const FAILOVER_SLOT: bool = false;
 /// `postgres.status_interval`: standby status update cadence.
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 /// Upper limit of `postgres.status_interval`: half of PostgreSQL's default `wal_sender_timeout`

@@ -61,6 +61,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     postgres.publication = text;
     postgres.create_slot = boolean;
     postgres.create_publication = boolean;
+    postgres.failover_slot = boolean;
     postgres.status_interval = duration::parse;
     postgres.connect_timeout = duration::parse;
     postgres.reconnect_backoff_min = duration::parse;

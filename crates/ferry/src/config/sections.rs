@@ -27,6 +27,9 @@ pub struct PostgresConfig {
     pub create_slot: bool,
     /// Create the publication for the outbox table if it does not exist.
     pub create_publication: bool,
+    /// Use a failover slot (PostgreSQL 17+): created with `failover = true`, or made one, so
+    /// standbys with `sync_replication_slots = on` keep it and Ferry continues after a promotion.
+    pub failover_slot: bool,
     /// How often a standby status update (the confirmed LSN) is sent, also when idle.
     #[serde(deserialize_with = "duration::deserialize")]
     pub status_interval: Duration,
@@ -57,6 +60,7 @@ impl Default for PostgresConfig {
             publication: defaults::PUBLICATION.to_owned(),
             create_slot: defaults::CREATE_SLOT,
             create_publication: defaults::CREATE_PUBLICATION,
+            failover_slot: defaults::FAILOVER_SLOT,
             status_interval: defaults::STATUS_INTERVAL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
             reconnect_backoff_min: defaults::RECONNECT_BACKOFF_MIN,

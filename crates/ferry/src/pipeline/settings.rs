@@ -93,6 +93,7 @@ pub fn outbox_spec(
         table: table.name.clone(),
         create_slot,
         create_publication,
+        failover: false,
         required_columns: required,
     }
 }
@@ -116,6 +117,7 @@ pub fn stream_options(
         channel_capacity: capacity,
         // Chosen per session (see super::binary).
         binary: false,
+        failover: spec.failover,
     }
 }
 
@@ -140,7 +142,7 @@ impl PipelineSettings {
         let mut postgres = ConnectConfig::parse(config.postgres.url.expose())?;
         postgres.connect_timeout = Some(config.postgres.connect_timeout);
         let router = Router::new(&config.outbox, &config.route).map_err(SettingsError::Router)?;
-        let slot = outbox_spec(
+        let mut slot = outbox_spec(
             &router,
             &config.outbox,
             &config.postgres.slot,
@@ -148,6 +150,7 @@ impl PipelineSettings {
             config.postgres.create_slot,
             config.postgres.create_publication,
         );
+        slot.failover = config.postgres.failover_slot;
         let stream = stream_options(
             &slot,
             &router,
