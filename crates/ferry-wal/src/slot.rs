@@ -318,7 +318,7 @@ pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, 
         .get(0);
     v.trim()
         .parse()
-        .map_err(|_| ReaderError::Protocol(format!("server_version_num is not a number: {v:?}")))
+        .map_err(|_| ReaderError::ServerVersion { shown: v.clone() })
 }
 
 /// A column of a table.
