@@ -65,6 +65,8 @@ pub const MAX_LINGER: Duration = Duration::from_millis(900_000);
 pub const MAX_DELIVERY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// librdkafka's upper limit of `queue.buffering.max.messages` and `queue.buffering.max.kbytes`.
 pub const LIBRDKAFKA_QUEUE_LIMIT: u64 = i32::MAX as u64;
+/// Upper limit of `kafka.max_in_flight_bytes`: half of librdkafka's queue limit (in KiB).
+pub const MAX_IN_FLIGHT_BYTES_LIMIT: u64 = LIBRDKAFKA_QUEUE_LIMIT / 2 * 1024;
 /// `client.id` unless `kafka.properties` sets one.
 pub const CLIENT_ID: &str = "ferry";
 
