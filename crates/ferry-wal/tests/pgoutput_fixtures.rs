@@ -1,6 +1,8 @@
 //! Byte fixtures for every pgoutput message, written by hand from the PostgreSQL documentation
 //! ("Logical Replication Message Formats", protocol versions 1 and 2), plus truncation and
-//! hostile-input checks: the decoder must return an error, never panic.
+//! hostile-input checks: the decoder must return an error, never panic. Each fixture has a module
+//! of named tests (`update_old_streamed::truncated_at_every_offset_is_an_error`), so a failure
+//! points at the message; `cargo test -p ferry-wal --test pgoutput_fixtures update_` runs some.
 
 use bytes::Bytes;
 use ferry_wal::pgoutput::*;
@@ -381,25 +383,128 @@ fn fixtures() -> Vec<Fixture> {
     ]
 }
 
+/// The fixture called `name`.
+fn named(name: &str) -> Fixture {
+    fixtures()
+        .into_iter()
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("no fixture {name:?}"))
+}
+
 #[test]
-fn every_fixture_decodes_to_its_message_and_encodes_back() {
-    let all = fixtures();
-    let mut tags: Vec<u8> = all.iter().map(|f| f.expected.tag()).collect();
+fn a_fixture_for_every_message_type() {
+    let mut tags: Vec<u8> = fixtures().iter().map(|f| f.expected.tag()).collect();
     tags.sort_unstable();
     tags.dedup();
     assert_eq!(tags.len(), 14, "a fixture for every message type");
-    for f in all {
-        let got =
-            decode(f.bytes.clone(), f.in_stream).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        assert_eq!(got, f.expected, "{}", f.name);
-        assert_eq!(f.expected.encode(), f.bytes, "{}: encode", f.name);
-        assert_eq!(
-            f.expected.stream_xid().is_some(),
-            f.in_stream && f.expected.tag() != tag::STREAM_STOP,
-            "{}",
-            f.name
+}
+
+fn decodes_to_its_message_and_encodes_back(f: &Fixture) {
+    let got = decode(f.bytes.clone(), f.in_stream).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+    assert_eq!(got, f.expected, "{}", f.name);
+    assert_eq!(f.expected.encode(), f.bytes, "{}: encode", f.name);
+    assert_eq!(
+        f.expected.stream_xid().is_some(),
+        f.in_stream && f.expected.tag() != tag::STREAM_STOP,
+        "{}",
+        f.name
+    );
+}
+
+fn truncated_at_every_offset_is_an_error(f: &Fixture) {
+    for len in 0..f.bytes.len() {
+        let err = decode(f.bytes.slice(..len), f.in_stream)
+            .expect_err(&format!("{} truncated to {len} bytes decoded", f.name));
+        assert!(
+            err.offset <= len,
+            "{}: offset {} past the end {len}",
+            f.name,
+            err.offset
         );
+        if len == 0 {
+            assert_eq!(err.kind, DecodeErrorKind::Empty);
+        } else {
+            assert!(
+                matches!(
+                    err.kind,
+                    DecodeErrorKind::UnexpectedEof { .. } | DecodeErrorKind::CountTooLarge { .. }
+                ),
+                "{} truncated to {len}: {err}",
+                f.name
+            );
+        }
     }
+}
+
+fn with_a_trailing_byte_is_an_error(f: &Fixture) {
+    let long = cat(&[&f.bytes, &[0]]);
+    let err = decode(long, f.in_stream).expect_err(f.name);
+    assert_eq!(
+        err.kind,
+        DecodeErrorKind::TrailingBytes { count: 1 },
+        "{}",
+        f.name
+    );
+    assert_eq!(err.offset, f.bytes.len(), "{}", f.name);
+}
+
+/// Per fixture, a module of named tests (`insert_streamed::truncated_at_every_offset_is_an_error`),
+/// so a failure names the message; and a test that every fixture is listed here.
+macro_rules! per_fixture {
+    ($($module:ident => $name:literal,)*) => {
+        $(
+            mod $module {
+                #[test]
+                fn decodes_to_its_message_and_encodes_back() {
+                    super::decodes_to_its_message_and_encodes_back(&super::named($name));
+                }
+
+                #[test]
+                fn truncated_at_every_offset_is_an_error() {
+                    super::truncated_at_every_offset_is_an_error(&super::named($name));
+                }
+
+                #[test]
+                fn with_a_trailing_byte_is_an_error() {
+                    super::with_a_trailing_byte_is_an_error(&super::named($name));
+                }
+            }
+        )*
+
+        #[test]
+        fn every_fixture_has_its_named_tests() {
+            let listed: Vec<&str> = vec![$($name),*];
+            let all: Vec<&str> = fixtures().iter().map(|f| f.name).collect();
+            assert_eq!(listed, all, "per_fixture! lists every fixture, in order");
+        }
+    };
+}
+
+per_fixture! {
+    begin => "begin",
+    commit => "commit",
+    origin => "origin",
+    relation => "relation",
+    relation_streamed => "relation (streamed)",
+    type_ => "type",
+    type_streamed => "type (streamed)",
+    insert => "insert",
+    insert_streamed => "insert (streamed)",
+    insert_zero_columns => "insert (zero columns)",
+    update => "update",
+    update_key => "update (key)",
+    update_old_streamed => "update (old, streamed)",
+    delete_key => "delete (key)",
+    delete_old_streamed => "delete (old, streamed)",
+    truncate => "truncate",
+    truncate_streamed => "truncate (streamed)",
+    message_transactional => "message (transactional)",
+    message_non_transactional => "message (non-transactional)",
+    message_streamed => "message (streamed)",
+    stream_start => "stream start",
+    stream_stop => "stream stop",
+    stream_commit => "stream commit",
+    stream_abort => "stream abort",
 }
 
 #[test]
@@ -424,50 +529,6 @@ fn tuple_values_and_message_content_are_slices_of_the_input() {
             PgOutputMessage::Message(m) if !m.content.is_empty() => within(&f.bytes, &m.content),
             _ => {}
         }
-    }
-}
-
-#[test]
-fn every_fixture_truncated_at_every_offset_is_an_error() {
-    for f in fixtures() {
-        for len in 0..f.bytes.len() {
-            let err = decode(f.bytes.slice(..len), f.in_stream)
-                .expect_err(&format!("{} truncated to {len} bytes decoded", f.name));
-            assert!(
-                err.offset <= len,
-                "{}: offset {} past the end {len}",
-                f.name,
-                err.offset
-            );
-            if len == 0 {
-                assert_eq!(err.kind, DecodeErrorKind::Empty);
-            } else {
-                assert!(
-                    matches!(
-                        err.kind,
-                        DecodeErrorKind::UnexpectedEof { .. }
-                            | DecodeErrorKind::CountTooLarge { .. }
-                    ),
-                    "{} truncated to {len}: {err}",
-                    f.name
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn every_fixture_with_a_trailing_byte_is_an_error() {
-    for f in fixtures() {
-        let long = cat(&[&f.bytes, &[0]]);
-        let err = decode(long, f.in_stream).expect_err(f.name);
-        assert_eq!(
-            err.kind,
-            DecodeErrorKind::TrailingBytes { count: 1 },
-            "{}",
-            f.name
-        );
-        assert_eq!(err.offset, f.bytes.len(), "{}", f.name);
     }
 }
 
