@@ -16,8 +16,8 @@ pub const PUBLICATION: &str = "ferry_outbox";
 pub const CREATE_SLOT: bool = true;
 /// `postgres.create_publication`: create the publication (for the outbox table) when missing.
 pub const CREATE_PUBLICATION: bool = true;
-/// `postgres.status_interval`: standby status update cadence.
-pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// `postgres.status_interval`: standby status update cadence, the reader's own default.
+pub const STATUS_INTERVAL: Duration = ferry_wal::conn::stream::DEFAULT_STATUS_INTERVAL;
 /// Upper limit of `postgres.status_interval`: half of PostgreSQL's default `wal_sender_timeout`
 /// (60s), after which the server drops a client that sent no status update.
 pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(30);
