@@ -46,7 +46,7 @@
 //! librdkafka has, how a duration is written, the configuration's limits, and what it would
 //! refuse in the finished TOML (listed as notes, a safety net for values that translate into
 //! something Ferry rejects). So this crate depends on `ferry-router` for the outbox vocabulary and
-//! never on the binary; `ferry::from_debezium` is the binary's [`Target`].
+//! never on the binary; `ferry::debezium::FerryConfig` is the binary's [`Target`].
 //!
 //! Facts are from Debezium's `EventRouterConfigDefinition`/`EventRouterDelegate` and
 //! `PostgresConnectorConfig`, and Kafka's `RegexRouter` and `SinkConnectorConfig` (a dead letter
