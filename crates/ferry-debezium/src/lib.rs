@@ -26,7 +26,7 @@
 //! - **The outbox table** from `table.include.list` (a list of regexes: `public.outbox` and
 //!   `public\.outbox` both mean the table). Ferry relays one table; others are listed.
 //! - **The SMT** (`transforms.<name>.*`, found through `transforms` and the EventRouter class):
-//!   columns to `[outbox]`, routing to `[route]` (see [`outbox`]). Kafka Connect's RegexRouter
+//!   columns to `[outbox]`, routing to `[route]` (see the `outbox` module). Kafka Connect's RegexRouter
 //!   leaves a value its regex does not match as the topic itself; a custom regex therefore becomes
 //!   a `[[route.rules]]` entry with `route.topic = "{<route.by.field>}"` as the fallback.
 //!   Debezium sends the event type only where `table.fields.additional.placement` puts it, so
