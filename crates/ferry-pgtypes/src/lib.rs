@@ -61,7 +61,8 @@ impl PgTimestamp {
         PgTimestamp(unix.saturating_sub(Self::POSTGRES_EPOCH_UNIX_MICROS))
     }
 
-    /// The current time, for the `client_time` of a standby status update (`ferry_wal::wire::StandbyStatusUpdate`).
+    /// The current time, for the `client_time` of a standby status update
+    /// (`ferry_wal::wire::StandbyStatusUpdate`).
     pub fn now() -> Self {
         Self::from_system_time(SystemTime::now())
     }
