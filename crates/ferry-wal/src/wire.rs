@@ -2,7 +2,7 @@
 //!
 //! After `START_REPLICATION`, the server sends CopyData messages whose payload starts with a
 //! one-byte tag; the client answers with CopyData messages of its own. This module decodes and
-//! encodes those payloads (the CopyData framing itself belongs to the connection layer). Layouts
+//! encodes those payloads (the CopyData framing around them is [`crate::frame`]). Layouts
 //! follow the PostgreSQL documentation, "Streaming Replication Protocol" (`START_REPLICATION`):
 //!
 //! ```text
