@@ -116,6 +116,7 @@ pub use config::{
     TableName,
 };
 pub use error::{FieldRole, RouteError, RouteErrorReason};
+pub use ferry_pgtypes::PgTimestamp;
 pub use murmur2::{java_partition, murmur2, to_positive};
 pub use record::{Header, Record};
 pub use router::{Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER};
@@ -123,4 +124,4 @@ pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
 pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
 pub use topic_plan::TOPIC_CACHE_CAPACITY;
 pub use validate::{validate, ConfigErrors, ConfigProblem};
-pub use value::{renders_binary, PG_EPOCH_OFFSET_MICROS};
+pub use value::renders_binary;

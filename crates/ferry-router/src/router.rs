@@ -154,7 +154,7 @@ impl Router {
 
     /// Routes one outbox row. `commit_time_micros` is the transaction's commit time in
     /// microseconds since the **Unix** epoch (convert PostgreSQL's 2000-01-01 epoch first; see
-    /// [`crate::PG_EPOCH_OFFSET_MICROS`]); it is the record timestamp unless a timestamp column is
+    /// [`crate::PgTimestamp::to_unix_micros`]); it is the record timestamp unless a timestamp column is
     /// mapped and non-NULL.
     pub fn route_row<R: OutboxRow + ?Sized>(
         &self,

@@ -163,7 +163,7 @@ pub(crate) fn format_timestamp(unix_micros: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::value::PG_EPOCH_OFFSET_MICROS;
+    use ferry_pgtypes::PgTimestamp;
 
     #[test]
     fn timestamp_text_table() {
@@ -180,7 +180,10 @@ mod tests {
             ("2026-11-22 10:00:10+00:00:10", base),
             ("1970-01-01 00:00:00+00", 0),
             ("1969-12-31 23:59:59.5+00", -500_000),
-            ("2000-01-01 00:00:00+00", PG_EPOCH_OFFSET_MICROS),
+            (
+                "2000-01-01 00:00:00+00",
+                PgTimestamp::POSTGRES_EPOCH_UNIX_MICROS,
+            ),
             ("2024-02-29 00:00:00+00", 1_709_164_800_000_000),
             ("10000-01-01 00:00:00+00", 253_402_300_800_000_000),
         ];

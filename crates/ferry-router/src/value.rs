@@ -7,12 +7,10 @@
 //! to use text format. Nothing here panics on hostile bytes.
 
 use bytes::Bytes;
+use ferry_pgtypes::PgTimestamp;
 
 use crate::row::oid;
 use crate::timestamp::{format_timestamp, parse_timestamp_micros};
-
-/// Microseconds from the Unix epoch to PostgreSQL's epoch (2000-01-01 00:00:00 UTC).
-pub const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// Whether the router renders a value of this type from its binary (send function) format, as
 /// [`natural_bytes`] and the timestamp and partition readers do; any other type must arrive as
@@ -116,8 +114,8 @@ fn binary_timestamp_micros(v: &[u8]) -> Result<i64, String> {
         .map_err(|_| format!("binary timestamp must be 8 bytes, got {}", v.len()))?;
     match i64::from_be_bytes(b) {
         i64::MAX | i64::MIN => Err("infinite timestamps cannot be a record timestamp".to_owned()),
-        pg => pg
-            .checked_add(PG_EPOCH_OFFSET_MICROS)
+        pg => PgTimestamp(pg)
+            .to_unix_micros()
             .ok_or_else(|| "timestamp out of range".to_owned()),
     }
 }
@@ -409,7 +407,7 @@ mod tests {
                 true,
                 &Bytes::copy_from_slice(&1_000i64.to_be_bytes())
             ),
-            Ok(PG_EPOCH_OFFSET_MICROS / 1000 + 1)
+            Ok(PgTimestamp::POSTGRES_EPOCH_UNIX_MICROS / 1000 + 1)
         );
         assert!(timestamp_ms(oid::TIMESTAMPTZ, false, &b("yesterday")).is_err());
         assert_eq!(partition(oid::INT4, false, &b("7")), Ok(7));

@@ -1,5 +1,7 @@
 //! Table-driven routing tests: one case per option and per error, each a config (TOML), a change to
-//! the base row, and what the record (or error) must look like.
+//! the base row, and what the record (or error) must look like. Each case is its own `#[test]`
+//! (`options::fixed_topic`, `errors::null_id`), so a failure names the case and the others still
+//! run; `cargo test -p ferry-router --test routing fixed_topic` runs one.
 
 mod common;
 
@@ -85,21 +87,32 @@ fn check(case: &Case, got: &Result<Record, RouteError>) {
     }
 }
 
-fn run(cases: &[Case]) {
-    for case in cases {
-        let router = router(case.config);
-        let row = (case.row)(base_row());
-        check(case, &router.route_row(&row, COMMIT_MICROS));
-    }
+fn run(case: &Case) {
+    let router = router(case.config);
+    let row = (case.row)(base_row());
+    check(case, &router.route_row(&row, COMMIT_MICROS));
+}
+
+/// One `#[test]` per case, named by its identifier.
+macro_rules! cases {
+    ($($test:ident: $case:expr,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                run(&$case);
+            }
+        )*
+    };
 }
 
 const PAYLOAD: &[u8] = br#"{"total": 39.98}"#;
 const ID_BYTES: &[u8] = EVENT_ID.as_bytes();
 
-#[test]
-fn options() {
-    run(&[
-        Case {
+mod options {
+    use super::*;
+
+    cases! {
+        defaults_are_debeziums: Case {
             name: "defaults are Debezium's",
             config: "",
             row: same,
@@ -114,7 +127,7 @@ fn options() {
                 Want::Timestamp(COMMIT_MS),
             ],
         },
-        Case {
+        every_column_renamed: Case {
             name: "every column renamed",
             config: r#"[outbox]
                 id_column = "event_id"
@@ -142,25 +155,25 @@ fn options() {
                 Want::Header("type", Some(b"InvoicePaid")),
             ],
         },
-        Case {
+        fixed_topic: Case {
             name: "fixed topic",
             config: "[route]\ntopic = \"all-events\"",
             row: |r| r.null("aggregatetype", oid::VARCHAR),
             want: &[Want::Topic("all-events")],
         },
-        Case {
+        fixed_topic_needs_no_aggregate_type_column: Case {
             name: "fixed topic needs no aggregate type column",
             config: "[route]\ntopic = \"all-events\"",
             row: |r| r.without("aggregatetype"),
             want: &[Want::Topic("all-events")],
         },
-        Case {
+        template_over_two_columns: Case {
             name: "template over two columns",
             config: "[route]\ntopic = \"{tenant}.{aggregatetype}.v{version}\"",
             row: same,
             want: &[Want::Topic("acme.order.v7")],
         },
-        Case {
+        equals_rule_matches: Case {
             name: "equals rule matches",
             config: r#"[[route.rules]]
                 column = "aggregatetype"
@@ -169,7 +182,7 @@ fn options() {
             row: same,
             want: &[Want::Topic("orders")],
         },
-        Case {
+        equals_rule_does_not_match_default_template: Case {
             name: "equals rule does not match: default template",
             config: r#"[[route.rules]]
                 column = "aggregatetype"
@@ -178,7 +191,7 @@ fn options() {
             row: same,
             want: &[Want::Topic("outbox.event.order")],
         },
-        Case {
+        regex_rule_with_a_named_group_debezium_route_topic_regex: Case {
             name: "regex rule with a named group (Debezium route.topic.regex)",
             config: r#"[[route.rules]]
                 column = "aggregatetype"
@@ -187,7 +200,7 @@ fn options() {
             row: same,
             want: &[Want::Topic("outbox.event.order")],
         },
-        Case {
+        regex_rule_with_numbered_groups_and_a_column: Case {
             name: "regex rule with numbered groups and a column",
             config: r#"[[route.rules]]
                 column = "type"
@@ -196,7 +209,7 @@ fn options() {
             row: same,
             want: &[Want::Topic("acme.Order.Created")],
         },
-        Case {
+        regex_must_match_the_whole_value: Case {
             name: "regex must match the whole value",
             config: r#"[[route.rules]]
                 column = "type"
@@ -205,7 +218,7 @@ fn options() {
             row: same,
             want: &[Want::Topic("outbox.event.order")],
         },
-        Case {
+        first_matching_rule_wins: Case {
             name: "first matching rule wins",
             config: r#"[[route.rules]]
                 column = "tenant"
@@ -222,7 +235,7 @@ fn options() {
             row: same,
             want: &[Want::Topic("second")],
         },
-        Case {
+        a_rule_on_a_null_column_does_not_match: Case {
             name: "a rule on a NULL column does not match",
             config: r#"[[route.rules]]
                 column = "tenant"
@@ -231,7 +244,7 @@ fn options() {
             row: |r| r.null("tenant", oid::TEXT),
             want: &[Want::Topic("outbox.event.order")],
         },
-        Case {
+        extra_headers_named_and_unnamed_null_value: Case {
             name: "extra headers, named and unnamed, NULL value",
             config: r#"[[route.headers]]
                 column = "tenant"
@@ -248,7 +261,7 @@ fn options() {
                 Want::Header("missing_value", None),
             ],
         },
-        Case {
+        id_and_type_headers_renamed: Case {
             name: "id and type headers renamed",
             config: "[route]\nid_header = \"eventId\"\ntype_header = \"eventType\"",
             row: same,
@@ -257,19 +270,19 @@ fn options() {
                 Want::Header("eventType", Some(b"OrderCreated")),
             ],
         },
-        Case {
+        id_and_type_headers_off: Case {
             name: "id and type headers off",
             config: "[route]\nid_header = \"\"\ntype_header = \"\"",
             row: |r| r.without("type"),
             want: &[Want::HeaderNames(&[])],
         },
-        Case {
+        null_type_gives_a_null_type_header: Case {
             name: "NULL type gives a null type header",
             config: "",
             row: |r| r.null("type", oid::VARCHAR),
             want: &[Want::Header("type", None)],
         },
-        Case {
+        envelope_with_fields: Case {
             name: "envelope with fields",
             config: "[route]\nenvelope = true\nenvelope_fields = [\"type\", \"version\", \"tenant\", \"nothing\"]",
             row: |r| r.null("nothing", oid::TEXT),
@@ -277,91 +290,91 @@ fn options() {
                 r#"{"payload": {"total": 39.98}, "type": "OrderCreated", "version": 7, "tenant": "acme", "nothing": null}"#,
             )],
         },
-        Case {
+        envelope_with_a_text_payload_embeds_a_string: Case {
             name: "envelope with a text payload embeds a string",
             config: "[route]\nenvelope = true",
             row: |r| r.with("payload", oid::TEXT, "not json \"quoted\""),
             want: &[Want::JsonValue(r#"{"payload": "not json \"quoted\""}"#)],
         },
-        Case {
+        envelope_with_a_bytea_payload_embeds_base64: Case {
             name: "envelope with a bytea payload embeds base64",
             config: "[route]\nenvelope = true",
             row: |r| r.with("payload", oid::BYTEA, "\\x666f6f"),
             want: &[Want::JsonValue(r#"{"payload": "Zm9v"}"#)],
         },
-        Case {
+        tombstone_on_null_payload: Case {
             name: "tombstone on NULL payload",
             config: "[route]\ntombstone_on_null_payload = true",
             row: |r| r.null("payload", oid::JSONB),
             want: &[Want::Value(None), Want::Key(Some(b"42"))],
         },
-        Case {
+        tombstone_on_blank_payload_debezium_parity: Case {
             name: "tombstone on blank payload (Debezium parity)",
             config: "[route]\ntombstone_on_null_payload = true",
             row: |r| r.with("payload", oid::TEXT, " \n"),
             want: &[Want::Value(None)],
         },
-        Case {
+        blank_payload_is_a_value_when_tombstones_are_off: Case {
             name: "blank payload is a value when tombstones are off",
             config: "",
             row: |r| r.with("payload", oid::TEXT, ""),
             want: &[Want::Value(Some(b""))],
         },
-        Case {
+        envelope_keeps_a_tombstone_a_tombstone: Case {
             name: "envelope keeps a tombstone a tombstone",
             config: "[route]\ntombstone_on_null_payload = true\nenvelope = true",
             row: |r| r.null("payload", oid::JSONB),
             want: &[Want::Value(None)],
         },
-        Case {
+        bytea_payload_is_sent_as_raw_bytes: Case {
             name: "bytea payload is sent as raw bytes",
             config: "",
             row: |r| r.with("payload", oid::BYTEA, "\\x00ff0a"),
             want: &[Want::Value(Some(b"\x00\xff\x0a"))],
         },
-        Case {
+        text_payload_is_sent_as_stored: Case {
             name: "text payload is sent as stored",
             config: "",
             row: |r| r.with("payload", oid::TEXT, "plain text, not JSON"),
             want: &[Want::Value(Some(b"plain text, not JSON"))],
         },
-        Case {
+        timestamp_column: Case {
             name: "timestamp column",
             config: "[outbox]\ntimestamp_column = \"created_at\"",
             row: same,
             want: &[Want::Timestamp(1_795_341_600_123)],
         },
-        Case {
+        null_timestamp_column_falls_back_to_commit_time: Case {
             name: "NULL timestamp column falls back to commit time",
             config: "[outbox]\ntimestamp_column = \"created_at\"",
             row: |r| r.null("created_at", oid::TIMESTAMPTZ),
             want: &[Want::Timestamp(COMMIT_MS)],
         },
-        Case {
+        integer_timestamp_column_is_epoch_ms: Case {
             name: "integer timestamp column is epoch ms",
             config: "[outbox]\ntimestamp_column = \"created_at\"",
             row: |r| r.with("created_at", oid::INT8, "1700000000123"),
             want: &[Want::Timestamp(1_700_000_000_123)],
         },
-        Case {
+        timestamp_without_time_zone_is_utc: Case {
             name: "timestamp without time zone is UTC",
             config: "[outbox]\ntimestamp_column = \"created_at\"",
             row: |r| r.with("created_at", oid::TIMESTAMP, "2026-11-22 10:00:00"),
             want: &[Want::Timestamp(1_795_341_600_000)],
         },
-        Case {
+        partition_column: Case {
             name: "partition column",
             config: "[outbox]\npartition_column = \"part\"",
             row: same,
             want: &[Want::Partition(Some(3)), Want::Key(Some(b"42"))],
         },
-        Case {
+        null_partition_column_by_key: Case {
             name: "NULL partition column: by key",
             config: "[outbox]\npartition_column = \"part\"",
             row: |r| r.null("part", oid::INT4),
             want: &[Want::Partition(None)],
         },
-        Case {
+        debezium_additional_placement: Case {
             name: "Debezium additional placement",
             config: "[route]\nenvelope = true\nadditional_placement = \"type:header:eventType,tenant:envelope:tenantId,part:partition,version:envelope\"",
             row: same,
@@ -372,25 +385,25 @@ fn options() {
                 Want::Partition(Some(3)),
             ],
         },
-        Case {
+        bytea_aggregate_id_is_decoded_for_the_key: Case {
             name: "bytea aggregate id is decoded for the key",
             config: "",
             row: |r| r.with("aggregateid", oid::BYTEA, "\\x6b6579"),
             want: &[Want::Key(Some(b"key"))],
         },
-        Case {
+        null_aggregate_id_keyless_record: Case {
             name: "NULL aggregate id: keyless record",
             config: "",
             row: |r| r.null("aggregateid", oid::VARCHAR),
             want: &[Want::Key(None)],
         },
-        Case {
+        uuid_aggregate_id_is_its_text_never_json_quoted: Case {
             name: "uuid aggregate id is its text, never JSON-quoted",
             config: "",
             row: |r| r.with("aggregateid", oid::UUID, EVENT_ID),
             want: &[Want::Key(Some(ID_BYTES))],
         },
-        Case {
+        binary_format_columns: Case {
             name: "binary-format columns",
             config: "[outbox]\ntimestamp_column = \"created_at\"",
             row: |r| {
@@ -413,19 +426,20 @@ fn options() {
                 Want::Timestamp(946_684_800_000),
             ],
         },
-        Case {
+        payload_exactly_at_the_limit: Case {
             name: "payload exactly at the limit",
             config: "[route]\nmax_payload_bytes = 16",
             row: same,
             want: &[Want::Value(Some(PAYLOAD))],
         },
-    ]);
+    }
 }
 
-#[test]
-fn errors() {
-    run(&[
-        Case {
+mod errors {
+    use super::*;
+
+    cases! {
+        no_id_column: Case {
             name: "no id column",
             config: "",
             row: |r| r.without("id"),
@@ -435,7 +449,7 @@ fn errors() {
                 Want::ErrEventId(None),
             ],
         },
-        Case {
+        null_id: Case {
             name: "NULL id",
             config: "",
             row: |r| r.null("id", oid::UUID),
@@ -444,7 +458,7 @@ fn errors() {
                 Want::ErrEventId(None),
             ],
         },
-        Case {
+        no_aggregate_type_column: Case {
             name: "no aggregate type column",
             config: "",
             row: |r| r.without("aggregatetype"),
@@ -454,7 +468,7 @@ fn errors() {
                 Want::ErrEventId(Some(EVENT_ID)),
             ],
         },
-        Case {
+        null_aggregate_type_with_a_template_that_needs_it: Case {
             name: "NULL aggregate type with a template that needs it",
             config: "",
             row: |r| r.null("aggregatetype", oid::VARCHAR),
@@ -463,19 +477,19 @@ fn errors() {
                 Want::ErrEventId(Some(EVENT_ID)),
             ],
         },
-        Case {
+        no_aggregate_id_column: Case {
             name: "no aggregate id column",
             config: "",
             row: |r| r.without("aggregateid"),
             want: &[Want::Err("missing_column", "outbox.aggregate_id_column")],
         },
-        Case {
+        no_payload_column: Case {
             name: "no payload column",
             config: "",
             row: |r| r.without("payload"),
             want: &[Want::Err("missing_column", "outbox.payload_column")],
         },
-        Case {
+        null_payload_without_tombstones: Case {
             name: "NULL payload without tombstones",
             config: "",
             row: |r| r.null("payload", oid::JSONB),
@@ -484,13 +498,13 @@ fn errors() {
                 "route.tombstone_on_null_payload = true",
             )],
         },
-        Case {
+        no_type_column_with_the_type_header_on: Case {
             name: "no type column with the type header on",
             config: "",
             row: |r| r.without("type"),
             want: &[Want::Err("missing_column", "route.type_header = \"\"")],
         },
-        Case {
+        illegal_character_in_the_routed_topic: Case {
             name: "illegal character in the routed topic",
             config: "",
             row: |r| r.with("aggregatetype", oid::VARCHAR, "purchase order"),
@@ -499,31 +513,31 @@ fn errors() {
                 "\"outbox.event.purchase order\" is not a legal Kafka topic name: ' ' at byte 21",
             )],
         },
-        Case {
+        non_ascii_in_the_routed_topic: Case {
             name: "non-ASCII in the routed topic",
             config: "",
             row: |r| r.with("aggregatetype", oid::VARCHAR, "commande-réglée"),
             want: &[Want::Err("invalid_topic", "'é'")],
         },
-        Case {
+        routed_topic_too_long: Case {
             name: "routed topic too long",
             config: "[route]\ntopic = \"{aggregatetype}\"",
             row: |r| r.with("aggregatetype", oid::VARCHAR, &"x".repeat(250)),
             want: &[Want::Err("invalid_topic", "250 characters long")],
         },
-        Case {
+        empty_routed_topic: Case {
             name: "empty routed topic",
             config: "[route]\ntopic = \"{aggregatetype}\"",
             row: |r| r.with("aggregatetype", oid::VARCHAR, ""),
             want: &[Want::Err("invalid_topic", "empty")],
         },
-        Case {
+        routed_topic: Case {
             name: "routed topic '..'",
             config: "[route]\ntopic = \"{aggregatetype}\"",
             row: |r| r.with("aggregatetype", oid::VARCHAR, ".."),
             want: &[Want::Err("invalid_topic", "\"..\" are not legal")],
         },
-        Case {
+        regex_capture_yields_an_illegal_topic: Case {
             name: "regex capture yields an illegal topic",
             config: r#"[[route.rules]]
                 column = "tenant"
@@ -532,7 +546,7 @@ fn errors() {
             row: |r| r.with("tenant", oid::TEXT, "a/b"),
             want: &[Want::Err("invalid_topic", "\"t.a/b\"")],
         },
-        Case {
+        no_column_for_a_rule: Case {
             name: "no column for a rule",
             config: r#"[[route.rules]]
                 column = "region"
@@ -544,7 +558,7 @@ fn errors() {
                 Want::Err("missing_column", "route.rules"),
             ],
         },
-        Case {
+        payload_over_the_limit: Case {
             name: "payload over the limit",
             config: "[route]\nmax_payload_bytes = 15",
             row: same,
@@ -553,7 +567,7 @@ fn errors() {
                 "16 bytes, over route.max_payload_bytes = 15",
             )],
         },
-        Case {
+        envelope_over_the_limit: Case {
             name: "envelope over the limit",
             config: "[route]\nmax_payload_bytes = 20\nenvelope = true",
             row: same,
@@ -562,7 +576,7 @@ fn errors() {
                 "over route.max_payload_bytes = 20",
             )],
         },
-        Case {
+        unparsable_timestamp: Case {
             name: "unparsable timestamp",
             config: "[outbox]\ntimestamp_column = \"created_at\"",
             row: |r| r.with("created_at", oid::TEXT, "Sun Nov 22 10:00:00 2026"),
@@ -571,61 +585,61 @@ fn errors() {
                 Want::Err("invalid_value", "DateStyle"),
             ],
         },
-        Case {
+        no_timestamp_column: Case {
             name: "no timestamp column",
             config: "[outbox]\ntimestamp_column = \"created\"",
             row: same,
             want: &[Want::Err("missing_column", "outbox.timestamp_column")],
         },
-        Case {
+        negative_partition: Case {
             name: "negative partition",
             config: "[outbox]\npartition_column = \"part\"",
             row: |r| r.with("part", oid::INT4, "-1"),
             want: &[Want::Err("invalid_value", "partition -1 is out of range")],
         },
-        Case {
+        non_integer_partition: Case {
             name: "non-integer partition",
             config: "[outbox]\npartition_column = \"part\"",
             row: |r| r.with("part", oid::TEXT, "three"),
             want: &[Want::Err("invalid_value", "not an integer")],
         },
-        Case {
+        no_partition_column: Case {
             name: "no partition column",
             config: "[route]\nadditional_placement = \"shard:partition\"",
             row: same,
             want: &[Want::Err("missing_column", "no column \"shard\"")],
         },
-        Case {
+        bad_bytea_text: Case {
             name: "bad bytea text",
             config: "",
             row: |r| r.with("payload", oid::BYTEA, "\\x0g"),
             want: &[Want::Err("invalid_value", "non-hex digit")],
         },
-        Case {
+        no_column_for_an_extra_header: Case {
             name: "no column for an extra header",
             config: "[[route.headers]]\ncolumn = \"trace\"",
             row: same,
             want: &[Want::Err("missing_column", "route.headers")],
         },
-        Case {
+        no_column_for_an_envelope_field: Case {
             name: "no column for an envelope field",
             config: "[route]\nenvelope = true\nenvelope_fields = [\"trace\"]",
             row: same,
             want: &[Want::Err("missing_column", "route.envelope_fields")],
         },
-        Case {
+        unsupported_binary_type: Case {
             name: "unsupported binary type",
             config: "",
             row: |r| r.binary("aggregateid", oid::NUMERIC, &[0, 1, 0, 0]),
             want: &[Want::Err("invalid_value", "use text format")],
         },
-        Case {
+        non_utf_8_text_in_an_envelope: Case {
             name: "non-UTF-8 text in an envelope",
             config: "[route]\nenvelope = true",
             row: |r| r.binary("payload", oid::TEXT, b"\xff\xfe"),
             want: &[Want::Err("invalid_value", "not valid UTF-8")],
         },
-    ]);
+    }
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! Ferry's logical-replication reader.
 //!
 //! The pure core (no I/O, always compiled): [`lsn`], [`pgoutput`] (the pgoutput decoder),
-//! [`wire`] (replication CopyData sub-messages), [`assembly`] (outbox transaction assembly) and
+//! [`frame`] (the protocol's message framing: CopyData, CopyDone, CopyBothResponse), [`wire`]
+//! (replication CopyData sub-messages), [`assembly`] (outbox transaction assembly) and
 //! [`progress`] (the feedback rules). The `io` feature adds the replication connection and slot
 //! management on top of tokio.
 
 pub mod assembly;
+pub mod frame;
 pub mod lsn;
 pub mod pgoutput;
 pub mod progress;

@@ -36,8 +36,18 @@ pub struct RequiredColumn {
     pub name: String,
     /// The configuration key that names it, for the error message (`outbox.payload_column`).
     pub config_key: String,
-    /// Accepted type OIDs; `None` accepts any type.
-    pub accepted_types: Option<Vec<u32>>,
+    /// The types the caller can read there; `None` accepts any type.
+    pub accepted_types: Option<AcceptedTypes>,
+}
+
+/// The types a [`RequiredColumn`] may have. Which types, and what to tell an operator whose
+/// column has another, are the caller's policy (the router's), not the reader's.
+#[derive(Debug, Clone)]
+pub struct AcceptedTypes {
+    /// Accepted type OIDs.
+    pub oids: Vec<u32>,
+    /// The fix reported when the column has another type, e.g. "use a column of type jsonb, ...".
+    pub fix: String,
 }
 
 /// How bad a finding is.
@@ -335,7 +345,7 @@ pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, 
         .get(0);
     v.trim()
         .parse()
-        .map_err(|_| ReaderError::Protocol(format!("server_version_num is not a number: {v:?}")))
+        .map_err(|_| ReaderError::ServerVersion { shown: v.clone() })
 }
 
 /// A column of a table.
@@ -458,13 +468,13 @@ pub async fn check(
                     ),
                     Some(TableColumn { type_oid: ty, type_name: shown, .. }) => {
                         if let Some(ok) = &req.accepted_types {
-                            if !ok.contains(ty) {
+                            if !ok.oids.contains(ty) {
                                 error(
                                     format!(
                                         "column {}.{} ({}) is of type {shown}, which Ferry cannot use there",
                                         table, req.name, req.config_key
                                     ),
-                                    "use a column of a supported type (payload: jsonb, json, text, varchar or bytea)".into(),
+                                    ok.fix.clone(),
                                 );
                             }
                         }

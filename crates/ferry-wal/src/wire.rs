@@ -2,7 +2,7 @@
 //!
 //! After `START_REPLICATION`, the server sends CopyData messages whose payload starts with a
 //! one-byte tag; the client answers with CopyData messages of its own. This module decodes and
-//! encodes those payloads (the CopyData framing itself belongs to the connection layer). Layouts
+//! encodes those payloads (the CopyData framing around them is [`crate::frame`]). Layouts
 //! follow the PostgreSQL documentation, "Streaming Replication Protocol" (`START_REPLICATION`):
 //!
 //! ```text
@@ -22,68 +22,12 @@
 //! input.
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::lsn::Lsn;
 
-/// A PostgreSQL `TimestampTz` as sent on the wire: microseconds since 2000-01-01 00:00:00 UTC.
-///
-/// Kept raw so that decoding is lossless; convert with [`PgTimestamp::to_unix_micros`] or
-/// [`PgTimestamp::to_system_time`].
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Debug)]
-pub struct PgTimestamp(pub i64);
-
-impl PgTimestamp {
-    /// Microseconds from the Unix epoch (1970-01-01) to the PostgreSQL epoch (2000-01-01).
-    pub const POSTGRES_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
-
-    /// The raw microseconds since 2000-01-01.
-    pub const fn as_micros(self) -> i64 {
-        self.0
-    }
-
-    /// Microseconds since the Unix epoch, `None` on overflow (only the `infinity` sentinels).
-    pub const fn to_unix_micros(self) -> Option<i64> {
-        self.0.checked_add(Self::POSTGRES_EPOCH_UNIX_MICROS)
-    }
-
-    /// From microseconds since the Unix epoch, `None` on overflow.
-    pub const fn from_unix_micros(unix_micros: i64) -> Option<Self> {
-        match unix_micros.checked_sub(Self::POSTGRES_EPOCH_UNIX_MICROS) {
-            Some(v) => Some(PgTimestamp(v)),
-            None => None,
-        }
-    }
-
-    /// As a [`SystemTime`], `None` if the platform cannot represent it.
-    pub fn to_system_time(self) -> Option<SystemTime> {
-        let unix = self.to_unix_micros()?;
-        let magnitude = Duration::from_micros(unix.unsigned_abs());
-        if unix >= 0 {
-            UNIX_EPOCH.checked_add(magnitude)
-        } else {
-            UNIX_EPOCH.checked_sub(magnitude)
-        }
-    }
-
-    /// From a [`SystemTime`], truncated to microseconds and saturating at the i64 range.
-    pub fn from_system_time(time: SystemTime) -> Self {
-        let unix = match time.duration_since(UNIX_EPOCH) {
-            Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
-            Err(before) => i64::try_from(before.duration().as_micros())
-                .map(|m| -m)
-                .unwrap_or(i64::MIN),
-        };
-        PgTimestamp(unix.saturating_sub(Self::POSTGRES_EPOCH_UNIX_MICROS))
-    }
-
-    /// The current time, for the `client_time` of a [`StandbyStatusUpdate`].
-    pub fn now() -> Self {
-        Self::from_system_time(SystemTime::now())
-    }
-}
+pub use ferry_pgtypes::PgTimestamp;
 
 /// A server→client CopyData payload during streaming replication.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -500,16 +444,6 @@ mod tests {
         assert_eq!(e.to_string(), "replication CopyData message: empty payload");
     }
 
-    #[test]
-    fn now_is_a_postgres_timestamp() {
-        let before = SystemTime::now();
-        let now = PgTimestamp::now();
-        let after = SystemTime::now();
-        let t = now.to_system_time().unwrap();
-        assert!(before - Duration::from_micros(1) <= t && t <= after);
-        assert!(now > TS_VALUE);
-    }
-
     proptest! {
         #[test]
         fn arbitrary_payloads_never_panic_and_round_trip(bytes in prop::collection::vec(any::<u8>(), 0..48)) {
@@ -528,10 +462,5 @@ mod tests {
             prop_assert_eq!(StandbyStatusUpdate::decode(u.encode()), Ok(u));
         }
 
-        #[test]
-        fn system_time_round_trips_at_microsecond_precision(micros in -10_000_000_000_000_000i64..10_000_000_000_000_000) {
-            let ts = PgTimestamp(micros);
-            prop_assert_eq!(PgTimestamp::from_system_time(ts.to_system_time().unwrap()), ts);
-        }
     }
 }

@@ -1,6 +1,8 @@
 //! Byte fixtures for every pgoutput message, written by hand from the PostgreSQL documentation
 //! ("Logical Replication Message Formats", protocol versions 1 and 2), plus truncation and
-//! hostile-input checks: the decoder must return an error, never panic.
+//! hostile-input checks: the decoder must return an error, never panic. Each fixture has a module
+//! of named tests (`update_old_streamed::truncated_at_every_offset_is_an_error`), so a failure
+//! points at the message; `cargo test -p ferry-wal --test pgoutput_fixtures update_` runs some.
 
 use bytes::Bytes;
 use ferry_wal::pgoutput::*;
@@ -381,25 +383,128 @@ fn fixtures() -> Vec<Fixture> {
     ]
 }
 
+/// The fixture called `name`.
+fn named(name: &str) -> Fixture {
+    fixtures()
+        .into_iter()
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("no fixture {name:?}"))
+}
+
 #[test]
-fn every_fixture_decodes_to_its_message_and_encodes_back() {
-    let all = fixtures();
-    let mut tags: Vec<u8> = all.iter().map(|f| f.expected.tag()).collect();
+fn a_fixture_for_every_message_type() {
+    let mut tags: Vec<u8> = fixtures().iter().map(|f| f.expected.tag()).collect();
     tags.sort_unstable();
     tags.dedup();
     assert_eq!(tags.len(), 14, "a fixture for every message type");
-    for f in all {
-        let got =
-            decode(f.bytes.clone(), f.in_stream).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        assert_eq!(got, f.expected, "{}", f.name);
-        assert_eq!(f.expected.encode(), f.bytes, "{}: encode", f.name);
-        assert_eq!(
-            f.expected.stream_xid().is_some(),
-            f.in_stream && f.expected.tag() != tag::STREAM_STOP,
-            "{}",
-            f.name
+}
+
+fn decodes_to_its_message_and_encodes_back(f: &Fixture) {
+    let got = decode(f.bytes.clone(), f.in_stream).unwrap_or_else(|e| panic!("{}: {e}", f.name));
+    assert_eq!(got, f.expected, "{}", f.name);
+    assert_eq!(f.expected.encode(), f.bytes, "{}: encode", f.name);
+    assert_eq!(
+        f.expected.stream_xid().is_some(),
+        f.in_stream && f.expected.tag() != tag::STREAM_STOP,
+        "{}",
+        f.name
+    );
+}
+
+fn truncated_at_every_offset_is_an_error(f: &Fixture) {
+    for len in 0..f.bytes.len() {
+        let err = decode(f.bytes.slice(..len), f.in_stream)
+            .expect_err(&format!("{} truncated to {len} bytes decoded", f.name));
+        assert!(
+            err.offset <= len,
+            "{}: offset {} past the end {len}",
+            f.name,
+            err.offset
         );
+        if len == 0 {
+            assert_eq!(err.kind, DecodeErrorKind::Empty);
+        } else {
+            assert!(
+                matches!(
+                    err.kind,
+                    DecodeErrorKind::UnexpectedEof { .. } | DecodeErrorKind::CountTooLarge { .. }
+                ),
+                "{} truncated to {len}: {err}",
+                f.name
+            );
+        }
     }
+}
+
+fn with_a_trailing_byte_is_an_error(f: &Fixture) {
+    let long = cat(&[&f.bytes, &[0]]);
+    let err = decode(long, f.in_stream).expect_err(f.name);
+    assert_eq!(
+        err.kind,
+        DecodeErrorKind::TrailingBytes { count: 1 },
+        "{}",
+        f.name
+    );
+    assert_eq!(err.offset, f.bytes.len(), "{}", f.name);
+}
+
+/// Per fixture, a module of named tests (`insert_streamed::truncated_at_every_offset_is_an_error`),
+/// so a failure names the message; and a test that every fixture is listed here.
+macro_rules! per_fixture {
+    ($($module:ident => $name:literal,)*) => {
+        $(
+            mod $module {
+                #[test]
+                fn decodes_to_its_message_and_encodes_back() {
+                    super::decodes_to_its_message_and_encodes_back(&super::named($name));
+                }
+
+                #[test]
+                fn truncated_at_every_offset_is_an_error() {
+                    super::truncated_at_every_offset_is_an_error(&super::named($name));
+                }
+
+                #[test]
+                fn with_a_trailing_byte_is_an_error() {
+                    super::with_a_trailing_byte_is_an_error(&super::named($name));
+                }
+            }
+        )*
+
+        #[test]
+        fn every_fixture_has_its_named_tests() {
+            let listed: Vec<&str> = vec![$($name),*];
+            let all: Vec<&str> = fixtures().iter().map(|f| f.name).collect();
+            assert_eq!(listed, all, "per_fixture! lists every fixture, in order");
+        }
+    };
+}
+
+per_fixture! {
+    begin => "begin",
+    commit => "commit",
+    origin => "origin",
+    relation => "relation",
+    relation_streamed => "relation (streamed)",
+    type_ => "type",
+    type_streamed => "type (streamed)",
+    insert => "insert",
+    insert_streamed => "insert (streamed)",
+    insert_zero_columns => "insert (zero columns)",
+    update => "update",
+    update_key => "update (key)",
+    update_old_streamed => "update (old, streamed)",
+    delete_key => "delete (key)",
+    delete_old_streamed => "delete (old, streamed)",
+    truncate => "truncate",
+    truncate_streamed => "truncate (streamed)",
+    message_transactional => "message (transactional)",
+    message_non_transactional => "message (non-transactional)",
+    message_streamed => "message (streamed)",
+    stream_start => "stream start",
+    stream_stop => "stream stop",
+    stream_commit => "stream commit",
+    stream_abort => "stream abort",
 }
 
 #[test]
@@ -428,50 +533,6 @@ fn tuple_values_and_message_content_are_slices_of_the_input() {
 }
 
 #[test]
-fn every_fixture_truncated_at_every_offset_is_an_error() {
-    for f in fixtures() {
-        for len in 0..f.bytes.len() {
-            let err = decode(f.bytes.slice(..len), f.in_stream)
-                .expect_err(&format!("{} truncated to {len} bytes decoded", f.name));
-            assert!(
-                err.offset <= len,
-                "{}: offset {} past the end {len}",
-                f.name,
-                err.offset
-            );
-            if len == 0 {
-                assert_eq!(err.kind, DecodeErrorKind::Empty);
-            } else {
-                assert!(
-                    matches!(
-                        err.kind,
-                        DecodeErrorKind::UnexpectedEof { .. }
-                            | DecodeErrorKind::CountTooLarge { .. }
-                    ),
-                    "{} truncated to {len}: {err}",
-                    f.name
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn every_fixture_with_a_trailing_byte_is_an_error() {
-    for f in fixtures() {
-        let long = cat(&[&f.bytes, &[0]]);
-        let err = decode(long, f.in_stream).expect_err(f.name);
-        assert_eq!(
-            err.kind,
-            DecodeErrorKind::TrailingBytes { count: 1 },
-            "{}",
-            f.name
-        );
-        assert_eq!(err.offset, f.bytes.len(), "{}", f.name);
-    }
-}
-
-#[test]
 fn the_stream_state_changes_what_the_bytes_mean() {
     // Read in the other stream state, the same bytes are an error or a different message (a
     // streamed Message can even decode "successfully" with garbage fields): hence [`Decoder`].
@@ -489,151 +550,188 @@ fn err(parts: &[&[u8]], in_stream: bool) -> DecodeError {
     decode(cat(parts), in_stream).expect_err("hostile input decoded")
 }
 
-#[test]
-fn hostile_inputs_are_typed_errors() {
+/// Hostile inputs, one named test per kind of lie: each is a typed error, never a panic or an
+/// allocation sized by the input.
+mod hostile {
+    use super::*;
     use DecodeErrorKind as K;
-    assert_eq!(err(&[b"Z"], false).kind, K::UnknownTag);
-    assert_eq!(err(&[&[0xff], &[0; 40]], false).kind, K::UnknownTag);
-    // Protocol version 3 (two-phase) messages are not decoded.
-    assert_eq!(err(&[b"b"], false).kind, K::UnknownTag);
 
-    // A tuple claiming 32767 columns in 3 bytes: rejected before allocating.
-    let e = err(&[b"I", &OID, b"N", &[0x7f, 0xff], b"nnn"], false);
-    assert_eq!(
-        e.kind,
-        K::CountTooLarge {
-            count: 32767,
-            min_item_len: 1,
-            remaining: 3
-        }
-    );
-    assert_eq!(e.offset, 6);
-    // Negative column counts and lengths.
-    assert_eq!(
-        err(&[b"I", &OID, b"N", &[0xff, 0xff]], false).kind,
-        K::NegativeLength { length: -1 }
-    );
-    let e = err(
-        &[b"I", &OID, b"N", &[0, 1], b"t", &[0xff, 0xff, 0xff, 0xff]],
-        false,
-    );
-    assert_eq!((e.kind, e.offset), (K::NegativeLength { length: -1 }, 9));
-    let e = err(&[b"I", &OID, b"N", &[0, 1], b"b", &[0x80, 0, 0, 0]], false);
-    assert_eq!(e.kind, K::NegativeLength { length: i32::MIN });
-    // A value length far beyond the message.
-    let e = err(
-        &[
-            b"I",
-            &OID,
-            b"N",
-            &[0, 1],
-            b"t",
-            &[0x7f, 0xff, 0xff, 0xff],
-            b"abc",
-        ],
-        false,
-    );
-    assert_eq!(
-        (e.kind, e.offset),
-        (
-            K::UnexpectedEof {
-                needed: 0x7fff_ffff - 3
-            },
-            13
-        )
-    );
-    // Message content length beyond the message, and negative.
-    let e = err(&[b"M", &[1], &LSN_A, b"p\0", &[0x10, 0, 0, 0]], false);
-    assert!(matches!(e.kind, K::UnexpectedEof { .. }));
-    let e = err(
-        &[b"M", &[1], &LSN_A, b"p\0", &[0xff, 0xff, 0xff, 0xfe]],
-        false,
-    );
-    assert_eq!(e.kind, K::NegativeLength { length: -2 });
-    // Truncate with 2^31-1 relations, and a negative count.
-    let e = err(&[b"T", &[0x7f, 0xff, 0xff, 0xff], &[0], &OID], false);
-    assert!(matches!(
-        e.kind,
-        K::CountTooLarge {
-            count: 0x7fff_ffff,
-            min_item_len: 4,
-            remaining: 4
-        }
-    ));
-    assert_eq!(
-        err(&[b"T", &[0xff, 0xff, 0xff, 0xff], &[0]], false).kind,
-        K::NegativeLength { length: -1 }
-    );
-    // Relation with 32767 columns but a few bytes, and a negative column count.
-    let e = err(
-        &[b"R", &OID, b"s\0", b"t\0", b"d", &[0x7f, 0xff], &[0; 20]],
-        false,
-    );
-    assert!(matches!(
-        e.kind,
-        K::CountTooLarge {
-            count: 32767,
-            min_item_len: 10,
-            ..
-        }
-    ));
-    assert!(matches!(
-        err(&[b"R", &OID, b"s\0", b"t\0", b"d", &[0x80, 0]], false).kind,
-        K::NegativeLength { .. }
-    ));
-    // Bad enumerations and markers.
-    let e = err(&[b"R", &OID, b"s\0", b"t\0", b"x", &[0, 0]], false);
-    assert_eq!(
-        (e.kind, e.offset),
-        (
-            K::InvalidValue {
-                field: "replica identity",
-                value: b'x'
-            },
-            9
-        )
-    );
-    assert_eq!(
-        err(&[b"I", &OID, b"N", &[0, 1], b"x"], false).kind,
-        K::UnknownTupleKind { kind: b'x' }
-    );
-    assert!(matches!(
-        err(&[b"I", &OID, b"K", &[0, 0]], false).kind,
-        K::UnexpectedMarker { found: b'K', .. }
-    ));
-    assert!(matches!(
-        err(&[b"U", &OID, b"X", &[0, 0]], false).kind,
-        K::UnexpectedMarker { found: b'X', .. }
-    ));
-    assert!(matches!(
-        err(&[b"U", &OID, b"K", &[0, 0], b"K", &[0, 0]], false).kind,
-        K::UnexpectedMarker { .. }
-    ));
-    assert!(matches!(
-        err(&[b"D", &OID, b"N", &[0, 0]], false).kind,
-        K::UnexpectedMarker { .. }
-    ));
-    assert!(matches!(
-        err(&[b"M", &[2], &LSN_A, b"p\0", &[0; 4]], false).kind,
-        K::InvalidValue { value: 2, .. }
-    ));
-    assert!(matches!(
-        err(&[b"S", &XID, &[7]], false).kind,
-        K::InvalidValue { value: 7, .. }
-    ));
-    // Invalid UTF-8 and a missing NUL terminator.
-    let e = err(&[b"O", &LSN_A, &[0xc3, 0x28, 0]], false);
-    assert_eq!(
-        (e.kind, e.offset),
-        (
-            K::InvalidUtf8 {
-                field: "origin name"
-            },
-            9
-        )
-    );
-    let e = err(&[b"O", &LSN_A, b"no-terminator"], false);
-    assert_eq!((e.kind, e.offset), (K::UnexpectedEof { needed: 1 }, 22));
+    #[test]
+    fn unknown_tags_and_protocol_version_3_messages() {
+        assert_eq!(err(&[b"Z"], false).kind, K::UnknownTag);
+        assert_eq!(err(&[&[0xff], &[0; 40]], false).kind, K::UnknownTag);
+        // Protocol version 3 (two-phase) messages are not decoded.
+        assert_eq!(err(&[b"b"], false).kind, K::UnknownTag);
+    }
+
+    #[test]
+    fn a_tuple_count_beyond_the_message_is_refused_before_allocating() {
+        // A tuple claiming 32767 columns in 3 bytes: rejected before allocating.
+        let e = err(&[b"I", &OID, b"N", &[0x7f, 0xff], b"nnn"], false);
+        assert_eq!(
+            e.kind,
+            K::CountTooLarge {
+                count: 32767,
+                min_item_len: 1,
+                remaining: 3
+            }
+        );
+        assert_eq!(e.offset, 6);
+    }
+
+    #[test]
+    fn negative_column_counts_and_lengths() {
+        // Negative column counts and lengths.
+        assert_eq!(
+            err(&[b"I", &OID, b"N", &[0xff, 0xff]], false).kind,
+            K::NegativeLength { length: -1 }
+        );
+        let e = err(
+            &[b"I", &OID, b"N", &[0, 1], b"t", &[0xff, 0xff, 0xff, 0xff]],
+            false,
+        );
+        assert_eq!((e.kind, e.offset), (K::NegativeLength { length: -1 }, 9));
+        let e = err(&[b"I", &OID, b"N", &[0, 1], b"b", &[0x80, 0, 0, 0]], false);
+        assert_eq!(e.kind, K::NegativeLength { length: i32::MIN });
+    }
+
+    #[test]
+    fn a_value_length_beyond_the_message() {
+        // A value length far beyond the message.
+        let e = err(
+            &[
+                b"I",
+                &OID,
+                b"N",
+                &[0, 1],
+                b"t",
+                &[0x7f, 0xff, 0xff, 0xff],
+                b"abc",
+            ],
+            false,
+        );
+        assert_eq!(
+            (e.kind, e.offset),
+            (
+                K::UnexpectedEof {
+                    needed: 0x7fff_ffff - 3
+                },
+                13
+            )
+        );
+    }
+
+    #[test]
+    fn message_content_length_beyond_the_message_or_negative() {
+        // Message content length beyond the message, and negative.
+        let e = err(&[b"M", &[1], &LSN_A, b"p\0", &[0x10, 0, 0, 0]], false);
+        assert!(matches!(e.kind, K::UnexpectedEof { .. }));
+        let e = err(
+            &[b"M", &[1], &LSN_A, b"p\0", &[0xff, 0xff, 0xff, 0xfe]],
+            false,
+        );
+        assert_eq!(e.kind, K::NegativeLength { length: -2 });
+    }
+
+    #[test]
+    fn truncate_relation_count_beyond_the_message_or_negative() {
+        // Truncate with 2^31-1 relations, and a negative count.
+        let e = err(&[b"T", &[0x7f, 0xff, 0xff, 0xff], &[0], &OID], false);
+        assert!(matches!(
+            e.kind,
+            K::CountTooLarge {
+                count: 0x7fff_ffff,
+                min_item_len: 4,
+                remaining: 4
+            }
+        ));
+        assert_eq!(
+            err(&[b"T", &[0xff, 0xff, 0xff, 0xff], &[0]], false).kind,
+            K::NegativeLength { length: -1 }
+        );
+    }
+
+    #[test]
+    fn relation_column_count_beyond_the_message_or_negative() {
+        // Relation with 32767 columns but a few bytes, and a negative column count.
+        let e = err(
+            &[b"R", &OID, b"s\0", b"t\0", b"d", &[0x7f, 0xff], &[0; 20]],
+            false,
+        );
+        assert!(matches!(
+            e.kind,
+            K::CountTooLarge {
+                count: 32767,
+                min_item_len: 10,
+                ..
+            }
+        ));
+        assert!(matches!(
+            err(&[b"R", &OID, b"s\0", b"t\0", b"d", &[0x80, 0]], false).kind,
+            K::NegativeLength { .. }
+        ));
+    }
+
+    #[test]
+    fn bad_enumerations_and_markers() {
+        // Bad enumerations and markers.
+        let e = err(&[b"R", &OID, b"s\0", b"t\0", b"x", &[0, 0]], false);
+        assert_eq!(
+            (e.kind, e.offset),
+            (
+                K::InvalidValue {
+                    field: "replica identity",
+                    value: b'x'
+                },
+                9
+            )
+        );
+        assert_eq!(
+            err(&[b"I", &OID, b"N", &[0, 1], b"x"], false).kind,
+            K::UnknownTupleKind { kind: b'x' }
+        );
+        assert!(matches!(
+            err(&[b"I", &OID, b"K", &[0, 0]], false).kind,
+            K::UnexpectedMarker { found: b'K', .. }
+        ));
+        assert!(matches!(
+            err(&[b"U", &OID, b"X", &[0, 0]], false).kind,
+            K::UnexpectedMarker { found: b'X', .. }
+        ));
+        assert!(matches!(
+            err(&[b"U", &OID, b"K", &[0, 0], b"K", &[0, 0]], false).kind,
+            K::UnexpectedMarker { .. }
+        ));
+        assert!(matches!(
+            err(&[b"D", &OID, b"N", &[0, 0]], false).kind,
+            K::UnexpectedMarker { .. }
+        ));
+        assert!(matches!(
+            err(&[b"M", &[2], &LSN_A, b"p\0", &[0; 4]], false).kind,
+            K::InvalidValue { value: 2, .. }
+        ));
+        assert!(matches!(
+            err(&[b"S", &XID, &[7]], false).kind,
+            K::InvalidValue { value: 7, .. }
+        ));
+    }
+
+    #[test]
+    fn invalid_utf8_and_a_missing_terminator() {
+        // Invalid UTF-8 and a missing NUL terminator.
+        let e = err(&[b"O", &LSN_A, &[0xc3, 0x28, 0]], false);
+        assert_eq!(
+            (e.kind, e.offset),
+            (
+                K::InvalidUtf8 {
+                    field: "origin name"
+                },
+                9
+            )
+        );
+        let e = err(&[b"O", &LSN_A, b"no-terminator"], false);
+        assert_eq!((e.kind, e.offset), (K::UnexpectedEof { needed: 1 }, 22));
+    }
 }
 
 #[test]

@@ -11,9 +11,12 @@ use std::time::Duration;
 use common::*;
 use ferry_testkit::pg::{self, ClusterOptions, PgCluster, TestDb};
 use ferry_wal::conn::{ConnectConfig, ReaderError};
-use ferry_wal::slot::{self, Problem, RequiredColumn, SetupError, Severity, SlotSpec};
+use ferry_wal::slot::{
+    self, AcceptedTypes, Problem, RequiredColumn, SetupError, Severity, SlotSpec,
+};
 
-/// Type oids the router accepts for a payload column: jsonb, json, text, varchar, bytea.
+/// Type oids a payload column may have in these tests (jsonb, json, text, varchar, bytea); which
+/// types are accepted is the caller's policy, passed in with its fix.
 const PAYLOAD_TYPES: [u32; 5] = [3802, 114, 25, 1043, 17];
 
 /// A database with the outbox table only (no publication, no slot).
@@ -418,14 +421,18 @@ async fn a_required_column_of_an_unsupported_type_is_reported() {
     for c in &mut spec.required_columns {
         if c.name == "payload" {
             c.config_key = "outbox.payload_column".into();
-            c.accepted_types = Some(PAYLOAD_TYPES.to_vec());
+            c.accepted_types = Some(AcceptedTypes {
+                oids: PAYLOAD_TYPES.to_vec(),
+                fix: "use a column of type jsonb or text".into(),
+            });
         }
     }
     let err = slot::ensure(&sql, &spec).await.unwrap_err();
     the_error(
         &problems_of(err),
         "column \"public\".\"outbox\".payload (outbox.payload_column) is of type integer",
-        &["jsonb"],
+        // The fix is the caller's, word for word.
+        &["use a column of type jsonb or text"],
     );
     sql.batch_execute("ALTER TABLE outbox ALTER COLUMN payload TYPE jsonb USING to_jsonb(payload)")
         .await

@@ -1,385 +1,67 @@
-//! `ferry config from-debezium`: translates the configuration of a Debezium PostgreSQL connector
-//! that uses the Outbox Event Router SMT (the JSON that users POST to Kafka Connect) into the
-//! equivalent `ferry.toml`, and lists every option it could not translate.
-//!
-//! # Contract
-//!
-//! [`translate`] is pure: connector JSON in, TOML text and [`Note`]s out, no I/O. The CLI reads
-//! the file, prints the TOML, and prints each note to standard error as
-//! `not translated: <option> = <value>: <why, and what to do>`. Nothing is silently dropped:
-//! every option of the connector is either translated, consumed because Ferry already behaves
-//! that way (`tasks.max`, `plugin.name = pgoutput`, `slot.drop.on.stop = false`, ...), or
-//! listed. The output always parses as a `ferry.toml`; it validates too, except where a note says
-//! that something must be completed by hand.
-//!
-//! # What maps to what
-//!
-//! - **Connection** (`database.*`): a libpq URL in `postgres.url`, without the password: a TOML
-//!   file cannot read the environment, and Ferry does not write secrets into files, so the note on
-//!   `database.password` says to set the whole URL in `FERRY_POSTGRES_URL`, which overrides it.
-//!   Debezium's `database.sslmode` defaults to `disable`; Ferry's (libpq's) to `prefer`.
-//! - **Slot and publication**: kept, so that Ferry continues from the connector's last confirmed
-//!   position in the same slot (duplicates possible, no gap). Debezium's defaults (`debezium`,
-//!   `dbz_publication`) are written out because Ferry's differ. A slot keeps the output plugin it
-//!   was created with; Ferry decodes only pgoutput, so with any other `plugin.name` (including
-//!   the unset default, decoderbufs) the output names a new slot and the note explains the switch.
-//! - **The outbox table** from `table.include.list` (a list of regexes: `public.outbox` and
-//!   `public\.outbox` both mean the table). Ferry relays one table; others are listed.
-//! - **The SMT** (`transforms.<name>.*`, found through `transforms` and the EventRouter class):
-//!   columns to `[outbox]`, routing to `[route]` (see [`outbox`]). Kafka Connect's RegexRouter
-//!   leaves a value its regex does not match as the topic itself; a custom regex therefore becomes
-//!   a `[[route.rules]]` entry with `route.topic = "{<route.by.field>}"` as the fallback.
-//!   Debezium sends the event type only where `table.fields.additional.placement` puts it, so
-//!   `route.type_header` is `""`.
-//! - **Producer**: `producer.override.*` Java client properties to `[kafka]` keys or librdkafka
-//!   names in `[kafka.properties]`, SASL JAAS configs to `sasl.username` (the password, like
-//!   every secret, goes to an environment variable), properties Ferry controls dropped with a
-//!   note. Brokers are never in a connector config: `--brokers`, or a placeholder with a note.
-//! - **Converters**: Ferry sends the payload column as stored and the key as the aggregate id's
-//!   text, with no schema envelope and no registry; the notes say what a consumer of the
-//!   connector's `JsonConverter`/Avro output will see differently.
-//!
-//! Facts are from Debezium's `EventRouterConfigDefinition`/`EventRouterDelegate` and
-//! `PostgresConnectorConfig`, and Kafka's `RegexRouter` and `SinkConnectorConfig` (a dead letter
-//! queue serves sink connectors only).
+//! The binary's side of `ferry config from-debezium`: the translation itself is the pure
+//! `ferry-debezium` crate; this module is its [`Target`], the answers only this configuration
+//! can give (secret and reserved librdkafka properties, the codecs the linked librdkafka has,
+//! duration spelling, limits, and whether the finished TOML loads).
 
-mod connect;
-mod connector;
-mod known;
-mod outbox;
-mod producer;
-mod render;
+use std::str::FromStr;
+use std::time::Duration;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
+pub use ferry_debezium::{
+    DebeziumError, Note, Options, Target, Translation, CHANGE_ME, EVENT_ROUTER_CLASS,
+    POSTGRES_CONNECTOR_CLASS,
+};
 
-use render::Doc;
+use crate::config::{self, defaults, duration, Compression, Config};
 
-/// `connector.class` of the Debezium PostgreSQL connector.
-pub const POSTGRES_CONNECTOR_CLASS: &str = "io.debezium.connector.postgresql.PostgresConnector";
-/// `transforms.<name>.type` of the Outbox Event Router SMT.
-pub const EVENT_ROUTER_CLASS: &str = "io.debezium.transforms.outbox.EventRouter";
-/// Placeholder written where the connector config cannot supply a value (brokers, a host given
-/// through a config provider).
-pub const CHANGE_ME: &str = "CHANGE-ME";
+/// Ferry's configuration as the translation's [`Target`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FerryConfig;
 
-/// What the caller knows beyond the connector JSON.
-#[derive(Debug, Clone, Default)]
-pub struct Options {
-    /// Kafka bootstrap servers (`host:port,...`): a connector config does not hold them.
-    pub brokers: Option<String>,
-    /// Where the JSON came from (a file name), for the header comment.
-    pub source: Option<String>,
-}
+impl Target for FerryConfig {
+    fn is_secret_property(&self, name: &str) -> bool {
+        config::is_secret_property(name)
+    }
 
-/// The result: the `ferry.toml` text and what could not be translated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Translation {
-    /// The configuration file.
-    pub toml: String,
-    /// Options without an equivalent (or needing a hand), in option order.
-    pub notes: Vec<Note>,
-}
+    fn property_rule(&self, name: &str, value: &str) -> Option<String> {
+        config::property_rule(name, value)
+    }
 
-/// One connector option that was not (fully) translated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Note {
-    /// The connector option, e.g. `snapshot.mode` or `transforms.outbox.table.expand.json.payload`.
-    pub option: String,
-    /// Its value as shown (`***` for secrets, `(unset)` where the absence matters).
-    pub value: String,
-    /// Why it has no equivalent and what to do instead.
-    pub reason: String,
-}
+    fn compression(&self, codec: &str) -> Result<&'static str, String> {
+        match Compression::from_str(codec)? {
+            c if c.is_available() => Ok(c.as_str()),
+            c => Err(format!(
+                "{} is not built into this Ferry's librdkafka; it compresses with {} (its \
+                 default), which consumers read as well",
+                c.as_str(),
+                defaults::COMPRESSION.as_str()
+            )),
+        }
+    }
 
-impl fmt::Display for Note {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "not translated: {} = {}: {}",
-            self.option, self.value, self.reason
-        )
+    fn format_duration(&self, d: Duration) -> String {
+        duration::format(d)
+    }
+
+    fn max_status_interval(&self) -> Duration {
+        defaults::MAX_STATUS_INTERVAL
+    }
+
+    fn max_in_flight_bytes(&self) -> u64 {
+        defaults::MAX_IN_FLIGHT_BYTES_LIMIT
+    }
+
+    fn refusals(&self, toml: &str) -> Vec<String> {
+        match Config::from_toml(toml) {
+            Err(e) => vec![e.to_string()],
+            Ok(c) => match c.validate() {
+                Ok(()) => Vec::new(),
+                Err(e) => e.problems.iter().map(ToString::to_string).collect(),
+            },
+        }
     }
 }
 
-/// Why a JSON document cannot be translated at all.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DebeziumError {
-    /// Not JSON.
-    #[error("not valid JSON: {0}")]
-    Json(String),
-    /// JSON, but not a connector configuration.
-    #[error(
-        "expected a JSON object: {{\"name\": ..., \"config\": {{...}}}} or the bare config map"
-    )]
-    NotAnObject,
-    /// An option whose value is an object, array or null.
-    #[error("option {key:?} is {kind}; connector options are strings (or numbers and booleans)")]
-    BadValue {
-        /// The option.
-        key: String,
-        /// What it is instead.
-        kind: &'static str,
-    },
-    /// Another connector.
-    #[error("connector.class is {0:?}: only the Debezium PostgreSQL connector ({POSTGRES_CONNECTOR_CLASS}) can be translated")]
-    NotPostgres(String),
-    /// No Outbox Event Router among the transforms.
-    #[error("no Outbox Event Router SMT: expected transforms = \"<name>,...\" and transforms.<name>.type = {EVENT_ROUTER_CLASS}")]
-    NoOutboxRouter,
-}
-
-/// Translates a connector configuration (`{"name": ..., "config": {...}}` or the bare map).
+/// Translates a connector configuration for this Ferry (see [`ferry_debezium::translate`]).
 pub fn translate(json: &str, options: &Options) -> Result<Translation, DebeziumError> {
-    let (name, mut src) = Source::parse(json)?;
-    if let Some(class) = src.take("connector.class") {
-        if class.trim() != POSTGRES_CONNECTOR_CLASS {
-            return Err(DebeziumError::NotPostgres(class));
-        }
-    }
-    let smt = outbox::find(&mut src)?;
-    let mut doc = Doc::new();
-    let what = match &name {
-        Some(n) => format!("the Debezium connector {}", render::quote(n)),
-        None => "a Debezium connector".to_owned(),
-    };
-    let from = options
-        .source
-        .as_deref()
-        .map(|s| format!(" ({s})"))
-        .unwrap_or_default();
-    doc.header(format!(
-        "ferry.toml translated by `ferry config from-debezium` from {what}{from}: PostgreSQL \
-         connector with the Outbox Event Router SMT {}.",
-        render::quote(&smt)
-    ));
-    doc.header(
-        "The comment after each line names the connector option it comes from. Options with no \
-         equivalent were printed as \"not translated: ...\" lines; act on them before the first run, \
-         then check with `ferry check --config <this file>`.",
-    );
-    connector::translate(&mut src, &mut doc);
-    let facts = outbox::translate(&mut src, &mut doc, &smt);
-    producer::translate(&mut src, &mut doc, options);
-    connect::translate(&mut src, &mut doc, &facts);
-    src.note_the_rest();
-    let toml = doc.render();
-    let mut notes = src.notes;
-    notes.extend(self_check(&toml));
-    Ok(Translation { toml, notes })
-}
-
-/// The problems `ferry` itself would report about the output, as notes: a safety net for
-/// connector values that translate into something Ferry refuses (a Java-only regex construct,
-/// a duplicate header name).
-fn self_check(toml: &str) -> Vec<Note> {
-    let problems = match crate::config::Config::from_toml(toml) {
-        Err(e) => vec![e.to_string()],
-        Ok(c) => match c.validate() {
-            Ok(()) => Vec::new(),
-            Err(e) => e.problems.iter().map(ToString::to_string).collect(),
-        },
-    };
-    problems
-        .into_iter()
-        .map(|p| Note {
-            option: "(translated configuration)".to_owned(),
-            value: "(see the output)".to_owned(),
-            reason: format!("Ferry refuses it as written: {p}; edit that key by hand"),
-        })
-        .collect()
-}
-
-/// The connector's options, with a record of which ones were handled, and the notes.
-#[derive(Debug)]
-pub(crate) struct Source {
-    values: BTreeMap<String, String>,
-    handled: BTreeSet<String>,
-    notes: Vec<Note>,
-}
-
-impl Source {
-    /// The connector name (if any) and its options.
-    fn parse(json: &str) -> Result<(Option<String>, Source), DebeziumError> {
-        let doc: serde_json::Value =
-            serde_json::from_str(json).map_err(|e| DebeziumError::Json(e.to_string()))?;
-        let top = doc.as_object().ok_or(DebeziumError::NotAnObject)?;
-        let (name, map) = match top.get("config").and_then(|c| c.as_object()) {
-            Some(config) => (top.get("name").and_then(|n| n.as_str()), config),
-            None => (None, top),
-        };
-        let mut values = BTreeMap::new();
-        for (k, v) in map {
-            let text = match v {
-                serde_json::Value::String(s) => s.clone(),
-                serde_json::Value::Number(n) => n.to_string(),
-                serde_json::Value::Bool(b) => b.to_string(),
-                other => {
-                    return Err(DebeziumError::BadValue {
-                        key: k.clone(),
-                        kind: match other {
-                            serde_json::Value::Null => "null",
-                            serde_json::Value::Array(_) => "an array",
-                            _ => "an object",
-                        },
-                    })
-                }
-            };
-            values.insert(k.clone(), text);
-        }
-        let name = name
-            .map(str::to_owned)
-            .or_else(|| values.get("name").cloned());
-        let mut src = Source {
-            values,
-            handled: BTreeSet::new(),
-            notes: Vec::new(),
-        };
-        src.take("name");
-        Ok((name, src))
-    }
-
-    /// The option's value (trimmed), marking it handled.
-    pub(crate) fn take(&mut self, key: &str) -> Option<String> {
-        let v = self.values.get(key)?.trim().to_owned();
-        self.handled.insert(key.to_owned());
-        Some(v)
-    }
-
-    /// The option's value without marking it handled.
-    pub(crate) fn peek(&self, key: &str) -> Option<&str> {
-        self.values.get(key).map(|v| v.trim())
-    }
-
-    /// Keys starting with `prefix` that are not handled yet, in order.
-    pub(crate) fn keys_with_prefix(&self, prefix: &str) -> Vec<String> {
-        self.values
-            .keys()
-            .filter(|k| k.starts_with(prefix) && !self.handled.contains(*k))
-            .cloned()
-            .collect()
-    }
-
-    /// Records a note for a present option (marking it handled); a no-op if it is absent.
-    pub(crate) fn note(&mut self, key: &str, reason: impl Into<String>) {
-        if let Some(v) = self.values.get(key) {
-            let value = shown(key, v);
-            self.handled.insert(key.to_owned());
-            self.notes.push(Note {
-                option: key.to_owned(),
-                value,
-                reason: reason.into(),
-            });
-        }
-    }
-
-    /// Records a note about an option whose value is given (an absent option whose default
-    /// matters, or a value already taken).
-    pub(crate) fn note_value(&mut self, key: &str, value: &str, reason: impl Into<String>) {
-        self.handled.insert(key.to_owned());
-        self.notes.push(Note {
-            option: key.to_owned(),
-            value: shown(key, value),
-            reason: reason.into(),
-        });
-    }
-
-    /// Notes every option nobody handled, with the reason [`known::reason`] knows or
-    /// a generic one.
-    fn note_the_rest(&mut self) {
-        let rest: Vec<String> = self
-            .values
-            .keys()
-            .filter(|k| !self.handled.contains(*k))
-            .cloned()
-            .collect();
-        for key in rest {
-            let reason = known::reason(&key).unwrap_or_else(|| {
-                "not an option Ferry has an equivalent for; check that Ferry's defaults suit"
-                    .to_owned()
-            });
-            self.note(&key, reason);
-        }
-        self.notes.sort_by(|a, b| a.option.cmp(&b.option));
-    }
-}
-
-/// `value` as a note shows it: `***` for secrets, quoted when it has spaces or is empty (but
-/// not a `(marker)` like `(unset)`).
-fn shown(key: &str, value: &str) -> String {
-    if crate::config::is_secret_property(key) {
-        return "***".to_owned();
-    }
-    let v = render::one_line(value.trim());
-    let marker = v.starts_with('(') && v.ends_with(')');
-    if v.is_empty() || (v.contains(' ') && !marker) {
-        format!("{v:?}")
-    } else {
-        v
-    }
-}
-
-/// Whether a value is a Kafka Connect config provider reference (`${file:/path:key}`,
-/// `${env:NAME}`, `${vault:...}`), resolved by the worker and unknown here.
-pub(crate) fn is_provider_ref(value: &str) -> bool {
-    let v = value.trim();
-    v.starts_with("${") && v.ends_with('}') && v.contains(':')
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notes_print_as_the_cli_shows_them_and_hide_secrets() {
-        let (_, mut src) = Source::parse(
-            r#"{"name": "x", "config": {"database.password": "hunter2", "snapshot.mode": "initial"}}"#,
-        )
-        .unwrap();
-        src.note("database.password", "set it elsewhere");
-        src.note("snapshot.mode", "never snapshots");
-        assert_eq!(
-            src.notes[0].to_string(),
-            "not translated: database.password = ***: set it elsewhere"
-        );
-        assert_eq!(
-            src.notes[1].to_string(),
-            "not translated: snapshot.mode = initial: never snapshots"
-        );
-    }
-
-    #[test]
-    fn rejects_what_is_not_a_postgres_outbox_connector() {
-        let o = Options::default();
-        assert!(matches!(translate("nope", &o), Err(DebeziumError::Json(_))));
-        assert_eq!(translate("[1]", &o), Err(DebeziumError::NotAnObject));
-        assert!(matches!(
-            translate(r#"{"tasks.max": [1]}"#, &o),
-            Err(DebeziumError::BadValue { .. })
-        ));
-        assert!(matches!(
-            translate(
-                r#"{"connector.class": "io.debezium.connector.mysql.MySqlConnector"}"#,
-                &o
-            ),
-            Err(DebeziumError::NotPostgres(_))
-        ));
-        assert_eq!(
-            translate(
-                r#"{"transforms": "unwrap", "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState"}"#,
-                &o
-            ),
-            Err(DebeziumError::NoOutboxRouter)
-        );
-    }
-
-    #[test]
-    fn config_provider_references_are_recognised() {
-        assert!(is_provider_ref(
-            "${file:/opt/secrets.properties:pg_password}"
-        ));
-        assert!(is_provider_ref(" ${env:PGPASSWORD} "));
-        assert!(!is_provider_ref("plain${x}"));
-        assert!(!is_provider_ref("${notaprovider}"));
-    }
+    ferry_debezium::translate(json, options, &FerryConfig)
 }

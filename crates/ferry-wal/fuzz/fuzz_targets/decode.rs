@@ -4,7 +4,8 @@
 //! (the decoders reject trailing bytes and unknown values, so decoding is exact). The input is
 //! tried as one pgoutput message in both stream states, as a replication CopyData payload (and
 //! an XLogData's data again as pgoutput), as a standby status update, and as a sequence of
-//! length-prefixed messages fed to the stateful `Decoder`.
+//! length-prefixed messages fed to the stateful `Decoder`. The `frames` target covers the
+//! protocol framing around these payloads.
 
 #![no_main]
 

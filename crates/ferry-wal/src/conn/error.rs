@@ -5,6 +5,10 @@
 //! - **permanent**: configuration, privileges, an invalidated slot, bytes that do not decode.
 //!   The caller stops, exits non-zero, and advances nothing. Every permanent error says how to
 //!   fix it.
+//!
+//! A server that breaks the protocol and a bug in Ferry have variants of their own (framing,
+//! malformed and unexpected messages, a rewound confirmation, a failed reader task), never a
+//! free-form string: [`ReaderError::is_transient`] classifies each by its type.
 
 use std::io;
 
@@ -127,8 +131,25 @@ pub enum ReaderError {
     Auth { user: String, reason: String },
     #[error("PostgreSQL {0}")]
     Server(ServerError),
-    #[error("protocol violation: {0}")]
-    Protocol(String),
+    #[error("unexpected answer {answer:#x} to SSLRequest (expected 'S' or 'N'): the server at that address is not a PostgreSQL server, or a proxy in between mangles the connection")]
+    UnexpectedSslAnswer { answer: u8 },
+    #[error(transparent)]
+    Frame(#[from] crate::frame::FrameError),
+    #[error("malformed message '{}' from the server: {reason}", char::from(*.tag))]
+    Malformed { tag: u8, reason: String },
+    #[error("protocol violation: unexpected {message} {during}")]
+    UnexpectedMessage {
+        message: &'static str,
+        during: String,
+    },
+    #[error("IDENTIFY_SYSTEM shows no database: the connection is not a logical replication connection (Ferry connects with replication=database; check that no pooler such as PgBouncer sits between Ferry and PostgreSQL)")]
+    NotLogicalReplication,
+    #[error("server_version_num is {shown:?}, not a number: Ferry talks to PostgreSQL itself, not to a proxy that answers SHOW differently")]
+    ServerVersion { shown: String },
+    #[error("bug in Ferry: {0}; please report it")]
+    Rewind(#[from] crate::progress::RewindError),
+    #[error("bug in Ferry: the reader task failed ({reason}); please report it")]
+    TaskFailed { reason: String },
     #[error(transparent)]
     Wire(#[from] crate::wire::WireError),
     #[error(transparent)]
@@ -165,11 +186,82 @@ impl ReaderError {
             | ReaderError::StreamEnded
             | ReaderError::SlotInUse { .. } => true,
             ReaderError::Server(e) => e.is_transient(),
-            _ => false,
+            // Every other variant by name, so a new one cannot join a family by default.
+            ReaderError::Config(_)
+            | ReaderError::TlsSetup(_)
+            | ReaderError::TlsRefused { .. }
+            | ReaderError::TlsCertificate { .. }
+            | ReaderError::Auth { .. }
+            | ReaderError::SlotAdvancedPastResume { .. }
+            | ReaderError::Closed => false,
+            // The server broke the protocol, or Ferry has a bug: reconnecting replays the same
+            // bytes into the same code, so the reader stops instead of looping.
+            ReaderError::UnexpectedSslAnswer { .. }
+            | ReaderError::Frame(_)
+            | ReaderError::Malformed { .. }
+            | ReaderError::UnexpectedMessage { .. }
+            | ReaderError::NotLogicalReplication
+            | ReaderError::ServerVersion { .. }
+            | ReaderError::Wire(_)
+            | ReaderError::Decode(_)
+            | ReaderError::Assembly(_)
+            | ReaderError::Rewind(_)
+            | ReaderError::TaskFailed { .. } => false,
         }
     }
 
     pub(crate) fn io(context: &'static str) -> impl FnOnce(io::Error) -> ReaderError {
         move |source| ReaderError::Io { context, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_violations_and_bugs_are_permanent_and_say_what_they_are() {
+        let rewind = crate::progress::RewindError {
+            current: Lsn(0x20),
+            requested: Lsn(0x10),
+        };
+        let frame =
+            crate::frame::split(&mut bytes::BytesMut::from(&b"d\xff\xff\xff\xff"[..])).unwrap_err();
+        let cases: Vec<(ReaderError, &str)> = vec![
+            (
+                ReaderError::Frame(frame),
+                "message 'd' from the server: invalid length -1",
+            ),
+            (
+                ReaderError::UnexpectedSslAnswer { answer: b'E' },
+                "not a PostgreSQL server",
+            ),
+            (
+                ReaderError::UnexpectedMessage {
+                    message: "DataRow",
+                    during: "during streaming".into(),
+                },
+                "unexpected DataRow during streaming",
+            ),
+            (ReaderError::NotLogicalReplication, "replication=database"),
+            (
+                ReaderError::ServerVersion { shown: "x".into() },
+                "not a number",
+            ),
+            (
+                ReaderError::Rewind(rewind),
+                "bug in Ferry: confirmation rewinds",
+            ),
+            (
+                ReaderError::TaskFailed {
+                    reason: "panicked".into(),
+                },
+                "bug in Ferry",
+            ),
+        ];
+        for (e, says) in cases {
+            assert!(!e.is_transient(), "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
     }
 }

@@ -3,16 +3,16 @@
 //!
 //! Startup with `replication=database`, authentication (cleartext, MD5, SCRAM-SHA-256), the
 //! simple-query protocol for replication commands (`IDENTIFY_SYSTEM`, `START_REPLICATION`), and
-//! CopyBoth streaming. postgres-protocol does not parse CopyBothResponse (`'W'`), so frames are
-//! split here and only the others are handed to its parser. CopyData payloads are zero-copy
-//! slices of the read buffer.
+//! CopyBoth streaming. postgres-protocol does not parse CopyBothResponse (`'W'`), so messages are
+//! framed by the pure [`crate::frame`] (which also reads the COPY messages) and only the others
+//! are handed to its parser. CopyData payloads are zero-copy slices of the read buffer.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
 use postgres_protocol::message::{backend, frontend};
@@ -22,12 +22,11 @@ use tokio::net::{TcpStream, UnixStream};
 use super::config::{ConnectConfig, Host, SslMode};
 use super::error::{ReaderError, ServerError};
 use super::tls;
+use crate::frame::{self, StreamFrame};
 
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
-const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
-const COPY_DATA_TAG: u8 = b'd';
 /// Read buffer growth step; large messages (a 1 MB payload) reserve exactly what they need.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -53,6 +52,8 @@ pub(crate) enum Frame {
     Other(backend::Message),
     /// CopyBothResponse: streaming started.
     CopyBoth,
+    /// CopyDone: the server ended the copy.
+    CopyDone,
 }
 
 /// A replication connection after startup and authentication.
@@ -135,11 +136,7 @@ impl ReplicationConnection {
                                     sslmode: cfg.sslmode.to_string(),
                                 })
                             }
-                            other => {
-                                return Err(ReaderError::Protocol(format!(
-                                    "unexpected answer {other:#x} to SSLRequest"
-                                )))
-                            }
+                            answer => return Err(ReaderError::UnexpectedSslAnswer { answer }),
                         }
                     }
                 }
@@ -184,12 +181,7 @@ impl ReplicationConnection {
                 Frame::Other(backend::Message::ErrorResponse(e)) => {
                     return Err(ReaderError::Server(startup_error(server_error(&e), cfg)))
                 }
-                other => {
-                    return Err(ReaderError::Protocol(format!(
-                        "unexpected message during startup: {}",
-                        describe(&other)
-                    )))
-                }
+                other => return Err(unexpected(&other, "during startup")),
             }
         }
     }
@@ -322,12 +314,7 @@ impl ReplicationConnection {
                     }
                 }
                 Frame::Other(_) => {}
-                other => {
-                    return Err(ReaderError::Protocol(format!(
-                        "unexpected {} in reply to {sql:?}",
-                        describe(&other)
-                    )))
-                }
+                other => return Err(unexpected(&other, format!("in reply to {sql:?}"))),
             }
         }
     }
@@ -344,12 +331,7 @@ impl ReplicationConnection {
                     return Err(ReaderError::Server(server_error(&e)))
                 }
                 Frame::Other(backend::Message::NoticeResponse(_)) => {}
-                other => {
-                    return Err(ReaderError::Protocol(format!(
-                        "unexpected {} in reply to START_REPLICATION",
-                        describe(&other)
-                    )))
-                }
+                other => return Err(unexpected(&other, "in reply to START_REPLICATION")),
             }
         }
     }
@@ -392,9 +374,7 @@ impl ReplicationConnection {
 
     /// Sends one CopyData message (a standby status update) and flushes it.
     pub async fn send_copy_data(&mut self, payload: &[u8]) -> Result<(), ReaderError> {
-        frontend::CopyData::new(payload)
-            .map_err(ReaderError::io("encoding CopyData"))?
-            .write(&mut self.write);
+        frame::encode_copy_data(payload, &mut self.write);
         self.flush().await
     }
 
@@ -457,48 +437,39 @@ impl ReplicationConnection {
         }
     }
 
+    /// The first whole message in the read buffer, if one is there (reserving room for the
+    /// rest of a partial one).
     fn parse_frame(&mut self) -> Result<Option<Frame>, ReaderError> {
-        if self.read.len() < 5 {
-            self.read.reserve(READ_CHUNK);
+        let Some(raw) = frame::split(&mut self.read)? else {
+            let total = frame::frame_len(&self.read)?.unwrap_or(0);
+            self.read
+                .reserve(total.max(READ_CHUNK).saturating_sub(self.read.len()));
             return Ok(None);
-        }
-        let tag = self.read[0];
-        let len = i32::from_be_bytes([self.read[1], self.read[2], self.read[3], self.read[4]]);
-        let len = usize::try_from(len)
-            .ok()
-            .filter(|l| *l >= 4)
-            .ok_or_else(|| {
-                ReaderError::Protocol(format!(
-                    "message {:?} with invalid length {len}",
-                    tag as char
-                ))
-            })?;
-        let total = len + 1;
-        if self.read.len() < total {
-            self.read.reserve(total.max(READ_CHUNK) - self.read.len());
-            return Ok(None);
-        }
-        match tag {
-            COPY_DATA_TAG => {
-                let mut frame = self.read.split_to(total);
-                frame.advance(5);
-                Ok(Some(Frame::CopyData(frame.freeze())))
+        };
+        Ok(Some(match StreamFrame::decode(raw)? {
+            StreamFrame::CopyData(data) => Frame::CopyData(data),
+            StreamFrame::CopyBothResponse(_) => Frame::CopyBoth,
+            StreamFrame::CopyDone => Frame::CopyDone,
+            StreamFrame::Other(raw) => {
+                let tag = raw.tag();
+                let mut message = raw.into_message();
+                match backend::Message::parse(&mut message) {
+                    Ok(Some(m)) if message.is_empty() => Frame::Other(m),
+                    Ok(_) => {
+                        return Err(ReaderError::Malformed {
+                            tag,
+                            reason: "postgres-protocol did not read the whole message".into(),
+                        })
+                    }
+                    Err(e) => {
+                        return Err(ReaderError::Malformed {
+                            tag,
+                            reason: e.to_string(),
+                        })
+                    }
+                }
             }
-            COPY_BOTH_RESPONSE_TAG => {
-                self.read.advance(total);
-                Ok(Some(Frame::CopyBoth))
-            }
-            _ => match backend::Message::parse(&mut self.read) {
-                Ok(Some(m)) => Ok(Some(Frame::Other(m))),
-                Ok(None) => Err(ReaderError::Protocol(
-                    "incomplete message after a full frame".into(),
-                )),
-                Err(e) => Err(ReaderError::Protocol(format!(
-                    "malformed message {:?}: {e}",
-                    tag as char
-                ))),
-            },
-        }
+        }))
     }
 }
 
@@ -510,15 +481,12 @@ fn streaming_frame(frame: Frame) -> Result<Option<Bytes>, ReaderError> {
         Frame::Other(backend::Message::ErrorResponse(e)) => {
             Err(ReaderError::Server(server_error(&e)))
         }
-        Frame::Other(backend::Message::CopyDone) => Err(ReaderError::StreamEnded),
+        Frame::CopyDone => Err(ReaderError::StreamEnded),
         // A walsender stopping with the server (smart or fast shutdown) sends the
         // CommandComplete "COPY 0" with no CopyDone before it and exits (walsender.c
         // `WalSndDone`): the server ended the stream, a transient condition.
         Frame::Other(backend::Message::CommandComplete(_)) => Err(ReaderError::StreamEnded),
-        other => Err(ReaderError::Protocol(format!(
-            "unexpected {} during streaming",
-            describe(&other)
-        ))),
+        other => Err(unexpected(&other, "during streaming")),
     }
 }
 
@@ -591,10 +559,19 @@ fn startup_error(mut e: ServerError, cfg: &ConnectConfig) -> ServerError {
     e
 }
 
+/// A message that has no place where it came.
+fn unexpected(frame: &Frame, during: impl Into<String>) -> ReaderError {
+    ReaderError::UnexpectedMessage {
+        message: describe(frame),
+        during: during.into(),
+    }
+}
+
 fn describe(frame: &Frame) -> &'static str {
     match frame {
         Frame::CopyData(_) => "CopyData",
         Frame::CopyBoth => "CopyBothResponse",
+        Frame::CopyDone => "CopyDone",
         Frame::Other(m) => match m {
             backend::Message::AuthenticationGss
             | backend::Message::AuthenticationGssContinue(_) => "GSSAPI authentication",
@@ -607,7 +584,6 @@ fn describe(frame: &Frame) -> &'static str {
             backend::Message::DataRow(_) => "DataRow",
             backend::Message::RowDescription(_) => "RowDescription",
             backend::Message::ReadyForQuery(_) => "ReadyForQuery",
-            backend::Message::CopyDone => "CopyDone",
             _ => "message",
         },
     }

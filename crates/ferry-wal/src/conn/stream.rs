@@ -149,7 +149,9 @@ impl ReaderHandle {
         drop(events);
         match task.await {
             Ok(r) => r,
-            Err(e) => Err(ReaderError::Protocol(format!("reader task failed: {e}"))),
+            Err(e) => Err(ReaderError::TaskFailed {
+                reason: e.to_string(),
+            }),
         }
     }
 
@@ -198,9 +200,7 @@ pub async fn start(
         .flatten()
         .is_none()
     {
-        return Err(ReaderError::Protocol(
-            "IDENTIFY_SYSTEM shows no database: the connection is not a logical replication connection".into(),
-        ));
+        return Err(ReaderError::NotLogicalReplication);
     }
     if opts.failover && before.failover == Some(false) && before.synced != Some(true) {
         // Replication protocol only: there is no SQL function for it.
@@ -335,9 +335,7 @@ impl Task {
         let result = self.stream().await;
         if matches!(result, Ok(()) | Err(ReaderError::Closed)) {
             // Orderly stop: report the final confirmation, then end the session.
-            self.progress
-                .confirm(*self.confirm.borrow())
-                .map_err(|e| ReaderError::Protocol(e.to_string()))?;
+            self.progress.confirm(*self.confirm.borrow())?;
             let _ = self.send_status().await;
             self.conn.close().await;
             return Ok(());
@@ -407,9 +405,7 @@ impl Task {
 
     fn take_confirmation(&mut self) -> Result<(), ReaderError> {
         let lsn = *self.confirm.borrow_and_update();
-        self.progress
-            .confirm(lsn)
-            .map_err(|e| ReaderError::Protocol(e.to_string()))
+        Ok(self.progress.confirm(lsn)?)
     }
 
     async fn send_status(&mut self) -> Result<(), ReaderError> {

@@ -67,7 +67,7 @@ pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
             table: spec.table.clone(),
             message_prefix: prefix.map(Into::into),
         },
-        status_interval: Duration::from_secs(1),
+        status_interval: ferry_wal::conn::stream::DEFAULT_STATUS_INTERVAL,
         channel_capacity: 1024,
         binary: false,
         failover: spec.failover,

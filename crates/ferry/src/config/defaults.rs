@@ -18,8 +18,8 @@ pub const CREATE_SLOT: bool = true;
 pub const CREATE_PUBLICATION: bool = true;
 /// `postgres.failover_slot`: off, as Debezium's `slot.failover`; needs PostgreSQL 17.
 pub const FAILOVER_SLOT: bool = false;
-/// `postgres.status_interval`: standby status update cadence.
-pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// `postgres.status_interval`: standby status update cadence, the reader's own default.
+pub const STATUS_INTERVAL: Duration = ferry_wal::conn::stream::DEFAULT_STATUS_INTERVAL;
 /// Upper limit of `postgres.status_interval`: half of PostgreSQL's default `wal_sender_timeout`
 /// (60s), after which the server drops a client that sent no status update.
 pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(30);
@@ -67,6 +67,8 @@ pub const MAX_LINGER: Duration = Duration::from_millis(900_000);
 pub const MAX_DELIVERY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// librdkafka's upper limit of `queue.buffering.max.messages` and `queue.buffering.max.kbytes`.
 pub const LIBRDKAFKA_QUEUE_LIMIT: u64 = i32::MAX as u64;
+/// Upper limit of `kafka.max_in_flight_bytes`: half of librdkafka's queue limit (in KiB).
+pub const MAX_IN_FLIGHT_BYTES_LIMIT: u64 = LIBRDKAFKA_QUEUE_LIMIT / 2 * 1024;
 /// `client.id` unless `kafka.properties` sets one.
 pub const CLIENT_ID: &str = "ferry";
 

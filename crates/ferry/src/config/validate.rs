@@ -168,7 +168,7 @@ fn kafka(c: &Config, p: &mut Problems) {
             ),
         );
     }
-    let max_bytes = defaults::LIBRDKAFKA_QUEUE_LIMIT / 2 * 1024;
+    let max_bytes = defaults::MAX_IN_FLIGHT_BYTES_LIMIT;
     if k.max_in_flight_bytes > max_bytes {
         p.add(
             "kafka.max_in_flight_bytes",

@@ -6,7 +6,7 @@ use std::time::Duration;
 use ferry_router::Router;
 use ferry_wal::assembly::OutboxSource;
 use ferry_wal::conn::{ConnectConfig, StreamOptions};
-use ferry_wal::slot::{RequiredColumn, SlotSpec};
+use ferry_wal::slot::{AcceptedTypes, RequiredColumn, SlotSpec};
 
 /// The resolved pipeline settings.
 #[derive(Debug, Clone)]
@@ -59,7 +59,7 @@ pub fn outbox_spec(
 ) -> SlotSpec {
     let table = router.table();
     let mut required: Vec<RequiredColumn> = Vec::new();
-    let mut need = |name: &str, key: &str, types: Option<Vec<u32>>| {
+    let mut need = |name: &str, key: &str, types: Option<AcceptedTypes>| {
         if !required.iter().any(|c| c.name == name) {
             required.push(RequiredColumn {
                 name: name.to_string(),
@@ -78,13 +78,11 @@ pub fn outbox_spec(
     need(
         &outbox.payload_column,
         "outbox.payload_column",
-        Some(vec![
-            oid::JSONB,
-            oid::JSON,
-            oid::TEXT,
-            oid::VARCHAR,
-            oid::BYTEA,
-        ]),
+        Some(AcceptedTypes {
+            oids: vec![oid::JSONB, oid::JSON, oid::TEXT, oid::VARCHAR, oid::BYTEA],
+            fix: "use a column of a supported type (payload: jsonb, json, text, varchar or bytea)"
+                .into(),
+        }),
     );
     SlotSpec {
         slot: slot.to_string(),

@@ -35,7 +35,7 @@ pub(super) struct Facts {
 }
 
 /// Finds the Outbox Event Router among `transforms` and notes every other transform's options.
-pub(super) fn find(src: &mut Source) -> Result<String, DebeziumError> {
+pub(super) fn find(src: &mut Source<'_>) -> Result<String, DebeziumError> {
     let names: Vec<String> = src
         .take("transforms")
         .unwrap_or_default()
@@ -43,7 +43,7 @@ pub(super) fn find(src: &mut Source) -> Result<String, DebeziumError> {
         .map(|n| n.trim().to_owned())
         .filter(|n| !n.is_empty())
         .collect();
-    let is_router = |src: &Source, n: &str| {
+    let is_router = |src: &Source<'_>, n: &str| {
         src.peek(&format!("transforms.{n}.type")) == Some(EVENT_ROUTER_CLASS)
     };
     let smt = names
@@ -77,11 +77,11 @@ pub(super) fn find(src: &mut Source) -> Result<String, DebeziumError> {
 }
 
 /// Translates the SMT's options.
-pub(super) fn translate(src: &mut Source, doc: &mut Doc, smt: &str) -> Facts {
+pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, smt: &str) -> Facts {
     let key = |opt: &str| format!("transforms.{smt}.{opt}");
     src.take(&key("type"));
     // Each column option: its value, or Debezium's default, and the comment naming it.
-    let column = |src: &mut Source, opts: &[&str], default: Option<&str>| {
+    let column = |src: &mut Source<'_>, opts: &[&str], default: Option<&str>| {
         for opt in opts {
             let k = key(opt);
             if let Some(v) = src.take(&k) {
@@ -197,7 +197,7 @@ pub(super) fn translate(src: &mut Source, doc: &mut Doc, smt: &str) -> Facts {
 
 /// `route.by.field`, `route.topic.regex` and `route.topic.replacement` to `route.topic` (and a
 /// rule when the regex is not a catch-all).
-fn route(src: &mut Source, doc: &mut Doc, smt: &str, by: &str) {
+fn route(src: &mut Source<'_>, doc: &mut Doc, smt: &str, by: &str) {
     let regex_key = format!("transforms.{smt}.route.topic.regex");
     let replacement_key = format!("transforms.{smt}.route.topic.replacement");
     let regex = src.take(&regex_key);
@@ -301,7 +301,7 @@ pub(super) fn parse_bool(v: &str) -> Option<bool> {
 }
 
 /// Notes the SMT's options without an equivalent; returns `table.expand.json.payload`.
-fn the_rest(src: &mut Source, smt: &str) -> bool {
+fn the_rest(src: &mut Source<'_>, smt: &str) -> bool {
     let key = |opt: &str| format!("transforms.{smt}.{opt}");
     let expand = src
         .peek(&key("table.expand.json.payload"))

@@ -16,7 +16,7 @@ use super::render::{Doc, Value, ROUTE};
 use super::Source;
 
 /// Translates the converters and the error handling.
-pub(super) fn translate(src: &mut Source, doc: &mut Doc, facts: &Facts) {
+pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, facts: &Facts) {
     converter(src, doc, "key", facts);
     converter(src, doc, "value", facts);
     match src.peek("header.converter") {
@@ -32,7 +32,7 @@ pub(super) fn translate(src: &mut Source, doc: &mut Doc, facts: &Facts) {
 }
 
 /// `key.converter` / `value.converter` and their settings.
-fn converter(src: &mut Source, doc: &mut Doc, side: &str, facts: &Facts) {
+fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
     let key = format!("{side}.converter");
     let schemas_key = format!("{key}.schemas.enable");
     let Some(class) = src.peek(&key).map(str::to_owned) else {
@@ -119,7 +119,7 @@ fn converter(src: &mut Source, doc: &mut Doc, side: &str, facts: &Facts) {
 }
 
 /// `errors.*` to `route.on_error`.
-fn errors(src: &mut Source, doc: &mut Doc) {
+fn errors(src: &mut Source<'_>, doc: &mut Doc) {
     match src
         .peek("errors.tolerance")
         .map(str::to_ascii_lowercase)

@@ -10,35 +10,34 @@ use std::time::Duration;
 use super::outbox::parse_bool;
 use super::render::{Doc, Value, OUTBOX, POSTGRES};
 use super::{is_provider_ref, Source, CHANGE_ME};
-use crate::config::defaults::MAX_STATUS_INTERVAL;
-use crate::config::duration;
 
 const DEFAULT_SLOT: &str = "debezium";
 const DEFAULT_PUBLICATION: &str = "dbz_publication";
 
 /// Translates the connection, slot, publication and table options.
-pub(super) fn translate(src: &mut Source, doc: &mut Doc) {
+pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc) {
     url(src, doc);
     slot(src, doc);
     table(src, doc);
     if let Some(v) = src.take("status.update.interval.ms") {
+        let max = src.target.max_status_interval();
         match v.parse::<u64>() {
             Ok(ms) if ms > 0 => {
-                let d = Duration::from_millis(ms).min(MAX_STATUS_INTERVAL);
+                let d = Duration::from_millis(ms).min(max);
                 doc.set(
                     POSTGRES,
                     "status_interval",
-                    Value::Str(duration::format(d)),
+                    Value::Str(src.target.format_duration(d)),
                     Some("status.update.interval.ms"),
                 );
-                if Duration::from_millis(ms) > MAX_STATUS_INTERVAL {
+                if Duration::from_millis(ms) > max {
                     doc.caveat(
                         POSTGRES,
                         "status_interval",
                         format!(
                             "status.update.interval.ms = {ms} exceeds Ferry's limit ({}): the server \
                              drops a client that reports less often than wal_sender_timeout.",
-                            duration::format(MAX_STATUS_INTERVAL)
+                            src.target.format_duration(max)
                         ),
                     );
                 }
@@ -99,8 +98,8 @@ pub(super) fn translate(src: &mut Source, doc: &mut Doc) {
 }
 
 /// `database.*` to `postgres.url` (without the password).
-fn url(src: &mut Source, doc: &mut Doc) {
-    let part = |src: &mut Source, key: &str, default: &str| match src.take(key) {
+fn url(src: &mut Source<'_>, doc: &mut Doc) {
+    let part = |src: &mut Source<'_>, key: &str, default: &str| match src.take(key) {
         Some(v) if is_provider_ref(&v) => {
             src.note(
                 key,
@@ -244,7 +243,7 @@ fn encode(s: &str, keep: &str) -> String {
 }
 
 /// `slot.name`, `plugin.name`, `publication.name`, `publication.autocreate.mode`.
-fn slot(src: &mut Source, doc: &mut Doc) {
+fn slot(src: &mut Source<'_>, doc: &mut Doc) {
     let slot_from = if src.peek("slot.name").is_some() {
         "slot.name"
     } else {
@@ -352,7 +351,7 @@ fn slot(src: &mut Source, doc: &mut Doc) {
 }
 
 /// `table.include.list` (or 1.x `table.whitelist`) to `outbox.table`.
-fn table(src: &mut Source, doc: &mut Doc) {
+fn table(src: &mut Source<'_>, doc: &mut Doc) {
     let key = if src.peek("table.include.list").is_some() {
         "table.include.list"
     } else {

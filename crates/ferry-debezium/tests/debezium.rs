@@ -1,15 +1,15 @@
-//! `ferry config from-debezium` on realistic connector configs (`tests/debezium/*.json`).
+//! `ferry config from-debezium` on realistic connector configs (`tests/debezium/*.json`),
+//! translated for the real configuration (`ferry::debezium`, the binary's `Target`).
 //!
 //! Every fixture's output must load and validate as a `ferry.toml` through
 //! `ferry::config::load`, match its golden files (`<fixture>.toml`, and `<fixture>.notes` for the
-//! "not translated" lines; `UPDATE_GOLDEN=1 cargo test -p ferry --test debezium` rewrites them
+//! "not translated" lines; `UPDATE_GOLDEN=1 cargo test -p ferry-debezium --test debezium` rewrites them
 //! after a deliberate change), leak no secret, and leave no option unaccounted for. The
 //! per-fixture tests then check the values that matter and route rows through the translated
 //! router config to show the records are the ones Debezium produced.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use ferry::config::{self, Config};
 use ferry::debezium::{translate, Options, Translation};
@@ -490,52 +490,6 @@ fn brokers_from_the_flag_and_the_environment_over_the_file() {
         "postgres://debezium:dbz@postgres:5432/orderdb"
     );
     assert_eq!(c.kafka.brokers.0, ["kafka:9092"]);
-}
-
-#[test]
-fn the_cli_prints_the_toml_and_the_notes_and_exits_0() {
-    let bin = env!("CARGO_BIN_EXE_ferry");
-    let path = dir().join("ssl_sasl.json");
-    let out = Command::new(bin)
-        .args(["config", "from-debezium"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let t = run("ssl_sasl");
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), t.toml);
-    assert_eq!(String::from_utf8(out.stderr).unwrap(), notes_text(&t));
-    assert!(notes_text(&t)
-        .lines()
-        .all(|l| l.starts_with("not translated: ")));
-
-    let tmp = std::env::temp_dir().join(format!("ferry-from-debezium-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let written = tmp.join("ferry.toml");
-    let out = Command::new(bin)
-        .args(["config", "from-debezium", "--brokers", "k:9092", "--output"])
-        .arg(&written)
-        .arg(dir().join("defaults.json"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    assert!(out.stdout.is_empty());
-    let text = std::fs::read_to_string(&written).unwrap();
-    assert_eq!(
-        config::load(Some(&text), []).unwrap().kafka.brokers.0,
-        ["k:9092"]
-    );
-
-    let bad = tmp.join("bad.json");
-    std::fs::write(&bad, r#"{"config": {"transforms": ""}}"#).unwrap();
-    let out = Command::new(bin)
-        .args(["config", "from-debezium"])
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no Outbox Event Router"));
-    std::fs::remove_dir_all(&tmp).unwrap();
 }
 
 /// Option values that stress quoting, regexes, URLs and names.

@@ -10,18 +10,15 @@
 //! the `FERRY_KAFKA_PROPERTIES_*` variable. Properties Ferry controls (`acks`,
 //! `enable.idempotence`, the partitioner) are dropped when they already agree, noted otherwise.
 
-use std::str::FromStr;
-
 use super::outbox::parse_bool;
 use super::render::{Doc, Value, KAFKA, KAFKA_PROPERTIES};
+use super::Target;
 use super::{is_provider_ref, Options, Source, CHANGE_ME};
-use crate::config::defaults::LIBRDKAFKA_QUEUE_LIMIT;
-use crate::config::{duration, is_secret_property, property_rule, Compression};
 
 const OVERRIDE: &str = "producer.override.";
 
 /// Translates the brokers and every `producer.override.*` option.
-pub(super) fn translate(src: &mut Source, doc: &mut Doc, options: &Options) {
+pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, options: &Options) {
     brokers(src, doc, options);
     jaas(src, doc);
     stores(src, doc);
@@ -37,7 +34,7 @@ pub(super) fn translate(src: &mut Source, doc: &mut Doc, options: &Options) {
             );
             continue;
         }
-        match java_property(&key[OVERRIDE.len()..], &value) {
+        match java_property(src.target, &key[OVERRIDE.len()..], &value) {
             Action::Property(librdkafka, v) => property(src, doc, &key, librdkafka, v),
             Action::Key(ferry_key, v) => {
                 src.take(&key);
@@ -60,10 +57,10 @@ pub(super) fn translate(src: &mut Source, doc: &mut Doc, options: &Options) {
 
 /// Writes a librdkafka property, or its commented line and a note when it is a secret, or a
 /// note when Ferry refuses it.
-fn property(src: &mut Source, doc: &mut Doc, key: &str, name: &'static str, value: String) {
-    if let Some(why) = property_rule(name, &value) {
+fn property(src: &mut Source<'_>, doc: &mut Doc, key: &str, name: &'static str, value: String) {
+    if let Some(why) = src.target.property_rule(name, &value) {
         src.note(key, format!("as {name}: {why}"));
-    } else if is_secret_property(name) {
+    } else if src.target.is_secret_property(name) {
         src.note(
             key,
             format!(
@@ -91,7 +88,7 @@ fn env_name(property: &str) -> String {
     )
 }
 
-fn brokers(src: &mut Source, doc: &mut Doc, options: &Options) {
+fn brokers(src: &mut Source<'_>, doc: &mut Doc, options: &Options) {
     let key = "producer.override.bootstrap.servers";
     let from_connector = src
         .peek(key)
@@ -141,7 +138,7 @@ enum Action {
 
 /// Java producer properties with a librdkafka or `[kafka]` equivalent (CONFIGURATION.md of
 /// librdkafka, Kafka's ProducerConfig), and why the others have none.
-fn java_property(name: &str, value: &str) -> Action {
+fn java_property(target: &dyn Target, name: &str, value: &str) -> Action {
     const SAME_NAME: &[&str] = &[
         "client.id",
         "sasl.mechanism",
@@ -179,26 +176,21 @@ fn java_property(name: &str, value: &str) -> Action {
             },
         ),
         "ssl.key.password" => Action::Property("ssl.key.password", value.to_owned()),
-        "compression.type" => match Compression::from_str(&value.to_ascii_lowercase()) {
-            Ok(c) if c.is_available() => Action::Key("compression", Value::str(c.as_str())),
-            Ok(c) => Action::Note(format!(
-                "{} is not built into this Ferry's librdkafka; it compresses with lz4 (its \
-                 default), which consumers read as well",
-                c.as_str()
-            )),
-            Err(e) => Action::Note(e),
+        "compression.type" => match target.compression(&value.to_ascii_lowercase()) {
+            Ok(codec) => Action::Key("compression", Value::str(codec)),
+            Err(why) => Action::Note(why),
         },
         "linger.ms" => match ms() {
             Some(ms) if ms <= 900_000 => Action::Key(
                 "linger",
-                Value::Str(duration::format(std::time::Duration::from_millis(ms))),
+                Value::Str(target.format_duration(std::time::Duration::from_millis(ms))),
             ),
             _ => Action::Note("not 0 to 900000 milliseconds".to_owned()),
         },
         "buffer.memory" => match ms() {
             Some(b)
                 if b >= ferry_router::config::DEFAULT_MAX_PAYLOAD_BYTES as u64
-                    && b <= LIBRDKAFKA_QUEUE_LIMIT / 2 * 1024 =>
+                    && b <= target.max_in_flight_bytes() =>
             {
                 Action::Key("max_in_flight_bytes", Value::Int(b))
             }
@@ -211,7 +203,7 @@ fn java_property(name: &str, value: &str) -> Action {
         "acks" if ["all", "-1"].contains(&value.to_ascii_lowercase().as_str()) => Action::Same,
         "enable.idempotence" if parse_bool(value) == Some(true) => Action::Same,
         "acks" | "enable.idempotence" | "transactional.id" | "transaction.timeout.ms" => {
-            Action::Note(property_rule(name, value).unwrap_or_default())
+            Action::Note(target.property_rule(name, value).unwrap_or_default())
         }
         "delivery.timeout.ms" => Action::Note(
             "Ferry's kafka.delivery_timeout is 0 (never time out) by default, which keeps each \
@@ -243,7 +235,7 @@ fn java_property(name: &str, value: &str) -> Action {
 }
 
 /// `sasl.jaas.config`: the login module's options to librdkafka's SASL properties.
-fn jaas(src: &mut Source, doc: &mut Doc) {
+fn jaas(src: &mut Source<'_>, doc: &mut Doc) {
     let key = format!("{OVERRIDE}sasl.jaas.config");
     let Some(text) = src.peek(&key).map(str::to_owned) else {
         return;
@@ -342,7 +334,7 @@ fn parse_jaas(text: &str) -> Option<(String, Vec<(String, String)>)> {
 }
 
 /// Trust and key stores: librdkafka reads PEM files (and PKCS#12 key stores), Java defaults to JKS.
-fn stores(src: &mut Source, doc: &mut Doc) {
+fn stores(src: &mut Source<'_>, doc: &mut Doc) {
     let k = |n: &str| format!("{OVERRIDE}{n}");
     let trust_type = src
         .peek(&k("ssl.truststore.type"))
@@ -472,6 +464,7 @@ mod tests {
 
     #[test]
     fn java_properties_map_to_librdkafka_names_or_notes() {
+        let java_property = |n: &str, v: &str| super::java_property(&crate::TestTarget, n, v);
         let prop = |n: &str, v: &str| match java_property(n, v) {
             Action::Property(name, v) => Some((name, v)),
             _ => None,
