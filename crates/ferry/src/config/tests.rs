@@ -210,7 +210,7 @@ fn bad_environment_values_and_unknown_variables_name_the_variable() {
     // (variable, value, expected substring of "VARIABLE: message")
     #[rustfmt::skip]
     let cases = [
-        ("FERRY_POSTGRES_URLL", "x", "FERRY_POSTGRES_URLL: unknown variable; the [postgres] variables are FERRY_POSTGRES_URL, FERRY_POSTGRES_SLOT"),
+        ("FERRY_POSTGRES_URLL", "x", "FERRY_POSTGRES_URLL: unknown variable (did you mean FERRY_POSTGRES_URL?); the [postgres] variables are FERRY_POSTGRES_URL, FERRY_POSTGRES_SLOT"),
         ("FERRY_KAFKA_BROKER", "x", "FERRY_KAFKA_PROPERTIES_<NAME>"),
         ("FERRY_KAFKAA_BROKERS", "x", "SECTION one of POSTGRES, OUTBOX, ROUTE, KAFKA, HTTP, LOG, SHUTDOWN"),
         ("FERRY_POSTGRES", "x", "unknown variable"),
@@ -552,4 +552,175 @@ fn secrets_never_appear_in_debug_output() {
     bad.postgres.url = PostgresUrl::new("host=db password=pg SECRET-8 user=u");
     let p = bad.validate().unwrap_err().to_string();
     assert!(p.contains("postgres.url") && !p.contains("SECRET"), "{p}");
+}
+
+#[test]
+fn an_unknown_variable_names_the_nearest_valid_one() {
+    #[rustfmt::skip]
+    let cases = [
+        ("FERRY_KAFKA_BROKER", Some("FERRY_KAFKA_BROKERS")),
+        ("FERRY_KAFKAA_BROKERS", Some("FERRY_KAFKA_BROKERS")),
+        ("FERRY_POSTGRE_URL", Some("FERRY_POSTGRES_URL")),
+        ("FERRY_postgres_url", Some("FERRY_POSTGRES_URL")),
+        ("FERRY_KAFKA_MAX_INFLIGHT_RECORDS", Some("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS")),
+        ("FERRY_LOG_LEVLE", Some("FERRY_LOG_LEVEL")),
+        ("FERRY_SHUTDOWN_TIMEOUT", None),
+        ("FERRY_WHATEVER", None),
+    ];
+    for (var, nearest) in cases {
+        let mut vars = minimal_env();
+        vars.push((var.to_owned(), "x".to_owned()));
+        let p = problems(load(None, vars).unwrap_err());
+        let mine = p
+            .iter()
+            .find(|p| p.starts_with(&format!("{var}: ")))
+            .unwrap_or_else(|| panic!("{var}: {p:?}"));
+        match nearest {
+            Some(n) => assert!(mine.contains(&format!("(did you mean {n}?)")), "{mine}"),
+            None => assert!(!mine.contains("did you mean"), "{mine}"),
+        }
+    }
+}
+
+/// What kubelet injects into a pod of a namespace with a Service `ferry` (ports 9187 named
+/// `http` and 5005/UDP named `dbg`), a Service `ferry-metrics` (one unnamed port) and a
+/// dual-stack Service `ferry-v6`: pkg/kubelet/envvars/envvars.go, `FromServices`.
+const SERVICE_LINKS: &[(&str, &str)] = &[
+    ("FERRY_SERVICE_HOST", "10.96.12.7"),
+    ("FERRY_SERVICE_PORT", "9187"),
+    ("FERRY_SERVICE_PORT_HTTP", "9187"),
+    ("FERRY_SERVICE_PORT_DBG", "5005"),
+    ("FERRY_PORT", "tcp://10.96.12.7:9187"),
+    ("FERRY_PORT_9187_TCP", "tcp://10.96.12.7:9187"),
+    ("FERRY_PORT_9187_TCP_PROTO", "tcp"),
+    ("FERRY_PORT_9187_TCP_PORT", "9187"),
+    ("FERRY_PORT_9187_TCP_ADDR", "10.96.12.7"),
+    ("FERRY_PORT_5005_UDP", "udp://10.96.12.7:5005"),
+    ("FERRY_PORT_5005_UDP_PROTO", "udp"),
+    ("FERRY_PORT_5005_UDP_PORT", "5005"),
+    ("FERRY_PORT_5005_UDP_ADDR", "10.96.12.7"),
+    ("FERRY_METRICS_SERVICE_HOST", "10.96.0.9"),
+    ("FERRY_METRICS_SERVICE_PORT", "80"),
+    ("FERRY_METRICS_PORT", "tcp://10.96.0.9:80"),
+    ("FERRY_METRICS_PORT_80_TCP", "tcp://10.96.0.9:80"),
+    ("FERRY_METRICS_PORT_80_TCP_PROTO", "tcp"),
+    ("FERRY_METRICS_PORT_80_TCP_PORT", "80"),
+    ("FERRY_METRICS_PORT_80_TCP_ADDR", "10.96.0.9"),
+    ("FERRY_V6_SERVICE_HOST", "fd00:10:96::7"),
+    ("FERRY_V6_PORT", "sctp://[fd00:10:96::7]:9187"),
+    ("FERRY_V6_PORT_9187_SCTP", "sctp://[fd00:10:96::7]:9187"),
+];
+
+#[test]
+fn kubernetes_service_links_are_not_configuration() {
+    let mut vars = minimal_env();
+    vars.extend(env(SERVICE_LINKS));
+    let c = load(None, vars).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c, valid());
+}
+
+#[test]
+fn mistakes_shaped_like_service_links_are_still_refused() {
+    #[rustfmt::skip]
+    let cases = [
+        ("FERRY_HTTP_PORT", "9187"),              // a port without tcp://: meant http.listen
+        ("FERRY_PORT", "9187"),
+        ("FERRY_SERVICE_HOST", "ferry.default.svc"), // kubelet writes the cluster IP
+        ("FERRY_SERVICE_PORT", "http"),
+        ("FERRY_PORT_9187_TCP", "tcp://10.96.12.7:9188"), // the port in the name and value differ
+        ("FERRY_PORT_9187_TCP", "udp://10.96.12.7:9187"),
+        ("FERRY_PORT_9187_HTTP", "http://10.96.12.7:9187"),
+        ("FERRY_PORT_9187_TCP_PROTO", "udp"),
+        ("FERRY_PORT_9187_TCP_PORT", "9188"),
+        ("FERRY_PORT_9187_TCP_HOST", "10.96.12.7"),
+        ("FERRY_PORT_09187_TCP_PORT", "09187"),
+        ("FERRY_POSTGRES_SERVICE_HOST", ""),
+        ("FERRY_postgres_SERVICE_HOST", "10.0.0.1"),
+    ];
+    for (var, value) in cases {
+        assert!(
+            !env::is_kubernetes_service_link(var, value),
+            "{var}={value}"
+        );
+        let mut vars = minimal_env();
+        vars.push((var.to_owned(), value.to_owned()));
+        let p = problems(load(None, vars).unwrap_err());
+        assert!(
+            p[0].starts_with(&format!("{var}: unknown variable")),
+            "{p:?}"
+        );
+    }
+}
+
+/// Every `FERRY_*` variable that Ferry's own tools read or tell users to set (the benchmark, the
+/// test harness, CI, the demo, the deployment files) is accepted by `ferry run`.
+#[test]
+fn variables_of_ferrys_own_tools_are_accepted() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    for dir in [
+        "bench",
+        "demo",
+        ".ci",
+        "deploy",
+        "tests/src",
+        "crates/ferry-testkit",
+    ] {
+        walk(&root.join(dir), &mut files);
+    }
+    for file in ["docker-compose.yml", "README.md", "bench/README.md"] {
+        files.push(root.join(file));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for path in files {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for (at, _) in text.match_indices("FERRY_") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            // A prefix mentioned in prose (`FERRY_KAFKA_PROPERTIES_`), not a variable.
+            if !name.ends_with('_') {
+                seen.insert(name);
+            }
+        }
+    }
+    assert!(
+        seen.contains("FERRY_BIN") && seen.contains("FERRY_TEST_PG_URL"),
+        "{seen:?}"
+    );
+    for name in seen {
+        let mut vars = minimal_env();
+        vars.push((name.clone(), "1".to_owned()));
+        let mut c = Config::default();
+        let result = env::apply(&mut c, vars);
+        // A configuration variable may refuse the value "1"; only "unknown" matters here.
+        if let Err(p) = result {
+            assert!(
+                p.iter().all(|p| !p.message.starts_with("unknown variable")),
+                "{name} is used by Ferry's tools but refused: {p:?}"
+            );
+        }
+    }
+}
+
+fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            if path
+                .file_name()
+                .is_some_and(|n| n != "target" && n != "results")
+            {
+                walk(&path, out);
+            }
+        } else {
+            out.push(path);
+        }
+    }
 }
