@@ -5,7 +5,7 @@
 //! contain `_` can only be set in the file).
 //!
 //! Values are text and are parsed as the key's type: numbers, `true`/`false`, durations (`"5s"`),
-//! `kafka.brokers` comma-separated. An empty value unsets an optional key (`outbox.timestamp_column`).
+//! sizes (`32MiB`, as in the file), `kafka.brokers` comma-separated. An empty value unsets an optional key (`outbox.timestamp_column`).
 //! Arrays of tables (`route.rules`, `route.headers`) and `route.envelope_fields` come only from
 //! the file.
 //!
@@ -94,13 +94,13 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     route.envelope = boolean;
     route.additional_placement = optional;
     route.tombstone_on_null_payload = boolean;
-    route.max_payload_bytes = parsed;
+    route.max_payload_bytes = size_usize;
     route.on_error = parsed;
     route.dead_letter_topic = optional;
     kafka.brokers = parsed;
     kafka.compression = parsed;
     kafka.max_in_flight_records = parsed;
-    kafka.max_in_flight_bytes = parsed;
+    kafka.max_in_flight_bytes = ferry_router::size::parse;
     kafka.delivery_timeout = duration::parse;
     kafka.linger = duration::parse;
     http.listen = parsed;
@@ -115,6 +115,11 @@ fn text(v: &str) -> Result<String, String> {
 
 fn optional(v: &str) -> Result<Option<String>, String> {
     Ok((!v.is_empty()).then(|| v.to_owned()))
+}
+
+fn size_usize(v: &str) -> Result<usize, String> {
+    let n = ferry_router::size::parse(v)?;
+    usize::try_from(n).map_err(|_| format!("size {v:?} is too large"))
 }
 
 fn boolean(v: &str) -> Result<bool, String> {

@@ -31,7 +31,9 @@ pub struct KafkaConfig {
     /// Most records handed to the producer and not yet acknowledged; the pipeline stops reading
     /// WAL at this bound until deliveries catch up.
     pub max_in_flight_records: u64,
-    /// Most bytes of such records: the memory bound. At least `route.max_payload_bytes`.
+    /// Most bytes of such records: the memory bound. At least `route.max_payload_bytes`. A
+    /// number or a size with a unit (`"32MiB"`, see [`ferry_router::size`]).
+    #[serde(deserialize_with = "ferry_router::size::deserialize")]
     pub max_in_flight_bytes: u64,
     /// How long librdkafka keeps trying to deliver a record (`message.timeout.ms`). After it the
     /// record fails, nothing past it is checkpointed, and the pipeline restarts from the checkpoint.

@@ -24,12 +24,16 @@
 //!
 //! [`load`] takes the file's text (or none: a container can be configured by environment alone)
 //! and the environment as a map, so tests never touch the process environment. It parses, applies
-//! the overrides ([`env`]), and runs [`Config::validate`], which reports every problem at once,
-//! each with its key path (`kafka.brokers: must not be empty`, `route.rules[2].topic: ...`).
+//! the overrides ([`env`]), and runs [`Config::validate`]; the environment's problems and the
+//! validation's are reported together, each with its variable or key path
+//! (`FERRY_KAFKA_BROKER: unknown variable`, `kafka.brokers: must not be empty`,
+//! `route.rules[2].topic: ...`), so one run lists everything to fix. Only a file that is not
+//! TOML (or does not fit the schema) stops before the rest is looked at.
 //!
 //! # Values
 //!
-//! Durations are strings with a unit (`"500ms"`, `"5s"`, `"2m"`, `"1h"`; see [`duration`]).
+//! Durations are strings with a unit (`"500ms"`, `"5s"`, `"2m"`, `"1h"`; see [`duration`]);
+//! byte sizes are numbers or strings with a unit (`"32MiB"`; see [`ferry_router::size`]).
 //! Secrets never print: `postgres.url` shows with its password replaced by `***`, and secret
 //! librdkafka properties (`sasl.password`, `ssl.key.password`, ...) as `***` ([`secret`],
 //! [`is_secret_property`]).
@@ -83,10 +87,9 @@ pub enum ConfigError {
     /// The file is not valid TOML, or a key or value does not fit (unknown key, wrong type).
     #[error("{0}")]
     Toml(TomlError),
-    /// Some `FERRY_*` variables are unknown or have bad values (path = the variable).
-    #[error("environment: {0}")]
-    Env(ConfigErrors),
-    /// Values that parse but cannot work together.
+    /// Every problem of the environment and of the values, at once: first the `FERRY_*`
+    /// variables that are unknown or have bad values (path = the variable), then the values that
+    /// do not work (path = the key).
     #[error("{0}")]
     Invalid(ConfigErrors),
 }
@@ -126,9 +129,17 @@ pub fn load(
         Some(text) => Config::from_toml(text)?,
         None => Config::default(),
     };
-    env::apply(&mut config, env).map_err(|problems| ConfigError::Env(ConfigErrors { problems }))?;
-    config.validate().map_err(ConfigError::Invalid)?;
-    Ok(config)
+    // The environment's problems do not stop loading: validation runs on what did apply, so
+    // one run lists everything to fix.
+    let mut problems = env::apply(&mut config, env).err().unwrap_or_default();
+    if let Err(e) = config.validate() {
+        problems.extend(e.problems);
+    }
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid(ConfigErrors { problems }))
+    }
 }
 
 impl Config {

@@ -28,9 +28,7 @@ fn valid() -> Config {
 
 fn problems(err: ConfigError) -> Vec<String> {
     match err {
-        ConfigError::Env(e) | ConfigError::Invalid(e) => {
-            e.problems.iter().map(ToString::to_string).collect()
-        }
+        ConfigError::Invalid(e) => e.problems.iter().map(ToString::to_string).collect(),
         ConfigError::Toml(e) => panic!("unexpected TOML error: {e}"),
     }
 }
@@ -222,7 +220,7 @@ fn bad_environment_values_and_unknown_variables_name_the_variable() {
         ("FERRY_POSTGRES_CREATE_SLOT", "yes", "FERRY_POSTGRES_CREATE_SLOT: postgres.create_slot: invalid boolean \"yes\""),
         ("FERRY_POSTGRES_STATUS_INTERVAL", "5", "postgres.status_interval: invalid duration \"5\""),
         ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS", "-1", "kafka.max_in_flight_records: invalid value \"-1\""),
-        ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "1e6", "invalid value \"1e6\""),
+        ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "1e6", "invalid size \"1e6\""),
         ("FERRY_ROUTE_ON_ERROR", "explode", "unknown value \"explode\""),
         ("FERRY_KAFKA_COMPRESSION", "brotli", "unknown compression \"brotli\""),
         ("FERRY_HTTP_LISTEN", "", "invalid listen address \"\""),
@@ -244,14 +242,15 @@ fn bad_environment_values_and_unknown_variables_name_the_variable() {
 
 #[test]
 fn all_environment_problems_are_reported_and_other_variables_ignored() {
-    let vars = env(&[
+    let mut vars = minimal_env();
+    vars.extend(env(&[
         ("FERRY_A", "1"),
         ("FERRY_B", "2"),
         ("FERRY_CONFIG", "/etc/ferry.toml"),
         ("FERRY_TEST_PG_URL", "postgres://x"),
         ("PATH", "/bin"),
         ("ferry_lower", "ignored: not FERRY_"),
-    ]);
+    ]));
     let p = problems(load(None, vars).unwrap_err());
     assert_eq!(p.len(), 2, "{p:?}");
     assert!(
@@ -668,7 +667,8 @@ fn variables_of_ferrys_own_tools_are_accepted() {
     ] {
         walk(&root.join(dir), &mut files);
     }
-    for file in ["docker-compose.yml", "README.md", "bench/README.md"] {
+    // (Not README.md: it shows a misspelt variable as an example of the error.)
+    for file in ["docker-compose.yml", "bench/README.md"] {
         files.push(root.join(file));
     }
     let mut seen = std::collections::BTreeSet::new();
@@ -723,4 +723,71 @@ fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
             out.push(path);
         }
     }
+}
+
+#[test]
+fn environment_and_value_problems_are_reported_together() {
+    let file = "[postgres]\nslot = \"Bad\"\n[kafka]\nbrokers = \"k:9092\"\n";
+    let vars = env(&[
+        ("FERRY_KAFKA_BROKER", "k:9092"),
+        ("FERRY_POSTGRES_STATUS_INTERVAL", "5"),
+        ("FERRY_LOG_LEVEL", "loud"),
+    ]);
+    let err = load(Some(file), vars).unwrap_err();
+    let shown = err.to_string();
+    let p = problems(err);
+    let paths: Vec<&str> = p.iter().map(|p| p.split(':').next().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "FERRY_KAFKA_BROKER",
+            "FERRY_POSTGRES_STATUS_INTERVAL",
+            "postgres.url",
+            "postgres.slot",
+            "log.level"
+        ],
+        "{shown}"
+    );
+    assert!(shown.starts_with("5 configuration problems:"), "{shown}");
+}
+
+#[test]
+fn sizes_take_units_in_the_file_and_the_environment() {
+    let file = "[route]\nmax_payload_bytes = \"512KiB\"\n[kafka]\nbrokers = \"k:9092\"\nmax_in_flight_bytes = \"64MiB\"\n";
+    let c = load(Some(file), env(&[("FERRY_POSTGRES_URL", URL)])).unwrap();
+    assert_eq!(c.route.max_payload_bytes, 512 * 1024);
+    assert_eq!(c.kafka.max_in_flight_bytes, 64 << 20);
+    let file = "[route]\nmax_payload_bytes = 1000\n[kafka]\nbrokers = \"k:9092\"\nmax_in_flight_bytes = 2000000\n";
+    let c = load(Some(file), env(&[("FERRY_POSTGRES_URL", URL)])).unwrap();
+    assert_eq!(
+        (c.route.max_payload_bytes, c.kafka.max_in_flight_bytes),
+        (1000, 2_000_000)
+    );
+    let mut vars = minimal_env();
+    vars.extend(env(&[
+        ("FERRY_KAFKA_MAX_IN_FLIGHT_BYTES", "1 GB"),
+        ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "100kB"),
+    ]));
+    let c = load(None, vars).unwrap();
+    assert_eq!(
+        (c.route.max_payload_bytes, c.kafka.max_in_flight_bytes),
+        (100_000, 1_000_000_000)
+    );
+    let err = Config::from_toml("[kafka]\nmax_in_flight_bytes = \"32mb\"\n").unwrap_err();
+    assert!(
+        err.to_string().contains("invalid size \"32mb\"") && err.to_string().contains("line 2"),
+        "{err}"
+    );
+    let mut vars = minimal_env();
+    vars.push((
+        "FERRY_KAFKA_MAX_IN_FLIGHT_BYTES".into(),
+        "32 mebibytes".into(),
+    ));
+    let p = problems(load(None, vars).unwrap_err());
+    assert!(
+        p[0].starts_with(
+            "FERRY_KAFKA_MAX_IN_FLIGHT_BYTES: kafka.max_in_flight_bytes: invalid size"
+        ),
+        "{p:?}"
+    );
 }
