@@ -81,6 +81,17 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     d.deserialize_any(Size)
 }
 
+/// `#[serde(serialize_with = "size::serialize")]`: as [`format`] writes it (`"32MiB"`), or a
+/// bare integer when no unit is exact.
+pub fn serialize<S: serde::Serializer>(n: &u64, s: S) -> Result<S::Ok, S::Error> {
+    let text = format(*n);
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        s.serialize_u64(*n)
+    } else {
+        s.serialize_str(&text)
+    }
+}
+
 /// [`deserialize`] into a `usize`.
 pub fn deserialize_usize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
     let n = deserialize(d)?;

@@ -13,12 +13,12 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{defaults, duration};
 
 /// `[kafka]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Bootstrap brokers, `host:port`: a comma-separated string or an array. Required.
@@ -33,14 +33,23 @@ pub struct KafkaConfig {
     pub max_in_flight_records: u64,
     /// Most bytes of such records: the memory bound. At least `route.max_payload_bytes`. A
     /// number or a size with a unit (`"32MiB"`, see [`ferry_router::size`]).
-    #[serde(deserialize_with = "ferry_router::size::deserialize")]
+    #[serde(
+        deserialize_with = "ferry_router::size::deserialize",
+        serialize_with = "ferry_router::size::serialize"
+    )]
     pub max_in_flight_bytes: u64,
     /// How long librdkafka keeps trying to deliver a record (`message.timeout.ms`). After it the
     /// record fails, nothing past it is checkpointed, and the pipeline restarts from the checkpoint.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub delivery_timeout: Duration,
     /// How long librdkafka waits to fill a batch (`linger.ms`).
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub linger: Duration,
 }
 
@@ -119,6 +128,12 @@ impl FromStr for Brokers {
     }
 }
 
+impl Serialize for Brokers {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
 impl<'de> Deserialize<'de> for Brokers {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -139,7 +154,7 @@ impl<'de> Deserialize<'de> for Brokers {
 }
 
 /// `kafka.compression`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     /// No compression.
@@ -213,6 +228,21 @@ impl fmt::Debug for KafkaProperties {
                 (k, shown)
             }))
             .finish()
+    }
+}
+
+/// Secret values serialize as [`super::secret::REDACTED`], so `ferry config show` never prints
+/// them.
+impl Serialize for KafkaProperties {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| {
+            let shown = if is_secret_property(k) {
+                super::secret::REDACTED
+            } else {
+                v
+            };
+            (k, shown)
+        }))
     }
 }
 

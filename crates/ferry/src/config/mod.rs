@@ -52,7 +52,7 @@ mod tests;
 use std::fmt;
 
 use ferry_router::{ConfigErrors, ConfigProblem, OutboxConfig, RouteConfig};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use kafka::{
     builtin_features, is_secret_property, property_rule, Brokers, Compression, KafkaConfig,
@@ -61,8 +61,9 @@ pub use kafka::{
 pub use secret::{PostgresUrl, Secret};
 pub use sections::{HttpConfig, HttpListen, LogConfig, PostgresConfig, ShutdownConfig};
 
-/// The whole configuration. `Debug` hides secrets.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+/// The whole configuration. `Debug` hides secrets; `Serialize` (what [`Config::to_toml`] and
+/// `ferry config show` print) writes them as [`secret::REDACTED`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// `[postgres]`.
@@ -146,6 +147,18 @@ impl Config {
     /// Parses the file's text alone: no environment, no validation.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Toml(toml_error(text, &e)))
+    }
+
+    /// The configuration as TOML that [`load`] reads back: every key, defaults included, with
+    /// secrets as [`secret::REDACTED`] (what `ferry config show` prints).
+    pub fn to_toml(&self) -> Result<String, String> {
+        let body = toml::to_string(self).map_err(|e| e.to_string())?;
+        Ok(format!(
+            "# The effective configuration (file, environment and defaults), as `ferry config show` printed it.\n\
+             # Secrets are shown as \"{}\": put them back (or use postgres.password_file,\n\
+             # kafka.property_files) before loading this again.\n\n{body}",
+            secret::REDACTED
+        ))
     }
 
     /// Every problem of the configuration, with key paths, or `Ok`.

@@ -791,3 +791,121 @@ fn sizes_take_units_in_the_file_and_the_environment() {
         "{p:?}"
     );
 }
+
+#[test]
+fn show_prints_toml_that_loads_back_to_the_same_configuration() {
+    // Every section with values other than the defaults, and no secrets.
+    let file = r#"
+        [postgres]
+        url = "postgres://ferry@db.example.com:6432/app?sslmode=verify-full&sslrootcert=/ca.pem"
+        slot = "s2"
+        status_interval = "250ms"
+        reconnect_backoff_max = "1h"
+        binary = false
+        [outbox]
+        table = "app.events"
+        timestamp_column = "ts"
+        [route]
+        topic = "events.{aggregatetype}"
+        id_header = ""
+        envelope = true
+        envelope_fields = ["type"]
+        max_payload_bytes = "512KiB"
+        on_error = "dead_letter"
+        dead_letter_topic = "dlq"
+        [[route.rules]]
+        column = "aggregatetype"
+        equals = "order"
+        topic = "orders"
+        [[route.headers]]
+        column = "type"
+        name = "kind"
+        [kafka]
+        brokers = ["a:9092", "b:9092"]
+        compression = "gzip"
+        max_in_flight_bytes = 1000000
+        delivery_timeout = "5m"
+        [kafka.properties]
+        "sasl.mechanism" = "PLAIN"
+        "message.max.bytes" = 2000000
+        [http]
+        listen = "off"
+        [log]
+        format = "json"
+        level = "info,ferry=debug"
+        [shutdown]
+        drain_timeout = "1m"
+    "#;
+    let c = load(Some(file), []).unwrap_or_else(|e| panic!("{e}"));
+    let shown = c.to_toml().unwrap();
+    let again = load(Some(&shown), []).unwrap_or_else(|e| panic!("{e}\n{shown}"));
+    assert_eq!(again, c, "{shown}");
+    for line in [
+        "slot = \"s2\"",
+        "status_interval = \"250ms\"",
+        "max_in_flight_bytes = 1000000",
+        "max_payload_bytes = 524288",
+        "listen = \"off\"",
+        "format = \"json\"",
+        "[[route.rules]]",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line:?} in\n{shown}");
+    }
+    // Defaults are shown too, so the output documents what is in effect.
+    let defaults = load(
+        None,
+        env(&[
+            ("FERRY_POSTGRES_URL", "postgres://ferry@localhost/app"),
+            ("FERRY_KAFKA_BROKERS", "localhost:9092"),
+        ]),
+    )
+    .unwrap();
+    let shown = defaults.to_toml().unwrap();
+    for line in [
+        "max_in_flight_bytes = \"32MiB\"",
+        "linger = \"1ms\"",
+        "listen = \"127.0.0.1:9187\"",
+        "create_slot = true",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line:?} in\n{shown}");
+    }
+    assert_eq!(load(Some(&shown), []).unwrap(), defaults);
+}
+
+#[test]
+fn show_redacts_secrets_with_a_placeholder_that_cannot_load() {
+    let file = r#"
+        [postgres]
+        url = "postgres://ferry:pg-SECRET-1@db/app?sslmode=require"
+        [kafka]
+        brokers = "k:9092"
+        [kafka.properties]
+        "sasl.username" = "ferry"
+        "sasl.password" = "SECRET-2"
+        "ssl.key.password" = "SECRET-3"
+    "#;
+    let c = load(Some(file), []).unwrap();
+    let shown = c.to_toml().unwrap();
+    assert!(!shown.contains("SECRET"), "{shown}");
+    assert!(
+        shown.contains("url = \"postgres://ferry:<redacted>@db/app?sslmode=require\""),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\"sasl.password\" = \"<redacted>\""),
+        "{shown}"
+    );
+    assert!(shown.contains("\"sasl.username\" = \"ferry\""), "{shown}");
+    let p = problems(load(Some(&shown), []).unwrap_err());
+    let paths: Vec<&str> = p.iter().map(|p| p.split(": ").next().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "postgres.url",
+            "kafka.properties.\"sasl.password\"",
+            "kafka.properties.\"ssl.key.password\""
+        ],
+        "{p:?}"
+    );
+    assert!(p[0].contains("put the password back"), "{p:?}");
+}

@@ -5,6 +5,7 @@ use std::time::Duration;
 use ferry_router::ConfigProblem;
 use ferry_wal::conn::ConnectConfig;
 
+use super::secret::REDACTED;
 use super::{defaults, duration, property_rule, Compression, Config};
 
 /// Every problem, in file order: `[postgres]`, `[outbox]`/`[route]` (the router's own rules),
@@ -53,6 +54,11 @@ fn postgres(c: &Config, p: &mut Problems) {
         p.add(
             "postgres.url",
             "required: a libpq URL like postgres://ferry@db.example.com:5432/app?sslmode=verify-full (or FERRY_POSTGRES_URL)",
+        );
+    } else if pg.url.expose().contains(REDACTED) {
+        p.add(
+            "postgres.url",
+            format!("holds the placeholder {REDACTED} that `ferry config show` prints for the password: put the password back, or set postgres.password_file"),
         );
     } else if let Err(e) = ConnectConfig::parse(pg.url.expose()) {
         p.add(
@@ -149,6 +155,11 @@ fn kafka(c: &Config, p: &mut Problems) {
     for (name, value) in &k.properties.0 {
         if let Some(why) = property_rule(name, value) {
             p.add(format!("kafka.properties.{name:?}"), why);
+        } else if value == REDACTED {
+            p.add(
+                format!("kafka.properties.{name:?}"),
+                format!("holds the placeholder {REDACTED} that `ferry config show` prints for a secret: put the value back, or read it from a file with kafka.property_files"),
+            );
         }
     }
     if k.max_in_flight_records == 0
