@@ -94,7 +94,11 @@ pub struct ConnectConfig {
     pub sslcert: Option<PathBuf>,
     pub sslkey: Option<PathBuf>,
     pub application_name: String,
+    /// How long a connection attempt may take; `None` waits as long as the OS does.
     pub connect_timeout: Option<Duration>,
+    /// Whether the connection string set `connect_timeout` (it then wins over Ferry's
+    /// `postgres.connect_timeout`).
+    pub connect_timeout_given: bool,
 }
 
 impl fmt::Debug for ConnectConfig {
@@ -162,6 +166,7 @@ impl ConnectConfig {
             sslkey: None,
             application_name: DEFAULT_APPLICATION_NAME.into(),
             connect_timeout: Some(Duration::from_secs(10)),
+            connect_timeout_given: false,
         };
         let params = if let Some(rest) = s
             .strip_prefix("postgres://")
@@ -237,6 +242,7 @@ impl ConnectConfig {
                     ConfigError::new(format!("connect_timeout={value:?} is not a whole number of seconds"))
                 })?;
                 self.connect_timeout = (secs > 0).then(|| Duration::from_secs(secs.max(2)));
+                self.connect_timeout_given = true;
             }
             // Ferry always connects to the server as given and decides replication itself.
             "replication" => {

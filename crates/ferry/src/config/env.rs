@@ -2,7 +2,8 @@
 //! (`FERRY_POSTGRES_URL`, `FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS`, `FERRY_OUTBOX_ID_COLUMN`), and
 //! `FERRY_KAFKA_PROPERTIES_<NAME>` sets the librdkafka property `<name>` with `_` read as `.`
 //! (`FERRY_KAFKA_PROPERTIES_SASL_MECHANISM` sets `sasl.mechanism`; the few properties whose names
-//! contain `_` can only be set in the file).
+//! contain `_` can only be set in the file), and `FERRY_KAFKA_PROPERTY_FILES_<NAME>` the file
+//! that property is read from (`FERRY_KAFKA_PROPERTY_FILES_SASL_PASSWORD=/secrets/kafka`).
 //!
 //! Values are text and are parsed as the key's type: numbers, `true`/`false`, durations (`"5s"`),
 //! sizes (`32MiB`, as in the file), `kafka.brokers` comma-separated. An empty value unsets an optional key (`outbox.timestamp_column`).
@@ -71,6 +72,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     postgres.url = |v: &str| Ok::<_, String>(PostgresUrl::new(v));
     postgres.slot = text;
     postgres.publication = text;
+    postgres.password_file = |v: &str| optional(v).map(|p| p.map(std::path::PathBuf::from));
     postgres.create_slot = boolean;
     postgres.create_publication = boolean;
     postgres.status_interval = duration::parse;
@@ -161,6 +163,7 @@ fn valid_vars(section: &str) -> String {
         .collect();
     if section == "kafka" {
         names.push("FERRY_KAFKA_PROPERTIES_<NAME>".to_owned());
+        names.push("FERRY_KAFKA_PROPERTY_FILES_<NAME>".to_owned());
     }
     names.join(", ")
 }
@@ -217,6 +220,14 @@ fn apply_one(config: &mut Config, name: &str, value: &str) -> Result<(), String>
             }
             let property = property.to_ascii_lowercase().replace('_', ".");
             config.kafka.properties.0.insert(property, value.to_owned());
+            return Ok(());
+        }
+        if let Some(property) = key.strip_prefix("PROPERTY_FILES_") {
+            if property.is_empty() || property.bytes().any(|b| b.is_ascii_lowercase()) {
+                return Err("expected FERRY_KAFKA_PROPERTY_FILES_<NAME> in upper case, like FERRY_KAFKA_PROPERTY_FILES_SASL_PASSWORD".to_owned());
+            }
+            let property = property.to_ascii_lowercase().replace('_', ".");
+            config.kafka.property_files.insert(property, value.into());
             return Ok(());
         }
     }

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ pub struct KafkaConfig {
     /// librdkafka properties passed through to the producer (string, integer or boolean values),
     /// except those Ferry controls (see [`property_rule`]). Secret ones never print.
     pub properties: KafkaProperties,
+    /// librdkafka properties read from files at start-up (`"sasl.password" =
+    /// "/var/run/secrets/kafka/password"`), for secrets mounted as files; the trailing newline is
+    /// dropped. A property is set here or in `properties`, not both.
+    pub property_files: BTreeMap<String, PathBuf>,
     /// Compression of record batches.
     pub compression: Compression,
     /// Most records handed to the producer and not yet acknowledged; the pipeline stops reading
@@ -58,6 +63,7 @@ impl Default for KafkaConfig {
         KafkaConfig {
             brokers: Brokers::default(),
             properties: KafkaProperties::default(),
+            property_files: BTreeMap::new(),
             compression: defaults::COMPRESSION,
             max_in_flight_records: defaults::MAX_IN_FLIGHT_RECORDS,
             max_in_flight_bytes: defaults::MAX_IN_FLIGHT_BYTES,
@@ -69,12 +75,15 @@ impl Default for KafkaConfig {
 
 impl KafkaConfig {
     /// The producer's librdkafka configuration, in the order to apply it: `client.id` (`ferry`
-    /// unless the passthrough sets it), the passthrough, then every property Ferry controls, last
-    /// so that it wins even over an unvalidated passthrough. Holds secrets: never log it
-    /// (see [`is_secret_property`]).
-    pub fn producer_properties(&self) -> Vec<(String, String)> {
+    /// unless the passthrough sets it), the passthrough (`properties`, then `property_files`
+    /// read now), then every property Ferry controls, last so that it wins even over an
+    /// unvalidated passthrough. Holds secrets: never log it (see [`is_secret_property`]). Fails
+    /// when a property file cannot be read, with `kafka.property_files."<name>"` and why.
+    pub fn producer_properties(&self) -> Result<Vec<(String, String)>, String> {
         let mut out: Vec<(String, String)> = Vec::new();
-        if !self.properties.0.contains_key("client.id") {
+        if !self.properties.0.contains_key("client.id")
+            && !self.property_files.contains_key("client.id")
+        {
             out.push(("client.id".into(), defaults::CLIENT_ID.into()));
         }
         out.extend(
@@ -83,6 +92,11 @@ impl KafkaConfig {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone())),
         );
+        for (name, path) in &self.property_files {
+            let value = super::secret::read_secret_file(path)
+                .map_err(|e| format!("kafka.property_files.{name:?}: {e}"))?;
+            out.push((name.clone(), value));
+        }
         // librdkafka's own queue limits sit above Ferry's (twice, so that the pipeline's
         // backpressure is what bites); a QueueFull is still handled as backpressure.
         let queue_messages = self
@@ -109,7 +123,7 @@ impl KafkaConfig {
             ("queue.buffering.max.kbytes", queue_kbytes.to_string()),
         ];
         out.extend(controlled.into_iter().map(|(k, v)| (k.to_owned(), v)));
-        out
+        Ok(out)
     }
 }
 

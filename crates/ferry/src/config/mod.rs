@@ -38,6 +38,7 @@
 //! librdkafka properties (`sasl.password`, `ssl.key.password`, ...) as `***` ([`secret`],
 //! [`is_secret_property`]).
 
+mod connect;
 pub mod defaults;
 pub mod duration;
 pub mod env;

@@ -1,5 +1,6 @@
 //! Values that must never print: [`Secret`] (always `***`) and [`PostgresUrl`] (the connection
-//! string with only its password replaced by `***`).
+//! string with only its password replaced by `***`); and [`read_secret_file`], for the secrets
+//! kept in files (`postgres.password_file`, `kafka.property_files`).
 //!
 //! Read the value with `expose()`, at the one place that needs it (the connection or the producer
 //! configuration), never into a log line. Redaction fails closed: a connection string whose shape
@@ -7,6 +8,7 @@
 //! hidden rather than less.
 
 use std::fmt;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -106,6 +108,25 @@ impl fmt::Display for PostgresUrl {
 }
 
 const MASK: &str = "***";
+
+/// Reads a secret from a file (a Kubernetes Secret or Docker secret mounted as a file): its
+/// text without the trailing newline(s) an editor or `echo` adds. An empty, unreadable or
+/// non-UTF-8 file is an error saying so; the contents never appear in it.
+pub fn read_secret_file(path: &Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        format!(
+            "cannot read {}: {e}; mount the secret there (a Kubernetes Secret volume, a Docker secret) or fix the path",
+            path.display()
+        )
+    })?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(secret.to_owned())
+}
 
 /// Replaces the password of a libpq URL or keyword/value string by `***`.
 pub fn redact_conninfo(s: &str) -> String {

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -23,6 +24,9 @@ pub struct PostgresConfig {
     pub slot: String,
     /// Publication to read the outbox table through (and create, with `create_publication`).
     pub publication: String,
+    /// A file holding the password (a mounted Kubernetes Secret), read at start-up; its
+    /// trailing newline is dropped. Not together with a password in `url`.
+    pub password_file: Option<PathBuf>,
     /// Create the slot at startup if it does not exist.
     pub create_slot: bool,
     /// Create the publication for the outbox table if it does not exist.
@@ -70,6 +74,7 @@ impl Default for PostgresConfig {
             url: PostgresUrl::default(),
             slot: defaults::SLOT.to_owned(),
             publication: defaults::PUBLICATION.to_owned(),
+            password_file: None,
             create_slot: defaults::CREATE_SLOT,
             create_publication: defaults::CREATE_PUBLICATION,
             status_interval: defaults::STATUS_INTERVAL,

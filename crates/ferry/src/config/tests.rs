@@ -105,6 +105,7 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_POSTGRES_URL", "host=db user=u", |c| c.postgres.url.expose().into(), "host=db user=u"),
         ("FERRY_POSTGRES_SLOT", "s2", |c| c.postgres.slot.clone(), "s2"),
         ("FERRY_POSTGRES_PUBLICATION", "p2", |c| c.postgres.publication.clone(), "p2"),
+        ("FERRY_POSTGRES_PASSWORD_FILE", "/run/secrets/pg", |c| format!("{:?}", c.postgres.password_file), "Some(\"/run/secrets/pg\")"),
         ("FERRY_POSTGRES_CREATE_SLOT", "false", |c| c.postgres.create_slot.to_string(), "false"),
         ("FERRY_POSTGRES_CREATE_PUBLICATION", "false", |c| c.postgres.create_publication.to_string(), "false"),
         ("FERRY_POSTGRES_STATUS_INTERVAL", "250ms", |c| format!("{:?}", c.postgres.status_interval), "250ms"),
@@ -181,6 +182,7 @@ fn every_key_of_every_section_is_either_overridable_or_file_only() {
         "route.headers",
         "route.envelope_fields",
         "kafka.properties",
+        "kafka.property_files",
     ];
     for section in SECTIONS {
         let err = Config::from_toml(&format!("[{section}]\nzzz_unknown = 1\n")).unwrap_err();
@@ -489,7 +491,7 @@ fn producer_properties_pin_what_the_guarantee_needs() {
         .insert("sasl.mechanism".into(), "PLAIN".into());
     // Unvalidated forbidden values still lose: Ferry's settings come last.
     c.kafka.properties.0.insert("acks".into(), "0".into());
-    let props = c.kafka.producer_properties();
+    let props = c.kafka.producer_properties().unwrap();
     let last = |k: &str| {
         props
             .iter()
@@ -512,7 +514,7 @@ fn producer_properties_pin_what_the_guarantee_needs() {
         .properties
         .0
         .insert("client.id".into(), "mine".into());
-    let props = c.kafka.producer_properties();
+    let props = c.kafka.producer_properties().unwrap();
     assert_eq!(props.iter().filter(|(k, _)| k == "client.id").count(), 1);
 }
 
@@ -908,4 +910,101 @@ fn show_redacts_secrets_with_a_placeholder_that_cannot_load() {
         "{p:?}"
     );
     assert!(p[0].contains("put the password back"), "{p:?}");
+}
+
+/// A file in a fresh temporary directory, removed with it.
+struct TempFile {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+impl TempFile {
+    fn new(name: &str, contents: &[u8]) -> TempFile {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "ferry-config-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, contents).unwrap();
+        TempFile { dir, path }
+    }
+
+    fn path(&self) -> &str {
+        self.path.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn secrets_are_read_from_files_without_their_trailing_newline() {
+    let pg = TempFile::new("pg", b"pg pass\n");
+    let kafka = TempFile::new("kafka", b"k-pass\r\n");
+    let vars = env(&[
+        ("FERRY_POSTGRES_URL", "postgres://ferry@db/app"),
+        ("FERRY_POSTGRES_PASSWORD_FILE", pg.path()),
+        ("FERRY_KAFKA_BROKERS", "k:9092"),
+        ("FERRY_KAFKA_PROPERTY_FILES_SASL_PASSWORD", kafka.path()),
+    ]);
+    let c = load(None, vars).unwrap_or_else(|e| panic!("{e}"));
+    let connect = c.postgres.connect_config().unwrap();
+    assert_eq!(connect.password.as_deref(), Some("pg pass"));
+    let props = c.kafka.producer_properties().unwrap();
+    assert!(props.contains(&("sasl.password".into(), "k-pass".into())));
+    // The file's path shows, its contents never.
+    let shown = c.to_toml().unwrap();
+    assert!(
+        shown.contains(&format!("password_file = {:?}", pg.path())),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("\"sasl.password\" = {:?}", kafka.path())),
+        "{shown}"
+    );
+    assert!(!shown.contains("pass\""), "{shown}");
+    assert_eq!(load(Some(&shown), []).unwrap(), c);
+    // The same from the file.
+    let file = format!(
+        "[postgres]\nurl = \"postgres://ferry@db/app\"\npassword_file = {:?}\n[kafka]\nbrokers = \"k:9092\"\n[kafka.property_files]\n\"sasl.password\" = {:?}\n",
+        pg.path(),
+        kafka.path()
+    );
+    assert_eq!(load(Some(&file), []).unwrap(), c);
+}
+
+#[test]
+fn an_unusable_secret_file_is_a_problem_naming_the_key_and_the_file() {
+    let empty = TempFile::new("empty", b"\n");
+    let pg = TempFile::new("pg", b"pw\n");
+    let binary = TempFile::new("bin", &[0xff, 0xfe]);
+    let missing = "/nonexistent/ferry/secret";
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+        (vec![("FERRY_POSTGRES_PASSWORD_FILE", missing)], "postgres.password_file: cannot read /nonexistent/ferry/secret: No such file or directory"),
+        (vec![("FERRY_POSTGRES_PASSWORD_FILE", empty.path())], "is empty"),
+        (vec![("FERRY_POSTGRES_PASSWORD_FILE", binary.path())], "is not UTF-8 text"),
+        (vec![("FERRY_POSTGRES_PASSWORD_FILE", pg.path()), ("FERRY_POSTGRES_URL", URL)], "postgres.password_file: postgres.url holds a password too"),
+        (vec![("FERRY_KAFKA_PROPERTY_FILES_SASL_PASSWORD", missing)], "kafka.property_files.\"sasl.password\": cannot read /nonexistent/ferry/secret"),
+        (vec![("FERRY_KAFKA_PROPERTY_FILES_SASL_PASSWORD", pg.path()), ("FERRY_KAFKA_PROPERTIES_SASL_PASSWORD", "x")], "kafka.properties sets \"sasl.password\" too"),
+        (vec![("FERRY_KAFKA_PROPERTY_FILES_ACKS", pg.path())], "kafka.property_files.\"acks\": Ferry always sets acks=all"),
+        (vec![("FERRY_KAFKA_PROPERTY_FILES_sasl", pg.path())], "FERRY_KAFKA_PROPERTY_FILES_sasl: expected FERRY_KAFKA_PROPERTY_FILES_<NAME> in upper case"),
+    ];
+    for (extra, expected) in cases {
+        let mut vars = env(&[
+            ("FERRY_POSTGRES_URL", "postgres://ferry@db/app"),
+            ("FERRY_KAFKA_BROKERS", "k:9092"),
+        ]);
+        vars.extend(env(&extra));
+        let p = problems(load(None, vars).unwrap_err());
+        assert_eq!(p.len(), 1, "{expected}: {p:?}");
+        assert!(p[0].contains(expected), "{expected:?} not in {p:?}");
+        assert!(!p[0].contains("pw"), "{p:?}");
+    }
 }

@@ -66,6 +66,16 @@ fn postgres(c: &Config, p: &mut Problems) {
             without_secrets(&e.to_string(), pg.url.expose(), &pg.url.redacted()),
         );
     }
+    if let Some(path) = &pg.password_file {
+        if let Err(e) = super::secret::read_secret_file(path) {
+            p.add("postgres.password_file", e);
+        } else if ConnectConfig::parse(pg.url.expose()).is_ok_and(|c| c.password.is_some()) {
+            p.add(
+                "postgres.password_file",
+                "postgres.url holds a password too: keep one of them",
+            );
+        }
+    }
     if pg.slot.is_empty()
         || pg.slot.len() > defaults::MAX_NAME_BYTES
         || !pg
@@ -160,6 +170,19 @@ fn kafka(c: &Config, p: &mut Problems) {
                 format!("kafka.properties.{name:?}"),
                 format!("holds the placeholder {REDACTED} that `ferry config show` prints for a secret: put the value back, or read it from a file with kafka.property_files"),
             );
+        }
+    }
+    for (name, path) in &k.property_files {
+        let at = format!("kafka.property_files.{name:?}");
+        if let Some(why) = property_rule(name, "") {
+            p.add(at, why);
+        } else if k.properties.0.contains_key(name) {
+            p.add(
+                at,
+                format!("kafka.properties sets {name:?} too: keep one of them"),
+            );
+        } else if let Err(e) = super::secret::read_secret_file(path) {
+            p.add(at, e);
         }
     }
     if k.max_in_flight_records == 0

@@ -1,0 +1,31 @@
+//! From `[postgres]` to the settings both PostgreSQL connections use (the replication stream and
+//! the SQL connection): the URL parsed with libpq's meaning, then the password from
+//! `postgres.password_file`, and `postgres.connect_timeout` unless the URL sets its own.
+
+use ferry_wal::conn::ConnectConfig;
+
+use super::secret::read_secret_file;
+use super::PostgresConfig;
+
+impl PostgresConfig {
+    /// The resolved connection settings. The error names the key at fault
+    /// (`postgres.url: ...`, `postgres.password_file: ...`).
+    pub fn connect_config(&self) -> Result<ConnectConfig, String> {
+        let mut c =
+            ConnectConfig::parse(self.url.expose()).map_err(|e| format!("postgres.url: {e}"))?;
+        if !c.connect_timeout_given {
+            c.connect_timeout = Some(self.connect_timeout);
+        }
+        if let Some(path) = &self.password_file {
+            if c.password.is_some() {
+                return Err(
+                    "postgres.password_file: postgres.url holds a password too: keep one of them"
+                        .into(),
+                );
+            }
+            c.password =
+                Some(read_secret_file(path).map_err(|e| format!("postgres.password_file: {e}"))?);
+        }
+        Ok(c)
+    }
+}
