@@ -1,6 +1,7 @@
 //! From `[postgres]` to the settings both PostgreSQL connections use (the replication stream and
-//! the SQL connection): the URL parsed with libpq's meaning, then the password from
-//! `postgres.password_file`, and `postgres.connect_timeout` unless the URL sets its own.
+//! the SQL connection): the URL parsed with libpq's meaning, `postgres.connect_timeout` unless
+//! the URL sets its own, and the password from, in order: the URL, `postgres.password_file`,
+//! `PGPASSWORD`, the password file (`passfile`, `PGPASSFILE`, `~/.pgpass`, per host).
 
 use ferry_wal::conn::ConnectConfig;
 
@@ -11,6 +12,14 @@ impl PostgresConfig {
     /// The resolved connection settings. The error names the key at fault
     /// (`postgres.url: ...`, `postgres.password_file: ...`).
     pub fn connect_config(&self) -> Result<ConnectConfig, String> {
+        self.connect_config_with(&|name| std::env::var(name).ok())
+    }
+
+    /// [`PostgresConfig::connect_config`] with the environment read through `env`.
+    pub fn connect_config_with(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ConnectConfig, String> {
         let mut c =
             ConnectConfig::parse(self.url.expose()).map_err(|e| format!("postgres.url: {e}"))?;
         if !c.connect_timeout_given {
@@ -26,6 +35,7 @@ impl PostgresConfig {
             c.password =
                 Some(read_secret_file(path).map_err(|e| format!("postgres.password_file: {e}"))?);
         }
+        c.resolve_passwords(env);
         Ok(c)
     }
 }

@@ -1008,3 +1008,37 @@ fn an_unusable_secret_file_is_a_problem_naming_the_key_and_the_file() {
         assert!(!p[0].contains("pw"), "{p:?}");
     }
 }
+
+#[test]
+fn the_password_file_comes_before_pgpassword_and_the_url_before_both() {
+    let pg = TempFile::new("pg", b"from-file\n");
+    let env_pw = |k: &str| (k == "PGPASSWORD").then(|| "from-env".to_owned());
+    let mut c = valid().postgres;
+    c.url = PostgresUrl::new("postgres://ferry@db/app");
+    assert_eq!(
+        c.connect_config_with(&env_pw).unwrap().password.as_deref(),
+        Some("from-env")
+    );
+    c.password_file = Some(pg.path.clone());
+    assert_eq!(
+        c.connect_config_with(&env_pw).unwrap().password.as_deref(),
+        Some("from-file")
+    );
+    c.password_file = None;
+    c.url = PostgresUrl::new("postgres://ferry:from-url@db/app");
+    assert_eq!(
+        c.connect_config_with(&env_pw).unwrap().password.as_deref(),
+        Some("from-url")
+    );
+    // connect_timeout: the URL's wins over postgres.connect_timeout.
+    c.url = PostgresUrl::new("postgres://ferry@db/app?connect_timeout=3");
+    assert_eq!(
+        c.connect_config_with(&env_pw).unwrap().connect_timeout,
+        Some(Duration::from_secs(3))
+    );
+    c.url = PostgresUrl::new("postgres://ferry@db/app");
+    assert_eq!(
+        c.connect_config_with(&env_pw).unwrap().connect_timeout,
+        Some(defaults::CONNECT_TIMEOUT)
+    );
+}
