@@ -262,3 +262,21 @@ async fn connection_errors_keep_their_cause() {
         "{repl}"
     );
 }
+
+#[tokio::test]
+async fn hostaddr_is_connected_to_without_resolving_the_host() {
+    let s = setup().await;
+    let (host, port, db) = server(&s);
+    let ip: std::net::IpAddr = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .unwrap()
+        .next()
+        .unwrap()
+        .ip();
+    let cfg = ConnectConfig::parse(&format!(
+        "host=nonexistent.invalid hostaddr={ip} port={port} dbname={db} user=postgres password={}",
+        pg::SUPERUSER_PASSWORD
+    ))
+    .unwrap();
+    streams(&cfg, &s).await;
+}

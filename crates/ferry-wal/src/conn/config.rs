@@ -23,6 +23,7 @@
 //! `options`, and any parameter not listed in [`SUPPORTED`].
 
 use std::fmt;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -136,6 +137,11 @@ pub struct ConnectConfig {
     pub port: u16,
     /// Every host with its port, in the order they are tried.
     pub hosts: Vec<(Host, u16)>,
+    /// `hostaddr` of each host (aligned with `hosts`): the address to connect to without
+    /// resolving the name.
+    pub hostaddrs: Vec<Option<IpAddr>>,
+    /// The `hostaddr` of `host`, for the attempt that uses it.
+    pub hostaddr: Option<IpAddr>,
     /// Which of the hosts is acceptable.
     pub target_session_attrs: TargetSessionAttrs,
     /// The password file to look the password up in when none is given (`passfile`, else
@@ -167,6 +173,7 @@ impl fmt::Debug for ConnectConfig {
             .field("host", &self.host)
             .field("port", &self.port)
             .field("hosts", &self.hosts)
+            .field("hostaddrs", &self.hostaddrs)
             .field("target_session_attrs", &self.target_session_attrs)
             .field("passfile", &self.passfile)
             .field("user", &self.user)
@@ -227,17 +234,50 @@ pub const DEFAULT_PORT: u16 = 5432;
 #[derive(Default)]
 struct HostLists {
     hosts: Vec<String>,
+    hostaddrs: Vec<String>,
     ports: Vec<String>,
 }
 
 impl HostLists {
     /// Pairs hosts with ports as libpq does: no port is 5432, one port applies to every host,
     /// otherwise one per host. An empty host is `localhost`, an empty port 5432.
-    fn resolve(self) -> Result<Vec<(Host, u16)>, ConfigError> {
-        let hosts = if self.hosts.is_empty() {
-            vec![String::new()]
-        } else {
+    fn resolve(self) -> Result<(Vec<(Host, u16)>, Vec<Option<IpAddr>>), ConfigError> {
+        // `hostaddr`: the address to connect to instead of resolving `host`, which still names
+        // the server for TLS verification and the password file. Without `host`, the address
+        // is the host.
+        let hostaddrs: Vec<Option<IpAddr>> = self
+            .hostaddrs
+            .iter()
+            .map(|a| {
+                let a = a.trim();
+                if a.is_empty() {
+                    return Ok(None);
+                }
+                a.parse().map(Some).map_err(|_| {
+                    ConfigError::new(format!(
+                        "hostaddr {a:?} is not an IP address (a name goes in host)"
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let hosts = if !self.hosts.is_empty() {
+            if !hostaddrs.is_empty() && hostaddrs.len() != self.hosts.len() {
+                return Err(ConfigError::new(format!(
+                    "{} hostaddr values for {} hosts: give one per host",
+                    hostaddrs.len(),
+                    self.hosts.len()
+                )));
+            }
             self.hosts
+        } else if !hostaddrs.is_empty() {
+            self.hostaddrs.iter().map(|a| a.trim().to_owned()).collect()
+        } else {
+            vec![String::new()]
+        };
+        let hostaddrs = if hostaddrs.is_empty() {
+            vec![None; hosts.len()]
+        } else {
+            hostaddrs
         };
         let port = |p: &str| -> Result<u16, ConfigError> {
             if p.is_empty() {
@@ -263,7 +303,7 @@ impl HostLists {
                 )))
             }
         };
-        Ok(hosts
+        let hosts = hosts
             .into_iter()
             .zip(ports)
             .map(|(h, p)| {
@@ -277,7 +317,8 @@ impl HostLists {
                 };
                 (host, p)
             })
-            .collect())
+            .collect();
+        Ok((hosts, hostaddrs))
     }
 }
 
@@ -289,6 +330,8 @@ impl ConnectConfig {
             host: Host::Tcp("localhost".into()),
             port: DEFAULT_PORT,
             hosts: Vec::new(),
+            hostaddrs: Vec::new(),
+            hostaddr: None,
             target_session_attrs: TargetSessionAttrs::Any,
             passfile: None,
             password_note: None,
@@ -320,7 +363,8 @@ impl ConnectConfig {
         let mut fallback_application_name = None;
         for (k, v) in params {
             match k.as_str() {
-                "host" | "hostaddr" => lists.hosts = v.split(',').map(str::to_owned).collect(),
+                "host" => lists.hosts = v.split(',').map(str::to_owned).collect(),
+                "hostaddr" => lists.hostaddrs = v.split(',').map(str::to_owned).collect(),
                 "port" => lists.ports = v.split(',').map(str::to_owned).collect(),
                 "fallback_application_name" => fallback_application_name = Some(v),
                 _ => c.set(&k, v)?,
@@ -331,8 +375,9 @@ impl ConnectConfig {
                 c.application_name = name;
             }
         }
-        c.hosts = lists.resolve()?;
+        (c.hosts, c.hostaddrs) = lists.resolve()?;
         (c.host, c.port) = c.hosts[0].clone();
+        c.hostaddr = c.hostaddrs[0];
         if c.user.is_empty() {
             return Err(ConfigError::new(
                 "no user: put it in the URL (postgres://USER@host/db) or as user=USER",
@@ -457,11 +502,14 @@ impl ConnectConfig {
     pub fn targets(&self) -> Vec<ConnectConfig> {
         self.hosts
             .iter()
-            .map(|(host, port)| {
+            .zip(&self.hostaddrs)
+            .map(|((host, port), addr)| {
                 let mut c = self.clone();
                 c.host = host.clone();
                 c.port = *port;
+                c.hostaddr = *addr;
                 c.hosts = vec![(host.clone(), *port)];
+                c.hostaddrs = vec![*addr];
                 if c.password.is_none() {
                     if let Some(file) = &self.passfile {
                         match super::pgpass::lookup(file, host, *port, &c.dbname, &c.user) {
@@ -788,6 +836,25 @@ mod tests {
             ),
             (Host::Tcp("b".into()), 2, 1)
         );
+        // hostaddr: the address to use; host still names the server.
+        let c = ConnectConfig::parse("host=db.example.com,b hostaddr=10.0.0.5,::1 user=u").unwrap();
+        let targets = c.targets();
+        assert_eq!(
+            (targets[0].host.clone(), targets[0].hostaddr),
+            (
+                Host::Tcp("db.example.com".into()),
+                Some("10.0.0.5".parse().unwrap())
+            )
+        );
+        assert_eq!(targets[1].hostaddr, Some("::1".parse().unwrap()));
+        let c = ConnectConfig::parse("hostaddr=10.0.0.5 user=u").unwrap();
+        assert_eq!(c.host, Host::Tcp("10.0.0.5".into()));
+        for bad in [
+            "host=a hostaddr=db user=u",
+            "host=a,b hostaddr=10.0.0.1 user=u",
+        ] {
+            assert!(ConnectConfig::parse(bad).is_err(), "{bad}");
+        }
         for (attrs, expected) in [
             ("any", TargetSessionAttrs::Any),
             ("primary", TargetSessionAttrs::Primary),

@@ -31,14 +31,17 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Socket, ReaderError> {
                 })
         }
         Host::Tcp(host) => {
-            let addrs: Vec<std::net::SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), cfg.port))
+            let addrs: Vec<std::net::SocketAddr> = match cfg.hostaddr {
+                // hostaddr: no name lookup; the host still names the server for TLS.
+                Some(ip) => vec![std::net::SocketAddr::new(ip, cfg.port)],
+                None => tokio::net::lookup_host((host.as_str(), cfg.port))
                     .await
                     .map_err(|source| ReaderError::Resolve {
                         host: host.clone(),
                         source,
                     })?
-                    .collect();
+                    .collect(),
+            };
             let mut last = None;
             for addr in &addrs {
                 match TcpStream::connect(addr).await {
