@@ -194,6 +194,10 @@ impl fmt::Display for ConnectConfig {
     /// password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@", self.user)?;
+        if self.hosts.len() <= 1 {
+            f.write_str(&server(&self.host, self.port))?;
+            return write!(f, "/{}", self.dbname);
+        }
         for (i, (host, port)) in self.hosts.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
@@ -499,10 +503,21 @@ impl ConnectConfig {
 
     /// The settings for each host, in the order to try them: `host` and `port` set to that
     /// host's, and the password looked up in the password file for it when none is given.
+    ///
+    /// With one host, `host`, `port` and `hostaddr` are that host (so settings changed through
+    /// those fields are the ones used).
     pub fn targets(&self) -> Vec<ConnectConfig> {
-        self.hosts
-            .iter()
-            .zip(&self.hostaddrs)
+        let single = [((self.host.clone(), self.port), self.hostaddr)];
+        let all: Vec<((Host, u16), Option<IpAddr>)> = if self.hosts.len() <= 1 {
+            single.to_vec()
+        } else {
+            self.hosts
+                .iter()
+                .cloned()
+                .zip(self.hostaddrs.iter().copied())
+                .collect()
+        };
+        all.iter()
             .map(|((host, port), addr)| {
                 let mut c = self.clone();
                 c.host = host.clone();
