@@ -16,6 +16,18 @@ pub(crate) enum Socket {
     Unix(UnixStream),
 }
 
+/// A TCP connection with keepalive on (the kernel's idle time, as tokio-postgres sets it by
+/// default), so that a peer that vanished without a word is noticed on an idle connection.
+async fn connect_tcp(addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_keepalive(true)?;
+    socket.connect(addr).await
+}
+
 /// Resolves the host and connects to its addresses in turn (as libpq does with every address
 /// a name resolves to); the error is the last address's.
 pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Socket, ReaderError> {
@@ -44,7 +56,7 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Socket, ReaderError> {
             };
             let mut last = None;
             for addr in &addrs {
-                match TcpStream::connect(addr).await {
+                match connect_tcp(*addr).await {
                     Ok(tcp) => {
                         tcp.set_nodelay(true)
                             .map_err(ReaderError::io("setting TCP_NODELAY"))?;
