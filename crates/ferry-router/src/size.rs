@@ -72,7 +72,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
         }
         fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
             u64::try_from(v)
-                .map_err(|_| E::custom(format!("invalid size {v}: must not be negative")))
+                .map_err(|_| E::custom(format!("invalid value {v}: a size must not be negative")))
         }
         fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<u64, E> {
             parse(s).map_err(E::custom)
@@ -146,6 +146,22 @@ mod tests {
             let err = parse(bad).unwrap_err();
             assert!(err.contains(&format!("{bad:?}")), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_negative_number_in_the_file_is_refused() {
+        #[derive(serde::Deserialize, Debug)]
+        struct S {
+            #[serde(deserialize_with = "deserialize")]
+            #[allow(dead_code)]
+            n: u64,
+        }
+        let err = toml::from_str::<S>("n = -1").unwrap_err().to_string();
+        assert!(
+            err.contains("invalid value -1: a size must not be negative"),
+            "{err}"
+        );
+        assert_eq!(toml::from_str::<S>("n = \"1KiB\"").unwrap().n, 1024);
     }
 
     #[test]
