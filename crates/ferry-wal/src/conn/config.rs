@@ -147,6 +147,11 @@ pub struct ConnectConfig {
     /// The password file to look the password up in when none is given (`passfile`, else
     /// `PGPASSFILE`, else `~/.pgpass`: see [`ConnectConfig::resolve_passwords`]).
     pub passfile: Option<PathBuf>,
+    /// A file holding the password (not a libpq parameter: Ferry's `postgres.password_file`),
+    /// read at every connection attempt, so a rotated Kubernetes Secret is used from the next
+    /// reconnect on. Comes after a password in the connection string, before `PGPASSWORD` and
+    /// the password file.
+    pub password_file: Option<PathBuf>,
     /// Why no password was found where one was looked for (a password file ignored for its
     /// permissions), for the authentication error.
     pub password_note: Option<String>,
@@ -234,6 +239,9 @@ pub const DEFAULT_APPLICATION_NAME: &str = "ferry";
 /// libpq's default port.
 pub const DEFAULT_PORT: u16 = 5432;
 
+/// Every host with its port, and each one's `hostaddr`.
+type HostsAndAddrs = (Vec<(Host, u16)>, Vec<Option<IpAddr>>);
+
 /// The host and port lists as given, before they are paired.
 #[derive(Default)]
 struct HostLists {
@@ -245,7 +253,7 @@ struct HostLists {
 impl HostLists {
     /// Pairs hosts with ports as libpq does: no port is 5432, one port applies to every host,
     /// otherwise one per host. An empty host is `localhost`, an empty port 5432.
-    fn resolve(self) -> Result<(Vec<(Host, u16)>, Vec<Option<IpAddr>>), ConfigError> {
+    fn resolve(self) -> Result<HostsAndAddrs, ConfigError> {
         // `hostaddr`: the address to connect to instead of resolving `host`, which still names
         // the server for TLS verification and the password file. Without `host`, the address
         // is the host.
@@ -338,6 +346,7 @@ impl ConnectConfig {
             hostaddr: None,
             target_session_attrs: TargetSessionAttrs::Any,
             passfile: None,
+            password_file: None,
             password_note: None,
             user: String::new(),
             password: None,
@@ -486,7 +495,7 @@ impl ConnectConfig {
     /// `PGPASSWORD`; and the password file for per-host lookup (`passfile`, else `PGPASSFILE`,
     /// else `$HOME/.pgpass`). `env` reads a variable (the process environment, or a test's).
     pub fn resolve_passwords(&mut self, env: &dyn Fn(&str) -> Option<String>) {
-        if self.password.is_some() {
+        if self.password.is_some() || self.password_file.is_some() {
             return;
         }
         if let Some(p) = env("PGPASSWORD").filter(|p| !p.is_empty()) {
@@ -525,7 +534,12 @@ impl ConnectConfig {
                 c.hostaddr = *addr;
                 c.hosts = vec![(host.clone(), *port)];
                 c.hostaddrs = vec![*addr];
-                if c.password.is_none() {
+                if let (None, Some(file)) = (&c.password, &self.password_file) {
+                    match super::pgpass::read_secret_file(file) {
+                        Ok(p) => c.password = Some(p),
+                        Err(e) => c.password_note = Some(format!("postgres.password_file: {e}")),
+                    }
+                } else if c.password.is_none() {
                     if let Some(file) = &self.passfile {
                         match super::pgpass::lookup(file, host, *port, &c.dbname, &c.user) {
                             super::pgpass::Lookup::Found(p) => c.password = Some(p),
@@ -922,5 +936,31 @@ mod tests {
         let mut c = ConnectConfig::parse("postgres://u@h/d?passfile=/mine").unwrap();
         c.resolve_passwords(&env(&[("PGPASSFILE", "/p/file")]));
         assert_eq!(c.passfile, Some(PathBuf::from("/mine")));
+    }
+
+    #[test]
+    fn the_password_file_is_read_at_every_attempt() {
+        let path = std::env::temp_dir().join(format!("ferry-pw-{}", std::process::id()));
+        std::fs::write(&path, "first\n").unwrap();
+        let mut c = ConnectConfig::parse("host=a,b user=u").unwrap();
+        c.password_file = Some(path.clone());
+        c.resolve_passwords(&|_| Some("from-env".into()));
+        let passwords = |c: &ConnectConfig| -> Vec<Option<String>> {
+            c.targets().into_iter().map(|t| t.password).collect()
+        };
+        assert_eq!(passwords(&c), [Some("first".into()), Some("first".into())]);
+        std::fs::write(&path, "rotated\n").unwrap();
+        assert_eq!(
+            passwords(&c),
+            [Some("rotated".into()), Some("rotated".into())]
+        );
+        std::fs::remove_file(&path).unwrap();
+        let t = &c.targets()[0];
+        assert_eq!(t.password, None);
+        let note = t.password_note.as_deref().unwrap();
+        assert!(
+            note.starts_with("postgres.password_file: cannot read"),
+            "{note}"
+        );
     }
 }

@@ -11,11 +11,33 @@
 //! - a file that is not a regular file, or that group or others may read, write or execute
 //!   (`chmod 0600` fixes it), is ignored. libpq prints a warning; here the reason travels with
 //!   the settings and is shown if the server then asks for a password.
+//!
+//! [`read_secret_file`] reads a secret kept alone in a file (`postgres.password_file`, a
+//! mounted Kubernetes Secret).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use super::config::Host;
+
+/// Reads a secret from a file (a Kubernetes Secret or Docker secret mounted as a file): its
+/// text without the trailing newline(s) an editor or `echo` adds. An empty, unreadable or
+/// non-UTF-8 file is an error saying so; the contents never appear in it.
+pub fn read_secret_file(path: &Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        format!(
+            "cannot read {}: {e}; mount the secret there (a Kubernetes Secret volume, a Docker secret) or fix the path",
+            path.display()
+        )
+    })?;
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        return Err(format!("{} is empty", path.display()));
+    }
+    Ok(secret.to_owned())
+}
 
 /// The outcome of looking up a password.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,8 @@
 //! From `[postgres]` to the settings both PostgreSQL connections use (the replication stream and
 //! the SQL connection): the URL parsed with libpq's meaning, `postgres.connect_timeout` unless
 //! the URL sets its own, and the password from, in order: the URL, `postgres.password_file`,
-//! `PGPASSWORD`, the password file (`passfile`, `PGPASSFILE`, `~/.pgpass`, per host).
+//! `PGPASSWORD`, the password file (`passfile`, `PGPASSFILE`, `~/.pgpass`, per host). Both files
+//! are read again at every connection attempt, so a rotated Secret is used on the next reconnect.
 
 use ferry_wal::conn::ConnectConfig;
 
@@ -32,8 +33,9 @@ impl PostgresConfig {
                         .into(),
                 );
             }
-            c.password =
-                Some(read_secret_file(path).map_err(|e| format!("postgres.password_file: {e}"))?);
+            // Read now to fail at start-up; the connections read it again at every attempt.
+            read_secret_file(path).map_err(|e| format!("postgres.password_file: {e}"))?;
+            c.password_file = Some(path.clone());
         }
         c.resolve_passwords(env);
         Ok(c)

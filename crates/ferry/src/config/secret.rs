@@ -8,7 +8,6 @@
 //! hidden rather than less.
 
 use std::fmt;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -109,24 +108,7 @@ impl fmt::Display for PostgresUrl {
 
 const MASK: &str = "***";
 
-/// Reads a secret from a file (a Kubernetes Secret or Docker secret mounted as a file): its
-/// text without the trailing newline(s) an editor or `echo` adds. An empty, unreadable or
-/// non-UTF-8 file is an error saying so; the contents never appear in it.
-pub fn read_secret_file(path: &Path) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        format!(
-            "cannot read {}: {e}; mount the secret there (a Kubernetes Secret volume, a Docker secret) or fix the path",
-            path.display()
-        )
-    })?;
-    let text =
-        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
-    let secret = text.trim_end_matches(['\n', '\r']);
-    if secret.is_empty() {
-        return Err(format!("{} is empty", path.display()));
-    }
-    Ok(secret.to_owned())
-}
+pub use ferry_wal::conn::pgpass::read_secret_file;
 
 /// Replaces the password of a libpq URL or keyword/value string by `***`.
 pub fn redact_conninfo(s: &str) -> String {

@@ -24,7 +24,8 @@ pub struct PostgresConfig {
     pub slot: String,
     /// Publication to read the outbox table through (and create, with `create_publication`).
     pub publication: String,
-    /// A file holding the password (a mounted Kubernetes Secret), read at start-up; its
+    /// A file holding the password (a mounted Kubernetes Secret), checked at start-up and read
+    /// at every connection attempt (a rotated Secret is used from the next reconnect); its
     /// trailing newline is dropped. Not together with a password in `url`.
     pub password_file: Option<PathBuf>,
     /// Create the slot at startup if it does not exist.

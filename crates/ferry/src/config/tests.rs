@@ -955,7 +955,7 @@ fn secrets_are_read_from_files_without_their_trailing_newline() {
     ]);
     let c = load(None, vars).unwrap_or_else(|e| panic!("{e}"));
     let connect = c.postgres.connect_config().unwrap();
-    assert_eq!(connect.password.as_deref(), Some("pg pass"));
+    assert_eq!(connect.targets()[0].password.as_deref(), Some("pg pass"));
     let props = c.kafka.producer_properties().unwrap();
     assert!(props.contains(&("sasl.password".into(), "k-pass".into())));
     // The file's path shows, its contents never.
@@ -1021,7 +1021,9 @@ fn the_password_file_comes_before_pgpassword_and_the_url_before_both() {
     );
     c.password_file = Some(pg.path.clone());
     assert_eq!(
-        c.connect_config_with(&env_pw).unwrap().password.as_deref(),
+        c.connect_config_with(&env_pw).unwrap().targets()[0]
+            .password
+            .as_deref(),
         Some("from-file")
     );
     c.password_file = None;
