@@ -23,7 +23,7 @@ pub fn client_config(brokers: &str, client_id: &str) -> Res<ClientConfig> {
         ..KafkaConfig::default()
     };
     let mut cc = ClientConfig::new();
-    for (k, v) in kafka.producer_properties() {
+    for (k, v) in kafka.producer_properties()? {
         cc.set(k, v);
     }
     cc.set("client.id", client_id);

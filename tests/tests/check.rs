@@ -126,7 +126,7 @@ async fn check_reports_a_wrong_password_without_printing_it() {
     assert_eq!(code, Some(1), "{out}");
     assert_problem(
         &out,
-        "cannot connect to PostgreSQL: PostgreSQL FATAL: password authentication failed for user \"postgres\"",
+        "cannot connect to PostgreSQL: authentication as \"postgres\" failed: FATAL: password authentication failed for user \"postgres\" (SQLSTATE 28P01)",
         "check postgres.url",
     );
     assert!(!out.contains("not-the-password-42"), "{out}");

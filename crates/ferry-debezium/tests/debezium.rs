@@ -362,7 +362,7 @@ fn ssl_verify_full_and_sasl_producer_overrides() {
             ("ssl.endpoint.identification.algorithm", "https"),
         ]
     );
-    let effective = k.producer_properties();
+    let effective = k.producer_properties().unwrap();
     assert!(effective.contains(&("acks".into(), "all".into())));
     assert!(effective.contains(&("enable.idempotence".into(), "true".into())));
     assert!(note(&t, "producer.override.sasl.jaas.config")

@@ -175,7 +175,9 @@ pub struct RouteConfig {
     pub additional_placement: Option<String>,
     /// A NULL payload becomes a tombstone (null value) instead of a routing error.
     pub tombstone_on_null_payload: bool,
-    /// Largest record value accepted, in bytes; a larger one is a routing error.
+    /// Largest record value accepted, in bytes (a number or a size like `"960KiB"`, see
+    /// [`crate::size`]); a larger one is a routing error.
+    #[serde(deserialize_with = "crate::size::deserialize_usize")]
     pub max_payload_bytes: usize,
     /// What the binary does about a row that cannot be routed.
     pub on_error: OnError,

@@ -104,6 +104,7 @@ pub mod murmur2;
 mod record;
 mod router;
 pub mod row;
+pub mod size;
 pub mod template;
 pub mod timestamp;
 pub mod topic;

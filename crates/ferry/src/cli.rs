@@ -76,7 +76,8 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
-    /// Print the configuration as Ferry sees it (file plus environment), secrets redacted.
+    /// Print the effective configuration (file, environment, defaults) as TOML that loads again;
+    /// secrets are shown as "<redacted>".
     Show(ConfigArg),
     /// Translate a Debezium PostgreSQL connector config with the Outbox Event Router into a ferry.toml.
     ///
@@ -127,8 +128,16 @@ async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
         Command::Status(c) => crate::check::status(load(&c)?).await,
         Command::Config(ConfigCommand::Show(c)) => {
             let config = load(&c)?;
-            println!("{config:#?}");
-            Ok(ExitCode::SUCCESS)
+            match config.to_toml() {
+                Ok(text) => {
+                    print!("{text}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("ferry: cannot print the configuration as TOML: {e}");
+                    Err(ExitCode::from(1))
+                }
+            }
         }
         Command::Config(ConfigCommand::FromDebezium {
             file,

@@ -5,8 +5,25 @@
 //! Only the libpq parameters Ferry honours are accepted; any other is an error that names it,
 //! so a typo in `sslmode` never silently downgrades to plaintext. A host starting with `/` is a
 //! Unix-socket directory, as in libpq. The password never prints.
+//!
+//! As in libpq:
+//!
+//! - **Several hosts** (`host=a,b port=5432,5433`, `postgresql://a:5432,b:5433/db`) are tried in
+//!   order, each within `connect_timeout`; with `target_session_attrs=read-write` (or `primary`)
+//!   a server that is read-only (or in recovery) is passed over like one that refused, which is
+//!   how a client follows a failover. One port applies to every host; otherwise there is one
+//!   per host.
+//! - **The password** comes from the connection string, else `PGPASSWORD`, else the password
+//!   file (`passfile`, else `PGPASSFILE`, else `~/.pgpass`; see [`super::pgpass`]), looked up per
+//!   host. [`ConnectConfig::resolve_passwords`] applies the environment; [`ConnectConfig::targets`]
+//!   gives each host's settings.
+//!
+//! Refused, each with its reason: `sslmode=allow`, `sslpassword` (encrypted client keys),
+//! `target_session_attrs` other than `any`/`read-write`/`primary`, `replication`, `service`,
+//! `options`, and any parameter not listed in [`SUPPORTED`].
 
 use std::fmt;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -80,11 +97,64 @@ pub enum Host {
     Unix(PathBuf),
 }
 
+/// `target_session_attrs`: which server of several hosts is acceptable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetSessionAttrs {
+    /// The first that accepts the connection (libpq's default).
+    Any,
+    /// One whose sessions are read-write by default: neither in recovery nor with
+    /// `default_transaction_read_only` on.
+    ReadWrite,
+    /// One that is not in recovery (not a hot standby).
+    Primary,
+}
+
+/// Every parameter [`ConnectConfig::parse`] accepts.
+pub const SUPPORTED: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "user",
+    "password",
+    "passfile",
+    "dbname",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "application_name",
+    "fallback_application_name",
+    "connect_timeout",
+    "target_session_attrs",
+];
+
 /// Parsed connection settings.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConnectConfig {
+    /// The host a connection attempt uses: the first of [`ConnectConfig::hosts`], or, in a
+    /// configuration from [`ConnectConfig::targets`], that target's.
     pub host: Host,
     pub port: u16,
+    /// Every host with its port, in the order they are tried.
+    pub hosts: Vec<(Host, u16)>,
+    /// `hostaddr` of each host (aligned with `hosts`): the address to connect to without
+    /// resolving the name.
+    pub hostaddrs: Vec<Option<IpAddr>>,
+    /// The `hostaddr` of `host`, for the attempt that uses it.
+    pub hostaddr: Option<IpAddr>,
+    /// Which of the hosts is acceptable.
+    pub target_session_attrs: TargetSessionAttrs,
+    /// The password file to look the password up in when none is given (`passfile`, else
+    /// `PGPASSFILE`, else `~/.pgpass`: see [`ConnectConfig::resolve_passwords`]).
+    pub passfile: Option<PathBuf>,
+    /// A file holding the password (not a libpq parameter: Ferry's `postgres.password_file`),
+    /// read at every connection attempt, so a rotated Kubernetes Secret is used from the next
+    /// reconnect on. Comes after a password in the connection string, before `PGPASSWORD` and
+    /// the password file.
+    pub password_file: Option<PathBuf>,
+    /// Why no password was found where one was looked for (a password file ignored for its
+    /// permissions), for the authentication error.
+    pub password_note: Option<String>,
     pub user: String,
     pub password: Option<String>,
     pub dbname: String,
@@ -94,7 +164,12 @@ pub struct ConnectConfig {
     pub sslcert: Option<PathBuf>,
     pub sslkey: Option<PathBuf>,
     pub application_name: String,
+    /// How long a connection attempt may take; `None` waits as long as the OS does.
     pub connect_timeout: Option<Duration>,
+    /// Whether the connection string set `connect_timeout` (it then wins over Ferry's
+    /// `postgres.connect_timeout`).
+    pub connect_timeout_given: bool,
+    application_name_given: bool,
 }
 
 impl fmt::Debug for ConnectConfig {
@@ -102,6 +177,10 @@ impl fmt::Debug for ConnectConfig {
         f.debug_struct("ConnectConfig")
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("hosts", &self.hosts)
+            .field("hostaddrs", &self.hostaddrs)
+            .field("target_session_attrs", &self.target_session_attrs)
+            .field("passfile", &self.passfile)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("dbname", &self.dbname)
@@ -116,19 +195,30 @@ impl fmt::Debug for ConnectConfig {
 }
 
 impl fmt::Display for ConnectConfig {
-    /// `user@host:port/dbname`, never the password.
+    /// `user@host:port/dbname` (`user@a:5432,b:5433/dbname` for several hosts), never the
+    /// password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.host {
-            Host::Tcp(h) => write!(f, "{}@{}:{}/{}", self.user, h, self.port, self.dbname),
-            Host::Unix(d) => write!(
-                f,
-                "{}@{}/.s.PGSQL.{}/{}",
-                self.user,
-                d.display(),
-                self.port,
-                self.dbname
-            ),
+        write!(f, "{}@", self.user)?;
+        if self.hosts.len() <= 1 {
+            f.write_str(&server(&self.host, self.port))?;
+            return write!(f, "/{}", self.dbname);
         }
+        for (i, (host, port)) in self.hosts.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(&server(host, *port))?;
+        }
+        write!(f, "/{}", self.dbname)
+    }
+}
+
+/// `host:port` (`[::1]:5432`), or the socket path for a Unix socket.
+pub fn server(host: &Host, port: u16) -> String {
+    match host {
+        Host::Tcp(h) if h.contains(':') => format!("[{h}]:{port}"),
+        Host::Tcp(h) => format!("{h}:{port}"),
+        Host::Unix(d) => format!("{}/.s.PGSQL.{port}", d.display()),
     }
 }
 
@@ -143,8 +233,106 @@ impl ConfigError {
     }
 }
 
-/// The application name Ferry reports to the server (`pg_stat_activity.application_name`).
+/// The application name Ferry reports to the server (`pg_stat_activity.application_name`)
+/// unless the connection string sets `application_name` (or `fallback_application_name`).
 pub const DEFAULT_APPLICATION_NAME: &str = "ferry";
+/// libpq's default port.
+pub const DEFAULT_PORT: u16 = 5432;
+
+/// Every host with its port, and each one's `hostaddr`.
+type HostsAndAddrs = (Vec<(Host, u16)>, Vec<Option<IpAddr>>);
+
+/// The host and port lists as given, before they are paired.
+#[derive(Default)]
+struct HostLists {
+    hosts: Vec<String>,
+    hostaddrs: Vec<String>,
+    ports: Vec<String>,
+}
+
+impl HostLists {
+    /// Pairs hosts with ports as libpq does: no port is 5432, one port applies to every host,
+    /// otherwise one per host. An empty host is `localhost`, an empty port 5432.
+    fn resolve(self) -> Result<HostsAndAddrs, ConfigError> {
+        // `hostaddr`: the address to connect to instead of resolving `host`, which still names
+        // the server for TLS verification and the password file. Without `host`, the address
+        // is the host.
+        let hostaddrs: Vec<Option<IpAddr>> = self
+            .hostaddrs
+            .iter()
+            .map(|a| {
+                let a = a.trim();
+                if a.is_empty() {
+                    return Ok(None);
+                }
+                a.parse().map(Some).map_err(|_| {
+                    ConfigError::new(format!(
+                        "hostaddr {a:?} is not an IP address (a name goes in host)"
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let hosts = if !self.hosts.is_empty() {
+            if !hostaddrs.is_empty() && hostaddrs.len() != self.hosts.len() {
+                return Err(ConfigError::new(format!(
+                    "{} hostaddr values for {} hosts: give one per host",
+                    hostaddrs.len(),
+                    self.hosts.len()
+                )));
+            }
+            self.hosts
+        } else if !hostaddrs.is_empty() {
+            self.hostaddrs.iter().map(|a| a.trim().to_owned()).collect()
+        } else {
+            vec![String::new()]
+        };
+        let hostaddrs = if hostaddrs.is_empty() {
+            vec![None; hosts.len()]
+        } else {
+            hostaddrs
+        };
+        let port = |p: &str| -> Result<u16, ConfigError> {
+            if p.is_empty() {
+                return Ok(DEFAULT_PORT);
+            }
+            p.parse()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| ConfigError::new(format!("port {p:?} is not a port number")))
+        };
+        let ports: Vec<u16> = match self.ports.len() {
+            0 => vec![DEFAULT_PORT; hosts.len()],
+            1 => vec![port(&self.ports[0])?; hosts.len()],
+            n if n == hosts.len() => self
+                .ports
+                .iter()
+                .map(|p| port(p))
+                .collect::<Result<_, _>>()?,
+            n => {
+                return Err(ConfigError::new(format!(
+                    "{n} ports for {} hosts: give one port for all, or one per host",
+                    hosts.len()
+                )))
+            }
+        };
+        let hosts = hosts
+            .into_iter()
+            .zip(ports)
+            .map(|(h, p)| {
+                let h = h.trim().to_owned();
+                let host = if h.is_empty() {
+                    Host::Tcp("localhost".into())
+                } else if h.starts_with('/') {
+                    Host::Unix(PathBuf::from(h))
+                } else {
+                    Host::Tcp(h)
+                };
+                (host, p)
+            })
+            .collect();
+        Ok((hosts, hostaddrs))
+    }
+}
 
 impl ConnectConfig {
     /// Parses a `postgres://` / `postgresql://` URL or a keyword/value string.
@@ -152,7 +340,14 @@ impl ConnectConfig {
         let s = s.trim();
         let mut c = ConnectConfig {
             host: Host::Tcp("localhost".into()),
-            port: 5432,
+            port: DEFAULT_PORT,
+            hosts: Vec::new(),
+            hostaddrs: Vec::new(),
+            hostaddr: None,
+            target_session_attrs: TargetSessionAttrs::Any,
+            passfile: None,
+            password_file: None,
+            password_note: None,
             user: String::new(),
             password: None,
             dbname: String::new(),
@@ -162,12 +357,15 @@ impl ConnectConfig {
             sslkey: None,
             application_name: DEFAULT_APPLICATION_NAME.into(),
             connect_timeout: Some(Duration::from_secs(10)),
+            connect_timeout_given: false,
+            application_name_given: false,
         };
+        let mut lists = HostLists::default();
         let params = if let Some(rest) = s
             .strip_prefix("postgres://")
             .or_else(|| s.strip_prefix("postgresql://"))
         {
-            parse_url(rest, &mut c)?
+            parse_url(rest, &mut c, &mut lists)?
         } else if s.contains("://") {
             return Err(ConfigError::new(
                 "the URL scheme must be postgres:// or postgresql://",
@@ -175,9 +373,24 @@ impl ConnectConfig {
         } else {
             parse_keyword_value(s)?
         };
+        let mut fallback_application_name = None;
         for (k, v) in params {
-            c.set(&k, v)?;
+            match k.as_str() {
+                "host" => lists.hosts = v.split(',').map(str::to_owned).collect(),
+                "hostaddr" => lists.hostaddrs = v.split(',').map(str::to_owned).collect(),
+                "port" => lists.ports = v.split(',').map(str::to_owned).collect(),
+                "fallback_application_name" => fallback_application_name = Some(v),
+                _ => c.set(&k, v)?,
+            }
         }
+        if !c.application_name_given {
+            if let Some(name) = fallback_application_name {
+                c.application_name = name;
+            }
+        }
+        (c.hosts, c.hostaddrs) = lists.resolve()?;
+        (c.host, c.port) = c.hosts[0].clone();
+        c.hostaddr = c.hostaddrs[0];
         if c.user.is_empty() {
             return Err(ConfigError::new(
                 "no user: put it in the URL (postgres://USER@host/db) or as user=USER",
@@ -191,7 +404,7 @@ impl ConnectConfig {
                 "sslrootcert is set but sslmode=disable: remove one of them",
             ));
         }
-        if matches!(c.host, Host::Unix(_)) && c.sslmode > SslMode::Prefer {
+        if c.hosts.iter().any(|(h, _)| matches!(h, Host::Unix(_))) && c.sslmode > SslMode::Prefer {
             return Err(ConfigError::new(
                 "TLS over a Unix socket is not possible: use sslmode=disable or prefer with a socket directory host",
             ));
@@ -201,24 +414,44 @@ impl ConnectConfig {
 
     fn set(&mut self, key: &str, value: String) -> Result<(), ConfigError> {
         match key {
-            "host" | "hostaddr" => {
-                if value.contains(',') {
-                    return Err(ConfigError::new(
-                        "several hosts are not supported: give the one primary (Ferry needs the primary's replication slot)",
-                    ));
-                }
-                self.host = if value.starts_with('/') {
-                    Host::Unix(PathBuf::from(value))
-                } else {
-                    Host::Tcp(value)
-                };
-            }
-            "port" => {
-                self.port = value
-                    .parse()
-                    .map_err(|_| ConfigError::new(format!("port={value:?} is not a port number")))?;
-            }
             "user" => self.user = value,
+            "passfile" => self.passfile = Some(PathBuf::from(value)),
+            "target_session_attrs" => {
+                self.target_session_attrs = match value.as_str() {
+                    "any" => TargetSessionAttrs::Any,
+                    "read-write" => TargetSessionAttrs::ReadWrite,
+                    "primary" => TargetSessionAttrs::Primary,
+                    "read-only" | "standby" | "prefer-standby" => {
+                        return Err(ConfigError::new(format!(
+                            "target_session_attrs={value} is not supported: Ferry creates its slot and publication and \
+                             confirms on the primary; use read-write or primary to pick the primary of several hosts"
+                        )))
+                    }
+                    other => {
+                        return Err(ConfigError::new(format!(
+                            "target_session_attrs={other:?} is not a libpq value: use any, read-write or primary"
+                        )))
+                    }
+                }
+            }
+            "sslpassword" => {
+                return Err(ConfigError::new(
+                    "sslpassword is not supported: Ferry cannot read an encrypted client key; decrypt it \
+                     (openssl pkey -in key.pem -out key-plain.pem), keep that file secret (mode 0600, a Kubernetes Secret), \
+                     and point sslkey at it",
+                ))
+            }
+            "service" => {
+                return Err(ConfigError::new(
+                    "service is not supported: Ferry does not read pg_service.conf; put the service's parameters in the connection string",
+                ))
+            }
+            "options" => {
+                return Err(ConfigError::new(
+                    "options is not supported: Ferry sets the session settings its decoding depends on itself; \
+                     set other settings on the role (ALTER ROLE ... SET)",
+                ))
+            }
             "password" => self.password = Some(value),
             "dbname" => self.dbname = value,
             "sslmode" => self.sslmode = SslMode::parse(&value)?,
@@ -231,12 +464,16 @@ impl ConnectConfig {
             }
             "sslcert" => self.sslcert = Some(PathBuf::from(value)),
             "sslkey" => self.sslkey = Some(PathBuf::from(value)),
-            "application_name" => self.application_name = value,
+            "application_name" => {
+                self.application_name = value;
+                self.application_name_given = true;
+            }
             "connect_timeout" => {
                 let secs: u64 = value.parse().map_err(|_| {
                     ConfigError::new(format!("connect_timeout={value:?} is not a whole number of seconds"))
                 })?;
                 self.connect_timeout = (secs > 0).then(|| Duration::from_secs(secs.max(2)));
+                self.connect_timeout_given = true;
             }
             // Ferry always connects to the server as given and decides replication itself.
             "replication" => {
@@ -246,12 +483,79 @@ impl ConnectConfig {
             }
             other => {
                 return Err(ConfigError::new(format!(
-                    "unsupported parameter {other:?}; supported: host, port, user, password, dbname, sslmode, \
-                     sslrootcert, sslcert, sslkey, application_name, connect_timeout"
+                    "unsupported parameter {other:?}; supported: {}",
+                    SUPPORTED.join(", ")
                 )))
             }
         }
         Ok(())
+    }
+
+    /// Applies libpq's password environment: without a password in the connection string,
+    /// `PGPASSWORD`; and the password file for per-host lookup (`passfile`, else `PGPASSFILE`,
+    /// else `$HOME/.pgpass`). `env` reads a variable (the process environment, or a test's).
+    pub fn resolve_passwords(&mut self, env: &dyn Fn(&str) -> Option<String>) {
+        if self.password.is_some() || self.password_file.is_some() {
+            return;
+        }
+        if let Some(p) = env("PGPASSWORD").filter(|p| !p.is_empty()) {
+            self.password = Some(p);
+            return;
+        }
+        if self.passfile.is_none() {
+            self.passfile = env("PGPASSFILE")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".pgpass")));
+        }
+    }
+
+    /// The settings for each host, in the order to try them: `host` and `port` set to that
+    /// host's, and the password looked up in the password file for it when none is given.
+    ///
+    /// With one host, `host`, `port` and `hostaddr` are that host (so settings changed through
+    /// those fields are the ones used).
+    pub fn targets(&self) -> Vec<ConnectConfig> {
+        let single = [((self.host.clone(), self.port), self.hostaddr)];
+        let all: Vec<((Host, u16), Option<IpAddr>)> = if self.hosts.len() <= 1 {
+            single.to_vec()
+        } else {
+            self.hosts
+                .iter()
+                .cloned()
+                .zip(self.hostaddrs.iter().copied())
+                .collect()
+        };
+        all.iter()
+            .map(|((host, port), addr)| {
+                let mut c = self.clone();
+                c.host = host.clone();
+                c.port = *port;
+                c.hostaddr = *addr;
+                c.hosts = vec![(host.clone(), *port)];
+                c.hostaddrs = vec![*addr];
+                if let (None, Some(file)) = (&c.password, &self.password_file) {
+                    match super::pgpass::read_secret_file(file) {
+                        Ok(p) => c.password = Some(p),
+                        Err(e) => c.password_note = Some(format!("postgres.password_file: {e}")),
+                    }
+                } else if c.password.is_none() {
+                    if let Some(file) = &self.passfile {
+                        match super::pgpass::lookup(file, host, *port, &c.dbname, &c.user) {
+                            super::pgpass::Lookup::Found(p) => c.password = Some(p),
+                            super::pgpass::Lookup::NotFound => {}
+                            super::pgpass::Lookup::Ignored(why) => c.password_note = Some(why),
+                        }
+                    }
+                }
+                c
+            })
+            .collect()
+    }
+
+    /// `host:port` of the host a connection attempt uses.
+    pub fn server(&self) -> String {
+        server(&self.host, self.port)
     }
 
     /// The same settings for a different database user (used by `ferry check` and tests).
@@ -264,7 +568,11 @@ impl ConnectConfig {
     }
 }
 
-fn parse_url(rest: &str, c: &mut ConnectConfig) -> Result<Vec<(String, String)>, ConfigError> {
+fn parse_url(
+    rest: &str,
+    c: &mut ConnectConfig,
+    lists: &mut HostLists,
+) -> Result<Vec<(String, String)>, ConfigError> {
     let (main, query) = match rest.split_once('?') {
         Some((m, q)) => (m, Some(q)),
         None => (rest, None),
@@ -285,35 +593,25 @@ fn parse_url(rest: &str, c: &mut ConnectConfig) -> Result<Vec<(String, String)>,
         c.user = percent_decode(u)?;
         c.password = p.map(percent_decode).transpose()?;
     }
+    // `a:5432,b:5433,[::1]:5434`: each host with its own port.
     if !hostport.is_empty() {
-        let (h, p) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (h, after) = v6
-                .split_once(']')
-                .ok_or_else(|| ConfigError::new("unterminated [ in an IPv6 host"))?;
-            (h.to_string(), after.strip_prefix(':'))
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (hostport.to_string(), None),
-            }
-        };
-        let h = percent_decode(&h)?;
-        if h.contains(',') {
-            return Err(ConfigError::new(
-                "several hosts are not supported: give the one primary (Ferry needs the primary's replication slot)",
-            ));
-        }
-        if !h.is_empty() {
-            c.host = if h.starts_with('/') {
-                Host::Unix(PathBuf::from(h))
+        for one in hostport.split(',') {
+            let (h, p) = if let Some(v6) = one.strip_prefix('[') {
+                let (h, after) = v6
+                    .split_once(']')
+                    .ok_or_else(|| ConfigError::new("unterminated [ in an IPv6 host"))?;
+                (h.to_string(), after.strip_prefix(':'))
             } else {
-                Host::Tcp(h)
+                match one.rsplit_once(':') {
+                    Some((h, p)) => (h.to_string(), Some(p)),
+                    None => (one.to_string(), None),
+                }
             };
+            lists.hosts.push(percent_decode(&h)?);
+            lists.ports.push(p.unwrap_or("").to_owned());
         }
-        if let Some(p) = p.filter(|p| !p.is_empty()) {
-            c.port = p
-                .parse()
-                .map_err(|_| ConfigError::new(format!("port {p:?} is not a port number")))?;
+        if lists.ports.iter().all(String::is_empty) {
+            lists.ports.clear();
         }
     }
     if !path.is_empty() {
@@ -487,7 +785,30 @@ mod tests {
                 "postgres://u@h/d?sslmod=require",
                 "unsupported parameter \"sslmod\"",
             ),
-            ("postgres://u@h1,h2/d", "several hosts"),
+            (
+                "postgres://u@h1:1,h2:2,h3:3/d?port=1,2",
+                "2 ports for 3 hosts",
+            ),
+            ("host=a,b port=1,2,3 user=u", "3 ports for 2 hosts"),
+            (
+                "postgres://u@h/d?target_session_attrs=standby",
+                "Ferry creates its slot",
+            ),
+            (
+                "postgres://u@h/d?target_session_attrs=readwrite",
+                "not a libpq value",
+            ),
+            ("postgres://u@h/d?sslpassword=x", "encrypted client key"),
+            ("postgres://u@h/d?service=prod", "pg_service.conf"),
+            (
+                "postgres://u@h/d?options=-c%20x%3D1",
+                "options is not supported",
+            ),
+            (
+                "postgres://u@h/d?keepalives=1",
+                "unsupported parameter \"keepalives\"; supported: host, hostaddr, port",
+            ),
+            ("postgres://u@h:0/d", "not a port"),
             ("postgres://h/d", "no user"),
             ("mysql://u@h/d", "scheme"),
             ("postgres://u@h:99999/d", "not a port"),
@@ -502,5 +823,144 @@ mod tests {
             let err = ConnectConfig::parse(bad).unwrap_err().to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn several_hosts_pair_with_their_ports_as_in_libpq() {
+        let hosts = |s: &str| {
+            let c = ConnectConfig::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+            assert_eq!((c.host.clone(), c.port), c.hosts[0], "{s}");
+            c.hosts
+                .iter()
+                .map(|(h, p)| server(h, *p))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let cases = [
+            ("postgresql://u@a:1,b:2/d", "a:1 b:2"),
+            ("postgresql://u@a,b:2,[::1]:3/d", "a:5432 b:2 [::1]:3"),
+            ("postgresql://u@a,b/d", "a:5432 b:5432"),
+            ("postgresql://u@a,b/d?port=7", "a:7 b:7"),
+            ("host=a,b port=5432,5433 user=u", "a:5432 b:5433"),
+            ("host=a,b port=6000 user=u", "a:6000 b:6000"),
+            ("host=a,/tmp user=u", "a:5432 /tmp/.s.PGSQL.5432"),
+            ("user=u", "localhost:5432"),
+            ("host=a,,b user=u port=1,2,3", "a:1 localhost:2 b:3"),
+        ];
+        for (s, expected) in cases {
+            assert_eq!(hosts(s), expected, "{s}");
+        }
+        let c =
+            ConnectConfig::parse("postgresql://ferry@a:1,b:2/app?target_session_attrs=read-write")
+                .unwrap();
+        assert_eq!(c.target_session_attrs, TargetSessionAttrs::ReadWrite);
+        assert_eq!(c.to_string(), "ferry@a:1,b:2/app");
+        let targets = c.targets();
+        assert_eq!(targets.len(), 2);
+        assert_eq!(
+            (
+                targets[1].host.clone(),
+                targets[1].port,
+                targets[1].hosts.len()
+            ),
+            (Host::Tcp("b".into()), 2, 1)
+        );
+        // hostaddr: the address to use; host still names the server.
+        let c = ConnectConfig::parse("host=db.example.com,b hostaddr=10.0.0.5,::1 user=u").unwrap();
+        let targets = c.targets();
+        assert_eq!(
+            (targets[0].host.clone(), targets[0].hostaddr),
+            (
+                Host::Tcp("db.example.com".into()),
+                Some("10.0.0.5".parse().unwrap())
+            )
+        );
+        assert_eq!(targets[1].hostaddr, Some("::1".parse().unwrap()));
+        let c = ConnectConfig::parse("hostaddr=10.0.0.5 user=u").unwrap();
+        assert_eq!(c.host, Host::Tcp("10.0.0.5".into()));
+        for bad in [
+            "host=a hostaddr=db user=u",
+            "host=a,b hostaddr=10.0.0.1 user=u",
+        ] {
+            assert!(ConnectConfig::parse(bad).is_err(), "{bad}");
+        }
+        for (attrs, expected) in [
+            ("any", TargetSessionAttrs::Any),
+            ("primary", TargetSessionAttrs::Primary),
+        ] {
+            let c = ConnectConfig::parse(&format!("host=a user=u target_session_attrs={attrs}"))
+                .unwrap();
+            assert_eq!(c.target_session_attrs, expected);
+        }
+    }
+
+    #[test]
+    fn application_name_defaults_to_ferry_and_the_fallback_yields_to_it() {
+        let name = |s: &str| ConnectConfig::parse(s).unwrap().application_name;
+        assert_eq!(name("host=a user=u"), "ferry");
+        assert_eq!(name("host=a user=u fallback_application_name=x"), "x");
+        assert_eq!(
+            name("host=a user=u application_name=y fallback_application_name=x"),
+            "y"
+        );
+        assert_eq!(
+            name("host=a user=u fallback_application_name=x application_name=y"),
+            "y"
+        );
+    }
+
+    #[test]
+    fn the_password_comes_from_the_string_then_pgpassword_then_the_password_file() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let mut c = ConnectConfig::parse("postgres://u:given@h/d").unwrap();
+        c.resolve_passwords(&env(&[("PGPASSWORD", "env"), ("HOME", "/home/u")]));
+        assert_eq!(
+            (c.password.as_deref(), c.passfile.clone()),
+            (Some("given"), None)
+        );
+        let mut c = ConnectConfig::parse("postgres://u@h/d").unwrap();
+        c.resolve_passwords(&env(&[("PGPASSWORD", "env"), ("HOME", "/home/u")]));
+        assert_eq!(c.password.as_deref(), Some("env"));
+        let mut c = ConnectConfig::parse("postgres://u@h/d").unwrap();
+        c.resolve_passwords(&env(&[("PGPASSFILE", "/p/file"), ("HOME", "/home/u")]));
+        assert_eq!(c.passfile, Some(PathBuf::from("/p/file")));
+        let mut c = ConnectConfig::parse("postgres://u@h/d").unwrap();
+        c.resolve_passwords(&env(&[("HOME", "/home/u")]));
+        assert_eq!(c.passfile, Some(PathBuf::from("/home/u/.pgpass")));
+        let mut c = ConnectConfig::parse("postgres://u@h/d?passfile=/mine").unwrap();
+        c.resolve_passwords(&env(&[("PGPASSFILE", "/p/file")]));
+        assert_eq!(c.passfile, Some(PathBuf::from("/mine")));
+    }
+
+    #[test]
+    fn the_password_file_is_read_at_every_attempt() {
+        let path = std::env::temp_dir().join(format!("ferry-pw-{}", std::process::id()));
+        std::fs::write(&path, "first\n").unwrap();
+        let mut c = ConnectConfig::parse("host=a,b user=u").unwrap();
+        c.password_file = Some(path.clone());
+        c.resolve_passwords(&|_| Some("from-env".into()));
+        let passwords = |c: &ConnectConfig| -> Vec<Option<String>> {
+            c.targets().into_iter().map(|t| t.password).collect()
+        };
+        assert_eq!(passwords(&c), [Some("first".into()), Some("first".into())]);
+        std::fs::write(&path, "rotated\n").unwrap();
+        assert_eq!(
+            passwords(&c),
+            [Some("rotated".into()), Some("rotated".into())]
+        );
+        std::fs::remove_file(&path).unwrap();
+        let t = &c.targets()[0];
+        assert_eq!(t.password, None);
+        let note = t.password_note.as_deref().unwrap();
+        assert!(
+            note.starts_with("postgres.password_file: cannot read"),
+            "{note}"
+        );
     }
 }

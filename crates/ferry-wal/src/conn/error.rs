@@ -118,6 +118,31 @@ pub enum ReaderError {
     },
     #[error("timed out after {secs}s {what}")]
     Timeout { what: &'static str, secs: u64 },
+    /// The host name does not resolve (DNS).
+    #[error("cannot resolve the host name {host:?}: {source}; check the host in postgres.url and this machine's DNS")]
+    Resolve {
+        host: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The TCP (or Unix-socket) connection failed: refused, unreachable, reset.
+    #[error("cannot connect to {server}: {source}")]
+    Connect {
+        server: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The server accepted the connection but is not the kind `target_session_attrs` asks for
+    /// (a standby, or read-only): the next host is tried, and after a failover one will be.
+    #[error("{server} is {what}, and target_session_attrs={wanted} asks for a {wanted} server")]
+    Unsuitable {
+        server: String,
+        what: &'static str,
+        wanted: &'static str,
+    },
+    /// Every host of a connection string with several failed; each with its error, in order.
+    #[error("no host could be used: {}", .0.iter().map(|(server, e)| format!("{server}: {e}")).collect::<Vec<_>>().join("; "))]
+    Hosts(Vec<(String, ReaderError)>),
     #[error("the server at {server} does not accept TLS but sslmode={sslmode} requires it; enable ssl on the server or lower sslmode")]
     TlsRefused { server: String, sslmode: String },
     #[error("the TLS certificate of {server} was rejected (sslmode={sslmode}): {reason}; {fix}")]
@@ -183,6 +208,9 @@ impl ReaderError {
         match self {
             ReaderError::Io { .. }
             | ReaderError::Timeout { .. }
+            | ReaderError::Resolve { .. }
+            | ReaderError::Connect { .. }
+            | ReaderError::Unsuitable { .. }
             | ReaderError::StreamEnded
             | ReaderError::SlotInUse { .. } => true,
             ReaderError::Server(e) => e.is_transient(),
@@ -194,6 +222,9 @@ impl ReaderError {
             | ReaderError::Auth { .. }
             | ReaderError::SlotAdvancedPastResume { .. }
             | ReaderError::Closed => false,
+            // One host down and another refusing the password: the first may come back (a
+            // failover in progress), so retry.
+            ReaderError::Hosts(attempts) => attempts.iter().any(|(_, e)| e.is_transient()),
             // The server broke the protocol, or Ferry has a bug: reconnecting replays the same
             // bytes into the same code, so the reader stops instead of looping.
             ReaderError::UnexpectedSslAnswer { .. }
@@ -208,6 +239,14 @@ impl ReaderError {
             | ReaderError::Rewind(_)
             | ReaderError::TaskFailed { .. } => false,
         }
+    }
+
+    /// The outcome of trying every host in turn: the one error when there was one host.
+    pub(crate) fn from_attempts(mut attempts: Vec<(String, ReaderError)>) -> ReaderError {
+        if attempts.len() == 1 {
+            return attempts.remove(0).1;
+        }
+        ReaderError::Hosts(attempts)
     }
 
     pub(crate) fn io(context: &'static str) -> impl FnOnce(io::Error) -> ReaderError {

@@ -1,6 +1,7 @@
 //! The replication connection and the reader task (feature `io`).
 //!
 //! - [`config`]: libpq connection strings (URL or keyword/value), `sslmode` included.
+//! - [`pgpass`]: libpq's password file.
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 //! - [`replication`]: the frontend/backend protocol for a `replication=database` session.
 //! - [`stream`]: the reader task that streams the slot into the pipeline.
@@ -8,10 +9,12 @@
 
 pub mod config;
 pub mod error;
+pub(crate) mod net;
+pub mod pgpass;
 pub mod replication;
 pub mod stream;
 pub mod tls;
 
-pub use config::{ConnectConfig, SslMode};
+pub use config::{ConnectConfig, SslMode, TargetSessionAttrs};
 pub use error::{ReaderError, ServerError};
 pub use stream::{start, ReaderEvent, ReaderHandle, ReaderStats, StreamOptions};

@@ -8,7 +8,6 @@
 //! are handed to its parser. CopyData payloads are zero-copy slices of the read buffer.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -17,10 +16,10 @@ use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
 use postgres_protocol::message::{backend, frontend};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixStream};
 
-use super::config::{ConnectConfig, Host, SslMode};
+use super::config::{ConnectConfig, SslMode, TargetSessionAttrs};
 use super::error::{ReaderError, ServerError};
+use super::net;
 use super::tls;
 use crate::frame::{self, StreamFrame};
 
@@ -80,30 +79,99 @@ impl std::fmt::Debug for ReplicationConnection {
 impl ReplicationConnection {
     /// Connects, negotiates TLS per `sslmode`, starts a `replication=database` session and
     /// authenticates.
+    ///
+    /// With several hosts, each is tried in turn (each within `connect_timeout`) until one
+    /// connects and suits `target_session_attrs`.
     pub async fn connect(cfg: &ConnectConfig) -> Result<ReplicationConnection, ReaderError> {
+        let mut attempts = Vec::new();
+        for target in cfg.targets() {
+            match Self::connect_one(&target).await {
+                Ok(conn) => return Ok(conn),
+                Err(e) => attempts.push((target.server(), e)),
+            }
+        }
+        Err(ReaderError::from_attempts(attempts))
+    }
+
+    async fn connect_one(cfg: &ConnectConfig) -> Result<ReplicationConnection, ReaderError> {
         let timeout = cfg.connect_timeout.unwrap_or(Duration::from_secs(3600));
-        tokio::time::timeout(timeout, Self::connect_inner(cfg))
+        let mut conn = tokio::time::timeout(timeout, Self::connect_inner(cfg))
             .await
             .map_err(|_| ReaderError::Timeout {
                 what: "connecting to PostgreSQL for replication",
                 secs: timeout.as_secs(),
-            })?
+            })??;
+        conn.check_session_attrs(cfg).await?;
+        Ok(conn)
+    }
+
+    /// Whether this server suits `target_session_attrs`, as libpq decides it: from the
+    /// `default_transaction_read_only` and `in_hot_standby` the server reports at startup
+    /// (PostgreSQL 14+), else by asking (`SHOW transaction_read_only`,
+    /// `SELECT pg_is_in_recovery()`, which a `replication=database` session accepts).
+    async fn check_session_attrs(&mut self, cfg: &ConnectConfig) -> Result<(), ReaderError> {
+        let on = |v: Option<&String>| v.map(|v| v == "on");
+        let (what, wanted) = match cfg.target_session_attrs {
+            TargetSessionAttrs::Any => return Ok(()),
+            TargetSessionAttrs::ReadWrite => {
+                let read_only = match (
+                    on(self.parameters.get("default_transaction_read_only")),
+                    on(self.parameters.get("in_hot_standby")),
+                ) {
+                    (Some(d), Some(h)) => d || h,
+                    _ => self.first_value("SHOW transaction_read_only").await? == "on",
+                };
+                if !read_only {
+                    return Ok(());
+                }
+                ("read-only", "read-write")
+            }
+            TargetSessionAttrs::Primary => {
+                let standby = match on(self.parameters.get("in_hot_standby")) {
+                    Some(h) => h,
+                    None => {
+                        self.first_value("SELECT pg_catalog.pg_is_in_recovery()")
+                            .await?
+                            == "t"
+                    }
+                };
+                if !standby {
+                    return Ok(());
+                }
+                ("a standby (in recovery)", "primary")
+            }
+        };
+        let server = cfg.server();
+        self.close_quietly().await;
+        Err(ReaderError::Unsuitable {
+            server,
+            what,
+            wanted,
+        })
+    }
+
+    async fn first_value(&mut self, sql: &str) -> Result<String, ReaderError> {
+        let rows = self.simple_query(sql).await?;
+        Ok(rows
+            .first()
+            .and_then(|r| r.first())
+            .cloned()
+            .flatten()
+            .unwrap_or_default())
+    }
+
+    /// Ends a session that never streamed: Terminate, best effort.
+    async fn close_quietly(&mut self) {
+        frontend::terminate(&mut self.write);
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.flush()).await;
     }
 
     async fn connect_inner(cfg: &ConnectConfig) -> Result<ReplicationConnection, ReaderError> {
         let tls_config = tls::client_config(cfg)?;
         let mut tcp_fd = None;
-        let io: Pin<Box<dyn Io>> = match &cfg.host {
-            Host::Unix(dir) => {
-                let path = dir.join(format!(".s.PGSQL.{}", cfg.port));
-                Box::pin(connect_unix(&path).await?)
-            }
-            Host::Tcp(host) => {
-                let mut tcp = TcpStream::connect((host.as_str(), cfg.port))
-                    .await
-                    .map_err(ReaderError::io("connecting to PostgreSQL"))?;
-                tcp.set_nodelay(true)
-                    .map_err(ReaderError::io("setting TCP_NODELAY"))?;
+        let io: Pin<Box<dyn Io>> = match net::open(cfg).await? {
+            net::Socket::Unix(unix) => Box::pin(unix),
+            net::Socket::Tcp(mut tcp, host) => {
                 tcp_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&tcp));
                 match tls_config {
                     None => Box::pin(tcp),
@@ -119,7 +187,7 @@ impl ReplicationConnection {
                             .map_err(ReaderError::io("reading the SSLRequest answer"))?;
                         match answer {
                             b'S' => {
-                                let name = tls::server_name(host)?;
+                                let name = tls::server_name(&host)?;
                                 let stream = tokio_rustls::TlsConnector::from(tls_config)
                                     .connect(name, tcp)
                                     .await
@@ -132,7 +200,7 @@ impl ReplicationConnection {
                             b'N' if cfg.sslmode == SslMode::Prefer => Box::pin(tcp),
                             b'N' => {
                                 return Err(ReaderError::TlsRefused {
-                                    server: format!("{host}:{}", cfg.port),
+                                    server: cfg.server(),
                                     sslmode: cfg.sslmode.to_string(),
                                 })
                             }
@@ -191,26 +259,27 @@ impl ReplicationConnection {
             user: cfg.user.clone(),
             reason,
         };
-        let password = || {
-            cfg.password.as_deref().ok_or_else(|| {
-                auth_err(
-                    "the server asks for a password and none is configured (put it in the URL)"
-                        .into(),
-                )
-            })
+        let password = |method: &str| {
+            cfg.password
+                .as_deref()
+                .ok_or_else(|| auth_err(no_password(method, cfg)))
         };
+        // The method the server asked for, named in its refusal.
+        let mut method = None;
         loop {
             match self.next_frame().await? {
                 Frame::Other(backend::Message::AuthenticationOk) => return Ok(()),
                 Frame::Other(backend::Message::AuthenticationCleartextPassword) => {
-                    frontend::password_message(password()?.as_bytes(), &mut self.write)
+                    method = Some("password");
+                    frontend::password_message(password("password")?.as_bytes(), &mut self.write)
                         .map_err(ReaderError::io("encoding the password message"))?;
                     self.flush().await?;
                 }
                 Frame::Other(backend::Message::AuthenticationMd5Password(body)) => {
+                    method = Some("md5");
                     let hash = postgres_protocol::authentication::md5_hash(
                         cfg.user.as_bytes(),
-                        password()?.as_bytes(),
+                        password("md5")?.as_bytes(),
                         body.salt(),
                     );
                     frontend::password_message(hash.as_bytes(), &mut self.write)
@@ -228,14 +297,15 @@ impl ReplicationConnection {
                             "the server offers no SASL mechanism Ferry supports (SCRAM-SHA-256)".into(),
                         ));
                     }
-                    self.scram(password()?, &auth_err).await?;
+                    self.scram(password("SCRAM-SHA-256")?, &auth_err).await?;
                 }
                 Frame::Other(backend::Message::ErrorResponse(e)) => {
                     let e = server_error(&e);
+                    let by = method.map_or(String::new(), |m| format!("by {m}: "));
                     return Err(if e.code.starts_with("28") && e.hint.is_some() {
-                        auth_err(e.to_string())
+                        auth_err(format!("{by}{e}"))
                     } else if e.code.starts_with("28") {
-                        auth_err(format!("{e}; check the user name and password, and pg_hba.conf"))
+                        auth_err(format!("{by}{e}; check the user name and password, and pg_hba.conf"))
                     } else {
                         ReaderError::Server(e)
                     });
@@ -266,7 +336,7 @@ impl ReplicationConnection {
                     .map_err(|e| auth_err(format!("SCRAM: {e}")))?;
             }
             Frame::Other(backend::Message::ErrorResponse(e)) => {
-                return Err(auth_err(server_error(&e).to_string()))
+                return Err(auth_err(format!("by SCRAM-SHA-256: {}", server_error(&e))))
             }
             other => return Err(auth_err(format!("SCRAM: unexpected {}", describe(&other)))),
         }
@@ -278,7 +348,7 @@ impl ReplicationConnection {
                 .finish(body.data())
                 .map_err(|e| auth_err(format!("SCRAM: the server's proof is wrong: {e}"))),
             Frame::Other(backend::Message::ErrorResponse(e)) => Err(auth_err(format!(
-                "{}; check the password",
+                "by SCRAM-SHA-256: {}; check the password",
                 server_error(&e)
             ))),
             other => Err(auth_err(format!("SCRAM: unexpected {}", describe(&other)))),
@@ -506,12 +576,6 @@ fn set_rcvlowat(fd: std::os::fd::RawFd, value: libc::c_int) -> bool {
     rc == 0
 }
 
-async fn connect_unix(path: &Path) -> Result<UnixStream, ReaderError> {
-    UnixStream::connect(path)
-        .await
-        .map_err(ReaderError::io("connecting to PostgreSQL's Unix socket"))
-}
-
 fn fallible_next<I>(it: &mut I) -> Result<Option<I::Item>, ReaderError>
 where
     I: FallibleIterator<Error = std::io::Error>,
@@ -543,6 +607,20 @@ pub(crate) fn server_error(body: &backend::ErrorResponseBody) -> ServerError {
         }
     }
     e.with_fix()
+}
+
+/// Why there is no password for `method`, with where one can be given (and why the password
+/// file did not give one, if it was ignored).
+pub(crate) fn no_password(method: &str, cfg: &ConnectConfig) -> String {
+    let mut why = format!(
+        "the server asks for a password ({method}) and none is configured: set it in postgres.url, \
+         postgres.password_file, PGPASSWORD or a password file (~/.pgpass, PGPASSFILE)"
+    );
+    if let Some(note) = &cfg.password_note {
+        why.push_str("; ");
+        why.push_str(note);
+    }
+    why
 }
 
 /// Adds the fix to a startup refusal that lacks one: a role without REPLICATION is refused a

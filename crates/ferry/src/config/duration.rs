@@ -44,6 +44,11 @@ pub fn format(d: Duration) -> String {
     }
 }
 
+/// `#[serde(serialize_with = "duration::serialize")]`: as [`format`] writes it.
+pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format(*d))
+}
+
 /// `#[serde(deserialize_with = "duration::deserialize")]`: a duration string.
 pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     struct Text;

@@ -2,16 +2,27 @@
 //! (`FERRY_POSTGRES_URL`, `FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS`, `FERRY_OUTBOX_ID_COLUMN`), and
 //! `FERRY_KAFKA_PROPERTIES_<NAME>` sets the librdkafka property `<name>` with `_` read as `.`
 //! (`FERRY_KAFKA_PROPERTIES_SASL_MECHANISM` sets `sasl.mechanism`; the few properties whose names
-//! contain `_` can only be set in the file).
+//! contain `_` can only be set in the file), and `FERRY_KAFKA_PROPERTY_FILES_<NAME>` the file
+//! that property is read from (`FERRY_KAFKA_PROPERTY_FILES_SASL_PASSWORD=/secrets/kafka`).
 //!
 //! Values are text and are parsed as the key's type: numbers, `true`/`false`, durations (`"5s"`),
-//! `kafka.brokers` comma-separated. An empty value unsets an optional key (`outbox.timestamp_column`).
+//! sizes (`32MiB`, as in the file), `kafka.brokers` comma-separated. An empty value unsets an optional key (`outbox.timestamp_column`).
 //! Arrays of tables (`route.rules`, `route.headers`) and `route.envelope_fields` come only from
 //! the file.
 //!
-//! Any other `FERRY_*` variable is an error naming it and the valid keys, so a typo is never
-//! silently ignored; [`RESERVED`] and [`RESERVED_PREFIXES`] are left to the binary and the test
-//! harness.
+//! Any other `FERRY_*` variable is an error naming it and the nearest valid variable (by edit
+//! distance), so a typo is never silently ignored. Three kinds of `FERRY_*` variables are not
+//! Ferry's to refuse, and are skipped:
+//!
+//! - Ferry's own tools' ([`RESERVED`], [`RESERVED_PREFIXES`]): `FERRY_CONFIG` (read by `main`),
+//!   `FERRY_BIN` (ferry-bench), `FERRY_TEST_*` (the test harness), `FERRY_BENCH_*`, `FERRY_DEMO_*`.
+//! - Kubernetes service links ([`is_kubernetes_service_link`]): a pod gets, for every Service
+//!   of its namespace, `<SVC>_SERVICE_HOST`, `<SVC>_SERVICE_PORT`, `<SVC>_SERVICE_PORT_<PORT NAME>`,
+//!   `<SVC>_PORT`, `<SVC>_PORT_<N>_<PROTO>` and its `_PROTO`, `_PORT`, `_ADDR` (kubelet
+//!   `pkg/kubelet/envvars/envvars.go`; `<SVC>` is the Service name upper-cased with `-` as `_`),
+//!   so a Service named `ferry` or `ferry-*` yields `FERRY_*` variables. They are recognised by
+//!   name *and* value (a cluster IP, a port number, `tcp://10.0.0.1:9187`), so a mistake that
+//!   merely looks like one (`FERRY_HTTP_PORT=9187`) is still refused.
 
 use std::fmt::Display;
 use std::str::FromStr;
@@ -21,10 +32,12 @@ use ferry_router::ConfigProblem;
 use super::secret::PostgresUrl;
 use super::{duration, Config};
 
-/// `FERRY_*` variables that are not configuration keys: the config file path (read by `main`).
-pub const RESERVED: &[&str] = &["FERRY_CONFIG"];
-/// Prefixes of `FERRY_*` variables that are not configuration keys: the test harness's.
-pub const RESERVED_PREFIXES: &[&str] = &["FERRY_TEST_"];
+/// `FERRY_*` variables that are not configuration keys: the config file path (read by `main`)
+/// and the `ferry` binary ferry-bench runs (`bench/README.md`).
+pub const RESERVED: &[&str] = &["FERRY_CONFIG", "FERRY_BIN"];
+/// Prefixes of `FERRY_*` variables that are not configuration keys: the test harness's
+/// (`FERRY_TEST_PG_URL`, ...), and room for the benchmark's and the demo's.
+pub const RESERVED_PREFIXES: &[&str] = &["FERRY_TEST_", "FERRY_BENCH_", "FERRY_DEMO_"];
 
 const PREFIX: &str = "FERRY_";
 /// Sections in file order.
@@ -59,6 +72,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     postgres.url = |v: &str| Ok::<_, String>(PostgresUrl::new(v));
     postgres.slot = text;
     postgres.publication = text;
+    postgres.password_file = |v: &str| optional(v).map(|p| p.map(std::path::PathBuf::from));
     postgres.create_slot = boolean;
     postgres.create_publication = boolean;
     postgres.failover_slot = boolean;
@@ -83,13 +97,13 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     route.envelope = boolean;
     route.additional_placement = optional;
     route.tombstone_on_null_payload = boolean;
-    route.max_payload_bytes = parsed;
+    route.max_payload_bytes = size_usize;
     route.on_error = parsed;
     route.dead_letter_topic = optional;
     kafka.brokers = parsed;
     kafka.compression = parsed;
     kafka.max_in_flight_records = parsed;
-    kafka.max_in_flight_bytes = parsed;
+    kafka.max_in_flight_bytes = ferry_router::size::parse;
     kafka.delivery_timeout = duration::parse;
     kafka.linger = duration::parse;
     http.listen = parsed;
@@ -104,6 +118,11 @@ fn text(v: &str) -> Result<String, String> {
 
 fn optional(v: &str) -> Result<Option<String>, String> {
     Ok((!v.is_empty()).then(|| v.to_owned()))
+}
+
+fn size_usize(v: &str) -> Result<usize, String> {
+    let n = ferry_router::size::parse(v)?;
+    usize::try_from(n).map_err(|_| format!("size {v:?} is too large"))
 }
 
 fn boolean(v: &str) -> Result<bool, String> {
@@ -145,6 +164,7 @@ fn valid_vars(section: &str) -> String {
         .collect();
     if section == "kafka" {
         names.push("FERRY_KAFKA_PROPERTIES_<NAME>".to_owned());
+        names.push("FERRY_KAFKA_PROPERTY_FILES_<NAME>".to_owned());
     }
     names.join(", ")
 }
@@ -159,6 +179,7 @@ pub(super) fn apply(
         .filter(|(name, _)| name.starts_with(PREFIX))
         .filter(|(name, _)| !RESERVED.contains(&name.as_str()))
         .filter(|(name, _)| !RESERVED_PREFIXES.iter().any(|p| name.starts_with(p)))
+        .filter(|(name, value)| !is_kubernetes_service_link(name, value))
         .collect();
     // By name; for a name given twice, the later value wins.
     vars.sort_by(|a, b| a.0.cmp(&b.0));
@@ -188,7 +209,8 @@ fn apply_one(config: &mut Config, name: &str, value: &str) -> Result<(), String>
     }) else {
         let sections: Vec<String> = SECTIONS.iter().map(|s| s.to_ascii_uppercase()).collect();
         return Err(format!(
-            "unknown variable: configuration variables are FERRY_<SECTION>_<KEY> with SECTION one of {}",
+            "unknown variable{}: configuration variables are FERRY_<SECTION>_<KEY> with SECTION one of {}",
+            did_you_mean(name),
             sections.join(", ")
         ));
     };
@@ -201,6 +223,14 @@ fn apply_one(config: &mut Config, name: &str, value: &str) -> Result<(), String>
             config.kafka.properties.0.insert(property, value.to_owned());
             return Ok(());
         }
+        if let Some(property) = key.strip_prefix("PROPERTY_FILES_") {
+            if property.is_empty() || property.bytes().any(|b| b.is_ascii_lowercase()) {
+                return Err("expected FERRY_KAFKA_PROPERTY_FILES_<NAME> in upper case, like FERRY_KAFKA_PROPERTY_FILES_SASL_PASSWORD".to_owned());
+            }
+            let property = property.to_ascii_lowercase().replace('_', ".");
+            config.kafka.property_files.insert(property, value.into());
+            return Ok(());
+        }
     }
     let found = KEYS
         .iter()
@@ -208,8 +238,118 @@ fn apply_one(config: &mut Config, name: &str, value: &str) -> Result<(), String>
     match found {
         Some(k) => (k.set)(config, value).map_err(|e| format!("{section}.{}: {e}", k.key)),
         None => Err(format!(
-            "unknown variable; the [{section}] variables are {}",
+            "unknown variable{}; the [{section}] variables are {}",
+            did_you_mean(name),
             valid_vars(section)
         )),
     }
+}
+
+/// `" (did you mean FERRY_X?)"` for the valid variable nearest to `name`, when one is near
+/// enough to be a likely typo; `""` otherwise.
+fn did_you_mean(name: &str) -> String {
+    let upper = name.to_ascii_uppercase();
+    let nearest = KEYS
+        .iter()
+        .map(|k| var_name(k.section, k.key))
+        .map(|v| (edit_distance(&upper, &v), v))
+        .min_by_key(|(d, _)| *d);
+    match nearest {
+        // Case alone, or up to a third of the name's length (at most 4 edits) away.
+        Some((d, v)) if d <= (v.len() / 3).clamp(1, 4) => format!(" (did you mean {v}?)"),
+        _ => String::new(),
+    }
+}
+
+/// Levenshtein distance in bytes (variable names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = substitute.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+/// Whether `name=value` is a variable that Kubernetes injects for a Service (service links,
+/// on unless the pod sets `enableServiceLinks: false`), by its exact shape:
+///
+/// | name | value |
+/// |---|---|
+/// | `<SVC>_SERVICE_HOST` | the cluster IP |
+/// | `<SVC>_SERVICE_PORT`, `<SVC>_SERVICE_PORT_<PORT NAME>` | a port number |
+/// | `<SVC>_PORT` | `<proto>://<cluster IP>:<port>` of the first port |
+/// | `<SVC>_PORT_<N>_<PROTO>` | `<proto>://<cluster IP>:<N>` |
+/// | `<SVC>_PORT_<N>_<PROTO>_PROTO` | `<proto>` (`tcp`, `udp`, `sctp`) |
+/// | `<SVC>_PORT_<N>_<PROTO>_PORT` | `<N>` |
+/// | `<SVC>_PORT_<N>_<PROTO>_ADDR` | the cluster IP |
+pub fn is_kubernetes_service_link(name: &str, value: &str) -> bool {
+    // `<SVC>`: a Service name upper-cased with `-` as `_`.
+    let service = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+    };
+    let port = |s: &str| s.parse::<u16>().is_ok_and(|p| p > 0) && !s.starts_with('0');
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().is_ok();
+    let proto = |s: &str| matches!(s, "TCP" | "UDP" | "SCTP");
+    // `tcp://10.0.0.1:9187` (or `tcp://[fd00::1]:9187`), with the protocol and port if given.
+    let url = |v: &str, want_proto: Option<&str>, want_port: Option<&str>| {
+        let Some((p, addr)) = v.split_once("://") else {
+            return false;
+        };
+        let Ok(addr) = addr.parse::<std::net::SocketAddr>() else {
+            return false;
+        };
+        proto(&p.to_ascii_uppercase())
+            && p == p.to_ascii_lowercase()
+            && want_proto.is_none_or(|w| w.eq_ignore_ascii_case(p))
+            && want_port.is_none_or(|w| w == addr.port().to_string())
+    };
+    if let Some(svc) = name.strip_suffix("_SERVICE_HOST") {
+        return service(svc) && ip(value);
+    }
+    for (at, _) in name.match_indices("_SERVICE_PORT") {
+        let (svc, rest) = (&name[..at], &name[at + "_SERVICE_PORT".len()..]);
+        let named = rest.is_empty() || rest.strip_prefix('_').is_some_and(service);
+        if service(svc) && named && port(value) {
+            return true;
+        }
+    }
+    for (at, _) in name.match_indices("_PORT") {
+        let (svc, rest) = (&name[..at], &name[at + "_PORT".len()..]);
+        if !service(svc) {
+            continue;
+        }
+        if rest.is_empty() {
+            if url(value, None, None) {
+                return true;
+            }
+            continue;
+        }
+        let mut parts = rest.strip_prefix('_').unwrap_or("").splitn(3, '_');
+        let (Some(n), Some(p)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        if !port(n) || !proto(p) {
+            continue;
+        }
+        let matches = match parts.next() {
+            None => url(value, Some(p), Some(n)),
+            Some("PROTO") => value == p.to_ascii_lowercase(),
+            Some("PORT") => value == n,
+            Some("ADDR") => ip(value),
+            Some(_) => false,
+        };
+        if matches {
+            return true;
+        }
+    }
+    false
 }

@@ -10,15 +10,16 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{defaults, duration};
 
 /// `[kafka]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Bootstrap brokers, `host:port`: a comma-separated string or an array. Required.
@@ -26,19 +27,34 @@ pub struct KafkaConfig {
     /// librdkafka properties passed through to the producer (string, integer or boolean values),
     /// except those Ferry controls (see [`property_rule`]). Secret ones never print.
     pub properties: KafkaProperties,
+    /// librdkafka properties read from files at start-up (`"sasl.password" =
+    /// "/var/run/secrets/kafka/password"`), for secrets mounted as files; the trailing newline is
+    /// dropped. A property is set here or in `properties`, not both.
+    pub property_files: BTreeMap<String, PathBuf>,
     /// Compression of record batches.
     pub compression: Compression,
     /// Most records handed to the producer and not yet acknowledged; the pipeline stops reading
     /// WAL at this bound until deliveries catch up.
     pub max_in_flight_records: u64,
-    /// Most bytes of such records: the memory bound. At least `route.max_payload_bytes`.
+    /// Most bytes of such records: the memory bound. At least `route.max_payload_bytes`. A
+    /// number or a size with a unit (`"32MiB"`, see [`ferry_router::size`]).
+    #[serde(
+        deserialize_with = "ferry_router::size::deserialize",
+        serialize_with = "ferry_router::size::serialize"
+    )]
     pub max_in_flight_bytes: u64,
     /// How long librdkafka keeps trying to deliver a record (`message.timeout.ms`). After it the
     /// record fails, nothing past it is checkpointed, and the pipeline restarts from the checkpoint.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub delivery_timeout: Duration,
     /// How long librdkafka waits to fill a batch (`linger.ms`).
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub linger: Duration,
 }
 
@@ -47,6 +63,7 @@ impl Default for KafkaConfig {
         KafkaConfig {
             brokers: Brokers::default(),
             properties: KafkaProperties::default(),
+            property_files: BTreeMap::new(),
             compression: defaults::COMPRESSION,
             max_in_flight_records: defaults::MAX_IN_FLIGHT_RECORDS,
             max_in_flight_bytes: defaults::MAX_IN_FLIGHT_BYTES,
@@ -58,12 +75,15 @@ impl Default for KafkaConfig {
 
 impl KafkaConfig {
     /// The producer's librdkafka configuration, in the order to apply it: `client.id` (`ferry`
-    /// unless the passthrough sets it), the passthrough, then every property Ferry controls, last
-    /// so that it wins even over an unvalidated passthrough. Holds secrets: never log it
-    /// (see [`is_secret_property`]).
-    pub fn producer_properties(&self) -> Vec<(String, String)> {
+    /// unless the passthrough sets it), the passthrough (`properties`, then `property_files`
+    /// read now), then every property Ferry controls, last so that it wins even over an
+    /// unvalidated passthrough. Holds secrets: never log it (see [`is_secret_property`]). Fails
+    /// when a property file cannot be read, with `kafka.property_files."<name>"` and why.
+    pub fn producer_properties(&self) -> Result<Vec<(String, String)>, String> {
         let mut out: Vec<(String, String)> = Vec::new();
-        if !self.properties.0.contains_key("client.id") {
+        if !self.properties.0.contains_key("client.id")
+            && !self.property_files.contains_key("client.id")
+        {
             out.push(("client.id".into(), defaults::CLIENT_ID.into()));
         }
         out.extend(
@@ -72,6 +92,11 @@ impl KafkaConfig {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone())),
         );
+        for (name, path) in &self.property_files {
+            let value = super::secret::read_secret_file(path)
+                .map_err(|e| format!("kafka.property_files.{name:?}: {e}"))?;
+            out.push((name.clone(), value));
+        }
         // librdkafka's own queue limits sit above Ferry's (twice, so that the pipeline's
         // backpressure is what bites); a QueueFull is still handled as backpressure.
         let queue_messages = self
@@ -98,7 +123,7 @@ impl KafkaConfig {
             ("queue.buffering.max.kbytes", queue_kbytes.to_string()),
         ];
         out.extend(controlled.into_iter().map(|(k, v)| (k.to_owned(), v)));
-        out
+        Ok(out)
     }
 }
 
@@ -114,6 +139,12 @@ impl FromStr for Brokers {
             return Ok(Brokers(Vec::new()));
         }
         Ok(Brokers(s.split(',').map(|b| b.trim().to_owned()).collect()))
+    }
+}
+
+impl Serialize for Brokers {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
     }
 }
 
@@ -137,7 +168,7 @@ impl<'de> Deserialize<'de> for Brokers {
 }
 
 /// `kafka.compression`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     /// No compression.
@@ -211,6 +242,21 @@ impl fmt::Debug for KafkaProperties {
                 (k, shown)
             }))
             .finish()
+    }
+}
+
+/// Secret values serialize as [`super::secret::REDACTED`], so `ferry config show` never prints
+/// them.
+impl Serialize for KafkaProperties {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| {
+            let shown = if is_secret_property(k) {
+                super::secret::REDACTED
+            } else {
+                v
+            };
+            (k, shown)
+        }))
     }
 }
 

@@ -24,16 +24,21 @@
 //!
 //! [`load`] takes the file's text (or none: a container can be configured by environment alone)
 //! and the environment as a map, so tests never touch the process environment. It parses, applies
-//! the overrides ([`env`]), and runs [`Config::validate`], which reports every problem at once,
-//! each with its key path (`kafka.brokers: must not be empty`, `route.rules[2].topic: ...`).
+//! the overrides ([`env`]), and runs [`Config::validate`]; the environment's problems and the
+//! validation's are reported together, each with its variable or key path
+//! (`FERRY_KAFKA_BROKER: unknown variable`, `kafka.brokers: must not be empty`,
+//! `route.rules[2].topic: ...`), so one run lists everything to fix. Only a file that is not
+//! TOML (or does not fit the schema) stops before the rest is looked at.
 //!
 //! # Values
 //!
-//! Durations are strings with a unit (`"500ms"`, `"5s"`, `"2m"`, `"1h"`; see [`duration`]).
+//! Durations are strings with a unit (`"500ms"`, `"5s"`, `"2m"`, `"1h"`; see [`duration`]);
+//! byte sizes are numbers or strings with a unit (`"32MiB"`; see [`ferry_router::size`]).
 //! Secrets never print: `postgres.url` shows with its password replaced by `***`, and secret
 //! librdkafka properties (`sasl.password`, `ssl.key.password`, ...) as `***` ([`secret`],
 //! [`is_secret_property`]).
 
+mod connect;
 pub mod defaults;
 pub mod duration;
 pub mod env;
@@ -48,7 +53,7 @@ mod tests;
 use std::fmt;
 
 use ferry_router::{ConfigErrors, ConfigProblem, OutboxConfig, RouteConfig};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use kafka::{
     builtin_features, is_secret_property, property_rule, Brokers, Compression, KafkaConfig,
@@ -57,8 +62,9 @@ pub use kafka::{
 pub use secret::{PostgresUrl, Secret};
 pub use sections::{HttpConfig, HttpListen, LogConfig, PostgresConfig, ShutdownConfig};
 
-/// The whole configuration. `Debug` hides secrets.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+/// The whole configuration. `Debug` hides secrets; `Serialize` (what [`Config::to_toml`] and
+/// `ferry config show` print) writes them as [`secret::REDACTED`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// `[postgres]`.
@@ -83,10 +89,9 @@ pub enum ConfigError {
     /// The file is not valid TOML, or a key or value does not fit (unknown key, wrong type).
     #[error("{0}")]
     Toml(TomlError),
-    /// Some `FERRY_*` variables are unknown or have bad values (path = the variable).
-    #[error("environment: {0}")]
-    Env(ConfigErrors),
-    /// Values that parse but cannot work together.
+    /// Every problem of the environment and of the values, at once: first the `FERRY_*`
+    /// variables that are unknown or have bad values (path = the variable), then the values that
+    /// do not work (path = the key).
     #[error("{0}")]
     Invalid(ConfigErrors),
 }
@@ -126,15 +131,35 @@ pub fn load(
         Some(text) => Config::from_toml(text)?,
         None => Config::default(),
     };
-    env::apply(&mut config, env).map_err(|problems| ConfigError::Env(ConfigErrors { problems }))?;
-    config.validate().map_err(ConfigError::Invalid)?;
-    Ok(config)
+    // The environment's problems do not stop loading: validation runs on what did apply, so
+    // one run lists everything to fix.
+    let mut problems = env::apply(&mut config, env).err().unwrap_or_default();
+    if let Err(e) = config.validate() {
+        problems.extend(e.problems);
+    }
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid(ConfigErrors { problems }))
+    }
 }
 
 impl Config {
     /// Parses the file's text alone: no environment, no validation.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Toml(toml_error(text, &e)))
+    }
+
+    /// The configuration as TOML that [`load`] reads back: every key, defaults included, with
+    /// secrets as [`secret::REDACTED`] (what `ferry config show` prints).
+    pub fn to_toml(&self) -> Result<String, String> {
+        let body = toml::to_string(self).map_err(|e| e.to_string())?;
+        Ok(format!(
+            "# The effective configuration (file, environment and defaults), as `ferry config show` printed it.\n\
+             # Secrets are shown as \"{}\": put them back (or use postgres.password_file,\n\
+             # kafka.property_files) before loading this again.\n\n{body}",
+            secret::REDACTED
+        ))
     }
 
     /// Every problem of the configuration, with key paths, or `Ok`.

@@ -1,5 +1,6 @@
 //! Values that must never print: [`Secret`] (always `***`) and [`PostgresUrl`] (the connection
-//! string with only its password replaced by `***`).
+//! string with only its password replaced by `***`); and [`read_secret_file`], for the secrets
+//! kept in files (`postgres.password_file`, `kafka.property_files`).
 //!
 //! Read the value with `expose()`, at the one place that needs it (the connection or the producer
 //! configuration), never into a log line. Redaction fails closed: a connection string whose shape
@@ -8,7 +9,11 @@
 
 use std::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
+
+/// What `ferry config show` prints in place of a secret. Not a plausible password, and
+/// validation refuses it (a shown configuration reused as is says what to put back).
+pub const REDACTED: &str = "<redacted>";
 
 /// A secret string. `Debug` and `Display` print `***` (or `""` when empty, so "unset" stays
 /// visible).
@@ -30,6 +35,13 @@ impl Secret {
     /// Whether it is empty (unset).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+/// As [`REDACTED`] (or `""` when empty).
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(if self.0.is_empty() { "" } else { REDACTED })
     }
 }
 
@@ -75,6 +87,13 @@ impl PostgresUrl {
     }
 }
 
+/// With its password replaced by [`REDACTED`] (the whole string, if its shape is not understood).
+impl Serialize for PostgresUrl {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&redact_conninfo_with(self.0.expose(), REDACTED))
+    }
+}
+
 impl fmt::Debug for PostgresUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}", self.redacted())
@@ -89,24 +108,31 @@ impl fmt::Display for PostgresUrl {
 
 const MASK: &str = "***";
 
+pub use ferry_wal::conn::pgpass::read_secret_file;
+
 /// Replaces the password of a libpq URL or keyword/value string by `***`.
 pub fn redact_conninfo(s: &str) -> String {
+    redact_conninfo_with(s, MASK)
+}
+
+/// Replaces the password of a libpq URL or keyword/value string by `mask`.
+pub fn redact_conninfo_with(s: &str, mask: &str) -> String {
     let trimmed = s.trim();
     for scheme in ["postgres://", "postgresql://"] {
         if let Some(rest) = trimmed.strip_prefix(scheme) {
-            return format!("{scheme}{}", redact_url_rest(rest));
+            return format!("{scheme}{}", redact_url_rest(rest, mask));
         }
     }
     if trimmed.contains("://") {
-        return MASK.to_owned();
+        return mask.to_owned();
     }
-    redact_keyword_value(trimmed).unwrap_or_else(|| MASK.to_owned())
+    redact_keyword_value(trimmed, mask).unwrap_or_else(|| mask.to_owned())
 }
 
 /// After the scheme. The user info ends at the last `@` (as `ferry_wal` parses it); if a password
 /// holds an unescaped `/` or `?`, that `@` may lie beyond them, so the last `@` anywhere is used:
 /// at worst some host or parameters are hidden too, never a password shown.
-fn redact_url_rest(rest: &str) -> String {
+fn redact_url_rest(rest: &str, mask: &str) -> String {
     let (userinfo_end, after) = match rest.rfind('@') {
         Some(at) => (Some(at), &rest[at + 1..]),
         None => (None, rest),
@@ -118,7 +144,7 @@ fn redact_url_rest(rest: &str) -> String {
             Some((user, _password)) => {
                 out.push_str(user);
                 out.push(':');
-                out.push_str(MASK);
+                out.push_str(mask);
             }
             None => out.push_str(userinfo),
         }
@@ -131,7 +157,7 @@ fn redact_url_rest(rest: &str) -> String {
             let params: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}={MASK}"),
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}={mask}"),
                     _ => pair.to_owned(),
                 })
                 .collect();
@@ -145,7 +171,7 @@ fn redact_url_rest(rest: &str) -> String {
 /// libpq keyword/value syntax: `key = value` pairs separated by spaces; a value is bare (up to
 /// whitespace) or single-quoted, with `\` escaping the next character in both. `None` when the
 /// string does not follow it.
-fn redact_keyword_value(s: &str) -> Option<String> {
+fn redact_keyword_value(s: &str, mask: &str) -> Option<String> {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars().peekable();
     let skip_ws = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>, out: &mut String| {
@@ -189,7 +215,7 @@ fn redact_keyword_value(s: &str) -> Option<String> {
                 }
             }
         }
-        out.push_str(if key == "password" { MASK } else { &value });
+        out.push_str(if key == "password" { mask } else { &value });
     }
 }
 

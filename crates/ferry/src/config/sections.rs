@@ -3,17 +3,18 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::secret::PostgresUrl;
 use super::{defaults, duration};
 use crate::telemetry::LogFormat;
 
 /// `[postgres]`: where the WAL comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PostgresConfig {
     /// libpq connection URL (`postgres://ferry:pw@db:5432/app?sslmode=verify-full&sslrootcert=/ca.pem`)
@@ -23,6 +24,10 @@ pub struct PostgresConfig {
     pub slot: String,
     /// Publication to read the outbox table through (and create, with `create_publication`).
     pub publication: String,
+    /// A file holding the password (a mounted Kubernetes Secret), checked at start-up and read
+    /// at every connection attempt (a rotated Secret is used from the next reconnect); its
+    /// trailing newline is dropped. Not together with a password in `url`.
+    pub password_file: Option<PathBuf>,
     /// Create the slot at startup if it does not exist.
     pub create_slot: bool,
     /// Create the publication for the outbox table if it does not exist.
@@ -31,20 +36,35 @@ pub struct PostgresConfig {
     /// standbys with `sync_replication_slots = on` keep it and Ferry continues after a promotion.
     pub failover_slot: bool,
     /// How often a standby status update (the confirmed LSN) is sent, also when idle.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub status_interval: Duration,
     /// Time allowed to establish a connection.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub connect_timeout: Duration,
     /// First delay before reconnecting after a transient failure; it doubles up to
     /// `reconnect_backoff_max`.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub reconnect_backoff_min: Duration,
     /// Longest delay between reconnect attempts.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub reconnect_backoff_max: Duration,
     /// How often a server in recovery (a standby) is checked again for promotion.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub standby_poll_interval: Duration,
     /// Let pgoutput send values in binary where that helps: a bytea column the router reads
     /// arrives raw instead of as hex text. Used only when every column the router reads has a
@@ -58,6 +78,7 @@ impl Default for PostgresConfig {
             url: PostgresUrl::default(),
             slot: defaults::SLOT.to_owned(),
             publication: defaults::PUBLICATION.to_owned(),
+            password_file: None,
             create_slot: defaults::CREATE_SLOT,
             create_publication: defaults::CREATE_PUBLICATION,
             failover_slot: defaults::FAILOVER_SLOT,
@@ -72,7 +93,7 @@ impl Default for PostgresConfig {
 }
 
 /// `[http]`: the `/metrics`, `/healthz`, `/readyz` endpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// `ip:port` to listen on, or `"off"` for no endpoint.
@@ -128,6 +149,17 @@ impl fmt::Display for HttpListen {
     }
 }
 
+impl Serialize for HttpListen {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Serializes a value by its `Display` (the spelling the configuration reads).
+fn display<T: fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
 impl<'de> Deserialize<'de> for HttpListen {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d)?
@@ -137,10 +169,11 @@ impl<'de> Deserialize<'de> for HttpListen {
 }
 
 /// `[log]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// `"text"` or `"json"` (one object per line).
+    #[serde(serialize_with = "display")]
     pub format: LogFormat,
     /// A level (`info`) or directives (`info,ferry=debug,rdkafka=warn`); `RUST_LOG` replaces it.
     pub level: String,
@@ -156,12 +189,15 @@ impl Default for LogConfig {
 }
 
 /// `[shutdown]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
     /// How long shutdown waits for in-flight records to be acknowledged before exiting; what is
     /// not acknowledged by then is not checkpointed and is sent again on the next start.
-    #[serde(deserialize_with = "duration::deserialize")]
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
     pub drain_timeout: Duration,
 }
 

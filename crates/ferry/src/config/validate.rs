@@ -5,6 +5,7 @@ use std::time::Duration;
 use ferry_router::ConfigProblem;
 use ferry_wal::conn::ConnectConfig;
 
+use super::secret::REDACTED;
 use super::{defaults, duration, property_rule, Compression, Config};
 
 /// Every problem, in file order: `[postgres]`, `[outbox]`/`[route]` (the router's own rules),
@@ -54,11 +55,26 @@ fn postgres(c: &Config, p: &mut Problems) {
             "postgres.url",
             "required: a libpq URL like postgres://ferry@db.example.com:5432/app?sslmode=verify-full (or FERRY_POSTGRES_URL)",
         );
+    } else if pg.url.expose().contains(REDACTED) {
+        p.add(
+            "postgres.url",
+            format!("holds the placeholder {REDACTED} that `ferry config show` prints for the password: put the password back, or set postgres.password_file"),
+        );
     } else if let Err(e) = ConnectConfig::parse(pg.url.expose()) {
         p.add(
             "postgres.url",
             without_secrets(&e.to_string(), pg.url.expose(), &pg.url.redacted()),
         );
+    }
+    if let Some(path) = &pg.password_file {
+        if let Err(e) = super::secret::read_secret_file(path) {
+            p.add("postgres.password_file", e);
+        } else if ConnectConfig::parse(pg.url.expose()).is_ok_and(|c| c.password.is_some()) {
+            p.add(
+                "postgres.password_file",
+                "postgres.url holds a password too: keep one of them",
+            );
+        }
     }
     if pg.slot.is_empty()
         || pg.slot.len() > defaults::MAX_NAME_BYTES
@@ -149,6 +165,24 @@ fn kafka(c: &Config, p: &mut Problems) {
     for (name, value) in &k.properties.0 {
         if let Some(why) = property_rule(name, value) {
             p.add(format!("kafka.properties.{name:?}"), why);
+        } else if value == REDACTED {
+            p.add(
+                format!("kafka.properties.{name:?}"),
+                format!("holds the placeholder {REDACTED} that `ferry config show` prints for a secret: put the value back, or read it from a file with kafka.property_files"),
+            );
+        }
+    }
+    for (name, path) in &k.property_files {
+        let at = format!("kafka.property_files.{name:?}");
+        if let Some(why) = property_rule(name, "") {
+            p.add(at, why);
+        } else if k.properties.0.contains_key(name) {
+            p.add(
+                at,
+                format!("kafka.properties sets {name:?} too: keep one of them"),
+            );
+        } else if let Err(e) = super::secret::read_secret_file(path) {
+            p.add(at, e);
         }
     }
     if k.max_in_flight_records == 0

@@ -122,10 +122,12 @@ pub fn stream_options(
 /// Why the configuration cannot make a pipeline (beyond what `Config::validate` checks).
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
-    #[error("postgres.url: {0}")]
-    Url(#[from] ferry_wal::conn::config::ConfigError),
     #[error("{0}")]
     Router(ferry_router::ConfigErrors),
+    /// The connection settings cannot be resolved (`postgres.url`, `postgres.password_file`,
+    /// `kafka.property_files`), with the key at fault.
+    #[error("{0}")]
+    Secret(String),
 }
 
 /// Derived timings.
@@ -137,8 +139,10 @@ pub const SESSION_DRAIN_MARGIN: Duration = Duration::from_secs(30);
 impl PipelineSettings {
     /// Resolves a validated configuration.
     pub fn from_config(config: &crate::config::Config) -> Result<PipelineSettings, SettingsError> {
-        let mut postgres = ConnectConfig::parse(config.postgres.url.expose())?;
-        postgres.connect_timeout = Some(config.postgres.connect_timeout);
+        let postgres = config
+            .postgres
+            .connect_config()
+            .map_err(SettingsError::Secret)?;
         let router = Router::new(&config.outbox, &config.route).map_err(SettingsError::Router)?;
         let mut slot = outbox_spec(
             &router,
@@ -160,7 +164,10 @@ impl PipelineSettings {
             slot,
             stream,
             router: Arc::new(router),
-            producer_properties: config.kafka.producer_properties(),
+            producer_properties: config
+                .kafka
+                .producer_properties()
+                .map_err(SettingsError::Secret)?,
             max_in_flight_records: config.kafka.max_in_flight_records as usize,
             max_in_flight_bytes: config.kafka.max_in_flight_bytes as usize,
             drain_timeout: config.shutdown.drain_timeout,
