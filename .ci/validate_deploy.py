@@ -247,16 +247,18 @@ def check_kubernetes(root):
     except tomllib.TOMLDecodeError as e:
         error(where, f"ferry.toml in the ConfigMap is not TOML: {e}")
         return
-    for section, key in (("postgres", "password_file"), ("kafka", "sasl_password_file")):
-        path = conf.get(section, {}).get(key)
+    files = [("postgres.password_file", conf.get("postgres", {}).get("password_file"))]
+    files += [(f"kafka.property_files.{name!r}", path)
+              for name, path in conf.get("kafka", {}).get("property_files", {}).items()]
+    for key, path in files:
         if path is None:
             continue
         if secret_dir is None or os.path.dirname(path) != secret_dir:
-            error(where, f"{section}.{key} = {path} is not in the mounted Secret ({secret_dir})")
+            error(where, f"{key} = {path} is not in the mounted Secret ({secret_dir})")
         elif os.path.basename(path) not in secret_keys:
-            error(where, f"{section}.{key} = {path}: the Secret has no key {os.path.basename(path)}")
+            error(where, f"{key} = {path}: the Secret has no key {os.path.basename(path)}")
     if "sasl.password" in conf.get("kafka", {}).get("properties", {}):
-        error(where, "sasl.password in the ConfigMap: use kafka.sasl_password_file")
+        error(where, "sasl.password in the ConfigMap: use kafka.property_files")
     if re.search(r"://[^/@:]+:[^/@]+@", conf.get("postgres", {}).get("url", "")):
         error(where, "a password in postgres.url in the ConfigMap: use postgres.password_file")
     listen = conf.get("http", {}).get("listen", "127.0.0.1:9187")
