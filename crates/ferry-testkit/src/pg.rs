@@ -495,8 +495,9 @@ pub fn pg_bindir() -> PathBuf {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The binaries a local cluster needs.
-const PG_SERVER_BINARIES: [&str; 3] = ["initdb", "postgres", "pg_isready"];
+/// The server binaries a local cluster needs. Client tools (`pg_isready`) may come from another
+/// version's install (see [`client_tool`]): the server builds of the version matrix ship none.
+const PG_SERVER_BINARIES: [&str; 2] = ["initdb", "postgres"];
 
 /// [`pg_bindir`] with its inputs as arguments: the `FERRY_TEST_PG_BINDIR` value, the directory
 /// of per-version installs (Debian's `/usr/lib/postgresql/<major>/bin`), and `PATH`. The error
