@@ -60,7 +60,11 @@ async fn instances_started_together_on_a_fresh_database_never_stop_with_an_error
         })
         .await;
         for f in all.iter_mut() {
-            assert!(f.terminate().await.success(), "round {round}: {}", f.log_text());
+            assert!(
+                f.terminate().await.success(),
+                "round {round}: {}",
+                f.log_text()
+            );
         }
     }
 }

@@ -112,8 +112,8 @@ mod validate;
 pub mod value;
 
 pub use config::{
-    HeaderConfig, OnError, OutboxConfig, Placement, PlacementLocation, RouteConfig, RuleConfig,
-    TableName,
+    CreateTopicsConfig, HeaderConfig, OnError, OutboxConfig, Placement, PlacementLocation,
+    RouteConfig, RuleConfig, TableName,
 };
 pub use error::{FieldRole, RouteError, RouteErrorReason};
 pub use murmur2::{java_partition, murmur2, to_positive};

@@ -113,10 +113,7 @@ impl SetupError {
 /// Whether a failed `CREATE` means another session created the same object first (see the
 /// module's notes on two instances starting together).
 fn created_concurrently(e: &tokio_postgres::Error) -> bool {
-    matches!(
-        e.code().map(|c| c.code()),
-        Some("42710") | Some("23505")
-    )
+    matches!(e.code().map(|c| c.code()), Some("42710") | Some("23505"))
 }
 
 /// Quotes an SQL identifier.

@@ -116,9 +116,9 @@ async fn a_slot_being_created_by_another_instance_is_not_an_error() {
 
     // The loser finds the half-made slot: a warning naming the process, not an error.
     let loser = db.client().await;
-    slot::ensure(&loser, &spec)
-        .await
-        .unwrap_or_else(|e| panic!("a slot being created by another Ferry must not be an error: {e}"));
+    slot::ensure(&loser, &spec).await.unwrap_or_else(|e| {
+        panic!("a slot being created by another Ferry must not be an error: {e}")
+    });
     let problems = slot::check(&observer, &spec).await.unwrap();
     let creating: Vec<_> = problems
         .iter()

@@ -182,6 +182,7 @@ fn every_key_of_every_section_is_either_overridable_or_file_only() {
         "route.rules",
         "route.headers",
         "route.envelope_fields",
+        "route.create_topics",
         "kafka.properties",
     ];
     for section in SECTIONS {

@@ -21,6 +21,8 @@ pub struct PipelineSettings {
     pub router: Arc<Router>,
     /// librdkafka properties, built in one place by the configuration.
     pub producer_properties: Vec<(String, String)>,
+    /// `route.create_topics`: what the topic watch does about a missing topic.
+    pub create_topics: ferry_router::CreateTopicsConfig,
     /// In-flight window: records handed to the producer and not yet reported.
     pub max_in_flight_records: usize,
     /// In-flight window in payload bytes.
@@ -160,6 +162,7 @@ impl PipelineSettings {
             stream,
             router: Arc::new(router),
             producer_properties: config.kafka.producer_properties(),
+            create_topics: config.route.create_topics.clone(),
             max_in_flight_records: config.kafka.max_in_flight_records as usize,
             max_in_flight_bytes: config.kafka.max_in_flight_bytes as usize,
             drain_timeout: config.shutdown.drain_timeout,
