@@ -380,6 +380,26 @@ pub async fn column_types(
         .collect())
 }
 
+/// The name of a built-in type, for messages.
+fn type_name(oid: u32) -> String {
+    match oid {
+        16 => "boolean".into(),
+        17 => "bytea".into(),
+        20 => "bigint".into(),
+        21 => "smallint".into(),
+        23 => "integer".into(),
+        25 => "text".into(),
+        26 => "oid".into(),
+        114 => "json".into(),
+        1043 => "varchar".into(),
+        1114 => "timestamp".into(),
+        1184 => "timestamptz".into(),
+        2950 => "uuid".into(),
+        3802 => "jsonb".into(),
+        other => format!("type OID {other}"),
+    }
+}
+
 /// How to recover from an invalidated slot (`wal_status = lost`).
 pub(crate) fn invalidated_slot_fix(slot: &str) -> String {
     format!(
@@ -471,7 +491,11 @@ pub async fn check(
                                         "column {}.{} ({}) is of type {shown}, which Ferry cannot use there",
                                         table, req.name, req.config_key
                                     ),
-                                    "use a column of a supported type (payload: jsonb, json, text, varchar or bytea)".into(),
+                                    format!(
+                                        "use a column of a type Ferry reads there ({}), or set {} to another column",
+                                        ok.iter().map(|t| type_name(*t)).collect::<Vec<_>>().join(", "),
+                                        req.config_key.split(' ').next().unwrap_or(&req.config_key)
+                                    ),
                                 );
                             }
                         }

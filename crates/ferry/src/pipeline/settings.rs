@@ -53,41 +53,24 @@ impl PipelineSettings {
 /// The slot spec and stream options for `router`'s table, with the columns it reads.
 pub fn outbox_spec(
     router: &Router,
-    outbox: &ferry_router::OutboxConfig,
     slot: &str,
     publication: &str,
     create_slot: bool,
     create_publication: bool,
 ) -> SlotSpec {
     let table = router.table();
-    let mut required: Vec<RequiredColumn> = Vec::new();
-    let mut need = |name: &str, key: &str, types: Option<Vec<u32>>| {
-        if !required.iter().any(|c| c.name == name) {
-            required.push(RequiredColumn {
-                name: name.to_string(),
-                config_key: key.to_string(),
-                accepted_types: types,
-            });
-        }
-    };
-    use ferry_router::oid;
-    need(&outbox.id_column, "outbox.id_column", None);
-    need(
-        &outbox.aggregate_id_column,
-        "outbox.aggregate_id_column",
-        None,
-    );
-    need(
-        &outbox.payload_column,
-        "outbox.payload_column",
-        Some(vec![
-            oid::JSONB,
-            oid::JSON,
-            oid::TEXT,
-            oid::VARCHAR,
-            oid::BYTEA,
-        ]),
-    );
+    // The router's own list: a column it reads that the table lacks (or has with a type it
+    // cannot read) stops Ferry before streaming, and `ferry check` reports it, instead of the
+    // first row failing to route.
+    let required: Vec<RequiredColumn> = router
+        .required_columns()
+        .iter()
+        .map(|r| RequiredColumn {
+            name: r.column.clone(),
+            config_key: r.config_key.clone(),
+            accepted_types: r.accepted_types.map(<[u32]>::to_vec),
+        })
+        .collect();
     SlotSpec {
         slot: slot.to_string(),
         publication: publication.to_string(),
@@ -144,7 +127,6 @@ impl PipelineSettings {
         let router = Router::new(&config.outbox, &config.route).map_err(SettingsError::Router)?;
         let slot = outbox_spec(
             &router,
-            &config.outbox,
             &config.postgres.slot,
             &config.postgres.publication,
             config.postgres.create_slot,
