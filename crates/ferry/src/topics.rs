@@ -55,7 +55,13 @@ struct Shared {
 
 #[derive(Debug, Default)]
 struct State {
-    topics: HashMap<Box<str>, Entry>,
+    /// Every topic seen, in the order first seen; `index` finds one by name.
+    entries: Vec<Entry>,
+    index: HashMap<Box<str>, usize>,
+    /// The entries of the last record sent and the last report: records of one topic often
+    /// come in runs, and comparing the name is cheaper than hashing it.
+    last_sent: usize,
+    last_reported: usize,
     /// A topic was seen for the first time since the watch last looked.
     fresh: bool,
     stop: bool,
@@ -63,6 +69,7 @@ struct State {
 
 #[derive(Debug)]
 struct Entry {
+    topic: Box<str>,
     /// Records sent to the topic and not yet reported.
     waiting: u64,
     status: Status,
@@ -79,25 +86,42 @@ impl Topics {
     /// A record was handed to the producer for `topic`.
     pub fn sent(&self, topic: &str) {
         let mut state = self.0.lock();
-        if let Some(e) = state.topics.get_mut(topic) {
-            e.waiting += 1;
-            return;
-        }
-        state.topics.insert(
-            topic.into(),
-            Entry {
-                waiting: 1,
-                status: Status::Unchecked,
-            },
-        );
-        state.fresh = true;
-        self.0.wake.notify_one();
+        let i = match state.find(state.last_sent, topic) {
+            Some(i) => i,
+            None => {
+                let i = state.entries.len();
+                state.entries.push(Entry {
+                    topic: topic.into(),
+                    waiting: 0,
+                    status: Status::Unchecked,
+                });
+                state.index.insert(topic.into(), i);
+                state.fresh = true;
+                self.0.wake.notify_one();
+                i
+            }
+        };
+        state.entries[i].waiting += 1;
+        state.last_sent = i;
     }
 
     /// A delivery report (success or failure) arrived for a record of `topic`.
     pub fn reported(&self, topic: &str) {
-        if let Some(e) = self.0.lock().topics.get_mut(topic) {
+        let mut state = self.0.lock();
+        if let Some(i) = state.find(state.last_reported, topic) {
+            let e = &mut state.entries[i];
             e.waiting = e.waiting.saturating_sub(1);
+            state.last_reported = i;
+        }
+    }
+}
+
+impl State {
+    /// The entry of `topic`: `hint` if that is it, else by name.
+    fn find(&self, hint: usize, topic: &str) -> Option<usize> {
+        match self.entries.get(hint) {
+            Some(e) if *e.topic == *topic => Some(hint),
+            _ => self.index.get(topic).copied(),
         }
     }
 }
@@ -226,10 +250,10 @@ impl Worker {
                 }
                 state.fresh = false;
                 state
-                    .topics
+                    .entries
                     .iter()
-                    .filter(|(_, e)| e.status != Status::Present)
-                    .map(|(t, _)| t.to_string())
+                    .filter(|e| e.status != Status::Present)
+                    .map(|e| e.topic.to_string())
                     .collect()
             };
             for topic in due {
@@ -239,9 +263,10 @@ impl Worker {
                 };
                 let now = Instant::now();
                 let mut state = self.shared.lock();
-                let Some(e) = state.topics.get_mut(topic.as_str()) else {
+                let Some(i) = state.index.get(topic.as_str()).copied() else {
                     continue;
                 };
+                let e = &mut state.entries[i];
                 match (found, e.status) {
                     (Ok(Found::Present), Status::Missing { since, .. }) => {
                         tracing::info!(
@@ -276,11 +301,11 @@ impl Worker {
             let missing: Vec<MissingTopic> = {
                 let state = self.shared.lock();
                 let mut m: Vec<MissingTopic> = state
-                    .topics
+                    .entries
                     .iter()
-                    .filter(|(_, e)| matches!(e.status, Status::Missing { .. }))
-                    .map(|(t, e)| MissingTopic {
-                        topic: t.to_string(),
+                    .filter(|e| matches!(e.status, Status::Missing { .. }))
+                    .map(|e| MissingTopic {
+                        topic: e.topic.to_string(),
                         records_waiting: e.waiting,
                     })
                     .collect();
@@ -352,4 +377,62 @@ fn warn_missing(topic: &str, records_waiting: u64, missing_for: Duration) {
         "topic does not exist on the brokers: records routed to it wait, and nothing past them is \
          confirmed; fix: create the topic, or set route.create_topics.enabled = true"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(t: &Topics) -> Vec<(String, u64)> {
+        let state = t.0.lock();
+        let mut v: Vec<(String, u64)> = state
+            .entries
+            .iter()
+            .map(|e| (e.topic.to_string(), e.waiting))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Against a map model: records sent and reported in any interleaving of topics (runs of
+    /// one topic and alternations, which exercise the last-entry shortcut and the index).
+    #[test]
+    fn waiting_counts_match_a_map_model() {
+        let t = Topics::default();
+        let mut model: std::collections::BTreeMap<String, u64> = Default::default();
+        let names = ["a.orders", "a.invoices", "b.orders", "a.order"];
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let name = names[(x % 4) as usize];
+            if x % 3 == 0 && model.get(name).copied().unwrap_or(0) > 0 {
+                t.reported(name);
+                *model.get_mut(name).unwrap() -= 1;
+            } else {
+                t.sent(name);
+                *model.entry(name.to_string()).or_default() += 1;
+            }
+        }
+        let expected: Vec<(String, u64)> = model.into_iter().collect();
+        assert_eq!(waiting(&t), expected);
+        t.reported("never.sent");
+        assert_eq!(
+            waiting(&t).len(),
+            4,
+            "a report for an unknown topic adds nothing"
+        );
+    }
+
+    #[test]
+    fn a_new_topic_wakes_the_watch_and_a_known_one_does_not() {
+        let t = Topics::default();
+        t.sent("x");
+        assert!(std::mem::take(&mut t.0.lock().fresh));
+        t.sent("x");
+        assert!(!t.0.lock().fresh);
+        t.sent("y");
+        assert!(t.0.lock().fresh);
+    }
 }
