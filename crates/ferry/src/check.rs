@@ -190,14 +190,24 @@ async fn sample_rows(
             .join(", ");
         format!("SELECT DISTINCT ON ({on}) {select} FROM {table} ORDER BY {on} LIMIT {SAMPLE_ROWS}")
     };
-    let cannot_read = |e: tokio_postgres::Error| Problem {
-        severity: Severity::Warning,
-        what: format!(
-            "cannot read {table} to learn its topics: {}",
-            slot::sql_error(e)
-        ),
-        fix: "GRANT SELECT ON the outbox to Ferry's role (sql/role.sql) so check can verify topics"
-            .into(),
+    let cannot_read = |e: tokio_postgres::Error| {
+        let timed_out = e.code().is_some_and(|c| c.code() == "57014");
+        Problem {
+            severity: Severity::Warning,
+            what: format!(
+                "cannot read {table} to learn its topics: {}",
+                slot::sql_error(e)
+            ),
+            fix: if timed_out {
+                format!(
+                    "the outbox holds too many rows to find its aggregate types within {SAMPLE_TIMEOUT}: \
+                     delete relayed rows (Ferry reads the WAL, not the table), then run check again"
+                )
+            } else {
+                "GRANT SELECT ON the outbox to Ferry's role (sql/role.sql) so check can verify topics"
+                    .into()
+            },
+        }
     };
     let rows = match sql
         .simple_query(&format!(

@@ -310,7 +310,7 @@ pub fn fix_for(e: &KafkaError) -> &'static str {
              (and kafka.properties message.max.bytes), or lower route.max_payload_bytes so the row is routed by on_error"
         }
         Some(UnknownTopic | UnknownTopicOrPartition | UnknownPartition | InvalidTopic) => {
-            "the topic does not exist: create it (ferry check lists the topics), or enable auto-creation on the brokers"
+            "the topic does not exist: create it (ferry check lists the topics), set route.create_topics.enabled = true, or enable auto-creation on the brokers"
         }
         Some(TopicAuthorizationFailed | ClusterAuthorizationFailed) => {
             "grant Ferry's Kafka principal WRITE and DESCRIBE on the topic (and IDEMPOTENT_WRITE on the cluster for older brokers)"
