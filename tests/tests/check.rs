@@ -268,3 +268,132 @@ async fn check(w: &World) -> (Option<i32>, String) {
     let status = ferry.wait_exit(Duration::from_secs(60)).await;
     (status.code(), ferry.log_text())
 }
+
+// What `run` would stop at, `check` reports first: every column the router reads (with its
+// type), and every sampled row that cannot be routed, by its id.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_missing_type_column_the_router_reads() {
+    let w = World::new().await;
+    w.sql
+        .batch_execute("ALTER TABLE outbox DROP COLUMN type")
+        .await
+        .unwrap();
+    let (code, out) = check(&w).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert_problem(
+        &out,
+        "has no column \"type\" (named by outbox.type_column (route.type_header))",
+        "set outbox.type_column",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_topic_placeholder_column_the_table_lacks() {
+    let mut w = World::new().await;
+    w.env.push((
+        "FERRY_ROUTE_TOPIC".into(),
+        format!("{}.{{tenant}}.{{aggregatetype}}", w.topic_prefix),
+    ));
+    let (code, out) = check(&w).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert_problem(
+        &out,
+        "has no column \"tenant\" (named by route.topic",
+        "or add the column",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_timestamp_column_of_a_type_it_cannot_read() {
+    let mut w = World::new().await;
+    w.sql
+        .batch_execute("ALTER TABLE outbox ADD COLUMN happened boolean")
+        .await
+        .unwrap();
+    w.env
+        .push(("FERRY_OUTBOX_TIMESTAMP_COLUMN".into(), "happened".into()));
+    let (code, out) = check(&w).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert_problem(
+        &out,
+        "(outbox.timestamp_column) is of type boolean",
+        "timestamptz, timestamp, smallint, integer, bigint, text, varchar",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_every_sampled_row_that_cannot_be_routed_with_its_id() {
+    let w = World::new().await;
+    w.create_topic("order", 1).await;
+    w.insert("order", "o-1", "OrderCreated", "{}").await;
+    let null_payload: String = w
+        .sql
+        .query_one(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+             VALUES ('invoice', 'i-1', 'InvoiceIssued', NULL) RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let bad_topic: String = w
+        .sql
+        .query_one(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+             VALUES ('no spaces allowed', 'x-1', 'Thing', '{}') RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (code, out) = check(&w).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert_problem(
+        &out,
+        &format!("outbox row {null_payload} (aggregate type \"invoice\") cannot be routed"),
+        "`ferry run` stops at this row",
+    );
+    assert_problem(
+        &out,
+        &format!("outbox row {bad_topic} (aggregate type \"no spaces allowed\") cannot be routed"),
+        "`ferry run` stops at this row",
+    );
+    assert!(out.contains("2 problem(s) must be fixed"), "{out}");
+}
+
+/// One row per aggregate type, however many rows come before it; a topic missing on a broker
+/// that does not auto-create topics is an error whose fix names route.create_topics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_samples_every_aggregate_type_and_reports_its_missing_topic() {
+    let broker = ferry_testkit::kafka::LocalBroker::start().await;
+    ferry_testkit::kafka::set_auto_create_topics(&broker.brokers(), false).await;
+    let w = World::on(
+        ferry_testkit::pg::shared().create_db().await,
+        broker.brokers(),
+    )
+    .await;
+    w.create_topic("order", 1).await;
+    w.sql
+        .batch_execute(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+             SELECT 'order', 'o-' || i, 'OrderCreated', '{}' FROM generate_series(1, 120) i",
+        )
+        .await
+        .unwrap();
+    w.insert("zebra", "z-1", "ZebraSeen", "{}").await;
+    let (code, out) = check(&w).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert_problem(
+        &out,
+        &format!(
+            "topic {:?} (where current outbox rows route) does not exist",
+            w.topic("zebra")
+        ),
+        "set route.create_topics.enabled = true",
+    );
+    assert!(
+        !out.contains(&format!("topic {:?}", w.topic("order"))),
+        "{out}"
+    );
+}

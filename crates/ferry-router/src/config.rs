@@ -183,6 +183,41 @@ pub struct RouteConfig {
     pub on_error: OnError,
     /// Topic for rows that cannot be routed; required iff `on_error = "dead_letter"`.
     pub dead_letter_topic: Option<String>,
+    /// `[route.create_topics]`: have the binary create the topics it routes to (file only).
+    pub create_topics: CreateTopicsConfig,
+}
+
+/// Default partition count of a topic Ferry creates.
+pub const DEFAULT_CREATE_TOPICS_PARTITIONS: i32 = 1;
+/// Default replication factor of a topic Ferry creates: -1 takes the brokers'
+/// `default.replication.factor`.
+pub const DEFAULT_CREATE_TOPICS_REPLICATION_FACTOR: i32 = -1;
+
+/// `[route.create_topics]`: a topic a record routes to that does not exist on the brokers is
+/// created (an admin CreateTopics request) with these settings, instead of waiting for someone
+/// to create it. Off by default: most clusters manage their topics elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CreateTopicsConfig {
+    /// Create missing topics.
+    pub enabled: bool,
+    /// Partitions of a created topic (at least 1).
+    pub partitions: i32,
+    /// Replication factor of a created topic (at least 1), or -1 for the brokers' default.
+    pub replication_factor: i32,
+    /// Topic configs of a created topic (`retention.ms`, `cleanup.policy`, ...), verbatim.
+    pub configs: std::collections::BTreeMap<String, String>,
+}
+
+impl Default for CreateTopicsConfig {
+    fn default() -> Self {
+        CreateTopicsConfig {
+            enabled: false,
+            partitions: DEFAULT_CREATE_TOPICS_PARTITIONS,
+            replication_factor: DEFAULT_CREATE_TOPICS_REPLICATION_FACTOR,
+            configs: std::collections::BTreeMap::new(),
+        }
+    }
 }
 
 impl Default for RouteConfig {
@@ -200,6 +235,7 @@ impl Default for RouteConfig {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             on_error: DEFAULT_ON_ERROR,
             dead_letter_topic: None,
+            create_topics: CreateTopicsConfig::default(),
         }
     }
 }

@@ -113,14 +113,17 @@ mod validate;
 pub mod value;
 
 pub use config::{
-    HeaderConfig, OnError, OutboxConfig, Placement, PlacementLocation, RouteConfig, RuleConfig,
-    TableName,
+    CreateTopicsConfig, HeaderConfig, OnError, OutboxConfig, Placement, PlacementLocation,
+    RouteConfig, RuleConfig, TableName,
 };
 pub use error::{FieldRole, RouteError, RouteErrorReason};
 pub use ferry_pgtypes::PgTimestamp;
 pub use murmur2::{java_partition, murmur2, to_positive};
 pub use record::{Header, Record};
-pub use router::{Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER};
+pub use router::{
+    ColumnRequirement, Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER, PARTITION_TYPES,
+    PAYLOAD_TYPES, TIMESTAMP_TYPES,
+};
 pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
 pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
 pub use topic_plan::TOPIC_CACHE_CAPACITY;

@@ -50,7 +50,41 @@ pub struct Router {
     max_payload_bytes: usize,
     on_error: OnError,
     dead_letter_topic: Option<Arc<str>>,
+    /// Every column read, with the key that names it and the types it can be read from.
+    requirements: Vec<ColumnRequirement>,
 }
+
+/// A column the router reads from every row: its name, the configuration key that names it (for
+/// messages: `outbox.type_column`, `route.rules[2].column`), and the column types it can read it
+/// from (`None`: any type, read as its text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnRequirement {
+    pub column: String,
+    pub config_key: String,
+    pub accepted_types: Option<&'static [u32]>,
+}
+
+/// Types a payload is read from (the value as stored).
+pub const PAYLOAD_TYPES: &[u32] = &[oid::JSONB, oid::JSON, oid::TEXT, oid::VARCHAR, oid::BYTEA];
+/// Types a record timestamp is read from (a timestamp, epoch milliseconds, or timestamp text).
+pub const TIMESTAMP_TYPES: &[u32] = &[
+    oid::TIMESTAMPTZ,
+    oid::TIMESTAMP,
+    oid::INT2,
+    oid::INT4,
+    oid::INT8,
+    oid::TEXT,
+    oid::VARCHAR,
+];
+/// Types an explicit partition is read from (an integer, or integer text).
+pub const PARTITION_TYPES: &[u32] = &[
+    oid::INT2,
+    oid::INT4,
+    oid::INT8,
+    oid::OID,
+    oid::TEXT,
+    oid::VARCHAR,
+];
 
 pub(crate) fn problem(path: &str, message: String) -> ConfigErrors {
     ConfigErrors {
@@ -94,6 +128,83 @@ impl Router {
         }
 
         let header = |name: &str| (!name.is_empty()).then(|| Arc::from(name));
+        let mut requirements: Vec<ColumnRequirement> = Vec::new();
+        let mut need = |column: &str, key: String, types: Option<&'static [u32]>| {
+            if let Some(r) = requirements.iter_mut().find(|r| r.column == column) {
+                // Read in two roles: the narrower list of types holds.
+                if let Some(t) = types {
+                    if r.accepted_types.is_none_or(|a| t.len() < a.len()) {
+                        r.accepted_types = Some(t);
+                    }
+                }
+                return;
+            }
+            requirements.push(ColumnRequirement {
+                column: column.to_owned(),
+                config_key: key,
+                accepted_types: types,
+            });
+        };
+        need(&outbox.id_column, "outbox.id_column".into(), None);
+        need(
+            &outbox.aggregate_id_column,
+            "outbox.aggregate_id_column".into(),
+            None,
+        );
+        need(
+            &outbox.payload_column,
+            "outbox.payload_column".into(),
+            Some(PAYLOAD_TYPES),
+        );
+        if !route.type_header.is_empty() {
+            need(
+                &outbox.type_column,
+                "outbox.type_column (route.type_header)".into(),
+                None,
+            );
+        }
+        if let Some(c) = &outbox.timestamp_column {
+            need(c, "outbox.timestamp_column".into(), Some(TIMESTAMP_TYPES));
+        }
+        if let Some(c) = &partition_col {
+            let key = if outbox.partition_column.as_deref() == Some(c.as_str()) {
+                "outbox.partition_column"
+            } else {
+                "route.additional_placement"
+            };
+            need(c, key.into(), Some(PARTITION_TYPES));
+        }
+        for (c, _) in &extra_headers {
+            let key = if route.headers.iter().any(|h| &h.column == c) {
+                "route.headers"
+            } else {
+                "route.additional_placement"
+            };
+            need(c, key.into(), None);
+        }
+        if route.envelope {
+            for (c, _) in &envelope {
+                let key = if route.envelope_fields.contains(c) {
+                    "route.envelope_fields"
+                } else {
+                    "route.additional_placement"
+                };
+                need(c, key.into(), None);
+            }
+        }
+        for (i, r) in route.rules.iter().enumerate() {
+            need(&r.column, format!("route.rules[{i}].column"), None);
+        }
+        let template = route.topic_template(outbox);
+        let plan = TopicPlan::compile(outbox, route)?;
+        for c in plan.inputs() {
+            let key = if route.topic.is_none() && *c == outbox.aggregate_type_column {
+                "outbox.aggregate_type_column (in the topic template)".to_owned()
+            } else {
+                format!("route.topic ({template:?})")
+            };
+            need(c, key, None);
+        }
         Ok(Router {
             table,
             message_prefix: outbox.message_prefix.clone(),
@@ -107,7 +218,8 @@ impl Router {
             type_header: header(&route.type_header),
             extra_headers,
             envelope: route.envelope.then_some(envelope),
-            topic: TopicPlan::compile(outbox, route)?,
+            topic: plan,
+            requirements,
             tombstone_on_null_payload: route.tombstone_on_null_payload,
             max_payload_bytes: route.max_payload_bytes,
             on_error: route.on_error,
@@ -136,6 +248,19 @@ impl Router {
         cols.sort_unstable();
         cols.dedup();
         cols
+    }
+
+    /// Every column the router reads, with the key that names it and the types it accepts: what
+    /// the table must have for rows to be routable (checked before streaming, and by
+    /// `ferry check`).
+    pub fn required_columns(&self) -> &[ColumnRequirement] {
+        &self.requirements
+    }
+
+    /// The columns the topic depends on (the topic template's placeholders and the rules'
+    /// columns): rows that agree on them go to the same topic.
+    pub fn topic_columns(&self) -> &[String] {
+        self.topic.inputs()
     }
 
     pub fn message_prefix(&self) -> Option<&str> {

@@ -304,6 +304,30 @@ impl RouteConfig {
             )),
             (_, None) => {}
         }
+        let create = &self.create_topics;
+        if create.partitions < 1 {
+            p.push(ConfigProblem::new(
+                "route.create_topics.partitions",
+                format!("must be at least 1, got {}", create.partitions),
+            ));
+        }
+        if create.replication_factor < 1 && create.replication_factor != -1 {
+            p.push(ConfigProblem::new(
+                "route.create_topics.replication_factor",
+                format!(
+                    "must be at least 1, or -1 for the brokers' default.replication.factor, got {}",
+                    create.replication_factor
+                ),
+            ));
+        }
+        for name in create.configs.keys() {
+            if name.trim().is_empty() {
+                p.push(ConfigProblem::new(
+                    "route.create_topics.configs",
+                    "a topic config name must not be empty",
+                ));
+            }
+        }
         p
     }
 }

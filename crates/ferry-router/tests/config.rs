@@ -440,3 +440,79 @@ fn columns_read() {
         ]
     );
 }
+
+/// The router lists every column it reads, with the key that names it and the types it reads
+/// it from: what `ferry check` and the set-up check hold the table to.
+#[test]
+fn required_columns_name_every_column_read_with_its_key_and_types() {
+    let outbox = OutboxConfig {
+        timestamp_column: Some("created_at".into()),
+        ..OutboxConfig::default()
+    };
+    let route = RouteConfig {
+        topic: Some("{tenant}.{aggregatetype}".into()),
+        rules: vec![ferry_router::RuleConfig {
+            column: "region".into(),
+            equals: Some("eu".into()),
+            regex: None,
+            topic: "eu.events".into(),
+        }],
+        additional_placement: Some("shard:partition".into()),
+        ..RouteConfig::default()
+    };
+    let r = Router::new(&outbox, &route).unwrap();
+    let find = |c: &str| {
+        r.required_columns()
+            .iter()
+            .find(|x| x.column == c)
+            .unwrap_or_else(|| panic!("{c} missing from {:?}", r.required_columns()))
+            .clone()
+    };
+    assert_eq!(
+        find("type").config_key,
+        "outbox.type_column (route.type_header)"
+    );
+    assert_eq!(
+        find("payload").accepted_types,
+        Some(ferry_router::PAYLOAD_TYPES)
+    );
+    assert_eq!(
+        find("created_at").accepted_types,
+        Some(ferry_router::TIMESTAMP_TYPES)
+    );
+    assert_eq!(find("shard").config_key, "route.additional_placement");
+    assert_eq!(
+        find("shard").accepted_types,
+        Some(ferry_router::PARTITION_TYPES)
+    );
+    assert_eq!(find("region").config_key, "route.rules[0].column");
+    assert!(find("tenant").config_key.starts_with("route.topic"));
+    assert!(find("aggregatetype").config_key.starts_with("route.topic"));
+    assert_eq!(find("id").accepted_types, None);
+    let mut names: Vec<&str> = r
+        .required_columns()
+        .iter()
+        .map(|c| c.column.as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, r.columns(), "the same columns route_row reads");
+
+    // No type header: the type column is not read.
+    let r = Router::new(
+        &OutboxConfig::default(),
+        &RouteConfig {
+            type_header: String::new(),
+            ..RouteConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(r.required_columns().iter().all(|c| c.column != "type"));
+    assert_eq!(
+        r.required_columns()
+            .iter()
+            .find(|c| c.column == "aggregatetype")
+            .unwrap()
+            .config_key,
+        "outbox.aggregate_type_column (in the topic template)"
+    );
+}

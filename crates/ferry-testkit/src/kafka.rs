@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -260,6 +260,57 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
         }
     })
     .await;
+}
+
+/// Turns the broker's `auto.create.topics.enable` on or off (AlterConfigs on the broker
+/// resource), as managed Kafka has it off. Use it on a broker of the test's own
+/// ([`LocalBroker`]): the shared one serves tests that rely on auto-creation.
+pub async fn set_auto_create_topics(brokers: &str, enabled: bool) {
+    use rdkafka::admin::AlterConfig;
+    let b = brokers.to_string();
+    let id = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &b)
+            .create()
+            .expect("consumer");
+        consumer
+            .fetch_metadata(None, Duration::from_secs(10))
+            .expect("broker metadata")
+            .brokers()[0]
+            .id()
+    })
+    .await
+    .expect("metadata task");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let value = if enabled { "true" } else { "false" };
+    let alter =
+        AlterConfig::new(ResourceSpecifier::Broker(id)).set("auto.create.topics.enable", value);
+    let res = admin
+        .alter_configs([&alter], &opts)
+        .await
+        .expect("alter_configs");
+    for r in res {
+        r.unwrap_or_else(|e| panic!("set auto.create.topics.enable = {value}: {e:?}"));
+    }
+    let described = admin
+        .describe_configs([&ResourceSpecifier::Broker(id)], &opts)
+        .await
+        .expect("describe_configs");
+    let now = described
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r.entries)
+        .find(|e| e.name == "auto.create.topics.enable")
+        .and_then(|e| e.value);
+    assert_eq!(
+        now.as_deref(),
+        Some(value),
+        "the broker did not take auto.create.topics.enable"
+    );
 }
 
 /// The number of partitions the broker reports for `topic`, if it knows the topic.

@@ -6,6 +6,23 @@
 //!
 //! A partitioned outbox table is published with `publish_via_partition_root = true`, so changes
 //! arrive under the table's own name rather than each partition's.
+//!
+//! # Two instances starting together
+//!
+//! An active and a standby Ferry started at the same moment both find the publication and the
+//! slot missing and both create them. Losing that race is never an error: whichever creation
+//! committed first is the one both use. What the loser sees depends on timing:
+//!
+//! - `CREATE PUBLICATION` after the winner committed: 42710 (duplicate_object); while the
+//!   winner's transaction is still open, the catalog's unique index makes the loser wait, then
+//!   fail with 23505 (unique_violation on `pg_publication_pubname_index`);
+//! - `pg_create_logical_replication_slot`: 42710 ("replication slot ... already exists"), since
+//!   slot names are checked under a lock rather than in a catalog;
+//! - a slot the winner is still creating (a logical slot waits for running transactions to
+//!   finish before it has a consistent start point) is listed with the winner's pid, no
+//!   `confirmed_flush_lsn` yet and, for a moment, no plugin: [`check`] reports it as being
+//!   created by that process (a warning), and `START_REPLICATION` on it fails with 55006
+//!   (object_in_use), which makes the loser a standby.
 
 use std::time::Duration;
 
@@ -108,6 +125,12 @@ impl SetupError {
             SetupError::Connection(e) => e.is_transient(),
         }
     }
+}
+
+/// Whether a failed `CREATE` means another session created the same object first (see the
+/// module's notes on two instances starting together).
+fn created_concurrently(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code().map(|c| c.code()), Some("42710") | Some("23505"))
 }
 
 /// Quotes an SQL identifier.
@@ -374,12 +397,14 @@ pub async fn ensure(
             quote_ident(&spec.table)
         );
         if let Err(e) = client.batch_execute(&sql).await {
-            let code = e.code().map(|c| c.code().to_string());
-            // 42710: created concurrently by another instance — fine.
-            if code.as_deref() != Some("42710") {
+            if !created_concurrently(&e) {
+                let err = sql_error(e);
+                if err.is_transient() {
+                    return Err(err.into());
+                }
                 return Err(SetupError::Problems(vec![Problem {
                     severity: Severity::Error,
-                    what: format!("cannot create publication {:?}: {}", spec.publication, sql_error(e)),
+                    what: format!("cannot create publication {:?}: {err}", spec.publication),
                     fix: format!(
                         "have the table's owner run `{sql}` (see sql/publication.sql), or grant Ferry's role ownership of the table"
                     ),
@@ -401,8 +426,7 @@ pub async fn ensure(
             )
             .await;
         if let Err(e) = res {
-            let code = e.code().map(|c| c.code().to_string());
-            if code.as_deref() != Some("42710") {
+            if !created_concurrently(&e) {
                 let err = sql_error(e);
                 if err.is_transient() {
                     return Err(err.into());
@@ -494,6 +518,26 @@ pub async fn column_types(
             type_name: r.get(2),
         })
         .collect())
+}
+
+/// The name of a built-in type, for messages.
+pub fn type_name(oid: u32) -> String {
+    match oid {
+        16 => "boolean".into(),
+        17 => "bytea".into(),
+        20 => "bigint".into(),
+        21 => "smallint".into(),
+        23 => "integer".into(),
+        25 => "text".into(),
+        26 => "oid".into(),
+        114 => "json".into(),
+        1043 => "varchar".into(),
+        1114 => "timestamp".into(),
+        1184 => "timestamptz".into(),
+        2950 => "uuid".into(),
+        3802 => "jsonb".into(),
+        other => format!("type OID {other}"),
+    }
 }
 
 /// How to recover from an invalidated slot (`wal_status = lost`).
@@ -726,6 +770,20 @@ pub async fn check(
                 quote_literal(&spec.slot)
             ),
         ),
+        Some(s) if s.active_pid.is_some() && s.confirmed_flush_lsn == Lsn::ZERO => {
+            // No start point yet: another session (another Ferry starting at the same moment)
+            // is creating it, and its plugin may not even be set yet. Once created it is
+            // checked like any other slot; until then START_REPLICATION finds it in use.
+            problems.push(Problem {
+                severity: Severity::Warning,
+                what: format!(
+                    "replication slot {:?} is being created by process {}",
+                    spec.slot,
+                    s.active_pid.unwrap_or_default()
+                ),
+                fix: "if that is another Ferry, this one will stand by; otherwise wait for it to finish".into(),
+            });
+        }
         Some(s) => {
             if s.slot_type != "logical" || s.plugin.as_deref() != Some("pgoutput") {
                 error(

@@ -1,7 +1,9 @@
 //! `ferry check` and `ferry status`: what an operator runs before and while Ferry runs.
 //!
 //! `check` lists every problem it finds, each with its fix, and exits 1 if any is an error.
-//! It never creates anything.
+//! It never creates anything. It checks what `ferry run` would find: the columns the router
+//! reads (with their types), and one sample row per aggregate type routed as `run` would route
+//! it, so a row `run` would stop at is an error here, named by its id.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -19,8 +21,11 @@ use crate::pipeline::{binary, PipelineSettings};
 
 /// How long `check` waits for the brokers.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
-/// How many distinct aggregate types `check` routes to find topics.
-const SAMPLE_ROWS: i64 = 50;
+/// Most rows `check` routes: one per distinct aggregate type (and topic column values).
+const SAMPLE_ROWS: i64 = 100;
+/// Longest the sampling query may run (it reads the whole outbox table to find its distinct
+/// aggregate types).
+const SAMPLE_TIMEOUT: &str = "10s";
 
 /// `ferry check`.
 pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
@@ -53,8 +58,11 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
                 };
                 found.push(Problem { severity: Severity::Note, what, fix: "none needed (postgres.binary chooses)".into() });
             }
-            match sample_topics(&sql, &settings).await {
-                Ok(t) => topics = t,
+            match sample_rows(&sql, &settings, &config).await {
+                Ok(sample) => {
+                    topics = sample.topics;
+                    found.extend(sample.problems);
+                }
                 Err(p) => found.push(p),
             }
         }
@@ -68,9 +76,10 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
         Ok((existing, auto_create)) => {
             for t in topics.iter().filter(|t| !existing.contains(t)) {
                 let (severity, fix) = match auto_create {
+                    _ if settings.create_topics.enabled => (Severity::Note, "none needed: Ferry creates it (route.create_topics)"),
                     Some(true) => (Severity::Note, "none needed: the brokers create it on first use (auto.create.topics.enable), with their default partition count"),
-                    Some(false) => (Severity::Error, "create it (kafka-topics.sh --create --topic ...), or enable auto.create.topics.enable on the brokers"),
-                    None => (Severity::Warning, "create it, unless the brokers auto-create topics (auto.create.topics.enable)"),
+                    Some(false) => (Severity::Error, "create it (kafka-topics.sh --create --topic ...), or set route.create_topics.enabled = true so Ferry creates the topics it routes to; until then its records wait and nothing past them is confirmed"),
+                    None => (Severity::Warning, "create it, unless the brokers auto-create topics (auto.create.topics.enable), or set route.create_topics.enabled = true"),
                 };
                 found.push(Problem {
                     severity,
@@ -125,61 +134,151 @@ fn brokers(settings: &PipelineSettings) -> String {
         .unwrap_or_default()
 }
 
-/// Routes one row per aggregate type found in the outbox, to learn the topics it needs.
-async fn sample_topics(
+/// What routing the sampled rows found: the topics they go to, and a problem per row that
+/// cannot be routed.
+struct Sample {
+    topics: Vec<String>,
+    problems: Vec<Problem>,
+}
+
+/// Routes one row per distinct aggregate type (and per distinct value of the other columns the
+/// topic depends on), at most [`SAMPLE_ROWS`], to learn the topics they need and whether each
+/// can be routed at all.
+async fn sample_rows(
     sql: &tokio_postgres::Client,
     settings: &PipelineSettings,
-) -> Result<Vec<String>, Problem> {
+    config: &Config,
+) -> Result<Sample, Problem> {
     let table = format!(
         "{}.{}",
         slot::quote_ident(&settings.slot.schema),
         slot::quote_ident(&settings.slot.table)
     );
-    let cols = sql
-        .query(
-            "SELECT attname::text, atttypid FROM pg_attribute WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            &[&table],
-        )
-        .await;
-    let Ok(cols) = cols else {
-        return Ok(Vec::new()); // the table problem is reported by slot::check
+    let Ok(columns) = slot::column_types(sql, &settings.slot.schema, &settings.slot.table).await
+    else {
+        return Ok(Sample {
+            topics: Vec::new(),
+            problems: Vec::new(),
+        });
     };
-    let names: Vec<(String, u32)> = cols.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let select = names
+    if columns.is_empty() {
+        // The missing table is reported by slot::check.
+        return Ok(Sample {
+            topics: Vec::new(),
+            problems: Vec::new(),
+        });
+    }
+    let has = |c: &str| columns.iter().any(|t| t.name == c);
+    let select = columns
         .iter()
-        .map(|(n, _)| format!("{}::text", slot::quote_ident(n)))
+        .map(|c| format!("{}::text", slot::quote_ident(&c.name)))
         .collect::<Vec<_>>()
         .join(", ");
-    let rows = match sql
-        .query(&format!("SELECT {select} FROM {table} LIMIT {SAMPLE_ROWS}"), &[])
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => {
-            return Err(Problem {
-                severity: Severity::Warning,
-                what: format!("cannot read {table} to learn its topics: {}", slot::sql_error(e)),
-                fix: "GRANT SELECT ON the outbox to Ferry's role (sql/role.sql) so check can verify topics".into(),
-            })
+    // One row per combination of the columns that choose the topic, plus the aggregate type.
+    let mut distinct: Vec<&str> = vec![config.outbox.aggregate_type_column.as_str()];
+    distinct.extend(settings.router.topic_columns().iter().map(String::as_str));
+    distinct.sort_unstable();
+    distinct.dedup();
+    distinct.retain(|c| has(c));
+    let query = if distinct.is_empty() {
+        format!("SELECT {select} FROM {table} LIMIT 1")
+    } else {
+        let on = distinct
+            .iter()
+            .map(|c| slot::quote_ident(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("SELECT DISTINCT ON ({on}) {select} FROM {table} ORDER BY {on} LIMIT {SAMPLE_ROWS}")
+    };
+    let cannot_read = |e: tokio_postgres::Error| {
+        let timed_out = e.code().is_some_and(|c| c.code() == "57014");
+        Problem {
+            severity: Severity::Warning,
+            what: format!(
+                "cannot read {table} to learn its topics: {}",
+                slot::sql_error(e)
+            ),
+            fix: if timed_out {
+                format!(
+                    "the outbox holds too many rows to find its aggregate types within {SAMPLE_TIMEOUT}: \
+                     delete relayed rows (Ferry reads the WAL, not the table), then run check again"
+                )
+            } else {
+                "GRANT SELECT ON the outbox to Ferry's role (sql/role.sql) so check can verify topics"
+                    .into()
+            },
         }
     };
-    let mut topics = Vec::new();
+    let rows = match sql
+        .simple_query(&format!(
+            "BEGIN READ ONLY; SET LOCAL statement_timeout = '{SAMPLE_TIMEOUT}'"
+        ))
+        .await
+    {
+        Ok(_) => {
+            let rows = sql.query(&query, &[]).await;
+            let _ = sql.simple_query("ROLLBACK").await;
+            rows.map_err(cannot_read)?
+        }
+        Err(e) => return Err(cannot_read(e)),
+    };
+    let id_index = columns
+        .iter()
+        .position(|c| c.name == config.outbox.id_column);
+    let type_index = columns
+        .iter()
+        .position(|c| c.name == config.outbox.aggregate_type_column);
+    let mut sample = Sample {
+        topics: Vec::new(),
+        problems: Vec::new(),
+    };
     for r in rows {
         let mut row = SimpleRow::new();
-        for (i, (name, oid)) in names.iter().enumerate() {
+        for (i, c) in columns.iter().enumerate() {
             let v: Option<String> = r.get(i);
-            row.push(name, *oid, v.map(Bytes::from));
+            row.push(&c.name, c.type_oid, v.map(Bytes::from));
         }
-        if let Ok(record) = settings.router.route_row(&row, 0) {
-            if !topics.iter().any(|t: &String| **t == *record.topic) {
-                topics.push(record.topic.to_string());
+        match settings.router.route_row(&row, 0) {
+            Ok(record) => {
+                if !sample.topics.iter().any(|t| **t == *record.topic) {
+                    sample.topics.push(record.topic.to_string());
+                }
+            }
+            Err(e) => {
+                let text = |i: Option<usize>| {
+                    i.and_then(|i| r.get::<_, Option<String>>(i))
+                        .unwrap_or_else(|| "NULL".into())
+                };
+                let (severity, consequence) = match settings.router.on_error() {
+                    ferry_router::OnError::Fail => (
+                        Severity::Error,
+                        "under route.on_error = \"fail\" `ferry run` stops at this row",
+                    ),
+                    ferry_router::OnError::Skip => {
+                        (Severity::Warning, "route.on_error = \"skip\" will skip it")
+                    }
+                    ferry_router::OnError::DeadLetter => (
+                        Severity::Warning,
+                        "route.on_error = \"dead_letter\" will send it to the dead-letter topic",
+                    ),
+                };
+                sample.problems.push(Problem {
+                    severity,
+                    what: format!(
+                        "outbox row {} (aggregate type {:?}) cannot be routed: {}",
+                        text(id_index),
+                        text(type_index),
+                        e.reason
+                    ),
+                    fix: format!("fix the row's data or the route configuration; {consequence}"),
+                });
             }
         }
     }
     if let Some(dlq) = settings.router.dead_letter_topic() {
-        topics.push(dlq.to_string());
+        sample.topics.push(dlq.to_string());
     }
-    Ok(topics)
+    Ok(sample)
 }
 
 /// The topics the brokers know, and whether they auto-create topics (if they say).

@@ -7,4 +7,5 @@ pub mod malloc;
 pub mod pipeline;
 pub mod producer;
 pub mod telemetry;
+pub mod topics;
 pub mod watermark;

@@ -10,9 +10,10 @@
 //! record, nothing freed across threads) and finds it again by the key its report carries.
 //! Reports travel over a bounded channel sized above the in-flight window, so the librdkafka
 //! thread that delivers them never waits. Errors are classified into the two families: a report
-//! that can succeed on a later attempt (the broker was unreachable past the delivery timeout) is
-//! transient; one the broker will always refuse (record too large, not authorized, unknown topic)
-//! is permanent.
+//! that can succeed on a later attempt (the broker was unreachable past the delivery timeout, the
+//! topic does not exist yet: someone may create it, and the topic watch reports it meanwhile) is
+//! transient; one the broker will always refuse (record too large, not authorized, an invalid
+//! topic name) is permanent.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,6 +27,8 @@ use rdkafka::producer::{
 };
 use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
+
+use crate::topics::Topics;
 
 /// One delivery report: the key given to [`Producer::send`] and the outcome.
 #[derive(Debug)]
@@ -99,6 +102,8 @@ pub struct Delivered {
 struct Context {
     reports: mpsc::Sender<Delivery>,
     fatal: Arc<Mutex<Option<String>>>,
+    /// The topic watch (see `topics`): told the topic of every record and every report.
+    topics: Topics,
 }
 
 impl ClientContext for Context {
@@ -133,6 +138,10 @@ impl ProducerContext for Context {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, key: usize) {
+        let topic = match result {
+            Ok(m) | Err((_, m)) => m.topic(),
+        };
+        self.topics.reported(topic);
         let result = match result {
             Ok(m) => Ok(Delivered {
                 partition: m.partition(),
@@ -153,6 +162,7 @@ impl ProducerContext for Context {
 pub struct Producer {
     inner: ThreadedProducer<Context>,
     fatal: Arc<Mutex<Option<String>>>,
+    topics: Topics,
 }
 
 impl std::fmt::Debug for Producer {
@@ -173,9 +183,11 @@ pub enum SendError {
 impl Producer {
     /// Creates the producer from `properties` (built in one place by the configuration:
     /// idempotence and `acks=all` always on). `report_capacity` must exceed the in-flight window.
+    /// `topics` is told the topic of every record sent and reported.
     pub fn new(
         properties: &[(String, String)],
         report_capacity: usize,
+        topics: Topics,
     ) -> Result<(Producer, mpsc::Receiver<Delivery>), KafkaError> {
         let mut cc = ClientConfig::new();
         for (k, v) in properties {
@@ -186,8 +198,16 @@ impl Producer {
         let inner = cc.create_with_context(Context {
             reports: tx,
             fatal: fatal.clone(),
+            topics: topics.clone(),
         })?;
-        Ok((Producer { inner, fatal }, rx))
+        Ok((
+            Producer {
+                inner,
+                fatal,
+                topics,
+            },
+            rx,
+        ))
     }
 
     /// Hands a record to librdkafka (accepted, not yet durable); its report will carry `key`.
@@ -214,7 +234,10 @@ impl Producer {
             r = r.timestamp(ts);
         }
         match self.inner.send(r) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.topics.sent(&record.topic);
+                Ok(())
+            }
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 Err(SendError::QueueFull)
             }
@@ -265,8 +288,6 @@ pub fn is_transient(e: &KafkaError) -> bool {
             | InvalidMessage
             | InvalidRecord
             | InvalidTopic
-            | UnknownTopic
-            | UnknownTopicOrPartition
             | UnknownPartition
             | TopicAuthorizationFailed
             | ClusterAuthorizationFailed
@@ -289,7 +310,7 @@ pub fn fix_for(e: &KafkaError) -> &'static str {
              (and kafka.properties message.max.bytes), or lower route.max_payload_bytes so the row is routed by on_error"
         }
         Some(UnknownTopic | UnknownTopicOrPartition | UnknownPartition | InvalidTopic) => {
-            "the topic does not exist: create it (ferry check lists the topics), or enable auto-creation on the brokers"
+            "the topic does not exist: create it (ferry check lists the topics), set route.create_topics.enabled = true, or enable auto-creation on the brokers"
         }
         Some(TopicAuthorizationFailed | ClusterAuthorizationFailed) => {
             "grant Ferry's Kafka principal WRITE and DESCRIBE on the topic (and IDEMPOTENT_WRITE on the cluster for older brokers)"
@@ -360,7 +381,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-            let created = Producer::new(&props, 16);
+            let created = Producer::new(&props, 16, Topics::default());
             assert!(created.is_ok(), "{mechanism}: {:?}", created.err());
         }
     }

@@ -85,3 +85,10 @@ pub const LOG_LEVEL: &str = "info";
 // [shutdown]
 /// `shutdown.drain_timeout`: how long shutdown waits for in-flight deliveries.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// librdkafka's `topic.metadata.propagation.max.ms`: how long a record for a topic the brokers
+/// lack waits for the topic before its delivery fails (then the session reconnects and the
+/// record is produced again). The topic watch reports the wait meanwhile. 30 minutes: librdkafka
+/// accepts up to an hour, but multiplies the value by 1000 in a C `int`, so anything above
+/// 2 147 483 ms overflows and fails such records at once (measured: 3 600 000 failed them in 1 s).
+pub const TOPIC_WAIT_MS: u32 = 1_800_000;

@@ -108,7 +108,7 @@ impl KafkaConfig {
             .div_ceil(1024)
             .saturating_mul(2)
             .clamp(1, defaults::LIBRDKAFKA_QUEUE_LIMIT);
-        let controlled: [(&str, String); 9] = [
+        let controlled: [(&str, String); 10] = [
             ("bootstrap.servers", self.brokers.0.join(",")),
             ("enable.idempotence", "true".into()),
             ("acks", "all".into()),
@@ -121,6 +121,12 @@ impl KafkaConfig {
             ),
             ("queue.buffering.max.messages", queue_messages.to_string()),
             ("queue.buffering.max.kbytes", queue_kbytes.to_string()),
+            // A record for a topic the brokers lack waits for it (the topic watch says so
+            // loudly) instead of failing after librdkafka's default 30 s.
+            (
+                "topic.metadata.propagation.max.ms",
+                defaults::TOPIC_WAIT_MS.to_string(),
+            ),
         ];
         out.extend(controlled.into_iter().map(|(k, v)| (k.to_owned(), v)));
         Ok(out)
@@ -387,6 +393,11 @@ pub fn property_rule(name: &str, value: &str) -> Option<String> {
         "message.timeout.ms" | "delivery.timeout.ms" => use_key("delivery_timeout"),
         "queue.buffering.max.messages" => use_key("max_in_flight_records"),
         "queue.buffering.max.kbytes" => use_key("max_in_flight_bytes"),
+        "topic.metadata.propagation.max.ms" => fixed(
+            "topic.metadata.propagation.max.ms=1800000",
+            "a record for a missing topic waits for it (reported as missing) for 30 minutes rather than failing after 30 s; \
+             set route.create_topics to have Ferry create topics",
+        ),
         other if API_ONLY.contains(&other) => Some(
             "set through librdkafka's API, not a property; Ferry installs its own".to_owned(),
         ),

@@ -181,6 +181,7 @@ fn every_key_of_every_section_is_either_overridable_or_file_only() {
         "route.rules",
         "route.headers",
         "route.envelope_fields",
+        "route.create_topics",
         "kafka.properties",
         "kafka.property_files",
     ];
@@ -1042,5 +1043,32 @@ fn the_password_file_comes_before_pgpassword_and_the_url_before_both() {
     assert_eq!(
         c.connect_config_with(&env_pw).unwrap().connect_timeout,
         Some(defaults::CONNECT_TIMEOUT)
+    );
+}
+
+#[test]
+fn route_create_topics_is_read_from_the_file_and_validated_with_its_key_paths() {
+    let text = "[postgres]\nurl = \"host=db user=ferry\"\n[kafka]\nbrokers = \"k:9092\"\n\
+                [route.create_topics]\nenabled = true\npartitions = 6\nreplication_factor = 3\n\
+                configs = { \"retention.ms\" = \"1000\" }\n";
+    let c = load(Some(text), []).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.route.create_topics.enabled);
+    assert_eq!(c.route.create_topics.partitions, 6);
+    assert_eq!(c.route.create_topics.replication_factor, 3);
+    assert_eq!(c.route.create_topics.configs["retention.ms"], "1000");
+
+    let bad = text
+        .replace("partitions = 6", "partitions = 0")
+        .replace("replication_factor = 3", "replication_factor = 0");
+    let p = problems(load(Some(&bad), []).unwrap_err());
+    assert!(
+        p.iter()
+            .any(|m| m.starts_with("route.create_topics.partitions: must be at least 1")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter()
+            .any(|m| m.starts_with("route.create_topics.replication_factor: must be at least 1")),
+        "{p:?}"
     );
 }

@@ -45,6 +45,13 @@ pub async fn run(
     let mut backoff = settings.reconnect_backoff_min;
     let mut producer: Option<(Producer, session::Reports)> = None;
     let mut standing_by = false;
+    // Lives as long as the pipeline: every producer reports its topics to it.
+    let topic_watch = crate::topics::TopicWatch::start(
+        &settings.producer_properties,
+        settings.create_topics.clone(),
+        metrics.clone(),
+    )
+    .map_err(PipelineError::ProducerConfig)?;
     loop {
         if producer
             .as_ref()
@@ -54,9 +61,13 @@ pub async fn run(
         }
         let (p, reports) = match producer.take() {
             Some(p) => p,
-            None => Producer::new(&settings.producer_properties, settings.report_capacity())
-                .map(|(p, rx)| (p, session::Reports::new(rx)))
-                .map_err(PipelineError::ProducerConfig)?,
+            None => Producer::new(
+                &settings.producer_properties,
+                settings.report_capacity(),
+                topic_watch.topics(),
+            )
+            .map(|(p, rx)| (p, session::Reports::new(rx)))
+            .map_err(PipelineError::ProducerConfig)?,
         };
         let outcome = session::Session::new(&settings, &metrics, &p, reports)
             .run(shutdown.as_mut())

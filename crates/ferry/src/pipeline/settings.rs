@@ -21,6 +21,8 @@ pub struct PipelineSettings {
     pub router: Arc<Router>,
     /// librdkafka properties, built in one place by the configuration.
     pub producer_properties: Vec<(String, String)>,
+    /// `route.create_topics`: what the topic watch does about a missing topic.
+    pub create_topics: ferry_router::CreateTopicsConfig,
     /// In-flight window: records handed to the producer and not yet reported.
     pub max_in_flight_records: usize,
     /// In-flight window in payload bytes.
@@ -51,39 +53,34 @@ impl PipelineSettings {
 /// The slot spec and stream options for `router`'s table, with the columns it reads.
 pub fn outbox_spec(
     router: &Router,
-    outbox: &ferry_router::OutboxConfig,
     slot: &str,
     publication: &str,
     create_slot: bool,
     create_publication: bool,
 ) -> SlotSpec {
     let table = router.table();
-    let mut required: Vec<RequiredColumn> = Vec::new();
-    let mut need = |name: &str, key: &str, types: Option<AcceptedTypes>| {
-        if !required.iter().any(|c| c.name == name) {
-            required.push(RequiredColumn {
-                name: name.to_string(),
-                config_key: key.to_string(),
-                accepted_types: types,
-            });
-        }
-    };
-    use ferry_router::oid;
-    need(&outbox.id_column, "outbox.id_column", None);
-    need(
-        &outbox.aggregate_id_column,
-        "outbox.aggregate_id_column",
-        None,
-    );
-    need(
-        &outbox.payload_column,
-        "outbox.payload_column",
-        Some(AcceptedTypes {
-            oids: vec![oid::JSONB, oid::JSON, oid::TEXT, oid::VARCHAR, oid::BYTEA],
-            fix: "use a column of a supported type (payload: jsonb, json, text, varchar or bytea)"
-                .into(),
-        }),
-    );
+    // The router's own list: a column it reads that the table lacks (or has with a type it
+    // cannot read) stops Ferry before streaming, and `ferry check` reports it, instead of the
+    // first row failing to route.
+    let required: Vec<RequiredColumn> = router
+        .required_columns()
+        .iter()
+        .map(|r| RequiredColumn {
+            name: r.column.clone(),
+            config_key: r.config_key.clone(),
+            accepted_types: r.accepted_types.map(|oids| AcceptedTypes {
+                oids: oids.to_vec(),
+                fix: format!(
+                    "use a column of a type Ferry reads there ({}), or set {} to another column",
+                    oids.iter()
+                        .map(|t| ferry_wal::slot::type_name(*t))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    r.config_key.split(' ').next().unwrap_or(&r.config_key)
+                ),
+            }),
+        })
+        .collect();
     SlotSpec {
         slot: slot.to_string(),
         publication: publication.to_string(),
@@ -146,7 +143,6 @@ impl PipelineSettings {
         let router = Router::new(&config.outbox, &config.route).map_err(SettingsError::Router)?;
         let mut slot = outbox_spec(
             &router,
-            &config.outbox,
             &config.postgres.slot,
             &config.postgres.publication,
             config.postgres.create_slot,
@@ -168,6 +164,7 @@ impl PipelineSettings {
                 .kafka
                 .producer_properties()
                 .map_err(SettingsError::Secret)?,
+            create_topics: config.route.create_topics.clone(),
             max_in_flight_records: config.kafka.max_in_flight_records as usize,
             max_in_flight_bytes: config.kafka.max_in_flight_bytes as usize,
             drain_timeout: config.shutdown.drain_timeout,

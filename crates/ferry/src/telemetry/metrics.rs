@@ -30,6 +30,7 @@
 //! | `ferry_routing_errors_total` | counter | `reason` | Rows the router rejected; `reason` is one of [`RoutingErrorReason`]. |
 //! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
 //! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
+//! | `ferry_topics_missing` | gauge | | Topics records were routed to that the brokers do not have (records wait for them). |
 //!
 //! LSNs are exported as plain numbers (Prometheus samples are float64, exact up to 2^53 bytes =
 //! 8 PiB of WAL); `X/X` belongs in logs. The replication lag histogram has buckets from 1 ms to 60 s
@@ -67,6 +68,7 @@ pub const ROWS_DEAD_LETTERED_TOTAL: &str = "ferry_rows_dead_lettered_total";
 pub const ROUTING_ERRORS_TOTAL: &str = "ferry_routing_errors_total";
 pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
 pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
+pub const TOPICS_MISSING: &str = "ferry_topics_missing";
 
 /// Whether a metric is a counter, gauge or histogram (its `# TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +102,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 20] = {
+pub const SPEC: [MetricSpec; 21] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -123,6 +125,7 @@ pub const SPEC: [MetricSpec; 20] = {
         spec(ROUTING_ERRORS_TOTAL, C, "Rows the router rejected, by reason."),
         spec(STATUS_UPDATES_SENT_TOTAL, C, "Standby status updates sent to the server."),
         spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
+        spec(TOPICS_MISSING, G, "Topics records were routed to that the brokers do not have."),
     ]
 };
 
@@ -418,6 +421,36 @@ pub struct Metrics {
     pub routing_errors: CounterVec<RoutingErrorReason>,
     pub status_updates_sent: Counter,
     pub reconnects: CounterVec<Component>,
+    /// The topics records wait for, as the topic watch last found them (`ferry_topics_missing`
+    /// is their number; `/readyz` names them).
+    pub topics_missing: MissingTopics,
+}
+
+/// A topic the brokers do not have, and how many records wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingTopic {
+    pub topic: String,
+    pub records_waiting: u64,
+}
+
+/// The missing topics (a lock, not an atomic: written by the topic watch every few seconds at
+/// most, read per `/readyz` and scrape).
+#[derive(Debug, Default)]
+pub struct MissingTopics(std::sync::Mutex<Vec<MissingTopic>>);
+
+impl MissingTopics {
+    pub fn set(&self, topics: Vec<MissingTopic>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = topics;
+    }
+    pub fn get(&self) -> Vec<MissingTopic> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl Metrics {
@@ -443,6 +476,7 @@ impl Metrics {
             routing_errors: CounterVec::new(),
             status_updates_sent: Counter::default(),
             reconnects: CounterVec::new(),
+            topics_missing: MissingTopics::default(),
         })
     }
 
@@ -469,7 +503,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 20] {
+    fn samples(&self) -> [Sample<'_>; 21] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -491,6 +525,7 @@ impl Metrics {
             Sample::Labelled(labelled(&self.routing_errors)),
             Sample::Int(self.status_updates_sent.get()),
             Sample::Labelled(labelled(&self.reconnects)),
+            Sample::Int(self.topics_missing.len() as u64),
         ]
     }
 }

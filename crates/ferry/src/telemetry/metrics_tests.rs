@@ -88,6 +88,9 @@ ferry_status_updates_sent_total 7
 # TYPE ferry_reconnects_total counter
 ferry_reconnects_total{component="postgres"} 0
 ferry_reconnects_total{component="kafka"} 2
+# HELP ferry_topics_missing Topics records were routed to that the brokers do not have.
+# TYPE ferry_topics_missing gauge
+ferry_topics_missing 1
 "#;
 
 #[test]
@@ -113,6 +116,11 @@ fn renders_the_exposition_format_exactly() {
     m.status_updates_sent.add(7);
     m.reconnects.inc(Component::Kafka);
     m.reconnects.inc(Component::Kafka);
+    m.topics_missing
+        .set(vec![crate::telemetry::metrics::MissingTopic {
+            topic: "orders".into(),
+            records_waiting: 4,
+        }]);
 
     let mut out = String::new();
     m.render(&mut out);

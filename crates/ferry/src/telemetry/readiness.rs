@@ -9,7 +9,9 @@
 //! 3. confirming: either nothing is in flight, or the confirmed LSN rose within the last
 //!    `stall_after`. Streaming start counts as a rise, so a fresh stream gets a full window before its
 //!    first confirmation is due. An idle outbox (nothing in flight, no new WAL) is ready: the keepalive
-//!    rules confirm the server's `wal_end` on their own schedule and there is nothing to be late for.
+//!    rules confirm the server's `wal_end` on their own schedule and there is nothing to be late for;
+//! 4. no topic records were routed to is missing on the brokers (the topic watch keeps that list
+//!    in the registry): such records wait, however recently something else was confirmed.
 //!
 //! The rule reads only the registry, so the pipeline has one thing to update (the metrics) and
 //! `/readyz` can never disagree with `/metrics`. It takes `now` as an argument so tests need no
@@ -32,6 +34,7 @@ pub enum NotReady {
         in_flight_records: u64,
         since: Duration,
     },
+    TopicsMissing(Vec<super::metrics::MissingTopic>),
 }
 
 impl fmt::Display for NotReady {
@@ -49,6 +52,13 @@ impl fmt::Display for NotReady {
                 "confirmed LSN has not advanced for {}s with {in_flight_records} records in flight",
                 since.as_secs()
             ),
+            NotReady::TopicsMissing(topics) => {
+                f.write_str("records wait for topics the brokers do not have:")?;
+                for t in topics {
+                    write!(f, " {:?} ({} records waiting)", t.topic, t.records_waiting)?;
+                }
+                f.write_str("; create them, or set route.create_topics.enabled = true")
+            }
         }
     }
 }
@@ -60,6 +70,10 @@ pub fn check(metrics: &Metrics, stall_after: Duration, now: Instant) -> Result<(
     }
     if metrics.streaming.get() == 0 {
         return Err(NotReady::NotStreaming);
+    }
+    let missing = metrics.topics_missing.get();
+    if !missing.is_empty() {
+        return Err(NotReady::TopicsMissing(missing));
     }
     let in_flight_records = metrics.in_flight_records.get();
     if in_flight_records == 0 {
@@ -154,6 +168,24 @@ mod tests {
             Ok(()),
             "drained is ready"
         );
+    }
+
+    #[test]
+    fn a_missing_topic_is_not_ready_and_names_the_topic() {
+        use crate::telemetry::metrics::MissingTopic;
+        let m = streaming();
+        m.topics_missing.set(vec![MissingTopic {
+            topic: "orders".into(),
+            records_waiting: 3,
+        }]);
+        let e = check(&m, WINDOW, Instant::now()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "records wait for topics the brokers do not have: \"orders\" (3 records waiting); \
+             create them, or set route.create_topics.enabled = true"
+        );
+        m.topics_missing.set(Vec::new());
+        assert_eq!(check(&m, WINDOW, Instant::now()), Ok(()));
     }
 
     #[test]

@@ -1,0 +1,70 @@
+//! Instances started at the same moment (a Deployment with two replicas, a rolling restart) on a
+//! database where nothing exists yet: they all race to create the publication and the slot.
+//! Exactly one streams, the others stand by, none stops with an error.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// How many fresh databases the race is run on, and how many instances start on each.
+const ROUNDS: usize = 4;
+const INSTANCES: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_started_together_on_a_fresh_database_never_stop_with_an_error() {
+    for round in 0..ROUNDS {
+        let mut w = World::new().await;
+        let topic = w.create_topic("order", 1).await;
+        w.env.push((
+            "FERRY_POSTGRES_STANDBY_POLL_INTERVAL".into(),
+            "200ms".into(),
+        ));
+        let mut all: Vec<Ferry> = (0..INSTANCES).map(|_| w.start_ferry()).collect();
+
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            for f in all.iter_mut() {
+                assert!(
+                    f.is_running(),
+                    "round {round}: an instance exited during the start-up race; log:\n{}",
+                    f.log_text()
+                );
+            }
+            let (mut streaming, mut standby) = (0, 0);
+            for f in &all {
+                streaming += usize::from(f.metric("ferry_streaming").await == Some(1.0));
+                standby += usize::from(f.metric("ferry_standby").await == Some(1.0));
+            }
+            if streaming == 1 && standby == INSTANCES - 1 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: {streaming} streaming and {standby} standing by after 60s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for f in &all {
+            let log = f.log_text();
+            assert!(!log.contains("ERROR"), "round {round}: {log}");
+        }
+
+        w.insert("order", "o-1", "Created", r#"{"round": 1}"#).await;
+        let written = w.current_wal_lsn().await;
+        let got = w.consume(&topic, 1).await;
+        assert_eq!(got.len(), 1, "round {round}");
+        wait_until("the row is confirmed", Duration::from_secs(30), || async {
+            w.confirmed_lsn().await.is_some_and(|l| l >= written)
+        })
+        .await;
+        for f in all.iter_mut() {
+            assert!(
+                f.terminate().await.success(),
+                "round {round}: {}",
+                f.log_text()
+            );
+        }
+    }
+}
