@@ -7,4 +7,3 @@ pub mod malloc;
 pub mod pipeline;
 pub mod producer;
 pub mod telemetry;
-pub mod watermark;

@@ -25,7 +25,7 @@ use super::binary::{self, Mode};
 use super::{PipelineError, PipelineSettings};
 use crate::producer::{Delivery, Pending, Producer, SendError};
 use crate::telemetry::{Metrics, RoutingErrorReason};
-use crate::watermark::{Token, Watermark};
+use ferry_core::watermark::{Token, Watermark};
 
 /// Most delivery reports or WAL events handled in one wake-up of the session loop.
 const BURST: usize = 512;
