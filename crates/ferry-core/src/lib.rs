@@ -33,6 +33,17 @@
 //! are the same for both: a transactional sink reports its records durable only once the Kafka
 //! transaction carrying them committed.
 
+pub mod guard;
+pub mod inflight;
+pub mod relay;
+pub mod route;
+pub mod sink;
 pub mod watermark;
+mod window;
 
+pub use guard::unreadable;
+pub use inflight::Token;
+pub use relay::{Action, CoreError, Count, End, Relay, RelayConfig};
+pub use route::RouteErrorKind;
+pub use sink::{Report, Sink};
 pub use watermark::Watermark;
