@@ -12,7 +12,8 @@
 //! - per key, first deliveries follow commit order;
 //! - records in flight never exceed the window's record bound, and bytes exceed the byte bound
 //!   by less than one record (the window is checked before each event, as in the driver);
-//! and at the end, every row that was committed is in Kafka at least once.
+//!
+//! And at the end, every row that was committed is in Kafka at least once.
 //!
 //! A failing seed prints itself: `FERRY_SIM_SEED=<seed> cargo test -p ferry-core --test
 //! simulation` replays it alone; `FERRY_SIM_SEEDS=<n>` runs more seeds.
@@ -473,13 +474,11 @@ impl Sim {
                 }
             }
             // The reader hands over an event, if the core wants one.
-            40..=84 => {
-                if self.pos.0 < self.txns.len() {
-                    if self.relay.wants_events() {
-                        self.feed_one();
-                    } else {
-                        self.seen.window_full += 1;
-                    }
+            40..=84 if self.pos.0 < self.txns.len() => {
+                if self.relay.wants_events() {
+                    self.feed_one();
+                } else {
+                    self.seen.window_full += 1;
                 }
             }
             85..=89 => {
