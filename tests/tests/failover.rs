@@ -113,6 +113,16 @@ async fn a_promoted_standby_continues_from_the_synchronized_failover_slot_withou
         .batch_execute("SELECT pg_promote(true, 60)")
         .await
         .unwrap();
+    // The promoted server inherited the old primary's synchronized_standby_slots (ALTER SYSTEM
+    // wrote it into the copied data directory); it names a standby this server does not have,
+    // which would hold Ferry back. An operator points it at the new standbys' slots; here
+    // there are none.
+    for statement in [
+        "ALTER SYSTEM RESET synchronized_standby_slots",
+        "SELECT pg_reload_conf()",
+    ] {
+        standby_sql.batch_execute(statement).await.unwrap();
+    }
     w.sql = standby_sql;
     insert_events(&w.sql, 400..500, 0).await;
 

@@ -38,8 +38,9 @@
 //! message outside a transaction, a change to a relation never described, an outbox row whose
 //! column count differs from its relation's, and any protocol version 2 stream message are an
 //! [`AssemblyError`] naming the xid and LSN. Such an error means the stream cannot be trusted:
-//! the caller should stop, and [`Assembler::reset`] before reading again. `reset` is also what
-//! a reconnect calls: the server resends relations and restarts at a transaction boundary.
+//! the caller should stop. A reconnect starts a new reader, with a new `Assembler`: the server
+//! resends relations and restarts at a transaction boundary. ([`Assembler::reset`] does the same
+//! to an existing one, keeping its stats; only the assembly model test uses it.)
 
 use std::collections::HashMap;
 use std::sync::Arc;

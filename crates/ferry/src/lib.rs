@@ -8,4 +8,3 @@ pub mod pipeline;
 pub mod producer;
 pub mod telemetry;
 pub mod topics;
-pub mod watermark;

@@ -5,9 +5,11 @@
 //! record gets exactly one report within `delivery.timeout.ms`; that is what lets the pipeline
 //! drain before it reconnects, so records of one key never overtake each other across sessions.
 //!
-//! A record travels through librdkafka with a `usize` key, not a boxed value: the caller keeps
-//! what it needs per record in a [`Pending`] table (owned by one thread, no allocation per
-//! record, nothing freed across threads) and finds it again by the key its report carries.
+//! A record travels through librdkafka with a `usize` key, not a boxed value: the relay core's
+//! token ([`ferry_core::Token`]), under which the core keeps what it needs per record in its
+//! in-flight table (owned by one thread, no allocation per record, nothing freed across threads)
+//! and finds it again when the report comes. [`KafkaSink`] is this producer as the core's
+//! [`ferry_core::Sink`] (the per-record idempotent kind).
 //! Reports travel over a bounded channel sized above the in-flight window, so the librdkafka
 //! thread that delivers them never waits. Errors are classified into the two families: a report
 //! that can succeed on a later attempt (the broker was unreachable past the delivery timeout, the
@@ -35,61 +37,6 @@ use crate::topics::Topics;
 pub struct Delivery {
     pub key: usize,
     pub result: Result<Delivered, KafkaError>,
-}
-
-/// What the caller keeps per accepted record until its report, under the key the record was
-/// sent with: a slab (a vector and a free list) owned by the thread that sends and receives
-/// reports. Keys are reused only after their report was taken, so a report finds its own entry.
-#[derive(Debug)]
-pub struct Pending<T> {
-    entries: Vec<Option<T>>,
-    free: Vec<usize>,
-    len: usize,
-}
-
-impl<T> Default for Pending<T> {
-    fn default() -> Self {
-        Pending {
-            entries: Vec::new(),
-            free: Vec::new(),
-            len: 0,
-        }
-    }
-}
-
-impl<T> Pending<T> {
-    /// Stores `value`; returns its key.
-    pub fn insert(&mut self, value: T) -> usize {
-        self.len += 1;
-        match self.free.pop() {
-            Some(key) => {
-                self.entries[key] = Some(value);
-                key
-            }
-            None => {
-                self.entries.push(Some(value));
-                self.entries.len() - 1
-            }
-        }
-    }
-
-    /// Takes the entry of `key` (`None` if there is none: a report for a key never issued, or
-    /// a second report for one).
-    pub fn remove(&mut self, key: usize) -> Option<T> {
-        let value = self.entries.get_mut(key)?.take()?;
-        self.free.push(key);
-        self.len -= 1;
-        Some(value)
-    }
-
-    /// Entries waiting for their report.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 /// Where a durable record landed.
@@ -174,7 +121,9 @@ impl std::fmt::Debug for Producer {
 /// Why `send` did not accept a record.
 #[derive(Debug)]
 pub enum SendError {
-    /// librdkafka's queue is full: wait for reports, then retry.
+    /// librdkafka's queue is full. The configuration keeps its limits above the in-flight window,
+    /// so this means `kafka.properties` overrode them: the record is refused like any other and
+    /// the session ends (transiently); it is not a state to wait in.
     QueueFull,
     /// Any other refusal (the record is invalid for the client, e.g. too large).
     Refused(KafkaError),
@@ -275,6 +224,26 @@ impl Producer {
     }
 }
 
+/// The producer as the relay core's sink: idempotent, one report per record (see
+/// [`ferry_core::sink`] for what that promises and when the core may confirm).
+#[derive(Debug)]
+pub struct KafkaSink<'a>(pub &'a Producer);
+
+impl ferry_core::Sink for KafkaSink<'_> {
+    type Error = KafkaError;
+
+    fn produce(&mut self, token: ferry_core::Token, record: &Record) -> Result<(), KafkaError> {
+        self.0.send(record, token.0).map_err(|e| match e {
+            SendError::QueueFull => KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
+            SendError::Refused(e) => e,
+        })
+    }
+
+    fn abandon(&mut self) {
+        self.0.purge_queued();
+    }
+}
+
 /// Whether a failed delivery can succeed on a later attempt (after a reconnect).
 pub fn is_transient(e: &KafkaError) -> bool {
     use RDKafkaErrorCode::*;
@@ -325,32 +294,6 @@ pub fn fix_for(e: &KafkaError) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Against a map model: every key finds its own value exactly once, keys are reused only
-    /// once free, and unknown or repeated keys find nothing.
-    #[test]
-    fn pending_matches_a_map() {
-        use std::collections::HashMap;
-        let mut p = Pending::default();
-        let mut model = HashMap::new();
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        for i in 0..20_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            if x % 3 != 0 || model.is_empty() {
-                let key = p.insert(i);
-                assert!(model.insert(key, i).is_none(), "key {key} handed out twice");
-            } else {
-                let key = *model.keys().nth((x as usize / 3) % model.len()).unwrap();
-                assert_eq!(p.remove(key), model.remove(&key));
-                assert_eq!(p.remove(key), None, "second report for {key}");
-            }
-            assert_eq!(p.len(), model.len());
-        }
-        assert_eq!(p.remove(usize::MAX), None);
-        assert!(p.entries.len() <= 20_000);
-    }
 
     /// Managed Kafka means TLS and SASL (PLAIN, SCRAM): the linked librdkafka must have them.
     #[test]

@@ -102,16 +102,10 @@ pub struct ReaderHandle {
 }
 
 impl ReaderHandle {
-    /// Confirms everything up to `lsn` (never lower than before).
+    /// Hands over the LSN the relay core confirmed, to be reported as `flush_lsn`. The rule that
+    /// it never moves backwards is kept once, by [`crate::progress::Progress::confirm`].
     pub fn confirm(&self, lsn: Lsn) {
-        self.confirm.send_if_modified(|cur| {
-            if lsn > *cur {
-                *cur = lsn;
-                true
-            } else {
-                false
-            }
-        });
+        self.confirm.send_replace(lsn);
     }
 
     /// The next event in WAL order; `None` once the reader task has ended (its outcome then
@@ -130,11 +124,6 @@ impl ReaderHandle {
     /// [`CHANNEL_BYTES`]).
     pub fn buffered_bytes(&self) -> usize {
         CHANNEL_BYTES - self.budget.available_permits()
-    }
-
-    /// The LSN last confirmed.
-    pub fn confirmed(&self) -> Lsn {
-        *self.confirm.borrow()
     }
 
     /// Stops streaming after a final status update; returns the task's outcome.

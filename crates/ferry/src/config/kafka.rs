@@ -98,7 +98,8 @@ impl KafkaConfig {
             out.push((name.clone(), value));
         }
         // librdkafka's own queue limits sit above Ferry's (twice, so that the pipeline's
-        // backpressure is what bites); a QueueFull is still handled as backpressure.
+        // in-flight window is what bites). A QueueFull therefore means kafka.properties overrode
+        // them: the record is refused and the session ends (transiently), it is not waited out.
         let queue_messages = self
             .max_in_flight_records
             .saturating_mul(2)

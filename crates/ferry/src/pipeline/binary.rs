@@ -9,11 +9,13 @@
 //! Binary mode is only safe while the router can render every column it reads from binary
 //! ([`ferry_router::renders_binary`]): an enum, a domain or an extension type has its own OID.
 //! The choice is made per session from the table's current column types, and a session in
-//! binary mode checks every new relation layout the stream announces; a column that changed to
+//! binary mode checks every new relation layout the stream announces (the relay core's guard,
+//! `ferry_core::guard`); a column that changed to
 //! a type read only as text ends the session with a transient error, and the next session
 //! (replaying from the confirmed LSN) streams text. Nothing is routed from a value it cannot read.
 
-use ferry_router::{oid, renders_binary};
+pub use ferry_core::unreadable;
+use ferry_router::oid;
 use ferry_wal::conn::ReaderError;
 use ferry_wal::slot;
 
@@ -72,18 +74,6 @@ pub async fn decide(
             .map(|c| (c.name, c.type_oid))
             .collect();
     Ok(choose(s.binary, version, &s.router.columns(), &columns))
-}
-
-/// The first column the router reads whose type it cannot render from binary, if any.
-/// `columns` is the table's layout (name, type OID); columns it lacks are the router's to report.
-pub fn unreadable<'c, S: AsRef<str> + 'c>(
-    read: &[&str],
-    columns: impl IntoIterator<Item = (&'c S, u32)>,
-) -> Option<(String, u32)> {
-    columns
-        .into_iter()
-        .find(|(name, type_oid)| read.contains(&name.as_ref()) && !renders_binary(*type_oid))
-        .map(|(name, type_oid)| (name.as_ref().to_string(), type_oid))
 }
 
 #[cfg(test)]

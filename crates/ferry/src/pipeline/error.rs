@@ -8,7 +8,7 @@ use ferry_wal::Lsn;
 use rdkafka::error::KafkaError;
 
 use crate::producer;
-use crate::watermark::WatermarkError;
+use ferry_core::watermark::WatermarkError;
 
 /// Why a session or the pipeline ended.
 #[derive(Debug, thiserror::Error)]

@@ -43,7 +43,7 @@ pub async fn run(
     let settings = Arc::new(settings);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut backoff = settings.reconnect_backoff_min;
-    let mut producer: Option<(Producer, session::Reports)> = None;
+    let mut producer: Option<(Producer, session::Core)> = None;
     let mut standing_by = false;
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
@@ -59,21 +59,20 @@ pub async fn run(
         {
             producer = None;
         }
-        let (p, reports) = match producer.take() {
+        let (p, core) = match producer.take() {
             Some(p) => p,
             None => Producer::new(
                 &settings.producer_properties,
                 settings.report_capacity(),
                 topic_watch.topics(),
             )
-            .map(|(p, rx)| (p, session::Reports::new(rx)))
+            .map(|(p, rx)| (p, session::Core::new(rx, &settings)))
             .map_err(PipelineError::ProducerConfig)?,
         };
-        let outcome = session::Session::new(&settings, &metrics, &p, reports)
+        let outcome = session::Session::new(&settings, &metrics, &p, core)
             .run(shutdown.as_mut())
             .await;
-        let reports = outcome.reports;
-        producer = Some((p, reports));
+        producer = Some((p, outcome.core));
         match outcome.result {
             Ok(session::End::Shutdown) => {
                 // Every report is in (the session drained), so this returns at once; it waits

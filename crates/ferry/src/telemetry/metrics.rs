@@ -23,7 +23,7 @@
 //! | `ferry_received_lsn` | gauge | | Highest WAL position received from the server, as a number. |
 //! | `ferry_confirmed_lsn` | gauge | | Last `flush_lsn` reported to the server, as a number. |
 //! | `ferry_wal_lag_bytes` | gauge | | `pg_current_wal_lsn()` minus the confirmed LSN, at the last poll. |
-//! | `ferry_replication_lag_seconds` | histogram | | Commit time in Postgres to Kafka acknowledgement, per transaction. |
+//! | `ferry_replication_lag_seconds` | histogram | | Commit time in Postgres to Kafka acknowledgement, per record (each acknowledged record is one observation). |
 //! | `ferry_replication_lag_latest_seconds` | gauge | | The latest observation of that histogram. |
 //! | `ferry_rows_skipped_total` | counter | | Outbox rows skipped by policy (not produced). |
 //! | `ferry_rows_dead_lettered_total` | counter | | Outbox rows sent to the dead-letter topic. |
@@ -118,7 +118,7 @@ pub const SPEC: [MetricSpec; 21] = {
         spec(RECEIVED_LSN, G, "Highest WAL position received from the server."),
         spec(CONFIRMED_LSN, G, "Last flush LSN reported to the server."),
         spec(WAL_LAG_BYTES, G, "Server WAL position minus the confirmed LSN."),
-        spec(REPLICATION_LAG_SECONDS, H, "Seconds from commit in Postgres to acknowledgement by Kafka, per transaction."),
+        spec(REPLICATION_LAG_SECONDS, H, "Seconds from commit in Postgres to acknowledgement by Kafka, per record."),
         spec(REPLICATION_LAG_LATEST_SECONDS, G, "The latest replication lag observation."),
         spec(ROWS_SKIPPED_TOTAL, C, "Outbox rows skipped by policy."),
         spec(ROWS_DEAD_LETTERED_TOTAL, C, "Outbox rows sent to the dead-letter topic."),

@@ -43,7 +43,7 @@ ferry_confirmed_lsn 4294967336
 # HELP ferry_wal_lag_bytes Server WAL position minus the confirmed LSN.
 # TYPE ferry_wal_lag_bytes gauge
 ferry_wal_lag_bytes 1000
-# HELP ferry_replication_lag_seconds Seconds from commit in Postgres to acknowledgement by Kafka, per transaction.
+# HELP ferry_replication_lag_seconds Seconds from commit in Postgres to acknowledgement by Kafka, per record.
 # TYPE ferry_replication_lag_seconds histogram
 ferry_replication_lag_seconds_bucket{le="0.001"} 0
 ferry_replication_lag_seconds_bucket{le="0.0025"} 0

@@ -1,9 +1,9 @@
 //! Model test of the acknowledgement watermark: random interleavings of begin / add / commit /
-//! deliver / fail / duplicate report / idle advance / reset, checked after every step against a
+//! deliver / fail / duplicate report / idle advance, checked after every step against a
 //! reference model that keeps every record's state and recomputes `confirmed` by scanning from the
 //! start (the obviously-correct, O(records) way).
 
-use ferry::watermark::{Gauges, Token, Watermark, WatermarkError};
+use ferry_core::watermark::{Gauges, Token, Watermark, WatermarkError};
 use ferry_wal::Lsn;
 use proptest::prelude::*;
 
@@ -21,7 +21,6 @@ enum Op {
     Duplicate(usize),
     /// `idle_advance(confirmed + delta)`.
     Idle(i64),
-    Reset,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -33,7 +32,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Fail),
         1 => any::<usize>().prop_map(Op::Duplicate),
         2 => (-5i64..30).prop_map(Op::Idle),
-        1 => Just(Op::Reset),
     ]
 }
 
@@ -231,25 +229,6 @@ proptest! {
                     prop_assert_eq!(w.idle_advance(Lsn(wal_end)), moves);
                     if moves {
                         m.base = wal_end;
-                    }
-                }
-                Op::Reset => {
-                    let flying = m.in_flight();
-                    if flying.is_empty() {
-                        prop_assert_eq!(w.reset(), Ok(Lsn(m.confirmed())));
-                        m.base = m.confirmed();
-                        for t in m.since_reset..m.txns.len() {
-                            for &r in &m.txns[t].records {
-                                m.records[r].discarded = true;
-                            }
-                        }
-                        m.since_reset = m.txns.len();
-                    } else {
-                        let g = m.gauges();
-                        prop_assert_eq!(
-                            w.reset(),
-                            Err(WatermarkError::InFlight { records: g.in_flight_records, bytes: g.in_flight_bytes })
-                        );
                     }
                 }
             }

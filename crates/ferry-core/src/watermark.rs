@@ -13,8 +13,8 @@
 //! 1. [`Watermark::begin`] registers a transaction, in commit order, with its `commit_lsn` (pgoutput
 //!    Begin's `final_lsn`). Call it when Begin arrives, before anything else of the transaction.
 //! 2. [`Watermark::add_record`] is called for each record as it is handed to the producer
-//!    (accepted); it returns a [`Token`], a small `Copy` value that travels with the record as its
-//!    delivery opaque.
+//!    (accepted); it returns a [`Token`], a small `Copy` value that the relay core keeps in its
+//!    in-flight table (`crate::inflight`) under the key the record travels with.
 //! 3. [`Watermark::commit`] closes the transaction with its `end_lsn` (the end of the commit record).
 //! 4. Delivery reports arrive in any order: [`Watermark::delivered`] (durable) or
 //!    [`Watermark::failed`].
@@ -31,28 +31,28 @@
 //! transaction costs the same as a one-row one. A token is found in its transaction by binary
 //! search over the ranges.
 //!
-//! Duplicate reports are caught without per-record state: a report for a transaction that is
-//! already confirmed, or one more report than the transaction has records, is rejected at once; a
-//! duplicate that takes the place of a missing report is caught when the count completes, because
-//! each transaction also sums a bijective fingerprint of its tokens when they are handed out and
-//! when they are reported, and the two sums must then agree. A mismatch freezes the watermark.
+//! Which reports are genuine is decided once, by the relay core's in-flight table: a token reaches
+//! the watermark only from the table entry it was stored in, and that entry is removed by its
+//! first report, so a duplicate or a forged report never gets here. What the watermark still
+//! refuses is what its own structure shows for free (a sequence number never handed out, one more
+//! report than a transaction has records): a cheap guard against a caller other than the core.
 //!
 //! # Failure freezes
 //!
 //! A failed delivery freezes the watermark: `confirmed()` never advances to or past the failed
 //! record's transaction. Later successes are still counted (the gauges stay right and the pipeline
 //! can drain) but never stepped over; Vector lost data exactly that way (issues #24215, #24543). The
-//! failure is exposed by [`Watermark::failure`]. The only way out is [`Watermark::reset`] before a
-//! reconnect, which discards the failed transaction so that the server replays it.
+//! failure is exposed by [`Watermark::failure`]. The only way out is a new session: the relay core
+//! starts a new watermark at the position the server resumes from, and the server replays the
+//! failed transaction.
 //!
 //! # Rewinds are errors
 //!
 //! Every call that would move positions backwards or break the protocol is a typed
-//! [`WatermarkError`] and leaves the state untouched (the one exception,
-//! [`WatermarkError::ReportMismatch`], freezes): a `begin` before the previous transaction's
+//! [`WatermarkError`] and leaves the state untouched: a `begin` before the previous transaction's
 //! `end_lsn` (or the confirmed position), a `commit` whose `end_lsn` is before its `commit_lsn`, a
 //! second `begin` while a transaction is open, `add_record`/`commit` with none open, unknown or
-//! duplicate tokens, `reset` with records in flight.
+//! duplicate tokens.
 //!
 //! A `commit_lsn` *equal* to the previous `end_lsn` is accepted: a commit record may start exactly
 //! where the previous one ended (xlogreader's `EndRecPtr` is already aligned to the next record), for
@@ -68,13 +68,10 @@
 //!
 //! # Reconnect
 //!
-//! After a reconnect the server replays every transaction whose commit starts at or after the
-//! position the reader resumes from. The rule: the pipeline drains (waits for every in-flight
-//! delivery report) before it reconnects, then calls [`Watermark::reset`], which refuses while any
-//! record is in flight. Reset discards all unconfirmed transactions (open, closed, failed), keeps
-//! `confirmed()`, and returns it: that is the LSN to resume from, and every replayed transaction
-//! starts at or after it, so `begin` accepts the replay. The sequence counter is not restarted, so
-//! a token from before the reset can never be mistaken for a new record.
+//! A watermark lives for one streaming session. After a reconnect the server replays every
+//! transaction whose commit ends after the position the reader resumes from (the slot's
+//! `confirmed_flush_lsn`), so the relay core starts a new watermark there; reports of records from
+//! an earlier session are recognised by the in-flight table and never reach the new one.
 //!
 //! # Towards exactly-once
 //!
@@ -88,10 +85,10 @@ use std::collections::VecDeque;
 
 use ferry_wal::Lsn;
 
-/// Identifies one record handed to the producer; travels with it as its delivery opaque.
+/// Identifies one record handed to the producer, within its transaction.
 ///
-/// Small and `Copy` (a sequence number and the record's size), so it can be stored in the
-/// producer's per-message opaque without bookkeeping elsewhere.
+/// Small and `Copy` (a sequence number and the record's size); the relay core keeps it in the
+/// in-flight table entry of the record.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Token {
     seq: u64,
@@ -108,21 +105,9 @@ impl Token {
     pub const fn bytes(self) -> u32 {
         self.bytes
     }
-
-    /// A bijective mix of the token (splitmix64's finalizer over the sequence number offset by the
-    /// size): distinct sequence numbers of equal size never collide.
-    fn fingerprint(self) -> u64 {
-        let mut z = self
-            .seq
-            .wrapping_add(u64::from(self.bytes).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }
 
-/// Why a call was refused. Every variant but [`WatermarkError::ReportMismatch`] leaves the
-/// watermark unchanged.
+/// Why a call was refused. Every variant leaves the watermark unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WatermarkError {
     /// `begin` while another transaction is still open.
@@ -143,28 +128,9 @@ pub enum WatermarkError {
     /// A token this watermark never handed out.
     #[error("unknown token {seq}: never handed out by this watermark")]
     UnknownToken { seq: u64 },
-    /// A second report for a record whose transaction is already fully reported, confirmed, or
-    /// discarded by `reset`.
+    /// A second report for a record whose transaction is already fully reported or confirmed.
     #[error("duplicate delivery report for token {seq}: its transaction is already complete")]
     DuplicateToken { seq: u64 },
-    /// A token whose size exceeds what its transaction still has in flight (not one we handed out).
-    #[error(
-        "token {seq} claims {bytes} bytes but its transaction has only {in_flight} bytes in flight"
-    )]
-    ForgedToken {
-        seq: u64,
-        bytes: u32,
-        in_flight: u64,
-    },
-    /// The reports of a transaction add up to its record count but not to its tokens: one report
-    /// was duplicated and another is missing. The watermark is frozen.
-    #[error("delivery reports of the transaction at commit_lsn {commit_lsn} do not match the records handed out (a report was duplicated, another is missing); the watermark is frozen")]
-    ReportMismatch { commit_lsn: Lsn },
-    /// `reset` while records are still in flight: drain first.
-    #[error(
-        "cannot reset with {records} records ({bytes} bytes) in flight: drain the producer first"
-    )]
-    InFlight { records: u64, bytes: u64 },
 }
 
 /// The first failure that froze the watermark.
@@ -174,7 +140,7 @@ pub struct DeliveryFailure {
     pub commit_lsn: Lsn,
     /// The failed record's sequence number.
     pub seq: u64,
-    /// Why it failed (the producer's error, or the report mismatch).
+    /// Why it failed (the producer's error).
     pub reason: String,
 }
 
@@ -199,10 +165,6 @@ struct Txn {
     first_seq: u64,
     records: u64,
     reported: u64,
-    bytes_in_flight: u64,
-    /// Wrapping sums of the fingerprints handed out and reported.
-    issued_sum: u64,
-    reported_sum: u64,
     failed: bool,
 }
 
@@ -305,9 +267,6 @@ impl Watermark {
             first_seq: self.next_seq,
             records: 0,
             reported: 0,
-            bytes_in_flight: 0,
-            issued_sum: 0,
-            reported_sum: 0,
             failed: false,
         });
         Ok(())
@@ -326,8 +285,6 @@ impl Watermark {
             bytes: bytes32,
         };
         txn.records += 1;
-        txn.bytes_in_flight += u64::from(bytes32);
-        txn.issued_sum = txn.issued_sum.wrapping_add(token.fingerprint());
         self.next_seq += 1;
         self.in_flight_records += 1;
         self.in_flight_bytes += u64::from(bytes32);
@@ -378,21 +335,6 @@ impl Watermark {
         true
     }
 
-    /// Forgets every unconfirmed transaction (and a failure) before a reconnect; refused while
-    /// records are in flight. Returns `confirmed()`, the LSN to resume replication from.
-    pub fn reset(&mut self) -> Result<Lsn, WatermarkError> {
-        if self.in_flight_records > 0 {
-            return Err(WatermarkError::InFlight {
-                records: self.in_flight_records,
-                bytes: self.in_flight_bytes,
-            });
-        }
-        self.txns.clear();
-        self.failure = None;
-        self.floor = self.confirmed;
-        Ok(self.confirmed)
-    }
-
     fn report(&mut self, token: Token, failure: Option<String>) -> Result<(), WatermarkError> {
         let seq = token.seq;
         if seq >= self.next_seq {
@@ -412,28 +354,12 @@ impl Watermark {
         if txn.reported >= txn.records {
             return Err(WatermarkError::DuplicateToken { seq });
         }
-        let Some(bytes_left) = txn.bytes_in_flight.checked_sub(u64::from(token.bytes)) else {
-            return Err(WatermarkError::ForgedToken {
-                seq,
-                bytes: token.bytes,
-                in_flight: txn.bytes_in_flight,
-            });
-        };
         txn.reported += 1;
-        txn.bytes_in_flight = bytes_left;
-        txn.reported_sum = txn.reported_sum.wrapping_add(token.fingerprint());
         self.in_flight_records -= 1;
-        self.in_flight_bytes -= u64::from(token.bytes);
-
-        let mismatch = txn.reported == txn.records && txn.reported_sum != txn.issued_sum;
-        let commit_lsn = txn.commit_lsn;
-        let reason = if mismatch {
-            Some("delivery reports do not match the records handed out".to_owned())
-        } else {
-            failure
-        };
-        if let Some(reason) = reason {
+        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(token.bytes));
+        if let Some(reason) = failure {
             txn.failed = true;
+            let commit_lsn = txn.commit_lsn;
             self.failure.get_or_insert(DeliveryFailure {
                 commit_lsn,
                 seq,
@@ -441,9 +367,6 @@ impl Watermark {
             });
         }
         self.advance();
-        if mismatch {
-            return Err(WatermarkError::ReportMismatch { commit_lsn });
-        }
         Ok(())
     }
 
@@ -468,7 +391,7 @@ mod tests {
 
     /// Runs a scenario script from `Watermark::new(Lsn(start))`: space-separated steps `b<lsn>`
     /// begin, `a<bytes>` add a record, `c<lsn>` commit, `d<i>`/`f<i>` deliver/fail the i-th token
-    /// handed out, `i<lsn>` idle advance, `r` reset. Returns the watermark and each step's error.
+    /// handed out, `i<lsn>` idle advance. Returns the watermark and each step's error.
     fn run(start: u64, script: &str) -> (Watermark, Vec<Option<WatermarkError>>) {
         let mut w = Watermark::new(Lsn(start));
         let mut tokens = Vec::new();
@@ -486,7 +409,6 @@ mod tests {
                     w.idle_advance(Lsn(n()));
                     Ok(())
                 }
-                "r" => w.reset().map(|_| ()),
                 _ => panic!("bad step {step:?}"),
             };
             errors.push(r.err());
@@ -692,19 +614,6 @@ mod tests {
                 "b110 a1 c120 d0 f0",
                 E::DuplicateToken { seq: 0 },
             ),
-            (
-                "report of a token discarded by reset",
-                "b110 a1 f0 r f0",
-                E::DuplicateToken { seq: 0 },
-            ),
-            (
-                "reset with a record in flight",
-                "b110 a7 a3 d1 r",
-                E::InFlight {
-                    records: 1,
-                    bytes: 7,
-                },
-            ),
         ];
         for (name, ops, expected) in cases {
             let setup = ops.rsplit_once(' ').map_or("", |(setup, _)| setup);
@@ -734,43 +643,12 @@ mod tests {
             w.delivered(never),
             Err(WatermarkError::UnknownToken { seq: 5 })
         );
-        let forged = Token {
-            seq: t.seq(),
-            bytes: 11,
-        };
-        assert_eq!(
-            w.delivered(forged),
-            Err(WatermarkError::ForgedToken {
-                seq: 0,
-                bytes: 11,
-                in_flight: 10
-            })
-        );
         assert_eq!(
             w.add_record(usize::MAX),
             Err(WatermarkError::RecordTooLarge { bytes: usize::MAX })
         );
         assert_eq!(w.in_flight_records(), 1);
         w.delivered(t).unwrap();
-    }
-
-    #[test]
-    fn a_duplicate_standing_in_for_a_missing_report_is_caught_before_confirming() {
-        let mut w = Watermark::new(Lsn(100));
-        w.begin(Lsn(110)).unwrap();
-        let a = w.add_record(4).unwrap();
-        let _b = w.add_record(4).unwrap();
-        w.commit(Lsn(120)).unwrap();
-        w.delivered(a).unwrap();
-        // `a` again instead of `b`: counts add up, tokens do not.
-        assert_eq!(
-            w.delivered(a),
-            Err(WatermarkError::ReportMismatch {
-                commit_lsn: Lsn(110)
-            })
-        );
-        assert_eq!(w.confirmed(), Lsn(100));
-        assert!(w.is_frozen());
     }
 
     #[test]
@@ -830,44 +708,6 @@ mod tests {
     }
 
     #[test]
-    fn reset_discards_unconfirmed_work_and_resumes_from_confirmed() {
-        let mut w = Watermark::new(Lsn(100));
-        w.begin(Lsn(110)).unwrap();
-        let a = w.add_record(1).unwrap();
-        w.commit(Lsn(120)).unwrap();
-        w.begin(Lsn(130)).unwrap();
-        let b = w.add_record(1).unwrap();
-        w.commit(Lsn(140)).unwrap();
-        w.begin(Lsn(150)).unwrap();
-        let c = w.add_record(1).unwrap();
-        w.delivered(a).unwrap();
-        w.failed(b, "timeout").unwrap();
-        assert_eq!(
-            w.reset(),
-            Err(WatermarkError::InFlight {
-                records: 1,
-                bytes: 1
-            })
-        );
-        w.delivered(c).unwrap(); // drained
-        assert_eq!(w.confirmed(), Lsn(120));
-        assert_eq!(w.reset(), Ok(Lsn(120)));
-        assert!(!w.is_frozen());
-        assert_eq!(w.gauges(), Gauges::default());
-        // The server replays from 120: the failed transaction comes again and now confirms.
-        w.begin(Lsn(130)).unwrap();
-        let b2 = w.add_record(1).unwrap();
-        assert_ne!(b2.seq(), b.seq(), "sequence numbers are never reused");
-        w.commit(Lsn(140)).unwrap();
-        assert_eq!(
-            w.delivered(b),
-            Err(WatermarkError::DuplicateToken { seq: b.seq() })
-        );
-        w.delivered(b2).unwrap();
-        assert_eq!(w.confirmed(), Lsn(140));
-    }
-
-    #[test]
     fn a_large_transaction_is_a_counter() {
         let mut w = Watermark::new(Lsn(0));
         w.begin(Lsn(1)).unwrap();
@@ -884,7 +724,7 @@ mod tests {
 
     /// Rough cost of one add + deliver; prints, asserts nothing about time.
     #[test]
-    #[ignore = "bench-ish: cargo test -p ferry --lib --release -- --ignored --nocapture watermark"]
+    #[ignore = "bench-ish: cargo test -p ferry-core --lib --release -- --ignored --nocapture watermark"]
     fn bench_add_and_deliver() {
         let mut w = Watermark::new(Lsn(0));
         let n: u64 = 5_000_000;

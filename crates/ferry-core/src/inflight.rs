@@ -1,0 +1,136 @@
+//! The in-flight table: one entry per record handed to the sink and not yet reported, under the
+//! [`Token`] the record travels with (the producer's per-message opaque).
+//!
+//! It is the one place that decides whether a delivery report is genuine: a report finds its
+//! entry by token, and the entry is removed by that first report, so a second report, or one for
+//! a token never handed out, finds nothing and is refused. Every entry remembers the session it
+//! was produced in; a report from an earlier session (a record that outlived its session's drain)
+//! is recognised here and never reaches the new session's watermark.
+//!
+//! A slab (entries in a vector, free keys on a free list): no allocation per record once the
+//! table has grown to the in-flight window, nothing hashed, nothing freed across threads. The
+//! table also counts records and bytes in flight across sessions: that is what the in-flight
+//! window bounds (librdkafka holds them all, whichever session produced them).
+
+use std::sync::Arc;
+
+use crate::watermark;
+
+/// The key a record travels with through the sink; its delivery report carries it back.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Token(pub usize);
+
+/// What the core keeps per record until its report.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    /// The record's place in its transaction's watermark.
+    pub mark: watermark::Token,
+    /// The session it was produced in.
+    pub session: u64,
+    /// Commit time of its transaction, µs since the Unix epoch (for the lag metric).
+    pub commit_unix_micros: i64,
+    /// Its topic (shared, not copied), for errors.
+    pub topic: Arc<str>,
+}
+
+/// See the [module documentation](self).
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    entries: Vec<Option<Entry>>,
+    free: Vec<usize>,
+    records: u64,
+    bytes: u64,
+}
+
+impl InFlight {
+    /// Stores the entry of a record handed to the sink; returns its token.
+    pub fn insert(&mut self, entry: Entry) -> Token {
+        self.records += 1;
+        self.bytes += u64::from(entry.mark.bytes());
+        match self.free.pop() {
+            Some(key) => {
+                self.entries[key] = Some(entry);
+                Token(key)
+            }
+            None => {
+                self.entries.push(Some(entry));
+                Token(self.entries.len() - 1)
+            }
+        }
+    }
+
+    /// Takes the entry of `token`: `None` for a token never handed out or already reported.
+    pub fn remove(&mut self, token: Token) -> Option<Entry> {
+        let entry = self.entries.get_mut(token.0)?.take()?;
+        self.free.push(token.0);
+        self.records -= 1;
+        self.bytes -= u64::from(entry.mark.bytes());
+        Some(entry)
+    }
+
+    /// Records in flight (all sessions).
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Their bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watermark::Watermark;
+    use ferry_wal::Lsn;
+
+    /// Against a map model: every token finds its own entry exactly once, keys are reused only
+    /// once free, unknown or repeated tokens find nothing, and the counts agree.
+    #[test]
+    fn the_table_matches_a_map() {
+        use std::collections::HashMap;
+        let mut w = Watermark::new(Lsn(0));
+        w.begin(Lsn(1)).unwrap();
+        let topic: Arc<str> = Arc::from("t");
+        let mut table = InFlight::default();
+        let mut model: HashMap<usize, (u64, u32)> = HashMap::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x % 3 != 0 || model.is_empty() {
+                let mark = w.add_record((x % 100) as usize).unwrap();
+                let token = table.insert(Entry {
+                    mark,
+                    session: i,
+                    commit_unix_micros: 0,
+                    topic: topic.clone(),
+                });
+                let fresh = model.insert(token.0, (i, mark.bytes())).is_none();
+                assert!(fresh, "token {token:?} handed out twice");
+            } else {
+                let key = *model.keys().nth((x as usize / 3) % model.len()).unwrap();
+                let got = table
+                    .remove(Token(key))
+                    .map(|e| (e.session, e.mark.bytes()));
+                assert_eq!(got, model.remove(&key));
+                assert!(
+                    table.remove(Token(key)).is_none(),
+                    "second report for {key}"
+                );
+            }
+            assert_eq!(table.records(), model.len() as u64);
+            let bytes: u64 = model.values().map(|(_, b)| u64::from(*b)).sum();
+            assert_eq!(table.bytes(), bytes);
+        }
+        assert!(table.remove(Token(usize::MAX)).is_none());
+        assert!(table.capacity() <= 20_000);
+    }
+}

@@ -1,0 +1,514 @@
+//! The relay core: one session's decisions as a state machine with no I/O and no clock.
+//!
+//! Inputs: reader events ([`Relay::handle_outbox`], [`Relay::handle_keepalive`], and
+//! [`Relay::reader_ended`]), delivery reports ([`Relay::handle_report`]), records the sink would
+//! not accept ([`Relay::handle_refused`]), the time ([`Relay::handle_timeout`], and the `now`
+//! every input carries, read by the driver), and a shutdown request ([`Relay::shutdown`]).
+//! Outputs: [`Action`]s, taken one at a time with [`Relay::poll_action`] from a queue that is
+//! reused (no allocation per event), the deadline the driver must wake up at
+//! ([`Relay::poll_timeout`]), and whether to read more WAL ([`Relay::wants_events`]).
+//!
+//! The relay lives as long as the sink (across sessions): its in-flight table must find the
+//! record of every report, including a late one from a session that already ended. Each session
+//! begins with [`Relay::start`] at the position the server resumes from.
+//!
+//! # The decisions it makes
+//!
+//! - **What to produce**: every outbox row and message of a transaction, routed by the real
+//!   router; an event the router rejects goes by `route.on_error` (see [`crate::route`]).
+//! - **What to confirm**: [`Action::Confirm`] with the watermark's confirmed LSN whenever it
+//!   advances, the only place that LSN is held. It never moves backwards (the watermark never
+//!   lowers it) and never advances past a failed record (a failure freezes the watermark).
+//! - **When to read**: only while the in-flight window has room ([`crate::window`]), no failure
+//!   happened and no drain began.
+//! - **When to stop**: a failure (a route error under `fail`, a failed or refused record, a
+//!   layout binary mode cannot read), the reader ending, or a shutdown request start a *drain*:
+//!   no more WAL, and the session ends once every record in flight is reported, or at the
+//!   drain's deadline. A bookkeeping error (a report no record was produced for, a rewind) ends
+//!   the session at once: the state cannot be trusted, and nothing past it is confirmed.
+//! - **The first failure wins**: a session that failed ends with that failure whatever else
+//!   happens during its drain (a shutdown, the deadline).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_router::{Record, RouteError, Router};
+use ferry_wal::assembly::OutboxEvent;
+use ferry_wal::Lsn;
+
+use crate::guard::BinaryGuard;
+use crate::inflight::{Entry, InFlight, Token};
+use crate::route::{self, RouteErrorKind, Routed};
+use crate::watermark::{Watermark, WatermarkError};
+use crate::window::Window;
+
+/// What the core needs to know, fixed for its life.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub router: Arc<Router>,
+    /// In-flight window: records handed to the sink and not yet reported.
+    pub max_in_flight_records: u64,
+    /// In-flight window in record bytes.
+    pub max_in_flight_bytes: u64,
+    /// Graceful shutdown: how long to wait for in-flight reports.
+    pub drain_timeout: Duration,
+    /// How long a session that ends for another reason waits for them; `None` = for ever.
+    pub session_drain_timeout: Option<Duration>,
+}
+
+/// How a session ended without error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// A shutdown was requested; everything in flight was reported and confirmed.
+    Shutdown,
+    /// The reader ended (its own outcome says why); everything in flight was reported.
+    ReaderEnded,
+}
+
+/// Why a session stopped with an error. `E` is the sink's error.
+#[derive(Debug)]
+pub enum CoreError<E> {
+    /// A row the router rejected under `on_error = "fail"`.
+    Route { error: RouteError, commit_lsn: Lsn },
+    /// Kafka failed or refused a record for `topic`.
+    Delivery { topic: Arc<str>, error: E },
+    /// The sink failed outside a record (e.g. at a commit point).
+    Sink(E),
+    /// In binary mode the outbox table's layout changed to a type readable only as text.
+    TextNeeded { column: String, type_oid: u32 },
+    /// The watermark refused a call: the event stream or the core's bookkeeping is wrong.
+    Bookkeeping(WatermarkError),
+    /// A report for a token with no record in flight (never handed out, or reported twice).
+    UnknownReport { token: Token },
+    /// Records were still unreported when the drain's deadline passed.
+    DrainTimeout { records: u64 },
+}
+
+/// A counter change for the driver to apply to its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// A transaction began.
+    TransactionReceived,
+    /// This many transactions were confirmed.
+    TransactionsConfirmed(u64),
+    /// A record was reported durable.
+    RecordDurable { bytes: u32, commit_unix_micros: i64 },
+    /// A record was reported failed.
+    DeliveryFailed,
+    /// The router rejected an event.
+    RoutingError(RouteErrorKind),
+    /// An event was skipped by `on_error = "skip"`.
+    RowSkipped,
+    /// An event was sent to the dead-letter topic.
+    RowDeadLettered,
+}
+
+/// What the driver must do, in order.
+#[derive(Debug)]
+pub enum Action<E> {
+    /// Hand `record` to the sink with `token`; if it is refused, tell [`Relay::handle_refused`].
+    Produce { token: Token, record: Record },
+    /// A WAL transaction ended at `end_lsn` ([`crate::Sink::commit_point`]).
+    CommitPoint { end_lsn: Lsn },
+    /// A record failed: [`crate::Sink::abandon`].
+    Abandon,
+    /// Report `lsn` as flushed to the server (and as the confirmed-LSN metric).
+    Confirm(Lsn),
+    /// Apply a counter change.
+    Count(Count),
+    /// The session is over.
+    Stop(Result<End, CoreError<E>>),
+}
+
+/// The transaction whose events are streaming through.
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    commit_lsn: Lsn,
+    commit_unix_micros: i64,
+}
+
+/// A drain in progress: no more WAL; the session ends when nothing is in flight.
+#[derive(Debug, Clone, Copy)]
+struct Drain {
+    deadline: Option<Instant>,
+    by_shutdown: bool,
+}
+
+/// The relay core; see the [module documentation](self).
+#[derive(Debug)]
+pub struct Relay<E> {
+    config: RelayConfig,
+    /// Sessions started; entries of the in-flight table remember theirs.
+    session: u64,
+    wm: Watermark,
+    in_flight: InFlight,
+    window: Window,
+    current: Option<Current>,
+    binary: Option<BinaryGuard>,
+    failure: Option<CoreError<E>>,
+    drain: Option<Drain>,
+    stopped: bool,
+    actions: VecDeque<Action<E>>,
+}
+
+impl<E> Relay<E> {
+    pub fn new(config: RelayConfig) -> Self {
+        let window = Window::new(config.max_in_flight_records, config.max_in_flight_bytes);
+        Relay {
+            config,
+            session: 0,
+            wm: Watermark::new(Lsn(0)),
+            in_flight: InFlight::default(),
+            window,
+            current: None,
+            binary: None,
+            failure: None,
+            drain: None,
+            stopped: true,
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// Starts a session streaming from `resume` (the slot's `confirmed_flush_lsn`, from which
+    /// the server replays). `binary_read` lists the columns the router reads when the session
+    /// streams pgoutput's binary mode. Records of earlier sessions still in flight stay in the
+    /// table (and the window) until their reports arrive; they confirm nothing any more.
+    pub fn start(&mut self, resume: Lsn, binary_read: Option<Vec<String>>) {
+        self.session += 1;
+        self.wm = Watermark::new(resume);
+        self.window.unpause();
+        self.current = None;
+        self.binary = binary_read.map(BinaryGuard::new);
+        self.failure = None;
+        self.drain = None;
+        self.stopped = false;
+        self.actions.clear();
+    }
+
+    /// The next action, if any. Drain this after every input.
+    pub fn poll_action(&mut self) -> Option<Action<E>> {
+        self.actions.pop_front()
+    }
+
+    /// When [`Relay::handle_timeout`] must be called next (a drain's deadline), if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.stopped {
+            return None;
+        }
+        self.drain.and_then(|d| d.deadline)
+    }
+
+    /// Whether the driver may feed more WAL: the session runs, nothing failed, no drain began,
+    /// and the in-flight window has room (with its hysteresis).
+    pub fn wants_events(&mut self) -> bool {
+        !self.stopped
+            && self.failure.is_none()
+            && self.drain.is_none()
+            && self
+                .window
+                .open(self.in_flight.records(), self.in_flight.bytes())
+    }
+
+    /// Whether the session has stopped ([`Action::Stop`] was queued).
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// The LSN confirmed so far in this session (the watermark's; for logs and tests).
+    pub fn confirmed(&self) -> Lsn {
+        self.wm.confirmed()
+    }
+
+    /// Records and bytes in flight (all sessions).
+    pub fn in_flight(&self) -> (u64, u64) {
+        (self.in_flight.records(), self.in_flight.bytes())
+    }
+
+    /// Whether a drain is under way.
+    pub fn is_draining(&self) -> bool {
+        self.drain.is_some()
+    }
+
+    /// A transaction boundary, an outbox row or an outbox message, in WAL order.
+    pub fn handle_outbox(&mut self, event: OutboxEvent, now: Instant) {
+        if self.stopped || self.failure.is_some() {
+            return;
+        }
+        let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
+        match event {
+            OutboxEvent::Begin(b) => {
+                if let Err(e) = self.wm.begin(b.commit_lsn) {
+                    return self.bookkeeping(e);
+                }
+                self.current = Some(Current {
+                    commit_lsn: b.commit_lsn,
+                    commit_unix_micros: b.commit_time.to_unix_micros().unwrap_or(0),
+                });
+                self.count(Count::TransactionReceived);
+            }
+            OutboxEvent::Row(row) => {
+                let Some(cur) = self.current else {
+                    return self.bookkeeping(WatermarkError::NoOpenTransaction { op: "row" });
+                };
+                if let Some(guard) = self.binary.as_mut() {
+                    if let Some((column, type_oid)) = guard.check(&row.relation) {
+                        return self.fail(CoreError::TextNeeded { column, type_oid }, now);
+                    }
+                }
+                let routed = route::row(&self.config.router, &row, cur.commit_unix_micros);
+                self.routed(cur, routed, now);
+            }
+            OutboxEvent::Message(m) => {
+                let Some(cur) = self.current else {
+                    return self.bookkeeping(WatermarkError::NoOpenTransaction { op: "message" });
+                };
+                let routed =
+                    route::message(&self.config.router, &m.content, cur.commit_unix_micros);
+                self.routed(cur, routed, now);
+            }
+            OutboxEvent::Commit(c) => {
+                if let Err(e) = self.wm.commit(c.end_lsn) {
+                    return self.bookkeeping(e);
+                }
+                self.current = None;
+                self.actions
+                    .push_back(Action::CommitPoint { end_lsn: c.end_lsn });
+            }
+        }
+        self.progress(lsn, open);
+    }
+
+    /// The server's WAL end from an idle keepalive: confirmed if nothing is pending.
+    pub fn handle_keepalive(&mut self, wal_end: Lsn) {
+        if self.stopped {
+            return;
+        }
+        let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
+        self.wm.idle_advance(wal_end);
+        self.progress(lsn, open);
+    }
+
+    /// A delivery report for `token`.
+    pub fn handle_report(&mut self, token: Token, result: Result<(), E>, now: Instant) {
+        let Some(entry) = self.in_flight.remove(token) else {
+            if !self.stopped {
+                self.stop(Err(CoreError::UnknownReport { token }));
+            }
+            return;
+        };
+        if entry.session != self.session || self.stopped {
+            // A record of an ended session: it confirms nothing now, and its transaction is
+            // replayed by a later session. Its report only frees its place in the window.
+            return self.check_drained(now);
+        }
+        let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
+        match result {
+            Ok(()) => {
+                if let Err(e) = self.wm.delivered(entry.mark) {
+                    return self.bookkeeping(e);
+                }
+                self.count(Count::RecordDurable {
+                    bytes: entry.mark.bytes(),
+                    commit_unix_micros: entry.commit_unix_micros,
+                });
+                self.progress(lsn, open);
+                self.check_drained(now);
+            }
+            Err(error) => {
+                if let Err(e) = self.wm.failed(entry.mark, "delivery failed") {
+                    return self.bookkeeping(e);
+                }
+                self.count(Count::DeliveryFailed);
+                if self.failure.is_none() {
+                    tracing::error!(topic = %entry.topic, "delivery failed; the confirmed LSN stops before this record");
+                    // Nothing accepted behind the failed record may land before its replay.
+                    self.actions.push_back(Action::Abandon);
+                }
+                self.progress(lsn, open);
+                self.fail(
+                    CoreError::Delivery {
+                        topic: entry.topic,
+                        error,
+                    },
+                    now,
+                );
+            }
+        }
+    }
+
+    /// The sink refused the record of `token` (it was never accepted; no report will come).
+    pub fn handle_refused(&mut self, token: Token, error: E, now: Instant) {
+        let Some(entry) = self.in_flight.remove(token) else {
+            return self.stop(Err(CoreError::UnknownReport { token }));
+        };
+        if let Err(e) = self.wm.failed(entry.mark, "the sink refused the record") {
+            return self.bookkeeping(e);
+        }
+        self.fail(
+            CoreError::Delivery {
+                topic: entry.topic,
+                error,
+            },
+            now,
+        );
+    }
+
+    /// The sink failed outside a record (e.g. at a commit point).
+    pub fn handle_sink_error(&mut self, error: E, now: Instant) {
+        self.actions.push_back(Action::Abandon);
+        self.fail(CoreError::Sink(error), now);
+    }
+
+    /// The reader ended (cleanly or not; the driver has its outcome): drain, then stop.
+    pub fn reader_ended(&mut self, now: Instant) {
+        if self.drain.is_none() {
+            self.drain = Some(Drain {
+                deadline: self.session_deadline(now),
+                by_shutdown: false,
+            });
+        }
+        self.check_drained(now);
+    }
+
+    /// Shutdown was requested: stop reading, drain within the drain timeout, then stop.
+    pub fn shutdown(&mut self, now: Instant) {
+        if self.stopped || self.drain.is_some_and(|d| d.by_shutdown) {
+            return;
+        }
+        tracing::info!(
+            in_flight = self.in_flight.records(),
+            "shutting down: draining in-flight records"
+        );
+        self.drain = Some(Drain {
+            deadline: now.checked_add(self.config.drain_timeout),
+            by_shutdown: true,
+        });
+        self.check_drained(now);
+    }
+
+    /// Time passed: a drain whose deadline is reached stops the session.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.check_drained(now);
+    }
+
+    fn routed(
+        &mut self,
+        cur: Current,
+        (routed, kind): (Routed, Option<RouteErrorKind>),
+        now: Instant,
+    ) {
+        if let Some(kind) = kind {
+            self.count(Count::RoutingError(kind));
+        }
+        match routed {
+            Routed::Produce {
+                record,
+                dead_letter,
+            } => {
+                if dead_letter {
+                    self.count(Count::RowDeadLettered);
+                }
+                self.produce(cur, record);
+            }
+            Routed::Skip => self.count(Count::RowSkipped),
+            Routed::Fail(error) => self.fail(
+                CoreError::Route {
+                    error,
+                    commit_lsn: cur.commit_lsn,
+                },
+                now,
+            ),
+        }
+    }
+
+    fn produce(&mut self, cur: Current, record: Record) {
+        let mark = match self.wm.add_record(record.size_bytes()) {
+            Ok(mark) => mark,
+            Err(e) => return self.bookkeeping(e),
+        };
+        let token = self.in_flight.insert(Entry {
+            mark,
+            session: self.session,
+            commit_unix_micros: cur.commit_unix_micros,
+            topic: record.topic.clone(),
+        });
+        self.actions.push_back(Action::Produce { token, record });
+    }
+
+    fn count(&mut self, c: Count) {
+        self.actions.push_back(Action::Count(c));
+    }
+
+    /// After the watermark may have moved: confirm what advanced, count what was confirmed.
+    fn progress(&mut self, lsn_before: Lsn, open_before: usize) {
+        let open = self.wm.open_transactions();
+        // Begin adds one; only confirming removes any.
+        if open < open_before {
+            self.count(Count::TransactionsConfirmed((open_before - open) as u64));
+        }
+        let confirmed = self.wm.confirmed();
+        if confirmed > lsn_before {
+            self.actions.push_back(Action::Confirm(confirmed));
+        }
+    }
+
+    /// A failure: remembered (the first one wins), and the session drains.
+    fn fail(&mut self, error: CoreError<E>, now: Instant) {
+        if self.failure.is_none() {
+            self.failure = Some(error);
+        }
+        if self.drain.is_none() {
+            self.drain = Some(Drain {
+                deadline: self.session_deadline(now),
+                by_shutdown: false,
+            });
+        }
+        self.check_drained(now);
+    }
+
+    fn bookkeeping(&mut self, e: WatermarkError) {
+        self.stop(Err(CoreError::Bookkeeping(e)));
+    }
+
+    fn check_drained(&mut self, now: Instant) {
+        let Some(drain) = self.drain else { return };
+        if self.stopped {
+            return;
+        }
+        let records = self.in_flight.records();
+        let end = if records == 0 {
+            if drain.by_shutdown {
+                End::Shutdown
+            } else {
+                End::ReaderEnded
+            }
+        } else if drain.deadline.is_some_and(|d| now >= d) {
+            let e = self
+                .failure
+                .take()
+                .unwrap_or(CoreError::DrainTimeout { records });
+            return self.stop(Err(e));
+        } else {
+            return;
+        };
+        match self.failure.take() {
+            Some(e) => self.stop(Err(e)),
+            None => self.stop(Ok(end)),
+        }
+    }
+
+    fn stop(&mut self, result: Result<End, CoreError<E>>) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        self.actions.push_back(Action::Stop(result));
+    }
+
+    fn session_deadline(&self, now: Instant) -> Option<Instant> {
+        self.config
+            .session_drain_timeout
+            .and_then(|t| now.checked_add(t))
+    }
+}

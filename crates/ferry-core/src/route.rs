@@ -1,0 +1,142 @@
+//! From a decoded outbox event to the record to produce: the real router, and the poison-row
+//! policy (`route.on_error`) for an event it cannot route.
+//!
+//! - `fail`: the session stops with [`crate::CoreError::Route`]; nothing past the row is
+//!   confirmed, and Ferry exits with the fix in the message.
+//! - `skip`: the row is counted and left out; its transaction confirms without it.
+//! - `dead_letter`: the router renders the row for the dead-letter topic, which is produced in
+//!   its place (and like any record, must be acknowledged before its transaction confirms).
+
+use bytes::Bytes;
+use ferry_router::{ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router};
+use ferry_wal::assembly::OutboxRow;
+use ferry_wal::pgoutput::TupleValue;
+
+/// Why the router rejected an event, as a closed set (a metric label; no data in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteErrorKind {
+    MissingColumn,
+    NullValue,
+    NullPayload,
+    InvalidValue,
+    InvalidTopic,
+    PayloadTooLarge,
+    InvalidMessage,
+}
+
+impl RouteErrorKind {
+    pub fn of(reason: &RouteErrorReason) -> Self {
+        use RouteErrorReason as R;
+        match reason {
+            R::MissingColumn { .. } => RouteErrorKind::MissingColumn,
+            R::NullValue { .. } => RouteErrorKind::NullValue,
+            R::NullPayload { .. } => RouteErrorKind::NullPayload,
+            R::InvalidValue { .. } => RouteErrorKind::InvalidValue,
+            R::InvalidTopic { .. } => RouteErrorKind::InvalidTopic,
+            R::PayloadTooLarge { .. } => RouteErrorKind::PayloadTooLarge,
+            R::InvalidMessage { .. } => RouteErrorKind::InvalidMessage,
+        }
+    }
+}
+
+/// What the policy decided for an event.
+#[derive(Debug)]
+pub(crate) enum Routed {
+    /// Produce this record (the routed one, or its dead-letter rendering).
+    Produce { record: Record, dead_letter: bool },
+    /// `on_error = skip`.
+    Skip,
+    /// `on_error = fail`.
+    Fail(RouteError),
+}
+
+/// Routes an outbox row, applying `route.on_error` if the router rejects it. `Err` carries the
+/// kind of a rejection (for the metric) alongside the decision.
+pub(crate) fn row(
+    router: &Router,
+    row: &OutboxRow,
+    commit_unix_micros: i64,
+) -> (Routed, Option<RouteErrorKind>) {
+    let wal = WalRow(row);
+    match router.route_row(&wal, commit_unix_micros) {
+        Ok(record) => (
+            Routed::Produce {
+                record,
+                dead_letter: false,
+            },
+            None,
+        ),
+        Err(e) => policy(router, e, |err| {
+            router.dead_letter(&wal, err, commit_unix_micros)
+        }),
+    }
+}
+
+/// Routes a transactional logical message with the outbox prefix, like [`row`].
+pub(crate) fn message(
+    router: &Router,
+    content: &Bytes,
+    commit_unix_micros: i64,
+) -> (Routed, Option<RouteErrorKind>) {
+    match router.route_message(content, commit_unix_micros) {
+        Ok(record) => (
+            Routed::Produce {
+                record,
+                dead_letter: false,
+            },
+            None,
+        ),
+        Err(e) => policy(router, e, |err| {
+            router.dead_letter_message(content, err, commit_unix_micros)
+        }),
+    }
+}
+
+fn policy(
+    router: &Router,
+    error: RouteError,
+    dead_letter: impl FnOnce(&RouteError) -> Option<Record>,
+) -> (Routed, Option<RouteErrorKind>) {
+    let kind = Some(RouteErrorKind::of(&error.reason));
+    let routed = match router.on_error() {
+        OnError::Fail => Routed::Fail(error),
+        OnError::Skip => {
+            tracing::warn!(error = %error, "skipping an outbox event that cannot be routed (on_error = skip)");
+            Routed::Skip
+        }
+        OnError::DeadLetter => match dead_letter(&error) {
+            Some(record) => {
+                tracing::warn!(error = %error, topic = %record.topic,
+                    "sending an outbox event that cannot be routed to the dead-letter topic");
+                Routed::Produce {
+                    record,
+                    dead_letter: true,
+                }
+            }
+            // The router renders a dead letter whenever the policy is `dead_letter` (and the
+            // configuration requires its topic), so this is unreachable; were it not, there is
+            // nothing to produce.
+            None => Routed::Skip,
+        },
+    };
+    (routed, kind)
+}
+
+/// A decoded row, as the router reads it.
+pub(crate) struct WalRow<'a>(pub &'a OutboxRow);
+
+impl ferry_router::OutboxRow for WalRow<'_> {
+    fn column(&self, name: &str) -> Option<ColumnRef<'_>> {
+        let (type_oid, value) = self.0.get(name)?;
+        let (value, binary): (Option<&Bytes>, bool) = match value {
+            TupleValue::Null | TupleValue::UnchangedToast => (None, false),
+            TupleValue::Text(b) => (Some(b), false),
+            TupleValue::Binary(b) => (Some(b), true),
+        };
+        Some(ColumnRef {
+            type_oid,
+            value,
+            binary,
+        })
+    }
+}

@@ -1,0 +1,326 @@
+//! The relay core's decisions, one scenario per test, driven with the real router and the events
+//! the reader would produce (no I/O, no clock: the time is a value passed in).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferry_core::{Action, CoreError, Count, End, Relay, RouteErrorKind, Token};
+use ferry_router::{oid, OnError};
+use ferry_wal::Lsn;
+
+type R = Relay<String>;
+
+fn started(on_error: OnError, records: u64, bytes: u64, resume: u64) -> R {
+    let mut r = Relay::new(config(on_error, records, bytes));
+    r.start(Lsn(resume), None);
+    r
+}
+
+fn produced(actions: &[Action<String>]) -> Vec<(Token, String)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Produce { token, record } => Some((*token, record.topic.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn confirms(actions: &[Action<String>]) -> Vec<Lsn> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Confirm(l) => Some(*l),
+            _ => None,
+        })
+        .collect()
+}
+
+fn stop(actions: Vec<Action<String>>) -> Option<Result<End, CoreError<String>>> {
+    actions.into_iter().find_map(|a| match a {
+        Action::Stop(r) => Some(r),
+        _ => None,
+    })
+}
+
+fn counts(actions: &[Action<String>]) -> Vec<Count> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Count(c) => Some(*c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_transaction_is_confirmed_only_once_every_record_is_acknowledged() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "a", Some("{}")), now);
+    r.handle_outbox(row(&rel, 1, 106, 2, "b", Some("{}")), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    let a = actions(&mut r);
+    let p = produced(&a);
+    assert_eq!(p.len(), 2);
+    assert!(p.iter().all(|(_, t)| t == "outbox.event.order"));
+    assert!(a
+        .iter()
+        .any(|x| matches!(x, Action::CommitPoint { end_lsn } if *end_lsn == Lsn(120))));
+    assert!(confirms(&a).is_empty(), "nothing acknowledged yet");
+    assert_eq!(r.in_flight().0, 2);
+    r.handle_report(p[1].0, Ok(()), now);
+    assert!(
+        confirms(&actions(&mut r)).is_empty(),
+        "one record still in flight"
+    );
+    r.handle_report(p[0].0, Ok(()), now);
+    let a = actions(&mut r);
+    assert_eq!(confirms(&a), vec![Lsn(120)]);
+    assert!(counts(&a).contains(&Count::TransactionsConfirmed(1)));
+    assert_eq!(r.confirmed(), Lsn(120));
+    assert_eq!(r.in_flight(), (0, 0));
+}
+
+#[test]
+fn a_failed_record_is_never_stepped_over_and_the_session_drains_and_stops() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    for (i, (c, e)) in [(110, 120), (130, 140)].into_iter().enumerate() {
+        r.handle_outbox(begin(i as u32, c), now);
+        r.handle_outbox(row(&rel, i as u32, c - 5, i as u64, "k", Some("{}")), now);
+        r.handle_outbox(commit(i as u32, c, e), now);
+    }
+    let p = produced(&actions(&mut r));
+    r.handle_report(p[0].0, Err("broker down".into()), now);
+    let a = actions(&mut r);
+    assert!(a.iter().any(|x| matches!(x, Action::Abandon)));
+    assert!(stop(a).is_none(), "the second record is still in flight");
+    assert!(!r.wants_events(), "no WAL after a failure");
+    r.handle_report(p[1].0, Ok(()), now);
+    let a = actions(&mut r);
+    assert!(confirms(&a).is_empty(), "140 is behind the failed record");
+    match stop(a) {
+        Some(Err(CoreError::Delivery { topic, error })) => {
+            assert_eq!(&*topic, "outbox.event.order");
+            assert_eq!(error, "broker down");
+        }
+        other => panic!("expected the delivery failure, got {other:?}"),
+    }
+    assert_eq!(r.confirmed(), Lsn(100));
+}
+
+#[test]
+fn reading_stops_at_the_window_and_resumes_at_half() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 4, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    r.handle_outbox(begin(1, 1000), now);
+    let mut n = 0;
+    while r.wants_events() {
+        n += 1;
+        r.handle_outbox(row(&rel, 1, 100 + n, n, "k", Some("{}")), now);
+    }
+    assert_eq!(n, 4, "the record bound");
+    let p = produced(&actions(&mut r));
+    r.handle_report(p[0].0, Ok(()), now);
+    assert!(!r.wants_events(), "3 in flight: above half");
+    r.handle_report(p[1].0, Ok(()), now);
+    assert!(r.wants_events(), "2 in flight: half");
+
+    // The byte bound, the same way.
+    let mut r = started(OnError::Fail, 1000, 300, 100);
+    r.handle_outbox(begin(1, 1000), now);
+    let mut n = 0;
+    while r.wants_events() {
+        n += 1;
+        r.handle_outbox(
+            row(&rel, 1, 100 + n, n, "k", Some(r#"{"pad": "0123456789"}"#)),
+            now,
+        );
+    }
+    let (records, bytes) = r.in_flight();
+    assert!(
+        bytes >= 300 && records == n,
+        "{records} records, {bytes} bytes"
+    );
+}
+
+#[test]
+fn on_error_fail_stops_with_the_route_error_and_confirms_nothing_past_it() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", None), now);
+    let a = actions(&mut r);
+    assert!(counts(&a).contains(&Count::RoutingError(RouteErrorKind::NullPayload)));
+    match stop(a) {
+        Some(Err(CoreError::Route { commit_lsn, .. })) => assert_eq!(commit_lsn, Lsn(110)),
+        other => panic!("expected a route error, got {other:?}"),
+    }
+    assert_eq!(r.confirmed(), Lsn(100));
+}
+
+#[test]
+fn on_error_skip_leaves_the_row_out_and_its_transaction_confirms() {
+    let now = Instant::now();
+    let mut r = started(OnError::Skip, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", None), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    let a = actions(&mut r);
+    assert!(produced(&a).is_empty());
+    assert!(counts(&a).contains(&Count::RowSkipped));
+    assert_eq!(confirms(&a), vec![Lsn(120)]);
+}
+
+#[test]
+fn on_error_dead_letter_produces_to_the_dead_letter_topic_and_waits_for_it() {
+    let now = Instant::now();
+    let mut r = started(OnError::DeadLetter, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", None), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    let a = actions(&mut r);
+    let p = produced(&a);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].1, DEAD_LETTER_TOPIC);
+    assert!(counts(&a).contains(&Count::RowDeadLettered));
+    assert!(
+        confirms(&a).is_empty(),
+        "the dead letter is a record like any other"
+    );
+    r.handle_report(p[0].0, Ok(()), now);
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(120)]);
+}
+
+#[test]
+fn an_idle_keepalive_is_confirmed_only_when_nothing_is_pending() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    r.handle_keepalive(Lsn(150));
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(150)]);
+    r.handle_outbox(begin(1, 160), now);
+    r.handle_outbox(row(&rel, 1, 155, 1, "k", Some("{}")), now);
+    r.handle_outbox(commit(1, 160, 170), now);
+    let p = produced(&actions(&mut r));
+    r.handle_keepalive(Lsn(200));
+    assert!(
+        confirms(&actions(&mut r)).is_empty(),
+        "a record is in flight"
+    );
+    r.handle_report(p[0].0, Ok(()), now);
+    r.handle_keepalive(Lsn(200));
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(170), Lsn(200)]);
+    r.handle_keepalive(Lsn(190));
+    assert!(confirms(&actions(&mut r)).is_empty(), "never backwards");
+}
+
+#[test]
+fn shutdown_drains_then_stops_and_a_drain_past_its_deadline_is_an_error() {
+    let now = Instant::now();
+    let rel = relation(oid::JSONB);
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", Some("{}")), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    let p = produced(&actions(&mut r));
+    r.shutdown(now);
+    assert!(!r.wants_events());
+    assert_eq!(r.poll_timeout(), Some(now + Duration::from_secs(5)));
+    assert!(stop(actions(&mut r)).is_none());
+    r.handle_report(p[0].0, Ok(()), now);
+    let a = actions(&mut r);
+    assert_eq!(confirms(&a), vec![Lsn(120)]);
+    assert!(matches!(stop(a), Some(Ok(End::Shutdown))));
+
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", Some("{}")), now);
+    actions(&mut r);
+    r.shutdown(now);
+    r.handle_timeout(now + Duration::from_secs(4));
+    assert!(stop(actions(&mut r)).is_none(), "before the deadline");
+    r.handle_timeout(now + Duration::from_secs(5));
+    assert!(matches!(
+        stop(actions(&mut r)),
+        Some(Err(CoreError::DrainTimeout { records: 1 }))
+    ));
+    assert_eq!(r.poll_timeout(), None);
+}
+
+#[test]
+fn the_reader_ending_drains_then_stops() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    r.reader_ended(now);
+    assert!(matches!(stop(actions(&mut r)), Some(Ok(End::ReaderEnded))));
+}
+
+#[test]
+fn a_report_for_a_token_with_no_record_stops_at_once() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", Some("{}")), now);
+    let p = produced(&actions(&mut r));
+    r.handle_report(p[0].0, Ok(()), now);
+    r.handle_report(p[0].0, Ok(()), now);
+    assert!(matches!(
+        stop(actions(&mut r)),
+        Some(Err(CoreError::UnknownReport { token })) if token == p[0].0
+    ));
+}
+
+#[test]
+fn a_late_report_from_an_ended_session_confirms_nothing_in_the_next() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", Some("{}")), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    let old = produced(&actions(&mut r));
+    // The session ends with the record still in flight; the next resumes from 100 and the
+    // server replays the transaction.
+    r.start(Lsn(100), None);
+    assert_eq!(r.in_flight().0, 1, "still in flight, still in the window");
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", Some("{}")), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    let new = produced(&actions(&mut r));
+    assert_ne!(old[0].0, new[0].0, "the old record keeps its token");
+    r.handle_report(old[0].0, Ok(()), now);
+    assert!(
+        confirms(&actions(&mut r)).is_empty(),
+        "the old copy confirms nothing"
+    );
+    r.handle_report(new[0].0, Ok(()), now);
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(120)]);
+}
+
+#[test]
+fn in_binary_mode_a_layout_readable_only_as_text_ends_the_session() {
+    let now = Instant::now();
+    let mut r: R = Relay::new(config(OnError::Fail, 100, 1 << 20));
+    let read = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+    r.start(Lsn(100), Some(read.iter().map(|s| s.to_string()).collect()));
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&relation(16_400), 1, 105, 1, "k", Some("{}")), now);
+    match stop(actions(&mut r)) {
+        Some(Err(CoreError::TextNeeded { column, type_oid })) => {
+            assert_eq!((column.as_str(), type_oid), ("payload", 16_400));
+        }
+        other => panic!("expected TextNeeded, got {other:?}"),
+    }
+}
