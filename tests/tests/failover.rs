@@ -98,8 +98,11 @@ async fn a_promoted_standby_continues_from_the_synchronized_failover_slot_withou
     )
     .await;
 
-    // More rows, replicated to the standby (so the database itself loses nothing), then the
-    // primary crashes and the standby is promoted.
+    // Ferry is paused (SIGSTOP) so the next rows reach it only through the standby's copy of
+    // the slot: had the slot been lost and created anew at the promoted server's position,
+    // they would be missing. They replicate to the standby (so the database itself loses
+    // nothing), then the primary crashes, the standby is promoted and Ferry resumes.
+    signal(&ferry, "STOP");
     insert_events(&w.sql, 200..400, 0).await;
     let end = w.current_wal_lsn().await;
     wait_until(
@@ -123,6 +126,12 @@ async fn a_promoted_standby_continues_from_the_synchronized_failover_slot_withou
     ] {
         standby_sql.batch_execute(statement).await.unwrap();
     }
+    let copy = synced_position(&standby_sql, &w.slot).await;
+    assert!(
+        copy.is_some_and(|c| c < end),
+        "the promoted server holds the synchronized slot ({copy:?}), behind the last rows ({end})"
+    );
+    signal(&ferry, "CONT");
     w.sql = standby_sql;
     insert_events(&w.sql, 400..500, 0).await;
 
@@ -170,4 +179,16 @@ async fn replayed(sql: &tokio_postgres::Client) -> Lsn {
         .and_then(|r| r.get::<_, Option<String>>(0))
         .and_then(|s| s.parse().ok())
         .unwrap_or(Lsn::ZERO)
+}
+
+/// Sends `kill -<sig>` to the Ferry process.
+fn signal(ferry: &Ferry, sig: &str) {
+    let pid = ferry.pid().expect("ferry runs");
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
 }

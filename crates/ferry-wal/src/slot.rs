@@ -853,8 +853,15 @@ async fn failover_checks(
         });
         return Ok(());
     }
+    let in_recovery: bool = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0);
     match slot_state(client, &spec.slot).await? {
-        Some(s) if s.synced == Some(true) => notes.push(Problem {
+        // `synced` stays true on a promoted standby's leftover copies: it means "a copy" only
+        // while the server is in recovery.
+        Some(s) if in_recovery && s.synced == Some(true) => notes.push(Problem {
             severity: Severity::Note,
             what: format!(
                 "replication slot {:?} is a standby's synchronized copy (this server is a standby)",
@@ -877,11 +884,6 @@ async fn failover_checks(
         }),
         None => {}
     }
-    let in_recovery: bool = client
-        .query_one("SELECT pg_is_in_recovery()", &[])
-        .await
-        .map_err(sql_error)?
-        .get(0);
     if in_recovery {
         return Ok(());
     }

@@ -619,3 +619,44 @@ async fn exhausted_slots_and_wal_senders_are_permanent_errors_with_their_fix() {
     assert!(errors(&slot::check(&sql, &spec).await.unwrap()).is_empty());
     first.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_failover_slot_is_checked_for_what_it_needs_on_every_version() {
+    let s = setup().await;
+    let version = slot::server_version_num(&s.sql).await.unwrap();
+    let spec = SlotSpec {
+        failover: true,
+        ..s.spec.clone()
+    };
+    let problems = slot::check(&s.sql, &spec).await.unwrap();
+    if version < 170000 {
+        the_error(
+            &problems,
+            "postgres.failover_slot needs PostgreSQL 17 or later",
+            &["postgres.failover_slot = false"],
+        );
+        return;
+    }
+    // 17+: the existing slot is made a failover slot when streaming starts, and without
+    // synchronized_standby_slots a failover could erase what Ferry already published.
+    assert!(errors(&problems).is_empty(), "{problems:#?}");
+    assert!(
+        problems.iter().any(|p| p.severity == Severity::Note
+            && p.what.contains("is not a failover slot")
+            && p.fix.contains("ALTER_REPLICATION_SLOT")),
+        "{problems:#?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.severity == Severity::Warning
+            && p.what.contains("synchronized_standby_slots is empty")
+            && p.what.contains("phantom")),
+        "{problems:#?}"
+    );
+    let cfg = s.cfg.clone();
+    let r = ferry_wal::conn::start(&cfg, &s.sql, options(&spec, None))
+        .await
+        .unwrap();
+    let state = slot::slot_state(&s.sql, &spec.slot).await.unwrap().unwrap();
+    assert_eq!(state.failover, Some(true), "made a failover slot");
+    r.shutdown().await.unwrap();
+}
