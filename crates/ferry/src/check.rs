@@ -16,6 +16,7 @@ use rdkafka::producer::{BaseProducer, Producer as _};
 
 use crate::config::Config;
 use crate::pipeline::{binary, PipelineSettings};
+use crate::stdio::{errln, outln};
 
 /// How long `check` waits for the brokers.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -27,14 +28,14 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     let settings = match PipelineSettings::from_config(&config) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("ferry: the configuration cannot be used:\n{e}");
+            errln!("ferry: the configuration cannot be used:\n{e}");
             return Err(ExitCode::from(2));
         }
     };
     let mut problems: Vec<Problem> = Vec::new();
     let mut topics: Vec<String> = Vec::new();
 
-    println!("PostgreSQL {}", settings.postgres);
+    outln!("PostgreSQL {}", settings.postgres);
     let mut found: Vec<Problem> = Vec::new();
     match slot::connect_sql(&settings.postgres).await {
         Err(e) => found.push(error(
@@ -62,7 +63,7 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     print_problems(&found);
     problems.append(&mut found);
 
-    println!("Kafka {}", brokers(&settings));
+    outln!("Kafka {}", brokers(&settings));
     match kafka_topics(&settings).await {
         Err(p) => found.push(p),
         Ok((existing, auto_create)) => {
@@ -86,13 +87,13 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     let count = |s: Severity| problems.iter().filter(|p| p.severity == s).count();
     let errors = count(Severity::Error);
     if errors == 0 {
-        println!(
+        outln!(
             "OK: Ferry can run ({} warning(s))",
             count(Severity::Warning)
         );
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("{errors} problem(s) must be fixed before Ferry can run");
+        outln!("{errors} problem(s) must be fixed before Ferry can run");
         Err(ExitCode::from(1))
     }
 }
@@ -104,7 +105,7 @@ fn print_problems(problems: &[Problem]) {
             Severity::Warning => "warning",
             Severity::Note => "note",
         };
-        println!("  {tag}: {}\n    fix: {}", p.what, p.fix);
+        outln!("  {tag}: {}\n    fix: {}", p.what, p.fix);
     }
 }
 
@@ -242,55 +243,55 @@ async fn kafka_topics(settings: &PipelineSettings) -> Result<(Vec<String>, Optio
 /// `ferry status`.
 pub async fn status(config: Config) -> Result<ExitCode, ExitCode> {
     let settings = PipelineSettings::from_config(&config).map_err(|e| {
-        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })?;
     let sql = slot::connect_sql(&settings.postgres).await.map_err(|e| {
-        eprintln!("ferry: cannot connect to PostgreSQL: {e}");
+        errln!("ferry: cannot connect to PostgreSQL: {e}");
         ExitCode::from(1)
     })?;
     let state = slot::slot_state(&sql, &settings.slot.slot)
         .await
         .map_err(|e| {
-            eprintln!("ferry: {e}");
+            errln!("ferry: {e}");
             ExitCode::from(1)
         })?;
     let Some(state) = state else {
-        println!(
+        outln!(
             "slot {:?} does not exist (ferry run creates it)",
             settings.slot.slot
         );
         return Err(ExitCode::from(1));
     };
     let current = slot::current_wal_lsn(&sql).await.map_err(|e| {
-        eprintln!("ferry: {e}");
+        errln!("ferry: {e}");
         ExitCode::from(1)
     })?;
-    println!("slot                 {}", settings.slot.slot);
-    println!(
+    outln!("slot                 {}", settings.slot.slot);
+    outln!(
         "streaming            {}",
         match state.active_pid {
             Some(pid) => format!("yes (walsender pid {pid})"),
             None => "no".into(),
         }
     );
-    println!("server WAL position  {current}");
-    println!("confirmed_flush_lsn  {}", state.confirmed_flush_lsn);
-    println!(
+    outln!("server WAL position  {current}");
+    outln!("confirmed_flush_lsn  {}", state.confirmed_flush_lsn);
+    outln!(
         "lag                  {} bytes (server WAL not yet confirmed by Ferry)",
         current.saturating_sub(state.confirmed_flush_lsn)
     );
-    println!("restart_lsn          {}", state.restart_lsn);
-    println!(
+    outln!("restart_lsn          {}", state.restart_lsn);
+    outln!(
         "retained WAL         {} bytes (kept on the server for this slot)",
         current.saturating_sub(state.restart_lsn)
     );
-    println!(
+    outln!(
         "wal_status           {}",
         state.wal_status.as_deref().unwrap_or("unknown")
     );
     if state.wal_status.as_deref() == Some("lost") {
-        println!("the slot was invalidated: run `ferry check` for what to do");
+        outln!("the slot was invalidated: run `ferry check` for what to do");
         return Err(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)

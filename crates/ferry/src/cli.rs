@@ -1,7 +1,9 @@
 //! The command line: `ferry run | check | status | config`.
 //!
 //! Exit codes: 0 success; 1 a permanent runtime error (Ferry stopped, nothing past the failed
-//! record was confirmed) or `check` found problems; 2 the configuration cannot be used.
+//! record was confirmed) or `check` found problems; 2 the configuration cannot be used; 141
+//! standard output was closed before the output was written (`ferry status | head -1`; see
+//! [`crate::stdio`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config};
 use crate::pipeline::{self, PipelineSettings};
+use crate::stdio::{errln, out, outln};
 use crate::telemetry::{self, HttpState, Metrics};
 
 const ABOUT: &str = "Relays the transactional outbox from PostgreSQL to Kafka by tailing the WAL.";
@@ -111,7 +114,7 @@ pub fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("ferry: cannot start the async runtime: {e}");
+            errln!("ferry: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -127,7 +130,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
         Command::Status(c) => crate::check::status(load(&c)?).await,
         Command::Config(ConfigCommand::Show(c)) => {
             let config = load(&c)?;
-            println!("{config:#?}");
+            outln!("{config:#?}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(ConfigCommand::FromDebezium {
@@ -150,7 +153,7 @@ fn from_debezium(
         std::fs::read_to_string(file)
     };
     let json = read.map_err(|e| {
-        eprintln!("ferry: cannot read {}: {e}", file.display());
+        errln!("ferry: cannot read {}: {e}", file.display());
         ExitCode::from(2)
     })?;
     let options = crate::debezium::Options {
@@ -161,18 +164,18 @@ fn from_debezium(
             .map(|n| n.to_string_lossy().into_owned()),
     };
     let t = crate::debezium::translate(&json, &options).map_err(|e| {
-        eprintln!("ferry: {}: {e}", file.display());
+        errln!("ferry: {}: {e}", file.display());
         ExitCode::from(2)
     })?;
     match output {
         Some(path) => std::fs::write(path, &t.toml).map_err(|e| {
-            eprintln!("ferry: cannot write {}: {e}", path.display());
+            errln!("ferry: cannot write {}: {e}", path.display());
             ExitCode::from(2)
         })?,
-        None => print!("{}", t.toml),
+        None => out!("{}", t.toml),
     }
     for note in &t.notes {
-        eprintln!("{note}");
+        errln!("{note}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -183,7 +186,7 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(t) => Some(t),
             Err(e) => {
-                eprintln!(
+                errln!(
                     "ferry: cannot read the configuration file {}: {e}",
                     path.display()
                 );
@@ -193,7 +196,7 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
         None => None,
     };
     config::load(text.as_deref(), std::env::vars()).map_err(|e| {
-        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })
 }
@@ -201,11 +204,11 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
 async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
     let config = load(&arg)?;
     if let Err(e) = telemetry::logging::init(config.log.format, &config.log.level) {
-        eprintln!("ferry: log.level: {e}");
+        errln!("ferry: log.level: {e}");
         return Err(ExitCode::from(2));
     }
     let settings = PipelineSettings::from_config(&config).map_err(|e| {
-        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })?;
     let metrics = Metrics::new();
@@ -239,7 +242,7 @@ async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
         }
         Err(e) => {
             tracing::error!(error = %e, "stopping: permanent error");
-            eprintln!("ferry: {e}");
+            errln!("ferry: {e}");
             Err(ExitCode::from(1))
         }
     }

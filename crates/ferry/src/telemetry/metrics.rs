@@ -30,6 +30,7 @@
 //! | `ferry_routing_errors_total` | counter | `reason` | Rows the router rejected; `reason` is one of [`RoutingErrorReason`]. |
 //! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
 //! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
+//! | `ferry_log_write_errors_total` | counter | | Log events dropped because stderr failed (closed pipe, full disk); process-wide. |
 //!
 //! LSNs are exported as plain numbers (Prometheus samples are float64, exact up to 2^53 bytes =
 //! 8 PiB of WAL); `X/X` belongs in logs. The replication lag histogram has buckets from 1 ms to 60 s
@@ -67,6 +68,7 @@ pub const ROWS_DEAD_LETTERED_TOTAL: &str = "ferry_rows_dead_lettered_total";
 pub const ROUTING_ERRORS_TOTAL: &str = "ferry_routing_errors_total";
 pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
 pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
+pub const LOG_WRITE_ERRORS_TOTAL: &str = "ferry_log_write_errors_total";
 
 /// Whether a metric is a counter, gauge or histogram (its `# TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +102,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 20] = {
+pub const SPEC: [MetricSpec; 21] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -123,6 +125,7 @@ pub const SPEC: [MetricSpec; 20] = {
         spec(ROUTING_ERRORS_TOTAL, C, "Rows the router rejected, by reason."),
         spec(STATUS_UPDATES_SENT_TOTAL, C, "Standby status updates sent to the server."),
         spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
+        spec(LOG_WRITE_ERRORS_TOTAL, C, "Log events dropped because the log sink (stderr) failed."),
     ]
 };
 
@@ -139,6 +142,10 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub struct Counter(AtomicU64);
 
 impl Counter {
+    /// A counter at zero, usable in a `static`.
+    pub const fn new() -> Self {
+        Counter(AtomicU64::new(0))
+    }
     pub fn inc(&self) {
         self.add(1);
     }
@@ -469,7 +476,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 20] {
+    fn samples(&self) -> [Sample<'_>; 21] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -491,6 +498,7 @@ impl Metrics {
             Sample::Labelled(labelled(&self.routing_errors)),
             Sample::Int(self.status_updates_sent.get()),
             Sample::Labelled(labelled(&self.reconnects)),
+            Sample::Int(super::logging::write_errors()),
         ]
     }
 }

@@ -88,6 +88,9 @@ ferry_status_updates_sent_total 7
 # TYPE ferry_reconnects_total counter
 ferry_reconnects_total{component="postgres"} 0
 ferry_reconnects_total{component="kafka"} 2
+# HELP ferry_log_write_errors_total Log events dropped because the log sink (stderr) failed.
+# TYPE ferry_log_write_errors_total counter
+ferry_log_write_errors_total 0
 "#;
 
 #[test]
