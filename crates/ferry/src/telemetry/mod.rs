@@ -3,8 +3,8 @@
 //! - [`metrics`]: one [`Metrics`] registry per process, atomics only, rendered in the Prometheus
 //!   text format. Its module docs hold the table of every metric: that table is the telemetry spec.
 //! - [`readiness`]: the rule `/readyz` applies to the registry.
-//! - [`http`]: [`serve`] answers `/metrics`, `/healthz` and `/readyz` with a small, bounded HTTP/1.1
-//!   server; its request parsing is the pure `request` module.
+//! - [`http`]: [`serve`] answers `/metrics`, `/healthz` and `/readyz` with hyper, within stated
+//!   limits (head size, timeouts, connection count).
 //! - [`logging`]: [`logging::init`] installs text or JSON logging to stderr, and documents the log
 //!   field names used across Ferry.
 //!
@@ -14,7 +14,6 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod readiness;
-mod request;
 
 pub use http::{serve, HttpState, Limits};
 pub use logging::LogFormat;
