@@ -32,6 +32,10 @@
 //! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
 //! | `ferry_log_write_errors_total` | counter | | Log events dropped because stderr failed (closed pipe, full disk); process-wide. |
 //!
+//! [`Metrics::render`] adds the standard `process_*` families (resident and virtual memory, CPU
+//! seconds, open and maximum file descriptors, start time), read from `/proc` at scrape time; their
+//! table is in [`super::process`].
+//!
 //! LSNs are exported as plain numbers (Prometheus samples are float64, exact up to 2^53 bytes =
 //! 8 PiB of WAL); `X/X` belongs in logs. The replication lag histogram has buckets from 1 ms to 60 s
 //! ([`REPLICATION_LAG_BUCKETS`]); observations that are NaN or infinite are dropped and negative
@@ -467,8 +471,15 @@ impl Metrics {
             .set(server_wal_lsn.saturating_sub(self.confirmed_lsn.get()));
     }
 
-    /// Appends the whole registry to `out` in the Prometheus text format 0.0.4.
+    /// Appends the registry, then the `process_*` families read now (see [`super::process`]), to
+    /// `out` in the Prometheus text format 0.0.4: what `/metrics` serves.
     pub fn render(&self, out: &mut String) {
+        self.render_registry(out);
+        super::process::ProcessStats::read().render(out);
+    }
+
+    /// Appends the registry alone (the `ferry_*` families) in the Prometheus text format 0.0.4.
+    pub fn render_registry(&self, out: &mut String) {
         for (spec, sample) in SPEC.iter().zip(self.samples()) {
             // Writing to a String cannot fail.
             let _ = render_family(out, spec, sample);

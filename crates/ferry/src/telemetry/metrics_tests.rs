@@ -118,7 +118,7 @@ fn renders_the_exposition_format_exactly() {
     m.reconnects.inc(Component::Kafka);
 
     let mut out = String::new();
-    m.render(&mut out);
+    m.render_registry(&mut out);
     let expected = GOLDEN.replace("VERSION", env!("CARGO_PKG_VERSION"));
     assert_eq!(out, expected, "rendered:\n{out}");
 }
@@ -126,7 +126,7 @@ fn renders_the_exposition_format_exactly() {
 #[test]
 fn a_fresh_registry_renders_every_metric_at_zero() {
     let mut out = String::new();
-    Metrics::new().render(&mut out);
+    Metrics::new().render_registry(&mut out);
     for spec in SPEC {
         let name = spec.name;
         assert!(

@@ -2,6 +2,7 @@
 //!
 //! - [`metrics`]: one [`Metrics`] registry per process, atomics only, rendered in the Prometheus
 //!   text format. Its module docs hold the table of every metric: that table is the telemetry spec.
+//! - [`process`]: the standard `process_*` metrics, read from `/proc` at scrape time.
 //! - [`readiness`]: the rule `/readyz` applies to the registry.
 //! - [`http`]: [`serve`] answers `/metrics`, `/healthz` and `/readyz` with hyper, within stated
 //!   limits (head size, timeouts, connection count).
@@ -13,6 +14,7 @@
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod process;
 pub mod readiness;
 
 pub use http::{serve, HttpState, Limits};
