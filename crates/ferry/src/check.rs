@@ -240,8 +240,32 @@ async fn kafka_topics(settings: &PipelineSettings) -> Result<(Vec<String>, Optio
     Ok((topics, auto_create))
 }
 
-/// `ferry status`.
-pub async fn status(config: Config) -> Result<ExitCode, ExitCode> {
+/// `ferry status --json`: one object, field names stable (scripts read them; README documents
+/// them). LSNs are `X/X` strings as PostgreSQL prints them; sizes are numbers of bytes.
+#[derive(Debug, serde::Serialize)]
+struct StatusJson {
+    slot: String,
+    /// False when the slot does not exist (`ferry run` creates it); the fields below are then null.
+    exists: bool,
+    /// Whether a walsender streams the slot (a Ferry is running on it).
+    active: Option<bool>,
+    active_pid: Option<i32>,
+    server_wal_lsn: Option<String>,
+    confirmed_flush_lsn: Option<String>,
+    /// Server WAL not yet confirmed by Ferry.
+    lag_bytes: Option<u64>,
+    restart_lsn: Option<String>,
+    /// WAL the server keeps for this slot.
+    retained_wal_bytes: Option<u64>,
+    /// `pg_replication_slots.wal_status`: reserved, extended, unreserved or lost.
+    wal_status: Option<String>,
+    /// True when the slot was invalidated (`wal_status` = lost): see `ferry check`.
+    invalidated: Option<bool>,
+}
+
+/// `ferry status` (`json`: one JSON object instead of text). Exit 1 when the slot is missing or
+/// invalidated, or PostgreSQL cannot be asked.
+pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
     let settings = PipelineSettings::from_config(&config).map_err(|e| {
         errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
@@ -256,18 +280,57 @@ pub async fn status(config: Config) -> Result<ExitCode, ExitCode> {
             errln!("ferry: {e}");
             ExitCode::from(1)
         })?;
-    let Some(state) = state else {
-        outln!(
-            "slot {:?} does not exist (ferry run creates it)",
-            settings.slot.slot
-        );
-        return Err(ExitCode::from(1));
-    };
     let current = slot::current_wal_lsn(&sql).await.map_err(|e| {
         errln!("ferry: {e}");
         ExitCode::from(1)
     })?;
-    outln!("slot                 {}", settings.slot.slot);
+    let name = settings.slot.slot.clone();
+    let lost = state
+        .as_ref()
+        .is_some_and(|s| s.wal_status.as_deref() == Some("lost"));
+    if json {
+        let report = match &state {
+            None => StatusJson {
+                slot: name,
+                exists: false,
+                active: None,
+                active_pid: None,
+                server_wal_lsn: Some(current.to_string()),
+                confirmed_flush_lsn: None,
+                lag_bytes: None,
+                restart_lsn: None,
+                retained_wal_bytes: None,
+                wal_status: None,
+                invalidated: None,
+            },
+            Some(s) => StatusJson {
+                slot: name,
+                exists: true,
+                active: Some(s.active_pid.is_some()),
+                active_pid: s.active_pid,
+                server_wal_lsn: Some(current.to_string()),
+                confirmed_flush_lsn: Some(s.confirmed_flush_lsn.to_string()),
+                lag_bytes: Some(current.saturating_sub(s.confirmed_flush_lsn)),
+                restart_lsn: Some(s.restart_lsn.to_string()),
+                retained_wal_bytes: Some(current.saturating_sub(s.restart_lsn)),
+                wal_status: s.wal_status.clone(),
+                invalidated: Some(lost),
+            },
+        };
+        // Serializing plain strings and numbers cannot fail.
+        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        outln!("{text}");
+        return if state.is_none() || lost {
+            Err(ExitCode::from(1))
+        } else {
+            Ok(ExitCode::SUCCESS)
+        };
+    }
+    let Some(state) = state else {
+        outln!("slot {name:?} does not exist (ferry run creates it)");
+        return Err(ExitCode::from(1));
+    };
+    outln!("slot                 {name}");
     outln!(
         "streaming            {}",
         match state.active_pid {
@@ -290,7 +353,7 @@ pub async fn status(config: Config) -> Result<ExitCode, ExitCode> {
         "wal_status           {}",
         state.wal_status.as_deref().unwrap_or("unknown")
     );
-    if state.wal_status.as_deref() == Some("lost") {
+    if lost {
         outln!("the slot was invalidated: run `ferry check` for what to do");
         return Err(ExitCode::from(1));
     }

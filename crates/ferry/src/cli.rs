@@ -53,6 +53,15 @@ struct ConfigArg {
     config: Option<PathBuf>,
 }
 
+#[derive(Debug, clap::Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Relay the outbox to Kafka until SIGTERM or SIGINT.
@@ -71,7 +80,9 @@ enum Command {
     /// outbox's current rows route to.
     Check(ConfigArg),
     /// Show the slot's position, its lag behind the server, and the WAL it retains.
-    Status(ConfigArg),
+    ///
+    /// With --json, one JSON object with stable field names for scripts (see the README).
+    Status(StatusArgs),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -127,7 +138,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
     match command {
         Command::Run(c) => run(c).await,
         Command::Check(c) => crate::check::check(load(&c)?).await,
-        Command::Status(c) => crate::check::status(load(&c)?).await,
+        Command::Status(s) => crate::check::status(load(&s.config)?, s.json).await,
         Command::Config(ConfigCommand::Show(c)) => {
             let config = load(&c)?;
             outln!("{config:#?}");
@@ -225,6 +236,10 @@ async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
             let _ = rx.wait_for(|s| *s).await;
         }));
     }
+    let catch_up = tokio::spawn(telemetry::catchup::run(
+        metrics.clone(),
+        telemetry::catchup::INTERVAL,
+    ));
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         postgres = %settings.postgres,
@@ -235,6 +250,7 @@ async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
     );
     let result = pipeline::run(settings, metrics, shutdown_signal()).await;
     let _ = stop_tx.send(true);
+    catch_up.abort();
     match result {
         Ok(()) => {
             tracing::info!("stopped");

@@ -22,6 +22,7 @@
 //! | `ferry_transactions_confirmed_total` | counter | | Transactions whose `end_lsn` was confirmed to the server. |
 //! | `ferry_received_lsn` | gauge | | Highest WAL position received from the server, as a number. |
 //! | `ferry_confirmed_lsn` | gauge | | Last `flush_lsn` reported to the server, as a number. |
+//! | `ferry_server_wal_lsn` | gauge | | The server's `pg_current_wal_lsn()` at the last poll, as a number. |
 //! | `ferry_wal_lag_bytes` | gauge | | `pg_current_wal_lsn()` minus the confirmed LSN, at the last poll. |
 //! | `ferry_replication_lag_seconds` | histogram | | Commit time in Postgres to Kafka acknowledgement, per transaction. |
 //! | `ferry_replication_lag_latest_seconds` | gauge | | The latest observation of that histogram. |
@@ -64,6 +65,7 @@ pub const TRANSACTIONS_RECEIVED_TOTAL: &str = "ferry_transactions_received_total
 pub const TRANSACTIONS_CONFIRMED_TOTAL: &str = "ferry_transactions_confirmed_total";
 pub const RECEIVED_LSN: &str = "ferry_received_lsn";
 pub const CONFIRMED_LSN: &str = "ferry_confirmed_lsn";
+pub const SERVER_WAL_LSN: &str = "ferry_server_wal_lsn";
 pub const WAL_LAG_BYTES: &str = "ferry_wal_lag_bytes";
 pub const REPLICATION_LAG_SECONDS: &str = "ferry_replication_lag_seconds";
 pub const REPLICATION_LAG_LATEST_SECONDS: &str = "ferry_replication_lag_latest_seconds";
@@ -106,7 +108,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 21] = {
+pub const SPEC: [MetricSpec; 22] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -121,6 +123,7 @@ pub const SPEC: [MetricSpec; 21] = {
         spec(TRANSACTIONS_CONFIRMED_TOTAL, C, "Transactions whose end LSN was confirmed to the server."),
         spec(RECEIVED_LSN, G, "Highest WAL position received from the server."),
         spec(CONFIRMED_LSN, G, "Last flush LSN reported to the server."),
+        spec(SERVER_WAL_LSN, G, "The server's current WAL position at the last poll."),
         spec(WAL_LAG_BYTES, G, "Server WAL position minus the confirmed LSN."),
         spec(REPLICATION_LAG_SECONDS, H, "Seconds from commit in Postgres to acknowledgement by Kafka, per transaction."),
         spec(REPLICATION_LAG_LATEST_SECONDS, G, "The latest replication lag observation."),
@@ -421,6 +424,7 @@ pub struct Metrics {
     pub transactions_confirmed: Counter,
     pub received_lsn: Gauge,
     pub confirmed_lsn: StampedGauge,
+    pub server_wal_lsn: Gauge,
     pub wal_lag_bytes: Gauge,
     pub replication_lag: Histogram,
     pub replication_lag_latest: FloatGauge,
@@ -446,6 +450,7 @@ impl Metrics {
             transactions_confirmed: Counter::default(),
             received_lsn: Gauge::default(),
             confirmed_lsn: StampedGauge::new(),
+            server_wal_lsn: Gauge::default(),
             wal_lag_bytes: Gauge::default(),
             replication_lag: Histogram::new(&REPLICATION_LAG_BUCKETS),
             replication_lag_latest: FloatGauge::default(),
@@ -465,8 +470,9 @@ impl Metrics {
         }
     }
 
-    /// Sets `ferry_wal_lag_bytes` from the server's `pg_current_wal_lsn()` and the confirmed LSN.
+    /// Sets `ferry_server_wal_lsn`, and `ferry_wal_lag_bytes` from it and the confirmed LSN.
     pub fn set_server_wal_lsn(&self, server_wal_lsn: u64) {
+        self.server_wal_lsn.set(server_wal_lsn);
         self.wal_lag_bytes
             .set(server_wal_lsn.saturating_sub(self.confirmed_lsn.get()));
     }
@@ -487,7 +493,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 21] {
+    fn samples(&self) -> [Sample<'_>; 22] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -501,6 +507,7 @@ impl Metrics {
             Sample::Int(self.transactions_confirmed.get()),
             Sample::Int(self.received_lsn.get()),
             Sample::Int(self.confirmed_lsn.get()),
+            Sample::Int(self.server_wal_lsn.get()),
             Sample::Int(self.wal_lag_bytes.get()),
             Sample::Histogram(&self.replication_lag),
             Sample::Float(self.replication_lag_latest.get()),

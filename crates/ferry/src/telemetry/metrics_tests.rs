@@ -40,6 +40,9 @@ ferry_received_lsn 4294967396
 # HELP ferry_confirmed_lsn Last flush LSN reported to the server.
 # TYPE ferry_confirmed_lsn gauge
 ferry_confirmed_lsn 4294967336
+# HELP ferry_server_wal_lsn The server's current WAL position at the last poll.
+# TYPE ferry_server_wal_lsn gauge
+ferry_server_wal_lsn 4294968336
 # HELP ferry_wal_lag_bytes Server WAL position minus the confirmed LSN.
 # TYPE ferry_wal_lag_bytes gauge
 ferry_wal_lag_bytes 1000

@@ -6,11 +6,14 @@
 //! - [`readiness`]: the rule `/readyz` applies to the registry.
 //! - [`http`]: [`serve`] answers `/metrics`, `/healthz` and `/readyz` with hyper, within stated
 //!   limits (head size, timeouts, connection count).
+//! - [`catchup`]: the `catching up` log line (lag, rate, ETA every ~10 s while behind), computed
+//!   from the registry by its own task.
 //! - [`logging`]: [`logging::init`] installs text or JSON logging to stderr, and documents the log
 //!   field names used across Ferry.
 //!
 //! The pipeline owns an `Arc<Metrics>` and updates it as it goes; the HTTP server only reads it.
 
+pub mod catchup;
 pub mod http;
 pub mod logging;
 pub mod metrics;
