@@ -1,6 +1,6 @@
 //! The process's edges, end to end with the real binary: a log sink that goes away does not stop
 //! the relay, subcommands whose standard output is closed exit without a panic, and
-//! `ferry status --json` gives scripts stable fields.
+//! `ferry status --json` gives scripts stable fields, and zstd-compressed records reach the broker.
 
 mod common;
 
@@ -147,4 +147,25 @@ async fn status_json_gives_scripts_stable_fields() {
         "the documented field set"
     );
     assert!(ferry.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_compressed_with_zstd_are_delivered() {
+    let mut w = World::new().await;
+    w.env
+        .push(("FERRY_KAFKA_COMPRESSION".into(), "zstd".into()));
+    let topic = w.create_topic("order", 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    // Compressible payloads, several per batch.
+    for i in 0..20 {
+        let payload = format!("{{\"n\": {i}, \"text\": \"{}\"}}", "abc".repeat(200));
+        w.insert("order", &format!("a-{}", i % 3), "Created", &payload)
+            .await;
+    }
+    let records = w.consume(&topic, 20).await;
+    assert_eq!(records.len(), 20);
+    let value = String::from_utf8(records[0].value.clone().unwrap()).unwrap();
+    assert!(value.contains(&"abc".repeat(200)), "{value}");
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
 }
