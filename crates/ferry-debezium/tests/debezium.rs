@@ -597,15 +597,14 @@ fn key_stores_kerberos_and_oauth_map_to_librdkafka_or_say_how() {
 }
 
 #[test]
-fn compression_follows_what_this_librdkafka_has() {
+fn zstd_compression_is_translated() {
     let t = with(&[("producer.override.compression.type", "zstd")]);
-    let c = load(&t);
-    if config::Compression::Zstd.is_available() {
-        assert_eq!(c.kafka.compression, config::Compression::Zstd);
-    } else {
-        assert_eq!(c.kafka.compression, config::Compression::Lz4);
-        assert!(note(&t, "producer.override.compression.type").contains("not built into"));
-    }
+    assert_eq!(load(&t).kafka.compression, config::Compression::Zstd);
+    assert!(
+        !notes_text(&t).contains("compression.type"),
+        "{}",
+        notes_text(&t)
+    );
 }
 
 #[test]

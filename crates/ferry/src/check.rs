@@ -18,6 +18,7 @@ use rdkafka::producer::{BaseProducer, Producer as _};
 
 use crate::config::Config;
 use crate::pipeline::{binary, PipelineSettings};
+use crate::stdio::{errln, outln};
 
 /// How long `check` waits for the brokers.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,14 +33,14 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     let settings = match PipelineSettings::from_config(&config) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("ferry: the configuration cannot be used:\n{e}");
+            errln!("ferry: the configuration cannot be used:\n{e}");
             return Err(ExitCode::from(2));
         }
     };
     let mut problems: Vec<Problem> = Vec::new();
     let mut topics: Vec<String> = Vec::new();
 
-    println!("PostgreSQL {}", settings.postgres);
+    outln!("PostgreSQL {}", settings.postgres);
     let mut found: Vec<Problem> = Vec::new();
     match slot::connect_sql(&settings.postgres).await {
         Err(e) => found.push(error(
@@ -70,7 +71,7 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     print_problems(&found);
     problems.append(&mut found);
 
-    println!("Kafka {}", brokers(&settings));
+    outln!("Kafka {}", brokers(&settings));
     match kafka_topics(&settings).await {
         Err(p) => found.push(p),
         Ok((existing, auto_create)) => {
@@ -95,13 +96,13 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     let count = |s: Severity| problems.iter().filter(|p| p.severity == s).count();
     let errors = count(Severity::Error);
     if errors == 0 {
-        println!(
+        outln!(
             "OK: Ferry can run ({} warning(s))",
             count(Severity::Warning)
         );
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("{errors} problem(s) must be fixed before Ferry can run");
+        outln!("{errors} problem(s) must be fixed before Ferry can run");
         Err(ExitCode::from(1))
     }
 }
@@ -113,7 +114,7 @@ fn print_problems(problems: &[Problem]) {
             Severity::Warning => "warning",
             Severity::Note => "note",
         };
-        println!("  {tag}: {}\n    fix: {}", p.what, p.fix);
+        outln!("  {tag}: {}\n    fix: {}", p.what, p.fix);
     }
 }
 
@@ -338,58 +339,121 @@ async fn kafka_topics(settings: &PipelineSettings) -> Result<(Vec<String>, Optio
     Ok((topics, auto_create))
 }
 
-/// `ferry status`.
-pub async fn status(config: Config) -> Result<ExitCode, ExitCode> {
+/// `ferry status --json`: one object, field names stable (scripts read them; README documents
+/// them). LSNs are `X/X` strings as PostgreSQL prints them; sizes are numbers of bytes.
+#[derive(Debug, serde::Serialize)]
+struct StatusJson {
+    slot: String,
+    /// False when the slot does not exist (`ferry run` creates it); the fields below are then null.
+    exists: bool,
+    /// Whether a walsender streams the slot (a Ferry is running on it).
+    active: Option<bool>,
+    active_pid: Option<i32>,
+    server_wal_lsn: Option<String>,
+    confirmed_flush_lsn: Option<String>,
+    /// Server WAL not yet confirmed by Ferry.
+    lag_bytes: Option<u64>,
+    restart_lsn: Option<String>,
+    /// WAL the server keeps for this slot.
+    retained_wal_bytes: Option<u64>,
+    /// `pg_replication_slots.wal_status`: reserved, extended, unreserved or lost.
+    wal_status: Option<String>,
+    /// True when the slot was invalidated (`wal_status` = lost): see `ferry check`.
+    invalidated: Option<bool>,
+}
+
+/// `ferry status` (`json`: one JSON object instead of text). Exit 1 when the slot is missing or
+/// invalidated, or PostgreSQL cannot be asked.
+pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
     let settings = PipelineSettings::from_config(&config).map_err(|e| {
-        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })?;
     let sql = slot::connect_sql(&settings.postgres).await.map_err(|e| {
-        eprintln!("ferry: cannot connect to PostgreSQL: {e}");
+        errln!("ferry: cannot connect to PostgreSQL: {e}");
         ExitCode::from(1)
     })?;
     let state = slot::slot_state(&sql, &settings.slot.slot)
         .await
         .map_err(|e| {
-            eprintln!("ferry: {e}");
+            errln!("ferry: {e}");
             ExitCode::from(1)
         })?;
-    let Some(state) = state else {
-        println!(
-            "slot {:?} does not exist (ferry run creates it)",
-            settings.slot.slot
-        );
-        return Err(ExitCode::from(1));
-    };
     let current = slot::current_wal_lsn(&sql).await.map_err(|e| {
-        eprintln!("ferry: {e}");
+        errln!("ferry: {e}");
         ExitCode::from(1)
     })?;
-    println!("slot                 {}", settings.slot.slot);
-    println!(
+    let name = settings.slot.slot.clone();
+    let lost = state
+        .as_ref()
+        .is_some_and(|s| s.wal_status.as_deref() == Some("lost"));
+    if json {
+        let report = match &state {
+            None => StatusJson {
+                slot: name,
+                exists: false,
+                active: None,
+                active_pid: None,
+                server_wal_lsn: Some(current.to_string()),
+                confirmed_flush_lsn: None,
+                lag_bytes: None,
+                restart_lsn: None,
+                retained_wal_bytes: None,
+                wal_status: None,
+                invalidated: None,
+            },
+            Some(s) => StatusJson {
+                slot: name,
+                exists: true,
+                active: Some(s.active_pid.is_some()),
+                active_pid: s.active_pid,
+                server_wal_lsn: Some(current.to_string()),
+                confirmed_flush_lsn: Some(s.confirmed_flush_lsn.to_string()),
+                lag_bytes: Some(current.saturating_sub(s.confirmed_flush_lsn)),
+                restart_lsn: Some(s.restart_lsn.to_string()),
+                retained_wal_bytes: Some(current.saturating_sub(s.restart_lsn)),
+                wal_status: s.wal_status.clone(),
+                invalidated: Some(lost),
+            },
+        };
+        // Serializing plain strings and numbers cannot fail.
+        let text = serde_json::to_string_pretty(&report).unwrap_or_default();
+        outln!("{text}");
+        return if state.is_none() || lost {
+            Err(ExitCode::from(1))
+        } else {
+            Ok(ExitCode::SUCCESS)
+        };
+    }
+    let Some(state) = state else {
+        outln!("slot {name:?} does not exist (ferry run creates it)");
+        return Err(ExitCode::from(1));
+    };
+    outln!("slot                 {name}");
+    outln!(
         "streaming            {}",
         match state.active_pid {
             Some(pid) => format!("yes (walsender pid {pid})"),
             None => "no".into(),
         }
     );
-    println!("server WAL position  {current}");
-    println!("confirmed_flush_lsn  {}", state.confirmed_flush_lsn);
-    println!(
+    outln!("server WAL position  {current}");
+    outln!("confirmed_flush_lsn  {}", state.confirmed_flush_lsn);
+    outln!(
         "lag                  {} bytes (server WAL not yet confirmed by Ferry)",
         current.saturating_sub(state.confirmed_flush_lsn)
     );
-    println!("restart_lsn          {}", state.restart_lsn);
-    println!(
+    outln!("restart_lsn          {}", state.restart_lsn);
+    outln!(
         "retained WAL         {} bytes (kept on the server for this slot)",
         current.saturating_sub(state.restart_lsn)
     );
-    println!(
+    outln!(
         "wal_status           {}",
         state.wal_status.as_deref().unwrap_or("unknown")
     );
-    if state.wal_status.as_deref() == Some("lost") {
-        println!("the slot was invalidated: run `ferry check` for what to do");
+    if lost {
+        outln!("the slot was invalidated: run `ferry check` for what to do");
         return Err(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)

@@ -1,7 +1,9 @@
 //! The command line: `ferry run | check | status | config`.
 //!
 //! Exit codes: 0 success; 1 a permanent runtime error (Ferry stopped, nothing past the failed
-//! record was confirmed) or `check` found problems; 2 the configuration cannot be used.
+//! record was confirmed) or `check` found problems; 2 the configuration cannot be used; 141
+//! standard output was closed before the output was written (`ferry status | head -1`; see
+//! [`crate::stdio`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{self, Config};
 use crate::pipeline::{self, PipelineSettings};
+use crate::stdio::{errln, out};
 use crate::telemetry::{self, HttpState, Metrics};
 
 const ABOUT: &str = "Relays the transactional outbox from PostgreSQL to Kafka by tailing the WAL.";
@@ -50,6 +53,15 @@ struct ConfigArg {
     config: Option<PathBuf>,
 }
 
+#[derive(Debug, clap::Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Relay the outbox to Kafka until SIGTERM or SIGINT.
@@ -68,7 +80,9 @@ enum Command {
     /// outbox's current rows route to.
     Check(ConfigArg),
     /// Show the slot's position, its lag behind the server, and the WAL it retains.
-    Status(ConfigArg),
+    ///
+    /// With --json, one JSON object with stable field names for scripts (see the README).
+    Status(StatusArgs),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -112,7 +126,7 @@ pub fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("ferry: cannot start the async runtime: {e}");
+            errln!("ferry: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -125,16 +139,16 @@ async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
     match command {
         Command::Run(c) => run(c).await,
         Command::Check(c) => crate::check::check(load(&c)?).await,
-        Command::Status(c) => crate::check::status(load(&c)?).await,
+        Command::Status(s) => crate::check::status(load(&s.config)?, s.json).await,
         Command::Config(ConfigCommand::Show(c)) => {
             let config = load(&c)?;
             match config.to_toml() {
                 Ok(text) => {
-                    print!("{text}");
+                    out!("{text}");
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
-                    eprintln!("ferry: cannot print the configuration as TOML: {e}");
+                    errln!("ferry: cannot print the configuration as TOML: {e}");
                     Err(ExitCode::from(1))
                 }
             }
@@ -159,7 +173,7 @@ fn from_debezium(
         std::fs::read_to_string(file)
     };
     let json = read.map_err(|e| {
-        eprintln!("ferry: cannot read {}: {e}", file.display());
+        errln!("ferry: cannot read {}: {e}", file.display());
         ExitCode::from(2)
     })?;
     let options = crate::debezium::Options {
@@ -170,18 +184,18 @@ fn from_debezium(
             .map(|n| n.to_string_lossy().into_owned()),
     };
     let t = crate::debezium::translate(&json, &options).map_err(|e| {
-        eprintln!("ferry: {}: {e}", file.display());
+        errln!("ferry: {}: {e}", file.display());
         ExitCode::from(2)
     })?;
     match output {
         Some(path) => std::fs::write(path, &t.toml).map_err(|e| {
-            eprintln!("ferry: cannot write {}: {e}", path.display());
+            errln!("ferry: cannot write {}: {e}", path.display());
             ExitCode::from(2)
         })?,
-        None => print!("{}", t.toml),
+        None => out!("{}", t.toml),
     }
     for note in &t.notes {
-        eprintln!("{note}");
+        errln!("{note}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -192,7 +206,7 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(t) => Some(t),
             Err(e) => {
-                eprintln!(
+                errln!(
                     "ferry: cannot read the configuration file {}: {e}",
                     path.display()
                 );
@@ -202,7 +216,7 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
         None => None,
     };
     config::load(text.as_deref(), std::env::vars()).map_err(|e| {
-        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })
 }
@@ -210,11 +224,11 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
 async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
     let config = load(&arg)?;
     if let Err(e) = telemetry::logging::init(config.log.format, &config.log.level) {
-        eprintln!("ferry: log.level: {e}");
+        errln!("ferry: log.level: {e}");
         return Err(ExitCode::from(2));
     }
     let settings = PipelineSettings::from_config(&config).map_err(|e| {
-        eprintln!("ferry: the configuration cannot be used:\n{e}");
+        errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })?;
     let metrics = Metrics::new();
@@ -231,6 +245,10 @@ async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
             let _ = rx.wait_for(|s| *s).await;
         }));
     }
+    let catch_up = tokio::spawn(telemetry::catchup::run(
+        metrics.clone(),
+        telemetry::catchup::INTERVAL,
+    ));
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         postgres = %settings.postgres,
@@ -241,6 +259,7 @@ async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
     );
     let result = pipeline::run(settings, metrics, shutdown_signal()).await;
     let _ = stop_tx.send(true);
+    catch_up.abort();
     match result {
         Ok(()) => {
             tracing::info!("stopped");
@@ -248,7 +267,7 @@ async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
         }
         Err(e) => {
             tracing::error!(error = %e, "stopping: permanent error");
-            eprintln!("ferry: {e}");
+            errln!("ferry: {e}");
             Err(ExitCode::from(1))
         }
     }

@@ -6,5 +6,6 @@ pub mod debezium;
 pub mod malloc;
 pub mod pipeline;
 pub mod producer;
+pub mod stdio;
 pub mod telemetry;
 pub mod topics;

@@ -307,6 +307,23 @@ mod tests {
         }
     }
 
+    /// zstd is what many Kafka users run: it must be built in (rdkafka's `zstd` feature), or
+    /// `kafka.compression = "zstd"` is refused at start-up.
+    #[test]
+    fn zstd_is_built_in() {
+        let features = crate::config::builtin_features();
+        assert!(features.iter().any(|f| f == "zstd"), "{features:?}");
+        let props: Vec<(String, String)> = [
+            ("bootstrap.servers", "127.0.0.1:1"),
+            ("compression.codec", "zstd"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let created = Producer::new(&props, 16, crate::topics::Topics::default());
+        assert!(created.is_ok(), "{:?}", created.err());
+    }
+
     /// A SASL_SSL producer configuration (SCRAM and PLAIN) is accepted by the client; this is
     /// what fails at start-up when TLS or SASL support is missing from the build.
     #[test]

@@ -12,6 +12,7 @@ use ferry_testkit::kafka::{self, Consumed};
 use ferry_testkit::pg::{self, TestDb};
 use ferry_testkit::process::{free_port, signal, spawn_owned};
 
+#[allow(unused_imports)] // not every test file waits on a condition
 pub use ferry_testkit::wait_until;
 
 /// The Debezium-compatible outbox every test uses (plus a free-form `note` column).
@@ -167,6 +168,12 @@ impl Ferry {
     /// Spawns the binary with `args` and the world's environment (nothing else from ours: a
     /// container sees only what it is given).
     pub fn spawn(world: &World, args: &[&str]) -> Ferry {
+        Self::spawn_with(world, args, |_| {})
+    }
+
+    /// [`Ferry::spawn`], with `adjust` applied to the command last (tests that need other
+    /// stdio than the log file: pipes, closed readers).
+    pub fn spawn_with(world: &World, args: &[&str], adjust: impl FnOnce(&mut Command)) -> Ferry {
         let http_port = free_port();
         let log = std::env::temp_dir().join(format!(
             "ferry-e2e-{}-{}.log",
@@ -182,6 +189,7 @@ impl Ferry {
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("dup"))
             .stderr(out);
+        adjust(&mut cmd);
         let child = spawn_owned(cmd, libc::SIGKILL).expect("spawn ferry");
         Ferry {
             child: Some(child),
@@ -223,6 +231,11 @@ impl Ferry {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The child process (to take its piped stdout or stderr), while it runs.
+    pub fn child_mut(&mut self) -> Option<&mut Child> {
+        self.child.as_mut()
     }
 
     /// Whether the process is still running.

@@ -1,4 +1,4 @@
-//! The telemetry HTTP endpoint: `/metrics`, `/healthz` and `/readyz` over a minimal HTTP/1.1 server.
+//! The telemetry HTTP endpoint: `/metrics`, `/healthz` and `/readyz`, served by hyper (HTTP/1.x).
 //!
 //! | Route | Answer |
 //! |-------|--------|
@@ -7,31 +7,46 @@
 //! | `GET /readyz` | 200 `ready`, or 503 with the one-line reason (see [`super::readiness`]) |
 //!
 //! `HEAD` is answered like `GET` without the body; another method on these paths gets 405 with
-//! `Allow: GET, HEAD`, any other path 404. The server is hand-written rather than a framework
-//! because three fixed routes do not justify one; what keeps it safe to expose is in [`Limits`]:
-//! request heads are capped in size (431) and must arrive within a deadline (408, which also bounds
-//! idle keep-alive connections), responses must be taken within a deadline, connections are capped
-//! (503 beyond the cap, so a flood cannot exhaust file descriptors) and each one serves a bounded
-//! number of requests. Every connection runs in its own task, so a slow client delays nobody else.
-//! HTTP/1.1 connections are kept alive unless the client says `Connection: close`; HTTP/1.0 ones are
-//! closed. A request announcing a body is answered and the connection closed (bodies are never read).
-//! Request parsing is the pure `request` module.
+//! `Allow: GET, HEAD`, any other path 404. hyper does the HTTP (parsing, keep-alive, pipelining,
+//! HTTP/1.0); this module adds the routes and what keeps the endpoint safe to expose, in [`Limits`]:
 //!
-//! [`serve`] runs until its `shutdown` future completes, then stops accepting and drops every open
-//! connection: scrapes are not worth delaying a shutdown for.
+//! - request heads are capped in size (431 beyond, hyper's answer) and at 100 headers (400);
+//! - a request head must arrive within `request_timeout`, counted from the accept or the end of the
+//!   previous response: slow clients and idle keep-alive connections are closed without an answer;
+//! - a response write that makes no progress for `write_timeout` closes the connection (a client
+//!   that never reads cannot hold a connection slot);
+//! - open connections are capped (503 `busy` beyond the cap, written straight to the fresh socket,
+//!   so a flood cannot exhaust file descriptors), and each serves a bounded number of requests
+//!   (the last response says `Connection: close`);
+//! - request bodies are never read: a request announcing one is answered with `Connection: close`.
+//!
+//! Every connection runs in its own task on the process's (current-thread) runtime, so a slow
+//! client delays nobody else. [`serve`] runs until its `shutdown` future completes, then stops
+//! accepting and drops every open connection: scrapes are not worth delaying a shutdown for.
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
-use tokio::time::timeout;
+use tokio::time::Sleep;
 
 use super::metrics::{Metrics, CONTENT_TYPE};
 use super::readiness::{self, DEFAULT_STALL_AFTER};
-use super::request::{self, HeadError, Method, RequestHead};
 
 /// Bounds on what one client can make the server spend.
 #[derive(Debug, Clone)]
@@ -41,7 +56,7 @@ pub struct Limits {
     /// Deadline for a complete request head, counted from the end of the previous response (or the
     /// accept): bounds slow clients and idle keep-alive connections alike.
     pub request_timeout: Duration,
-    /// Deadline for writing one response.
+    /// How long a response write may make no progress before the connection is closed.
     pub write_timeout: Duration,
     /// Open connections beyond this are answered 503 and closed at once.
     pub max_connections: usize,
@@ -81,6 +96,14 @@ impl HttpState {
     }
 }
 
+/// The answer to a connection beyond the cap, written without hyper.
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n\
+Content-Length: 5\r\nCache-Control: no-store\r\nConnection: close\r\n\r\nbusy\n";
+
+/// hyper's smallest read buffer: heads up to `max_head_bytes` must fit in the buffer too.
+const MIN_BUFFER: usize = 8192;
+
 /// Serves the telemetry routes on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
@@ -98,7 +121,7 @@ pub async fn serve(
                 Ok((stream, _peer)) => {
                     if connections.len() >= state.limits.max_connections {
                         // A fresh socket's send buffer takes this whole, without waiting.
-                        let _ = stream.try_write(&Reply::text(503, "busy").encode(false, false));
+                        let _ = stream.try_write(BUSY);
                         continue;
                     }
                     connections.spawn(connection(stream, Arc::clone(&state)));
@@ -114,105 +137,141 @@ pub async fn serve(
     connections.shutdown().await;
 }
 
-/// Why reading a request head ended without one.
-enum ReadEnd {
-    /// The peer closed or the socket failed: nothing to answer.
-    Closed,
-    Invalid(HeadError),
-}
-
-async fn connection(mut stream: TcpStream, state: Arc<HttpState>) {
+/// Serves one connection with hyper, within [`Limits`].
+async fn connection(stream: TcpStream, state: Arc<HttpState>) {
     let _ = stream.set_nodelay(true);
-    let limits = &state.limits;
-    let mut buf = Vec::with_capacity(1024);
-    for served in 1..=limits.max_requests_per_connection {
-        let read = read_head(&mut stream, &mut buf, limits.max_head_bytes);
-        let head = match timeout(limits.request_timeout, read).await {
-            Ok(Ok(head)) => head,
-            Ok(Err(ReadEnd::Closed)) => return,
-            Ok(Err(ReadEnd::Invalid(error))) => {
-                let reply = match error {
-                    HeadError::TooLarge => Reply::text(431, "request head too large"),
-                    HeadError::Version => {
-                        Reply::text(505, "only HTTP/1.0 and HTTP/1.1 are supported")
-                    }
-                    HeadError::Malformed(why) => Reply::text(400, why),
-                };
-                return finish(stream, &reply.encode(false, false), limits.write_timeout).await;
-            }
-            // Idle keep-alive connection: close without a word.
-            Err(_elapsed) if buf.iter().all(u8::is_ascii_whitespace) => return,
-            Err(_elapsed) => {
-                let reply = Reply::text(408, "request timeout");
-                return finish(stream, &reply.encode(false, false), limits.write_timeout).await;
-            }
-        };
-        let last = served == limits.max_requests_per_connection;
-        let keep_alive = head.keep_alive && !head.has_body && !last;
-        let bytes = route(&state, &head).encode(head.method == Method::Head, keep_alive);
-        if !keep_alive {
-            return finish(stream, &bytes, limits.write_timeout).await;
+    let limits = state.limits.clone();
+    let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
+    let served = Arc::new(AtomicUsize::new(0));
+    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+        let n = served.fetch_add(1, Ordering::Relaxed) + 1;
+        let last = n >= limits.max_requests_per_connection;
+        let response = respond(&state, &request, last);
+        std::future::ready(Ok::<_, Infallible>(response))
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.request_timeout)
+        .max_header_size(limits.max_head_bytes)
+        .max_buf_size(limits.max_head_bytes.max(MIN_BUFFER))
+        .max_headers(100);
+    // An error here is the client's (reset, timeout, malformed request): nothing to report.
+    let _ = builder.serve_connection(io, service).await;
+}
+
+/// The response to `request`; `last` when the connection serves no more requests after it.
+fn respond(state: &HttpState, request: &Request<Incoming>, last: bool) -> Response<Full<Bytes>> {
+    let reply = route(state, request.method(), request.uri().path());
+    // Bodies are never read, so their bytes would be taken for the next request.
+    let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
+        || request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    let mut response = Response::new(Full::new(Bytes::from(reply.body)));
+    *response.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(reply.content_type),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if reply.allow {
+        headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    }
+    if last || has_body {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// The socket, closed (with an error to hyper) when a write makes no progress for `timeout`.
+struct WriteDeadline {
+    io: TcpStream,
+    timeout: Duration,
+    /// Running while a write, flush or shutdown is pending.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl WriteDeadline {
+    fn new(io: TcpStream, timeout: Duration) -> Self {
+        WriteDeadline {
+            io,
+            timeout,
+            stalled: None,
         }
-        let write = timeout(limits.write_timeout, stream.write_all(&bytes)).await;
-        if !matches!(write, Ok(Ok(()))) {
-            return;
+    }
+
+    /// Passes `poll`'s result on, resetting the deadline on progress, or fails once it expires.
+    fn guard<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let timeout = self.timeout;
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took no response bytes within http write_timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
 
-/// Reads until `buf` starts with a complete request head, which is removed from `buf`.
-async fn read_head(
-    stream: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> Result<RequestHead, ReadEnd> {
-    let mut chunk = [0u8; 4096];
-    loop {
-        match request::parse(buf, max) {
-            Ok(Some((head, consumed))) => {
-                buf.drain(..consumed);
-                return Ok(head);
-            }
-            Ok(None) => {}
-            Err(error) => return Err(ReadEnd::Invalid(error)),
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return Err(ReadEnd::Closed),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
+impl AsyncRead for WriteDeadline {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
     }
 }
 
-/// Writes the last response, then closes gracefully: half-close, and discard what the client still
-/// sends for a moment, so that unread request bytes do not turn the close into a reset that would
-/// destroy the response before the client reads it.
-async fn finish(mut stream: TcpStream, bytes: &[u8], write_timeout: Duration) {
-    if !matches!(
-        timeout(write_timeout, stream.write_all(bytes)).await,
-        Ok(Ok(()))
-    ) {
-        return;
+impl AsyncWrite for WriteDeadline {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.guard(cx, poll)
     }
-    let _ = stream.shutdown().await;
-    let drain = async {
-        let mut sink = [0u8; 4096];
-        let mut left = 64 * 1024usize;
-        while let Ok(n @ 1..) = stream.read(&mut sink).await {
-            left = left.saturating_sub(n);
-            if left == 0 {
-                break;
-            }
-        }
-    };
-    let _ = timeout(Duration::from_secs(1), drain).await;
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.guard(cx, poll)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_flush(cx);
+        this.guard(cx, poll)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.io).poll_shutdown(cx);
+        this.guard(cx, poll)
+    }
 }
 
-fn route(state: &HttpState, head: &RequestHead) -> Reply {
-    let path = head.path.as_str();
+fn route(state: &HttpState, method: &Method, path: &str) -> Reply {
     if !matches!(path, "/metrics" | "/healthz" | "/readyz") {
         return Reply::text(404, "not found");
     }
-    if head.method == Method::Other {
+    if method != Method::GET && method != Method::HEAD {
         return Reply {
             allow: true,
             ..Reply::text(405, "method not allowed")
@@ -256,39 +315,6 @@ impl Reply {
             body,
             allow: false,
         }
-    }
-
-    /// The bytes on the wire. `head_only` keeps the body's `Content-Length` but leaves the body out.
-    fn encode(&self, head_only: bool, keep_alive: bool) -> Vec<u8> {
-        let reason = match self.status {
-            200 => "OK",
-            400 => "Bad Request",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            408 => "Request Timeout",
-            431 => "Request Header Fields Too Large",
-            503 => "Service Unavailable",
-            505 => "HTTP Version Not Supported",
-            _ => "",
-        };
-        let connection = if keep_alive { "keep-alive" } else { "close" };
-        let allow = if self.allow {
-            "Allow: GET, HEAD\r\n"
-        } else {
-            ""
-        };
-        let head = format!(
-            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
-             Cache-Control: no-store\r\nConnection: {connection}\r\n{allow}\r\n",
-            self.status,
-            self.content_type,
-            self.body.len(),
-        );
-        let mut out = head.into_bytes();
-        if !head_only {
-            out.extend_from_slice(&self.body);
-        }
-        out
     }
 }
 

@@ -1,9 +1,12 @@
-//! Tests of the telemetry endpoint over real TCP on 127.0.0.1, with hand-written requests.
+//! Tests of the telemetry endpoint over real TCP on 127.0.0.1, with hand-written requests: what
+//! the routes answer and that every limit of [`Limits`] holds.
 
 use super::*;
 use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio::time::timeout;
 
 /// Failsafe against a hung test; never used to wait for something to happen.
 const FAILSAFE: Duration = Duration::from_secs(20);
@@ -92,7 +95,10 @@ impl Client {
         let head = String::from_utf8(self.buf.drain(..end).collect()).unwrap();
         let mut lines = head.trim_end().split("\r\n");
         let status_line = lines.next().unwrap();
-        assert!(status_line.starts_with("HTTP/1.1 "), "{status_line}");
+        assert!(
+            status_line.starts_with("HTTP/1.1 ") || status_line.starts_with("HTTP/1.0 "),
+            "{status_line}"
+        );
         let status = status_line[9..12].parse().unwrap();
         let headers: Vec<(String, String)> = lines
             .map(|l| {
@@ -138,10 +144,15 @@ async fn metrics_route_serves_the_registry() {
         response.header("Content-Type"),
         Some("text/plain; version=0.0.4; charset=utf-8")
     );
-    assert_eq!(response.header("Connection"), Some("keep-alive"));
+    assert_eq!(response.header("Connection"), None, "kept alive");
     let mut expected = String::new();
-    server.state.metrics.render(&mut expected);
-    assert_eq!(response.body, expected);
+    server.state.metrics.render_registry(&mut expected);
+    assert!(response.body.starts_with(&expected), "{}", response.body);
+    assert!(
+        response.body.contains("\nprocess_resident_memory_bytes "),
+        "{}",
+        response.body
+    );
     assert!(response
         .body
         .contains("\nferry_records_produced_total 42\n"));
@@ -216,7 +227,7 @@ async fn unknown_paths_are_404_and_other_methods_405() {
     let response = client.response(false).await;
     assert_eq!(response.status, 405);
     assert_eq!(response.header("Allow"), Some("GET, HEAD"));
-    assert_eq!(response.header("Connection"), Some("keep-alive"));
+    assert_eq!(response.header("Connection"), None, "kept alive");
 
     // A body is never read, so the connection cannot be reused after it.
     client
@@ -247,10 +258,7 @@ async fn http_1_0_connections_are_closed_after_one_response() {
     let mut client = Client::connect(server.addr).await;
     client.send(b"GET /healthz HTTP/1.0\r\n\r\n").await;
     let response = client.response(false).await;
-    assert_eq!(
-        (response.status, response.header("Connection")),
-        (200, Some("close"))
-    );
+    assert_eq!(response.status, 200);
     assert!(client.closed().await);
 }
 
@@ -260,10 +268,7 @@ async fn connections_serve_a_bounded_number_of_requests() {
     state.limits.max_requests_per_connection = 2;
     let server = start(state).await;
     let mut client = Client::connect(server.addr).await;
-    assert_eq!(
-        client.get("/healthz").await.header("Connection"),
-        Some("keep-alive")
-    );
+    assert_eq!(client.get("/healthz").await.header("Connection"), None);
     assert_eq!(
         client.get("/healthz").await.header("Connection"),
         Some("close")
@@ -282,9 +287,10 @@ async fn a_slow_client_neither_blocks_others_nor_stays_forever() {
     let mut quick = Client::connect(server.addr).await;
     assert_eq!(quick.get("/healthz").await.status, 200);
 
-    let response = slow.response(false).await;
-    assert_eq!(response.status, 408);
-    assert!(slow.closed().await);
+    assert!(
+        slow.closed().await,
+        "an incomplete head is not waited for beyond the request timeout"
+    );
 }
 
 #[tokio::test]
@@ -309,7 +315,6 @@ async fn an_oversized_request_is_refused_and_the_server_carries_on() {
     big.send(&raw).await;
     let response = big.response(false).await;
     assert_eq!(response.status, 431);
-    assert_eq!(response.header("Connection"), Some("close"));
     assert!(big.closed().await);
 
     let mut next = Client::connect(server.addr).await;
@@ -317,7 +322,7 @@ async fn an_oversized_request_is_refused_and_the_server_carries_on() {
 }
 
 #[tokio::test]
-async fn malformed_requests_get_400_and_unknown_versions_505() {
+async fn malformed_requests_and_unknown_versions_get_400() {
     let server = start_default().await;
     let mut client = Client::connect(server.addr).await;
     client.send(b"GET /healthz\r\n\r\n").await;
@@ -326,7 +331,7 @@ async fn malformed_requests_get_400_and_unknown_versions_505() {
 
     let mut client = Client::connect(server.addr).await;
     client.send(b"GET /healthz HTTP/2.0\r\n\r\n").await;
-    assert_eq!(client.response(false).await.status, 505);
+    assert_eq!(client.response(false).await.status, 400);
     assert!(client.closed().await);
 }
 
@@ -367,4 +372,34 @@ async fn shutdown_stops_accepting_and_closes_open_connections() {
         TcpStream::connect(server.addr).await.is_err(),
         "the listener is gone"
     );
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_is_dropped_after_the_write_timeout() {
+    let mut state = HttpState::new(Metrics::new());
+    state.limits.write_timeout = Duration::from_millis(200);
+    state.limits.max_connections = 1;
+    let server = start(state).await;
+    let mut hog = Client::connect(server.addr).await;
+    // Far more response bytes than the socket buffers hold (each /metrics answer is several KiB),
+    // and never a byte read back.
+    let many = "GET /metrics HTTP/1.1\r\n\r\n".repeat(900);
+    let (_, mut write) = hog.stream.split();
+    let _ = timeout(Duration::from_millis(500), write.write_all(many.as_bytes())).await;
+
+    // The only slot frees once the hog's stalled write times out; until then, "busy".
+    let deadline = Instant::now() + FAILSAFE;
+    loop {
+        let mut next = Client::connect(server.addr).await;
+        let response = next.get("/healthz").await;
+        if response.status == 200 {
+            break;
+        }
+        assert_eq!(response.body, "busy\n");
+        assert!(
+            Instant::now() < deadline,
+            "the stalled connection was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -1,5 +1,15 @@
 //! Process-wide logging setup: `tracing` events to stderr, as text or JSON lines.
 //!
+//! # A log sink that goes away never stops the relay
+//!
+//! Stderr may be a pipe whose reader exits (`ferry run 2>&1 | head -1`), a closed descriptor, or a
+//! full disk. Rust ignores SIGPIPE, so such writes return `EPIPE`/`EBADF`/`ENOSPC` rather than
+//! killing the process; `tracing-subscriber` would then report its own failure with `eprintln!`,
+//! which panics on the same closed stderr. So [`init`] writes through [`Swallow`]: a failed write
+//! is dropped and counted (`ferry_log_write_errors_total`, one per event not written, see
+//! [`write_errors`]), and the subscriber's internal error reporting is off. The relay carries on;
+//! the counter shows on `/metrics` that logs are being lost.
+//!
 //! [`init`] installs the global subscriber once, at startup. The configured level is a single level
 //! name (`info`) or a directive list (`info,ferry=debug,rdkafka=warn`); a non-empty `RUST_LOG`
 //! replaces it entirely, with the usual `EnvFilter` syntax. Records of the `log` crate (librdkafka's
@@ -33,12 +43,22 @@
 //! types keep those in wrappers that do not print).
 
 use std::fmt;
-use std::io::IsTerminal;
+use std::io::{self, IsTerminal};
 use std::str::FromStr;
 
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::util::SubscriberInitExt;
+
+use super::metrics::Counter;
+
+/// Events the process could not write to its log sink (`ferry_log_write_errors_total`).
+static WRITE_ERRORS: Counter = Counter::new();
+
+/// How many log events were dropped because stderr failed, since the process started.
+pub fn write_errors() -> u64 {
+    WRITE_ERRORS.get()
+}
 
 /// How events are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -88,9 +108,14 @@ pub fn init(format: LogFormat, level: &str) -> Result<(), LoggingError> {
     let rust_log = std::env::var("RUST_LOG").ok();
     let filter = filter(level, rust_log.as_deref())?;
     let ansi = std::io::stderr().is_terminal();
-    subscriber(format, filter, std::io::stderr, ansi)
-        .try_init()
-        .map_err(|e| LoggingError::AlreadyInitialized(e.to_string()))
+    subscriber(
+        format,
+        filter,
+        Swallow::new(io::stderr, &WRITE_ERRORS),
+        ansi,
+    )
+    .try_init()
+    .map_err(|e| LoggingError::AlreadyInitialized(e.to_string()))
 }
 
 /// The filter for the configured `level`, replaced by `rust_log` when that is set and not blank.
@@ -133,12 +158,82 @@ pub fn subscriber<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
+    // A failed write is the writer's business (see `Swallow`); the default would `eprintln!`
+    // about it, and that panics when stderr itself is what failed.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
+        .with_writer(writer)
+        .log_internal_errors(false);
     match format {
         LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
         LogFormat::Json => Box::new(builder.json().flatten_event(true).with_ansi(false).finish()),
+    }
+}
+
+/// A [`MakeWriter`] whose writers never fail: an error from the inner writer drops the rest of
+/// that event and counts it once in `errors`. `Interrupted` is passed on so `write_all` retries.
+#[derive(Debug, Clone, Copy)]
+pub struct Swallow<M> {
+    make: M,
+    errors: &'static Counter,
+}
+
+impl<M> Swallow<M> {
+    pub fn new(make: M, errors: &'static Counter) -> Self {
+        Swallow { make, errors }
+    }
+}
+
+impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for Swallow<M> {
+    type Writer = SwallowWriter<M::Writer>;
+    fn make_writer(&'a self) -> Self::Writer {
+        SwallowWriter {
+            inner: self.make.make_writer(),
+            errors: self.errors,
+            failed: false,
+        }
+    }
+}
+
+/// One event's writer of [`Swallow`]; counts the event on drop if any write of it failed.
+#[derive(Debug)]
+pub struct SwallowWriter<W> {
+    inner: W,
+    errors: &'static Counter,
+    failed: bool,
+}
+
+impl<W: io::Write> io::Write for SwallowWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.failed || buf.is_empty() {
+            return Ok(buf.len());
+        }
+        match self.inner.write(buf) {
+            Ok(0) => {
+                self.failed = true;
+                Ok(buf.len())
+            }
+            Ok(n) => Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
+            Err(_) => {
+                self.failed = true;
+                Ok(buf.len())
+            }
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.failed && self.inner.flush().is_err() {
+            self.failed = true;
+        }
+        Ok(())
+    }
+}
+
+impl<W> Drop for SwallowWriter<W> {
+    fn drop(&mut self) {
+        if self.failed {
+            self.errors.inc();
+        }
     }
 }
 
@@ -250,6 +345,45 @@ mod tests {
             filter("info", Some("x=[")),
             Err(LoggingError::InvalidRustLog { .. })
         ));
+    }
+
+    /// A sink that fails like a pipe whose reader has gone.
+    struct Broken;
+
+    impl io::Write for Broken {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::Error::from(io::ErrorKind::BrokenPipe))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Err(io::Error::from(io::ErrorKind::BrokenPipe))
+        }
+    }
+
+    #[test]
+    fn a_failing_sink_drops_and_counts_events_without_panicking() {
+        let errors: &'static Counter = Box::leak(Box::default());
+        for format in [LogFormat::Text, LogFormat::Json] {
+            let sink = Swallow::new(|| Broken, errors);
+            let subscriber = subscriber(format, filter("info", None).unwrap(), sink, false);
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::info!(records = 1u64, "first");
+                tracing::warn!("second");
+                tracing::debug!("filtered out, never written");
+            });
+        }
+        assert_eq!(errors.get(), 4, "one per event written, per format");
+    }
+
+    #[test]
+    fn a_working_sink_through_swallow_counts_nothing() {
+        let errors: &'static Counter = Box::leak(Box::default());
+        let out = Capture::default();
+        let writer = out.clone();
+        let sink = Swallow::new(move || writer.clone(), errors);
+        let subscriber = subscriber(LogFormat::Text, filter("info", None).unwrap(), sink, false);
+        tracing::subscriber::with_default(subscriber, || tracing::info!("kept"));
+        assert!(out.text().contains("kept"));
+        assert_eq!(errors.get(), 0);
     }
 
     #[test]

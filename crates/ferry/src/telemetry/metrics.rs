@@ -22,6 +22,7 @@
 //! | `ferry_transactions_confirmed_total` | counter | | Transactions whose `end_lsn` was confirmed to the server. |
 //! | `ferry_received_lsn` | gauge | | Highest WAL position received from the server, as a number. |
 //! | `ferry_confirmed_lsn` | gauge | | Last `flush_lsn` reported to the server, as a number. |
+//! | `ferry_server_wal_lsn` | gauge | | The server's `pg_current_wal_lsn()` at the last poll, as a number. |
 //! | `ferry_wal_lag_bytes` | gauge | | `pg_current_wal_lsn()` minus the confirmed LSN, at the last poll. |
 //! | `ferry_replication_lag_seconds` | histogram | | Commit time in Postgres to Kafka acknowledgement, per record (each acknowledged record is one observation). |
 //! | `ferry_replication_lag_latest_seconds` | gauge | | The latest observation of that histogram. |
@@ -31,6 +32,11 @@
 //! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
 //! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
 //! | `ferry_topics_missing` | gauge | | Topics records were routed to that the brokers do not have (records wait for them). |
+//! | `ferry_log_write_errors_total` | counter | | Log events dropped because stderr failed (closed pipe, full disk); process-wide. |
+//!
+//! [`Metrics::render`] adds the standard `process_*` families (resident and virtual memory, CPU
+//! seconds, open and maximum file descriptors, start time), read from `/proc` at scrape time; their
+//! table is in [`super::process`].
 //!
 //! LSNs are exported as plain numbers (Prometheus samples are float64, exact up to 2^53 bytes =
 //! 8 PiB of WAL); `X/X` belongs in logs. The replication lag histogram has buckets from 1 ms to 60 s
@@ -60,6 +66,7 @@ pub const TRANSACTIONS_RECEIVED_TOTAL: &str = "ferry_transactions_received_total
 pub const TRANSACTIONS_CONFIRMED_TOTAL: &str = "ferry_transactions_confirmed_total";
 pub const RECEIVED_LSN: &str = "ferry_received_lsn";
 pub const CONFIRMED_LSN: &str = "ferry_confirmed_lsn";
+pub const SERVER_WAL_LSN: &str = "ferry_server_wal_lsn";
 pub const WAL_LAG_BYTES: &str = "ferry_wal_lag_bytes";
 pub const REPLICATION_LAG_SECONDS: &str = "ferry_replication_lag_seconds";
 pub const REPLICATION_LAG_LATEST_SECONDS: &str = "ferry_replication_lag_latest_seconds";
@@ -69,6 +76,7 @@ pub const ROUTING_ERRORS_TOTAL: &str = "ferry_routing_errors_total";
 pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
 pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
 pub const TOPICS_MISSING: &str = "ferry_topics_missing";
+pub const LOG_WRITE_ERRORS_TOTAL: &str = "ferry_log_write_errors_total";
 
 /// Whether a metric is a counter, gauge or histogram (its `# TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +110,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 21] = {
+pub const SPEC: [MetricSpec; 23] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -117,6 +125,7 @@ pub const SPEC: [MetricSpec; 21] = {
         spec(TRANSACTIONS_CONFIRMED_TOTAL, C, "Transactions whose end LSN was confirmed to the server."),
         spec(RECEIVED_LSN, G, "Highest WAL position received from the server."),
         spec(CONFIRMED_LSN, G, "Last flush LSN reported to the server."),
+        spec(SERVER_WAL_LSN, G, "The server's current WAL position at the last poll."),
         spec(WAL_LAG_BYTES, G, "Server WAL position minus the confirmed LSN."),
         spec(REPLICATION_LAG_SECONDS, H, "Seconds from commit in Postgres to acknowledgement by Kafka, per record."),
         spec(REPLICATION_LAG_LATEST_SECONDS, G, "The latest replication lag observation."),
@@ -126,6 +135,7 @@ pub const SPEC: [MetricSpec; 21] = {
         spec(STATUS_UPDATES_SENT_TOTAL, C, "Standby status updates sent to the server."),
         spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
         spec(TOPICS_MISSING, G, "Topics records were routed to that the brokers do not have."),
+        spec(LOG_WRITE_ERRORS_TOTAL, C, "Log events dropped because the log sink (stderr) failed."),
     ]
 };
 
@@ -142,6 +152,10 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub struct Counter(AtomicU64);
 
 impl Counter {
+    /// A counter at zero, usable in a `static`.
+    pub const fn new() -> Self {
+        Counter(AtomicU64::new(0))
+    }
     pub fn inc(&self) {
         self.add(1);
     }
@@ -413,6 +427,7 @@ pub struct Metrics {
     pub transactions_confirmed: Counter,
     pub received_lsn: Gauge,
     pub confirmed_lsn: StampedGauge,
+    pub server_wal_lsn: Gauge,
     pub wal_lag_bytes: Gauge,
     pub replication_lag: Histogram,
     pub replication_lag_latest: FloatGauge,
@@ -468,6 +483,7 @@ impl Metrics {
             transactions_confirmed: Counter::default(),
             received_lsn: Gauge::default(),
             confirmed_lsn: StampedGauge::new(),
+            server_wal_lsn: Gauge::default(),
             wal_lag_bytes: Gauge::default(),
             replication_lag: Histogram::new(&REPLICATION_LAG_BUCKETS),
             replication_lag_latest: FloatGauge::default(),
@@ -488,14 +504,22 @@ impl Metrics {
         }
     }
 
-    /// Sets `ferry_wal_lag_bytes` from the server's `pg_current_wal_lsn()` and the confirmed LSN.
+    /// Sets `ferry_server_wal_lsn`, and `ferry_wal_lag_bytes` from it and the confirmed LSN.
     pub fn set_server_wal_lsn(&self, server_wal_lsn: u64) {
+        self.server_wal_lsn.set(server_wal_lsn);
         self.wal_lag_bytes
             .set(server_wal_lsn.saturating_sub(self.confirmed_lsn.get()));
     }
 
-    /// Appends the whole registry to `out` in the Prometheus text format 0.0.4.
+    /// Appends the registry, then the `process_*` families read now (see [`super::process`]), to
+    /// `out` in the Prometheus text format 0.0.4: what `/metrics` serves.
     pub fn render(&self, out: &mut String) {
+        self.render_registry(out);
+        super::process::ProcessStats::read().render(out);
+    }
+
+    /// Appends the registry alone (the `ferry_*` families) in the Prometheus text format 0.0.4.
+    pub fn render_registry(&self, out: &mut String) {
         for (spec, sample) in SPEC.iter().zip(self.samples()) {
             // Writing to a String cannot fail.
             let _ = render_family(out, spec, sample);
@@ -503,7 +527,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 21] {
+    fn samples(&self) -> [Sample<'_>; 23] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -517,6 +541,7 @@ impl Metrics {
             Sample::Int(self.transactions_confirmed.get()),
             Sample::Int(self.received_lsn.get()),
             Sample::Int(self.confirmed_lsn.get()),
+            Sample::Int(self.server_wal_lsn.get()),
             Sample::Int(self.wal_lag_bytes.get()),
             Sample::Histogram(&self.replication_lag),
             Sample::Float(self.replication_lag_latest.get()),
@@ -526,6 +551,7 @@ impl Metrics {
             Sample::Int(self.status_updates_sent.get()),
             Sample::Labelled(labelled(&self.reconnects)),
             Sample::Int(self.topics_missing.len() as u64),
+            Sample::Int(super::logging::write_errors()),
         ]
     }
 }

@@ -40,6 +40,9 @@ ferry_received_lsn 4294967396
 # HELP ferry_confirmed_lsn Last flush LSN reported to the server.
 # TYPE ferry_confirmed_lsn gauge
 ferry_confirmed_lsn 4294967336
+# HELP ferry_server_wal_lsn The server's current WAL position at the last poll.
+# TYPE ferry_server_wal_lsn gauge
+ferry_server_wal_lsn 4294968336
 # HELP ferry_wal_lag_bytes Server WAL position minus the confirmed LSN.
 # TYPE ferry_wal_lag_bytes gauge
 ferry_wal_lag_bytes 1000
@@ -91,6 +94,9 @@ ferry_reconnects_total{component="kafka"} 2
 # HELP ferry_topics_missing Topics records were routed to that the brokers do not have.
 # TYPE ferry_topics_missing gauge
 ferry_topics_missing 1
+# HELP ferry_log_write_errors_total Log events dropped because the log sink (stderr) failed.
+# TYPE ferry_log_write_errors_total counter
+ferry_log_write_errors_total 0
 "#;
 
 #[test]
@@ -123,7 +129,7 @@ fn renders_the_exposition_format_exactly() {
         }]);
 
     let mut out = String::new();
-    m.render(&mut out);
+    m.render_registry(&mut out);
     let expected = GOLDEN.replace("VERSION", env!("CARGO_PKG_VERSION"));
     assert_eq!(out, expected, "rendered:\n{out}");
 }
@@ -131,7 +137,7 @@ fn renders_the_exposition_format_exactly() {
 #[test]
 fn a_fresh_registry_renders_every_metric_at_zero() {
     let mut out = String::new();
-    Metrics::new().render(&mut out);
+    Metrics::new().render_registry(&mut out);
     for spec in SPEC {
         let name = spec.name;
         assert!(

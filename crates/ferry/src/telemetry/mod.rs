@@ -2,19 +2,23 @@
 //!
 //! - [`metrics`]: one [`Metrics`] registry per process, atomics only, rendered in the Prometheus
 //!   text format. Its module docs hold the table of every metric: that table is the telemetry spec.
+//! - [`process`]: the standard `process_*` metrics, read from `/proc` at scrape time.
 //! - [`readiness`]: the rule `/readyz` applies to the registry.
-//! - [`http`]: [`serve`] answers `/metrics`, `/healthz` and `/readyz` with a small, bounded HTTP/1.1
-//!   server; its request parsing is the pure `request` module.
+//! - [`http`]: [`serve`] answers `/metrics`, `/healthz` and `/readyz` with hyper, within stated
+//!   limits (head size, timeouts, connection count).
+//! - [`catchup`]: the `catching up` log line (lag, rate, ETA every ~10 s while behind), computed
+//!   from the registry by its own task.
 //! - [`logging`]: [`logging::init`] installs text or JSON logging to stderr, and documents the log
 //!   field names used across Ferry.
 //!
 //! The pipeline owns an `Arc<Metrics>` and updates it as it goes; the HTTP server only reads it.
 
+pub mod catchup;
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod process;
 pub mod readiness;
-mod request;
 
 pub use http::{serve, HttpState, Limits};
 pub use logging::LogFormat;
