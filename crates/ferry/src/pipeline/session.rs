@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ferry_core::{Action, CoreError, Count, Relay, RelayConfig, RouteErrorKind, Sink, Token};
+use ferry_core::{Action, CoreError, Count, Relay, RelayConfig, Sink, Token};
 use ferry_wal::conn::{ReaderEvent, ReaderHandle};
 use ferry_wal::{slot, Lsn};
 use rdkafka::error::KafkaError;
@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use super::binary::{self, Mode};
 use super::{PipelineError, PipelineSettings};
 use crate::producer::{Delivery, KafkaSink, Producer};
-use crate::telemetry::{Metrics, RoutingErrorReason};
+use crate::telemetry::Metrics;
 
 /// Most delivery reports or WAL events handled in one wake-up of the session loop.
 const BURST: usize = 512;
@@ -274,7 +274,7 @@ impl<'a> Session<'a> {
                 }
             }
             Count::DeliveryFailed => m.delivery_errors.inc(),
-            Count::RoutingError(kind) => m.routing_errors.inc(reason_label(kind)),
+            Count::RoutingError(kind) => m.routing_errors.inc(kind),
             Count::RowSkipped => m.rows_skipped.inc(),
             Count::RowDeadLettered => m.rows_dead_lettered.inc(),
         }
@@ -311,19 +311,6 @@ fn pipeline_error(e: CoreError<KafkaError>) -> PipelineError {
         CoreError::Bookkeeping(e) => PipelineError::Watermark(e),
         CoreError::UnknownReport { token } => PipelineError::UnknownReport { key: token.0 },
         CoreError::DrainTimeout { records } => PipelineError::DrainTimeout { records },
-    }
-}
-
-fn reason_label(kind: RouteErrorKind) -> RoutingErrorReason {
-    use RouteErrorKind as K;
-    match kind {
-        K::MissingColumn => RoutingErrorReason::MissingColumn,
-        K::NullValue => RoutingErrorReason::NullValue,
-        K::NullPayload => RoutingErrorReason::NullPayload,
-        K::InvalidValue => RoutingErrorReason::InvalidValue,
-        K::InvalidTopic => RoutingErrorReason::InvalidTopic,
-        K::PayloadTooLarge => RoutingErrorReason::PayloadTooLarge,
-        K::InvalidMessage => RoutingErrorReason::InvalidMessage,
     }
 }
 

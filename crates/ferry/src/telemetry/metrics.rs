@@ -366,25 +366,10 @@ impl LabelSet for Component {
 }
 
 /// Why the router rejected a row: the `reason` label of `ferry_routing_errors_total`. The
-/// values are the router's own error codes (`ferry_router::RouteErrorReason::code`), so a log
-/// line, a dead-letter header and this label name a reason the same way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoutingErrorReason {
-    /// The relation has no column of the configured name.
-    MissingColumn,
-    /// A column that must have a value (event id, a topic placeholder) is NULL.
-    NullValue,
-    /// The payload is NULL and tombstones are off.
-    NullPayload,
-    /// A value cannot be used (bad bytea text, unparsable timestamp, partition out of range...).
-    InvalidValue,
-    /// The routed topic is not a legal Kafka topic name.
-    InvalidTopic,
-    /// The record value is over `route.max_payload_bytes`.
-    PayloadTooLarge,
-    /// A table-less outbox message is not a valid document.
-    InvalidMessage,
-}
+/// relay core's closed set of reasons, labelled with the router's own error codes
+/// (`ferry_router::RouteErrorReason::code`), so a log line, a dead-letter header and this label
+/// name a reason the same way.
+pub use ferry_core::RouteErrorKind as RoutingErrorReason;
 
 impl LabelSet for RoutingErrorReason {
     const KEY: &'static str = "reason";
