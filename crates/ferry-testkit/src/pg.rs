@@ -202,16 +202,12 @@ impl PgCluster {
     pub fn start_blocking(opts: ClusterOptions) -> PgCluster {
         let bindir = pg_bindir();
         let owner = process::server_user().unwrap_or_else(|e| panic!("{e}: {PG_SETUP_HINT}"));
-        let root = std::env::temp_dir().join(unique_name("ferry-pg"));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("sock")).expect("create cluster dir");
+        let root = cluster_root(owner);
         let data = root.join("data");
         let pwfile = root.join("pwfile");
         std::fs::write(&pwfile, SUPERUSER_PASSWORD).expect("write pwfile");
         if let Some((uid, gid)) = owner {
-            for p in [&root, &root.join("sock"), &pwfile] {
-                std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown cluster dir");
-            }
+            std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid)).expect("chown pwfile");
         }
         let mut initdb = Command::new(bindir.join("initdb"));
         initdb
@@ -368,9 +364,7 @@ impl PgCluster {
     /// `primary_slot_name`, `hot_standby_feedback`, `sync_replication_slots`). This cluster is
     /// stopped (fast) and started again in the middle. Blocking.
     pub fn standby_blocking(&self, extra_conf: Vec<String>) -> PgCluster {
-        let root = std::env::temp_dir().join(unique_name("ferry-pg"));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(root.join("sock")).expect("create standby dir");
+        let root = cluster_root(self.owner);
         self.stop(false);
         let out = Command::new("cp")
             .arg("-a")
@@ -384,11 +378,6 @@ impl PgCluster {
             String::from_utf8_lossy(&out.stderr)
         );
         self.start_again();
-        if let Some((uid, gid)) = self.owner {
-            for p in [&root, &root.join("sock")] {
-                std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown standby dir");
-            }
-        }
         let port = process::free_port();
         let data = root.join("data");
         let mut conf = vec![
@@ -461,6 +450,20 @@ impl Drop for PgCluster {
     }
 }
 
+/// A fresh directory for a cluster (its data directory goes in `data`, its socket in `sock`),
+/// owned by the server's user.
+fn cluster_root(owner: Option<(u32, u32)>) -> PathBuf {
+    let root = std::env::temp_dir().join(unique_name("ferry-pg"));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("sock")).expect("create cluster dir");
+    if let Some((uid, gid)) = owner {
+        for p in [&root, &root.join("sock")] {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid)).expect("chown cluster dir");
+        }
+    }
+    root
+}
+
 fn as_owner(cmd: &mut Command, owner: Option<(u32, u32)>) {
     use std::os::unix::process::CommandExt;
     if let Some((uid, gid)) = owner {
@@ -519,18 +522,7 @@ pub fn find_pg_bindir(
             PG_SERVER_BINARIES.join(", ")
         ));
     }
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(versions_root)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            complete(&bin).then_some((v, bin))
-        })
-        .collect();
-    found.sort();
-    if let Some((_, dir)) = found.pop() {
+    if let Some(dir) = newest_version_bin(versions_root, |bin| complete(bin)) {
         return Ok(dir);
     }
     if let Some(dir) = path
@@ -558,21 +550,27 @@ pub fn client_tool(bindir: &Path, name: &str) -> PathBuf {
     if own.exists() {
         return own;
     }
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+    newest_version_bin(Path::new("/usr/lib/postgresql"), |bin| {
+        bin.join(name).exists()
+    })
+    .map(|bin| bin.join(name))
+    .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// The `bin` directory of the newest major version under `versions_root` (Debian's
+/// `/usr/lib/postgresql/<major>/bin`) that `usable` accepts.
+fn newest_version_bin(versions_root: &Path, usable: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    std::fs::read_dir(versions_root)
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
             let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let tool = e.path().join("bin").join(name);
-            tool.exists().then_some((v, tool))
+            let bin = e.path().join("bin");
+            usable(&bin).then_some((v, bin))
         })
-        .collect();
-    found.sort();
-    found
-        .pop()
-        .map(|(_, p)| p)
-        .unwrap_or_else(|| PathBuf::from(name))
+        .max_by_key(|(v, _)| *v)
+        .map(|(_, bin)| bin)
 }
 
 /// A test CA and a server certificate for `localhost` / `127.0.0.1`, made with the openssl CLI.

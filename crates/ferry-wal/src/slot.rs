@@ -726,7 +726,7 @@ pub async fn check(
     let existing = slot_state(client, &spec.slot).await?;
     let slot_exists = existing.is_some();
     // A slot another process streams is reported below; its walsender is not Ferry's problem.
-    let slot_streamed = existing.is_some_and(|s| s.active_pid.is_some());
+    let slot_streamed = existing.as_ref().is_some_and(|s| s.active_pid.is_some());
     if !slot_exists && cap.slots_used >= cap.max_slots {
         error(
             format!(
@@ -757,7 +757,7 @@ pub async fn check(
         ),
         fix: "none needed".into(),
     });
-    match slot_state(client, &spec.slot).await? {
+    match &existing {
         None if spec.create_slot => notes.push(Problem {
             severity: Severity::Note,
             what: format!("replication slot {:?} does not exist", spec.slot),
@@ -825,7 +825,7 @@ pub async fn check(
         }
     }
     if spec.failover {
-        failover_checks(client, spec, &mut problems, &mut notes).await?;
+        failover_checks(client, spec, existing.as_ref(), &mut problems, &mut notes).await?;
     }
     problems.extend(notes);
     Ok(problems)
@@ -838,6 +838,7 @@ pub async fn check(
 async fn failover_checks(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
+    existing: Option<&SlotState>,
     problems: &mut Vec<Problem>,
     notes: &mut Vec<Problem>,
 ) -> Result<(), ReaderError> {
@@ -858,7 +859,7 @@ async fn failover_checks(
         .await
         .map_err(sql_error)?
         .get(0);
-    match slot_state(client, &spec.slot).await? {
+    match existing {
         // `synced` stays true on a promoted standby's leftover copies: it means "a copy" only
         // while the server is in recovery.
         Some(s) if in_recovery && s.synced == Some(true) => notes.push(Problem {

@@ -41,23 +41,6 @@ async fn stream_one_row(
     (r, sql)
 }
 
-/// Waits until no walsender streams `slot` (a reader's walsender exits shortly after it).
-async fn wait_released(sql: &tokio_postgres::Client, slot_name: &str) {
-    ferry_testkit::wait_until(
-        "the slot is released",
-        std::time::Duration::from_secs(30),
-        || async {
-            slot::slot_state(sql, slot_name)
-                .await
-                .unwrap()
-                .unwrap()
-                .active_pid
-                .is_none()
-        },
-    )
-    .await;
-}
-
 /// The stored password's hash scheme (`SCRAM-SHA-256` or `md5`).
 async fn password_scheme(sql: &tokio_postgres::Client, role: &str) -> String {
     sql.query_one(

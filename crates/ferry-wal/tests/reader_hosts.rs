@@ -46,19 +46,7 @@ async fn streams(cfg: &ConnectConfig, s: &Setup) {
     r.confirm(t.end_lsn);
     r.shutdown().await.unwrap();
     // The next reader starts after this one's walsender has let the slot go.
-    ferry_testkit::wait_until(
-        "the slot is released",
-        std::time::Duration::from_secs(30),
-        || async {
-            slot::slot_state(&s.sql, &s.spec.slot)
-                .await
-                .unwrap()
-                .unwrap()
-                .active_pid
-                .is_none()
-        },
-    )
-    .await;
+    wait_released(&s.sql, &s.spec.slot).await;
 }
 
 /// A file in a directory of its own, with `mode`.

@@ -191,15 +191,7 @@ async fn a_slot_streamed_by_another_reader_is_in_use_until_it_stops() {
         .any(|p| p.severity == Severity::Warning && p.what.contains("being streamed")));
 
     first.shutdown().await.unwrap();
-    ferry_testkit::wait_until("the slot is released", Duration::from_secs(30), || async {
-        slot::slot_state(&s.sql, &s.spec.slot)
-            .await
-            .unwrap()
-            .unwrap()
-            .active_pid
-            .is_none()
-    })
-    .await;
+    wait_released(&s.sql, &s.spec.slot).await;
     let mut second = start(&s).await;
     insert_and_expect_note(&s.sql, &mut second, "second").await;
     second.shutdown().await.unwrap();

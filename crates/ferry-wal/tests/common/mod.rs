@@ -173,3 +173,17 @@ pub async fn insert_and_expect_note(
     let t = next_txn(r).await;
     assert_eq!(text(&t.rows[0], "note").as_deref(), Some(note));
 }
+
+/// Waits until no walsender streams `slot_name` (a reader's walsender exits shortly after it).
+#[allow(dead_code)] // not every test binary waits for a release
+pub async fn wait_released(sql: &tokio_postgres::Client, slot_name: &str) {
+    ferry_testkit::wait_until("the slot is released", Duration::from_secs(30), || async {
+        slot::slot_state(sql, slot_name)
+            .await
+            .unwrap()
+            .unwrap()
+            .active_pid
+            .is_none()
+    })
+    .await;
+}
