@@ -35,6 +35,7 @@
 
 pub mod guard;
 pub mod inflight;
+pub mod progress;
 pub mod relay;
 pub mod route;
 pub mod sink;
@@ -43,6 +44,7 @@ mod window;
 
 pub use guard::unreadable;
 pub use inflight::Token;
+pub use progress::{ProgressKey, ProgressRecord};
 pub use relay::{Action, CoreError, Count, End, Relay, RelayConfig};
 pub use route::RouteErrorKind;
 pub use sink::{Report, Sink};

@@ -6,6 +6,7 @@ pub mod debezium;
 pub mod malloc;
 pub mod pipeline;
 pub mod producer;
+pub mod progress;
 pub mod stdio;
 pub mod telemetry;
 pub mod topics;

@@ -207,7 +207,7 @@ impl Drop for TopicWatch {
 }
 
 /// Properties Ferry sets on the producer that a consumer-type client does not know.
-const PRODUCER_ONLY: [&str; 8] = [
+pub(crate) const PRODUCER_ONLY: [&str; 8] = [
     "enable.idempotence",
     "acks",
     "partitioner",

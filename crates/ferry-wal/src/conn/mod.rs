@@ -17,4 +17,4 @@ pub mod tls;
 
 pub use config::{ConnectConfig, SslMode, TargetSessionAttrs};
 pub use error::{ReaderError, ServerError};
-pub use stream::{start, ReaderEvent, ReaderHandle, ReaderStats, StreamOptions};
+pub use stream::{start, ReaderEvent, ReaderHandle, ReaderStats, StreamOptions, SystemIdentity};

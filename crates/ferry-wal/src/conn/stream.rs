@@ -86,6 +86,15 @@ pub struct ReaderStats {
     pub outbox_truncates_skipped: AtomicU64,
 }
 
+/// The server's identity as `IDENTIFY_SYSTEM` reports it: another system identifier is another
+/// cluster (a slot of the same name there is not the slot Ferry used), another timeline follows
+/// a promotion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SystemIdentity {
+    pub system_id: u64,
+    pub timeline: u32,
+}
+
 /// The pipeline's side of a running reader.
 #[derive(Debug)]
 pub struct ReaderHandle {
@@ -96,6 +105,8 @@ pub struct ReaderHandle {
     pub resume_lsn: Lsn,
     /// The walsender's pid (`active_pid` of the slot).
     pub backend_pid: i32,
+    /// Which server and timeline is streaming (`IDENTIFY_SYSTEM`).
+    pub system: SystemIdentity,
     pub stats: Arc<ReaderStats>,
     confirm: watch::Sender<Lsn>,
     task: JoinHandle<Result<(), ReaderError>>,
@@ -182,15 +193,15 @@ pub async fn start(
     let resume = before.confirmed_flush_lsn;
     let mut conn = ReplicationConnection::connect(cfg).await?;
     let ident = conn.simple_query("IDENTIFY_SYSTEM").await?;
-    if ident
-        .first()
-        .and_then(|r| r.get(3))
-        .cloned()
-        .flatten()
-        .is_none()
-    {
+    let column = |i: usize| ident.first().and_then(|r| r.get(i)).cloned().flatten();
+    if column(3).is_none() {
         return Err(ReaderError::NotLogicalReplication);
     }
+    // systemid and timeline: always present and numeric on a real server.
+    let system = SystemIdentity {
+        system_id: column(0).and_then(|s| s.parse().ok()).unwrap_or(0),
+        timeline: column(1).and_then(|s| s.parse().ok()).unwrap_or(0),
+    };
     if opts.failover && before.failover == Some(false) && before.synced != Some(true) {
         // Replication protocol only: there is no SQL function for it.
         conn.simple_query(&format!(
@@ -255,6 +266,7 @@ pub async fn start(
         budget,
         resume_lsn: resume,
         backend_pid,
+        system,
         stats,
         confirm: confirm_tx,
         task: tokio::spawn(task.run()),

@@ -61,6 +61,8 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::ZERO;
 /// 6.0 -> 1.8 ms and p99 10.0 -> 4.2 ms at 2,000 rows/s, p99 16.6 -> 8.6 ms at 10,000 rows/s;
 /// the 100-byte-row backlog drains at the same rate and CPU.
 pub const LINGER: Duration = Duration::from_millis(1);
+/// `kafka.progress_topic`.
+pub const PROGRESS_TOPIC: &str = "ferry.progress";
 /// librdkafka's upper limit of `linger.ms`.
 pub const MAX_LINGER: Duration = Duration::from_millis(900_000);
 /// librdkafka's upper limit of `message.timeout.ms` (`i32::MAX` ms).

@@ -106,6 +106,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     kafka.max_in_flight_bytes = ferry_router::size::parse;
     kafka.delivery_timeout = duration::parse;
     kafka.linger = duration::parse;
+    kafka.progress_topic = text;
     http.listen = parsed;
     log.format = parsed;
     log.level = text;

@@ -56,6 +56,9 @@ pub struct KafkaConfig {
         serialize_with = "duration::serialize"
     )]
     pub linger: Duration,
+    /// Ferry's own topic where it remembers its position per slot and server, outside the slot
+    /// (see `ferry_core::progress`): one partition, compacted.
+    pub progress_topic: String,
 }
 
 impl Default for KafkaConfig {
@@ -69,6 +72,7 @@ impl Default for KafkaConfig {
             max_in_flight_bytes: defaults::MAX_IN_FLIGHT_BYTES,
             delivery_timeout: defaults::DELIVERY_TIMEOUT,
             linger: defaults::LINGER,
+            progress_topic: defaults::PROGRESS_TOPIC.to_string(),
         }
     }
 }

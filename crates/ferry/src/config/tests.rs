@@ -139,6 +139,7 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_KAFKA_MAX_IN_FLIGHT_BYTES", "2000000", |c| c.kafka.max_in_flight_bytes.to_string(), "2000000"),
         ("FERRY_KAFKA_DELIVERY_TIMEOUT", "5m", |c| format!("{:?}", c.kafka.delivery_timeout), "300s"),
         ("FERRY_KAFKA_LINGER", "0ms", |c| format!("{:?}", c.kafka.linger), "0ns"),
+        ("FERRY_KAFKA_PROGRESS_TOPIC", "app.ferry-progress", |c| c.kafka.progress_topic.clone(), "app.ferry-progress"),
         ("FERRY_KAFKA_PROPERTIES_SASL_MECHANISM", "PLAIN", |c| { c.kafka .properties .0 .get("sasl.mechanism") .cloned() .unwrap_or_default() }, "PLAIN"),
         ("FERRY_HTTP_LISTEN", "off", |c| c.http.listen.to_string(), "off"),
         ("FERRY_LOG_FORMAT", "json", |c| c.log.format.to_string(), "json"),

@@ -141,6 +141,15 @@ fn kafka(c: &Config, p: &mut Problems) {
             );
         }
     }
+    if let Err(problem) = ferry_router::topic::validate_topic(k.progress_topic.as_bytes()) {
+        p.add(
+            "kafka.progress_topic",
+            format!(
+                "{:?} is not a valid topic name: {problem}",
+                k.progress_topic
+            ),
+        );
+    }
     if !k.compression.is_available() {
         let available: Vec<&str> = [
             Compression::None,

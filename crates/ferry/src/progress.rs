@@ -1,0 +1,271 @@
+//! The progress topic, seen from Kafka: reading back where Ferry was, and creating the topic.
+//!
+//! What a progress record holds and why it exists is written in [`ferry_core::progress`]. This
+//! module does the I/O: [`read`] finds the newest committed record of one slot and server, and
+//! [`ensure_topic`] creates the topic (one partition, compacted) or checks the one that exists.
+//!
+//! # Reading to the end
+//!
+//! The newest record is the last one of the key *at the end of the partition*, and the end must be
+//! the real one: a transaction of a Ferry that crashed may still be open or its commit in flight,
+//! and transaction markers sit at the tail, so the last offset is never trusted to be a record.
+//! [`read`] therefore takes the high watermark first (the end of the log, transactions open or
+//! not), then reads with `isolation.level=read_committed` from the beginning until its position
+//! passes that watermark: every transaction that had written before the read began is then
+//! decided (committed records are seen, aborted ones never are). An exactly-once Ferry reads
+//! after `init_transactions`, which has aborted whatever its previous incarnation left open, so
+//! the read does not wait for the transaction timeout. The topic is compacted and small (one
+//! record per slot once compacted; segments roll every [`SEGMENT_MS`]), so reading it whole at
+//! start-up is cheap.
+//!
+//! Every call is blocking (librdkafka's consumer); callers run it off the async runtime.
+
+use std::time::{Duration, Instant};
+
+use ferry_core::progress::{ProgressError, ProgressKey, ProgressRecord};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+/// How often the progress topic's segments roll, so that compaction can drop old records.
+pub const SEGMENT_MS: u64 = 60 * 60 * 1000;
+
+/// One poll of the consumer while reading to the end.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Why the progress topic could not be read or created.
+#[derive(Debug, thiserror::Error)]
+pub enum ProgressTopicError {
+    #[error("cannot reach Kafka to read the progress topic {topic}: {error}")]
+    Kafka { topic: String, error: KafkaError },
+    #[error(
+        "the progress topic {topic} has {partitions} partitions; Ferry needs exactly 1 (its records are ordered): delete it and let Ferry create it, or name another topic in kafka.progress_topic"
+    )]
+    Partitions { topic: String, partitions: usize },
+    #[error(
+        "the progress topic {topic} could not be read to its end within {}s (position {position}, end {end}): a transaction of another producer may be open on it; it ends within the broker's transaction timeout",
+        timeout.as_secs()
+    )]
+    Timeout {
+        topic: String,
+        timeout: Duration,
+        position: i64,
+        end: i64,
+    },
+    #[error("the progress topic {topic} holds an unreadable record for {key} at offset {offset}: {error}")]
+    Record {
+        topic: String,
+        key: String,
+        offset: i64,
+        error: ProgressError,
+    },
+    #[error(
+        "the progress topic {topic} does not exist and Ferry may not create it: {error}. Create it with 1 partition and cleanup.policy=compact, or grant Ferry CREATE on the cluster"
+    )]
+    Create { topic: String, error: String },
+}
+
+impl ProgressTopicError {
+    /// Whether a later attempt can succeed without an operator.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ProgressTopicError::Kafka { .. } | ProgressTopicError::Timeout { .. }
+        )
+    }
+}
+
+/// What the progress topic holds for one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Remembered {
+    /// The topic does not exist.
+    NoTopic,
+    /// The topic exists and holds no committed record for the key (or its newest is a tombstone).
+    Nothing,
+    /// The newest committed record for the key, and its offset.
+    Record { record: ProgressRecord, offset: i64 },
+}
+
+/// A client config for reading: the producer's connection properties without the producer-only
+/// ones (each would log a warning on a consumer).
+pub fn consumer_config(properties: &[(String, String)]) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    for (k, v) in properties {
+        cc.set(k, v);
+    }
+    for key in crate::topics::PRODUCER_ONLY {
+        cc.remove(key);
+    }
+    cc.remove("transactional.id");
+    cc.remove("transaction.timeout.ms");
+    cc
+}
+
+/// The newest committed record of `key` in `topic`; see the [module documentation](self).
+pub fn read(
+    properties: &[(String, String)],
+    topic: &str,
+    key: &ProgressKey,
+    timeout: Duration,
+) -> Result<Remembered, ProgressTopicError> {
+    let deadline = Instant::now() + timeout;
+    let kafka = |error| ProgressTopicError::Kafka {
+        topic: topic.to_string(),
+        error,
+    };
+    let mut cc = consumer_config(properties);
+    cc.set("allow.auto.create.topics", "false")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest");
+    // assign() needs no group; librdkafka wants the property for some code paths anyway.
+    if cc.get("group.id").is_none() {
+        cc.set("group.id", "ferry-progress-reader");
+    }
+    let consumer: BaseConsumer = cc.create().map_err(kafka)?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), remaining(deadline))
+        .map_err(kafka)?;
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(Remembered::NoTopic);
+    };
+    match t.error().map(RDKafkaErrorCode::from) {
+        None => {}
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Remembered::NoTopic),
+        Some(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
+    }
+    if t.partitions().len() != 1 {
+        return Err(ProgressTopicError::Partitions {
+            topic: topic.to_string(),
+            partitions: t.partitions().len(),
+        });
+    }
+    // The end of the log, open transactions included.
+    let (low, high) = consumer
+        .fetch_watermarks(topic, 0, remaining(deadline))
+        .map_err(kafka)?;
+    if high <= low {
+        return Ok(Remembered::Nothing);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(low))
+        .map_err(kafka)?;
+    consumer.assign(&tpl).map_err(kafka)?;
+    let wanted = key.encode();
+    let mut newest: Option<(i64, Option<Vec<u8>>)> = None;
+    loop {
+        if let Some(m) = consumer.poll(POLL) {
+            let m = m.map_err(kafka)?;
+            if m.key()
+                .is_some_and(|k| k == wanted.as_slice() || same_key(k, key))
+            {
+                newest = Some((m.offset(), m.payload().map(<[u8]>::to_vec)));
+            }
+        }
+        let position = position(&consumer, topic).map_err(kafka)?;
+        if position >= high {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(ProgressTopicError::Timeout {
+                topic: topic.to_string(),
+                timeout,
+                position,
+                end: high,
+            });
+        }
+    }
+    match newest {
+        None | Some((_, None)) => Ok(Remembered::Nothing),
+        Some((offset, Some(value))) => match ProgressRecord::decode(&value) {
+            Ok(record) => Ok(Remembered::Record { record, offset }),
+            Err(error) => Err(ProgressTopicError::Record {
+                topic: topic.to_string(),
+                key: key.to_string(),
+                offset,
+                error,
+            }),
+        },
+    }
+}
+
+/// Another encoding of the same key (written by another serializer): compared decoded.
+fn same_key(bytes: &[u8], key: &ProgressKey) -> bool {
+    ProgressKey::decode(bytes).is_ok_and(|k| k == *key)
+}
+
+/// The consumer's next offset on partition 0 (`-1001`, invalid, before the first fetch).
+fn position(consumer: &BaseConsumer, topic: &str) -> Result<i64, KafkaError> {
+    let tpl = consumer.position()?;
+    Ok(tpl
+        .find_partition(topic, 0)
+        .and_then(|p| match p.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        })
+        .unwrap_or(-1))
+}
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
+/// Creates `topic` (one partition, compacted, segments rolling every [`SEGMENT_MS`]) unless it
+/// exists; "already exists" (another Ferry at the same moment) is success. Checks the partition
+/// count of one that exists.
+pub async fn ensure_topic(
+    properties: &[(String, String)],
+    topic: &str,
+    replication_factor: i32,
+    timeout: Duration,
+) -> Result<(), ProgressTopicError> {
+    let kafka = |error| ProgressTopicError::Kafka {
+        topic: topic.to_string(),
+        error,
+    };
+    let cc = consumer_config(properties);
+    let admin: AdminClient<DefaultClientContext> = cc.create().map_err(kafka)?;
+    let segment_ms = SEGMENT_MS.to_string();
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(replication_factor))
+        .set("cleanup.policy", "compact")
+        .set("segment.ms", &segment_ms);
+    let opts = AdminOptions::new().operation_timeout(Some(timeout));
+    let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
+    match result.into_iter().next() {
+        Some(Ok(_)) => {
+            tracing::info!(topic, "created the progress topic (1 partition, compacted)");
+        }
+        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {}
+        Some(Err((_, code))) => {
+            return Err(ProgressTopicError::Create {
+                topic: topic.to_string(),
+                error: code.to_string(),
+            })
+        }
+        None => {}
+    }
+    let consumer: BaseConsumer = consumer_config(properties).create().map_err(kafka)?;
+    let topic_owned = topic.to_string();
+    let partitions = tokio::task::spawn_blocking(move || {
+        consumer
+            .fetch_metadata(Some(&topic_owned), timeout)
+            .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+    })
+    .await
+    .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?
+    .map_err(kafka)?;
+    if partitions != 1 {
+        return Err(ProgressTopicError::Partitions {
+            topic: topic.to_string(),
+            partitions,
+        });
+    }
+    Ok(())
+}

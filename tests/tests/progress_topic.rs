@@ -1,0 +1,148 @@
+//! The progress topic against a real broker: created once with one partition, read back to its
+//! real end, committed records seen, aborted ones never, the newest record per key wins.
+
+use std::time::Duration;
+
+use ferry::progress::{self, ProgressTopicError, Remembered};
+use ferry_core::progress::{Mode, Partial, ProgressKey, ProgressRecord};
+use ferry_wal::Lsn;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn properties(brokers: &str) -> Vec<(String, String)> {
+    vec![("bootstrap.servers".to_string(), brokers.to_string())]
+}
+
+fn unique(name: &str) -> String {
+    format!(
+        "progress-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+fn key(slot: &str) -> ProgressKey {
+    ProgressKey {
+        system_id: 7_312_345_678_901_234_567,
+        slot: slot.to_string(),
+    }
+}
+
+fn record(end: u64, partial: Option<(u64, u64)>) -> ProgressRecord {
+    ProgressRecord {
+        partial: partial.map(|(c, events)| Partial {
+            commit_lsn: Lsn(c),
+            events,
+        }),
+        ..ProgressRecord::whole(Mode::ExactlyOnce, 1, Lsn(end), 1)
+    }
+}
+
+fn transactional(brokers: &str, id: &str) -> ThreadedProducer<DefaultProducerContext> {
+    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("transactional.id", id)
+        .create()
+        .unwrap();
+    p.init_transactions(TIMEOUT).unwrap();
+    p
+}
+
+fn send(
+    p: &ThreadedProducer<DefaultProducerContext>,
+    topic: &str,
+    k: &ProgressKey,
+    r: &ProgressRecord,
+) {
+    let (kb, vb) = (k.encode(), r.encode());
+    p.send(BaseRecord::to(topic).key(&kb).payload(&vb))
+        .map_err(|(e, _)| e)
+        .unwrap();
+}
+
+fn read(brokers: &str, topic: &str, k: &ProgressKey) -> Result<Remembered, ProgressTopicError> {
+    progress::read(&properties(brokers), topic, k, TIMEOUT)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_records_are_read_to_the_end_and_aborted_ones_never() {
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique("txn");
+    let (a, b) = (key("a"), key("b"));
+    assert_eq!(read(&brokers, &topic, &a).unwrap(), Remembered::NoTopic);
+    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap();
+    // Created once; a second call (another Ferry) is fine.
+    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(read(&brokers, &topic, &a).unwrap(), Remembered::Nothing);
+
+    let (brokers2, topic2) = (brokers.clone(), topic.clone());
+    let (a2, b2) = (a.clone(), b.clone());
+    tokio::task::spawn_blocking(move || {
+        let p = transactional(&brokers2, &unique("tid"));
+        // Committed: a@100, b@50, then a@200 (newest for a).
+        p.begin_transaction().unwrap();
+        send(&p, &topic2, &a2, &record(100, None));
+        send(&p, &topic2, &b2, &record(50, None));
+        p.commit_transaction(TIMEOUT).unwrap();
+        p.begin_transaction().unwrap();
+        send(&p, &topic2, &a2, &record(200, Some((210, 4))));
+        p.commit_transaction(TIMEOUT).unwrap();
+        // Aborted: must never be seen, although it is the last thing in the log.
+        p.begin_transaction().unwrap();
+        send(&p, &topic2, &a2, &record(999, None));
+        p.flush(TIMEOUT).unwrap();
+        p.abort_transaction(TIMEOUT).unwrap();
+    })
+    .await
+    .unwrap();
+
+    let (brokers3, topic3) = (brokers.clone(), topic.clone());
+    let got = tokio::task::spawn_blocking(move || {
+        (
+            read(&brokers3, &topic3, &a).unwrap(),
+            read(&brokers3, &topic3, &b).unwrap(),
+            read(&brokers3, &topic3, &key("c")).unwrap(),
+        )
+    })
+    .await
+    .unwrap();
+    match got.0 {
+        Remembered::Record { record: r, .. } => assert_eq!(r, record(200, Some((210, 4)))),
+        other => panic!("a: {other:?}"),
+    }
+    match got.1 {
+        Remembered::Record { record: r, .. } => assert_eq!(r, record(50, None)),
+        other => panic!("b: {other:?}"),
+    }
+    assert_eq!(got.2, Remembered::Nothing);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_with_more_than_one_partition_is_refused_with_the_fix() {
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique("parts");
+    ferry_testkit::kafka::create_topic(&brokers, &topic, 3).await;
+    let e = progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, ProgressTopicError::Partitions { partitions: 3, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("kafka.progress_topic"), "{e}");
+    let (b, t) = (brokers.clone(), topic.clone());
+    let e = tokio::task::spawn_blocking(move || read(&b, &t, &key("a")).unwrap_err())
+        .await
+        .unwrap();
+    assert!(matches!(e, ProgressTopicError::Partitions { .. }), "{e}");
+    assert!(!e.is_transient());
+}
