@@ -121,7 +121,7 @@ async fn connection_errors_print_their_cause() {
     let cases = [
         (
             format!("postgres://postgres:{pw}@127.0.0.1:{closed}/{name}"),
-            format!("ferry: cannot connect to PostgreSQL: cannot connect to 127.0.0.1:{closed}: Connection refused (os error 111)"),
+            format!("ferry: cannot connect to PostgreSQL: the connection to 127.0.0.1:{closed} failed: Connection refused (os error 111)"),
         ),
         (
             format!("postgres://postgres:{pw}@nonexistent.invalid:{port}/{name}"),

@@ -198,12 +198,12 @@ async fn connection_errors_keep_their_cause() {
     let cases = [
         (
             format!("postgresql://postgres:{pw}@127.0.0.1:{closed}/{db}"),
-            format!("cannot connect to 127.0.0.1:{closed}: Connection refused"),
+            format!("the connection to 127.0.0.1:{closed} failed: Connection refused"),
         ),
         (
             format!("postgresql://postgres:{pw}@localhost:{closed}/{db}"),
             format!(
-                "cannot connect to localhost:{closed} (127.0.0.1:{closed}): Connection refused"
+                "the connection to localhost:{closed} (127.0.0.1:{closed}) failed: Connection refused"
             ),
         ),
         (

@@ -126,7 +126,7 @@ pub enum ReaderError {
         source: io::Error,
     },
     /// The TCP (or Unix-socket) connection failed: refused, unreachable, reset.
-    #[error("cannot connect to {server}: {source}")]
+    #[error("the connection to {server} failed: {source}")]
     Connect {
         server: String,
         #[source]
