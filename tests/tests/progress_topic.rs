@@ -146,3 +146,37 @@ async fn a_topic_with_more_than_one_partition_is_refused_with_the_fix() {
     assert!(matches!(e, ProgressTopicError::Partitions { .. }), "{e}");
     assert!(!e.is_transient());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_transaction_at_the_tail_is_waited_for_and_never_guessed() {
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique("open");
+    let a = key("a");
+    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap();
+    let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
+    tokio::task::spawn_blocking(move || {
+        let p = transactional(&b, &unique("tid"));
+        p.begin_transaction().unwrap();
+        send(&p, &t, &k, &record(100, None));
+        p.commit_transaction(TIMEOUT).unwrap();
+        // Left open: its record is written but undecided.
+        p.begin_transaction().unwrap();
+        send(&p, &t, &k, &record(200, None));
+        p.flush(TIMEOUT).unwrap();
+        // While it is open, a read cannot reach the end: it says so instead of answering 100.
+        let e = progress::read(&properties(&b), &t, &k, Duration::from_secs(2)).unwrap_err();
+        assert!(matches!(e, ProgressTopicError::Timeout { .. }), "{e}");
+        assert!(e.is_transient());
+        assert!(e.to_string().contains("transaction"), "{e}");
+        // Once it commits, its record is the answer.
+        p.commit_transaction(TIMEOUT).unwrap();
+        match progress::read(&properties(&b), &t, &k, TIMEOUT).unwrap() {
+            Remembered::Record { record: r, .. } => assert_eq!(r, record(200, None)),
+            other => panic!("{other:?}"),
+        }
+    })
+    .await
+    .unwrap();
+}

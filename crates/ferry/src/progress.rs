@@ -10,7 +10,8 @@
 //! the real one: a transaction of a Ferry that crashed may still be open or its commit in flight,
 //! and transaction markers sit at the tail, so the last offset is never trusted to be a record.
 //! [`read`] therefore takes the high watermark first (the end of the log, transactions open or
-//! not), then reads with `isolation.level=read_committed` from the beginning until its position
+//! not, from a `read_uncommitted` client: a `read_committed` one answers with the last stable
+//! offset), then reads with `isolation.level=read_committed` from the beginning until its position
 //! passes that watermark: every transaction that had written before the read began is then
 //! decided (committed records are seen, aborted ones never are). An exactly-once Ferry reads
 //! after `init_transactions`, which has aborted whatever its previous incarnation left open, so
@@ -145,10 +146,15 @@ pub fn read(
             partitions: t.partitions().len(),
         });
     }
-    // The end of the log, open transactions included.
-    let (low, high) = consumer
+    // The end of the log, open transactions included: asked by a read_uncommitted client, since a
+    // read_committed one answers with the last stable offset, before any open transaction.
+    let mut end = cc.clone();
+    end.set("isolation.level", "read_uncommitted");
+    let end: BaseConsumer = end.create().map_err(kafka)?;
+    let (low, high) = end
         .fetch_watermarks(topic, 0, remaining(deadline))
         .map_err(kafka)?;
+    drop(end);
     if high <= low {
         return Ok(Remembered::Nothing);
     }
