@@ -1,0 +1,688 @@
+//! Trace context (`outbox.tracing_column`) and CloudEvents (`route.cloudevents*`): configuration
+//! (each key valid and invalid, with its error text), routing fixtures, and property tests.
+//!
+//! Specifications cited: W3C Trace Context Level 1 (§3.2 `traceparent`, §3.3 `tracestate`);
+//! CloudEvents 1.0 core (§3.1 attributes), its Kafka protocol binding (§3.2 binary mode, §3.3
+//! structured mode) and its JSON event format (§3.1 `data` / `data_base64`).
+
+mod common;
+
+use bytes::Bytes;
+use common::{base_row, router, sections, COMMIT_MICROS, EVENT_ID};
+use ferry_router::cloudevents::{rfc3339_millis, STRUCTURED_CONTENT_TYPE};
+use ferry_router::{
+    oid, validate, CloudEventsMode, Record, Router, SimpleRow, TraceOutcome, TraceProblem,
+};
+use proptest::prelude::*;
+
+const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+fn header<'r>(r: &'r Record, name: &str) -> Option<&'r [u8]> {
+    r.headers
+        .iter()
+        .find(|(n, _)| &**n == name)
+        .and_then(|(_, v)| v.as_deref())
+}
+
+fn header_names(r: &Record) -> Vec<&str> {
+    r.headers.iter().map(|(n, _)| &**n).collect()
+}
+
+fn problems(toml_text: &str) -> Vec<(String, String)> {
+    let s = sections(toml_text);
+    match validate(&s.outbox, &s.route) {
+        Ok(()) => Vec::new(),
+        Err(e) => {
+            // Router::new reports the same problems.
+            assert_eq!(Router::new(&s.outbox, &s.route).unwrap_err(), e);
+            e.problems
+                .into_iter()
+                .map(|p| (p.path, p.message))
+                .collect()
+        }
+    }
+}
+
+fn assert_problem(toml_text: &str, path: &str, fragment: &str) {
+    let got = problems(toml_text);
+    assert!(
+        got.iter().any(|(p, m)| p == path && m.contains(fragment)),
+        "{toml_text}\nwanted {path}: ..{fragment}.. in {got:?}"
+    );
+}
+
+mod config {
+    use super::*;
+
+    #[test]
+    fn tracing_column_valid_and_invalid() {
+        assert_eq!(
+            problems("[outbox]\ntracing_column = \"tracingspancontext\""),
+            []
+        );
+        assert_problem(
+            "[outbox]\ntracing_column = \"\"",
+            "outbox.tracing_column",
+            "must not be empty",
+        );
+        // The headers it sends cannot also be configured.
+        assert_problem(
+            "[outbox]\ntracing_column = \"tc\"\n[[route.headers]]\ncolumn = \"t\"\nname = \"traceparent\"",
+            "route.headers[0]",
+            "is what outbox.tracing_column sends",
+        );
+        assert_problem(
+            "[outbox]\ntracing_column = \"tc\"\n[route]\nadditional_placement = \"ts:header:tracestate\"",
+            "route.additional_placement[0]",
+            "is what outbox.tracing_column sends",
+        );
+        // Without the key, a traceparent header placed by hand stays legal (the old way).
+        assert_eq!(
+            problems("[route]\nadditional_placement = \"tc:header:traceparent\""),
+            []
+        );
+        let r = router("[outbox]\ntracing_column = \"tc\"");
+        let req = r
+            .required_columns()
+            .iter()
+            .find(|c| c.column == "tc")
+            .unwrap();
+        assert_eq!(req.config_key, "outbox.tracing_column");
+    }
+
+    #[test]
+    fn cloudevents_mode_valid_and_invalid() {
+        for (text, mode) in [
+            ("none", CloudEventsMode::None),
+            ("binary", CloudEventsMode::Binary),
+            ("structured", CloudEventsMode::Structured),
+        ] {
+            let s = sections(&format!("[route]\ncloudevents = \"{text}\""));
+            assert_eq!(s.route.cloudevents, mode);
+            assert_eq!(text.parse::<CloudEventsMode>(), Ok(mode));
+            assert_eq!(mode.to_string(), text);
+        }
+        assert_eq!(sections("").route.cloudevents, CloudEventsMode::None);
+        let err = toml::from_str::<common::Sections>("[route]\ncloudevents = \"json\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown variant `json`"), "{err}");
+        assert!("Binary"
+            .parse::<CloudEventsMode>()
+            .unwrap_err()
+            .contains("expected \"none\", \"binary\" or \"structured\""));
+        // Its headers cannot also be configured.
+        assert_problem(
+            "[route]\ncloudevents = \"binary\"\nid_header = \"ce_id\"",
+            "route.id_header",
+            "is sent by route.cloudevents = \"binary\"",
+        );
+        assert_problem(
+            "[route]\ncloudevents = \"structured\"\n[[route.headers]]\ncolumn = \"ct\"\nname = \"content-type\"",
+            "route.headers[0]",
+            "is sent by route.cloudevents = \"structured\"",
+        );
+    }
+
+    #[test]
+    fn cloudevents_source_valid_and_invalid() {
+        assert_eq!(
+            problems("[route]\ncloudevents = \"binary\"\ncloudevents_source = \"https://shop.example/{tenant}/orders\""),
+            []
+        );
+        assert_problem(
+            "[route]\ncloudevents = \"binary\"\ncloudevents_source = \"/x/{tenant\"",
+            "route.cloudevents_source",
+            "unclosed '{'",
+        );
+        assert_problem(
+            "[route]\ncloudevents = \"binary\"\ncloudevents_source = \"\"",
+            "route.cloudevents_source",
+            "must not be empty",
+        );
+        assert_problem(
+            "[route]\ncloudevents_source = \"/x\"",
+            "route.cloudevents_source",
+            "has no effect unless route.cloudevents",
+        );
+        let r = router("[route]\ncloudevents = \"binary\"\ncloudevents_source = \"/{tenant}\"");
+        let req = r
+            .required_columns()
+            .iter()
+            .find(|c| c.column == "tenant")
+            .unwrap();
+        assert_eq!(req.config_key, "route.cloudevents_source");
+    }
+
+    #[test]
+    fn cloudevents_subject_valid_and_invalid() {
+        assert_eq!(
+            problems("[route]\ncloudevents = \"binary\"\ncloudevents_subject = \"\""),
+            []
+        );
+        assert_eq!(
+            problems("[route]\ncloudevents = \"structured\"\ncloudevents_subject = \"orders/{aggregateid}\""),
+            []
+        );
+        assert_problem(
+            "[route]\ncloudevents = \"binary\"\ncloudevents_subject = \"a}\"",
+            "route.cloudevents_subject",
+            "closes nothing",
+        );
+        assert_problem(
+            "[route]\ncloudevents_subject = \"x\"",
+            "route.cloudevents_subject",
+            "has no effect unless route.cloudevents",
+        );
+    }
+
+    #[test]
+    fn cloudevents_data_content_type_valid_and_invalid() {
+        assert_eq!(
+            problems("[route]\ncloudevents = \"binary\"\ncloudevents_data_content_type = \"application/avro\""),
+            []
+        );
+        assert_problem(
+            "[route]\ncloudevents = \"binary\"\ncloudevents_data_content_type = \" \"",
+            "route.cloudevents_data_content_type",
+            "is not a media type",
+        );
+        assert_problem(
+            "[route]\ncloudevents = \"binary\"\ncloudevents_data_content_type = \"a\\nb\"",
+            "route.cloudevents_data_content_type",
+            "is not a media type",
+        );
+        assert_problem(
+            "[route]\ncloudevents_data_content_type = \"application/avro\"",
+            "route.cloudevents_data_content_type",
+            "has no effect unless route.cloudevents",
+        );
+    }
+
+    #[test]
+    fn cloudevents_reads_the_type_column_even_without_a_type_header() {
+        let r = router("[route]\ncloudevents = \"binary\"\ntype_header = \"\"");
+        assert!(r.columns().contains(&"type"));
+        let req = r
+            .required_columns()
+            .iter()
+            .find(|c| c.column == "type")
+            .unwrap();
+        assert_eq!(req.config_key, "outbox.type_column (the CloudEvents type)");
+    }
+}
+
+mod trace {
+    use super::*;
+
+    const CONFIG: &str = "[outbox]\ntracing_column = \"tracingspancontext\"";
+
+    fn route(value: Option<&str>) -> Record {
+        let row = match value {
+            Some(v) => base_row().with("tracingspancontext", oid::VARCHAR, v),
+            None => base_row().null("tracingspancontext", oid::VARCHAR),
+        };
+        router(CONFIG).route_row(&row, COMMIT_MICROS).unwrap()
+    }
+
+    #[test]
+    fn a_bare_traceparent_becomes_the_header() {
+        let r = route(Some(TP));
+        assert_eq!(header(&r, "traceparent"), Some(TP.as_bytes()));
+        assert_eq!(header(&r, "tracestate"), None);
+        assert_eq!(header_names(&r), ["id", "type", "traceparent"]);
+        assert_eq!(r.trace_context, TraceOutcome::Propagated);
+    }
+
+    /// What Debezium's outbox extension stores (`Properties.store` of what
+    /// `W3CTraceContextPropagator.inject` set), read back as `ActivateTracingSpan` would.
+    #[test]
+    fn debezium_tracingspancontext_becomes_both_headers() {
+        let stored = format!(
+            "#Mon Nov 23 22:21:17 UTC 2026\ntraceparent={TP}\ntracestate=congo\\=t61rcWkgMzE\n"
+        );
+        let r = route(Some(&stored));
+        assert_eq!(header(&r, "traceparent"), Some(TP.as_bytes()));
+        assert_eq!(header(&r, "tracestate"), Some(&b"congo=t61rcWkgMzE"[..]));
+        assert_eq!(r.trace_context, TraceOutcome::Propagated);
+    }
+
+    #[test]
+    fn null_or_blank_is_no_context_and_not_counted() {
+        for v in [None, Some(""), Some("  ")] {
+            let r = route(v);
+            assert_eq!(header_names(&r), ["id", "type"], "{v:?}");
+            assert_eq!(r.trace_context, TraceOutcome::None);
+        }
+        // No tracing column configured: nothing read, nothing sent.
+        let r = router("").route_row(&base_row(), COMMIT_MICROS).unwrap();
+        assert_eq!(r.trace_context, TraceOutcome::None);
+    }
+
+    /// A malformed value is never fatal: the record goes, without the header, flagged.
+    #[test]
+    fn malformed_values_are_flagged_and_skipped() {
+        let cases = [
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+                TraceProblem::Length,
+            ),
+            (
+                "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                TraceProblem::VersionFf,
+            ),
+            (
+                "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+                TraceProblem::ZeroTraceId,
+            ),
+            (
+                "#date\nuber-trace-id=1:2:0:1\n",
+                TraceProblem::NoTraceparent,
+            ),
+        ];
+        for (v, problem) in cases {
+            let r = route(Some(v));
+            assert_eq!(r.trace_context, TraceOutcome::Malformed(problem), "{v:?}");
+            assert_eq!(header_names(&r), ["id", "type"], "{v:?}");
+            assert_eq!(r.value.as_deref(), Some(&br#"{"total": 39.98}"#[..]));
+        }
+        // A bytea column whose text does not decode: malformed too, not a routing error.
+        let row = base_row().with("tracingspancontext", oid::BYTEA, "\\xzz");
+        let r = router(CONFIG).route_row(&row, COMMIT_MICROS).unwrap();
+        assert_eq!(
+            r.trace_context,
+            TraceOutcome::Malformed(TraceProblem::NotText)
+        );
+    }
+
+    #[test]
+    fn a_missing_column_is_a_configuration_mismatch() {
+        let e = router(CONFIG)
+            .route_row(&base_row(), COMMIT_MICROS)
+            .unwrap_err();
+        assert_eq!(e.code(), "missing_column");
+        assert!(e.to_string().contains("outbox.tracing_column"), "{e}");
+    }
+
+    #[test]
+    fn table_less_messages_carry_it_too() {
+        let r = router(&format!("{CONFIG}\nmessage_prefix = \"outbox\""));
+        let doc = format!(
+            r#"{{"id":"e1","aggregatetype":"order","aggregateid":"1","type":"T","payload":{{}},"tracingspancontext":"{TP}"}}"#
+        );
+        let rec = r.route_message(&Bytes::from(doc), COMMIT_MICROS).unwrap();
+        assert_eq!(header(&rec, "traceparent"), Some(TP.as_bytes()));
+        // Absent member: no context.
+        let doc =
+            r#"{"id":"e1","aggregatetype":"order","aggregateid":"1","type":"T","payload":{}}"#;
+        let rec = r.route_message(&Bytes::from(doc), COMMIT_MICROS).unwrap();
+        assert_eq!(rec.trace_context, TraceOutcome::None);
+    }
+}
+
+mod cloudevents {
+    use super::*;
+
+    /// 2026-11-22 10:00:00.123 UTC, the base row's `created_at`.
+    const CREATED_AT: &str = "2026-11-22T10:00:00.123Z";
+
+    /// The spec's REQUIRED attributes (CloudEvents 1.0 §3.1.1: id, source, specversion, type)
+    /// as the Kafka binding's binary-mode headers (§3.2.3.1: `ce_` + attribute name), UTF-8
+    /// (§3.2.3), and `content-type` for `datacontenttype` (§3.2.1).
+    #[test]
+    fn binary_mode_headers_carry_the_required_attributes() {
+        let r = router(
+            "[outbox]\ntimestamp_column = \"created_at\"\n[route]\ncloudevents = \"binary\"",
+        )
+        .route_row(&base_row(), COMMIT_MICROS)
+        .unwrap();
+        assert_eq!(
+            header_names(&r),
+            [
+                "id",
+                "type",
+                "ce_specversion",
+                "ce_id",
+                "ce_source",
+                "ce_type",
+                "ce_time",
+                "ce_subject",
+                "content-type"
+            ]
+        );
+        assert_eq!(header(&r, "ce_specversion"), Some(&b"1.0"[..]));
+        assert_eq!(header(&r, "ce_id"), Some(EVENT_ID.as_bytes()));
+        assert_eq!(header(&r, "ce_source"), Some(&b"/ferry/public/outbox"[..]));
+        assert_eq!(header(&r, "ce_type"), Some(&b"OrderCreated"[..]));
+        assert_eq!(header(&r, "ce_time"), Some(CREATED_AT.as_bytes()));
+        assert_eq!(header(&r, "ce_subject"), Some(&b"42"[..]));
+        assert_eq!(header(&r, "content-type"), Some(&b"application/json"[..]));
+        for (_, v) in &r.headers {
+            std::str::from_utf8(v.as_deref().unwrap()).expect("§3.2.3: UTF-8 header values");
+        }
+        // §3.2.2: the data byte-sequence is the value, untouched.
+        assert_eq!(r.value.as_deref(), Some(&br#"{"total": 39.98}"#[..]));
+    }
+
+    #[test]
+    fn binary_mode_content_type_follows_the_payload() {
+        let r = router("[route]\ncloudevents = \"binary\"");
+        let text = r
+            .route_row(
+                &base_row().with("payload", oid::TEXT, "hello"),
+                COMMIT_MICROS,
+            )
+            .unwrap();
+        assert_eq!(
+            header(&text, "content-type"),
+            Some(&b"text/plain; charset=utf-8"[..])
+        );
+        let bytes = r
+            .route_row(
+                &base_row().with("payload", oid::BYTEA, "\\x0102"),
+                COMMIT_MICROS,
+            )
+            .unwrap();
+        assert_eq!(
+            header(&bytes, "content-type"),
+            Some(&b"application/octet-stream"[..])
+        );
+        assert_eq!(bytes.value.as_deref(), Some(&b"\x01\x02"[..]));
+        let envelope = router("[route]\ncloudevents = \"binary\"\nenvelope = true")
+            .route_row(
+                &base_row().with("payload", oid::TEXT, "hello"),
+                COMMIT_MICROS,
+            )
+            .unwrap();
+        assert_eq!(
+            header(&envelope, "content-type"),
+            Some(&b"application/json"[..])
+        );
+        let avro = router("[route]\ncloudevents = \"binary\"\ncloudevents_data_content_type = \"application/avro\"")
+            .route_row(&base_row(), COMMIT_MICROS)
+            .unwrap();
+        assert_eq!(
+            header(&avro, "content-type"),
+            Some(&b"application/avro"[..])
+        );
+    }
+
+    #[test]
+    fn time_is_the_commit_time_without_a_timestamp_column() {
+        let r = router("[route]\ncloudevents = \"binary\"")
+            .route_row(&base_row(), COMMIT_MICROS)
+            .unwrap();
+        assert_eq!(
+            header(&r, "ce_time"),
+            Some(&b"2027-01-15T08:00:00.000Z"[..])
+        );
+        assert_eq!(
+            rfc3339_millis(r.timestamp_ms.unwrap()).as_deref(),
+            Some("2027-01-15T08:00:00.000Z")
+        );
+    }
+
+    #[test]
+    fn source_and_subject_templates() {
+        let r = router(
+            "[route]\ncloudevents = \"binary\"\ncloudevents_source = \"https://shop.example/{tenant}\"\ncloudevents_subject = \"order/{aggregateid}/v{version}\"",
+        );
+        let rec = r.route_row(&base_row(), COMMIT_MICROS).unwrap();
+        assert_eq!(
+            header(&rec, "ce_source"),
+            Some(&b"https://shop.example/acme"[..])
+        );
+        assert_eq!(header(&rec, "ce_subject"), Some(&b"order/42/v7"[..]));
+        // subject is OPTIONAL (§3.1.2): a NULL column leaves it out.
+        let rec = r
+            .route_row(&base_row().null("version", oid::INT4), COMMIT_MICROS)
+            .unwrap();
+        assert_eq!(header(&rec, "ce_subject"), None);
+        // source is REQUIRED (§3.1.1): a NULL column is a routing error.
+        let e = r
+            .route_row(&base_row().null("tenant", oid::TEXT), COMMIT_MICROS)
+            .unwrap_err();
+        assert_eq!(e.code(), "null_value");
+        assert!(e.to_string().contains("route.cloudevents_source"), "{e}");
+        // subject = "": none; the default subject is the aggregate id, left out when NULL.
+        let rec = router("[route]\ncloudevents = \"binary\"\ncloudevents_subject = \"\"")
+            .route_row(&base_row(), COMMIT_MICROS)
+            .unwrap();
+        assert_eq!(header(&rec, "ce_subject"), None);
+        let rec = router("[route]\ncloudevents = \"binary\"")
+            .route_row(&base_row().null("aggregateid", oid::VARCHAR), COMMIT_MICROS)
+            .unwrap();
+        assert_eq!(header(&rec, "ce_subject"), None);
+        assert_eq!(rec.key, None);
+    }
+
+    #[test]
+    fn required_attributes_must_be_non_empty() {
+        let r = router("[route]\ncloudevents = \"binary\"");
+        let e = r
+            .route_row(&base_row().with("type", oid::VARCHAR, ""), COMMIT_MICROS)
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_value");
+        assert!(e.to_string().contains("non-empty"), "{e}");
+        let e = r
+            .route_row(&base_row().null("type", oid::VARCHAR), COMMIT_MICROS)
+            .unwrap_err();
+        assert_eq!(e.code(), "null_value");
+        let e = r
+            .route_row(&base_row().with("id", oid::TEXT, ""), COMMIT_MICROS)
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_value");
+    }
+
+    /// §3.2.2: in binary mode an event with no data is a message with no value (a tombstone);
+    /// structured mode sends the same, since a structured event is never a tombstone (§3.3.2).
+    #[test]
+    fn tombstones_stay_tombstones_with_binary_headers() {
+        for mode in ["binary", "structured"] {
+            let r = router(&format!(
+                "[route]\ncloudevents = \"{mode}\"\ntombstone_on_null_payload = true"
+            ))
+            .route_row(&base_row().null("payload", oid::JSONB), COMMIT_MICROS)
+            .unwrap();
+            assert_eq!(r.value, None, "{mode}");
+            assert_eq!(header(&r, "ce_id"), Some(EVENT_ID.as_bytes()), "{mode}");
+            assert!(!header_names(&r).contains(&"content-type"), "{mode}");
+        }
+    }
+
+    fn structured(row: SimpleRow, extra: &str) -> (Record, serde_json::Value) {
+        let r = router(&format!(
+            "[outbox]\ntimestamp_column = \"created_at\"\n[route]\ncloudevents = \"structured\"\n{extra}"
+        ))
+        .route_row(&row, COMMIT_MICROS)
+        .unwrap();
+        let v = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        (r, v)
+    }
+
+    /// Kafka binding §3.3.1: `content-type: application/cloudevents+json; charset=UTF-8`;
+    /// JSON format: the attributes as members, a JSON payload inline in `data`.
+    #[test]
+    fn structured_mode_is_one_json_event() {
+        let (r, v) = structured(base_row(), "");
+        assert_eq!(
+            header(&r, "content-type"),
+            Some(STRUCTURED_CONTENT_TYPE.as_bytes())
+        );
+        assert_eq!(header_names(&r), ["id", "type", "content-type"]);
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "specversion": "1.0",
+                "id": EVENT_ID,
+                "source": "/ferry/public/outbox",
+                "type": "OrderCreated",
+                "subject": "42",
+                "time": CREATED_AT,
+                "datacontenttype": "application/json",
+                "data": {"total": 39.98}
+            })
+        );
+        // Byte fixture: the exact rendering.
+        assert_eq!(
+            std::str::from_utf8(r.value.as_deref().unwrap()).unwrap(),
+            format!(
+                r#"{{"specversion":"1.0","id":"{EVENT_ID}","source":"/ferry/public/outbox","type":"OrderCreated","subject":"42","time":"{CREATED_AT}","datacontenttype":"application/json","data":{{"total": 39.98}}}}"#
+            )
+        );
+    }
+
+    /// JSON format §3.1: text data is a JSON string, binary data goes base64 in `data_base64`.
+    #[test]
+    fn structured_mode_data_by_payload_type() {
+        let (_, v) = structured(base_row().with("payload", oid::TEXT, "say \"hi\""), "");
+        assert_eq!(v["data"], "say \"hi\"");
+        assert_eq!(v["datacontenttype"], "text/plain; charset=utf-8");
+        let (_, v) = structured(base_row().with("payload", oid::BYTEA, "\\x00ff10"), "");
+        assert_eq!(v["data_base64"], "AP8Q");
+        assert!(v.get("data").is_none());
+        assert_eq!(v["datacontenttype"], "application/octet-stream");
+        let (_, v) = structured(
+            base_row(),
+            "envelope = true\nenvelope_fields = [\"tenant\"]",
+        );
+        assert_eq!(
+            v["data"],
+            serde_json::json!({"payload": {"total": 39.98}, "tenant": "acme"})
+        );
+    }
+
+    #[test]
+    fn structured_mode_respects_max_payload_bytes() {
+        let r = router("[route]\ncloudevents = \"structured\"\nmax_payload_bytes = 100");
+        let e = r.route_row(&base_row(), COMMIT_MICROS).unwrap_err();
+        assert_eq!(e.code(), "payload_too_large");
+    }
+
+    #[test]
+    fn trace_context_and_cloudevents_together() {
+        let r = router("[outbox]\ntracing_column = \"tc\"\n[route]\ncloudevents = \"binary\"")
+            .route_row(&base_row().with("tc", oid::TEXT, TP), COMMIT_MICROS)
+            .unwrap();
+        assert_eq!(header(&r, "traceparent"), Some(TP.as_bytes()));
+        assert_eq!(header(&r, "ce_type"), Some(&b"OrderCreated"[..]));
+    }
+}
+
+/// `Properties.store` escaping of a value (Java's `saveConvert` with `escapeSpace = false`,
+/// `escUnicode = false`, as `store(Writer)` does): `\`, `=`, `:`, `#`, `!`, tab, line breaks and
+/// form feed escaped, a leading space escaped.
+fn java_store_escape(v: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in v.chars().enumerate() {
+        match c {
+            ' ' if i == 0 => out.push_str("\\ "),
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\x0c' => out.push_str("\\f"),
+            '=' | ':' | '#' | '!' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn hex(n: usize) -> impl Strategy<Value = String> {
+    proptest::collection::vec(proptest::sample::select(b"0123456789abcdef".to_vec()), n)
+        .prop_map(|v| String::from_utf8(v).unwrap())
+}
+
+fn valid_traceparent() -> impl Strategy<Value = String> {
+    (hex(2), hex(32), hex(16), hex(2))
+        .prop_filter("valid", |(v, t, p, _)| {
+            v != "ff" && t.bytes().any(|b| b != b'0') && p.bytes().any(|b| b != b'0')
+        })
+        .prop_map(|(v, t, p, f)| format!("{v}-{t}-{p}-{f}"))
+}
+
+fn tracestate() -> impl Strategy<Value = String> {
+    proptest::collection::vec(("[a-z][a-z0-9_*/-]{0,8}", "[!-+\\--<>-~]{1,10}"), 0..5).prop_map(
+        |members| {
+            let mut seen = std::collections::HashSet::new();
+            members
+                .into_iter()
+                .filter(|(k, _)| seen.insert(k.clone()))
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+    )
+}
+
+proptest! {
+    /// Whatever `Properties.store` writes for a valid traceparent and tracestate, in either line
+    /// ending and key order, the router sends exactly those two values.
+    #[test]
+    fn stored_properties_round_trip(
+        tp in valid_traceparent(),
+        ts in tracestate(),
+        crlf in any::<bool>(),
+        state_first in any::<bool>(),
+    ) {
+        let nl = if crlf { "\r\n" } else { "\n" };
+        let mut lines = vec![format!("traceparent={}", java_store_escape(&tp))];
+        if !ts.is_empty() {
+            let l = format!("tracestate={}", java_store_escape(&ts));
+            if state_first { lines.insert(0, l) } else { lines.push(l) }
+        }
+        let text = format!("#Mon Nov 23 22:21:17 UTC 2026{nl}{}{nl}", lines.join(nl));
+        let r = router("[outbox]\ntracing_column = \"tc\"")
+            .route_row(&base_row().with("tc", oid::TEXT, &text), COMMIT_MICROS)
+            .unwrap();
+        prop_assert_eq!(r.trace_context, TraceOutcome::Propagated);
+        prop_assert_eq!(header(&r, "traceparent"), Some(tp.as_bytes()));
+        let want_ts = (!ts.is_empty()).then_some(ts.as_bytes());
+        prop_assert_eq!(header(&r, "tracestate"), want_ts);
+    }
+
+    /// Any text in the column: the record still goes, and a header is only sent if valid.
+    #[test]
+    fn hostile_trace_values_never_fail_the_record(v in ".{0,80}", raw in proptest::collection::vec(any::<u8>(), 0..80)) {
+        let r = router("[outbox]\ntracing_column = \"tc\"");
+        for row in [
+            base_row().with("tc", oid::TEXT, &v),
+            base_row().binary("tc", oid::BYTEA, &raw),
+        ] {
+            let rec = r.route_row(&row, COMMIT_MICROS).unwrap();
+            if let Some(tp) = header(&rec, "traceparent") {
+                prop_assert!(ferry_router::trace::validate_traceparent(tp).is_ok());
+                prop_assert!(rec.trace_context != TraceOutcome::None);
+            }
+            if let Some(ts) = header(&rec, "tracestate") {
+                prop_assert!(ferry_router::trace::validate_tracestate(ts).is_ok());
+            }
+        }
+    }
+
+    /// Structured mode always yields one JSON object holding the REQUIRED attributes
+    /// (CloudEvents 1.0 §3.1.1) and the payload back, whatever the ids and text.
+    #[test]
+    fn structured_events_are_always_valid_json(
+        id in "[^\\x00]{1,20}",
+        ty in "[^\\x00]{1,20}",
+        text in "[^\\x00]{0,40}",
+    ) {
+        let r = router("[route]\ncloudevents = \"structured\"");
+        let row = base_row()
+            .with("id", oid::TEXT, &id)
+            .with("type", oid::TEXT, &ty)
+            .with("payload", oid::TEXT, &text);
+        let rec = r.route_row(&row, COMMIT_MICROS).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(rec.value.as_deref().unwrap()).unwrap();
+        prop_assert_eq!(&v["specversion"], "1.0");
+        prop_assert_eq!(&v["id"], id.as_str());
+        prop_assert_eq!(&v["type"], ty.as_str());
+        prop_assert_eq!(&v["source"], "/ferry/public/outbox");
+        prop_assert_eq!(&v["data"], text.as_str());
+    }
+}
