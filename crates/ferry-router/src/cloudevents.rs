@@ -40,7 +40,7 @@ use crate::record::Header;
 use crate::router::{column, value};
 use crate::row::{oid, OutboxRow};
 use crate::template::{Segment, Template};
-use crate::timestamp::format_timestamp;
+use crate::timestamp::civil_from_days;
 use crate::value::write_json;
 
 /// The only `specversion` (CloudEvents 1.0 §3.1.1).
@@ -106,16 +106,32 @@ fn percent_encode(out: &mut String, part: &str) {
 /// `time`: RFC 3339 in UTC with milliseconds (`2026-11-22T10:00:00.123Z`); `None` for a year
 /// RFC 3339 cannot write (outside 0000-9999).
 pub fn rfc3339_millis(unix_ms: i64) -> Option<String> {
-    let s = format_timestamp(unix_ms.checked_mul(1000)?);
-    // "YYYY-MM-DD HH:MM:SS.ffffff": 26 characters exactly when the year has four digits.
-    if s.len() != 26 || s.starts_with('-') {
+    rfc3339_bytes(unix_ms).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// [`rfc3339_millis`] into a fixed buffer: no formatting machinery on the hot path.
+fn rfc3339_bytes(unix_ms: i64) -> Option<[u8; 24]> {
+    let secs = unix_ms.div_euclid(1000);
+    let ms = unix_ms.rem_euclid(1000);
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    if !(0..=9999).contains(&y) {
         return None;
     }
-    let mut out = String::with_capacity(24);
-    out.push_str(&s[..10]);
-    out.push('T');
-    out.push_str(&s[11..23]);
-    out.push('Z');
+    let sod = secs.rem_euclid(86_400);
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: i64| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, y);
+    put(5, 2, m);
+    put(8, 2, d);
+    put(11, 2, sod / 3600);
+    put(14, 2, sod / 60 % 60);
+    put(17, 2, sod % 60);
+    put(20, 3, ms);
     Some(out)
 }
 
@@ -310,7 +326,7 @@ impl CloudEvents {
                 )?),
             },
         };
-        let time = rfc3339_millis(event.timestamp_ms);
+        let time = rfc3339_bytes(event.timestamp_ms);
         let content_type = self.content_type.clone().unwrap_or_else(|| {
             Bytes::from_static(
                 match event.data_type {
@@ -323,7 +339,6 @@ impl CloudEvents {
         });
         let n = &self.names;
         if self.mode == CloudEventsMode::Binary || value.is_none() {
-            headers.reserve(7);
             headers.push((
                 n.specversion.clone(),
                 Some(Bytes::from_static(SPEC_VERSION.as_bytes())),
@@ -332,7 +347,7 @@ impl CloudEvents {
             headers.push((n.source.clone(), Some(source.0)));
             headers.push((n.ty.clone(), Some(ty.0)));
             if let Some(t) = time {
-                headers.push((n.time.clone(), Some(Bytes::from(t))));
+                headers.push((n.time.clone(), Some(Bytes::copy_from_slice(&t))));
             }
             if let Some(s) = subject {
                 headers.push((n.subject.clone(), Some(s.0)));
@@ -361,7 +376,7 @@ impl CloudEvents {
         }
         if let Some(t) = &time {
             buf.extend_from_slice(b",\"time\":\"");
-            buf.extend_from_slice(t.as_bytes());
+            buf.extend_from_slice(t);
             buf.push(b'"');
         }
         buf.extend_from_slice(b",\"datacontenttype\":");

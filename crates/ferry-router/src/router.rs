@@ -48,6 +48,8 @@ pub struct Router {
     tracing: Option<(String, Arc<str>, Arc<str>)>,
     /// `route.cloudevents` other than `none`.
     cloudevents: Option<CloudEvents>,
+    /// Most headers a record can have (one allocation per record).
+    header_capacity: usize,
     id_header: Option<Arc<str>>,
     type_header: Option<Arc<str>>,
     extra_headers: Vec<(String, Arc<str>)>,
@@ -244,6 +246,18 @@ impl Router {
                     Arc::from(TRACESTATE_HEADER),
                 )
             }),
+            header_capacity: 2
+                + extra_headers.len()
+                + if outbox.tracing_column.is_some() {
+                    2
+                } else {
+                    0
+                }
+                + if cloudevents.is_some() {
+                    crate::cloudevents::HEADER_NAMES.len()
+                } else {
+                    0
+                },
             cloudevents,
             id_header: header(&route.id_header),
             type_header: header(&route.type_header),
@@ -489,7 +503,7 @@ impl Router {
         let key = value(&c, &self.aggregate_id_col, FieldRole::AggregateId)?;
         let (mut value, data_type) = self.value(row)?;
 
-        let mut headers = Vec::with_capacity(2 + self.extra_headers.len());
+        let mut headers = Vec::with_capacity(self.header_capacity);
         if let Some(name) = &self.id_header {
             headers.push((name.clone(), Some(id.clone())));
         }

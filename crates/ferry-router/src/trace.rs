@@ -35,6 +35,7 @@
 //! [`crate::Record::trace_context`] is [`TraceOutcome::Malformed`] with the [`TraceProblem`], so the
 //! relay can count it (a closed set: a metric label) and log the event id, never the value.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
@@ -185,7 +186,17 @@ pub fn read_trace_context(value: &Bytes) -> TraceContext {
             .iter()
             .rev()
             .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| &**v)
+    };
+    // A value that borrows from the column's text is sent without a copy.
+    let bytes_of = |v: &str| {
+        let (base, len) = (value.as_ptr() as usize, value.len());
+        let at = v.as_ptr() as usize;
+        if at >= base && at + v.len() <= base + len {
+            value.slice_ref(v.as_bytes())
+        } else {
+            Bytes::copy_from_slice(v.as_bytes())
+        }
     };
     let Some(traceparent) = last(TRACEPARENT_KEY) else {
         return malformed(TraceProblem::NoTraceparent);
@@ -195,13 +206,13 @@ pub fn read_trace_context(value: &Bytes) -> TraceContext {
         return malformed(p);
     }
     let mut out = TraceContext {
-        traceparent: Some(Bytes::copy_from_slice(traceparent.as_bytes())),
+        traceparent: Some(bytes_of(traceparent)),
         tracestate: None,
         outcome: TraceOutcome::Propagated,
     };
     if let Some(state) = last(TRACESTATE_KEY).filter(|s| !s.trim().is_empty()) {
         match validate_tracestate(state.as_bytes()) {
-            Ok(()) => out.tracestate = Some(Bytes::copy_from_slice(state.as_bytes())),
+            Ok(()) => out.tracestate = Some(bytes_of(state)),
             Err(p) => out.outcome = TraceOutcome::Malformed(p),
         }
     }
@@ -312,36 +323,41 @@ fn valid_value(value: &[u8]) -> bool {
 }
 
 /// Reads a `java.util.Properties` text as `Properties.load(Reader)` does, keeping every
-/// `(key, value)` pair in order. Fails only on a malformed `\uXXXX` escape (Java throws
+/// `(key, value)` pair in order; a key or value without escapes or continuation lines borrows
+/// from `text`. Fails only on a malformed `\uXXXX` escape (Java throws
 /// `IllegalArgumentException` there), as [`TraceProblem::NotText`].
-pub fn load_properties(text: &str) -> Result<Vec<(String, String)>, TraceProblem> {
+pub fn load_properties(text: &str) -> Result<Vec<Pair<'_>>, TraceProblem> {
     let mut out = Vec::new();
-    let mut logical = String::new();
-    let mut continuing = false;
+    let mut joined: Option<String> = None;
     let mut lines = natural_lines(text).peekable();
     while let Some(line) = lines.next() {
         let line = line.trim_start_matches([' ', '\t', '\x0c']);
-        if !continuing {
-            if line.is_empty() || line.starts_with(['#', '!']) {
-                continue;
-            }
-            logical.clear();
+        if joined.is_none() && (line.is_empty() || line.starts_with(['#', '!'])) {
+            continue;
         }
         let trailing = line.bytes().rev().take_while(|&b| b == b'\\').count();
         if trailing % 2 == 1 {
-            logical.push_str(&line[..line.len() - 1]);
-            continuing = true;
+            joined
+                .get_or_insert_with(String::new)
+                .push_str(&line[..line.len() - 1]);
             if lines.peek().is_some() {
                 continue;
             }
+        } else if let Some(j) = joined.as_mut() {
+            j.push_str(line);
         } else {
-            logical.push_str(line);
+            out.push(split_pair(line)?);
+            continue;
         }
-        continuing = false;
-        out.push(split_pair(&logical)?);
+        let logical = joined.take().unwrap_or_default();
+        let (k, v) = split_pair(&logical)?;
+        out.push((Cow::Owned(k.into_owned()), Cow::Owned(v.into_owned())));
     }
     Ok(out)
 }
+
+/// A Properties key and value.
+pub type Pair<'a> = (Cow<'a, str>, Cow<'a, str>);
 
 /// Lines ended by `\n`, `\r\n` or `\r`.
 fn natural_lines(text: &str) -> impl Iterator<Item = &str> {
@@ -365,7 +381,7 @@ fn natural_lines(text: &str) -> impl Iterator<Item = &str> {
 }
 
 /// Splits a logical line into its unescaped key and value.
-fn split_pair(line: &str) -> Result<(String, String), TraceProblem> {
+fn split_pair(line: &str) -> Result<Pair<'_>, TraceProblem> {
     let bytes = line.as_bytes();
     let is_space = |b: u8| matches!(b, b' ' | b'\t' | b'\x0c');
     let mut key_end = bytes.len();
@@ -405,7 +421,10 @@ fn split_pair(line: &str) -> Result<(String, String), TraceProblem> {
     Ok((unescape(&line[..key_end])?, unescape(&line[v..])?))
 }
 
-fn unescape(s: &str) -> Result<String, TraceProblem> {
+fn unescape(s: &str) -> Result<Cow<'_, str>, TraceProblem> {
+    if !s.contains('\\') {
+        return Ok(Cow::Borrowed(s));
+    }
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {
@@ -431,7 +450,7 @@ fn unescape(s: &str) -> Result<String, TraceProblem> {
             None => {}
         }
     }
-    Ok(out)
+    Ok(Cow::Owned(out))
 }
 
 #[cfg(test)]
@@ -571,6 +590,12 @@ mod tests {
                 Some(&b"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"[..])
             );
         }
+        // Values without escapes are slices of the column's bytes.
+        let value = Bytes::from(unix.clone());
+        let t = read_trace_context(&value);
+        let tp = t.traceparent.unwrap();
+        let at = unix.find(TP).unwrap();
+        assert_eq!(tp.as_ptr(), value[at..].as_ptr());
         // Only a traceparent (the propagator writes no tracestate when it is empty).
         let t = read(&format!(
             "#Tue Jan 05 10:00:00 CET 2027\ntraceparent={TP}\n"
@@ -631,9 +656,12 @@ mod tests {
 
     #[test]
     fn properties_load_matches_java() {
-        let p =
+        let p: Vec<(String, String)> =
             load_properties("a=1\nb : 2\nc 3\nd\ne=\\t\\n\\\\x\nf\\=g=h\n  i=  spaced  \nj=k\\\n")
-                .unwrap();
+                .unwrap()
+                .into_iter()
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
         let want: Vec<(String, String)> = [
             ("a", "1"),
             ("b", "2"),
