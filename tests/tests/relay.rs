@@ -208,6 +208,17 @@ async fn cloudevents_binary_headers_and_trace_context_arrive() {
     let second = by_id["00000000-0000-0000-0000-000000000002"];
     assert_eq!(second.header("ce_type").as_deref(), Some("OrderPaid"));
     assert_eq!(second.header("traceparent"), None, "malformed: left out");
+    wait_until(
+        "the malformed trace context is counted",
+        Duration::from_secs(30),
+        || async {
+            ferry
+                .metric_labeled("ferry_trace_context_malformed_total", "problem", "length")
+                .await
+                == Some(1.0)
+        },
+    )
+    .await;
     let status = ferry.terminate().await;
     assert!(status.success(), "{status:?}\n{}", ferry.log_text());
 }
