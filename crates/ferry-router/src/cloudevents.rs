@@ -8,7 +8,7 @@
 //! | `source` | `route.cloudevents_source`, a template over columns; unset: `/ferry/<schema>/<table>` of `outbox.table` (each part percent-encoded). The pure router does not know the database's name: put it in the template (`"/ferry/shop/outbox"`) or use a URI naming the service (`"https://orders.example.com/outbox"`). `id` is unique per `source` only if event ids are, which the outbox pattern already needs for deduplication |
 //! | `type` | the event type (`outbox.type_column`); must be non-empty |
 //! | `time` | the record timestamp (`outbox.timestamp_column`, else the commit time), RFC 3339 in UTC with milliseconds; left out for a year outside 0000-9999 |
-//! | `subject` | `route.cloudevents_subject`; unset: the aggregate id (`{<outbox.aggregate_id_column>}`); `""`, a NULL column or an empty result: none |
+//! | `subject` | `route.cloudevents_subject`; unset: the aggregate id (`{<outbox.aggregate_id_column>}`); `""`, a NULL column, an empty result or bytes that are not UTF-8: none |
 //! | `datacontenttype` | `route.cloudevents_data_content_type`; unset: from the payload's type (`application/json` for json, jsonb and envelopes, `text/plain; charset=utf-8` for text, `application/octet-stream` for bytea) |
 //!
 //! A NULL column in the source, a NULL or empty type or id, or text that is not UTF-8 is a
@@ -28,7 +28,9 @@
 //! sent in binary mode's representation: `ce_*` headers, null value.
 //!
 //! In both modes the configured `id` and `type` headers (`route.id_header`, `route.type_header`)
-//! and every other header are still sent: consumers that read them keep working.
+//! and every other header are still sent: consumers that read them keep working. Dead-letter
+//! records (`route.on_error = "dead_letter"`) are not CloudEvents: they carry the row as far as it
+//! could be read and the reason.
 
 use std::sync::Arc;
 
@@ -316,14 +318,11 @@ impl CloudEvents {
         };
         let subject = match &self.subject {
             None => None,
+            // OPTIONAL (§3.1.2): a NULL, empty or non-UTF-8 subject (a bytea aggregate id) is
+            // left out rather than failing the row.
             Some(s) => match s.render(row)? {
-                Err(_) => None,
-                Ok(b) if b.is_empty() => None,
-                Ok(b) => Some(utf8(
-                    b,
-                    FieldRole::CloudEvents,
-                    "route.cloudevents_subject",
-                )?),
+                Ok(b) if !b.is_empty() => utf8(b, FieldRole::CloudEvents, "").ok(),
+                _ => None,
             },
         };
         let time = rfc3339_bytes(event.timestamp_ms);

@@ -454,6 +454,15 @@ mod cloudevents {
             .unwrap();
         assert_eq!(header(&rec, "ce_subject"), None);
         assert_eq!(rec.key, None);
+        // A bytea aggregate id that is not UTF-8: the key as is, no subject.
+        let rec = router("[route]\ncloudevents = \"binary\"")
+            .route_row(
+                &base_row().binary("aggregateid", oid::BYTEA, b"\xff\x00"),
+                COMMIT_MICROS,
+            )
+            .unwrap();
+        assert_eq!(rec.key.as_deref(), Some(&b"\xff\x00"[..]));
+        assert_eq!(header(&rec, "ce_subject"), None);
     }
 
     #[test]
