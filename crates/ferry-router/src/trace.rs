@@ -20,6 +20,11 @@
 //!
 //! A NULL, empty or blank value means "no trace context": no headers, nothing counted.
 //!
+//! Debezium's Quarkus outbox extension (`DataMapTracingSetter`) stores each key the propagator
+//! sets in a fresh `Properties`, so when the span has a non-empty `tracestate` the column ends up
+//! holding the `tracestate` alone. Debezium cannot continue such a trace either; here it is
+//! [`TraceProblem::NoTraceparent`], counted, so the metric shows it.
+//!
 //! # Validation (W3C Trace Context Level 1)
 //! `traceparent` (§3.2.2): `version-traceid-parentid-flags`, every field lowercase hex; version
 //! `ff` is invalid; version `00` is exactly 55 characters; a later version may append fields after

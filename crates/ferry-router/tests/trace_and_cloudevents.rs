@@ -694,4 +694,33 @@ proptest! {
         prop_assert_eq!(&v["source"], "/ferry/public/outbox");
         prop_assert_eq!(&v["data"], text.as_str());
     }
+
+    /// Binary mode for any id, type and aggregate id: the REQUIRED attributes (CloudEvents 1.0
+    /// §3.1.1) as `ce_` headers (Kafka binding §3.2.3.1), every header value UTF-8 (§3.2.3), and
+    /// the value untouched (§3.2.2).
+    #[test]
+    fn binary_events_always_carry_the_required_headers(
+        id in "[^\\x00]{1,20}",
+        ty in "[^\\x00]{1,20}",
+        key in "[^\\x00]{0,20}",
+        payload in "[^\\x00]{0,40}",
+    ) {
+        let r = router("[route]\ncloudevents = \"binary\"");
+        let row = base_row()
+            .with("id", oid::TEXT, &id)
+            .with("type", oid::TEXT, &ty)
+            .with("aggregateid", oid::TEXT, &key)
+            .with("payload", oid::TEXT, &payload);
+        let rec = r.route_row(&row, COMMIT_MICROS).unwrap();
+        prop_assert_eq!(header(&rec, "ce_specversion"), Some(&b"1.0"[..]));
+        prop_assert_eq!(header(&rec, "ce_id"), Some(id.as_bytes()));
+        prop_assert_eq!(header(&rec, "ce_type"), Some(ty.as_bytes()));
+        prop_assert!(header(&rec, "ce_source").is_some_and(|s| !s.is_empty()));
+        let want_subject = (!key.is_empty()).then_some(key.as_bytes());
+        prop_assert_eq!(header(&rec, "ce_subject"), want_subject);
+        for (_, v) in &rec.headers {
+            prop_assert!(std::str::from_utf8(v.as_deref().unwrap_or_default()).is_ok());
+        }
+        prop_assert_eq!(rec.value.as_deref(), Some(payload.as_bytes()));
+    }
 }
