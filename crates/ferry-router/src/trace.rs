@@ -183,15 +183,19 @@ pub fn read_trace_context(value: &Bytes) -> TraceContext {
     let Ok(text) = std::str::from_utf8(value) else {
         return malformed(TraceProblem::NotText);
     };
-    let Ok(props) = load_properties(text) else {
+    // A later key replaces an earlier one, as in a Properties map.
+    let (mut parent, mut state): (Option<Cow<'_, str>>, Option<Cow<'_, str>>) = (None, None);
+    let read = for_each_property(text, |k, v| match &*k {
+        TRACEPARENT_KEY => parent = Some(v),
+        TRACESTATE_KEY => state = Some(v),
+        _ => {}
+    });
+    if read.is_err() {
         return malformed(TraceProblem::NotText);
-    };
-    let last = |key: &str| {
-        props
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| &**v)
+    }
+    let last = |key: &str| match key {
+        TRACEPARENT_KEY => parent.as_deref(),
+        _ => state.as_deref(),
     };
     // A value that borrows from the column's text is sent without a copy.
     let bytes_of = |v: &str| {
@@ -268,7 +272,9 @@ pub fn validate_traceparent(v: &[u8]) -> Result<(), TraceProblem> {
 /// `key=value` or empty, with no key twice.
 pub fn validate_tracestate(v: &[u8]) -> Result<(), TraceProblem> {
     let bad = Err(TraceProblem::InvalidTracestate);
-    let mut keys: Vec<&[u8]> = Vec::new();
+    // One more than the limit, so the 33rd member is seen; no allocation.
+    let mut keys: [&[u8]; MAX_TRACESTATE_MEMBERS + 1] = [&[]; MAX_TRACESTATE_MEMBERS + 1];
+    let mut n = 0;
     for member in v.split(|&b| b == b',') {
         let member = trim_ows(member);
         if member.is_empty() {
@@ -278,13 +284,14 @@ pub fn validate_tracestate(v: &[u8]) -> Result<(), TraceProblem> {
             return bad;
         };
         let (key, value) = (&member[..eq], &member[eq + 1..]);
-        if !valid_key(key) || !valid_value(value) || keys.contains(&key) {
+        if !valid_key(key) || !valid_value(value) || keys[..n].contains(&key) {
             return bad;
         }
-        keys.push(key);
-        if keys.len() > MAX_TRACESTATE_MEMBERS {
+        if n == MAX_TRACESTATE_MEMBERS {
             return bad;
         }
+        keys[n] = key;
+        n += 1;
     }
     Ok(())
 }
@@ -333,6 +340,15 @@ fn valid_value(value: &[u8]) -> bool {
 /// `IllegalArgumentException` there), as [`TraceProblem::NotText`].
 pub fn load_properties(text: &str) -> Result<Vec<Pair<'_>>, TraceProblem> {
     let mut out = Vec::new();
+    for_each_property(text, |k, v| out.push((k, v)))?;
+    Ok(out)
+}
+
+/// [`load_properties`] without collecting: `f` sees each pair in order.
+fn for_each_property<'t>(
+    text: &'t str,
+    mut f: impl FnMut(Cow<'t, str>, Cow<'t, str>),
+) -> Result<(), TraceProblem> {
     let mut joined: Option<String> = None;
     let mut lines = natural_lines(text).peekable();
     while let Some(line) = lines.next() {
@@ -351,14 +367,15 @@ pub fn load_properties(text: &str) -> Result<Vec<Pair<'_>>, TraceProblem> {
         } else if let Some(j) = joined.as_mut() {
             j.push_str(line);
         } else {
-            out.push(split_pair(line)?);
+            let (k, v) = split_pair(line)?;
+            f(k, v);
             continue;
         }
         let logical = joined.take().unwrap_or_default();
         let (k, v) = split_pair(&logical)?;
-        out.push((Cow::Owned(k.into_owned()), Cow::Owned(v.into_owned())));
+        f(Cow::Owned(k.into_owned()), Cow::Owned(v.into_owned()));
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A Properties key and value.
@@ -540,6 +557,8 @@ mod tests {
         ] {
             assert_eq!(validate_tracestate(ok.as_bytes()), Ok(()), "{ok:?}");
         }
+        let thirty_two: Vec<String> = (0..32).map(|i| format!("k{i}=v")).collect();
+        assert_eq!(validate_tracestate(thirty_two.join(",").as_bytes()), Ok(()));
         let thirty_three: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
         for bad in [
             "novalue",
