@@ -108,6 +108,7 @@ pub mod config;
 pub mod error;
 pub mod message;
 pub mod murmur2;
+pub mod properties;
 mod record;
 mod router;
 pub mod row;
