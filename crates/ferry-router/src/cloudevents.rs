@@ -21,9 +21,11 @@
 //! `content-type` (§3.2.2).
 //!
 //! # Structured content mode (Kafka binding §3.3, JSON event format 1.0)
-//! The value is one JSON object with the attributes and the payload: `data` holds json/jsonb
-//! (and an envelope) inline, text as a JSON string; bytea goes base64 in `data_base64` (JSON
-//! format §3.1). The `content-type` header is `application/cloudevents+json; charset=UTF-8`
+//! The value is one JSON object with the attributes and the payload, as the JSON format's §3.1.1
+//! says: bytea (binary data) goes base64 in `data_base64`; json/jsonb (and an envelope) go inline
+//! in `data` when the `datacontenttype` declares JSON (`*/json` or `*/*+json`, the default for
+//! them), else as a JSON string of their text; text is always a JSON string (its runtime value is
+//! a string, which is also a JSON value). The `content-type` header is `application/cloudevents+json; charset=UTF-8`
 //! (§3.3.1). A tombstone stays a tombstone (a structured event is never one, §3.3.2), so it is
 //! sent in binary mode's representation: `ce_*` headers, null value.
 //!
@@ -385,7 +387,12 @@ impl CloudEvents {
         } else {
             b",\"data\":"
         });
-        write_json(&mut buf, event.data_type, data).map_err(|problem| {
+        // JSON format §3.1.1: JSON inline only when the datacontenttype declares JSON.
+        let data_type = match event.data_type {
+            oid::JSON | oid::JSONB if !declares_json(&content_type) => oid::TEXT,
+            t => t,
+        };
+        write_json(&mut buf, data_type, data).map_err(|problem| {
             RouteErrorReason::InvalidValue {
                 role: FieldRole::Payload,
                 column: event.payload_column.to_owned(),
@@ -399,6 +406,19 @@ impl CloudEvents {
             Some(Bytes::from_static(STRUCTURED_CONTENT_TYPE.as_bytes())),
         ));
         Ok(())
+    }
+}
+
+/// Whether a media type declares JSON content (JSON format §3.1.1): without its parameters, of
+/// the form `*/json` or `*/*+json`.
+pub fn declares_json(media_type: &str) -> bool {
+    let essence = media_type.split(';').next().unwrap_or_default().trim();
+    match essence.split_once('/') {
+        Some((_, sub)) => {
+            let sub = sub.to_ascii_lowercase();
+            sub == "json" || sub.ends_with("+json")
+        }
+        None => false,
     }
 }
 
@@ -462,6 +482,30 @@ mod tests {
         assert_eq!(rfc3339_millis(253_402_300_800_000), None, "year 10000");
         assert_eq!(rfc3339_millis(-62_167_219_200_001), None, "before year 0");
         assert_eq!(rfc3339_millis(i64::MAX), None);
+    }
+
+    #[test]
+    fn json_media_types() {
+        for yes in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON",
+            "application/cloudevents+json",
+            "application/vnd.acme.order+json;v=2",
+            "text/json",
+        ] {
+            assert!(declares_json(yes), "{yes}");
+        }
+        for no in [
+            "text/plain",
+            "application/avro",
+            "application/jsonl",
+            "json",
+            "",
+            "application/json-seq",
+        ] {
+            assert!(!declares_json(no), "{no}");
+        }
     }
 
     #[test]

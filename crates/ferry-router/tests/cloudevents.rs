@@ -361,7 +361,8 @@ mod cloudevents {
         );
     }
 
-    /// JSON format §3.1: text data is a JSON string, binary data goes base64 in `data_base64`.
+    /// JSON format §3.1.1: binary data goes base64 in `data_base64`; JSON inline only when the
+    /// datacontenttype declares JSON; text as a JSON string.
     #[test]
     fn structured_mode_data_by_payload_type() {
         let (_, v) = structured(base_row().with("payload", oid::TEXT, "say \"hi\""), "");
@@ -371,6 +372,21 @@ mod cloudevents {
         assert_eq!(v["data_base64"], "AP8Q");
         assert!(v.get("data").is_none());
         assert_eq!(v["datacontenttype"], "application/octet-stream");
+        // A JSON payload declared as something else is a string of its text; a vendor +json
+        // type keeps it inline (JSON format §3.1.1).
+        let (_, v) = structured(base_row(), "cloudevents_data_content_type = \"text/plain\"");
+        assert_eq!(v["data"], r#"{"total": 39.98}"#);
+        let (_, v) = structured(
+            base_row(),
+            "cloudevents_data_content_type = \"application/vnd.shop.order+json\"",
+        );
+        assert_eq!(v["data"], serde_json::json!({"total": 39.98}));
+        // Text stays a string even when declared JSON: its runtime value is a string.
+        let (_, v) = structured(
+            base_row().with("payload", oid::TEXT, "{}"),
+            "cloudevents_data_content_type = \"application/json\"",
+        );
+        assert_eq!(v["data"], "{}");
         let (_, v) = structured(
             base_row(),
             "envelope = true\nenvelope_fields = [\"tenant\"]",
