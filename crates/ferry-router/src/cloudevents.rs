@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `specversion` | `"1.0"` |
 //! | `id` | the event id (`outbox.id_column`); must be non-empty UTF-8 |
-//! | `source` | `route.cloudevents_source`, a template over columns; unset: `/ferry/<schema>/<table>` of `outbox.table` (each part percent-encoded). The pure router does not know the database's name: put it in the template (`"/ferry/shop/outbox"`) or use a URI naming the service (`"https://orders.example.com/outbox"`). `id` is unique per `source` only if event ids are, which the outbox pattern already needs for deduplication |
+//! | `source` | `route.cloudevents_source`, a template over columns, whose result must be made of URI characters (RFC 3986; a routing error otherwise); unset: `/ferry/<schema>/<table>` of `outbox.table` (each part percent-encoded). The pure router does not know the database's name: put it in the template (`"/ferry/shop/outbox"`) or use a URI naming the service (`"https://orders.example.com/outbox"`). `id` is unique per `source` only if event ids are, which the outbox pattern already needs for deduplication |
 //! | `type` | the event type (`outbox.type_column`); must be non-empty |
 //! | `time` | the record timestamp (`outbox.timestamp_column`, else the commit time), RFC 3339 in UTC with milliseconds; left out for a year outside 0000-9999 |
 //! | `subject` | `route.cloudevents_subject`; unset: the aggregate id (`{<outbox.aggregate_id_column>}`); `""`, a NULL column, an empty result or bytes that are not UTF-8: none |
@@ -310,6 +310,16 @@ impl CloudEvents {
             Some(t) => required_text(t, FieldRole::EventType, event.type_column)?,
         };
         let source = match self.source.render(row)? {
+            Ok(s) if !is_uri_reference_text(&s) => {
+                return Err(RouteErrorReason::InvalidValue {
+                    role: FieldRole::CloudEvents,
+                    column: "route.cloudevents_source".to_owned(),
+                    problem: format!(
+                        "the rendered source {:?} is not a URI reference (CloudEvents 1.0 §3.1.1, RFC 3986): the columns it uses must hold URI characters (percent-encode the rest)",
+                        String::from_utf8_lossy(&s)
+                    ),
+                })
+            }
             Ok(s) => required_text(s, FieldRole::CloudEvents, "route.cloudevents_source")?,
             Err(col) => {
                 return Err(RouteErrorReason::NullValue {
@@ -407,6 +417,40 @@ impl CloudEvents {
         ));
         Ok(())
     }
+}
+
+/// Whether every byte may appear in a URI reference (RFC 3986 §2: unreserved, reserved and `%`).
+/// A character-level check, not the full grammar: it keeps spaces, quotes, control and
+/// non-ASCII characters out of `source`, which CloudEvents SDKs parse as a URI.
+pub fn is_uri_reference_text(s: &[u8]) -> bool {
+    s.iter().all(|&b| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b':'
+                    | b'/'
+                    | b'?'
+                    | b'#'
+                    | b'['
+                    | b']'
+                    | b'@'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b'%'
+            )
+    })
 }
 
 /// Whether a media type declares JSON content (JSON format §3.1.1): without its parameters, of

@@ -225,6 +225,18 @@ impl RouteConfig {
                 }
             }
         }
+        if let Some(Ok(t)) = self.cloudevents_source.as_deref().map(Template::parse_text) {
+            for seg in t.segments() {
+                if let crate::template::Segment::Literal(l) = seg {
+                    if !crate::cloudevents::is_uri_reference_text(l.as_bytes()) {
+                        p.push(ConfigProblem::new(
+                            "route.cloudevents_source",
+                            format!("{l:?} is not URI text (CloudEvents 1.0 §3.1.1 wants a URI reference, RFC 3986): percent-encode spaces, quotes and non-ASCII characters"),
+                        ));
+                    }
+                }
+            }
+        }
         if self.cloudevents_source.as_deref() == Some("") {
             p.push(ConfigProblem::new(
                 "route.cloudevents_source",

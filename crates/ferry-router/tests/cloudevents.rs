@@ -69,6 +69,11 @@ mod config {
             "must not be empty",
         );
         assert_problem(
+            "[route]\ncloudevents = \"binary\"\ncloudevents_source = \"/my shop/{tenant}\"",
+            "route.cloudevents_source",
+            "is not URI text",
+        );
+        assert_problem(
             "[route]\ncloudevents_source = \"/x\"",
             "route.cloudevents_source",
             "has no effect unless route.cloudevents",
@@ -264,6 +269,15 @@ mod cloudevents {
             .unwrap_err();
         assert_eq!(e.code(), "null_value");
         assert!(e.to_string().contains("route.cloudevents_source"), "{e}");
+        // A column value that is not URI text makes the source invalid: a routing error.
+        let e = r
+            .route_row(
+                &base_row().with("tenant", oid::TEXT, "acme corp"),
+                COMMIT_MICROS,
+            )
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_value");
+        assert!(e.to_string().contains("not a URI reference"), "{e}");
         // subject = "": none; the default subject is the aggregate id, left out when NULL.
         let rec = router("[route]\ncloudevents = \"binary\"\ncloudevents_subject = \"\"")
             .route_row(&base_row(), COMMIT_MICROS)
