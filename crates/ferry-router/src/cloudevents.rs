@@ -310,7 +310,8 @@ impl CloudEvents {
             Some(t) => required_text(t, FieldRole::EventType, event.type_column)?,
         };
         let source = match self.source.render(row)? {
-            Ok(s) if !is_uri_reference_text(&s) => {
+            // A fixed source was checked with the configuration.
+            Ok(s) if matches!(self.source, Text::Template(_)) && !is_uri_reference_text(&s) => {
                 return Err(RouteErrorReason::InvalidValue {
                     role: FieldRole::CloudEvents,
                     column: "route.cloudevents_source".to_owned(),
