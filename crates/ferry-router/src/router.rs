@@ -8,17 +8,18 @@
 //! topic rendering and no topic allocation for a topic seen before. About 0.3 µs per row on the
 //! development machine (`tests/bench.rs`).
 //!
-//! What the optional outputs add per row (release build, best of five interleaved rounds, three
-//! runs, on a 2-core machine shared with other builds; the default mapping's best was 227 ns):
+//! What the optional outputs add per row (release build, best of five interleaved rounds, two
+//! runs agreeing within 5%, on a 2-core machine shared with other builds; the default mapping's
+//! best was 216 ns):
 //!
 //! | option | best ns/row | extra | why |
 //! |---|---|---|---|
-//! | `outbox.tracing_column`, bare `traceparent` | 364 | +137 | one more column to find, the W3C checks; the header is a slice of the column's bytes |
-//! | the same, Debezium's Properties text | 604 | +377 | the `Properties.load` grammar; one copy for an escaped value (`\=` in `tracestate`) |
-//! | the same, malformed | 317 | +90 | mostly finding the column; it fails at the first broken rule |
-//! | `route.cloudevents = "binary"` | 460 | +233 | seven more headers, `ce_time` written into a fixed buffer and copied once |
-//! | `"binary"` with a source template | 495 | +268 | renders the template per row |
-//! | `"structured"` | 609 | +382 | writes the value again as one JSON event |
+//! | `outbox.tracing_column`, bare `traceparent` | 311 | +95 | one more column to find, the W3C checks; the header is a slice of the column's bytes |
+//! | the same, Debezium's Properties text | 557 | +341 | the `Properties.load` grammar; one copy for an escaped value (`\=` in `tracestate`) |
+//! | the same, malformed | 247 | +31 | mostly finding the column; it fails at the first broken rule |
+//! | `route.cloudevents = "binary"` | 372 | +156 | seven more headers, `ce_time` written into a fixed buffer and copied once |
+//! | `"binary"` with a source template | 431 | +215 | renders the template per row and checks it is URI text |
+//! | `"structured"` | 508 | +292 | writes the value again as one JSON event |
 
 use std::sync::Arc;
 
