@@ -13,3 +13,7 @@ CREATE TABLE IF NOT EXISTS public.outbox (
 
 COMMENT ON TABLE public.outbox IS
     'Transactional outbox relayed to Kafka by Ferry (Debezium-compatible columns).';
+
+-- Optional: the writer's W3C trace context, sent on as the traceparent/tracestate headers
+-- (outbox.tracing_column = "tracingspancontext"; Debezium's column name and format are accepted):
+--   ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS tracingspancontext text;

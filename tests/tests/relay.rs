@@ -146,3 +146,79 @@ async fn bytea_streams_binary_and_a_type_change_falls_back_to_text() {
     assert!(ferry.is_running(), "{log}");
     assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
 }
+
+/// CloudEvents binary mode and the trace-context column through the real binary: the Kafka
+/// binding's headers (CloudEvents Kafka protocol binding §3.2.3.1: `ce_` + attribute name;
+/// §3.2.1: `content-type`) with the required attributes (CloudEvents 1.0 §3.1.1), the value
+/// untouched, and the stored `traceparent` sent on, while a malformed one is left out without
+/// stopping anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_binary_headers_and_trace_context_arrive() {
+    let mut w = World::new().await;
+    w.env.extend([
+        ("FERRY_ROUTE_CLOUDEVENTS".to_owned(), "binary".to_owned()),
+        (
+            "FERRY_ROUTE_CLOUDEVENTS_SOURCE".to_owned(),
+            "/ferry/e2e/{aggregatetype}".to_owned(),
+        ),
+        ("FERRY_OUTBOX_TRACING_COLUMN".to_owned(), "note".to_owned()),
+    ]);
+    let topic = w.create_topic("order", 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    w.sql
+        .execute(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, note) VALUES
+               ('00000000-0000-0000-0000-000000000001', 'order', 'o-1', 'OrderCreated', '{\"n\": 1}', $1),
+               ('00000000-0000-0000-0000-000000000002', 'order', 'o-2', 'OrderPaid', '{\"n\": 2}', 'ff-bad')",
+            &[&format!("#Mon Nov 23 22:21:17 UTC 2026\ntraceparent={tp}\n")],
+        )
+        .await
+        .unwrap();
+    let got = w.consume(&topic, 2).await;
+    let by_id: HashMap<String, _> = got.iter().map(|r| (r.header("id").unwrap(), r)).collect();
+    let first = by_id["00000000-0000-0000-0000-000000000001"];
+    for (name, want) in [
+        ("ce_specversion", "1.0"),
+        ("ce_id", "00000000-0000-0000-0000-000000000001"),
+        ("ce_source", "/ferry/e2e/order"),
+        ("ce_type", "OrderCreated"),
+        ("ce_subject", "o-1"),
+        ("content-type", "application/json"),
+        ("traceparent", tp),
+        ("type", "OrderCreated"),
+    ] {
+        assert_eq!(
+            first.header(name).as_deref(),
+            Some(want),
+            "{name}: {first:#?}"
+        );
+    }
+    let time = first.header("ce_time").unwrap();
+    assert!(
+        time.len() == 24 && time.as_bytes()[10] == b'T' && time.ends_with('Z'),
+        "RFC 3339: {time}"
+    );
+    assert_eq!(
+        first.value.as_deref(),
+        Some(&b"{\"n\": 1}"[..]),
+        "value untouched"
+    );
+    let second = by_id["00000000-0000-0000-0000-000000000002"];
+    assert_eq!(second.header("ce_type").as_deref(), Some("OrderPaid"));
+    assert_eq!(second.header("traceparent"), None, "malformed: left out");
+    wait_until(
+        "the malformed trace context is counted",
+        Duration::from_secs(30),
+        || async {
+            ferry
+                .metric_labeled("ferry_trace_context_malformed_total", "problem", "length")
+                .await
+                == Some(1.0)
+        },
+    )
+    .await;
+    let status = ferry.terminate().await;
+    assert!(status.success(), "{status:?}\n{}", ferry.log_text());
+}

@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_router::{Record, RouteError, Router};
+use ferry_router::{Record, RouteError, Router, TraceOutcome, TraceProblem};
 use ferry_wal::assembly::OutboxEvent;
 use ferry_wal::Lsn;
 
@@ -102,6 +102,9 @@ pub enum Count {
     RowSkipped,
     /// An event was sent to the dead-letter topic.
     RowDeadLettered,
+    /// A record's trace context (`outbox.tracing_column`) was malformed: it goes without the
+    /// bad header ([`ferry_router::TraceOutcome::Malformed`]).
+    TraceContextMalformed(TraceProblem),
 }
 
 /// What the driver must do, in order.
@@ -408,6 +411,9 @@ impl<E> Relay<E> {
             } => {
                 if dead_letter {
                     self.count(Count::RowDeadLettered);
+                }
+                if let TraceOutcome::Malformed(problem) = record.trace_context {
+                    self.count(Count::TraceContextMalformed(problem));
                 }
                 self.produce(cur, record);
             }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ferry_core::{Action, CoreError, Count, End, Relay, RouteErrorKind, Token};
-use ferry_router::{oid, OnError};
+use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Router, TraceProblem};
 use ferry_wal::Lsn;
 
 type R = Relay<String>;
@@ -323,4 +323,39 @@ fn in_binary_mode_a_layout_readable_only_as_text_ends_the_session() {
         }
         other => panic!("expected TextNeeded, got {other:?}"),
     }
+}
+
+/// A malformed trace context is counted and the record still goes (without the header); a valid
+/// one is not counted.
+#[test]
+fn a_malformed_trace_context_is_counted_and_the_record_still_goes() {
+    let now = Instant::now();
+    let outbox = OutboxConfig {
+        tracing_column: Some("type".into()),
+        ..OutboxConfig::default()
+    };
+    let mut cfg = config(OnError::Fail, 100, 1 << 20);
+    cfg.router = std::sync::Arc::new(Router::new(&outbox, &RouteConfig::default()).unwrap());
+    let mut r = Relay::new(cfg);
+    r.start(Lsn(100), None);
+    let rel = relation(oid::JSONB);
+    r.handle_outbox(begin(1, 110), now);
+    // The row builder's type column holds "OrderCreated": not a traceparent.
+    r.handle_outbox(row(&rel, 1, 105, 1, "k", Some("{}")), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    let a = actions(&mut r);
+    assert_eq!(produced(&a).len(), 1);
+    assert!(
+        counts(&a).contains(&Count::TraceContextMalformed(TraceProblem::Length)),
+        "{:?}",
+        counts(&a)
+    );
+    let record = a
+        .iter()
+        .find_map(|x| match x {
+            Action::Produce { record, .. } => Some(record),
+            _ => None,
+        })
+        .unwrap();
+    assert!(record.headers.iter().all(|(n, _)| &**n != "traceparent"));
 }

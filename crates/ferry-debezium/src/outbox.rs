@@ -20,6 +20,11 @@ use ferry_router::PlacementLocation;
 use super::render::{Doc, Value, OUTBOX, ROUTE};
 use super::{DebeziumError, Source, EVENT_ROUTER_CLASS};
 
+/// Debezium's tracing SMT, whose `tracing.span.context.field` Ferry translates too.
+pub(super) const TRACING_SMT_CLASS: &str = "io.debezium.transforms.tracing.ActivateTracingSpan";
+/// The option naming the trace-context column (the SMT's, or the connector's).
+const TRACING_FIELD: &str = "tracing.span.context.field";
+
 /// `route.topic.regex`'s default.
 pub(super) const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
 /// `route.topic.replacement`'s default.
@@ -54,6 +59,15 @@ pub(super) fn find(src: &mut Source<'_>) -> Result<String, DebeziumError> {
     for other in names.iter().filter(|n| **n != smt) {
         let prefix = format!("transforms.{other}.");
         let type_key = format!("{prefix}type");
+        if src.peek(&type_key) == Some(TRACING_SMT_CLASS) {
+            // Its options are read by `tracing`.
+            src.note(
+                &type_key,
+                "Ferry creates no spans; the trace context a row carries is sent on as headers \
+                 (outbox.tracing_column, from this transform's tracing.span.context.field)",
+            );
+            continue;
+        }
         let reason = if is_router(src, other) {
             "a second Outbox Event Router: a Ferry process relays one outbox table; translate \
              a connector with only this SMT for a second Ferry"
@@ -191,8 +205,84 @@ pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, smt: &str) -> Facts
         ),
         None => {}
     }
+    tracing(src, doc, smt);
     facts.expand_json = the_rest(src, smt);
     facts
+}
+
+/// Debezium's tracing options (the outbox SMT's own, an `ActivateTracingSpan` transform's, or the
+/// connector's) to `outbox.tracing_column`. Debezium read the column's `java.util.Properties`
+/// text, started its own spans (`db-log-write`, then `tracing.operation.name`) as children of the
+/// writer's span, and injected the last one as the record's `traceparent`. Ferry sends the
+/// writer's context itself: the consumer's span becomes a child of the writer's span.
+fn tracing(src: &mut Source<'_>, doc: &mut Doc, smt: &str) {
+    let smt_key = format!("transforms.{smt}.{TRACING_FIELD}");
+    let mut keys = vec![smt_key.clone()];
+    keys.extend(
+        src.keys_with_prefix("transforms.")
+            .into_iter()
+            .filter(|k| k.ends_with(&format!(".{TRACING_FIELD}")) && *k != smt_key),
+    );
+    keys.push(TRACING_FIELD.to_owned());
+    let mut chosen: Option<String> = None;
+    for k in keys {
+        let Some(v) = src.peek(&k).map(str::to_owned) else {
+            continue;
+        };
+        match &chosen {
+            None => {
+                src.take(&k);
+                doc.set(OUTBOX, "tracing_column", Value::str(&v), Some(&k));
+                doc.caveat(
+                    OUTBOX,
+                    "tracing_column",
+                    "Ferry sends the stored trace context on as the traceparent/tracestate headers \
+                     (Debezium's Properties text or a bare traceparent) and creates no spans: the \
+                     consumer continues the writer's span, not a Debezium span. A malformed value is \
+                     left out and counted, never fatal.",
+                );
+                chosen = Some(v);
+            }
+            Some(c) if *c == v => {
+                src.take(&k);
+            }
+            Some(c) => src.note(
+                &k,
+                format!("a second trace-context field; Ferry reads one column (outbox.tracing_column = {c:?})"),
+            ),
+        }
+    }
+    let mut prefixes: Vec<String> = std::iter::once(format!("transforms.{smt}."))
+        .chain(
+            src.keys_with_prefix("transforms.")
+                .into_iter()
+                .filter(|k| {
+                    k.ends_with(".tracing.operation.name")
+                        || k.ends_with(".tracing.with.context.field.only")
+                })
+                .filter_map(|k| {
+                    k.strip_suffix("tracing.operation.name")
+                        .or_else(|| k.strip_suffix("tracing.with.context.field.only"))
+                        .map(str::to_owned)
+                }),
+        )
+        .chain(std::iter::once(String::new()))
+        .collect();
+    prefixes.sort_unstable();
+    prefixes.dedup();
+    for prefix in prefixes {
+        src.note(
+            &format!("{prefix}tracing.operation.name"),
+            "names the span Debezium created per record; Ferry creates no spans (the headers carry \
+             the writer's own context)",
+        );
+        src.note(
+            &format!("{prefix}tracing.with.context.field.only"),
+            "Ferry only ever sends a trace context a row carries (a NULL or blank column: no \
+             headers), which is what true did; with false Debezium also started new traces for \
+             rows without one, which Ferry does not",
+        );
+    }
 }
 
 /// `route.by.field`, `route.topic.regex` and `route.topic.replacement` to `route.topic` (and a
@@ -363,17 +453,6 @@ fn the_rest(src: &mut Source<'_>, smt: &str) -> bool {
         src.note(
             &key(opt),
             "a Debezium 1.x envelope field; to send that column, add it to route.additional_placement",
-        );
-    }
-    for opt in [
-        "tracing.span.context.field",
-        "tracing.operation.name",
-        "tracing.with.context.field.only",
-    ] {
-        src.note(
-            &key(opt),
-            "Ferry creates no OpenTelemetry spans; to pass a stored trace context on, place its \
-             column as a header in route.additional_placement",
         );
     }
     for opt in ["predicate", "negate"] {

@@ -73,6 +73,7 @@ const FIXTURES: &[&str] = &[
     "ssl_sasl",
     "unsupported",
     "debezium_1x",
+    "tracing",
 ];
 
 /// Options translated without a trace in the output's comments: what Ferry does anyway.
@@ -435,7 +436,6 @@ fn unsupported_options_are_listed_with_what_to_do_instead() {
         "transforms.outbox.table.json.payload.null.behavior",
         "transforms.outbox.table.fields.additional.error.on.missing",
         "transforms.outbox.table.field.event.schema.version",
-        "transforms.outbox.tracing.span.context.field",
         "transforms.prefix.regex",
         "transforms.prefix.replacement",
         "value.converter.schema.registry.url",
@@ -443,6 +443,64 @@ fn unsupported_options_are_listed_with_what_to_do_instead() {
         note(&t, option);
     }
     assert_eq!(c.route.on_error, OnError::Fail);
+    assert_eq!(
+        c.outbox.tracing_column.as_deref(),
+        Some("tracingspancontext")
+    );
+}
+
+/// Debezium's tracing options: the outbox SMT's `tracing.span.context.field` wins over an
+/// `ActivateTracingSpan` transform's and the connector's; the same value twice is one column,
+/// a different one is noted; the span options say what they meant.
+#[test]
+fn tracing_span_context_field_becomes_the_tracing_column() {
+    let t = run("tracing");
+    let c = load(&t);
+    assert_eq!(
+        c.outbox.tracing_column.as_deref(),
+        Some("tracingspancontext")
+    );
+    assert!(t.toml.contains("creates no spans"), "{}", t.toml);
+    assert!(note(&t, "transforms.tracing.tracing.span.context.field")
+        .contains("a second trace-context field"));
+    assert!(
+        !noted(&t).contains("tracing.span.context.field"),
+        "same column"
+    );
+    assert!(note(&t, "transforms.tracing.type").contains("creates no spans"));
+    for op in [
+        "tracing.operation.name",
+        "transforms.tracing.tracing.operation.name",
+    ] {
+        assert!(note(&t, op).contains("creates no spans"), "{op}");
+    }
+    assert!(
+        note(&t, "transforms.outbox.tracing.with.context.field.only")
+            .contains("which is what true did")
+    );
+    let option_notes = notes_text(&t);
+    assert_eq!(
+        option_notes
+            .matches("transforms.outbox.tracing.with.context.field.only =")
+            .count(),
+        1,
+        "each option noted once"
+    );
+    // A row written for Debezium: the stored Properties text becomes the traceparent header.
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let row = SimpleRow::new()
+        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
+        .with("aggregatetype", oid::VARCHAR, "Order")
+        .with("aggregateid", oid::VARCHAR, "1")
+        .with("type", oid::VARCHAR, "OrderCreated")
+        .with("payload", oid::JSONB, "{}")
+        .with(
+            "tracingspancontext",
+            oid::VARCHAR,
+            &format!("#Mon Nov 23 22:21:17 UTC 2026\ntraceparent={tp}\n"),
+        );
+    let r = router(&c).route_row(&row, 0).unwrap();
+    assert_eq!(header(&r, "traceparent"), Some(tp.as_bytes()));
 }
 
 #[test]

@@ -81,6 +81,11 @@ pub struct OutboxConfig {
     /// Optional prefix of table-less outbox messages (`pg_logical_emit_message(true, prefix, doc)`).
     /// Unset: logical decoding messages are not routed.
     pub message_prefix: Option<String>,
+    /// Optional column holding the writer's W3C trace context: a bare `traceparent`, or Debezium's
+    /// `tracingspancontext` (a `java.util.Properties` text with `traceparent` and `tracestate`).
+    /// Sent as the `traceparent` and `tracestate` headers; a malformed value is left out and
+    /// counted, never fatal (see [`crate::trace`]). Unset: no trace headers.
+    pub tracing_column: Option<String>,
 }
 
 impl Default for OutboxConfig {
@@ -95,6 +100,7 @@ impl Default for OutboxConfig {
             timestamp_column: None,
             partition_column: None,
             message_prefix: None,
+            tracing_column: None,
         }
     }
 }
@@ -185,6 +191,63 @@ pub struct RouteConfig {
     pub dead_letter_topic: Option<String>,
     /// `[route.create_topics]`: have the binary create the topics it routes to (file only).
     pub create_topics: CreateTopicsConfig,
+    /// CloudEvents 1.0 output (Kafka protocol binding): `none` (default), `binary` or
+    /// `structured`. See [`crate::cloudevents`].
+    pub cloudevents: CloudEventsMode,
+    /// The CloudEvents `source`: literal text with `{column}` placeholders. Unset:
+    /// `/ferry/<schema>/<table>` of `outbox.table` ([`crate::cloudevents`]).
+    pub cloudevents_source: Option<String>,
+    /// The CloudEvents `subject`: literal text with `{column}` placeholders; `""` sends none.
+    /// Unset: `{<outbox.aggregate_id_column>}`. A NULL column leaves the subject out.
+    pub cloudevents_subject: Option<String>,
+    /// The CloudEvents `datacontenttype` (the `content-type` header in binary mode). Unset: from
+    /// the payload's type (json/jsonb and envelopes `application/json`, text
+    /// `text/plain; charset=utf-8`, bytea `application/octet-stream`).
+    pub cloudevents_data_content_type: Option<String>,
+}
+
+/// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CloudEventsMode {
+    /// Plain records (the default).
+    #[default]
+    None,
+    /// Binary content mode: `ce_*` headers and `content-type`, the value untouched.
+    Binary,
+    /// Structured content mode: the value is one JSON event (`application/cloudevents+json`).
+    Structured,
+}
+
+impl CloudEventsMode {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloudEventsMode::None => "none",
+            CloudEventsMode::Binary => "binary",
+            CloudEventsMode::Structured => "structured",
+        }
+    }
+}
+
+impl fmt::Display for CloudEventsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CloudEventsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(CloudEventsMode::None),
+            "binary" => Ok(CloudEventsMode::Binary),
+            "structured" => Ok(CloudEventsMode::Structured),
+            other => Err(format!(
+                "unknown value {other:?}; expected \"none\", \"binary\" or \"structured\""
+            )),
+        }
+    }
 }
 
 /// Default partition count of a topic Ferry creates.
@@ -236,6 +299,10 @@ impl Default for RouteConfig {
             on_error: DEFAULT_ON_ERROR,
             dead_letter_topic: None,
             create_topics: CreateTopicsConfig::default(),
+            cloudevents: CloudEventsMode::None,
+            cloudevents_source: None,
+            cloudevents_subject: None,
+            cloudevents_data_content_type: None,
         }
     }
 }

@@ -27,6 +27,10 @@ pub enum FieldRole {
     Header,
     /// A column placed in the envelope (`route.envelope_fields`, `route.additional_placement`)
     Envelope,
+    /// The trace-context column (`outbox.tracing_column`)
+    TraceContext,
+    /// A column of a CloudEvents attribute template (`route.cloudevents_source`, `_subject`)
+    CloudEvents,
 }
 
 impl FieldRole {
@@ -42,6 +46,8 @@ impl FieldRole {
             FieldRole::Topic => "topic routing input",
             FieldRole::Header => "extra header",
             FieldRole::Envelope => "envelope field",
+            FieldRole::TraceContext => "trace context",
+            FieldRole::CloudEvents => "CloudEvents attribute",
         }
     }
 
@@ -59,6 +65,10 @@ impl FieldRole {
             FieldRole::Topic => "route.topic / route.rules",
             FieldRole::Header => "route.headers / route.additional_placement",
             FieldRole::Envelope => "route.envelope_fields / route.additional_placement",
+            FieldRole::TraceContext => "outbox.tracing_column",
+            FieldRole::CloudEvents => {
+                "route.cloudevents_source / route.cloudevents_subject (or route.cloudevents = \"none\")"
+            }
         }
     }
 }

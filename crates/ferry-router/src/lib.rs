@@ -17,6 +17,7 @@
 //! | `route.topic.regex` + `route.topic.replacement` | a `[[route.rules]]` entry with `regex` and `$1`/`${name}` |
 //! | `route.tombstone.on.empty.payload`      | `route.tombstone_on_null_payload`                  |
 //! | `table.fields.additional.placement`     | `route.additional_placement` (same syntax)         |
+//! | `tracing.span.context.field`            | `outbox.tracing_column`                            |
 //!
 //! # What a row becomes
 //! - **Topic**: the `route.topic` template over columns (`{column}` placeholders; default
@@ -30,7 +31,9 @@
 //!   A NULL aggregate id gives a keyless record.
 //! - **Headers**: `id` (event id, for consumer-side deduplication) and `type` by default (names
 //!   configurable, `""` to omit), then `[[route.headers]]` and `header` placements. Values are the
-//!   column's text bytes (bytea decoded); a NULL column gives a null header value.
+//!   column's text bytes (bytea decoded); a NULL column gives a null header value. With
+//!   `outbox.tracing_column`, `traceparent` and `tracestate` ([`trace`]); with `route.cloudevents`,
+//!   the CloudEvents binding's `ce_*` and `content-type` headers ([`cloudevents`]).
 //! - **Value**: the payload as stored: json/jsonb/text as their UTF-8 text, bytea decoded to raw
 //!   bytes, zero-copy. With `route.envelope = true` it is `{"payload": <payload>, <fields>...}`
 //!   (json/jsonb embedded as JSON, text as a JSON string, bytea as base64, integers as numbers).
@@ -54,6 +57,7 @@
 //! timestamp_column = "created_at"      # optional; default: commit time
 //! # partition_column = "partition"     # optional; default: murmur2 of the key
 //! message_prefix = "outbox"            # optional; table-less outbox messages
+//! tracing_column = "tracingspancontext" # optional; traceparent/tracestate headers
 //!
 //! [route]
 //! topic = "outbox.event.{aggregatetype}"
@@ -65,6 +69,8 @@
 //! on_error = "dead_letter"             # "fail" (default) | "skip" | "dead_letter"
 //! dead_letter_topic = "outbox.dead-letter"
 //! additional_placement = "tenant:header:tenant-id"
+//! cloudevents = "binary"               # "none" (default) | "binary" | "structured"
+//! cloudevents_source = "/ferry/shop/outbox"
 //!
 //! [[route.rules]]
 //! column = "aggregatetype"
@@ -77,8 +83,8 @@
 //! topic = "legacy.${name}"
 //!
 //! [[route.headers]]
-//! column = "trace_id"
-//! name = "traceparent"
+//! column = "tenant_region"
+//! name = "region"
 //! ```
 //!
 //! ```
@@ -97,10 +103,12 @@
 //! assert_eq!(record.timestamp_ms, Some(1_795_341_600_000));
 //! ```
 
+pub mod cloudevents;
 pub mod config;
 pub mod error;
 pub mod message;
 pub mod murmur2;
+pub mod properties;
 mod record;
 mod router;
 pub mod row;
@@ -109,12 +117,13 @@ pub mod template;
 pub mod timestamp;
 pub mod topic;
 pub mod topic_plan;
+pub mod trace;
 mod validate;
 pub mod value;
 
 pub use config::{
-    CreateTopicsConfig, HeaderConfig, OnError, OutboxConfig, Placement, PlacementLocation,
-    RouteConfig, RuleConfig, TableName,
+    CloudEventsMode, CreateTopicsConfig, HeaderConfig, OnError, OutboxConfig, Placement,
+    PlacementLocation, RouteConfig, RuleConfig, TableName,
 };
 pub use error::{FieldRole, RouteError, RouteErrorReason};
 pub use ferry_pgtypes::PgTimestamp;
@@ -127,5 +136,6 @@ pub use router::{
 pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
 pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
 pub use topic_plan::TOPIC_CACHE_CAPACITY;
+pub use trace::{TraceOutcome, TraceProblem};
 pub use validate::{validate, ConfigErrors, ConfigProblem};
 pub use value::renders_binary;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::murmur2::java_partition;
+use crate::trace::TraceOutcome;
 
 /// A header: name and value (`None` = null value, from a NULL column).
 pub type Header = (Arc<str>, Option<Bytes>);
@@ -18,7 +19,8 @@ pub struct Record {
     pub key: Option<Bytes>,
     /// The payload as stored (or the envelope); `None` is a tombstone.
     pub value: Option<Bytes>,
-    /// Headers, in order: id, type, then configured extra headers.
+    /// Headers, in order: id, type, configured extra headers, `traceparent` and `tracestate`,
+    /// then the CloudEvents headers.
     pub headers: Vec<Header>,
     /// An explicit partition from the partition column; `None` = choose by key.
     pub partition: Option<i32>,
@@ -26,6 +28,9 @@ pub struct Record {
     pub timestamp_ms: Option<i64>,
     /// The event id, for logs and errors.
     pub event_id: String,
+    /// What became of the row's trace context (`outbox.tracing_column`): the relay counts
+    /// [`TraceOutcome::Malformed`] records; they are sent without the bad header.
+    pub trace_context: TraceOutcome,
 }
 
 impl Record {

@@ -118,6 +118,36 @@ impl Template {
         Ok(Template { segments })
     }
 
+    /// Parses a free-text template (CloudEvents `source` and `subject`): `{column}` placeholders,
+    /// and any other character as literal text, `$` included. Braces cannot be escaped: a lone
+    /// `{` or `}` is a configuration error.
+    pub fn parse_text(text: &str) -> Result<Template, String> {
+        let mut segments = Vec::new();
+        let mut lit = String::new();
+        let mut chars = text.char_indices().peekable();
+        while let Some((at, c)) = chars.next() {
+            match c {
+                '{' => {
+                    let name = take_until_close(&mut chars)
+                        .ok_or_else(|| format!("unclosed '{{' at byte {at}"))?;
+                    if name.is_empty() {
+                        return Err(format!("empty placeholder '{{}}' at byte {at}"));
+                    }
+                    flush(&mut lit, &mut segments);
+                    segments.push(Segment::Column { name, slot: 0 });
+                }
+                '}' => {
+                    return Err(format!(
+                        "'}}' at byte {at} closes nothing; placeholders are written {{column}}"
+                    ))
+                }
+                c => lit.push(c),
+            }
+        }
+        flush(&mut lit, &mut segments);
+        Ok(Template { segments })
+    }
+
     /// The segments, in order.
     pub fn segments(&self) -> &[Segment] {
         &self.segments
@@ -271,6 +301,28 @@ mod tests {
         for (text, groups, want) in cases {
             let err = Template::parse(text, *groups).expect_err(text);
             assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn text_templates_take_any_literal() {
+        let t = Template::parse_text("https://x.example/$/{tenant}/orders?{id}").unwrap();
+        assert_eq!(
+            t.segments(),
+            &[
+                lit("https://x.example/$/"),
+                col("tenant"),
+                lit("/orders?"),
+                col("id"),
+            ]
+        );
+        for (bad, want) in [
+            ("/a/{b", "unclosed '{'"),
+            ("/a}", "closes nothing"),
+            ("{}", "empty placeholder"),
+        ] {
+            let err = Template::parse_text(bad).expect_err(bad);
+            assert!(err.contains(want), "{bad}: {err}");
         }
     }
 

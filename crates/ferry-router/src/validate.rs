@@ -3,12 +3,15 @@
 
 use std::fmt;
 
+use crate::cloudevents::HEADER_NAMES as CLOUDEVENTS_HEADERS;
+use crate::config::CloudEventsMode;
 use crate::config::{
     parse_additional_placement, OutboxConfig, PlacementLocation, RouteConfig, ENVELOPE_PAYLOAD_KEY,
     MAX_MAX_PAYLOAD_BYTES,
 };
 use crate::template::{GroupRef, Template};
 use crate::topic::{validate_topic, MAX_TOPIC_LENGTH};
+use crate::trace::{TRACEPARENT_HEADER, TRACESTATE_HEADER};
 
 /// One configuration problem: the key path and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +99,18 @@ pub fn validate(outbox: &OutboxConfig, route: &RouteConfig) -> Result<(), Config
             }
         }
     }
+    if outbox.tracing_column.is_some() {
+        for (name, path) in route.header_names() {
+            if name == TRACEPARENT_HEADER || name == TRACESTATE_HEADER {
+                problems.push(ConfigProblem::new(
+                    path,
+                    format!(
+                        "header {name:?} is what outbox.tracing_column sends; remove one of them"
+                    ),
+                ));
+            }
+        }
+    }
     ConfigErrors::from_problems(problems)
 }
 
@@ -138,6 +153,9 @@ impl OutboxConfig {
         if let Some(c) = &self.partition_column {
             column_name(&mut p, "outbox.partition_column", c);
         }
+        if let Some(c) = &self.tracing_column {
+            column_name(&mut p, "outbox.tracing_column", c);
+        }
         if let Some(prefix) = &self.message_prefix {
             if prefix.is_empty() {
                 p.push(ConfigProblem::new(
@@ -151,6 +169,101 @@ impl OutboxConfig {
 }
 
 impl RouteConfig {
+    /// Every header name this section configures (id, type, `[[route.headers]]`, `header`
+    /// placements), with the key that sets it.
+    pub(crate) fn header_names(&self) -> Vec<(String, String)> {
+        let mut names = Vec::new();
+        for (what, name) in [
+            ("route.id_header", &self.id_header),
+            ("route.type_header", &self.type_header),
+        ] {
+            if !name.is_empty() {
+                names.push((name.clone(), what.to_owned()));
+            }
+        }
+        for (i, h) in self.headers.iter().enumerate() {
+            names.push((h.header_name().to_owned(), format!("route.headers[{i}]")));
+        }
+        if let Some(Ok(placements)) = self
+            .additional_placement
+            .as_deref()
+            .map(parse_additional_placement)
+        {
+            for (i, pl) in placements.iter().enumerate() {
+                if pl.location == PlacementLocation::Header {
+                    names.push((pl.alias.clone(), format!("route.additional_placement[{i}]")));
+                }
+            }
+        }
+        names
+    }
+
+    fn cloudevents_problems(&self, p: &mut Vec<ConfigProblem>) {
+        let keys = [
+            ("route.cloudevents_source", &self.cloudevents_source),
+            ("route.cloudevents_subject", &self.cloudevents_subject),
+            (
+                "route.cloudevents_data_content_type",
+                &self.cloudevents_data_content_type,
+            ),
+        ];
+        if self.cloudevents == CloudEventsMode::None {
+            for (key, v) in keys {
+                if v.is_some() {
+                    p.push(ConfigProblem::new(
+                        key,
+                        "has no effect unless route.cloudevents = \"binary\" or \"structured\"",
+                    ));
+                }
+            }
+            return;
+        }
+        for (key, v) in &keys[..2] {
+            if let Some(t) = v {
+                if let Err(e) = Template::parse_text(t) {
+                    p.push(ConfigProblem::new(*key, e));
+                }
+            }
+        }
+        if let Some(Ok(t)) = self.cloudevents_source.as_deref().map(Template::parse_text) {
+            for seg in t.segments() {
+                if let crate::template::Segment::Literal(l) = seg {
+                    if !crate::cloudevents::is_uri_reference_text(l.as_bytes()) {
+                        p.push(ConfigProblem::new(
+                            "route.cloudevents_source",
+                            format!("{l:?} is not URI text (CloudEvents 1.0 §3.1.1 wants a URI reference, RFC 3986): percent-encode spaces, quotes and non-ASCII characters"),
+                        ));
+                    }
+                }
+            }
+        }
+        if self.cloudevents_source.as_deref() == Some("") {
+            p.push(ConfigProblem::new(
+                "route.cloudevents_source",
+                "must not be empty: a CloudEvent needs a source (CloudEvents 1.0 §3.1.1); leave it unset for /ferry/<schema>/<table>",
+            ));
+        }
+        if let Some(ct) = &self.cloudevents_data_content_type {
+            if ct.trim().is_empty() || !ct.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                p.push(ConfigProblem::new(
+                    "route.cloudevents_data_content_type",
+                    format!("{ct:?} is not a media type (RFC 2046, e.g. \"application/avro\"); leave it unset to derive it from the payload's type"),
+                ));
+            }
+        }
+        for (name, path) in self.header_names() {
+            if CLOUDEVENTS_HEADERS.contains(&name.as_str()) {
+                p.push(ConfigProblem::new(
+                    path,
+                    format!(
+                        "header {name:?} is sent by route.cloudevents = \"{}\"; rename this one",
+                        self.cloudevents
+                    ),
+                ));
+            }
+        }
+    }
+
     /// Validates this section alone (see [`validate`] for the cross-section checks).
     pub fn validate(&self) -> Result<(), ConfigErrors> {
         ConfigErrors::from_problems(self.problems())
@@ -270,6 +383,7 @@ impl RouteConfig {
             }
         }
         duplicates(&mut p, &header_names, "header name");
+        self.cloudevents_problems(&mut p);
         for (key, path) in &envelope_keys {
             if key == ENVELOPE_PAYLOAD_KEY {
                 p.push(ConfigProblem::new(

@@ -1,7 +1,7 @@
 //! Shared test helpers: configs from TOML text and the Debezium-shaped base row.
 #![allow(dead_code)]
 
-use ferry_router::{oid, OutboxConfig, RouteConfig, Router, SimpleRow};
+use ferry_router::{oid, validate, OutboxConfig, Record, RouteConfig, Router, SimpleRow};
 use serde::Deserialize;
 
 /// The two sections as the binary embeds them.
@@ -40,4 +40,38 @@ pub fn base_row() -> SimpleRow {
         .with("tenant", oid::TEXT, "acme")
         .with("part", oid::INT4, "3")
         .with("version", oid::INT4, "7")
+}
+
+pub fn header<'r>(r: &'r Record, name: &str) -> Option<&'r [u8]> {
+    r.headers
+        .iter()
+        .find(|(n, _)| &**n == name)
+        .and_then(|(_, v)| v.as_deref())
+}
+
+pub fn header_names(r: &Record) -> Vec<&str> {
+    r.headers.iter().map(|(n, _)| &**n).collect()
+}
+
+pub fn problems(toml_text: &str) -> Vec<(String, String)> {
+    let s = sections(toml_text);
+    match validate(&s.outbox, &s.route) {
+        Ok(()) => Vec::new(),
+        Err(e) => {
+            // Router::new reports the same problems.
+            assert_eq!(Router::new(&s.outbox, &s.route).unwrap_err(), e);
+            e.problems
+                .into_iter()
+                .map(|p| (p.path, p.message))
+                .collect()
+        }
+    }
+}
+
+pub fn assert_problem(toml_text: &str, path: &str, fragment: &str) {
+    let got = problems(toml_text);
+    assert!(
+        got.iter().any(|(p, m)| p == path && m.contains(fragment)),
+        "{toml_text}\nwanted {path}: ..{fragment}.. in {got:?}"
+    );
 }

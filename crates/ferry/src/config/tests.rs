@@ -124,6 +124,7 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_OUTBOX_TIMESTAMP_COLUMN", "ts", |c| format!("{:?}", c.outbox.timestamp_column), "Some(\"ts\")"),
         ("FERRY_OUTBOX_PARTITION_COLUMN", "p", |c| format!("{:?}", c.outbox.partition_column), "Some(\"p\")"),
         ("FERRY_OUTBOX_MESSAGE_PREFIX", "outbox", |c| format!("{:?}", c.outbox.message_prefix), "Some(\"outbox\")"),
+        ("FERRY_OUTBOX_TRACING_COLUMN", "tracingspancontext", |c| format!("{:?}", c.outbox.tracing_column), "Some(\"tracingspancontext\")"),
         ("FERRY_ROUTE_TOPIC", "events", |c| format!("{:?}", c.route.topic), "Some(\"events\")"),
         ("FERRY_ROUTE_ID_HEADER", "", |c| c.route.id_header.clone(), ""),
         ("FERRY_ROUTE_TYPE_HEADER", "t", |c| c.route.type_header.clone(), "t"),
@@ -133,6 +134,10 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "1000", |c| c.route.max_payload_bytes.to_string(), "1000"),
         ("FERRY_ROUTE_ON_ERROR", "skip", |c| c.route.on_error.to_string(), "skip"),
         ("FERRY_ROUTE_DEAD_LETTER_TOPIC", "dlq", |c| format!("{:?}", c.route.dead_letter_topic), "Some(\"dlq\")"),
+        ("FERRY_ROUTE_CLOUDEVENTS", "structured", |c| c.route.cloudevents.to_string(), "structured"),
+        ("FERRY_ROUTE_CLOUDEVENTS_SOURCE", "/ferry/shop/outbox", |c| format!("{:?}", c.route.cloudevents_source), "Some(\"/ferry/shop/outbox\")"),
+        ("FERRY_ROUTE_CLOUDEVENTS_SUBJECT", "", |c| format!("{:?}", c.route.cloudevents_subject), "Some(\"\")"),
+        ("FERRY_ROUTE_CLOUDEVENTS_DATA_CONTENT_TYPE", "application/avro", |c| format!("{:?}", c.route.cloudevents_data_content_type), "Some(\"application/avro\")"),
         ("FERRY_KAFKA_BROKERS", "a:1, b:2", |c| c.kafka.brokers.0.join("|"), "a:1|b:2"),
         ("FERRY_KAFKA_COMPRESSION", "zstd", |c| c.kafka.compression.as_str().into(), "zstd"),
         ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS", "7", |c| c.kafka.max_in_flight_records.to_string(), "7"),
@@ -227,6 +232,8 @@ fn bad_environment_values_and_unknown_variables_name_the_variable() {
         ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS", "-1", "kafka.max_in_flight_records: invalid value \"-1\""),
         ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "1e6", "invalid size \"1e6\""),
         ("FERRY_ROUTE_ON_ERROR", "explode", "unknown value \"explode\""),
+        ("FERRY_ROUTE_CLOUDEVENTS", "json", "route.cloudevents: unknown value \"json\"; expected \"none\", \"binary\" or \"structured\""),
+        ("FERRY_ROUTE_CLOUDEVENTS_SOURCE", "/x", "route.cloudevents_source: has no effect unless route.cloudevents"),
         ("FERRY_KAFKA_COMPRESSION", "brotli", "unknown compression \"brotli\""),
         ("FERRY_HTTP_LISTEN", "", "invalid listen address \"\""),
         ("FERRY_HTTP_LISTEN", "localhost:9187", "expected ip:port"),
@@ -810,8 +817,12 @@ fn show_prints_toml_that_loads_back_to_the_same_configuration() {
         [outbox]
         table = "app.events"
         timestamp_column = "ts"
+        tracing_column = "tracingspancontext"
         [route]
         topic = "events.{aggregatetype}"
+        cloudevents = "structured"
+        cloudevents_source = "/ferry/app/events"
+        cloudevents_subject = ""
         id_header = ""
         envelope = true
         envelope_fields = ["type"]

@@ -277,6 +277,7 @@ impl<'a> Session<'a> {
             Count::RoutingError(kind) => m.routing_errors.inc(kind),
             Count::RowSkipped => m.rows_skipped.inc(),
             Count::RowDeadLettered => m.rows_dead_lettered.inc(),
+            Count::TraceContextMalformed(problem) => m.trace_context_malformed.inc(problem),
         }
     }
 

@@ -29,6 +29,7 @@
 //! | `ferry_rows_skipped_total` | counter | | Outbox rows skipped by policy (not produced). |
 //! | `ferry_rows_dead_lettered_total` | counter | | Outbox rows sent to the dead-letter topic. |
 //! | `ferry_routing_errors_total` | counter | `reason` | Rows the router rejected; `reason` is one of [`RoutingErrorReason`]. |
+//! | `ferry_trace_context_malformed_total` | counter | `problem` | Records sent without their malformed trace context (`outbox.tracing_column`); `problem` is one of [`TraceProblem`]. |
 //! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
 //! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
 //! | `ferry_topics_missing` | gauge | | Topics records were routed to that the brokers do not have (records wait for them). |
@@ -73,6 +74,7 @@ pub const REPLICATION_LAG_LATEST_SECONDS: &str = "ferry_replication_lag_latest_s
 pub const ROWS_SKIPPED_TOTAL: &str = "ferry_rows_skipped_total";
 pub const ROWS_DEAD_LETTERED_TOTAL: &str = "ferry_rows_dead_lettered_total";
 pub const ROUTING_ERRORS_TOTAL: &str = "ferry_routing_errors_total";
+pub const TRACE_CONTEXT_MALFORMED_TOTAL: &str = "ferry_trace_context_malformed_total";
 pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
 pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
 pub const TOPICS_MISSING: &str = "ferry_topics_missing";
@@ -110,7 +112,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 23] = {
+pub const SPEC: [MetricSpec; 24] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -132,6 +134,7 @@ pub const SPEC: [MetricSpec; 23] = {
         spec(ROWS_SKIPPED_TOTAL, C, "Outbox rows skipped by policy."),
         spec(ROWS_DEAD_LETTERED_TOTAL, C, "Outbox rows sent to the dead-letter topic."),
         spec(ROUTING_ERRORS_TOTAL, C, "Rows the router rejected, by reason."),
+        spec(TRACE_CONTEXT_MALFORMED_TOTAL, C, "Records sent without their malformed trace context, by problem."),
         spec(STATUS_UPDATES_SENT_TOTAL, C, "Standby status updates sent to the server."),
         spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
         spec(TOPICS_MISSING, G, "Topics records were routed to that the brokers do not have."),
@@ -398,6 +401,32 @@ impl LabelSet for RoutingErrorReason {
     }
 }
 
+/// What was wrong with a record's trace context: the `problem` label of
+/// `ferry_trace_context_malformed_total`, labelled with the router's own codes
+/// ([`TraceProblem::code`]).
+pub use ferry_router::TraceProblem;
+
+impl LabelSet for TraceProblem {
+    const KEY: &'static str = "problem";
+    const ALL: &'static [Self] = &[
+        TraceProblem::NotText,
+        TraceProblem::NoTraceparent,
+        TraceProblem::Length,
+        TraceProblem::Layout,
+        TraceProblem::NotLowercaseHex,
+        TraceProblem::VersionFf,
+        TraceProblem::ZeroTraceId,
+        TraceProblem::ZeroParentId,
+        TraceProblem::InvalidTracestate,
+    ];
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|p| *p == self).unwrap_or(0)
+    }
+    fn value(self) -> &'static str {
+        self.code()
+    }
+}
+
 /// The registry: one field per metric of the table in the module docs.
 #[derive(Debug)]
 pub struct Metrics {
@@ -419,6 +448,7 @@ pub struct Metrics {
     pub rows_skipped: Counter,
     pub rows_dead_lettered: Counter,
     pub routing_errors: CounterVec<RoutingErrorReason>,
+    pub trace_context_malformed: CounterVec<TraceProblem>,
     pub status_updates_sent: Counter,
     pub reconnects: CounterVec<Component>,
     /// The topics records wait for, as the topic watch last found them (`ferry_topics_missing`
@@ -475,6 +505,7 @@ impl Metrics {
             rows_skipped: Counter::default(),
             rows_dead_lettered: Counter::default(),
             routing_errors: CounterVec::new(),
+            trace_context_malformed: CounterVec::new(),
             status_updates_sent: Counter::default(),
             reconnects: CounterVec::new(),
             topics_missing: MissingTopics::default(),
@@ -512,7 +543,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 23] {
+    fn samples(&self) -> [Sample<'_>; 24] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -533,6 +564,7 @@ impl Metrics {
             Sample::Int(self.rows_skipped.get()),
             Sample::Int(self.rows_dead_lettered.get()),
             Sample::Labelled(labelled(&self.routing_errors)),
+            Sample::Labelled(labelled(&self.trace_context_malformed)),
             Sample::Int(self.status_updates_sent.get()),
             Sample::Labelled(labelled(&self.reconnects)),
             Sample::Int(self.topics_missing.len() as u64),

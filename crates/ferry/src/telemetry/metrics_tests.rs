@@ -84,6 +84,17 @@ ferry_routing_errors_total{reason="invalid_value"} 0
 ferry_routing_errors_total{reason="invalid_topic"} 0
 ferry_routing_errors_total{reason="payload_too_large"} 1
 ferry_routing_errors_total{reason="invalid_message"} 0
+# HELP ferry_trace_context_malformed_total Records sent without their malformed trace context, by problem.
+# TYPE ferry_trace_context_malformed_total counter
+ferry_trace_context_malformed_total{problem="not_text"} 0
+ferry_trace_context_malformed_total{problem="no_traceparent"} 0
+ferry_trace_context_malformed_total{problem="length"} 0
+ferry_trace_context_malformed_total{problem="layout"} 0
+ferry_trace_context_malformed_total{problem="not_lowercase_hex"} 0
+ferry_trace_context_malformed_total{problem="version_ff"} 1
+ferry_trace_context_malformed_total{problem="zero_trace_id"} 0
+ferry_trace_context_malformed_total{problem="zero_parent_id"} 0
+ferry_trace_context_malformed_total{problem="invalid_tracestate"} 0
 # HELP ferry_status_updates_sent_total Standby status updates sent to the server.
 # TYPE ferry_status_updates_sent_total counter
 ferry_status_updates_sent_total 7
@@ -119,6 +130,7 @@ fn renders_the_exposition_format_exactly() {
     m.observe_replication_lag(120.0);
     m.rows_dead_lettered.inc();
     m.routing_errors.inc(RoutingErrorReason::PayloadTooLarge);
+    m.trace_context_malformed.inc(TraceProblem::VersionFf);
     m.status_updates_sent.add(7);
     m.reconnects.inc(Component::Kafka);
     m.reconnects.inc(Component::Kafka);
