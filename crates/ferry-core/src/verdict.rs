@@ -362,6 +362,34 @@ pub struct Refusal {
     pub offered: Option<Lsn>,
 }
 
+impl Refusal {
+    /// What the operator does about it (the documented action).
+    pub fn action(&self) -> String {
+        match &self.gap {
+            Gap::ProgressMissing { .. } => "To start from the slot's position, accepting that events before it may be \
+                 missing or duplicated, run once with `ferry run --initialize-progress` (see README, \"When Ferry says \
+                 events may be lost\")"
+                .to_string(),
+            Gap::SlotInvalidated { remembered, .. } => format!(
+                "Recover the lost events from the outbox table if it still holds them, then drop the slot \
+                 (SELECT pg_drop_replication_slot('{}')) and {}; raise max_slot_wal_keep_size so it does not happen \
+                 again (see README, \"When Ferry says events may be lost\")",
+                self.slot.replace('\'', "''"),
+                match remembered {
+                    Some(lsn) => format!("run once with `ferry run --accept-gap {lsn}` to continue from a new slot"),
+                    None => "start Ferry again: it creates a new slot".to_string(),
+                }
+            ),
+            gap => format!(
+                "Recover the missing events from the outbox table if it still holds them; to continue, accepting the \
+                 gap, run once with `ferry run --accept-gap {}` (it accepts this gap only, is logged, and writes a new \
+                 progress record; see README, \"When Ferry says events may be lost\")",
+                gap.accept_with().expect("every other gap names its position")
+            ),
+        }
+    }
+}
+
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -375,35 +403,7 @@ impl fmt::Display for Refusal {
                 "(--accept-gap {offered} was given, but this gap starts at {want}: it accepts only the gap it names.) "
             )?;
         }
-        match &self.gap {
-            Gap::ProgressMissing { .. } => f.write_str(
-                "To start from the slot's position, accepting that events before it may be missing or duplicated, \
-                 run once with `ferry run --initialize-progress` (see README, \"When Ferry says events may be lost\")",
-            ),
-            Gap::SlotInvalidated { remembered, .. } => {
-                write!(
-                    f,
-                    "Recover the lost events from the outbox table if it still holds them, then drop the slot \
-                     (SELECT pg_drop_replication_slot('{}')) and ",
-                    self.slot.replace('\'', "''"),
-                )?;
-                match remembered {
-                    Some(lsn) => write!(f, "run once with `ferry run --accept-gap {lsn}` to continue from a new slot")?,
-                    None => f.write_str("start Ferry again: it creates a new slot")?,
-                }
-                f.write_str(
-                    "; raise max_slot_wal_keep_size so it does not happen again \
-                     (see README, \"When Ferry says events may be lost\")",
-                )
-            }
-            gap => write!(
-                f,
-                "Recover the missing events from the outbox table if it still holds them; to continue, accepting the \
-                 gap, run once with `ferry run --accept-gap {}` (it accepts this gap only, is logged, and writes a new \
-                 progress record; see README, \"When Ferry says events may be lost\")",
-                gap.accept_with().expect("every other gap names its position")
-            ),
-        }
+        f.write_str(&self.action())
     }
 }
 

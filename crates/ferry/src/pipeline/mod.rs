@@ -45,6 +45,8 @@ pub async fn run(
     let mut backoff = settings.reconnect_backoff_min;
     let mut producer: Option<(Producer, session::Core)> = None;
     let mut standing_by = false;
+    // `--accept-gap`: good until the fresh progress record after the accepted gap is written.
+    let mut acceptance = settings.acceptance;
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -69,7 +71,7 @@ pub async fn run(
             .map(|(p, rx)| (p, session::Core::new(rx, &settings)))
             .map_err(PipelineError::ProducerConfig)?,
         };
-        let outcome = session::Session::new(&settings, &metrics, &p, core)
+        let outcome = session::Session::new(&settings, &metrics, &p, core, &mut acceptance)
             .run(shutdown.as_mut())
             .await;
         producer = Some((p, outcome.core));
@@ -127,7 +129,9 @@ async fn sleep_or_shutdown(
 impl PipelineError {
     fn component(&self) -> Component {
         match self {
-            PipelineError::Delivery { .. } | PipelineError::ProducerFatal(_) => Component::Kafka,
+            PipelineError::Delivery { .. }
+            | PipelineError::ProducerFatal(_)
+            | PipelineError::ProgressTopic(_) => Component::Kafka,
             _ => Component::Postgres,
         }
     }
