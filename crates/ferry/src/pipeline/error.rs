@@ -64,6 +64,11 @@ pub enum PipelineError {
          standbys, or a failover happened between the two connections; reconnecting"
     )]
     TwoServers { sql: u64, replication: u64 },
+    #[error(
+        "replication slot {slot:?} was created, dropped or moved by another process while Ferry compared it with \
+         its progress record; comparing again"
+    )]
+    SlotChanged { slot: String },
 }
 
 impl PipelineError {
@@ -75,7 +80,8 @@ impl PipelineError {
             PipelineError::Delivery { transient, .. } => *transient,
             PipelineError::ProducerFatal(_)
             | PipelineError::TextNeeded { .. }
-            | PipelineError::TwoServers { .. } => true,
+            | PipelineError::TwoServers { .. }
+            | PipelineError::SlotChanged { .. } => true,
             PipelineError::ProgressTopic(e) => e.is_transient(),
             PipelineError::Gap(_) => false,
             PipelineError::Route { .. }

@@ -341,6 +341,24 @@ impl<'a> Session<'a> {
         })
         .await
         .map_err(|e| PipelineError::ProducerFatal(format!("reading the progress topic: {e}")))??;
+        // The slot again: another Ferry starting at the same moment may have created it (and
+        // written its first record) between the two reads, which would look like a lost slot.
+        // A slot that changed while Ferry looked is judged on the next attempt.
+        let again = slot::slot_state(sql, name).await?;
+        if let Some(pid) = again.as_ref().and_then(|st| st.active_pid) {
+            return Err(ReaderError::SlotInUse {
+                slot: name.clone(),
+                pid,
+            }
+            .into());
+        }
+        let position = |st: &Option<slot::SlotState>| {
+            st.as_ref()
+                .map(|st| (st.confirmed_flush_lsn, st.wal_status.clone()))
+        };
+        if position(&state) != position(&again) {
+            return Err(PipelineError::SlotChanged { slot: name.clone() });
+        }
         let remembered = history.remembered(identity.system_id);
         let seen = match &state {
             None => SlotSeen::Missing,
