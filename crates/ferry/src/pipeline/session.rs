@@ -54,6 +54,9 @@ pub(crate) const PROGRESS_TOKEN: usize = usize::MAX;
 /// How long reading the progress topic, or creating it, may take at a session's start.
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest a session that ended with an error waits for its last progress record.
+const LAST_RECORD_AFTER_ERROR: Duration = Duration::from_secs(5);
+
 /// Least time between two WARN lines about failing progress records.
 const PROGRESS_WARN_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -287,9 +290,16 @@ impl<'a> Session<'a> {
             }
         };
         lag.abort();
-        if matches!(stopped, Ok(ferry_core::End::Shutdown)) {
-            self.remember_last(&reader).await;
-        }
+        // What the drain confirmed is remembered, then reported in the final status update: a
+        // shutdown waits up to its drain timeout for that, a session that ends for another
+        // reason briefly (its records are in Kafka; without the record they are produced
+        // again on the next start, never lost).
+        let graceful = matches!(stopped, Ok(ferry_core::End::Shutdown));
+        let wait = match graceful {
+            true => s.drain_timeout,
+            false => s.drain_timeout.min(LAST_RECORD_AFTER_ERROR),
+        };
+        self.remember_last(&reader, wait, graceful).await;
         self.publish_gauges(&reader);
         let reader_result = finish(reader).await;
         match stopped {
@@ -535,12 +545,15 @@ impl<'a> Session<'a> {
 
     /// After a graceful drain: the last progress record, then its LSN to the reader (whose
     /// final status update carries it), within the drain timeout.
-    async fn remember_last(&mut self, reader: &ReaderHandle) {
-        let deadline = Instant::now() + self.settings.drain_timeout;
+    async fn remember_last(&mut self, reader: &ReaderHandle, wait: Duration, graceful: bool) {
+        let deadline = Instant::now() + wait;
         loop {
             self.core.remember.hurry();
             self.remember(reader, Instant::now());
             if !self.core.remember.is_behind() {
+                return;
+            }
+            if !graceful && self.core.remember.is_failing() {
                 return;
             }
             let next = self
@@ -553,13 +566,16 @@ impl<'a> Session<'a> {
                 Some(d) = self.core.rx.recv() => self.report(d, Instant::now()),
                 _ = sleep_until(Some(next)) => {}
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline && graceful {
                 tracing::warn!(
                     topic = %self.settings.progress_topic,
                     confirmed = %self.core.relay.confirmed(),
                     "the last progress record was not acknowledged within the drain timeout; \
                      the slot stays at the last remembered position (what follows is produced again on the next start)"
                 );
+                return;
+            }
+            if Instant::now() >= deadline {
                 return;
             }
         }
