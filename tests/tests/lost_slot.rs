@@ -362,3 +362,99 @@ async fn a_progress_topic_with_three_partitions_is_a_clear_error() {
         "no slot before the topic is usable"
     );
 }
+
+/// Deletes `topic` and waits until the broker no longer lists it.
+async fn delete_topic(brokers: &str, topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    for r in admin
+        .delete_topics(&[topic], &AdminOptions::new())
+        .await
+        .expect("delete_topics")
+    {
+        r.unwrap_or_else(|e| panic!("delete {topic}: {e:?}"));
+    }
+    let (b, t) = (brokers.to_string(), topic.to_string());
+    wait_until("the topic is gone", Duration::from_secs(30), || {
+        let (b, t) = (b.clone(), t.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                ferry_testkit::kafka::partition_count(&b, &t).is_none()
+            })
+            .await
+            .unwrap_or(false)
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_records_that_cannot_be_written_stop_confirming_visibly() {
+    let broker = ferry_testkit::kafka::LocalBroker::start().await;
+    ferry_testkit::kafka::set_auto_create_topics(&broker.brokers(), false).await;
+    let mut w = World::on(
+        ferry_testkit::pg::shared().create_db().await,
+        broker.brokers(),
+    )
+    .await;
+    w.env
+        .push(("FERRY_KAFKA_DELIVERY_TIMEOUT".into(), "2s".into()));
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert(&w, 0..5).await;
+    let end = w.current_wal_lsn().await;
+    w.consume(&topic, 5).await;
+    let last = wait_remembered(&w, end).await;
+
+    // The progress topic disappears: outbox records still flow, confirming stops, loudly.
+    delete_topic(&w.brokers, &w.progress_topic()).await;
+    insert(&w, 5..15).await;
+    w.consume(&topic, 15).await;
+    wait_until(
+        "ferry_progress_failing and /readyz say so",
+        Duration::from_secs(60),
+        || async {
+            ferry.metric("ferry_progress_failing").await == Some(1.0)
+                && ferry
+                    .http_get("/readyz")
+                    .await
+                    .is_some_and(|(code, body)| code == 503 && body.contains("progress"))
+        },
+    )
+    .await;
+    assert!(ferry.metric("ferry_progress_write_errors_total").await >= Some(1.0));
+    let log = ferry.log_text();
+    assert!(log.contains("cannot write the progress record"), "{log}");
+    let slot = w.confirmed_lsn().await.expect("slot");
+    assert!(
+        slot <= last.end_lsn,
+        "the slot ({slot}) moved past the last progress record ({}) while none could be written",
+        last.end_lsn
+    );
+    assert!(
+        ferry.is_running(),
+        "a transient failure is not a reason to exit"
+    );
+
+    // The topic is back: records are written again and the slot follows.
+    ferry_testkit::kafka::create_topic(&w.brokers, &w.progress_topic(), 1).await;
+    let end = w.current_wal_lsn().await;
+    wait_remembered(&w, end).await;
+    wait_until("ready again", Duration::from_secs(60), || async {
+        ferry.metric("ferry_progress_failing").await == Some(0.0)
+            && ferry
+                .http_get("/readyz")
+                .await
+                .is_some_and(|(c, _)| c == 200)
+    })
+    .await;
+    assert!(ferry
+        .log_text()
+        .contains("progress records are written again"));
+}
