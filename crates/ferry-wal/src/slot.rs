@@ -375,18 +375,19 @@ pub async fn current_wal_lsn(client: &tokio_postgres::Client) -> Result<Lsn, Rea
     Ok(lsn_col(row.get(0)))
 }
 
-/// The server's system identifier and timeline over SQL (`pg_control_system()` and
-/// `pg_control_checkpoint()`, which every role may call), so that Ferry knows which server it
-/// talks to before it touches the slot. The timeline is the latest checkpoint's: right after a
-/// promotion it may still name the old one until the first checkpoint on the new timeline
-/// (the replication connection's `IDENTIFY_SYSTEM` is exact).
+/// The server's system identifier and timeline over SQL, so that Ferry knows which server it
+/// talks to before it touches the slot (every role may call these functions). The identifier is
+/// `pg_control_system()`'s. The timeline is that of the current WAL segment's name on a
+/// primary (exact at once after a promotion, when the latest checkpoint may still be on the old
+/// timeline); a standby has no current WAL position, so there it is the latest checkpoint's.
 pub async fn system_identity(
     client: &tokio_postgres::Client,
 ) -> Result<crate::conn::SystemIdentity, ReaderError> {
     let row = client
         .query_one(
             "SELECT (SELECT system_identifier::text FROM pg_control_system()), \
-                    (SELECT timeline_id FROM pg_control_checkpoint())",
+                    CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint()) \
+                         ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END",
             &[],
         )
         .await
