@@ -361,6 +361,14 @@ async fn a_progress_topic_with_three_partitions_is_a_clear_error() {
         None,
         "no slot before the topic is usable"
     );
+    // `ferry check` finds it first.
+    let mut check = Ferry::spawn(&w, &["check"]);
+    assert_eq!(check.wait_exit(EXIT).await.code(), Some(1));
+    let out = check.log_text();
+    assert!(
+        out.contains("error: the progress topic") && out.contains("has 3 partitions"),
+        "{out}"
+    );
 }
 
 /// Deletes `topic` and waits until the broker no longer lists it.
@@ -479,4 +487,52 @@ async fn progress_records_that_cannot_be_written_stop_confirming_visibly() {
     assert!(ferry
         .log_text()
         .contains("progress records are written again"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_remembered_only_on_another_server_stops_ferry() {
+    let w = World::new().await;
+    w.create_topic(AGGREGATE, 1).await;
+    // What a Ferry wrote while this slot lived on another cluster (before a restore from
+    // backup, say): the same slot name, another system identifier.
+    ferry_testkit::kafka::create_topic(&w.brokers, &w.progress_topic(), 1).await;
+    let other = system_id(&w).await ^ 1;
+    let key = ProgressKey {
+        system_id: other,
+        slot: w.slot.clone(),
+    }
+    .encode();
+    let value = ProgressRecord::whole(Mode::AtLeastOnce, 1, Lsn(0x5_0000_0000), 1).encode();
+    let (brokers, topic) = (w.brokers.clone(), w.progress_topic());
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::config::ClientConfig;
+        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+        let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .expect("producer");
+        p.send(BaseRecord::to(&topic).key(&key).payload(&value))
+            .map_err(|(e, _)| e)
+            .expect("send");
+        p.flush(Duration::from_secs(30)).expect("flush");
+    })
+    .await
+    .expect("join");
+
+    let mut ferry = w.start_ferry();
+    let status = ferry.wait_exit(EXIT).await;
+    let log = ferry.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("on another server"), "{log}");
+    assert!(log.contains(&other.to_string()), "{log}");
+    assert!(log.contains("--accept-gap 5/0"), "{log}");
+    assert_eq!(w.confirmed_lsn().await, None, "no slot was created");
+    // Accepting it starts afresh on this server.
+    let mut accepted = Ferry::spawn(&w, &["run", "--accept-gap", "5/0"]);
+    accepted.wait_ready().await;
+    assert!(
+        accepted.log_text().contains("server_changed"),
+        "{}",
+        accepted.log_text()
+    );
 }

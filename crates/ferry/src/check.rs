@@ -303,7 +303,7 @@ struct Inspection {
 async fn inspect(
     settings: &PipelineSettings,
     sql: &tokio_postgres::Client,
-) -> Result<Inspection, String> {
+) -> Result<Inspection, InspectError> {
     let state = slot::slot_state(sql, &settings.slot.slot)
         .await
         .map_err(|e| e.to_string())?;
@@ -328,7 +328,11 @@ async fn inspect(
     })
     .await
     .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| match e.is_transient() {
+        true => InspectError::Unknown(e.to_string()),
+        // A topic `ferry run` cannot use (more than one partition, an unreadable record).
+        false => InspectError::Unusable(e.to_string()),
+    })?;
     let remembered = history.remembered(identity.system_id);
     let seen = match &state {
         None => verdict::SlotSeen::Missing,
@@ -358,6 +362,20 @@ async fn inspect(
     })
 }
 
+/// Why the slot could not be compared with its progress record.
+enum InspectError {
+    /// Something could not be asked (the brokers away, a query failed).
+    Unknown(String),
+    /// The progress topic is one `ferry run` stops at.
+    Unusable(String),
+}
+
+impl From<String> for InspectError {
+    fn from(e: String) -> Self {
+        InspectError::Unknown(e)
+    }
+}
+
 /// `check`'s findings about the progress record: the remembered position against the slot.
 async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
     let sql = match slot::connect_sql(&settings.postgres).await {
@@ -367,11 +385,18 @@ async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
     };
     let inspection = match inspect(settings, &sql).await {
         Ok(i) => i,
-        Err(e) => {
+        Err(InspectError::Unknown(e)) => {
             return vec![Problem {
                 severity: Severity::Warning,
                 what: format!("cannot compare the slot with its progress record: {e}"),
                 fix: "see the error; `ferry run` makes the same comparison at every start".into(),
+            }]
+        }
+        Err(InspectError::Unusable(e)) => {
+            return vec![Problem {
+                severity: Severity::Error,
+                what: e,
+                fix: "`ferry run` stops at it too; see the message".into(),
             }]
         }
     };
