@@ -423,7 +423,7 @@ async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
         } => (
             Severity::Warning,
             format!(
-                "slot {slot:?} (at {confirmed}) has no progress record: a Ferry without progress records used it"
+                "slot {slot:?} (at {confirmed}) has no progress record: created by hand, or used by a Ferry without progress records"
             ),
             "none needed: `ferry run` continues from the slot and writes progress records from then on".into(),
         ),

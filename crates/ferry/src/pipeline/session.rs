@@ -421,7 +421,7 @@ impl<'a> Session<'a> {
                         slot = %name,
                         lsn = %confirmed,
                         topic = %s.progress_topic,
-                        "the slot exists but no progress record remembers it (a Ferry without progress records used it): \
+                        "the slot exists but no progress record remembers it (created by hand, or used by a Ferry without progress records): \
                          continuing from the slot's position and writing progress records from now on"
                     ),
                     None => {}
