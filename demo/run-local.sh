@@ -195,9 +195,13 @@ http_port=${DEMO_HTTP_PORT:-$(free_port)}
 say "Ferry: slot $slot, /metrics on http://127.0.0.1:$http_port (log: $work/ferry.log)"
 unset_ferry=()
 while read -r v; do unset_ferry+=(-u "$v"); done < <(compgen -e | grep '^FERRY_' || true)
+# A progress topic per run: the demo's slot is dropped on exit (and a local cluster is new each
+# run), so a record an earlier run left in a reused broker would rightly be a gap to this one.
+progress_topic="ferry-demo.progress.$(date +%s).$$"
 env "${unset_ferry[@]}" \
   FERRY_POSTGRES_URL="$pg_url" FERRY_POSTGRES_SLOT=$slot FERRY_POSTGRES_CREATE_PUBLICATION=false \
   FERRY_KAFKA_BROKERS="$brokers" FERRY_HTTP_LISTEN="127.0.0.1:$http_port" \
+  FERRY_KAFKA_PROGRESS_TOPIC="$progress_topic" \
   "$bin/ferry" run >"$work/ferry.log" 2>&1 &
 ferry_pid=$!
 pids+=("$ferry_pid")

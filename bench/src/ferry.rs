@@ -59,6 +59,19 @@ impl Running {
             .env("FERRY_POSTGRES_PUBLICATION", PUBLICATION)
             .env("FERRY_KAFKA_BROKERS", brokers)
             .env("FERRY_ROUTE_TOPIC", topic)
+            // Slots of one name are dropped and created again between runs: each Ferry gets a
+            // progress topic of its own, or the next run's slot would be a gap to it.
+            .env(
+                "FERRY_KAFKA_PROGRESS_TOPIC",
+                format!(
+                    "ferry-bench.progress.{}.{port}.{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_millis())
+                        .unwrap_or(0)
+                ),
+            )
             .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{port}"))
             .env("FERRY_POSTGRES_STANDBY_POLL_INTERVAL", "50ms")
             .env("FERRY_LOG_LEVEL", "warn")

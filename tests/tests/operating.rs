@@ -127,6 +127,13 @@ async fn status_json_gives_scripts_stable_fields() {
     );
     assert!(s["wal_status"].is_string(), "{s}");
     assert_eq!(s["invalidated"], false);
+    // The slot is never confirmed past the remembered position, and there is no gap.
+    assert!(lsn("progress_lsn") >= confirmed, "{s}");
+    assert!(s["gap"].is_null() && s["gap_bytes"].is_null(), "{s}");
+    assert!(
+        missing["progress_lsn"].is_null() && missing["gap"].is_null(),
+        "{missing}"
+    );
     let mut fields: Vec<&str> = s.as_object().unwrap().keys().map(String::as_str).collect();
     fields.sort_unstable();
     assert_eq!(
@@ -136,8 +143,11 @@ async fn status_json_gives_scripts_stable_fields() {
             "active_pid",
             "confirmed_flush_lsn",
             "exists",
+            "gap",
+            "gap_bytes",
             "invalidated",
             "lag_bytes",
+            "progress_lsn",
             "restart_lsn",
             "retained_wal_bytes",
             "server_wal_lsn",

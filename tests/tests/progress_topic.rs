@@ -180,3 +180,45 @@ async fn an_open_transaction_at_the_tail_is_waited_for_and_never_guessed() {
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_is_read_back_under_every_system_identifier() {
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique("slot");
+    assert!(
+        !progress::read_slot(&properties(&brokers), &topic, "a", TIMEOUT)
+            .unwrap()
+            .topic_exists
+    );
+    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap();
+    let here = key("a");
+    let there = ProgressKey {
+        system_id: 1,
+        ..key("a")
+    };
+    let (b, t) = (brokers.clone(), topic.clone());
+    let (h2, t2) = (here.clone(), there.clone());
+    let history = tokio::task::spawn_blocking(move || {
+        let p = transactional(&b, &unique("tid"));
+        p.begin_transaction().unwrap();
+        send(&p, &t, &t2, &record(300, None));
+        send(&p, &t, &h2, &record(100, None));
+        send(&p, &t, &key("b"), &record(999, None));
+        send(&p, &t, &h2, &record(200, None));
+        p.commit_transaction(TIMEOUT).unwrap();
+        progress::read_slot(&properties(&b), &t, "a", TIMEOUT).unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(history.topic_exists);
+    assert_eq!(
+        history.records,
+        vec![(1, record(300, None)), (here.system_id, record(200, None))],
+        "the newest per server, slot b left out"
+    );
+    let seen = history.remembered(here.system_id);
+    assert_eq!(seen.this_system, Some(record(200, None)));
+    assert_eq!(seen.other_systems, vec![(1, record(300, None))]);
+}

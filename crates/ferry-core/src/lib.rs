@@ -37,8 +37,10 @@ pub mod guard;
 pub mod inflight;
 pub mod progress;
 pub mod relay;
+pub mod remember;
 pub mod route;
 pub mod sink;
+pub mod verdict;
 pub mod watermark;
 mod window;
 

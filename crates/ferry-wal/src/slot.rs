@@ -375,8 +375,48 @@ pub async fn current_wal_lsn(client: &tokio_postgres::Client) -> Result<Lsn, Rea
     Ok(lsn_col(row.get(0)))
 }
 
-/// Creates the publication and the slot when missing and allowed, then [`check`]s. Returns
-/// the slot's state when there is no error-level problem.
+/// The server's system identifier and timeline over SQL, so that Ferry knows which server it
+/// talks to before it touches the slot (every role may call these functions). The identifier is
+/// `pg_control_system()`'s. The timeline is that of the current WAL segment's name on a
+/// primary (exact at once after a promotion, when the latest checkpoint may still be on the old
+/// timeline); a standby has no current WAL position, so there it is the latest checkpoint's.
+pub async fn system_identity(
+    client: &tokio_postgres::Client,
+) -> Result<crate::conn::SystemIdentity, ReaderError> {
+    let row = client
+        .query_one(
+            "SELECT (SELECT system_identifier::text FROM pg_control_system()), \
+                    CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint()) \
+                         ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    let id: String = row.get(0);
+    Ok(crate::conn::SystemIdentity {
+        system_id: id
+            .parse()
+            .map_err(|_| ReaderError::ServerVersion { shown: id.clone() })?,
+        timeline: row.get::<_, i32>(1) as u32,
+    })
+}
+
+/// Whether the server is a standby (`pg_is_in_recovery()`).
+pub async fn in_recovery(client: &tokio_postgres::Client) -> Result<bool, ReaderError> {
+    Ok(client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0))
+}
+
+/// Creates the publication, and the slot when `spec.create_slot` allows, then [`check`]s.
+/// Returns the slot's state when there is no error-level problem.
+///
+/// A missing slot is not always Ferry's to create: a slot Ferry streamed before and that is now
+/// gone means lost events, and creating a new one would hide them. The pipeline therefore
+/// decides first (`ferry_core::verdict`, from the progress record) and sets `create_slot` only
+/// for a first start or a gap the operator accepted.
 pub async fn ensure(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,

@@ -19,6 +19,7 @@ use rdkafka::producer::{BaseProducer, Producer as _};
 use crate::config::Config;
 use crate::pipeline::{binary, PipelineSettings};
 use crate::stdio::{errln, outln};
+use ferry_core::verdict;
 
 /// How long `check` waits for the brokers.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -90,6 +91,14 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
             }
         }
     }
+    print_problems(&found);
+    problems.append(&mut found);
+
+    outln!(
+        "Progress (kafka.progress_topic {:?})",
+        settings.progress_topic
+    );
+    found.extend(progress_problems(&settings).await);
     print_problems(&found);
     problems.append(&mut found);
 
@@ -282,6 +291,176 @@ async fn sample_rows(
     Ok(sample)
 }
 
+/// What the progress topic remembers of the slot, compared with the slot as `ferry run` would.
+struct Inspection {
+    remembered: Option<ferry_wal::Lsn>,
+    verdict: verdict::Verdict,
+    topic_exists: bool,
+}
+
+/// Reads the slot, then the progress topic, and asks the start-time verdict (at-least-once
+/// mode, nothing accepted) what `ferry run` would do.
+async fn inspect(
+    settings: &PipelineSettings,
+    sql: &tokio_postgres::Client,
+) -> Result<Inspection, InspectError> {
+    let state = slot::slot_state(sql, &settings.slot.slot)
+        .await
+        .map_err(|e| e.to_string())?;
+    let identity = slot::system_identity(sql)
+        .await
+        .map_err(|e| e.to_string())?;
+    let current_wal_lsn = match slot::in_recovery(sql).await.map_err(|e| e.to_string())? {
+        true => None,
+        false => Some(
+            slot::current_wal_lsn(sql)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+    };
+    let (properties, topic, name) = (
+        settings.producer_properties.clone(),
+        settings.progress_topic.clone(),
+        settings.slot.slot.clone(),
+    );
+    let history = tokio::task::spawn_blocking(move || {
+        crate::progress::read_slot(&properties, &topic, &name, KAFKA_TIMEOUT)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| match e.is_transient() {
+        true => InspectError::Unknown(e.to_string()),
+        // A topic `ferry run` cannot use (more than one partition, an unreadable record).
+        false => InspectError::Unusable(e.to_string()),
+    })?;
+    let remembered = history.remembered(identity.system_id);
+    let seen = match &state {
+        None => verdict::SlotSeen::Missing,
+        Some(st) if st.wal_status.as_deref() == Some("lost") => verdict::SlotSeen::Invalidated {
+            confirmed_flush_lsn: st.confirmed_flush_lsn,
+        },
+        Some(st) => verdict::SlotSeen::Present {
+            confirmed_flush_lsn: st.confirmed_flush_lsn,
+        },
+    };
+    let v = verdict::decide(&verdict::StartInput {
+        slot_name: &settings.slot.slot,
+        slot: seen,
+        server: verdict::Server {
+            system_id: identity.system_id,
+            timeline: identity.timeline,
+            current_wal_lsn,
+        },
+        remembered: &remembered,
+        mode: ferry_core::progress::Mode::AtLeastOnce,
+        acceptance: verdict::Acceptance::default(),
+    });
+    Ok(Inspection {
+        remembered: remembered.this_system.as_ref().map(|r| r.end_lsn),
+        verdict: v,
+        topic_exists: history.topic_exists,
+    })
+}
+
+/// Why the slot could not be compared with its progress record.
+enum InspectError {
+    /// Something could not be asked (the brokers away, a query failed).
+    Unknown(String),
+    /// The progress topic is one `ferry run` stops at.
+    Unusable(String),
+}
+
+impl From<String> for InspectError {
+    fn from(e: String) -> Self {
+        InspectError::Unknown(e)
+    }
+}
+
+/// `check`'s findings about the progress record: the remembered position against the slot.
+async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
+    let sql = match slot::connect_sql(&settings.postgres).await {
+        Ok(sql) => sql,
+        // Reported in the PostgreSQL section.
+        Err(_) => return Vec::new(),
+    };
+    let inspection = match inspect(settings, &sql).await {
+        Ok(i) => i,
+        Err(InspectError::Unknown(e)) => {
+            return vec![Problem {
+                severity: Severity::Warning,
+                what: format!("cannot compare the slot with its progress record: {e}"),
+                fix: "see the error; `ferry run` makes the same comparison at every start".into(),
+            }]
+        }
+        Err(InspectError::Unusable(e)) => {
+            return vec![Problem {
+                severity: Severity::Error,
+                what: e,
+                fix: "`ferry run` stops at it too; see the message".into(),
+            }]
+        }
+    };
+    let mut found = Vec::new();
+    if !inspection.topic_exists {
+        found.push(Problem {
+            severity: Severity::Note,
+            what: format!("progress topic {:?} does not exist", settings.progress_topic),
+            fix: "none needed: `ferry run` creates it (1 partition, cleanup.policy=compact); if Ferry may not \
+                  create topics, create it so"
+                .into(),
+        });
+    }
+    let slot = &settings.slot.slot;
+    let (severity, what, fix) = match inspection.verdict {
+        verdict::Verdict::CreateSlot => (
+            Severity::Note,
+            format!("no progress record for slot {slot:?} and no slot: a first start"),
+            "none needed: `ferry run` creates the slot and remembers its position".to_string(),
+        ),
+        verdict::Verdict::Stream {
+            notice: Some(verdict::Notice::NoRecord { confirmed }),
+            ..
+        } => (
+            Severity::Warning,
+            format!(
+                "slot {slot:?} (at {confirmed}) has no progress record: created by hand, or used by a Ferry without progress records"
+            ),
+            "none needed: `ferry run` continues from the slot and writes progress records from then on".into(),
+        ),
+        verdict::Verdict::Stream { notice, .. } => {
+            let remembered = inspection.remembered.map(|l| l.to_string()).unwrap_or_default();
+            let timeline = match notice {
+                Some(verdict::Notice::TimelineChanged { from, to }) => {
+                    format!("; the server's timeline changed from {from} to {to} (a promoted standby)")
+                }
+                _ => String::new(),
+            };
+            (
+                Severity::Note,
+                format!(
+                    "slot {slot:?} is at or behind its progress record ({remembered}): no gap{timeline}"
+                ),
+                "none needed".into(),
+            )
+        }
+        verdict::Verdict::Refuse { gap, .. } | verdict::Verdict::Accepted { gap, .. } => {
+            let what = format!("slot {slot:?}: events may be lost: {gap}");
+            let refusal = verdict::Refusal {
+                slot: slot.clone(),
+                gap,
+                offered: None,
+            };
+            (Severity::Error, what, refusal.action())
+        }
+    };
+    found.push(Problem {
+        severity,
+        what,
+        fix,
+    });
+    found
+}
+
 /// The topics the brokers know, and whether they auto-create topics (if they say).
 async fn kafka_topics(settings: &PipelineSettings) -> Result<(Vec<String>, Option<bool>), Problem> {
     let mut cc = ClientConfig::new();
@@ -360,6 +539,14 @@ struct StatusJson {
     wal_status: Option<String>,
     /// True when the slot was invalidated (`wal_status` = lost): see `ferry check`.
     invalidated: Option<bool>,
+    /// The position Ferry remembers for this slot on this server (its progress record in
+    /// `kafka.progress_topic`); null when there is none or Kafka cannot be read.
+    progress_lsn: Option<String>,
+    /// What `ferry run` would refuse at its start, if anything: `slot_lost`, `slot_ahead`,
+    /// `slot_invalidated`, `server_changed` (see README, "When Ferry says events may be lost").
+    gap: Option<&'static str>,
+    /// The WAL that gap spans, where known.
+    gap_bytes: Option<u64>,
 }
 
 /// `ferry status` (`json`: one JSON object instead of text). Exit 1 when the slot is missing or
@@ -383,6 +570,16 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
         errln!("ferry: {e}");
         ExitCode::from(1)
     })?;
+    // Kafka unreachable leaves the progress fields empty; status is about the slot first.
+    let inspection = inspect(&settings, &sql).await.ok();
+    let progress_lsn = inspection
+        .as_ref()
+        .and_then(|i| i.remembered)
+        .map(|l| l.to_string());
+    let gap = inspection.as_ref().and_then(|i| match &i.verdict {
+        verdict::Verdict::Refuse { gap, .. } => Some(gap.clone()),
+        _ => None,
+    });
     let name = settings.slot.slot.clone();
     let lost = state
         .as_ref()
@@ -401,6 +598,9 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
                 retained_wal_bytes: None,
                 wal_status: None,
                 invalidated: None,
+                progress_lsn: progress_lsn.clone(),
+                gap: gap.as_ref().map(|g| g.kind()),
+                gap_bytes: gap.as_ref().and_then(|g| g.bytes()),
             },
             Some(s) => StatusJson {
                 slot: name,
@@ -414,19 +614,25 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
                 retained_wal_bytes: Some(current.saturating_sub(s.restart_lsn)),
                 wal_status: s.wal_status.clone(),
                 invalidated: Some(lost),
+                progress_lsn: progress_lsn.clone(),
+                gap: gap.as_ref().map(|g| g.kind()),
+                gap_bytes: gap.as_ref().and_then(|g| g.bytes()),
             },
         };
         // Serializing plain strings and numbers cannot fail.
         let text = serde_json::to_string_pretty(&report).unwrap_or_default();
         outln!("{text}");
-        return if state.is_none() || lost {
+        return if state.is_none() || lost || gap.is_some() {
             Err(ExitCode::from(1))
         } else {
             Ok(ExitCode::SUCCESS)
         };
     }
     let Some(state) = state else {
-        outln!("slot {name:?} does not exist (ferry run creates it)");
+        match &gap {
+            Some(g) => outln!("slot {name:?} does not exist, and Ferry streamed it before: {g}; run `ferry check`"),
+            None => outln!("slot {name:?} does not exist (ferry run creates it)"),
+        }
         return Err(ExitCode::from(1));
     };
     outln!("slot                 {name}");
@@ -452,8 +658,20 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
         "wal_status           {}",
         state.wal_status.as_deref().unwrap_or("unknown")
     );
+    outln!(
+        "progress record      {}",
+        match (&inspection, &progress_lsn) {
+            (None, _) => "unknown (cannot read kafka.progress_topic)".to_string(),
+            (Some(_), Some(l)) => format!("{l} (the slot is never confirmed past it)"),
+            (Some(_), None) => "none".to_string(),
+        }
+    );
     if lost {
         outln!("the slot was invalidated: run `ferry check` for what to do");
+        return Err(ExitCode::from(1));
+    }
+    if let Some(g) = gap {
+        outln!("events may be lost: {g}; run `ferry check` for what to do");
         return Err(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)

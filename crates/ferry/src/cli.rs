@@ -54,6 +54,25 @@ struct ConfigArg {
 }
 
 #[derive(Debug, clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Accept the gap that a previous start refused with "events may be lost", for this start:
+    /// LSN is the remembered position that error names (`--accept-gap 16/B374D848`), so the flag
+    /// accepts that one gap and never a later one. Logged at WARN with the gap; Ferry continues
+    /// from the slot's position (creating the slot if it is gone) and writes a new progress
+    /// record. Recover the missing events from the outbox table first if you can (README, "When
+    /// Ferry says events may be lost").
+    #[arg(long, value_name = "LSN")]
+    accept_gap: Option<ferry_wal::Lsn>,
+    /// Exactly-once mode only: start from a slot that was used before but has no progress record
+    /// (events before its position may be missing from Kafka or duplicated). Nothing to do in
+    /// at-least-once mode, which starts from such a slot with a warning.
+    #[arg(long)]
+    initialize_progress: bool,
+}
+
+#[derive(Debug, clap::Args)]
 struct StatusArgs {
     #[command(flatten)]
     config: ConfigArg,
@@ -72,12 +91,17 @@ enum Command {
     /// brokers away) are retried with backoff without exiting; permanent ones exit 1 with what
     /// to fix. When another process streams the slot, this one stands by and takes over when
     /// the slot is free.
-    Run(ConfigArg),
+    ///
+    /// A slot Ferry streamed before that is now gone, invalidated, ahead of where Ferry left it,
+    /// or on another server (Ferry remembers its position in kafka.progress_topic) stops Ferry
+    /// with "events may be lost" and the gap; --accept-gap continues past it.
+    Run(RunArgs),
     /// Check everything Ferry needs and list every problem with its fix (exit 1 if any).
     ///
     /// PostgreSQL connectivity, wal_level, the REPLICATION privilege, the outbox table and its
     /// columns, the publication, the slot's state; Kafka connectivity and the topics that the
-    /// outbox's current rows route to.
+    /// outbox's current rows route to; the slot against the position Ferry remembers in
+    /// kafka.progress_topic (a gap `ferry run` would stop at is an error).
     Check(ConfigArg),
     /// Show the slot's position, its lag behind the server, and the WAL it retains.
     ///
@@ -221,16 +245,20 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
     })
 }
 
-async fn run(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
-    let config = load(&arg)?;
+async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
+    let config = load(&arg.config)?;
     if let Err(e) = telemetry::logging::init(config.log.format, &config.log.level) {
         errln!("ferry: log.level: {e}");
         return Err(ExitCode::from(2));
     }
-    let settings = PipelineSettings::from_config(&config).map_err(|e| {
+    let mut settings = PipelineSettings::from_config(&config).map_err(|e| {
         errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })?;
+    settings.acceptance = ferry_core::verdict::Acceptance {
+        gap_from: arg.accept_gap,
+        initialize_progress: arg.initialize_progress,
+    };
     let metrics = Metrics::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.http.listen.addr() {

@@ -194,6 +194,29 @@ impl Producer {
         }
     }
 
+    /// Hands a progress record to librdkafka (partition 0 of the progress topic); its report
+    /// will carry `key`. Not told to the topic watch: the watch may create a missing topic with
+    /// the route's settings, and the progress topic needs its own (one partition, compacted).
+    pub fn send_progress(
+        &self,
+        topic: &str,
+        record_key: &[u8],
+        value: &[u8],
+        key: usize,
+    ) -> Result<(), SendError> {
+        let r: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(topic, key)
+            .key(record_key)
+            .payload(value)
+            .partition(0);
+        match self.inner.send(r) {
+            Ok(()) => Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err(SendError::QueueFull)
+            }
+            Err((e, _)) => Err(SendError::Refused(e)),
+        }
+    }
+
     /// A fatal error librdkafka raised (the producer must be replaced), if any.
     pub fn fatal_error(&self) -> Option<String> {
         self.fatal.lock().unwrap_or_else(|e| e.into_inner()).clone()

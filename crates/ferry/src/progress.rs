@@ -112,6 +112,104 @@ pub fn read(
     key: &ProgressKey,
     timeout: Duration,
 ) -> Result<Remembered, ProgressTopicError> {
+    let wanted = key.encode();
+    let found = scan(properties, topic, timeout, |k| {
+        k == wanted.as_slice() || same_key(k, key)
+    })?;
+    let Some(found) = found else {
+        return Ok(Remembered::NoTopic);
+    };
+    // Two encodings of the key are two keys to Kafka: the newest of them counts.
+    match found.into_iter().max_by_key(|(_, offset, _)| *offset) {
+        None | Some((_, _, None)) => Ok(Remembered::Nothing),
+        Some((_, offset, Some(value))) => {
+            decode(topic, key, offset, &value).map(|record| Remembered::Record { record, offset })
+        }
+    }
+}
+
+/// What the progress topic remembers of one slot, under every system identifier.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlotHistory {
+    /// Whether the topic exists.
+    pub topic_exists: bool,
+    /// The newest committed record per system identifier (tombstoned keys left out).
+    pub records: Vec<(u64, ProgressRecord)>,
+}
+
+impl SlotHistory {
+    /// In the verdict's terms, seen from the server with `system_id`.
+    pub fn remembered(&self, system_id: u64) -> ferry_core::verdict::Remembered {
+        let mut r = ferry_core::verdict::Remembered::default();
+        for (id, record) in &self.records {
+            if *id == system_id {
+                r.this_system = Some(record.clone());
+            } else {
+                r.other_systems.push((*id, record.clone()));
+            }
+        }
+        r
+    }
+}
+
+/// Every server's newest committed record of `slot` (to see that the slot's server changed).
+pub fn read_slot(
+    properties: &[(String, String)],
+    topic: &str,
+    slot: &str,
+    timeout: Duration,
+) -> Result<SlotHistory, ProgressTopicError> {
+    let found = scan(properties, topic, timeout, |k| {
+        ProgressKey::decode(k).is_ok_and(|k| k.slot == slot)
+    })?;
+    let Some(found) = found else {
+        return Ok(SlotHistory::default());
+    };
+    // Newest per system identifier (two encodings of a key are two keys to Kafka).
+    let mut newest: Vec<(ProgressKey, i64, Option<Vec<u8>>)> = Vec::new();
+    for (key, offset, value) in found {
+        let key = ProgressKey::decode(&key).expect("the filter decoded it");
+        match newest.iter_mut().find(|(k, _, _)| *k == key) {
+            Some(e) if e.1 < offset => *e = (key, offset, value),
+            Some(_) => {}
+            None => newest.push((key, offset, value)),
+        }
+    }
+    let mut records = Vec::new();
+    for (key, offset, value) in newest {
+        let Some(value) = value else { continue };
+        records.push((key.system_id, decode(topic, &key, offset, &value)?));
+    }
+    records.sort_by_key(|(id, _)| *id);
+    Ok(SlotHistory {
+        topic_exists: true,
+        records,
+    })
+}
+
+fn decode(
+    topic: &str,
+    key: &ProgressKey,
+    offset: i64,
+    value: &[u8],
+) -> Result<ProgressRecord, ProgressTopicError> {
+    ProgressRecord::decode(value).map_err(|error| ProgressTopicError::Record {
+        topic: topic.to_string(),
+        key: key.to_string(),
+        offset,
+        error,
+    })
+}
+
+/// The newest committed value (and its offset) of every key `wanted` accepts, read to the end
+/// of the partition; `None` if the topic does not exist.
+#[allow(clippy::type_complexity)]
+fn scan(
+    properties: &[(String, String)],
+    topic: &str,
+    timeout: Duration,
+    wanted: impl Fn(&[u8]) -> bool,
+) -> Result<Option<Vec<(Vec<u8>, i64, Option<Vec<u8>>)>>, ProgressTopicError> {
     let deadline = Instant::now() + timeout;
     let kafka = |error| ProgressTopicError::Kafka {
         topic: topic.to_string(),
@@ -133,11 +231,11 @@ pub fn read(
         .fetch_metadata(Some(topic), remaining(deadline))
         .map_err(kafka)?;
     let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
-        return Ok(Remembered::NoTopic);
+        return Ok(None);
     };
     match t.error().map(RDKafkaErrorCode::from) {
         None => {}
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Remembered::NoTopic),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(None),
         Some(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
     }
     if t.partitions().len() != 1 {
@@ -156,21 +254,23 @@ pub fn read(
         .map_err(kafka)?;
     drop(end);
     if high <= low {
-        return Ok(Remembered::Nothing);
+        return Ok(Some(Vec::new()));
     }
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, 0, Offset::Offset(low))
         .map_err(kafka)?;
     consumer.assign(&tpl).map_err(kafka)?;
-    let wanted = key.encode();
-    let mut newest: Option<(i64, Option<Vec<u8>>)> = None;
+    // Newest per key, in the order keys were first seen.
+    let mut newest: Vec<(Vec<u8>, i64, Option<Vec<u8>>)> = Vec::new();
     loop {
         if let Some(m) = consumer.poll(POLL) {
             let m = m.map_err(kafka)?;
-            if m.key()
-                .is_some_and(|k| k == wanted.as_slice() || same_key(k, key))
-            {
-                newest = Some((m.offset(), m.payload().map(<[u8]>::to_vec)));
+            if let Some(k) = m.key().filter(|k| wanted(k)) {
+                let value = m.payload().map(<[u8]>::to_vec);
+                match newest.iter_mut().find(|(seen, _, _)| seen.as_slice() == k) {
+                    Some(entry) => *entry = (k.to_vec(), m.offset(), value),
+                    None => newest.push((k.to_vec(), m.offset(), value)),
+                }
             }
         }
         let position = position(&consumer, topic).map_err(kafka)?;
@@ -186,18 +286,7 @@ pub fn read(
             });
         }
     }
-    match newest {
-        None | Some((_, None)) => Ok(Remembered::Nothing),
-        Some((offset, Some(value))) => match ProgressRecord::decode(&value) {
-            Ok(record) => Ok(Remembered::Record { record, offset }),
-            Err(error) => Err(ProgressTopicError::Record {
-                topic: topic.to_string(),
-                key: key.to_string(),
-                offset,
-                error,
-            }),
-        },
-    }
+    Ok(Some(newest))
 }
 
 /// Another encoding of the same key (written by another serializer): compared decoded.

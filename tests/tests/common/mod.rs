@@ -144,9 +144,16 @@ impl World {
             ("FERRY_HTTP_LISTEN".into(), format!("127.0.0.1:{http_port}")),
             ("FERRY_LOG_LEVEL".into(), "info".into()),
             ("FERRY_KAFKA_LINGER".into(), "1ms".into()),
+            // Each test remembers its progress in a topic of its own.
+            ("FERRY_KAFKA_PROGRESS_TOPIC".into(), self.progress_topic()),
         ];
         env.extend(self.env.iter().cloned());
         env
+    }
+
+    /// This world's progress topic (`kafka.progress_topic`).
+    pub fn progress_topic(&self) -> String {
+        format!("ferry-progress.{}", self.topic_prefix)
     }
 
     /// Starts `ferry run` for this world.

@@ -8,6 +8,7 @@ use ferry_wal::Lsn;
 use rdkafka::error::KafkaError;
 
 use crate::producer;
+use crate::progress::ProgressTopicError;
 use ferry_core::watermark::WatermarkError;
 
 /// Why a session or the pipeline ended.
@@ -51,6 +52,23 @@ pub enum PipelineError {
          {type_oid}, which Ferry reads only as text; reconnecting to stream text"
     )]
     TextNeeded { column: String, type_oid: u32 },
+    /// The start-time verdict found a gap (`ferry_core::verdict`): the message says what
+    /// happened, the remembered position, the bytes of WAL where known, and the action.
+    #[error("{0}")]
+    Gap(ferry_core::verdict::Refusal),
+    #[error("{0}")]
+    ProgressTopic(#[from] ProgressTopicError),
+    #[error(
+        "the SQL connection reached the server with system identifier {sql}, the replication connection \
+         the one with {replication}: postgres.url names several servers that are not one cluster's primary and \
+         standbys, or a failover happened between the two connections; reconnecting"
+    )]
+    TwoServers { sql: u64, replication: u64 },
+    #[error(
+        "replication slot {slot:?} was created, dropped or moved by another process while Ferry compared it with \
+         its progress record; comparing again"
+    )]
+    SlotChanged { slot: String },
 }
 
 impl PipelineError {
@@ -60,7 +78,12 @@ impl PipelineError {
             PipelineError::Reader(e) => e.is_transient(),
             PipelineError::Setup(e) => e.is_transient(),
             PipelineError::Delivery { transient, .. } => *transient,
-            PipelineError::ProducerFatal(_) | PipelineError::TextNeeded { .. } => true,
+            PipelineError::ProducerFatal(_)
+            | PipelineError::TextNeeded { .. }
+            | PipelineError::TwoServers { .. }
+            | PipelineError::SlotChanged { .. } => true,
+            PipelineError::ProgressTopic(e) => e.is_transient(),
+            PipelineError::Gap(_) => false,
             PipelineError::Route { .. }
             | PipelineError::ProducerConfig(_)
             | PipelineError::Watermark(_)

@@ -10,8 +10,11 @@
 //! - a slot streamed by another process makes this instance a **hot standby**: it polls until
 //!   the slot is free and then takes over;
 //! - a **permanent** error (privileges, an invalidated slot, a record Kafka refuses, a routing
-//!   error under `on_error = "fail"`) ends `run` with that error: `ferry` exits non-zero and
-//!   nothing past the failed record was confirmed;
+//!   error under `on_error = "fail"`, a gap the start-time verdict found: a slot lost, moved or
+//!   on another server, see `ferry_core::verdict`) ends `run` with that error: `ferry` exits
+//!   non-zero and nothing past the failed record was confirmed. An `--accept-gap` holds until
+//!   the progress record written after the accepted gap is acknowledged, across reconnects;
+//!   then it is used up;
 //! - the shutdown future ends the current session gracefully: stop reading, wait for in-flight
 //!   deliveries (up to the drain timeout), confirm, send a final status update.
 //!
@@ -45,6 +48,8 @@ pub async fn run(
     let mut backoff = settings.reconnect_backoff_min;
     let mut producer: Option<(Producer, session::Core)> = None;
     let mut standing_by = false;
+    // `--accept-gap`: good until the fresh progress record after the accepted gap is written.
+    let mut acceptance = settings.acceptance;
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -69,7 +74,7 @@ pub async fn run(
             .map(|(p, rx)| (p, session::Core::new(rx, &settings)))
             .map_err(PipelineError::ProducerConfig)?,
         };
-        let outcome = session::Session::new(&settings, &metrics, &p, core)
+        let outcome = session::Session::new(&settings, &metrics, &p, core, &mut acceptance)
             .run(shutdown.as_mut())
             .await;
         producer = Some((p, outcome.core));
@@ -127,7 +132,9 @@ async fn sleep_or_shutdown(
 impl PipelineError {
     fn component(&self) -> Component {
         match self {
-            PipelineError::Delivery { .. } | PipelineError::ProducerFatal(_) => Component::Kafka,
+            PipelineError::Delivery { .. }
+            | PipelineError::ProducerFatal(_)
+            | PipelineError::ProgressTopic(_) => Component::Kafka,
             _ => Component::Postgres,
         }
     }

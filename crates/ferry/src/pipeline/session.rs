@@ -11,6 +11,19 @@
 //! is full, a drain began) the reader task's bounded channel fills, it stops reading the socket,
 //! and the server stops sending. Memory therefore stays bounded by the window however long Kafka
 //! is away and however large a transaction is.
+//!
+//! # Remembering, then confirming
+//!
+//! Before it touches the slot a session asks the start-time verdict ([`ferry_core::verdict`])
+//! whether streaming from it would hide lost events: it reads the slot, then the progress topic
+//! (in that order: a Ferry streaming the slot meanwhile writes its record before it confirms,
+//! so the record read after the slot is never behind it), and stops with a permanent error that
+//! names the gap unless the operator accepted it. While streaming, the core's confirmed LSN goes
+//! to [`Remember`] first: a progress record is written (one in flight, one per 200 ms) and the
+//! reader reports only an LSN whose record Kafka acknowledged. Progress records travel through
+//! the same idempotent producer under one delivery-report key, [`PROGRESS_TOKEN`], outside the
+//! core's token space; their reports never reach the core. A shutdown writes the last record
+//! before the final status update.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,16 +31,34 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ferry_core::progress::{self as record, ProgressKey, ProgressRecord};
+use ferry_core::remember::Remember;
+use ferry_core::verdict::{self, Acceptance, Notice, Refusal, SlotSeen, StartInput, Verdict};
 use ferry_core::{Action, CoreError, Count, Relay, RelayConfig, Sink, Token};
-use ferry_wal::conn::{ReaderEvent, ReaderHandle};
+use ferry_wal::conn::{ReaderError, ReaderEvent, ReaderHandle};
+use ferry_wal::slot::SlotSpec;
 use ferry_wal::{slot, Lsn};
 use rdkafka::error::KafkaError;
 use tokio::sync::mpsc;
 
 use super::binary::{self, Mode};
 use super::{PipelineError, PipelineSettings};
-use crate::producer::{Delivery, KafkaSink, Producer};
+use crate::producer::{self, Delivered, Delivery, KafkaSink, Producer};
+use crate::progress;
 use crate::telemetry::Metrics;
+
+/// The delivery-report key of progress records: the core's tokens are slab indices from 0 up
+/// to the in-flight window, so this one is never one of them.
+pub(crate) const PROGRESS_TOKEN: usize = usize::MAX;
+
+/// How long reading the progress topic, or creating it, may take at a session's start.
+const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest a session that ended with an error waits for its last progress record.
+const LAST_RECORD_AFTER_ERROR: Duration = Duration::from_secs(5);
+
+/// Least time between two WARN lines about failing progress records.
+const PROGRESS_WARN_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Most delivery reports or WAL events handled in one wake-up of the session loop.
 const BURST: usize = 512;
@@ -55,6 +86,12 @@ pub(super) struct Outcome {
 pub(super) struct Core {
     rx: mpsc::Receiver<Delivery>,
     relay: Relay<KafkaError>,
+    /// Progress records between the core's confirmations and the reader (see the module docs).
+    remember: Remember,
+    /// The progress topic was created or found with one partition.
+    progress_topic_ready: bool,
+    /// When failing progress records were last logged.
+    progress_warned: Option<Instant>,
 }
 
 impl Core {
@@ -68,8 +105,22 @@ impl Core {
                 drain_timeout: s.drain_timeout,
                 session_drain_timeout: s.session_drain_timeout,
             }),
+            remember: Remember::default(),
+            progress_topic_ready: false,
+            progress_warned: None,
         }
     }
+}
+
+/// What the verdict let a session do.
+struct Start {
+    /// The slot may be created (first start, or a lost slot the operator accepted).
+    create_slot: bool,
+    /// The progress record the slot was compared with; `None`: write a fresh one first.
+    remembered: Option<Lsn>,
+    identity: ferry_wal::conn::SystemIdentity,
+    /// An accepted gap: the acceptance is used up once the fresh record is written.
+    accepted: bool,
 }
 
 pub(super) struct Session<'a> {
@@ -78,6 +129,12 @@ pub(super) struct Session<'a> {
     producer: &'a Producer,
     core: Core,
     status_updates_seen: u64,
+    acceptance: &'a mut Acceptance,
+    /// This session's progress key and timeline (from the streaming server's IDENTIFY_SYSTEM).
+    progress_key: Vec<u8>,
+    timeline: u32,
+    /// The session accepted a gap; the acceptance is used up by its first written record.
+    accepting: bool,
 }
 
 impl<'a> Session<'a> {
@@ -86,6 +143,7 @@ impl<'a> Session<'a> {
         metrics: &'a Arc<Metrics>,
         producer: &'a Producer,
         core: Core,
+        acceptance: &'a mut Acceptance,
     ) -> Self {
         Session {
             settings,
@@ -93,6 +151,10 @@ impl<'a> Session<'a> {
             producer,
             core,
             status_updates_seen: 0,
+            acceptance,
+            progress_key: Vec::new(),
+            timeline: 0,
+            accepting: false,
         }
     }
 
@@ -112,7 +174,12 @@ impl<'a> Session<'a> {
         let s = self.settings;
         let sql = slot::connect_sql(&s.postgres).await?;
         let sql = Arc::new(sql);
-        slot::ensure(&sql, &s.slot).await?;
+        let start = self.verdict(&sql).await?;
+        let spec = SlotSpec {
+            create_slot: s.slot.create_slot && start.create_slot,
+            ..s.slot.clone()
+        };
+        slot::ensure(&sql, &spec).await?;
         let mode = binary::decide(&sql, s).await?;
         let mut options = s.stream.clone();
         options.binary = mode == Mode::Binary;
@@ -120,7 +187,26 @@ impl<'a> Session<'a> {
             Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
             Mode::Text(why) => tracing::info!("values stream as text: {why}"),
         }
-        let mut reader = ferry_wal::conn::start(&s.postgres, &sql, options).await?;
+        let reader = ferry_wal::conn::start(&s.postgres, &sql, options).await?;
+        if reader.system.system_id != start.identity.system_id {
+            let replication = reader.system.system_id;
+            let _ = reader.shutdown().await;
+            return Err(PipelineError::TwoServers {
+                sql: start.identity.system_id,
+                replication,
+            });
+        }
+        let mut reader = reader;
+        self.progress_key = ProgressKey {
+            system_id: reader.system.system_id,
+            slot: s.slot.slot.clone(),
+        }
+        .encode();
+        self.timeline = reader.system.timeline;
+        self.accepting = start.accepted;
+        self.core
+            .remember
+            .start(reader.resume_lsn, start.remembered);
         if self.metrics.standby.get() != 0 {
             tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
             self.metrics.standby.set_flag(false);
@@ -148,15 +234,16 @@ impl<'a> Session<'a> {
             let mut stop = None;
             let wants_events = self.core.relay.wants_events();
             let deadline = self.core.relay.poll_timeout();
+            let next_record = self.core.remember.poll_timeout();
             tokio::select! {
                 biased;
                 Some(d) = self.core.rx.recv() => {
                     let now = Instant::now();
-                    self.core.relay.handle_report(Token(d.key), d.result.map(drop), now);
+                    self.report(d, now);
                     // Every report already queued, in one wake-up.
                     for _ in 0..BURST {
                         match self.core.rx.try_recv() {
-                            Ok(d) => self.core.relay.handle_report(Token(d.key), d.result.map(drop), now),
+                            Ok(d) => self.report(d, now),
                             Err(_) => break,
                         }
                     }
@@ -189,17 +276,30 @@ impl<'a> Session<'a> {
                 _ = sleep_until(deadline), if deadline.is_some() => {
                     self.core.relay.handle_timeout(Instant::now());
                 }
+                // The next progress record is due (its interval passed).
+                _ = sleep_until(next_record), if next_record.is_some() => {}
                 _ = publish_tick.tick() => {}
             }
             if stop.is_none() {
                 stop = self.carry_out(&reader);
             }
+            self.remember(&reader, Instant::now());
             self.publish_gauges(&reader);
             if let Some(stop) = stop {
                 break stop;
             }
         };
         lag.abort();
+        // What the drain confirmed is remembered, then reported in the final status update: a
+        // shutdown waits up to its drain timeout for that, a session that ends for another
+        // reason briefly (its records are in Kafka; without the record they are produced
+        // again on the next start, never lost).
+        let graceful = matches!(stopped, Ok(ferry_core::End::Shutdown));
+        let wait = match graceful {
+            true => s.drain_timeout,
+            false => s.drain_timeout.min(LAST_RECORD_AFTER_ERROR),
+        };
+        self.remember_last(&reader, wait, graceful).await;
         self.publish_gauges(&reader);
         let reader_result = finish(reader).await;
         match stopped {
@@ -208,7 +308,276 @@ impl<'a> Session<'a> {
                 Ok(End::Shutdown)
             }
             Ok(ferry_core::End::ReaderEnded) => reader_result.map(|()| End::Streamed),
-            Err(e) => Err(pipeline_error(e)),
+            Err(e) => Err(pipeline_error(e, &s.progress_topic)),
+        }
+    }
+
+    /// The start-time verdict (see the module docs): may this session stream from the slot?
+    async fn verdict(&mut self, sql: &tokio_postgres::Client) -> Result<Start, PipelineError> {
+        let s = self.settings;
+        let name = &s.slot.slot;
+        // The slot first, then the progress topic (see the module docs for why this order).
+        let state = slot::slot_state(sql, name).await?;
+        if let Some(pid) = state.as_ref().and_then(|st| st.active_pid) {
+            // Another process streams it (another Ferry, which keeps it and its record in step).
+            return Err(ReaderError::SlotInUse {
+                slot: name.clone(),
+                pid,
+            }
+            .into());
+        }
+        let identity = slot::system_identity(sql).await?;
+        let current_wal_lsn = match slot::in_recovery(sql).await? {
+            true => None,
+            false => Some(slot::current_wal_lsn(sql).await?),
+        };
+        if !self.core.progress_topic_ready {
+            progress::ensure_topic(
+                &s.producer_properties,
+                &s.progress_topic,
+                s.create_topics.replication_factor,
+                PROGRESS_TIMEOUT,
+            )
+            .await?;
+            self.core.progress_topic_ready = true;
+        }
+        let (properties, topic, slot_name) = (
+            s.producer_properties.clone(),
+            s.progress_topic.clone(),
+            name.clone(),
+        );
+        let history = tokio::task::spawn_blocking(move || {
+            progress::read_slot(&properties, &topic, &slot_name, PROGRESS_TIMEOUT)
+        })
+        .await
+        .map_err(|e| PipelineError::ProducerFatal(format!("reading the progress topic: {e}")))??;
+        // The slot again: another Ferry starting at the same moment may have created it (and
+        // written its first record) between the two reads, which would look like a lost slot.
+        // A slot that changed while Ferry looked is judged on the next attempt.
+        let again = slot::slot_state(sql, name).await?;
+        if let Some(pid) = again.as_ref().and_then(|st| st.active_pid) {
+            return Err(ReaderError::SlotInUse {
+                slot: name.clone(),
+                pid,
+            }
+            .into());
+        }
+        let position = |st: &Option<slot::SlotState>| {
+            st.as_ref()
+                .map(|st| (st.confirmed_flush_lsn, st.wal_status.clone()))
+        };
+        if position(&state) != position(&again) {
+            return Err(PipelineError::SlotChanged { slot: name.clone() });
+        }
+        let remembered = history.remembered(identity.system_id);
+        let seen = match &state {
+            None => SlotSeen::Missing,
+            Some(st) if st.wal_status.as_deref() == Some("lost") => SlotSeen::Invalidated {
+                confirmed_flush_lsn: st.confirmed_flush_lsn,
+            },
+            Some(st) => SlotSeen::Present {
+                confirmed_flush_lsn: st.confirmed_flush_lsn,
+            },
+        };
+        let verdict = verdict::decide(&StartInput {
+            slot_name: name,
+            slot: seen,
+            server: verdict::Server {
+                system_id: identity.system_id,
+                timeline: identity.timeline,
+                current_wal_lsn,
+            },
+            remembered: &remembered,
+            mode: record::Mode::AtLeastOnce,
+            acceptance: *self.acceptance,
+        });
+        let record_lsn = remembered.this_system.as_ref().map(|r| r.end_lsn);
+        if let Some(r) = record_lsn {
+            self.metrics.progress_lsn.set(r.0);
+        }
+        let start = |create_slot, remembered, accepted| Start {
+            create_slot,
+            remembered,
+            identity,
+            accepted,
+        };
+        match verdict {
+            Verdict::CreateSlot => {
+                tracing::info!(slot = %name, "first start: no progress record and no slot; creating the slot");
+                Ok(start(true, None, false))
+            }
+            Verdict::Stream {
+                notice,
+                fresh_record,
+            } => {
+                match notice {
+                    Some(Notice::TimelineChanged { from, to }) => tracing::info!(
+                        slot = %name,
+                        from_timeline = from,
+                        to_timeline = to,
+                        "the server's timeline changed since the progress record (a promoted standby); the slot is not ahead of the record, continuing"
+                    ),
+                    Some(Notice::NoRecord { confirmed }) => tracing::warn!(
+                        slot = %name,
+                        lsn = %confirmed,
+                        topic = %s.progress_topic,
+                        "the slot exists but no progress record remembers it (created by hand, or used by a Ferry without progress records): \
+                         continuing from the slot's position and writing progress records from now on"
+                    ),
+                    None => {}
+                }
+                Ok(start(
+                    false,
+                    (!fresh_record).then_some(record_lsn).flatten(),
+                    false,
+                ))
+            }
+            Verdict::Accepted { gap, create_slot } => {
+                tracing::warn!(
+                    slot = %name,
+                    gap = gap.kind(),
+                    remembered = ?gap.accept_with().map(|l| l.to_string()),
+                    bytes = ?gap.bytes(),
+                    "accepting a gap (--accept-gap): {gap}; continuing from {}",
+                    if create_slot { "a new slot" } else { "the slot's position" }
+                );
+                Ok(start(create_slot, None, true))
+            }
+            Verdict::Refuse { gap, offered } => Err(PipelineError::Gap(Refusal {
+                slot: name.clone(),
+                gap,
+                offered,
+            })),
+        }
+    }
+
+    /// A delivery report: a progress record's goes to [`Remember`], every other to the core.
+    fn report(&mut self, d: Delivery, now: Instant) {
+        if d.key == PROGRESS_TOKEN {
+            self.progress_report(d.result, now);
+        } else {
+            self.core
+                .relay
+                .handle_report(Token(d.key), d.result.map(drop), now);
+        }
+    }
+
+    fn progress_report(&mut self, result: Result<Delivered, KafkaError>, now: Instant) {
+        let lsn = self.core.remember.in_flight();
+        match result {
+            Ok(_) => {
+                self.core.remember.acked(true, now);
+                if let Some(lsn) = lsn {
+                    self.metrics.progress_lsn.set(lsn.0);
+                }
+                if self.metrics.progress_failing.get() != 0 {
+                    tracing::info!(topic = %self.settings.progress_topic, "progress records are written again; confirming resumes");
+                    self.metrics.progress_failing.set_flag(false);
+                    self.core.progress_warned = None;
+                }
+                if self.accepting {
+                    // The gap is accepted for good: the new record is the position from now on.
+                    *self.acceptance = Acceptance::default();
+                    self.accepting = false;
+                }
+            }
+            Err(e) => self.progress_failed(e, now),
+        }
+    }
+
+    /// A progress record failed or was refused: confirming waits, visibly; a record Kafka will
+    /// never take (not authorized, an invalid topic) ends the session like a failed outbox
+    /// record.
+    fn progress_failed(&mut self, e: KafkaError, now: Instant) {
+        self.core.remember.acked(false, now);
+        self.metrics.progress_write_errors.inc();
+        self.metrics.progress_failing.set_flag(true);
+        let topic = &self.settings.progress_topic;
+        if !producer::is_transient(&e) {
+            tracing::error!(%topic, error = %e, "Kafka refuses progress records");
+            self.core.relay.handle_sink_error(e, now);
+            return;
+        }
+        if self
+            .core
+            .progress_warned
+            .is_none_or(|t| now.duration_since(t) >= PROGRESS_WARN_INTERVAL)
+        {
+            self.core.progress_warned = Some(now);
+            tracing::warn!(
+                %topic,
+                error = %e,
+                confirmed = %self.core.relay.confirmed(),
+                remembered = ?self.core.remember.remembered().map(|l| l.to_string()),
+                "cannot write the progress record: nothing is confirmed to PostgreSQL until one is written \
+                 (the server keeps the WAL); retrying"
+            );
+        }
+    }
+
+    /// Writes the next progress record if one is due, and reports what an acknowledged record
+    /// holds to the server.
+    fn remember(&mut self, reader: &ReaderHandle, now: Instant) {
+        if let Some(lsn) = self.core.remember.poll_write(now) {
+            let value =
+                ProgressRecord::whole(record::Mode::AtLeastOnce, self.timeline, lsn, unix_millis())
+                    .encode();
+            if let Err(e) = self.producer.send_progress(
+                &self.settings.progress_topic,
+                &self.progress_key,
+                &value,
+                PROGRESS_TOKEN,
+            ) {
+                let e = match e {
+                    producer::SendError::QueueFull => {
+                        KafkaError::MessageProduction(rdkafka::error::RDKafkaErrorCode::QueueFull)
+                    }
+                    producer::SendError::Refused(e) => e,
+                };
+                self.progress_failed(e, now);
+            }
+        }
+        if let Some(lsn) = self.core.remember.poll_confirm() {
+            reader.confirm(lsn);
+            self.metrics.confirmed_lsn.set(lsn.0);
+        }
+    }
+
+    /// After a graceful drain: the last progress record, then its LSN to the reader (whose
+    /// final status update carries it), within the drain timeout.
+    async fn remember_last(&mut self, reader: &ReaderHandle, wait: Duration, graceful: bool) {
+        let deadline = Instant::now() + wait;
+        loop {
+            self.core.remember.hurry();
+            self.remember(reader, Instant::now());
+            if !self.core.remember.is_behind() {
+                return;
+            }
+            if !graceful && self.core.remember.is_failing() {
+                return;
+            }
+            let next = self
+                .core
+                .remember
+                .poll_timeout()
+                .unwrap_or(deadline)
+                .min(deadline);
+            tokio::select! {
+                Some(d) = self.core.rx.recv() => self.report(d, Instant::now()),
+                _ = sleep_until(Some(next)) => {}
+            }
+            if Instant::now() >= deadline && graceful {
+                tracing::warn!(
+                    topic = %self.settings.progress_topic,
+                    confirmed = %self.core.relay.confirmed(),
+                    "the last progress record was not acknowledged within the drain timeout; \
+                     the slot stays at the last remembered position (what follows is produced again on the next start)"
+                );
+                return;
+            }
+            if Instant::now() >= deadline {
+                return;
+            }
         }
     }
 
@@ -247,10 +616,10 @@ impl<'a> Session<'a> {
         stop
     }
 
-    /// The core confirmed `lsn`: the reader reports it to the server, the metric shows it.
-    fn confirm(&self, reader: &ReaderHandle, lsn: Lsn) {
-        reader.confirm(lsn);
-        self.metrics.confirmed_lsn.set(lsn.0);
+    /// The core confirmed `lsn`: it is remembered first (a progress record), and reported to
+    /// the server once that record is acknowledged ([`Session::remember`]).
+    fn confirm(&mut self, _reader: &ReaderHandle, lsn: Lsn) {
+        self.core.remember.confirmed(lsn);
     }
 
     fn count(&self, c: Count) {
@@ -300,12 +669,12 @@ impl<'a> Session<'a> {
 }
 
 /// The pipeline's error for the core's verdict.
-fn pipeline_error(e: CoreError<KafkaError>) -> PipelineError {
+fn pipeline_error(e: CoreError<KafkaError>, progress_topic: &str) -> PipelineError {
     match e {
         CoreError::Route { error, commit_lsn } => PipelineError::Route { error, commit_lsn },
         CoreError::Delivery { topic, error } => PipelineError::delivery(&topic, error),
-        // The idempotent sink has no failure outside a record.
-        CoreError::Sink(error) => PipelineError::delivery("(no topic)", error),
+        // The idempotent sink's only failure outside an outbox record: a progress record.
+        CoreError::Sink(error) => PipelineError::delivery(progress_topic, error),
         CoreError::TextNeeded { column, type_oid } => {
             PipelineError::TextNeeded { column, type_oid }
         }
@@ -313,6 +682,13 @@ fn pipeline_error(e: CoreError<KafkaError>) -> PipelineError {
         CoreError::UnknownReport { token } => PipelineError::UnknownReport { key: token.0 },
         CoreError::DrainTimeout { records } => PipelineError::DrainTimeout { records },
     }
+}
+
+fn unix_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Sleeps until `deadline` (for ever without one; the select arm is disabled then anyway).

@@ -40,6 +40,11 @@ pub struct PipelineSettings {
     pub lag_sample_interval: Duration,
     /// `postgres.binary`: pgoutput binary mode allowed where it helps (see [`super::binary`]).
     pub binary: bool,
+    /// `kafka.progress_topic`: where Ferry remembers its position outside the slot.
+    pub progress_topic: String,
+    /// What the operator accepted for this start (`ferry run --accept-gap`); set by the command
+    /// line, never by the configuration, so that it cannot outlive the start it was meant for.
+    pub acceptance: ferry_core::verdict::Acceptance,
 }
 
 impl PipelineSettings {
@@ -175,6 +180,8 @@ impl PipelineSettings {
             standby_poll_interval: config.postgres.standby_poll_interval,
             lag_sample_interval: LAG_SAMPLE_INTERVAL,
             binary: config.postgres.binary,
+            progress_topic: config.kafka.progress_topic.clone(),
+            acceptance: ferry_core::verdict::Acceptance::default(),
         })
     }
 }

@@ -34,6 +34,9 @@
 //! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
 //! | `ferry_topics_missing` | gauge | | Topics records were routed to that the brokers do not have (records wait for them). |
 //! | `ferry_log_write_errors_total` | counter | | Log events dropped because stderr failed (closed pipe, full disk); process-wide. |
+//! | `ferry_progress_lsn` | gauge | | LSN of the newest progress record Kafka acknowledged (the slot is never confirmed past it), as a number. |
+//! | `ferry_progress_write_errors_total` | counter | | Progress records Kafka failed (confirming waits until one succeeds). |
+//! | `ferry_progress_failing` | gauge | | 1 while the newest progress record failed and none succeeded since (the slot is not confirmed; WAL is retained). |
 //!
 //! [`Metrics::render`] adds the standard `process_*` families (resident and virtual memory, CPU
 //! seconds, open and maximum file descriptors, start time), read from `/proc` at scrape time; their
@@ -79,6 +82,9 @@ pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
 pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
 pub const TOPICS_MISSING: &str = "ferry_topics_missing";
 pub const LOG_WRITE_ERRORS_TOTAL: &str = "ferry_log_write_errors_total";
+pub const PROGRESS_LSN: &str = "ferry_progress_lsn";
+pub const PROGRESS_WRITE_ERRORS_TOTAL: &str = "ferry_progress_write_errors_total";
+pub const PROGRESS_FAILING: &str = "ferry_progress_failing";
 
 /// Whether a metric is a counter, gauge or histogram (its `# TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +118,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 24] = {
+pub const SPEC: [MetricSpec; 27] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -139,6 +145,9 @@ pub const SPEC: [MetricSpec; 24] = {
         spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
         spec(TOPICS_MISSING, G, "Topics records were routed to that the brokers do not have."),
         spec(LOG_WRITE_ERRORS_TOTAL, C, "Log events dropped because the log sink (stderr) failed."),
+        spec(PROGRESS_LSN, G, "LSN of the newest progress record Kafka acknowledged."),
+        spec(PROGRESS_WRITE_ERRORS_TOTAL, C, "Progress records Kafka failed."),
+        spec(PROGRESS_FAILING, G, "1 while progress records fail (the slot is not confirmed)."),
     ]
 };
 
@@ -454,6 +463,10 @@ pub struct Metrics {
     /// The topics records wait for, as the topic watch last found them (`ferry_topics_missing`
     /// is their number; `/readyz` names them).
     pub topics_missing: MissingTopics,
+    /// When it last rose is when a progress record was last acknowledged.
+    pub progress_lsn: StampedGauge,
+    pub progress_write_errors: Counter,
+    pub progress_failing: Gauge,
 }
 
 /// A topic the brokers do not have, and how many records wait for it.
@@ -509,6 +522,9 @@ impl Metrics {
             status_updates_sent: Counter::default(),
             reconnects: CounterVec::new(),
             topics_missing: MissingTopics::default(),
+            progress_lsn: StampedGauge::new(),
+            progress_write_errors: Counter::default(),
+            progress_failing: Gauge::default(),
         })
     }
 
@@ -543,7 +559,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 24] {
+    fn samples(&self) -> [Sample<'_>; 27] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -569,6 +585,9 @@ impl Metrics {
             Sample::Labelled(labelled(&self.reconnects)),
             Sample::Int(self.topics_missing.len() as u64),
             Sample::Int(super::logging::write_errors()),
+            Sample::Int(self.progress_lsn.get()),
+            Sample::Int(self.progress_write_errors.get()),
+            Sample::Int(self.progress_failing.get()),
         ]
     }
 }

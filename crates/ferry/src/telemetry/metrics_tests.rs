@@ -108,6 +108,15 @@ ferry_topics_missing 1
 # HELP ferry_log_write_errors_total Log events dropped because the log sink (stderr) failed.
 # TYPE ferry_log_write_errors_total counter
 ferry_log_write_errors_total 0
+# HELP ferry_progress_lsn LSN of the newest progress record Kafka acknowledged.
+# TYPE ferry_progress_lsn gauge
+ferry_progress_lsn 0
+# HELP ferry_progress_write_errors_total Progress records Kafka failed.
+# TYPE ferry_progress_write_errors_total counter
+ferry_progress_write_errors_total 0
+# HELP ferry_progress_failing 1 while progress records fail (the slot is not confirmed).
+# TYPE ferry_progress_failing gauge
+ferry_progress_failing 0
 "#;
 
 #[test]

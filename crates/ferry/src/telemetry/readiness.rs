@@ -11,7 +11,10 @@
 //!    first confirmation is due. An idle outbox (nothing in flight, no new WAL) is ready: the keepalive
 //!    rules confirm the server's `wal_end` on their own schedule and there is nothing to be late for;
 //! 4. no topic records were routed to is missing on the brokers (the topic watch keeps that list
-//!    in the registry): such records wait, however recently something else was confirmed.
+//!    in the registry): such records wait, however recently something else was confirmed;
+//! 5. the progress topic takes its records (`ferry_progress_failing` is 0): the slot is confirmed
+//!    only up to an acknowledged progress record, so while they fail nothing is confirmed and the
+//!    server keeps the WAL, however idle the outbox.
 //!
 //! The rule reads only the registry, so the pipeline has one thing to update (the metrics) and
 //! `/readyz` can never disagree with `/metrics`. It takes `now` as an argument so tests need no
@@ -35,6 +38,7 @@ pub enum NotReady {
         since: Duration,
     },
     TopicsMissing(Vec<super::metrics::MissingTopic>),
+    ProgressFailing,
 }
 
 impl fmt::Display for NotReady {
@@ -59,6 +63,10 @@ impl fmt::Display for NotReady {
                 }
                 f.write_str("; create them, or set route.create_topics.enabled = true")
             }
+            NotReady::ProgressFailing => f.write_str(
+                "progress records cannot be written to the progress topic (kafka.progress_topic): \
+                 nothing is confirmed to PostgreSQL until one is; see the log",
+            ),
         }
     }
 }
@@ -70,6 +78,9 @@ pub fn check(metrics: &Metrics, stall_after: Duration, now: Instant) -> Result<(
     }
     if metrics.streaming.get() == 0 {
         return Err(NotReady::NotStreaming);
+    }
+    if metrics.progress_failing.get() != 0 {
+        return Err(NotReady::ProgressFailing);
     }
     let missing = metrics.topics_missing.get();
     if !missing.is_empty() {
@@ -185,6 +196,17 @@ mod tests {
              create them, or set route.create_topics.enabled = true"
         );
         m.topics_missing.set(Vec::new());
+        assert_eq!(check(&m, WINDOW, Instant::now()), Ok(()));
+    }
+
+    #[test]
+    fn failing_progress_records_are_not_ready_even_when_idle() {
+        let m = streaming();
+        m.progress_failing.set_flag(true);
+        let e = check(&m, WINDOW, Instant::now()).unwrap_err();
+        assert_eq!(e, NotReady::ProgressFailing);
+        assert!(e.to_string().contains("kafka.progress_topic"), "{e}");
+        m.progress_failing.set_flag(false);
         assert_eq!(check(&m, WINDOW, Instant::now()), Ok(()));
     }
 

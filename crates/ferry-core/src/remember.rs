@@ -1,0 +1,330 @@
+//! Remembering before confirming (at-least-once mode): the progress record goes to Kafka first,
+//! the slot is confirmed after.
+//!
+//! The relay core confirms an LSN once Kafka holds every record up to it ([`crate::relay`]).
+//! In at-least-once mode that LSN is not passed to the server at once: it is first written as
+//! a progress record ([`crate::progress`]), and only the LSN of an *acknowledged* record may be
+//! reported as `flush_lsn`. So the slot's `confirmed_flush_lsn` is never ahead of the newest
+//! progress record, and a start that finds it ahead knows that something other than Ferry moved
+//! it ([`crate::verdict`]).
+//!
+//! [`Remember`] is the sans-io state machine between the core's confirmations and the reader:
+//!
+//! - **one record in flight**, and at most one every [`INTERVAL`]: always the newest confirmed
+//!   LSN, so a busy stream writes about five small records a second whatever its rate, and the
+//!   slot is confirmed at most an interval plus one round trip later than before;
+//! - **the newest record is the truth**: records are written one at a time, so the order of
+//!   their acknowledgements is their order in the (single-partition) topic, and what was last
+//!   acknowledged is what a restart reads back. What may be reported to the server is the lower
+//!   of the core's confirmed LSN and that record's LSN;
+//! - **a failed write stops confirming**, never the stream: it is retried with the newest LSN
+//!   after [`RETRY_AFTER`], and [`Remember::is_failing`] says so until a write succeeds (the
+//!   driver shows it as a WARN, a metric and `/readyz`). Meanwhile the server keeps the WAL;
+//! - a session starts from what the start-time verdict trusted: the remembered record's LSN, or
+//!   none (first start, upgrade, accepted gap), in which case the slot's position is written at
+//!   once and nothing is reported until it is acknowledged. A record of an earlier session still
+//!   in flight keeps its place: its acknowledgement is the newest record when it lands.
+
+use std::time::{Duration, Instant};
+
+use ferry_wal::Lsn;
+
+/// Least time between two progress records.
+pub const INTERVAL: Duration = Duration::from_millis(200);
+/// How long after a failed write the next one is tried.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// See the [module documentation](self).
+#[derive(Debug, Clone)]
+pub struct Remember {
+    /// LSN of the newest acknowledged record (`None`: no record this session may trust).
+    remembered: Option<Lsn>,
+    /// The core's confirmed LSN in this session.
+    core: Lsn,
+    /// What was last reported to the reader.
+    reported: Lsn,
+    /// The record written and not yet acknowledged.
+    in_flight: Option<Lsn>,
+    /// Earliest time of the next write.
+    next_write: Option<Instant>,
+    failing: bool,
+}
+
+impl Default for Remember {
+    fn default() -> Self {
+        Remember {
+            remembered: None,
+            core: Lsn::ZERO,
+            reported: Lsn::ZERO,
+            in_flight: None,
+            next_write: None,
+            failing: false,
+        }
+    }
+}
+
+impl Remember {
+    /// A session streams from `resume` (the slot's position); `remembered` is the record the
+    /// verdict compared it with, `None` if a fresh one must be written at `resume` first.
+    pub fn start(&mut self, resume: Lsn, remembered: Option<Lsn>) {
+        self.core = resume;
+        self.reported = resume;
+        self.remembered = remembered;
+        self.next_write = None;
+    }
+
+    /// The core confirmed `lsn`.
+    pub fn confirmed(&mut self, lsn: Lsn) {
+        self.core = self.core.max(lsn);
+    }
+
+    /// The LSN of the record to write now, if any (it is then in flight).
+    pub fn poll_write(&mut self, now: Instant) -> Option<Lsn> {
+        if self.in_flight.is_some() || !self.wants_write() {
+            return None;
+        }
+        if self.next_write.is_some_and(|t| now < t) {
+            return None;
+        }
+        self.in_flight = Some(self.core);
+        self.next_write = Some(now + INTERVAL);
+        self.in_flight
+    }
+
+    /// The record in flight was acknowledged (`ok`) or failed.
+    pub fn acked(&mut self, ok: bool, now: Instant) {
+        let Some(lsn) = self.in_flight.take() else {
+            return;
+        };
+        if ok {
+            self.remembered = Some(lsn);
+            self.failing = false;
+        } else {
+            // A failed write may still have landed (a timed-out request the broker did
+            // append): until a write succeeds, either record may be the newest.
+            self.remembered = self.remembered.map(|r| r.min(lsn));
+            self.failing = true;
+            self.next_write = Some(now + RETRY_AFTER);
+        }
+    }
+
+    /// The LSN to report to the server now, if it rose: never above the newest record.
+    pub fn poll_confirm(&mut self) -> Option<Lsn> {
+        // The record in flight becomes the newest when it lands: the slot must not pass it
+        // either.
+        let c = self
+            .core
+            .min(self.remembered?)
+            .min(self.in_flight.unwrap_or(Lsn(u64::MAX)));
+        (c > self.reported).then(|| {
+            self.reported = c;
+            c
+        })
+    }
+
+    /// When [`Remember::poll_write`] will next have something, if it waits for the interval.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.in_flight.is_some() || !self.wants_write() {
+            return None;
+        }
+        self.next_write
+    }
+
+    /// Whether the newest write failed and none succeeded since.
+    pub fn is_failing(&self) -> bool {
+        self.failing
+    }
+
+    /// Whether a record is in flight.
+    pub fn in_flight(&self) -> Option<Lsn> {
+        self.in_flight
+    }
+
+    /// The newest acknowledged record's LSN, if any.
+    pub fn remembered(&self) -> Option<Lsn> {
+        self.remembered
+    }
+
+    /// Whether something confirmed is not yet remembered (or written).
+    pub fn is_behind(&self) -> bool {
+        self.in_flight.is_some() || self.wants_write()
+    }
+
+    /// Lets the next write go without waiting for the interval (a shutdown's last record).
+    pub fn hurry(&mut self) {
+        if !self.failing {
+            self.next_write = None;
+        }
+    }
+
+    fn wants_write(&self) -> bool {
+        // A record at or below the newest one would say nothing new (records only go up).
+        self.remembered.is_none_or(|r| self.core > r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, ms: u64) -> Instant {
+        start + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn confirms_only_what_an_acknowledged_record_holds() {
+        let t = Instant::now();
+        let mut r = Remember::default();
+        r.start(Lsn(100), Some(Lsn(100)));
+        assert_eq!(r.poll_write(t), None, "nothing new");
+        assert_eq!(r.poll_confirm(), None);
+        r.confirmed(Lsn(150));
+        assert_eq!(r.poll_confirm(), None, "not remembered yet");
+        assert_eq!(r.poll_write(t), Some(Lsn(150)));
+        r.confirmed(Lsn(160));
+        assert_eq!(r.poll_write(t), None, "one in flight");
+        assert_eq!(r.poll_confirm(), None);
+        r.acked(true, at(t, 5));
+        assert_eq!(r.poll_confirm(), Some(Lsn(150)));
+        assert_eq!(r.poll_confirm(), None);
+        assert_eq!(r.poll_write(at(t, 100)), None, "throttled");
+        assert_eq!(r.poll_timeout(), Some(at(t, 200)));
+        r.confirmed(Lsn(170));
+        assert_eq!(r.poll_write(at(t, 200)), Some(Lsn(170)), "the newest");
+        r.acked(true, at(t, 210));
+        assert_eq!(r.poll_confirm(), Some(Lsn(170)));
+        assert!(!r.is_behind());
+    }
+
+    #[test]
+    fn a_failed_write_stops_confirming_and_is_retried_with_the_newest_lsn() {
+        let t = Instant::now();
+        let mut r = Remember::default();
+        r.start(Lsn(100), Some(Lsn(100)));
+        r.confirmed(Lsn(200));
+        assert_eq!(r.poll_write(t), Some(Lsn(200)));
+        r.acked(false, at(t, 10));
+        assert!(r.is_failing());
+        assert_eq!(r.poll_confirm(), None);
+        r.confirmed(Lsn(300));
+        assert_eq!(r.poll_write(at(t, 500)), None, "waits RETRY_AFTER");
+        assert_eq!(r.poll_timeout(), Some(at(t, 1010)));
+        r.hurry();
+        assert_eq!(
+            r.poll_write(at(t, 500)),
+            None,
+            "a failing write is not hurried"
+        );
+        assert_eq!(r.poll_write(at(t, 1010)), Some(Lsn(300)));
+        r.acked(true, at(t, 1020));
+        assert!(!r.is_failing());
+        assert_eq!(r.poll_confirm(), Some(Lsn(300)));
+    }
+
+    #[test]
+    fn without_a_trusted_record_the_slot_position_is_written_first() {
+        let t = Instant::now();
+        let mut r = Remember::default();
+        r.start(Lsn(100), None);
+        r.confirmed(Lsn(120));
+        assert_eq!(r.poll_write(t), Some(Lsn(120)));
+        assert_eq!(r.poll_confirm(), None);
+        r.acked(true, t);
+        assert_eq!(r.poll_confirm(), Some(Lsn(120)));
+        let mut fresh = Remember::default();
+        fresh.start(Lsn(100), None);
+        assert_eq!(
+            fresh.poll_write(t),
+            Some(Lsn(100)),
+            "even with nothing confirmed"
+        );
+    }
+
+    #[test]
+    fn a_slot_behind_the_record_confirms_up_to_the_record_without_writing() {
+        let t = Instant::now();
+        let mut r = Remember::default();
+        r.start(Lsn(100), Some(Lsn(500)));
+        r.confirmed(Lsn(300));
+        assert_eq!(r.poll_confirm(), Some(Lsn(300)));
+        assert_eq!(r.poll_write(t), None, "the record already holds 300");
+        r.confirmed(Lsn(600));
+        assert_eq!(r.poll_confirm(), Some(Lsn(500)), "up to the record");
+        assert_eq!(r.poll_write(t), Some(Lsn(600)));
+        r.acked(true, t);
+        assert_eq!(r.poll_confirm(), Some(Lsn(600)));
+    }
+
+    #[test]
+    fn a_late_acknowledgement_from_an_earlier_session_is_the_newest_record() {
+        let t = Instant::now();
+        let mut r = Remember::default();
+        r.start(Lsn(100), Some(Lsn(100)));
+        r.confirmed(Lsn(400));
+        assert_eq!(r.poll_write(t), Some(Lsn(400)));
+        // The session ends; the next one read 100 from Kafka (400 had not landed).
+        r.start(Lsn(100), Some(Lsn(100)));
+        r.confirmed(Lsn(450));
+        assert_eq!(r.poll_write(at(t, 300)), None, "400 still in flight");
+        r.acked(true, at(t, 310));
+        assert_eq!(r.remembered(), Some(Lsn(400)));
+        assert_eq!(r.poll_confirm(), Some(Lsn(400)));
+        assert_eq!(r.poll_write(at(t, 310)), Some(Lsn(450)));
+    }
+
+    /// Against a model: whatever the order of confirmations, acknowledgements, failures and
+    /// session starts, the LSN reported never exceeds the newest acknowledged record.
+    #[test]
+    fn the_reported_lsn_never_passes_the_newest_acknowledged_record() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..2_000 {
+            let t0 = Instant::now();
+            let mut r = Remember::default();
+            let mut topic_newest: Option<Lsn> = None;
+            let mut slot = Lsn(100);
+            r.start(slot, None);
+            let mut core = slot;
+            let mut now = t0;
+            for _ in 0..200 {
+                now += Duration::from_millis(next() % 300);
+                match next() % 6 {
+                    0 | 1 => {
+                        core = Lsn(core.0 + next() % 50);
+                        r.confirmed(core);
+                    }
+                    2 => {
+                        if let Some(lsn) = r.in_flight() {
+                            // Failed and not appended, failed yet appended (a timeout), or ok.
+                            let outcome = next() % 6;
+                            if outcome != 0 {
+                                topic_newest = Some(lsn);
+                            }
+                            r.acked(outcome > 1, now);
+                        }
+                    }
+                    3 => {
+                        // A new session from the slot, with what Kafka holds now.
+                        core = slot;
+                        r.start(slot, topic_newest);
+                    }
+                    _ => {
+                        let _ = r.poll_write(now);
+                    }
+                }
+                if let Some(c) = r.poll_confirm() {
+                    slot = c;
+                }
+                assert!(
+                    topic_newest.is_some_and(|n| slot <= n) || slot == Lsn(100),
+                    "slot {slot} ahead of the newest record {topic_newest:?}"
+                );
+            }
+        }
+    }
+}

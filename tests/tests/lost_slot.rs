@@ -1,0 +1,538 @@
+//! Loss never goes unnoticed (issue 12 §3): Ferry remembers its position in the progress topic
+//! and compares the slot with it at every start. A slot dropped under Ferry, or advanced by
+//! someone else, stops it with the gap and the action; `--accept-gap` continues; a first start
+//! and an upgrade from a Ferry without progress records start on their own; a progress topic
+//! Ferry cannot use is a clear error.
+//!
+//! Each test has its own database, slot, topics and progress topic; waits are conditions with
+//! deadlines.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use ferry::progress::{self, Remembered};
+use ferry_core::progress::{Mode, ProgressKey, ProgressRecord};
+use ferry_wal::Lsn;
+
+const AGGREGATE: &str = "order";
+const EXIT: Duration = Duration::from_secs(60);
+
+async fn insert(w: &World, ids: std::ops::Range<u32>) {
+    for i in ids {
+        w.insert(
+            AGGREGATE,
+            &format!("k{i}"),
+            "created",
+            &format!("{{\"n\":{i}}}"),
+        )
+        .await;
+    }
+}
+
+/// The server's system identifier (what the progress key names).
+async fn system_id(w: &World) -> u64 {
+    let s: String = w
+        .sql
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .expect("system identifier")
+        .get(0);
+    s.parse().expect("number")
+}
+
+/// The newest progress record of the world's slot on this server.
+async fn remembered(w: &World) -> Option<ProgressRecord> {
+    let key = ProgressKey {
+        system_id: system_id(w).await,
+        slot: w.slot.clone(),
+    };
+    let (brokers, topic) = (w.brokers.clone(), w.progress_topic());
+    let got = tokio::task::spawn_blocking(move || {
+        progress::read(
+            &[("bootstrap.servers".to_string(), brokers)],
+            &topic,
+            &key,
+            Duration::from_secs(30),
+        )
+    })
+    .await
+    .expect("join")
+    .expect("read the progress topic");
+    match got {
+        Remembered::Record { record, .. } => Some(record),
+        Remembered::NoTopic | Remembered::Nothing => None,
+    }
+}
+
+/// Waits until the slot is confirmed at or past `lsn` and a progress record holds it.
+async fn wait_remembered(w: &World, lsn: Lsn) -> ProgressRecord {
+    wait_until(
+        &format!("the slot is confirmed and remembered at or past {lsn}"),
+        Duration::from_secs(60),
+        || async { w.confirmed_lsn().await.is_some_and(|c| c >= lsn) },
+    )
+    .await;
+    // The slot first, then the record: Ferry writes a record before it confirms its LSN, so
+    // a record read after the slot is never behind it (the other order races with Ferry).
+    let slot = w.confirmed_lsn().await.expect("slot");
+    let record = remembered(w).await.expect("a progress record");
+    assert!(
+        record.end_lsn >= slot,
+        "the slot ({slot}) is ahead of the progress record ({})",
+        record.end_lsn
+    );
+    assert_eq!(record.mode, Mode::AtLeastOnce);
+    record
+}
+
+/// Terminates the walsender of the world's slot and drops the slot, retrying while Ferry
+/// reconnects and takes it again.
+async fn drop_slot_under_ferry(w: &World) {
+    let sql = &w.sql;
+    let slot = w.slot.clone();
+    wait_until(
+        "the slot is dropped from under Ferry",
+        Duration::from_secs(30),
+        || {
+            let slot = slot.clone();
+            async move {
+                let _ = sql
+                    .execute(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                         WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                        &[&slot],
+                    )
+                    .await;
+                sql.execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+                    .await
+                    .is_ok()
+            }
+        },
+    )
+    .await;
+}
+
+/// The LSN the refusal names in `ferry run --accept-gap <LSN>`.
+fn accept_gap_lsn(log: &str) -> Lsn {
+    let at = log
+        .find("--accept-gap ")
+        .unwrap_or_else(|| panic!("no --accept-gap in the log:\n{log}"));
+    let rest = &log[at + "--accept-gap ".len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_hexdigit() || c == '/'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().expect("an LSN")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_start_creates_the_slot_and_the_slot_never_passes_its_progress_record() {
+    let w = World::new().await;
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    assert!(
+        ferry.log_text().contains("first start"),
+        "{}",
+        ferry.log_text()
+    );
+    // The slot's position is remembered before anything is streamed.
+    let created = w.confirmed_lsn().await.expect("Ferry created the slot");
+    wait_until(
+        "the first progress record",
+        Duration::from_secs(30),
+        || async { remembered(&w).await.is_some() },
+    )
+    .await;
+    insert(&w, 0..20).await;
+    let end = w.current_wal_lsn().await;
+    w.consume(&topic, 20).await;
+    let record = wait_remembered(&w, end).await;
+    assert!(record.end_lsn >= end && record.end_lsn > created);
+    assert_eq!(
+        ferry.metric("ferry_progress_lsn").await,
+        Some(record.end_lsn.0 as f64)
+    );
+    assert_eq!(ferry.metric("ferry_progress_failing").await, Some(0.0));
+    // A graceful stop writes the last record before the final status update.
+    insert(&w, 20..25).await;
+    w.consume(&topic, 25).await;
+    assert!(ferry.terminate().await.success());
+    let slot = w.confirmed_lsn().await.expect("slot");
+    let last = remembered(&w).await.expect("record");
+    assert!(last.end_lsn >= slot, "slot {slot} past {}", last.end_lsn);
+    // And the next start finds them in step.
+    let mut again = w.start_ferry();
+    again.wait_ready().await;
+    assert!(!again.log_text().contains("events may be lost"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_continues() {
+    let mut w = World::new().await;
+    w.env.push((
+        "FERRY_POSTGRES_RECONNECT_BACKOFF_MIN".into(),
+        "100ms".into(),
+    ));
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert(&w, 0..10).await;
+    let end = w.current_wal_lsn().await;
+    w.consume(&topic, 10).await;
+    let before = wait_remembered(&w, end).await;
+
+    drop_slot_under_ferry(&w).await;
+    // Rows committed while there is no slot: gone from any new slot's stream.
+    insert(&w, 10..15).await;
+    let status = ferry.wait_exit(EXIT).await;
+    let log = ferry.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("events may be lost"), "{log}");
+    assert!(log.contains("the replication slot is gone"), "{log}");
+    assert!(log.contains("bytes of WAL"), "{log}");
+    let remembered_at = accept_gap_lsn(&log);
+    assert!(remembered_at >= before.end_lsn && remembered_at >= end);
+    assert_eq!(
+        w.confirmed_lsn().await,
+        None,
+        "no slot was created silently"
+    );
+    // `ferry check` and `ferry status` say the same.
+    let mut check = Ferry::spawn(&w, &["check"]);
+    assert_eq!(check.wait_exit(EXIT).await.code(), Some(1));
+    assert!(
+        check.log_text().contains("events may be lost"),
+        "{}",
+        check.log_text()
+    );
+
+    // Another gap's LSN accepts nothing.
+    let wrong = Lsn(remembered_at.0 - 8).to_string();
+    let mut refused = Ferry::spawn(&w, &["run", "--accept-gap", &wrong]);
+    assert_eq!(refused.wait_exit(EXIT).await.code(), Some(1));
+    assert!(
+        refused
+            .log_text()
+            .contains("was given, but this gap starts at"),
+        "{}",
+        refused.log_text()
+    );
+    assert_eq!(w.confirmed_lsn().await, None);
+
+    // The operator's action: continue from a new slot, logged at WARN with the gap.
+    let lsn = remembered_at.to_string();
+    let mut accepted = Ferry::spawn(&w, &["run", "--accept-gap", &lsn]);
+    accepted.wait_ready().await;
+    let log = accepted.log_text();
+    assert!(log.contains("accepting a gap"), "{log}");
+    assert!(log.contains("WARN"), "{log}");
+    insert(&w, 15..25).await;
+    let end = w.current_wal_lsn().await;
+    let got = w.consume(&topic, 20).await;
+    let ids: Vec<String> = got
+        .iter()
+        .filter_map(|c| {
+            c.key
+                .as_ref()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+        })
+        .collect();
+    for i in 15..25 {
+        assert!(
+            ids.contains(&format!("k{i}")),
+            "row {i} after the gap: {ids:?}"
+        );
+    }
+    // The gap was real: what was committed while there was no slot never arrived.
+    for i in 10..15 {
+        assert!(
+            !ids.contains(&format!("k{i}")),
+            "row {i} in the gap arrived: {ids:?}"
+        );
+    }
+    let renewed = wait_remembered(&w, end).await;
+    assert!(renewed.end_lsn > remembered_at);
+    assert!(accepted.terminate().await.success());
+    // The acceptance was for that start: a plain start now finds slot and record in step.
+    let mut plain = w.start_ferry();
+    plain.wait_ready().await;
+    assert!(!plain.log_text().contains("events may be lost"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_advanced_by_someone_else_stops_ferry_with_the_gap() {
+    let w = World::new().await;
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert(&w, 0..5).await;
+    let end = w.current_wal_lsn().await;
+    w.consume(&topic, 5).await;
+    wait_remembered(&w, end).await;
+    assert!(ferry.terminate().await.success());
+    let record = remembered(&w).await.expect("record");
+
+    insert(&w, 5..10).await;
+    let advanced_to = w.current_wal_lsn().await;
+    w.sql
+        .execute(
+            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
+            &[&w.slot, &advanced_to.to_string()],
+        )
+        .await
+        .expect("advance the slot");
+    let slot = w.confirmed_lsn().await.expect("slot");
+    assert!(slot > record.end_lsn);
+
+    let mut ferry = w.start_ferry();
+    let status = ferry.wait_exit(EXIT).await;
+    let log = ferry.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("ahead of where Ferry left it"), "{log}");
+    let bytes = slot.saturating_sub(record.end_lsn);
+    assert!(log.contains(&format!("{bytes} bytes of WAL")), "{log}");
+    assert!(
+        log.contains(&format!("--accept-gap {}", record.end_lsn)),
+        "{log}"
+    );
+    assert_eq!(w.confirmed_lsn().await, Some(slot), "nothing was streamed");
+
+    let mut status = Ferry::spawn(&w, &["status", "--json"]);
+    assert_eq!(status.wait_exit(EXIT).await.code(), Some(1));
+    let text = status.log_text();
+    assert!(text.contains("\"gap\": \"slot_ahead\""), "{text}");
+    assert!(text.contains(&format!("\"gap_bytes\": {bytes}")), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_from_a_ferry_without_progress_records_continues_with_a_warning() {
+    let w = World::new().await;
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    // What an older Ferry left: the publication, then the slot (a slot older than its
+    // publication cannot decode with it).
+    w.sql
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)",
+            w.publication
+        ))
+        .await
+        .expect("create publication");
+    w.sql
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&w.slot],
+        )
+        .await
+        .expect("create slot");
+    insert(&w, 0..5).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let log = ferry.log_text();
+    assert!(log.contains("no progress record remembers it"), "{log}");
+    assert!(log.contains("WARN"), "{log}");
+    w.consume(&topic, 5).await;
+    let end = w.current_wal_lsn().await;
+    insert(&w, 5..6).await;
+    w.consume(&topic, 6).await;
+    wait_remembered(&w, end).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_topic_with_three_partitions_is_a_clear_error() {
+    let w = World::new().await;
+    w.create_topic(AGGREGATE, 1).await;
+    ferry_testkit::kafka::create_topic(&w.brokers, &w.progress_topic(), 3).await;
+    let mut ferry = w.start_ferry();
+    let status = ferry.wait_exit(EXIT).await;
+    let log = ferry.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("has 3 partitions; Ferry needs exactly 1"),
+        "{log}"
+    );
+    assert!(log.contains("kafka.progress_topic"), "{log}");
+    assert_eq!(
+        w.confirmed_lsn().await,
+        None,
+        "no slot before the topic is usable"
+    );
+    // `ferry check` finds it first.
+    let mut check = Ferry::spawn(&w, &["check"]);
+    assert_eq!(check.wait_exit(EXIT).await.code(), Some(1));
+    let out = check.log_text();
+    assert!(
+        out.contains("error: the progress topic") && out.contains("has 3 partitions"),
+        "{out}"
+    );
+}
+
+/// Deletes `topic` and waits until the broker no longer lists it.
+async fn delete_topic(brokers: &str, topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    for r in admin
+        .delete_topics(&[topic], &AdminOptions::new())
+        .await
+        .expect("delete_topics")
+    {
+        r.unwrap_or_else(|e| panic!("delete {topic}: {e:?}"));
+    }
+    let (b, t) = (brokers.to_string(), topic.to_string());
+    wait_until("the topic is gone", Duration::from_secs(30), || {
+        let (b, t) = (b.clone(), t.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                ferry_testkit::kafka::partition_count(&b, &t).is_none()
+            })
+            .await
+            .unwrap_or(false)
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_records_that_cannot_be_written_stop_confirming_visibly() {
+    let broker = ferry_testkit::kafka::LocalBroker::start().await;
+    ferry_testkit::kafka::set_auto_create_topics(&broker.brokers(), false).await;
+    let mut w = World::on(
+        ferry_testkit::pg::shared().create_db().await,
+        broker.brokers(),
+    )
+    .await;
+    w.env
+        .push(("FERRY_KAFKA_DELIVERY_TIMEOUT".into(), "2s".into()));
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert(&w, 0..5).await;
+    let end = w.current_wal_lsn().await;
+    w.consume(&topic, 5).await;
+    let last = wait_remembered(&w, end).await;
+
+    // The progress topic disappears: outbox records still flow, confirming stops, loudly.
+    delete_topic(&w.brokers, &w.progress_topic()).await;
+    insert(&w, 5..15).await;
+    w.consume(&topic, 15).await;
+    wait_until(
+        "ferry_progress_failing and /readyz say so",
+        Duration::from_secs(60),
+        || async {
+            ferry.metric("ferry_progress_failing").await == Some(1.0)
+                && ferry
+                    .http_get("/readyz")
+                    .await
+                    .is_some_and(|(code, body)| code == 503 && body.contains("progress"))
+        },
+    )
+    .await;
+    let errors = ferry
+        .metric("ferry_progress_write_errors_total")
+        .await
+        .expect("metric");
+    assert!(errors >= 1.0);
+    let log = ferry.log_text();
+    assert!(log.contains("cannot write the progress record"), "{log}");
+    // The newest record Kafka acknowledged (before the topic went): the slot never passes it.
+    let acknowledged = Lsn(ferry.metric("ferry_progress_lsn").await.expect("metric") as u64);
+    assert!(acknowledged >= last.end_lsn);
+    // Rows Kafka acknowledges now are confirmed by the core, yet not to the server: wait for
+    // two more failed attempts after they arrived.
+    insert(&w, 15..20).await;
+    let after = w.current_wal_lsn().await;
+    w.consume(&topic, 20).await;
+    wait_until(
+        "two more failed attempts",
+        Duration::from_secs(60),
+        || async {
+            ferry
+                .metric("ferry_progress_write_errors_total")
+                .await
+                .is_some_and(|e| e >= errors + 2.0)
+        },
+    )
+    .await;
+    let slot = w.confirmed_lsn().await.expect("slot");
+    assert!(
+        slot <= acknowledged && slot < after,
+        "the slot ({slot}) moved past the last acknowledged progress record ({acknowledged}) while none could be written"
+    );
+    assert!(
+        ferry.is_running(),
+        "a transient failure is not a reason to exit"
+    );
+
+    // The topic is back: records are written again and the slot follows.
+    ferry_testkit::kafka::create_topic(&w.brokers, &w.progress_topic(), 1).await;
+    let end = w.current_wal_lsn().await;
+    wait_remembered(&w, end).await;
+    wait_until("ready again", Duration::from_secs(60), || async {
+        ferry.metric("ferry_progress_failing").await == Some(0.0)
+            && ferry
+                .http_get("/readyz")
+                .await
+                .is_some_and(|(c, _)| c == 200)
+    })
+    .await;
+    assert!(ferry
+        .log_text()
+        .contains("progress records are written again"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_remembered_only_on_another_server_stops_ferry() {
+    let w = World::new().await;
+    w.create_topic(AGGREGATE, 1).await;
+    // What a Ferry wrote while this slot lived on another cluster (before a restore from
+    // backup, say): the same slot name, another system identifier.
+    ferry_testkit::kafka::create_topic(&w.brokers, &w.progress_topic(), 1).await;
+    let other = system_id(&w).await ^ 1;
+    let key = ProgressKey {
+        system_id: other,
+        slot: w.slot.clone(),
+    }
+    .encode();
+    let value = ProgressRecord::whole(Mode::AtLeastOnce, 1, Lsn(0x5_0000_0000), 1).encode();
+    let (brokers, topic) = (w.brokers.clone(), w.progress_topic());
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::config::ClientConfig;
+        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+        let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .expect("producer");
+        p.send(BaseRecord::to(&topic).key(&key).payload(&value))
+            .map_err(|(e, _)| e)
+            .expect("send");
+        p.flush(Duration::from_secs(30)).expect("flush");
+    })
+    .await
+    .expect("join");
+
+    let mut ferry = w.start_ferry();
+    let status = ferry.wait_exit(EXIT).await;
+    let log = ferry.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("on another server"), "{log}");
+    assert!(log.contains(&other.to_string()), "{log}");
+    assert!(log.contains("--accept-gap 5/0"), "{log}");
+    assert_eq!(w.confirmed_lsn().await, None, "no slot was created");
+    // Accepting it starts afresh on this server.
+    let mut accepted = Ferry::spawn(&w, &["run", "--accept-gap", "5/0"]);
+    accepted.wait_ready().await;
+    assert!(
+        accepted.log_text().contains("server_changed"),
+        "{}",
+        accepted.log_text()
+    );
+}
