@@ -31,6 +31,7 @@ mod raw;
 mod recv;
 mod relay;
 mod report;
+mod startup;
 mod svg;
 mod workload;
 mod world;
@@ -150,7 +151,8 @@ async fn run(args: Args) -> Res<()> {
         runs: args.runs,
         ..Report::default()
     };
-    let needs_ferry = args.contenders.contains(&Contender::Ferry) || !args.rates.is_empty();
+    let needs_ferry =
+        args.contenders.contains(&Contender::Ferry) || !args.rates.is_empty() || args.startup > 0;
     if needs_ferry {
         report.machine.ferry = machine::output(&ferry::bin()?.to_string_lossy(), &["--version"]);
     }
@@ -177,6 +179,9 @@ async fn run(args: Args) -> Res<()> {
     }
     if !args.rates.is_empty() {
         report.latency = run_latency(&args, &mut world, &admin).await?;
+    }
+    if args.startup > 0 {
+        report.startup = Some(run_startup(&args, &mut world, &admin).await?);
     }
     report.machine.loads.push(machine::load_average());
     println!("\n{}", report.markdown());
@@ -359,6 +364,41 @@ async fn run_latency(
             l.catch_up
         );
         out.push(l);
+    }
+    admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
+    Ok(out)
+}
+
+async fn run_startup(
+    args: &Args,
+    world: &mut World,
+    admin: &tokio_postgres::Client,
+) -> Res<startup::Startup> {
+    println!(
+        "\n[startup] cold start, restart after kill -9, standby takeover; {} run(s) each",
+        args.startup
+    );
+    let (db, url) = create_db(admin, world, &latency::workload()).await?;
+    let brokers = world.brokers();
+    create_topics(&brokers, "steady", &[Contender::Ferry]).await;
+    let mut out = startup::Startup::default();
+    for run in 0..args.startup {
+        startup::run(
+            &url,
+            &brokers,
+            "{aggregatetype}.steady.ferry",
+            run,
+            &mut out,
+        )
+        .await?;
+        println!(
+            "[startup] run {}/{}: cold {:.0} ms, restart after kill -9 {:.0} ms, takeover {:.0} ms",
+            run + 1,
+            args.startup,
+            out.cold.last().copied().unwrap_or(f64::NAN) * 1e3,
+            out.restart.last().copied().unwrap_or(f64::NAN) * 1e3,
+            out.takeover.last().copied().unwrap_or(f64::NAN) * 1e3,
+        );
     }
     admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
     Ok(out)

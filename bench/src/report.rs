@@ -85,6 +85,7 @@ pub struct Report {
     pub runs: u32,
     pub workloads: Vec<WorkloadResult>,
     pub latency: Vec<Latency>,
+    pub startup: Option<crate::startup::Startup>,
 }
 
 /// One target from the issue and how Ferry did.
@@ -229,6 +230,14 @@ impl Report {
                 });
             }
         }
+        if let Some(st) = self.startup.as_ref().filter(|s| !s.cold.is_empty()) {
+            let cold = median(&st.cold);
+            t.push(Target {
+                what: "cold start → first record acknowledged ≤ 100 ms (median)".into(),
+                measured: format!("{:.0} ms", cold * 1e3),
+                met: cold <= 0.100,
+            });
+        }
         t
     }
 
@@ -320,6 +329,11 @@ impl Report {
                 "\nCold start (spawning `ferry run` until its first transaction is confirmed): {}.\n",
                 colds.join(", ")
             );
+        }
+        if let Some(st) = &self.startup {
+            o.push_str("## Start-up\n\nTime until Ferry's first record is acknowledged (`ferry_records_produced_total` above zero, polled every 2 ms; a 10-row transaction of ~1 KB jsonb waiting): from spawning a cold `ferry run`; from the kill of a running Ferry with SIGKILL, a new one spawned at once; from another connection freeing the slot a warm standby waits for (see `bench/README.md`).\n\n");
+            o.push_str(&st.table());
+            o.push('\n');
         }
         let targets = self.targets();
         if !targets.is_empty() {
