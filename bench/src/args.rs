@@ -17,6 +17,8 @@ usage: ferry-bench [flags]
   --scale F             multiply every workload's rows by F (default 1)
   --rates a,b           steady rates for the latency runs, rows/s, or `none` (default 2000,10000)
   --latency-secs S      length of each latency run (default 30)
+  --compression C       the codec every contender produces with: none, gzip, snappy, lz4, zstd
+                        (default: Ferry's default, lz4)
   --startup N           start-up runs of each kind: cold start, restart after kill -9, standby
                         takeover (default 7; 0 skips them)
   --out DIR             write results.md and results.svg to DIR (default: bench/ of the source
@@ -39,6 +41,8 @@ pub struct Args {
     pub latency_secs: f64,
     /// Start-up runs of each kind (see `startup`).
     pub startup: u32,
+    /// `kafka.compression` for Ferry and the same codec for the other producers.
+    pub compression: String,
     pub out: Option<PathBuf>,
     pub smoke: bool,
     /// The flags as given, for the report.
@@ -55,6 +59,10 @@ impl Args {
             rates: vec![2000, 10_000],
             latency_secs: 30.0,
             startup: 7,
+            compression: ferry::config::KafkaConfig::default()
+                .compression
+                .as_str()
+                .to_owned(),
             out: None,
             smoke: false,
             command: std::iter::once("ferry-bench".to_string())
@@ -81,6 +89,13 @@ impl Args {
                     full = false;
                 }
                 "--latency-secs" => a.latency_secs = value()?.parse()?,
+                "--compression" => {
+                    let v = value()?;
+                    v.parse::<ferry::config::Compression>()
+                        .map_err(|e| format!("--compression: {e}"))?;
+                    a.compression = v.clone();
+                    full = false;
+                }
                 "--startup" => {
                     a.startup = value()?.parse()?;
                     full = false;

@@ -102,6 +102,8 @@ pub struct Sample {
     pub peak_rss_kib: Option<u64>,
     /// Seconds from spawn to the first acknowledged record (Ferry only).
     pub first_ack: Option<f64>,
+    /// Bytes Ferry's sockets to the broker sent, as TCP acknowledged them (Ferry only).
+    pub wire_bytes: Option<u64>,
 }
 
 pub async fn current_lsn(sql: &tokio_postgres::Client) -> Res<Lsn> {
@@ -144,6 +146,7 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Res<()> {
+    kafka::set_compression(&args.compression);
     let started = std::time::Instant::now();
     let mut report = Report {
         machine: Machine::probe(),
@@ -308,6 +311,13 @@ fn print_sample(tag: &str, c: Contender, s: &Sample, rows: u64, bytes: u64) {
     }
     if let Some(f) = s.first_ack {
         line += &format!(", first ack at {f:.2} s");
+    }
+    if let Some(w) = s.wire_bytes {
+        line += &format!(
+            ", {:.1} MB to the broker ({:.0}% of the payload)",
+            w as f64 / 1e6,
+            w as f64 / bytes.max(1) as f64 * 100.0
+        );
     }
     println!("{line})");
 }

@@ -366,6 +366,7 @@ mod tests {
             cpu: Some(cpu),
             peak_rss_kib: Some(rss),
             first_ack: Some(0.5),
+            wire_bytes: None,
         }
     }
 
