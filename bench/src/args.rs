@@ -17,6 +17,10 @@ usage: ferry-bench [flags]
   --scale F             multiply every workload's rows by F (default 1)
   --rates a,b           steady rates for the latency runs, rows/s, or `none` (default 2000,10000)
   --latency-secs S      length of each latency run (default 30)
+  --compression C       the codec every contender produces with: none, gzip, snappy, lz4, zstd
+                        (default: Ferry's default, lz4)
+  --startup N           start-up runs of each kind: cold start, restart after kill -9, standby
+                        takeover (default 7; 0 skips them)
   --out DIR             write results.md and results.svg to DIR (default: bench/ of the source
                         tree for a full-matrix run, nowhere otherwise)
   --smoke               tiny version of everything, one run (the CI stage): --runs 1 --scale 0.01
@@ -35,6 +39,10 @@ pub struct Args {
     pub contenders: Vec<Contender>,
     pub rates: Vec<u64>,
     pub latency_secs: f64,
+    /// Start-up runs of each kind (see `startup`).
+    pub startup: u32,
+    /// `kafka.compression` for Ferry and the same codec for the other producers.
+    pub compression: String,
     pub out: Option<PathBuf>,
     pub smoke: bool,
     /// The flags as given, for the report.
@@ -50,6 +58,11 @@ impl Args {
             contenders: Contender::ALL.to_vec(),
             rates: vec![2000, 10_000],
             latency_secs: 30.0,
+            startup: 7,
+            compression: ferry::config::KafkaConfig::default()
+                .compression
+                .as_str()
+                .to_owned(),
             out: None,
             smoke: false,
             command: std::iter::once("ferry-bench".to_string())
@@ -66,6 +79,7 @@ impl Args {
                     a.smoke = true;
                     a.runs = 1;
                     a.latency_secs = 2.0;
+                    a.startup = 1;
                     scale.get_or_insert(0.01);
                     full = false;
                 }
@@ -75,6 +89,17 @@ impl Args {
                     full = false;
                 }
                 "--latency-secs" => a.latency_secs = value()?.parse()?,
+                "--compression" => {
+                    let v = value()?;
+                    v.parse::<ferry::config::Compression>()
+                        .map_err(|e| format!("--compression: {e}"))?;
+                    a.compression = v.clone();
+                    full = false;
+                }
+                "--startup" => {
+                    a.startup = value()?.parse()?;
+                    full = false;
+                }
                 "--out" => a.out = Some(value()?.into()),
                 "--workloads" => {
                     let v = value()?;
@@ -145,6 +170,7 @@ mod tests {
         assert_eq!(a.workloads.len(), matrix().len());
         assert_eq!(a.contenders, Contender::ALL.to_vec());
         assert_eq!(a.rates, vec![2000, 10_000]);
+        assert_eq!(a.startup, 7);
         assert!(a.out.is_some());
     }
 
@@ -167,6 +193,9 @@ mod tests {
         assert_eq!(a.contenders, vec![Contender::Ferry, Contender::Recv]);
         assert!(a.rates.is_empty());
         assert_eq!(a.runs, 5);
+        assert!(a.out.is_none());
+        let a = parse("--workloads none --rates none --startup 9");
+        assert_eq!((a.startup, a.workloads.len()), (9, 0));
         assert!(a.out.is_none());
         let v: Vec<String> = vec!["--workloads".into(), "nope".into()];
         assert!(Args::parse(&v).is_err());

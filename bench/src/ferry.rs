@@ -2,10 +2,7 @@
 //! confirm in the slot) draining a backlog from its slot.
 //!
 //! Ferry is measured as a warm standby taking over, so that the figure is throughput rather
-//! than process start-up: a cold `ferry run` spends about a second before its first record can
-//! be sent, most of it librdkafka acquiring the idempotent producer's id (its first attempt is
-//! scheduled 500 ms after the producer is created, and retried 500 ms later when no broker
-//! connection is up yet); the latency runs report that cold start separately. A [`Holder`]
+//! than process start-up, which [`crate::startup`] measures on its own. A [`Holder`]
 //! keeps the slot active (a replication connection that never reads) while the backlog is
 //! written; Ferry is started on the slot, finds it in use and stands by with its producer
 //! ready; then the holder disconnects and the clock starts. It stops when the slot's
@@ -58,6 +55,7 @@ impl Running {
             .env("FERRY_POSTGRES_SLOT", slot)
             .env("FERRY_POSTGRES_PUBLICATION", PUBLICATION)
             .env("FERRY_KAFKA_BROKERS", brokers)
+            .env("FERRY_KAFKA_COMPRESSION", crate::kafka::compression())
             .env("FERRY_ROUTE_TOPIC", topic)
             // Slots of one name are dropped and created again between runs: each Ferry gets a
             // progress topic of its own, or the next run's slot would be a gap to it.
@@ -126,7 +124,8 @@ impl Holder {
     }
 }
 
-/// How long Ferry stands by before the slot is freed: long enough for the producer id.
+/// How long Ferry stands by before the slot is freed: long enough for the producer id (~60 ms
+/// from start against a local broker, up to ~1 s when the brokers answer slowly).
 const WARM_UP: Duration = Duration::from_millis(1500);
 /// With every record acknowledged, how long the confirmed LSN may stay short of the measured
 /// end (WAL written after the last commit that no keepalive has reported yet) before the last
@@ -164,6 +163,7 @@ pub async fn drain(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cpu = procfs::cpu_seconds(pid)?;
+    let wire_before = procfs::tcp_bytes_acked(pid, brokers).unwrap_or(0);
     let start = Instant::now();
     drop(holder);
     let mut first_ack = None;
@@ -203,6 +203,7 @@ pub async fn drain(
     };
     let cpu = procfs::cpu_seconds(pid)? - cpu;
     let peak_rss_kib = procfs::peak_rss_kib(pid)?;
+    let wire_bytes = procfs::tcp_bytes_acked(pid, brokers).map(|b| b - wire_before);
     let produced = ferry.produced().await.unwrap_or(f64::NAN);
     ferry.stop().await;
     if produced != rows as f64 {
@@ -216,5 +217,6 @@ pub async fn drain(
         cpu: Some(cpu),
         peak_rss_kib: Some(peak_rss_kib),
         first_ack: Some(first_ack.unwrap_or(secs)),
+        wire_bytes,
     })
 }

@@ -3,6 +3,7 @@
 //! `acks=all`, lz4, `linger.ms=5`, `murmur2_random`, Ferry's queue limits), so the raw producer
 //! and the polling relay cannot drift from what Ferry runs with.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use ferry::config::{Brokers, KafkaConfig};
@@ -16,10 +17,26 @@ pub const WARMUP_TOPIC: &str = "bench-warmup";
 /// Partitions of every benchmark topic.
 pub const PARTITIONS: i32 = 6;
 
-/// Ferry's producer configuration for `brokers`, with `client_id`.
+static COMPRESSION: OnceLock<String> = OnceLock::new();
+
+/// Sets the codec every contender produces with (`--compression`; Ferry's default otherwise).
+pub fn set_compression(codec: &str) {
+    let _ = COMPRESSION.set(codec.to_owned());
+}
+
+/// The codec of this run, as `kafka.compression` spells it.
+pub fn compression() -> String {
+    COMPRESSION
+        .get()
+        .cloned()
+        .unwrap_or_else(|| KafkaConfig::default().compression.as_str().to_owned())
+}
+
+/// Ferry's producer configuration for `brokers`, with `client_id` and this run's codec.
 pub fn client_config(brokers: &str, client_id: &str) -> Res<ClientConfig> {
     let kafka = KafkaConfig {
         brokers: brokers.parse::<Brokers>()?,
+        compression: compression().parse()?,
         ..KafkaConfig::default()
     };
     let mut cc = ClientConfig::new();

@@ -31,6 +31,7 @@ mod raw;
 mod recv;
 mod relay;
 mod report;
+mod startup;
 mod svg;
 mod workload;
 mod world;
@@ -101,6 +102,8 @@ pub struct Sample {
     pub peak_rss_kib: Option<u64>,
     /// Seconds from spawn to the first acknowledged record (Ferry only).
     pub first_ack: Option<f64>,
+    /// Bytes Ferry's sockets to the broker sent, as TCP acknowledged them (Ferry only).
+    pub wire_bytes: Option<u64>,
 }
 
 pub async fn current_lsn(sql: &tokio_postgres::Client) -> Res<Lsn> {
@@ -143,6 +146,7 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Res<()> {
+    kafka::set_compression(&args.compression);
     let started = std::time::Instant::now();
     let mut report = Report {
         machine: Machine::probe(),
@@ -150,7 +154,8 @@ async fn run(args: Args) -> Res<()> {
         runs: args.runs,
         ..Report::default()
     };
-    let needs_ferry = args.contenders.contains(&Contender::Ferry) || !args.rates.is_empty();
+    let needs_ferry =
+        args.contenders.contains(&Contender::Ferry) || !args.rates.is_empty() || args.startup > 0;
     if needs_ferry {
         report.machine.ferry = machine::output(&ferry::bin()?.to_string_lossy(), &["--version"]);
     }
@@ -177,6 +182,9 @@ async fn run(args: Args) -> Res<()> {
     }
     if !args.rates.is_empty() {
         report.latency = run_latency(&args, &mut world, &admin).await?;
+    }
+    if args.startup > 0 {
+        report.startup = Some(run_startup(&args, &mut world, &admin).await?);
     }
     report.machine.loads.push(machine::load_average());
     println!("\n{}", report.markdown());
@@ -304,6 +312,13 @@ fn print_sample(tag: &str, c: Contender, s: &Sample, rows: u64, bytes: u64) {
     if let Some(f) = s.first_ack {
         line += &format!(", first ack at {f:.2} s");
     }
+    if let Some(w) = s.wire_bytes {
+        line += &format!(
+            ", {:.1} MB to the broker ({:.0}% of the payload)",
+            w as f64 / 1e6,
+            w as f64 / bytes.max(1) as f64 * 100.0
+        );
+    }
     println!("{line})");
 }
 
@@ -359,6 +374,41 @@ async fn run_latency(
             l.catch_up
         );
         out.push(l);
+    }
+    admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
+    Ok(out)
+}
+
+async fn run_startup(
+    args: &Args,
+    world: &mut World,
+    admin: &tokio_postgres::Client,
+) -> Res<startup::Startup> {
+    println!(
+        "\n[startup] cold start, restart after kill -9, standby takeover; {} run(s) each",
+        args.startup
+    );
+    let (db, url) = create_db(admin, world, &latency::workload()).await?;
+    let brokers = world.brokers();
+    create_topics(&brokers, "steady", &[Contender::Ferry]).await;
+    let mut out = startup::Startup::default();
+    for run in 0..args.startup {
+        startup::run(
+            &url,
+            &brokers,
+            "{aggregatetype}.steady.ferry",
+            run,
+            &mut out,
+        )
+        .await?;
+        println!(
+            "[startup] run {}/{}: cold {:.0} ms, restart after kill -9 {:.0} ms, takeover {:.0} ms",
+            run + 1,
+            args.startup,
+            out.cold.last().copied().unwrap_or(f64::NAN) * 1e3,
+            out.restart.last().copied().unwrap_or(f64::NAN) * 1e3,
+            out.takeover.last().copied().unwrap_or(f64::NAN) * 1e3,
+        );
     }
     admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
     Ok(out)

@@ -55,6 +55,43 @@ pub fn peak_rss_kib(pid: u32) -> Res<u64> {
     Ok(line.split_whitespace().nth(1).ok_or("bad VmHWM")?.parse()?)
 }
 
+/// Bytes the TCP peers acknowledged on `pid`'s established connections to the broker(s) in
+/// `brokers` (host:port list), from `ss -tinp`: what a producer put on the wire, after
+/// compression, with Kafka's framing. `None` if `ss` is missing or shows no such socket.
+pub fn tcp_bytes_acked(pid: u32, brokers: &str) -> Option<u64> {
+    let ports: Vec<&str> = brokers
+        .split(',')
+        .filter_map(|b| b.rsplit_once(':').map(|(_, p)| p))
+        .collect();
+    let out = std::process::Command::new("ss")
+        .args(["-tinpH", "state", "established"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let needle = format!("pid={pid},");
+    let (mut total, mut found, mut ours) = (0u64, false, false);
+    // Each socket is a line with the addresses and process, then a line of TCP info.
+    for line in text.lines() {
+        if !line.starts_with(char::is_whitespace) && !line.starts_with("\t") {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let peer_port = cols.get(3).and_then(|p| p.rsplit_once(':')).map(|(_, p)| p);
+            ours = line.contains(&needle) && peer_port.is_some_and(|p| ports.contains(&p));
+            continue;
+        }
+        if ours {
+            if let Some(v) = line
+                .split_whitespace()
+                .find_map(|f| f.strip_prefix("bytes_acked:"))
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                total += v;
+                found = true;
+            }
+        }
+    }
+    found.then_some(total)
+}
+
 /// The text of Ferry's `/metrics` on `port`.
 pub async fn fetch_metrics(port: u16) -> Res<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -85,6 +85,7 @@ pub struct Report {
     pub runs: u32,
     pub workloads: Vec<WorkloadResult>,
     pub latency: Vec<Latency>,
+    pub startup: Option<crate::startup::Startup>,
 }
 
 /// One target from the issue and how Ferry did.
@@ -229,6 +230,14 @@ impl Report {
                 });
             }
         }
+        if let Some(st) = self.startup.as_ref().filter(|s| !s.cold.is_empty()) {
+            let cold = median(&st.cold);
+            t.push(Target {
+                what: "cold start → first record acknowledged ≤ 100 ms (median)".into(),
+                measured: format!("{:.0} ms", cold * 1e3),
+                met: cold <= 0.100,
+            });
+        }
         t
     }
 
@@ -321,6 +330,11 @@ impl Report {
                 colds.join(", ")
             );
         }
+        if let Some(st) = &self.startup {
+            o.push_str("## Start-up\n\nTime until Ferry's first record is acknowledged (`ferry_records_produced_total` above zero, polled every 2 ms; a 10-row transaction of ~1 KB jsonb waiting): from spawning a cold `ferry run`; from the kill of a running Ferry with SIGKILL, a new one spawned at once; from another connection freeing the slot a warm standby waits for (see `bench/README.md`).\n\n");
+            o.push_str(&st.table());
+            o.push('\n');
+        }
         let targets = self.targets();
         if !targets.is_empty() {
             o.push_str("## Targets\n\n");
@@ -352,6 +366,7 @@ mod tests {
             cpu: Some(cpu),
             peak_rss_kib: Some(rss),
             first_ack: Some(0.5),
+            wire_bytes: None,
         }
     }
 

@@ -99,7 +99,7 @@ async fn broker_outage_loses_nothing_keeps_memory_bounded_and_ferry_keeps_runnin
     const OUTAGE: Duration = Duration::from_secs(15);
     // 30 000 rows of ~2 KiB (60 MiB) are written during the outage: buffering them would
     // raise the RSS far past the bound (measured: +78 MiB with a 100 000-record window), while
-    // the window (500 records) and the reader's channel (at most ~8 MiB) stay well under it
+    // the window (500 records) and the reader's channel (at most ~2 MiB) stay well under it
     // (measured: +12 MiB).
     const ROWS: u64 = 30_000;
     const PAD: i32 = 2048;

@@ -40,8 +40,11 @@ pub const CONFIRM_MIN_GAP: Duration = Duration::from_millis(10);
 /// Events buffered between the reader task and the pipeline.
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 4096;
 /// Bytes of WAL data (pgoutput messages) buffered between the reader task and the pipeline; an
-/// event larger than this travels alone.
-pub const CHANNEL_BYTES: usize = 8 * 1024 * 1024;
+/// event larger than this travels alone. It is read-ahead on top of the pipeline's in-flight
+/// window, and while Kafka is slower than the slot it is full: 8 MiB put Ferry's peak RSS at
+/// 66–67 MiB on the 16 KB-row backlog with the broker stalled, 2 MiB at 57–60 MiB
+/// (bench/README.md, "Memory"). 2 MiB is still more than a hundred 16 KB rows.
+pub const CHANNEL_BYTES: usize = 2 * 1024 * 1024;
 
 /// What to stream.
 #[derive(Debug, Clone)]
