@@ -177,6 +177,11 @@ struct Event {
 /// Reads `topic` from the beginning until every seq of `0..n` arrived (panics at the deadline
 /// naming what is missing); the records in partition and offset order.
 async fn read_back(brokers: &str, topic: &str, n: u64) -> Vec<Event> {
+    read_back_seqs(brokers, topic, (0..n).collect()).await
+}
+
+/// [`read_back`] until every seq of `wanted` arrived.
+async fn read_back_seqs(brokers: &str, topic: &str, wanted: Vec<u64>) -> Vec<Event> {
     let (brokers, topic) = (brokers.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let parts = kafka::partition_count(&brokers, &topic).expect("topic exists");
@@ -192,7 +197,8 @@ async fn read_back(brokers: &str, topic: &str, n: u64) -> Vec<Event> {
                 .expect("offset");
         }
         consumer.assign(&tpl).expect("assign");
-        let mut missing: HashSet<u64> = (0..n).collect();
+        let n = wanted.len();
+        let mut missing: HashSet<u64> = wanted.into_iter().collect();
         let mut out = Vec::new();
         let start = Instant::now();
         while !missing.is_empty() {
@@ -229,6 +235,13 @@ async fn read_back(brokers: &str, topic: &str, n: u64) -> Vec<Event> {
 /// Nothing of `0..n` lost, nothing else delivered, and per key the first occurrences (in offset
 /// order) are that key's seqs in commit order; every record carries its key as written.
 fn assert_complete_in_key_order(events: &[Event], n: u64, keys: Keys) {
+    assert_in_key_order(events, n, &(0..n).collect::<Vec<_>>(), keys)
+}
+
+/// Every seq of `wanted` delivered, nothing but seqs below `n` delivered, and per key the first
+/// occurrences (in offset order) ascending (commit order); every record carries its key as
+/// written. Seqs below `n` outside `wanted` may be missing (rows the stream did not carry).
+fn assert_in_key_order(events: &[Event], n: u64, wanted: &[u64], keys: Keys) {
     let mut seen = HashSet::new();
     let mut firsts: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     let mut partition_of = BTreeMap::new();
@@ -242,8 +255,15 @@ fn assert_complete_in_key_order(events: &[Event], n: u64, keys: Keys) {
         }
     }
     for k in 0..KEYS {
-        let want: Vec<u64> = (0..n).filter(|s| s % KEYS == k).collect();
         let got = firsts.remove(&k).unwrap_or_default();
+        let delivered: HashSet<u64> = got.iter().copied().collect();
+        let mut want: Vec<u64> = got.clone();
+        want.sort_unstable();
+        want.extend(
+            wanted
+                .iter()
+                .filter(|s| *s % KEYS == k && !delivered.contains(s)),
+        );
         if got != want {
             let at = got.iter().zip(&want).position(|(g, w)| g != w);
             panic!(
@@ -272,7 +292,11 @@ async fn continues_through(w: &World, topic: &str, keys: Keys, ddl: &str) -> Fer
     let n = writer.finish().await;
     let events = read_back(&w.brokers, topic, n).await;
     assert_complete_in_key_order(&events, n, keys);
-    assert!(ferry.is_running(), "Ferry exited; log:\n{}", ferry.log_text());
+    assert!(
+        ferry.is_running(),
+        "Ferry exited; log:\n{}",
+        ferry.log_text()
+    );
     ferry
 }
 
@@ -368,7 +392,8 @@ async fn a_read_column_dropped_under_load_stops_with_the_fix_and_resumes_once_un
     exits_permanently(&mut ferry, &["no column \"type\"", "route.type_header"]).await;
     writer.wait_more(BATCH).await;
 
-    w.env.push(("FERRY_ROUTE_TYPE_HEADER".into(), String::new()));
+    w.env
+        .push(("FERRY_ROUTE_TYPE_HEADER".into(), String::new()));
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
     writer.wait_more(BATCH).await;
@@ -428,7 +453,9 @@ async fn type_changes_in_binary_mode_switch_to_text_without_loss() {
     read_back(&w.brokers, &topic, writer.committed()).await;
 
     w.sql
-        .batch_execute("ALTER TABLE outbox ALTER COLUMN aggregateid TYPE uuid USING aggregateid::uuid")
+        .batch_execute(
+            "ALTER TABLE outbox ALTER COLUMN aggregateid TYPE uuid USING aggregateid::uuid",
+        )
         .await
         .unwrap();
     writer.wait_more(BATCH).await;
@@ -462,4 +489,96 @@ async fn type_changes_in_binary_mode_switch_to_text_without_loss() {
         "no switch to text mode in the log:\n{log}"
     );
     assert!(ferry.is_running(), "Ferry exited; log:\n{log}");
+}
+
+// 4 and 5. The table out of the publication --------------------------------------------------
+
+/// Runs `change` (which takes the outbox table out of the world's publication, one way or
+/// another) under load, and asserts: Ferry stops with an error naming the publication and the
+/// fix; everything committed before the change was delivered; once the table is back (`back`)
+/// and Ferry restarted, every row committed after that is delivered, in key order. Rows
+/// committed while the table was out are not in the stream (the error says so) and are not
+/// required.
+async fn leaves_the_publication(change: &str, back: &str) {
+    let (mut w, topic) = world().await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let writer = Writer::start(&w, Keys::Text).await;
+    writer.wait_more(BATCH).await;
+    let before = writer.committed();
+    let change = change.replace("{pub}", &w.publication);
+    w.sql
+        .batch_execute(&change)
+        .await
+        .unwrap_or_else(|e| panic!("{change}: {e}"));
+    let mut after = writer.committed();
+    exits_permanently(
+        &mut ferry,
+        &[
+            "left publication",
+            &format!(
+                "ALTER PUBLICATION {} ADD TABLE \"public\".\"outbox\"",
+                w.publication
+            ),
+        ],
+    )
+    .await;
+    read_back(&w.brokers, &topic, before).await;
+    writer.wait_more(20).await;
+
+    let back = back.replace("{pub}", &w.publication);
+    if !back.is_empty() {
+        w.sql.batch_execute(&back).await.unwrap();
+        after = writer.committed();
+    }
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    writer.wait_more(BATCH).await;
+    let n = writer.finish().await;
+    let wanted: Vec<u64> = (0..before).chain(after..n).collect();
+    let events = read_back_seqs(&w.brokers, &topic, wanted.clone()).await;
+    assert_in_key_order(&events, n, &wanted, Keys::Text);
+    assert!(ferry.is_running());
+    let carried = events
+        .iter()
+        .map(|e| e.seq)
+        .filter(|s| (before..after).contains(s))
+        .collect::<HashSet<_>>()
+        .len();
+    eprintln!(
+        "{} rows committed while the table was out of the publication; {carried} of them delivered",
+        after - before
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_dropped_and_recreated_under_load_stops_with_the_fix_and_resumes_once_published()
+{
+    leaves_the_publication(
+        &format!("BEGIN; DROP TABLE outbox; {DDL}; COMMIT"),
+        "ALTER PUBLICATION {pub} ADD TABLE outbox",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_dropped_from_the_publication_under_load_stops_with_the_fix_and_resumes_once_added_back(
+) {
+    leaves_the_publication(
+        "ALTER PUBLICATION {pub} DROP TABLE outbox",
+        "ALTER PUBLICATION {pub} ADD TABLE outbox",
+    )
+    .await;
+}
+
+/// Taken out and added back at once (well within one look at the publication): the gap is
+/// still noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_dropped_from_the_publication_and_added_back_at_once_is_still_noticed() {
+    leaves_the_publication(
+        "BEGIN; ALTER PUBLICATION {pub} DROP TABLE outbox; COMMIT; \
+         BEGIN; ALTER PUBLICATION {pub} ADD TABLE outbox; COMMIT",
+        "",
+    )
+    .await;
 }

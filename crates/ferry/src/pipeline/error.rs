@@ -51,6 +51,19 @@ pub enum PipelineError {
          {type_oid}, which Ferry reads only as text; reconnecting to stream text"
     )]
     TextNeeded { column: String, type_oid: u32 },
+    #[error(
+        "the outbox table {table} left publication {publication:?} while Ferry streamed: {what}. PostgreSQL \
+         does not decode a table's rows for a publication while the table is out of it, so rows committed in \
+         between are not in the stream and Ferry cannot relay them. Everything streamed before was delivered and \
+         confirmed. Fix: run `ALTER PUBLICATION {publication} ADD TABLE {table}` if the table is not back in it, \
+         re-insert the outbox rows committed while it was out (if consumers need them), then start Ferry again"
+    )]
+    PublicationChanged {
+        publication: String,
+        table: String,
+        /// What the session saw: out of the publication, or back in with another identity.
+        what: String,
+    },
 }
 
 impl PipelineError {
@@ -65,7 +78,8 @@ impl PipelineError {
             | PipelineError::ProducerConfig(_)
             | PipelineError::Watermark(_)
             | PipelineError::UnknownReport { .. }
-            | PipelineError::DrainTimeout { .. } => false,
+            | PipelineError::DrainTimeout { .. }
+            | PipelineError::PublicationChanged { .. } => false,
         }
     }
 

@@ -113,6 +113,8 @@ impl<'a> Session<'a> {
         let sql = slot::connect_sql(&s.postgres).await?;
         let sql = Arc::new(sql);
         slot::ensure(&sql, &s.slot).await?;
+        // ensure() checked the publication covers the table; how it does is watched below.
+        let membership = slot::publication_membership(&sql, &s.slot).await?;
         let mode = binary::decide(&sql, s).await?;
         let mut options = s.stream.clone();
         options.binary = mode == Mode::Binary;
@@ -131,11 +133,16 @@ impl<'a> Session<'a> {
         let binary_read = (mode == Mode::Binary)
             .then(|| s.router.columns().into_iter().map(String::from).collect());
         self.core.relay.start(reader.resume_lsn, binary_read);
-        let lag = tokio::spawn(sample_lag(
+        let (left_tx, mut left_rx) = tokio::sync::oneshot::channel();
+        let lag = tokio::spawn(watch_server(
             sql.clone(),
             self.metrics.clone(),
             s.lag_sample_interval,
+            (s.slot.clone(), membership, left_tx),
         ));
+        // Set once the outbox table left the publication: the session drains, then ends with it.
+        let mut left_publication: Option<PipelineError> = None;
+        let mut watching = true;
 
         // Metrics are published after every wake-up; this one guarantees wake-ups while the
         // loop waits on nothing else (window full, Kafka away), so the reader's counters
@@ -190,6 +197,18 @@ impl<'a> Session<'a> {
                     self.core.relay.handle_timeout(Instant::now());
                 }
                 _ = publish_tick.tick() => {}
+                r = &mut left_rx, if watching => {
+                    watching = false;
+                    if let Ok(what) = r {
+                        tracing::error!(publication = %s.slot.publication, "{what}: stopping after the records in flight");
+                        left_publication = Some(PipelineError::PublicationChanged {
+                            publication: s.slot.publication.clone(),
+                            table: format!("{}.{}", slot::quote_ident(&s.slot.schema), slot::quote_ident(&s.slot.table)),
+                            what,
+                        });
+                        self.core.relay.shutdown(Instant::now());
+                    }
+                }
             }
             if stop.is_none() {
                 stop = self.carry_out(&reader);
@@ -202,6 +221,11 @@ impl<'a> Session<'a> {
         lag.abort();
         self.publish_gauges(&reader);
         let reader_result = finish(reader).await;
+        if let Some(e) = left_publication {
+            // Drained and confirmed what was streamed; a drain failure is reported first.
+            stopped.map_err(pipeline_error)?;
+            return Err(e);
+        }
         match stopped {
             Ok(ferry_core::End::Shutdown) => {
                 tracing::info!(confirmed = %self.core.relay.confirmed(), "drained and confirmed");
@@ -330,13 +354,47 @@ async fn finish(reader: ReaderHandle) -> Result<(), PipelineError> {
     }
 }
 
-/// Samples `pg_current_wal_lsn()` for the WAL lag metric.
-async fn sample_lag(sql: Arc<tokio_postgres::Client>, metrics: Arc<Metrics>, every: Duration) {
+/// What [`watch_server`] watches the publication with: the table's spec, how the publication
+/// covered it when the session started, and where to say that changed.
+type MembershipWatch = (
+    slot::SlotSpec,
+    Option<String>,
+    tokio::sync::oneshot::Sender<String>,
+);
+
+/// Samples `pg_current_wal_lsn()` for the WAL lag metric, and watches that the publication
+/// still covers the outbox table as it did when the session started
+/// ([`slot::publication_membership`]): a table dropped and recreated, or taken out of the
+/// publication (and perhaps added back), means rows the stream never carried, which must stop
+/// Ferry rather than pass unnoticed. A failed query is skipped (the replication connection
+/// reports a lost server).
+async fn watch_server(
+    sql: Arc<tokio_postgres::Client>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    (spec, membership, left): MembershipWatch,
+) {
+    let mut left = Some(left);
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
         if let Ok(lsn) = slot::current_wal_lsn(&sql).await {
             metrics.set_server_wal_lsn(lsn.0);
+        }
+        if left.is_none() {
+            continue;
+        }
+        let Ok(now) = slot::publication_membership(&sql, &spec).await else {
+            continue;
+        };
+        if now != membership {
+            let what = match now {
+                None => "it is no longer in the publication (dropped, or ALTER PUBLICATION ... DROP TABLE)".to_string(),
+                Some(_) => "it is in the publication again, but was dropped and recreated or taken out and added back since the session started".to_string(),
+            };
+            if let Some(tx) = left.take() {
+                let _ = tx.send(what);
+            }
         }
     }
 }
