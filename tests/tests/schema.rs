@@ -73,16 +73,16 @@ impl Keys {
 struct Writer {
     stop: Arc<AtomicBool>,
     committed: Arc<AtomicU64>,
+    /// Statements that failed (retried): the table was being swapped, the server was away.
     failures: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Writer {
+    /// Writes into the world's database; when the server goes away (a restart), reconnects.
     async fn start(w: &World, keys: Keys) -> Writer {
-        Self::start_on(w.db.client().await, keys)
-    }
-
-    fn start_on(sql: tokio_postgres::Client, keys: Keys) -> Writer {
+        let url = w.db.url.clone();
+        let mut sql = w.db.client().await;
         let stop = Arc::new(AtomicBool::new(false));
         let committed = Arc::new(AtomicU64::new(0));
         let failures = Arc::new(AtomicU64::new(0));
@@ -91,6 +91,19 @@ impl Writer {
             tokio::spawn(async move {
                 let mut seq = 0;
                 while !stop.load(Ordering::Relaxed) {
+                    if sql.is_closed() {
+                        match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                            Ok((client, conn)) => {
+                                tokio::spawn(conn);
+                                sql = client;
+                            }
+                            Err(_) => {
+                                failures.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(100)).await; // pacing
+                                continue;
+                            }
+                        }
+                    }
                     let insert = format!(
                         "INSERT INTO outbox (aggregateid, payload) VALUES ('{}', '{{\"seq\": {seq}}}')",
                         keys.of(seq)
@@ -121,6 +134,11 @@ impl Writer {
     /// Rows committed so far (`0..n`).
     fn committed(&self) -> u64 {
         self.committed.load(Ordering::Relaxed)
+    }
+
+    /// Statements that failed so far.
+    fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
     }
 
     /// Waits until `n` more rows than now are committed.
@@ -500,7 +518,7 @@ async fn type_changes_in_binary_mode_switch_to_text_without_loss() {
 /// committed while the table was out are not in the stream (the error says so) and are not
 /// required.
 async fn leaves_the_publication(change: &str, back: &str) {
-    let (mut w, topic) = world().await;
+    let (w, topic) = world().await;
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
     let writer = Writer::start(&w, Keys::Text).await;
@@ -581,4 +599,159 @@ async fn the_outbox_dropped_from_the_publication_and_added_back_at_once_is_still
         "",
     )
     .await;
+}
+
+// 6. wal_level lowered -----------------------------------------------------------------------
+
+/// `wal_level = replica` and a restart, with Ferry's logical slot on the server. PostgreSQL
+/// 14–17 refuse to start at all ("logical replication slot ... exists, but wal_level <
+/// logical"): Ferry cannot reach the server, says so at every attempt (a warning, the
+/// reconnect counter, `/readyz` not ready) and keeps trying; the slot and everything not yet
+/// confirmed stay on disk. Once `wal_level = logical` is back and the server started, Ferry
+/// resumes where it was: nothing lost. A server that starts anyway (invalidating the slot
+/// instead) must make Ferry exit with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wal_level_lowered_and_restarted_is_said_and_nothing_is_lost_once_restored() {
+    let pg = Postgres::Local(PgCluster::start(ClusterOptions::default()).await);
+    let Postgres::Local(cluster) = &pg else {
+        unreachable!()
+    };
+    let (w, topic) = world_on(pg.create_db().await, kafka::shared().brokers(), DDL).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let writer = Writer::start(&w, Keys::Text).await;
+    writer.wait_more(BATCH).await;
+    read_back(&w.brokers, &topic, writer.committed()).await;
+
+    cluster.append_conf(&["wal_level = replica"]);
+    tokio::task::block_in_place(|| cluster.stop(false));
+    let started = tokio::task::block_in_place(|| cluster.try_start_again());
+    if started.is_ok() {
+        // A server that starts with the slot invalid: Ferry must stop and say why.
+        exits_permanently(&mut ferry, &["wal_level"]).await;
+        panic!(
+            "this server started with wal_level = replica and a logical slot; \
+             the scenario's second half assumes it refuses (PostgreSQL 14-17)"
+        );
+    }
+    let pg_log = cluster.log();
+    assert!(
+        pg_log.contains("exists, but \"wal_level\" < \"logical\"")
+            || pg_log.contains("exists, but wal_level < logical"),
+        "the server did not refuse for the slot; its log:\n{pg_log}"
+    );
+    let reconnects = || async {
+        ferry
+            .metric_labeled("ferry_reconnects_total", "component", "postgres")
+            .await
+            .unwrap_or(0.0)
+    };
+    let seen = reconnects().await;
+    wait_until(
+        "Ferry retries the server that does not start",
+        DEADLINE,
+        || async { reconnects().await >= seen + 3.0 },
+    )
+    .await;
+    assert!(
+        ferry.is_running(),
+        "Ferry exited; log:\n{}",
+        ferry.log_text()
+    );
+    assert_ne!(
+        ferry.http_get("/readyz").await.map(|(code, _)| code),
+        Some(200),
+        "ready while the server is down"
+    );
+    assert!(
+        ferry.log_text().contains("session ended; reconnecting"),
+        "no warning while the server is down; log:\n{}",
+        ferry.log_text()
+    );
+
+    assert!(
+        writer.failures() > 0,
+        "the writer never found the server down"
+    );
+    cluster.append_conf(&["wal_level = logical"]);
+    tokio::task::block_in_place(|| cluster.start_again());
+    writer.wait_more(BATCH).await;
+    let n = writer.finish().await;
+    let events = read_back(&w.brokers, &topic, n).await;
+    assert_complete_in_key_order(&events, n, Keys::Text);
+    assert!(
+        ferry.is_running(),
+        "Ferry exited; log:\n{}",
+        ferry.log_text()
+    );
+}
+
+// 7. REPLICATION revoked ---------------------------------------------------------------------
+
+/// Revoking REPLICATION does not end a walsender that is streaming: Ferry streams on. The next
+/// connection (forced here by ending the walsender) is refused, and Ferry exits with the fix
+/// instead of retrying; nothing past what Kafka acknowledged was confirmed. With the attribute
+/// restored and Ferry started again, every row is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_revoked_under_load_exits_with_the_fix_and_resumes_once_restored() {
+    const ROLE: &str = "ferry_relay";
+    const PASSWORD: &str = "relay-secret";
+    let pg = Postgres::Local(PgCluster::start(ClusterOptions::default()).await);
+    let (mut w, topic) = world_on(pg.create_db().await, kafka::shared().brokers(), DDL).await;
+    w.sql
+        .batch_execute(&format!(
+            "CREATE ROLE {ROLE} LOGIN REPLICATION PASSWORD '{PASSWORD}';
+             GRANT SELECT ON outbox TO {ROLE};
+             CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)",
+            w.publication
+        ))
+        .await
+        .unwrap();
+    w.env
+        .push(("FERRY_POSTGRES_URL".into(), w.db.url_as(ROLE, PASSWORD)));
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let writer = Writer::start(&w, Keys::Text).await;
+    writer.wait_more(BATCH).await;
+    read_back(&w.brokers, &topic, writer.committed()).await;
+
+    w.sql
+        .batch_execute(&format!("ALTER ROLE {ROLE} NOREPLICATION"))
+        .await
+        .unwrap();
+    writer.wait_more(BATCH).await;
+    read_back(&w.brokers, &topic, writer.committed()).await;
+    assert!(
+        ferry.is_running(),
+        "the streaming session ended at the revoke"
+    );
+
+    w.sql
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&w.slot],
+        )
+        .await
+        .unwrap();
+    exits_permanently(
+        &mut ferry,
+        &[
+            "lacks the REPLICATION attribute",
+            &format!("ALTER ROLE \"{ROLE}\" WITH REPLICATION"),
+        ],
+    )
+    .await;
+    writer.wait_more(BATCH).await;
+
+    w.sql
+        .batch_execute(&format!("ALTER ROLE {ROLE} REPLICATION"))
+        .await
+        .unwrap();
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    writer.wait_more(BATCH).await;
+    let n = writer.finish().await;
+    let events = read_back(&w.brokers, &topic, n).await;
+    assert_complete_in_key_order(&events, n, Keys::Text);
+    assert!(ferry.is_running());
 }
