@@ -326,6 +326,10 @@ async fn exits_permanently(ferry: &mut Ferry, needles: &[&str]) -> String {
     for needle in needles {
         assert!(log.contains(needle), "the log lacks {needle:?}:\n{log}");
     }
+    eprintln!(
+        "Ferry exited ({status}): {}",
+        log.lines().last().unwrap_or("")
+    );
     log
 }
 
@@ -377,7 +381,11 @@ async fn a_read_column_renamed_under_load_stops_with_the_fix_and_resumes_once_ma
         .unwrap();
     exits_permanently(
         &mut ferry,
-        &["no column \"type\"", "outbox.type_column", "on_error"],
+        &[
+            "no column \"type\"",
+            "outbox.type_column",
+            "Map the new column in the configuration",
+        ],
     )
     .await;
     writer.wait_more(BATCH).await;
@@ -393,10 +401,13 @@ async fn a_read_column_renamed_under_load_stops_with_the_fix_and_resumes_once_ma
     assert!(ferry.is_running());
 }
 
-/// Dropped, the same: Ferry stops with the fix; the operator stops sending the type header.
+/// Dropped, the same, even with `on_error = "skip"` (which would otherwise skip every row from
+/// then on): Ferry stops with the fix; the operator stops sending the type header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_column_dropped_under_load_stops_with_the_fix_and_resumes_once_unmapped() {
+async fn a_read_column_dropped_under_load_stops_with_the_fix_even_when_skipping_and_resumes_once_unmapped(
+) {
     let (mut w, topic) = world().await;
+    w.env.push(("FERRY_ROUTE_ON_ERROR".into(), "skip".into()));
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
     let writer = Writer::start(&w, Keys::Text).await;
@@ -407,7 +418,15 @@ async fn a_read_column_dropped_under_load_stops_with_the_fix_and_resumes_once_un
         .batch_execute("ALTER TABLE outbox DROP COLUMN type")
         .await
         .unwrap();
-    exits_permanently(&mut ferry, &["no column \"type\"", "route.type_header"]).await;
+    exits_permanently(
+        &mut ferry,
+        &[
+            "no column \"type\"",
+            "route.type_header",
+            "whatever route.on_error says",
+        ],
+    )
+    .await;
     writer.wait_more(BATCH).await;
 
     w.env
@@ -604,8 +623,8 @@ async fn the_outbox_dropped_from_the_publication_and_added_back_at_once_is_still
 // 6. wal_level lowered -----------------------------------------------------------------------
 
 /// `wal_level = replica` and a restart, with Ferry's logical slot on the server. PostgreSQL
-/// 14–17 refuse to start at all ("logical replication slot ... exists, but wal_level <
-/// logical"): Ferry cannot reach the server, says so at every attempt (a warning, the
+/// refuses to start at all ("logical replication slot ... exists, but wal_level < logical";
+/// seen on 15 and 18.1): Ferry cannot reach the server, says so at every attempt (a warning, the
 /// reconnect counter, `/readyz` not ready) and keeps trying; the slot and everything not yet
 /// confirmed stay on disk. Once `wal_level = logical` is back and the server started, Ferry
 /// resumes where it was: nothing lost. A server that starts anyway (invalidating the slot
@@ -631,7 +650,7 @@ async fn wal_level_lowered_and_restarted_is_said_and_nothing_is_lost_once_restor
         exits_permanently(&mut ferry, &["wal_level"]).await;
         panic!(
             "this server started with wal_level = replica and a logical slot; \
-             the scenario's second half assumes it refuses (PostgreSQL 14-17)"
+             the scenario's second half assumes it refuses (as 15 and 18.1 do)"
         );
     }
     let pg_log = cluster.log();
