@@ -307,6 +307,7 @@ async fn continues_through(w: &World, topic: &str, keys: Keys, ddl: &str) -> Fer
         .await
         .unwrap_or_else(|e| panic!("{ddl}: {e}"));
     writer.wait_more(BATCH).await;
+    watched_since_now(&ferry, w).await;
     let n = writer.finish().await;
     let events = read_back(&w.brokers, topic, n).await;
     assert_complete_in_key_order(&events, n, keys);
@@ -316,6 +317,20 @@ async fn continues_through(w: &World, topic: &str, keys: Keys, ddl: &str) -> Fer
         ferry.log_text()
     );
     ferry
+}
+
+/// Waits until Ferry looked at the server (WAL position, publication) twice after this moment, so
+/// a change made before was seen (needs WAL to move: the writer runs).
+async fn watched_since_now(ferry: &Ferry, w: &World) {
+    for _ in 0..2 {
+        let lsn = w.current_wal_lsn().await.0 as f64;
+        wait_until(
+            "Ferry samples the server after the change",
+            Duration::from_secs(30),
+            || async { ferry.metric("ferry_server_wal_lsn").await.unwrap_or(0.0) > lsn },
+        )
+        .await;
+    }
 }
 
 /// Waits for Ferry to exit by itself; asserts it failed (non-zero) and logged every `needle`.
@@ -596,6 +611,28 @@ async fn the_outbox_dropped_and_recreated_under_load_stops_with_the_fix_and_resu
         "ALTER PUBLICATION {pub} ADD TABLE outbox",
     )
     .await;
+}
+
+/// A publication `FOR ALL TABLES` covers the recreated table from its creation: no gap, so
+/// Ferry streams on through it (the new relation's rows route like the old one's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_recreated_under_a_publication_for_all_tables_streams_on_without_loss() {
+    let (w, topic) = world().await;
+    w.sql
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR ALL TABLES WITH (publish = 'insert')",
+            w.publication
+        ))
+        .await
+        .unwrap();
+    let ferry = continues_through(
+        &w,
+        &topic,
+        Keys::Text,
+        &format!("BEGIN; DROP TABLE outbox; {DDL}; COMMIT"),
+    )
+    .await;
+    assert!(!ferry.log_text().contains("left publication"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

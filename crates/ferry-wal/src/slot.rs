@@ -477,20 +477,22 @@ async fn table_kind(
 /// the coverage was interrupted: `None` when it does not cover the table (the table was dropped,
 /// or taken out with `ALTER PUBLICATION ... DROP TABLE`, or the publication is gone).
 ///
-/// A table listed by name is identified by its own OID and the OID of its `pg_publication_rel`
-/// row, so a table dropped and recreated, or taken out and added back, has another identity
-/// even when both happened between two looks. A table covered through `FOR ALL TABLES` or
-/// `FOR TABLES IN SCHEMA` (15+) is identified by the table's OID and the publication's (or the
-/// schema membership's) row: recreating the table changes it too. Rows committed while a table is
-/// out of the publication are never decoded for it, so a session that sees its identity change
-/// knows the stream may have a gap.
+/// Rows committed while a table is out of the publication are never decoded for it, so a session
+/// that sees this identity change knows the stream may have a gap:
+///
+/// - `FOR ALL TABLES` covers every table from its creation: the identity is the publication's
+///   OID, whatever happens to the table (a recreated table's rows are in the stream);
+/// - `FOR TABLES IN SCHEMA` (15+) likewise: the schema membership row's OID;
+/// - a table listed by name: the OID of its `pg_publication_rel` row, which a table dropped and
+///   recreated, or taken out and added back, only gets anew, even when both happened between two
+///   looks.
 pub async fn publication_membership(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
 ) -> Result<Option<String>, ReaderError> {
     let table = format!("{}.{}", quote_ident(&spec.schema), quote_ident(&spec.table));
     let by_schema = if server_version_num(client).await? >= 150000 {
-        "(SELECT 'schema ' || pn.oid FROM pg_publication_namespace pn \
+        "(SELECT 'schema membership ' || pn.oid FROM pg_publication_namespace pn \
          JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE pn.pnpubid = p.oid AND n.nspname = $3)"
     } else {
         "(SELECT NULL::text WHERE $3::text IS NULL)"
@@ -498,22 +500,18 @@ pub async fn publication_membership(
     let row = client
         .query_opt(
             &format!(
-                "SELECT t.oid::text, COALESCE( \
-                   (SELECT 'table ' || pr.oid FROM pg_publication_rel pr \
-                     WHERE pr.prpubid = p.oid AND pr.prrelid = t.oid), \
+                "SELECT COALESCE( \
                    CASE WHEN p.puballtables THEN 'all tables ' || p.oid END, \
-                   {by_schema}) \
-                 FROM pg_publication p, (SELECT to_regclass($2)::oid AS oid) t \
-                 WHERE p.pubname = $1 AND t.oid IS NOT NULL"
+                   {by_schema}, \
+                   (SELECT 'table membership ' || pr.oid FROM pg_publication_rel pr \
+                     WHERE pr.prpubid = p.oid AND pr.prrelid = to_regclass($2)::oid)) \
+                 FROM pg_publication p WHERE p.pubname = $1"
             ),
             &[&spec.publication, &table, &spec.schema],
         )
         .await
         .map_err(sql_error)?;
-    Ok(row.and_then(|r| {
-        let how: Option<String> = r.get(1);
-        how.map(|how| format!("{how}, relation {}", r.get::<_, String>(0)))
-    }))
+    Ok(row.and_then(|r| r.get(0)))
 }
 
 /// The server's `server_version_num` (e.g. 150004).
