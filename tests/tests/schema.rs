@@ -496,7 +496,9 @@ async fn type_changes_in_binary_mode_switch_to_text_without_loss() {
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
     assert!(
-        ferry.log_text().contains("binary mode"),
+        ferry
+            .log_text()
+            .contains("values stream in pgoutput's binary mode"),
         "not streaming binary; log:\n{}",
         ferry.log_text()
     );
