@@ -663,7 +663,7 @@ async fn the_outbox_dropped_from_the_publication_and_added_back_at_once_is_still
 
 /// `wal_level = replica` and a restart, with Ferry's logical slot on the server. PostgreSQL
 /// refuses to start at all ("logical replication slot ... exists, but wal_level < logical";
-/// seen on 15 and 18.1): Ferry cannot reach the server, says so at every attempt (a warning, the
+/// seen on 14 to 18): Ferry cannot reach the server, says so at every attempt (a warning, the
 /// reconnect counter, `/readyz` not ready) and keeps trying; the slot and everything not yet
 /// confirmed stay on disk. Once `wal_level = logical` is back and the server started, Ferry
 /// resumes where it was: nothing lost. A server that starts anyway (invalidating the slot
@@ -689,7 +689,7 @@ async fn wal_level_lowered_and_restarted_is_said_and_nothing_is_lost_once_restor
         exits_permanently(&mut ferry, &["wal_level"]).await;
         panic!(
             "this server started with wal_level = replica and a logical slot; \
-             the scenario's second half assumes it refuses (as 15 and 18.1 do)"
+             the scenario's second half assumes it refuses (as 14 to 18 do)"
         );
     }
     let pg_log = cluster.log();
