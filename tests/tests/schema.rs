@@ -746,7 +746,8 @@ async fn wal_level_lowered_and_restarted_is_said_and_nothing_is_lost_once_restor
 
 // 7. REPLICATION revoked ---------------------------------------------------------------------
 
-/// Revoking REPLICATION does not end a walsender that is streaming: Ferry streams on. The next
+/// Revoking REPLICATION does not end a walsender that is streaming: Ferry streams on, and warns
+/// (within a lag sample) that the next connection will be refused. The next
 /// connection (forced here by ending the walsender) is refused, and Ferry exits with the fix
 /// instead of retrying; nothing past what Kafka acknowledged was confirmed. With the attribute
 /// restored and Ferry started again, every row is delivered.
@@ -783,6 +784,16 @@ async fn replication_revoked_under_load_exits_with_the_fix_and_resumes_once_rest
         ferry.is_running(),
         "the streaming session ended at the revoke"
     );
+    wait_until(
+        "Ferry warns that the next connection will be refused",
+        Duration::from_secs(30),
+        || async {
+            ferry
+                .log_text()
+                .contains("no longer has the REPLICATION attribute: this session streams on")
+        },
+    )
+    .await;
 
     w.sql
         .execute(

@@ -514,6 +514,25 @@ pub async fn publication_membership(
     Ok(row.and_then(|r| r.get(0)))
 }
 
+/// The current role, and whether it may start a walsender: the REPLICATION attribute,
+/// superuser, or (Amazon RDS) membership in `rds_replication`. PostgreSQL checks it only when a
+/// replication connection starts, so a role that loses it streams on until the next one.
+pub async fn replication_privilege(
+    client: &tokio_postgres::Client,
+) -> Result<(String, bool), ReaderError> {
+    let role = client
+        .query_one(
+            "SELECT current_user::text, r.rolreplication OR r.rolsuper OR \
+               (EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication') \
+                AND pg_has_role(current_user, 'rds_replication', 'member')) \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok((role.get(0), role.get(1)))
+}
+
 /// The server's `server_version_num` (e.g. 150004).
 pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, ReaderError> {
     let v: String = client
@@ -621,17 +640,7 @@ pub async fn check(
         );
     }
 
-    let role = client
-        .query_one(
-            "SELECT current_user::text, r.rolreplication OR r.rolsuper OR \
-               (EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication') \
-                AND pg_has_role(current_user, 'rds_replication', 'member')) \
-             FROM pg_roles r WHERE r.rolname = current_user",
-            &[],
-        )
-        .await
-        .map_err(sql_error)?;
-    let (user, can_replicate): (String, bool) = (role.get(0), role.get(1));
+    let (user, can_replicate) = replication_privilege(client).await?;
     if !can_replicate {
         error(
             format!("role {user:?} lacks the REPLICATION attribute"),

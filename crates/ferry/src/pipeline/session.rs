@@ -362,7 +362,8 @@ type MembershipWatch = (
     tokio::sync::oneshot::Sender<String>,
 );
 
-/// Samples `pg_current_wal_lsn()` for the WAL lag metric, and watches that the publication
+/// Samples `pg_current_wal_lsn()` for the WAL lag metric, warns when the role loses the
+/// REPLICATION attribute (before the next connection fails on it), and watches that the publication
 /// still covers the outbox table as it did when the session started
 /// ([`slot::publication_membership`]): a table dropped and recreated, or taken out of the
 /// publication (and perhaps added back), means rows the stream never carried, which must stop
@@ -375,11 +376,26 @@ async fn watch_server(
     (spec, membership, left): MembershipWatch,
 ) {
     let mut left = Some(left);
+    let mut could_replicate = true;
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
         if let Ok(lsn) = slot::current_wal_lsn(&sql).await {
             metrics.set_server_wal_lsn(lsn.0);
+        }
+        // Said once per loss: streaming goes on, but the next connection will be refused.
+        if let Ok((role, can)) = slot::replication_privilege(&sql).await {
+            if could_replicate && !can {
+                tracing::warn!(
+                    role = %role,
+                    "role {role:?} no longer has the REPLICATION attribute: this session streams on, but the \
+                     next connection (a restart, a network cut) will be refused and Ferry will stop; run \
+                     ALTER ROLE {} WITH REPLICATION as a superuser (on Amazon RDS: GRANT rds_replication TO {})",
+                    slot::quote_ident(&role),
+                    slot::quote_ident(&role)
+                );
+            }
+            could_replicate = can;
         }
         if left.is_none() {
             continue;
