@@ -6,6 +6,12 @@
 //! - `skip`: the row is counted and left out; its transaction confirms without it.
 //! - `dead_letter`: the router renders the row for the dead-letter topic, which is produced in
 //!   its place (and like any record, must be acknowledged before its transaction confirms).
+//!
+//! The policy is for poison *rows*. A table row without a column the configuration reads is not
+//! one: the table changed under Ferry (a column renamed or dropped) and every later row fails
+//! alike, so `skip` would silently drop, and `dead_letter` divert, every event from then on. It
+//! stops the session whatever `on_error` says (a table-less message lacking a member is a bad
+//! document like any other, and follows the policy).
 
 use bytes::Bytes;
 use ferry_router::{ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router};
@@ -66,6 +72,10 @@ pub(crate) fn row(
             },
             None,
         ),
+        Err(e) if matches!(e.reason, RouteErrorReason::MissingColumn { .. }) => {
+            let kind = Some(RouteErrorKind::of(&e.reason));
+            (Routed::Fail(e), kind)
+        }
         Err(e) => policy(router, e, |err| {
             router.dead_letter(&wal, err, commit_unix_micros)
         }),

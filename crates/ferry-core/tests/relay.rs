@@ -181,6 +181,37 @@ fn on_error_skip_leaves_the_row_out_and_its_transaction_confirms() {
     assert_eq!(confirms(&a), vec![Lsn(120)]);
 }
 
+/// A column renamed or dropped under Ferry is not a poison row: skipping or dead-lettering would
+/// treat every later event so. Whatever `on_error` says, the session stops at the first such row.
+#[test]
+fn a_row_without_a_column_the_route_reads_stops_whatever_on_error_says() {
+    for on_error in [OnError::Skip, OnError::DeadLetter, OnError::Fail] {
+        let now = Instant::now();
+        let mut r = started(on_error, 100, 1 << 20, 100);
+        let mut renamed = (*relation(oid::JSONB)).clone();
+        renamed.columns[3].name = "event_type".into();
+        let renamed = std::sync::Arc::new(renamed);
+        r.handle_outbox(begin(1, 110), now);
+        r.handle_outbox(row(&renamed, 1, 105, 1, "k", Some("{}")), now);
+        r.handle_outbox(commit(1, 110, 120), now);
+        let a = actions(&mut r);
+        assert!(
+            produced(&a).is_empty(),
+            "{on_error}: produced {:?}",
+            produced(&a)
+        );
+        assert!(counts(&a).contains(&Count::RoutingError(RouteErrorKind::MissingColumn)));
+        match stop(a) {
+            Some(Err(CoreError::Route { commit_lsn, error })) => {
+                assert_eq!(commit_lsn, Lsn(110));
+                assert_eq!(error.code(), "missing_column");
+            }
+            other => panic!("{on_error}: expected a route error, got {other:?}"),
+        }
+        assert_eq!(r.confirmed(), Lsn(100), "{on_error}");
+    }
+}
+
 #[test]
 fn on_error_dead_letter_produces_to_the_dead_letter_topic_and_waits_for_it() {
     let now = Instant::now();

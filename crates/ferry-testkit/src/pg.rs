@@ -288,6 +288,17 @@ impl PgCluster {
     }
 
     fn spawn_postgres(&self) {
+        self.spawn_postgres_child();
+        if let Err(status) = self.wait_ready() {
+            panic!(
+                "postgres exited ({status}) during start-up; log:\n{}",
+                self.log()
+            );
+        }
+    }
+
+    /// Starts the postmaster, without waiting.
+    fn spawn_postgres_child(&self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -302,10 +313,10 @@ impl PgCluster {
         as_owner(&mut cmd, self.owner);
         let child = spawn_owned(cmd, libc::SIGQUIT).expect("spawn postgres");
         *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
-        self.wait_ready();
     }
 
-    fn wait_ready(&self) {
+    /// Waits until the server accepts connections (Ok), or the postmaster exits (its status).
+    fn wait_ready(&self) -> Result<(), std::process::ExitStatus> {
         let sock = self.socket_dir();
         let start = std::time::Instant::now();
         loop {
@@ -319,13 +330,11 @@ impl PgCluster {
                 .map(|s| s.success())
                 .unwrap_or(false);
             if ok {
-                return;
+                return Ok(());
             }
             if let Some(status) = self.child_exited() {
-                panic!(
-                    "postgres exited ({status}) during start-up; log:\n{}",
-                    self.log()
-                );
+                self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
+                return Err(status);
             }
             assert!(
                 start.elapsed() < Duration::from_secs(60),
@@ -412,6 +421,23 @@ impl PgCluster {
     /// Starts the server again on the same port after [`PgCluster::stop`].
     pub fn start_again(&self) {
         self.spawn_postgres();
+    }
+
+    /// [`PgCluster::start_again`] for a start that may fail (a setting the server refuses):
+    /// Ok once it accepts connections, or Err with its exit status (the reason is in [`PgCluster::log`]).
+    /// Blocking.
+    pub fn try_start_again(&self) -> Result<(), std::process::ExitStatus> {
+        self.spawn_postgres_child();
+        self.wait_ready()
+    }
+
+    /// Appends `lines` to `postgresql.conf` (a later line wins over an earlier one); they take
+    /// effect at the next start.
+    pub fn append_conf(&self, lines: &[&str]) {
+        append(
+            &self.root.join("data").join("postgresql.conf"),
+            &lines.join("\n"),
+        );
     }
 
     /// Superuser URL to database `db` over TCP.

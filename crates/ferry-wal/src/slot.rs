@@ -513,6 +513,66 @@ async fn table_kind(
     Ok(row.map(|r| (r.get::<_, u32>(0), r.get::<_, i8>(1))))
 }
 
+/// How the publication covers the outbox table right now, as an identity that changes whenever
+/// the coverage was interrupted: `None` when it does not cover the table (the table was dropped,
+/// or taken out with `ALTER PUBLICATION ... DROP TABLE`, or the publication is gone).
+///
+/// Rows committed while a table is out of the publication are never decoded for it, so a session
+/// that sees this identity change knows the stream may have a gap:
+///
+/// - `FOR ALL TABLES` covers every table from its creation: the identity is the publication's
+///   OID, whatever happens to the table (a recreated table's rows are in the stream);
+/// - `FOR TABLES IN SCHEMA` (15+) likewise: the schema membership row's OID;
+/// - a table listed by name: the OID of its `pg_publication_rel` row, which a table dropped and
+///   recreated, or taken out and added back, only gets anew, even when both happened between two
+///   looks.
+pub async fn publication_membership(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+) -> Result<Option<String>, ReaderError> {
+    let table = format!("{}.{}", quote_ident(&spec.schema), quote_ident(&spec.table));
+    let by_schema = if server_version_num(client).await? >= 150000 {
+        "(SELECT 'schema membership ' || pn.oid FROM pg_publication_namespace pn \
+         JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE pn.pnpubid = p.oid AND n.nspname = $3)"
+    } else {
+        "(SELECT NULL::text WHERE $3::text IS NULL)"
+    };
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT COALESCE( \
+                   CASE WHEN p.puballtables THEN 'all tables ' || p.oid END, \
+                   {by_schema}, \
+                   (SELECT 'table membership ' || pr.oid FROM pg_publication_rel pr \
+                     WHERE pr.prpubid = p.oid AND pr.prrelid = to_regclass($2)::oid)) \
+                 FROM pg_publication p WHERE p.pubname = $1"
+            ),
+            &[&spec.publication, &table, &spec.schema],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok(row.and_then(|r| r.get(0)))
+}
+
+/// The current role, and whether it may start a walsender: the REPLICATION attribute,
+/// superuser, or (Amazon RDS) membership in `rds_replication`. PostgreSQL checks it only when a
+/// replication connection starts, so a role that loses it streams on until the next one.
+pub async fn replication_privilege(
+    client: &tokio_postgres::Client,
+) -> Result<(String, bool), ReaderError> {
+    let role = client
+        .query_one(
+            "SELECT current_user::text, r.rolreplication OR r.rolsuper OR \
+               (EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication') \
+                AND pg_has_role(current_user, 'rds_replication', 'member')) \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok((role.get(0), role.get(1)))
+}
+
 /// The server's `server_version_num` (e.g. 150004).
 pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, ReaderError> {
     let v: String = client
@@ -620,17 +680,7 @@ pub async fn check(
         );
     }
 
-    let role = client
-        .query_one(
-            "SELECT current_user::text, r.rolreplication OR r.rolsuper OR \
-               (EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication') \
-                AND pg_has_role(current_user, 'rds_replication', 'member')) \
-             FROM pg_roles r WHERE r.rolname = current_user",
-            &[],
-        )
-        .await
-        .map_err(sql_error)?;
-    let (user, can_replicate): (String, bool) = (role.get(0), role.get(1));
+    let (user, can_replicate) = replication_privilege(client).await?;
     if !can_replicate {
         error(
             format!("role {user:?} lacks the REPLICATION attribute"),

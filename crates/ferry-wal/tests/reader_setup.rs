@@ -341,6 +341,75 @@ async fn a_publication_without_the_outbox_table_is_reported() {
     assert!(errors(&slot::check(&sql, &spec).await.unwrap()).is_empty());
 }
 
+/// What a session watches while streaming: the identity changes whenever the table was out of
+/// the publication, however briefly, and whichever way the publication covers it.
+#[tokio::test]
+async fn the_publication_membership_changes_whenever_the_table_was_out_of_it() {
+    let (_db, sql) = bare().await;
+    let spec = spec();
+    async fn membership(sql: &tokio_postgres::Client, spec: &SlotSpec) -> Option<String> {
+        slot::publication_membership(sql, spec).await.unwrap()
+    }
+    let recreate = format!("DROP TABLE outbox; {OUTBOX_DDL}");
+    assert_eq!(membership(&sql, &spec).await, None, "no publication yet");
+
+    sql.batch_execute("CREATE PUBLICATION ferry_outbox FOR TABLE outbox")
+        .await
+        .unwrap();
+    let listed = membership(&sql, &spec).await.expect("listed by name");
+    assert_eq!(membership(&sql, &spec).await.as_ref(), Some(&listed));
+    sql.batch_execute("ALTER PUBLICATION ferry_outbox DROP TABLE outbox")
+        .await
+        .unwrap();
+    assert_eq!(membership(&sql, &spec).await, None, "taken out");
+    sql.batch_execute("ALTER PUBLICATION ferry_outbox ADD TABLE outbox")
+        .await
+        .unwrap();
+    let back = membership(&sql, &spec).await.expect("added back");
+    assert_ne!(back, listed, "added back is another membership");
+    sql.batch_execute(&recreate).await.unwrap();
+    assert_eq!(membership(&sql, &spec).await, None, "recreated: not listed");
+
+    sql.batch_execute(
+        "DROP PUBLICATION ferry_outbox; CREATE PUBLICATION ferry_outbox FOR ALL TABLES",
+    )
+    .await
+    .unwrap();
+    let all = membership(&sql, &spec).await.expect("all tables");
+    sql.batch_execute(&recreate).await.unwrap();
+    assert_eq!(
+        membership(&sql, &spec).await,
+        Some(all),
+        "FOR ALL TABLES covers a recreated table from its creation: no gap"
+    );
+
+    if slot::server_version_num(&sql).await.unwrap() >= 150000 {
+        sql.batch_execute(
+            "DROP PUBLICATION ferry_outbox; CREATE PUBLICATION ferry_outbox FOR TABLES IN SCHEMA public",
+        )
+        .await
+        .unwrap();
+        let schema = membership(&sql, &spec).await.expect("by schema");
+        sql.batch_execute(&recreate).await.unwrap();
+        assert_eq!(
+            membership(&sql, &spec).await.as_ref(),
+            Some(&schema),
+            "a schema covers a recreated table from its creation"
+        );
+        sql.batch_execute(
+            "ALTER PUBLICATION ferry_outbox DROP TABLES IN SCHEMA public;
+             ALTER PUBLICATION ferry_outbox ADD TABLES IN SCHEMA public",
+        )
+        .await
+        .unwrap();
+        let schema_again = membership(&sql, &spec).await.expect("by schema");
+        assert_ne!(
+            schema, schema_again,
+            "the schema was out of the publication"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_missing_publication_is_reported_when_ferry_may_not_create_it() {
     let (_db, sql) = bare().await;

@@ -1,7 +1,7 @@
 //! The pipeline's errors: each is transient (reconnect and resume) or permanent (stop, exit
 //! non-zero, confirm nothing past it), and each permanent one says how to fix it.
 
-use ferry_router::RouteError;
+use ferry_router::{RouteError, RouteErrorReason};
 use ferry_wal::conn::ReaderError;
 use ferry_wal::slot::SetupError;
 use ferry_wal::Lsn;
@@ -18,11 +18,7 @@ pub enum PipelineError {
     Reader(#[from] ReaderError),
     #[error("PostgreSQL set-up:\n{0}")]
     Setup(#[from] SetupError),
-    #[error(
-        "cannot route outbox event (transaction commit {commit_lsn}): {error}. \
-         on_error = \"fail\" stops Ferry here and confirms nothing past it; fix the row's data or the \
-         route configuration, or set route.on_error = \"skip\" or \"dead_letter\""
-    )]
+    #[error("{}", route_failure(error, *commit_lsn))]
     Route { error: RouteError, commit_lsn: Lsn },
     #[error("Kafka did not accept a record for topic {topic:?}: {error}; fix: {fix}")]
     Delivery {
@@ -69,6 +65,39 @@ pub enum PipelineError {
          its progress record; comparing again"
     )]
     SlotChanged { slot: String },
+    #[error(
+        "the outbox table {table} left publication {publication:?} while Ferry streamed: {what}. PostgreSQL \
+         does not decode a table's rows for a publication while the table is out of it, so rows committed in \
+         between are not in the stream and Ferry cannot relay them. Everything streamed before was delivered and \
+         confirmed. Fix: run `ALTER PUBLICATION {publication} ADD TABLE {table}` if the table is not back in it, \
+         re-insert the outbox rows committed while it was out (if consumers need them), then start Ferry again"
+    )]
+    PublicationChanged {
+        publication: String,
+        table: String,
+        /// What the session saw: out of the publication, or back in with another identity.
+        what: String,
+    },
+}
+
+/// The message of [`PipelineError::Route`]: the row's problem, then what stopping means and what
+/// to do, which differs for a table that no longer matches the configuration.
+fn route_failure(error: &RouteError, commit_lsn: Lsn) -> String {
+    if let RouteErrorReason::MissingColumn { .. } = error.reason {
+        format!(
+            "{error} (transaction commit {commit_lsn}). The outbox table no longer has a column the \
+             configuration reads (renamed or dropped?), so every later row would fail alike: Ferry stops \
+             whatever route.on_error says and confirms nothing past this transaction. Map the new column \
+             in the configuration (or restore the column) and start Ferry again; it resumes at this \
+             transaction"
+        )
+    } else {
+        format!(
+            "{error} (transaction commit {commit_lsn}). on_error = \"fail\" stops Ferry here and confirms \
+             nothing past it; fix the row's data or the route configuration, or set route.on_error = \
+             \"skip\" or \"dead_letter\""
+        )
+    }
 }
 
 impl PipelineError {
@@ -88,7 +117,8 @@ impl PipelineError {
             | PipelineError::ProducerConfig(_)
             | PipelineError::Watermark(_)
             | PipelineError::UnknownReport { .. }
-            | PipelineError::DrainTimeout { .. } => false,
+            | PipelineError::DrainTimeout { .. }
+            | PipelineError::PublicationChanged { .. } => false,
         }
     }
 

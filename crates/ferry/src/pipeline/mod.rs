@@ -10,11 +10,15 @@
 //! - a slot streamed by another process makes this instance a **hot standby**: it polls until
 //!   the slot is free and then takes over;
 //! - a **permanent** error (privileges, an invalidated slot, a record Kafka refuses, a routing
-//!   error under `on_error = "fail"`, a gap the start-time verdict found: a slot lost, moved or
-//!   on another server, see `ferry_core::verdict`) ends `run` with that error: `ferry` exits
-//!   non-zero and nothing past the failed record was confirmed. An `--accept-gap` holds until
-//!   the progress record written after the accepted gap is acknowledged, across reconnects;
-//!   then it is used up;
+//!   error under `on_error = "fail"`, a row without a column the route reads under any
+//!   `on_error`, a gap the start-time verdict found: a slot lost, moved or on another server,
+//!   see `ferry_core::verdict`) ends `run` with that error: `ferry` exits non-zero and nothing
+//!   past the failed record was confirmed. An `--accept-gap` holds until the progress record
+//!   written after the accepted gap is acknowledged, across reconnects; then it is used up;
+//! - the outbox table leaving the publication while a session streams (dropped and recreated,
+//!   `ALTER PUBLICATION ... DROP TABLE`, even if added back since) means rows the stream never
+//!   carried: the session drains and confirms what it streamed, then ends with a permanent
+//!   error saying so (watched every lag sample; see `session::watch_server`);
 //! - the shutdown future ends the current session gracefully: stop reading, wait for in-flight
 //!   deliveries (up to the drain timeout), confirm, send a final status update.
 //!

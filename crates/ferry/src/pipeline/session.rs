@@ -180,6 +180,8 @@ impl<'a> Session<'a> {
             ..s.slot.clone()
         };
         slot::ensure(&sql, &spec).await?;
+        // ensure() checked the publication covers the table; how it does is watched below.
+        let membership = slot::publication_membership(&sql, &s.slot).await?;
         let mode = binary::decide(&sql, s).await?;
         let mut options = s.stream.clone();
         options.binary = mode == Mode::Binary;
@@ -217,11 +219,16 @@ impl<'a> Session<'a> {
         let binary_read = (mode == Mode::Binary)
             .then(|| s.router.columns().into_iter().map(String::from).collect());
         self.core.relay.start(reader.resume_lsn, binary_read);
-        let lag = tokio::spawn(sample_lag(
+        let (left_tx, mut left_rx) = tokio::sync::oneshot::channel();
+        let lag = tokio::spawn(watch_server(
             sql.clone(),
             self.metrics.clone(),
             s.lag_sample_interval,
+            (s.slot.clone(), membership, left_tx),
         ));
+        // Set once the outbox table left the publication: the session drains, then ends with it.
+        let mut left_publication: Option<PipelineError> = None;
+        let mut watching = true;
 
         // Metrics are published after every wake-up; this one guarantees wake-ups while the
         // loop waits on nothing else (window full, Kafka away), so the reader's counters
@@ -279,6 +286,18 @@ impl<'a> Session<'a> {
                 // The next progress record is due (its interval passed).
                 _ = sleep_until(next_record), if next_record.is_some() => {}
                 _ = publish_tick.tick() => {}
+                r = &mut left_rx, if watching => {
+                    watching = false;
+                    if let Ok(what) = r {
+                        tracing::error!(publication = %s.slot.publication, "{what}: stopping after the records in flight");
+                        left_publication = Some(PipelineError::PublicationChanged {
+                            publication: s.slot.publication.clone(),
+                            table: format!("{}.{}", slot::quote_ident(&s.slot.schema), slot::quote_ident(&s.slot.table)),
+                            what,
+                        });
+                        self.core.relay.shutdown(Instant::now());
+                    }
+                }
             }
             if stop.is_none() {
                 stop = self.carry_out(&reader);
@@ -302,6 +321,11 @@ impl<'a> Session<'a> {
         self.remember_last(&reader, wait, graceful).await;
         self.publish_gauges(&reader);
         let reader_result = finish(reader).await;
+        if let Some(e) = left_publication {
+            // Drained and confirmed what was streamed; a drain failure is reported first.
+            stopped.map_err(|e| pipeline_error(e, &s.progress_topic))?;
+            return Err(e);
+        }
         match stopped {
             Ok(ferry_core::End::Shutdown) => {
                 tracing::info!(confirmed = %self.core.relay.confirmed(), "drained and confirmed");
@@ -707,13 +731,63 @@ async fn finish(reader: ReaderHandle) -> Result<(), PipelineError> {
     }
 }
 
-/// Samples `pg_current_wal_lsn()` for the WAL lag metric.
-async fn sample_lag(sql: Arc<tokio_postgres::Client>, metrics: Arc<Metrics>, every: Duration) {
+/// What [`watch_server`] watches the publication with: the table's spec, how the publication
+/// covered it when the session started, and where to say that changed.
+type MembershipWatch = (
+    slot::SlotSpec,
+    Option<String>,
+    tokio::sync::oneshot::Sender<String>,
+);
+
+/// Samples `pg_current_wal_lsn()` for the WAL lag metric, warns when the role loses the
+/// REPLICATION attribute (before the next connection fails on it), and watches that the publication
+/// still covers the outbox table as it did when the session started
+/// ([`slot::publication_membership`]): a table dropped and recreated, or taken out of the
+/// publication (and perhaps added back), means rows the stream never carried, which must stop
+/// Ferry rather than pass unnoticed. A failed query is skipped (the replication connection
+/// reports a lost server).
+async fn watch_server(
+    sql: Arc<tokio_postgres::Client>,
+    metrics: Arc<Metrics>,
+    every: Duration,
+    (spec, membership, left): MembershipWatch,
+) {
+    let mut left = Some(left);
+    let mut could_replicate = true;
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
         if let Ok(lsn) = slot::current_wal_lsn(&sql).await {
             metrics.set_server_wal_lsn(lsn.0);
+        }
+        // Said once per loss: streaming goes on, but the next connection will be refused.
+        if let Ok((role, can)) = slot::replication_privilege(&sql).await {
+            if could_replicate && !can {
+                tracing::warn!(
+                    role = %role,
+                    "role {role:?} no longer has the REPLICATION attribute: this session streams on, but the \
+                     next connection (a restart, a network cut) will be refused and Ferry will stop; run \
+                     ALTER ROLE {} WITH REPLICATION as a superuser (on Amazon RDS: GRANT rds_replication TO {})",
+                    slot::quote_ident(&role),
+                    slot::quote_ident(&role)
+                );
+            }
+            could_replicate = can;
+        }
+        if left.is_none() {
+            continue;
+        }
+        let Ok(now) = slot::publication_membership(&sql, &spec).await else {
+            continue;
+        };
+        if now != membership {
+            let what = match now {
+                None => "it is no longer in the publication (dropped, or ALTER PUBLICATION ... DROP TABLE)".to_string(),
+                Some(_) => "it is in the publication again, but was dropped and recreated or taken out and added back since the session started".to_string(),
+            };
+            if let Some(tx) = left.take() {
+                let _ = tx.send(what);
+            }
         }
     }
 }
