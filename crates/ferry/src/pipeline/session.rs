@@ -67,6 +67,7 @@ impl Core {
                 max_in_flight_bytes: s.max_in_flight_bytes as u64,
                 drain_timeout: s.drain_timeout,
                 session_drain_timeout: s.session_drain_timeout,
+                exactly_once: false,
             }),
         }
     }
@@ -238,6 +239,7 @@ impl<'a> Session<'a> {
                         self.core.relay.handle_sink_error(e, Instant::now());
                     }
                 }
+                Action::Position(_) => {}
                 Action::Abandon => sink.abandon(),
                 Action::Confirm(lsn) => self.confirm(reader, lsn),
                 Action::Count(c) => self.count(c),
