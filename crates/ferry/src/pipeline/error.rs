@@ -47,6 +47,19 @@ pub enum PipelineError {
     )]
     DrainTimeout { records: u64 },
     #[error(
+        "another Ferry instance fenced this one: it started with the same transactional.id {transactional_id:?} \
+         (the same slot on the same server) and took over; this instance stops without committing. If that \
+         other instance should not run, stop it; otherwise this one was the zombie ({error})"
+    )]
+    Fenced {
+        transactional_id: String,
+        error: KafkaError,
+    },
+    #[error("Kafka transaction failed ({error}); the producer is replaced and the events replayed from the last committed position")]
+    Transaction { error: KafkaError },
+    #[error("progress topic: {0}")]
+    Progress(#[from] crate::progress::ProgressTopicError),
+    #[error(
         "the outbox table changed while streaming in binary mode: column {column:?} is now of type OID \
          {type_oid}, which Ferry reads only as text; reconnecting to stream text"
     )]
@@ -60,7 +73,11 @@ impl PipelineError {
             PipelineError::Reader(e) => e.is_transient(),
             PipelineError::Setup(e) => e.is_transient(),
             PipelineError::Delivery { transient, .. } => *transient,
-            PipelineError::ProducerFatal(_) | PipelineError::TextNeeded { .. } => true,
+            PipelineError::ProducerFatal(_)
+            | PipelineError::TextNeeded { .. }
+            | PipelineError::Transaction { .. } => true,
+            PipelineError::Progress(e) => e.is_transient(),
+            PipelineError::Fenced { .. } => false,
             PipelineError::Route { .. }
             | PipelineError::ProducerConfig(_)
             | PipelineError::Watermark(_)

@@ -25,9 +25,11 @@ use rdkafka::error::KafkaError;
 use tokio::sync::mpsc;
 
 use super::binary::{self, Mode};
+use super::transactional::Txn;
 use super::{PipelineError, PipelineSettings};
 use crate::producer::{Delivery, KafkaSink, Producer};
 use crate::telemetry::Metrics;
+use crate::topics::Topics;
 
 /// Most delivery reports or WAL events handled in one wake-up of the session loop.
 const BURST: usize = 512;
@@ -67,7 +69,7 @@ impl Core {
                 max_in_flight_bytes: s.max_in_flight_bytes as u64,
                 drain_timeout: s.drain_timeout,
                 session_drain_timeout: s.session_drain_timeout,
-                exactly_once: false,
+                exactly_once: s.exactly_once.is_some(),
             }),
         }
     }
@@ -76,7 +78,11 @@ impl Core {
 pub(super) struct Session<'a> {
     settings: &'a PipelineSettings,
     metrics: &'a Arc<Metrics>,
-    producer: &'a Producer,
+    /// The idempotent producer (at-least-once), shared across sessions.
+    producer: Option<&'a Producer>,
+    /// Exactly-once: this session's transactional producer, created once the slot is ours.
+    txn: Option<Txn>,
+    topics: Option<Topics>,
     core: Core,
     status_updates_seen: u64,
 }
@@ -91,8 +97,29 @@ impl<'a> Session<'a> {
         Session {
             settings,
             metrics,
-            producer,
+            producer: Some(producer),
+            txn: None,
+            topics: None,
             core,
+            status_updates_seen: 0,
+        }
+    }
+
+    /// An exactly-once session: its transactional producer (and core) are made once the slot
+    /// is ours (see [`super::transactional`]).
+    pub fn exactly_once(
+        settings: &'a PipelineSettings,
+        metrics: &'a Arc<Metrics>,
+        topics: Topics,
+    ) -> Self {
+        let (_, rx) = mpsc::channel(1);
+        Session {
+            settings,
+            metrics,
+            producer: None,
+            txn: None,
+            topics: Some(topics),
+            core: Core::new(rx, settings),
             status_updates_seen: 0,
         }
     }
@@ -131,7 +158,55 @@ impl<'a> Session<'a> {
         self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
         let binary_read = (mode == Mode::Binary)
             .then(|| s.router.columns().into_iter().map(String::from).collect());
-        self.core.relay.start(reader.resume_lsn, binary_read);
+        match (&s.exactly_once, self.topics.clone()) {
+            (Some(eo), Some(topics)) => {
+                // The slot is ours: fence older producers, then read what Kafka holds.
+                let started = async {
+                    crate::progress::ensure_topic(
+                        &s.producer_properties,
+                        &eo.progress_topic,
+                        s.create_topics.replication_factor,
+                        eo.call_timeout,
+                    )
+                    .await?;
+                    let (txn, rx) = Txn::start(
+                        eo,
+                        &s.producer_properties,
+                        s.report_capacity(),
+                        topics,
+                        reader.system,
+                        &s.stream.slot,
+                    )
+                    .await?;
+                    let remembered = txn
+                        .remembered(&s.producer_properties, reader.system, &s.stream.slot)
+                        .await?;
+                    Ok::<_, PipelineError>((txn, rx, remembered))
+                };
+                let (txn, rx, remembered) = match started.await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = finish(reader).await;
+                        return Err(e);
+                    }
+                };
+                // lostslot: verdict here. `remembered` (the newest committed progress record,
+                // `None` on a first start) and the slot's state (`reader.resume_lsn`,
+                // `reader.system`) are both in hand: a slot ahead of the remembered end LSN, on
+                // another system, or already used with nothing remembered is a gap to refuse.
+                tracing::info!(
+                    remembered = ?remembered.as_ref().map(|r| (r.end_lsn, r.partial)),
+                    slot_lsn = %reader.resume_lsn,
+                    "exactly-once: resuming from the progress topic"
+                );
+                self.txn = Some(txn);
+                self.core = Core::new(rx, s);
+                self.core
+                    .relay
+                    .start_from(reader.resume_lsn, binary_read, remembered);
+            }
+            _ => self.core.relay.start(reader.resume_lsn, binary_read),
+        }
         let lag = tokio::spawn(sample_lag(
             sql.clone(),
             self.metrics.clone(),
@@ -149,15 +224,16 @@ impl<'a> Session<'a> {
             let mut stop = None;
             let wants_events = self.core.relay.wants_events();
             let deadline = self.core.relay.poll_timeout();
+            let txn_deadline = self.txn.as_ref().and_then(Txn::deadline);
             tokio::select! {
                 biased;
                 Some(d) = self.core.rx.recv() => {
                     let now = Instant::now();
-                    self.core.relay.handle_report(Token(d.key), d.result.map(drop), now);
+                    self.report(d, now);
                     // Every report already queued, in one wake-up.
                     for _ in 0..BURST {
                         match self.core.rx.try_recv() {
-                            Ok(d) => self.core.relay.handle_report(Token(d.key), d.result.map(drop), now),
+                            Ok(d) => self.report(d, now),
                             Err(_) => break,
                         }
                     }
@@ -190,10 +266,21 @@ impl<'a> Session<'a> {
                 _ = sleep_until(deadline), if deadline.is_some() => {
                     self.core.relay.handle_timeout(Instant::now());
                 }
+                _ = sleep_until(txn_deadline), if txn_deadline.is_some() => {}
                 _ = publish_tick.tick() => {}
             }
             if stop.is_none() {
                 stop = self.carry_out(&reader);
+            }
+            if stop.is_none() {
+                if let Some(txn) = self.txn.as_mut() {
+                    if let Err(e) = txn.settle(&mut self.core.relay, Instant::now()).await {
+                        lag.abort();
+                        let _ = finish(reader).await;
+                        return Err(e);
+                    }
+                    stop = self.carry_out(&reader);
+                }
             }
             self.publish_gauges(&reader);
             if let Some(stop) = stop {
@@ -220,28 +307,54 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// A delivery report: to the core, or in exactly-once mode held by the transaction.
+    fn report(&mut self, d: Delivery, now: Instant) {
+        match self.txn.as_mut() {
+            Some(txn) => txn.report(d),
+            None => self
+                .core
+                .relay
+                .handle_report(Token(d.key), d.result.map(drop), now),
+        }
+    }
+
     /// Carries out the core's actions; returns its verdict once it stopped.
     fn carry_out(
         &mut self,
         reader: &ReaderHandle,
     ) -> Option<Result<ferry_core::End, CoreError<KafkaError>>> {
-        let mut sink = KafkaSink(self.producer);
         let mut stop = None;
         while let Some(action) = self.core.relay.poll_action() {
             match action {
                 Action::Produce { token, record } => {
-                    if let Err(e) = sink.produce(token, &record) {
+                    let produced = match (self.txn.as_mut(), self.producer) {
+                        (Some(txn), _) => txn.produce(token, &record),
+                        (None, Some(p)) => KafkaSink(p).produce(token, &record),
+                        (None, None) => Err(KafkaError::Canceled),
+                    };
+                    if let Err(e) = produced {
                         self.core.relay.handle_refused(token, e, Instant::now());
                     }
                 }
-                Action::CommitPoint { end_lsn } => {
-                    if let Err(e) = sink.commit_point(end_lsn) {
-                        self.core.relay.handle_sink_error(e, Instant::now());
+                // Nothing to the idempotent sink; the transactional one ends its
+                // transactions at positions.
+                Action::CommitPoint { .. } => {}
+                Action::Position(p) => {
+                    if let Some(txn) = self.txn.as_mut() {
+                        txn.position(p, Instant::now());
                     }
                 }
-                Action::Position(_) => {}
-                Action::Abandon => sink.abandon(),
-                Action::Confirm(lsn) => self.confirm(reader, lsn),
+                Action::Abandon => match (self.txn.as_mut(), self.producer) {
+                    (Some(txn), _) => txn.poison(KafkaError::Canceled),
+                    (None, Some(p)) => KafkaSink(p).abandon(),
+                    (None, None) => {}
+                },
+                Action::Confirm(lsn) => {
+                    self.confirm(reader, lsn);
+                    if self.txn.is_some() {
+                        super::transactional::failpoint("confirmed");
+                    }
+                }
                 Action::Count(c) => self.count(c),
                 Action::Stop(result) => stop = Some(result),
             }
@@ -306,7 +419,7 @@ fn pipeline_error(e: CoreError<KafkaError>) -> PipelineError {
         CoreError::Route { error, commit_lsn } => PipelineError::Route { error, commit_lsn },
         CoreError::Delivery { topic, error } => PipelineError::delivery(&topic, error),
         // The idempotent sink has no failure outside a record.
-        CoreError::Sink(error) => PipelineError::delivery("(no topic)", error),
+        CoreError::Sink(error) => PipelineError::Transaction { error },
         CoreError::TextNeeded { column, type_oid } => {
             PipelineError::TextNeeded { column, type_oid }
         }
