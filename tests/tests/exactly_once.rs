@@ -131,7 +131,9 @@ fn assert_exactly_once(records: &[(String, u64)], total: usize) {
     }
     let dups: Vec<_> = seen.iter().filter(|(_, c)| **c > 1).collect();
     assert!(dups.is_empty(), "duplicates (n, times): {dups:?}");
-    let missing: Vec<u64> = (0..total as u64).filter(|n| !seen.contains_key(n)).collect();
+    let missing: Vec<u64> = (0..total as u64)
+        .filter(|n| !seen.contains_key(n))
+        .collect();
     assert!(missing.is_empty(), "missing: {missing:?}");
     assert_eq!(records.len(), total);
 }
@@ -233,4 +235,93 @@ async fn aborted_transactions_are_invisible_to_read_committed_only() {
         "read_uncommitted should also see the aborted copies: {} records for {total} rows",
         all.len()
     );
+}
+
+/// `ferry check` says what exactly-once needs: transactions, the brokers' transaction timeout
+/// against Ferry's, the progress topic, read_committed consumers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_what_exactly_once_needs() {
+    let (w, _topic) = world("100ms").await;
+    let mut ferry = Ferry::spawn(&w, &["check"]);
+    let status = ferry.wait_exit(Duration::from_secs(60)).await;
+    let out = ferry.log_text();
+    assert_eq!(status.code(), Some(0), "{out}");
+    for want in [
+        "note: exactly-once: the brokers support transactions",
+        "exactly-once: the progress topic",
+        "isolation.level=read_committed",
+        "transaction.max.timeout.ms",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+}
+
+/// Zombie: the first Ferry is paused (SIGSTOP) with the slot taken from it; a second one takes
+/// over and fences it. Resumed, the first can never commit again: it exits, naming the
+/// transactional.id, and nothing appears twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_instance_is_fenced_by_its_successor_and_exits() {
+    // A long interval, so the paused instance holds an open transaction.
+    let (mut w, topic) = world("2s").await;
+    w.env.push((
+        "FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(),
+        "100000".into(),
+    ));
+    w.env
+        .push(("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(), "400000".into()));
+    let mut first = w.start_ferry();
+    slot_created(&w).await;
+    let total = insert(&w, 0, 10, 10).await;
+    // Its records are produced (read_uncommitted sees them), its transaction still open.
+    let brokers = w.brokers.clone();
+    wait_until(
+        "the first instance produced",
+        Duration::from_secs(60),
+        || {
+            let (b, t) = (brokers.clone(), topic.clone());
+            async move { !read(&b, &t, "read_uncommitted").await.is_empty() }
+        },
+    )
+    .await;
+    let pid = first.pid().expect("running");
+    let stop = |sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+    };
+    stop("-STOP");
+    // Its walsender goes (as after a network partition), so the second can take the slot.
+    w.sql
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            &[&w.slot],
+        )
+        .await
+        .unwrap();
+    let _second = w.start_ferry();
+    wait_until(
+        "the second instance committed",
+        Duration::from_secs(120),
+        || {
+            let (b, t) = (brokers.clone(), topic.clone());
+            async move { read(&b, &t, "read_committed").await.len() >= total }
+        },
+    )
+    .await;
+    stop("-CONT");
+    let status = first.wait_exit(Duration::from_secs(90)).await;
+    let log = first.log_text();
+    assert!(!status.success(), "the fenced instance exited 0:\n{log}");
+    assert!(
+        log.contains("another Ferry instance fenced this one"),
+        "no fencing error in:\n{log}"
+    );
+    let total = insert(&w, total, 2, 10).await;
+    wait_until("the later rows committed", Duration::from_secs(120), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= total }
+    })
+    .await;
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
 }
