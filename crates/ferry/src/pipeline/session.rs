@@ -149,13 +149,6 @@ impl<'a> Session<'a> {
             Mode::Text(why) => tracing::info!("values stream as text: {why}"),
         }
         let mut reader = ferry_wal::conn::start(&s.postgres, &sql, options).await?;
-        if self.metrics.standby.get() != 0 {
-            tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
-            self.metrics.standby.set_flag(false);
-        }
-        tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
-        self.metrics.streaming.set_flag(true);
-        self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
         let binary_read = (mode == Mode::Binary)
             .then(|| s.router.columns().into_iter().map(String::from).collect());
         match (&s.exactly_once, self.topics.clone()) {
@@ -183,7 +176,15 @@ impl<'a> Session<'a> {
                         .await?;
                     Ok::<_, PipelineError>((txn, rx, remembered))
                 };
-                let (txn, rx, remembered) = match started.await {
+                // Shutdown is honoured during the set-up too (init_transactions can take a while).
+                let started = tokio::select! {
+                    r = started => r,
+                    _ = shutdown.as_mut() => {
+                        let _ = finish(reader).await;
+                        return Ok(End::Shutdown);
+                    }
+                };
+                let (txn, rx, remembered) = match started {
                     Ok(x) => x,
                     Err(e) => {
                         let _ = finish(reader).await;
@@ -207,6 +208,13 @@ impl<'a> Session<'a> {
             }
             _ => self.core.relay.start(reader.resume_lsn, binary_read),
         }
+        if self.metrics.standby.get() != 0 {
+            tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
+            self.metrics.standby.set_flag(false);
+        }
+        tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
+        self.metrics.streaming.set_flag(true);
+        self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
         let lag = tokio::spawn(sample_lag(
             sql.clone(),
             self.metrics.clone(),
@@ -222,7 +230,7 @@ impl<'a> Session<'a> {
         let mut shutdown_seen = false;
         let stopped = loop {
             let mut stop = None;
-            let wants_events = self.core.relay.wants_events();
+            let wants_events = self.wants_events();
             let deadline = self.core.relay.poll_timeout();
             let txn_deadline = self.txn.as_ref().and_then(Txn::deadline);
             tokio::select! {
@@ -255,7 +263,7 @@ impl<'a> Session<'a> {
                                 break;
                             }
                             taken += 1;
-                            if taken < BURST && self.core.relay.wants_events() {
+                            if taken < BURST && self.wants_events() {
                                 next = reader.try_recv();
                             }
                         }
@@ -305,6 +313,12 @@ impl<'a> Session<'a> {
             ReaderEvent::Keepalive { wal_end } => self.core.relay.handle_keepalive(wal_end),
             ReaderEvent::Outbox(ev) => self.core.relay.handle_outbox(ev, now),
         }
+    }
+
+    /// Whether to read more WAL: the core wants it, and no Kafka transaction is at its cap (it
+    /// commits first, at the end of this wake-up).
+    fn wants_events(&mut self) -> bool {
+        self.core.relay.wants_events() && !self.txn.as_ref().is_some_and(Txn::full)
     }
 
     /// A delivery report: to the core, or in exactly-once mode held by the transaction.

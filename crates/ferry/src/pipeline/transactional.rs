@@ -34,7 +34,7 @@
 //! # Failpoints
 //!
 //! `FERRY_TEST_FAILPOINT=<point>[:<n>]` kills the process (SIGKILL, no clean-up) the `n`th time
-//! (default 1st) it reaches `<point>`: `records_sent` (records produced, no progress record yet),
+//! (default 1st) it reaches `<point>` in a Kafka transaction that carries records: `records_sent` (records produced, no progress record yet),
 //! `progress_sent` (progress record produced, commit not asked), `commit_sent` (killed while the
 //! commit is in flight), `committed` (commit acknowledged, reports not released, slot not
 //! confirmed), `confirmed` (after the slot confirm was handed to the reader). The end-to-end tests
@@ -198,6 +198,13 @@ impl Txn {
         self.since.map(|s| s + self.settings.interval)
     }
 
+    /// Whether the open transaction holds its cap of records or bytes: no more WAL until it
+    /// commits.
+    pub fn full(&self) -> bool {
+        self.held.len() as u64 >= self.settings.max_records
+            || self.held_bytes >= self.settings.max_bytes
+    }
+
     fn uncommitted(&self) -> bool {
         self.position.is_some() && self.position != self.committed
     }
@@ -214,8 +221,7 @@ impl Txn {
             }
             return Ok(());
         }
-        let full = self.held.len() as u64 >= self.settings.max_records
-            || self.held_bytes >= self.settings.max_bytes;
+        let full = self.full();
         let late = self.deadline().is_some_and(|d| now >= d);
         let draining = relay.is_draining() && !self.held.is_empty();
         if !self.uncommitted() || !(full || late || draining) {
@@ -238,7 +244,11 @@ impl Txn {
                 .map_err(|e| self.failure(e))?;
             self.open = true;
         }
-        failpoint("records_sent");
+        // Failpoints count transactions that carry records (not progress-only ones).
+        let carrying = !self.held.is_empty();
+        if carrying {
+            failpoint("records_sent");
+        }
         let written_unix_millis = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -259,8 +269,10 @@ impl Txn {
         ) {
             return self.abort(relay, send_error(e), Instant::now()).await;
         }
-        failpoint("progress_sent");
-        if failpoint_armed("commit_sent") {
+        if carrying {
+            failpoint("progress_sent");
+        }
+        if carrying && failpoint_armed("commit_sent") {
             // Killed while the commit is in flight: whether it lands is the broker's business.
             std::thread::spawn(|| {
                 std::thread::sleep(Duration::from_millis(2));
@@ -274,7 +286,9 @@ impl Txn {
             .await
         {
             Ok(()) => {
-                failpoint("committed");
+                if carrying {
+                    failpoint("committed");
+                }
                 tracing::debug!(
                     records = self.held.len(),
                     end_lsn = %position.end_lsn,
