@@ -403,10 +403,8 @@ impl Sim {
     fn step(&mut self) -> Option<Result<End, String>> {
         self.now += Duration::from_millis(1);
         match self.rng.below(100) {
-            0..=59 if self.pos.0 < self.txns.len() => {
-                if self.relay.wants_events() {
-                    self.feed_one();
-                }
+            0..=59 if self.pos.0 < self.txns.len() && self.relay.wants_events() => {
+                self.feed_one();
             }
             // The interval passed: commit what is open (or a newer position alone).
             60..=79 if !self.position_committed => self.commit(),
