@@ -38,6 +38,21 @@ pub fn bin() -> Res<PathBuf> {
     Ok(p)
 }
 
+/// `FERRY_BENCH_EXACTLY_ONCE=true` runs Ferry in exactly-once mode (`kafka.exactly_once`,
+/// a progress topic per slot), so the two modes are compared on the same workloads.
+fn exactly_once(slot: &str) -> Vec<(String, String)> {
+    match std::env::var("FERRY_BENCH_EXACTLY_ONCE").as_deref() {
+        Ok("true" | "1") => vec![
+            ("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()),
+            (
+                "FERRY_KAFKA_PROGRESS_TOPIC".into(),
+                format!("ferry-progress.{slot}"),
+            ),
+        ],
+        _ => Vec::new(),
+    }
+}
+
 /// A running `ferry run` and its metrics port.
 pub struct Running {
     pub child: Child,
@@ -73,6 +88,7 @@ impl Running {
             .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{port}"))
             .env("FERRY_POSTGRES_STANDBY_POLL_INTERVAL", "50ms")
             .env("FERRY_LOG_LEVEL", "warn")
+            .envs(exactly_once(slot))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());

@@ -28,6 +28,25 @@
 //!   the session at once: the state cannot be trusted, and nothing past it is confirmed.
 //! - **The first failure wins**: a session that failed ends with that failure whatever else
 //!   happens during its drain (a shutdown, the deadline).
+//!
+//! # Exactly-once (`RelayConfig::exactly_once`)
+//!
+//! The same rules, and three more (issue 11; the sink's side is in [`crate::sink`]):
+//!
+//! - **Skip what Kafka holds.** A session starts with the remembered progress record
+//!   ([`Relay::start_from`]) and skips every event it [covers](ProgressRecord::covers). Events
+//!   are counted per transaction in WAL order, every outbox row and message, whatever
+//!   `route.on_error` does with them: a dead-lettered row counts as handled once its dead letter
+//!   is committed, and is never dead-lettered twice.
+//! - **Say where it is after every event** ([`Action::Position`]): after each row or message
+//!   the position is *(commit LSN, events handled)* inside the transaction, after its commit
+//!   the transaction's end LSN. The sink may end a Kafka transaction at any of them, so a Kafka
+//!   transaction is bounded by time and size, never by the size of a PostgreSQL transaction.
+//! - **Confirm only what a committed progress record holds.** The sink tells the core the end
+//!   LSN its last committed progress record holds ([`Relay::progress_committed`]); the core
+//!   confirms the lower of that and the watermark. A transaction without records (all skipped,
+//!   or all covered) would otherwise be confirmed ahead of any record that says Ferry got there,
+//!   and a restart would find the slot ahead of the remembered position.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -39,6 +58,7 @@ use ferry_wal::Lsn;
 
 use crate::guard::BinaryGuard;
 use crate::inflight::{Entry, InFlight, Token};
+use crate::progress::{Partial, ProgressRecord};
 use crate::route::{self, RouteErrorKind, Routed};
 use crate::watermark::{Watermark, WatermarkError};
 use crate::window::Window;
@@ -55,6 +75,9 @@ pub struct RelayConfig {
     pub drain_timeout: Duration,
     /// How long a session that ends for another reason waits for them; `None` = for ever.
     pub session_drain_timeout: Option<Duration>,
+    /// Exactly-once mode: positions after every event, covered events skipped, confirms held
+    /// to the committed progress (see the [module documentation](self)).
+    pub exactly_once: bool,
 }
 
 /// How a session ended without error.
@@ -114,6 +137,9 @@ pub enum Action<E> {
     Produce { token: Token, record: Record },
     /// A WAL transaction ended at `end_lsn` ([`crate::Sink::commit_point`]).
     CommitPoint { end_lsn: Lsn },
+    /// Exactly-once: every event up to here is handed to the sink (or skipped by policy); a
+    /// Kafka transaction may end here with this position ([`crate::Sink::position`]).
+    Position(Position),
     /// A record failed: [`crate::Sink::abandon`].
     Abandon,
     /// Report `lsn` as flushed to the server (and as the confirmed-LSN metric).
@@ -124,11 +150,22 @@ pub enum Action<E> {
     Stop(Result<End, CoreError<E>>),
 }
 
+/// Where the relay is in the WAL, exactly: what a progress record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// End LSN of the last whole transaction handled.
+    pub end_lsn: Lsn,
+    /// A transaction after it partly handled: its commit LSN and how many events of it.
+    pub partial: Option<Partial>,
+}
+
 /// The transaction whose events are streaming through.
 #[derive(Debug, Clone, Copy)]
 struct Current {
     commit_lsn: Lsn,
     commit_unix_micros: i64,
+    /// Outbox events of it seen so far (covered ones included).
+    events: u64,
 }
 
 /// A drain in progress: no more WAL; the session ends when nothing is in flight.
@@ -153,6 +190,14 @@ pub struct Relay<E> {
     drain: Option<Drain>,
     stopped: bool,
     actions: VecDeque<Action<E>>,
+    /// Exactly-once: what the remembered progress record covers (skipped).
+    remembered: Option<ProgressRecord>,
+    /// Exactly-once: the end LSN a committed progress record holds; confirms stop there.
+    committed_end: Lsn,
+    /// The last LSN confirmed ([`Action::Confirm`]) in this session.
+    sent_confirm: Lsn,
+    /// End LSN of the last whole transaction seen.
+    whole_end: Lsn,
 }
 
 impl<E> Relay<E> {
@@ -170,6 +215,10 @@ impl<E> Relay<E> {
             drain: None,
             stopped: true,
             actions: VecDeque::new(),
+            remembered: None,
+            committed_end: Lsn(0),
+            sent_confirm: Lsn(0),
+            whole_end: Lsn(0),
         }
     }
 
@@ -178,6 +227,24 @@ impl<E> Relay<E> {
     /// streams pgoutput's binary mode. Records of earlier sessions still in flight stay in the
     /// table (and the window) until their reports arrive; they confirm nothing any more.
     pub fn start(&mut self, resume: Lsn, binary_read: Option<Vec<String>>) {
+        self.start_from(resume, binary_read, None);
+    }
+
+    /// [`Relay::start`] for exactly-once mode: `remembered` is the newest committed progress
+    /// record (`None` on a first start); every event it covers is skipped, and nothing is
+    /// confirmed past its end LSN until the sink says a newer one committed.
+    pub fn start_from(
+        &mut self,
+        resume: Lsn,
+        binary_read: Option<Vec<String>>,
+        remembered: Option<ProgressRecord>,
+    ) {
+        self.committed_end = remembered
+            .as_ref()
+            .map_or(resume, |r| r.end_lsn.max(resume));
+        self.remembered = remembered;
+        self.sent_confirm = resume;
+        self.whole_end = self.committed_end;
         self.session += 1;
         self.wm = Watermark::new(resume);
         self.window.unpause();
@@ -247,13 +314,17 @@ impl<E> Relay<E> {
                 self.current = Some(Current {
                     commit_lsn: b.commit_lsn,
                     commit_unix_micros: b.commit_time.to_unix_micros().unwrap_or(0),
+                    events: 0,
                 });
                 self.count(Count::TransactionReceived);
             }
             OutboxEvent::Row(row) => {
-                let Some(cur) = self.current else {
+                let Some(cur) = self.next_event() else {
                     return self.bookkeeping(WatermarkError::NoOpenTransaction { op: "row" });
                 };
+                if self.covered(cur) {
+                    return;
+                }
                 if let Some(guard) = self.binary.as_mut() {
                     if let Some((column, type_oid)) = guard.check(&row.relation) {
                         return self.fail(CoreError::TextNeeded { column, type_oid }, now);
@@ -261,22 +332,32 @@ impl<E> Relay<E> {
                 }
                 let routed = route::row(&self.config.router, &row, cur.commit_unix_micros);
                 self.routed(cur, routed, now);
+                self.position_inside(cur);
             }
             OutboxEvent::Message(m) => {
-                let Some(cur) = self.current else {
+                let Some(cur) = self.next_event() else {
                     return self.bookkeeping(WatermarkError::NoOpenTransaction { op: "message" });
                 };
+                if self.covered(cur) {
+                    return;
+                }
                 let routed =
                     route::message(&self.config.router, &m.content, cur.commit_unix_micros);
                 self.routed(cur, routed, now);
+                self.position_inside(cur);
             }
             OutboxEvent::Commit(c) => {
                 if let Err(e) = self.wm.commit(c.end_lsn) {
                     return self.bookkeeping(e);
                 }
                 self.current = None;
+                self.whole_end = self.whole_end.max(c.end_lsn);
                 self.actions
                     .push_back(Action::CommitPoint { end_lsn: c.end_lsn });
+                self.position(Position {
+                    end_lsn: c.end_lsn,
+                    partial: None,
+                });
             }
         }
         self.progress(lsn, open);
@@ -289,7 +370,29 @@ impl<E> Relay<E> {
         }
         let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
         self.wm.idle_advance(wal_end);
+        if self.config.exactly_once && self.current.is_none() && self.wm.confirmed() > lsn {
+            // Idle: the sink may commit a progress record at the WAL end, so that an idle
+            // outbox does not pin WAL in exactly-once mode either.
+            self.whole_end = self.whole_end.max(self.wm.confirmed());
+            self.position(Position {
+                end_lsn: self.whole_end,
+                partial: None,
+            });
+        }
         self.progress(lsn, open);
+    }
+
+    /// Exactly-once: a progress record holding `end_lsn` is committed in Kafka; the slot may be
+    /// confirmed up to it (and no further than the watermark).
+    pub fn progress_committed(&mut self, end_lsn: Lsn) {
+        if self.stopped {
+            return;
+        }
+        if end_lsn > self.committed_end {
+            self.committed_end = end_lsn;
+            let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
+            self.progress(lsn, open);
+        }
     }
 
     /// A delivery report for `token`.
@@ -453,9 +556,59 @@ impl<E> Relay<E> {
         if open < open_before {
             self.count(Count::TransactionsConfirmed((open_before - open) as u64));
         }
-        let confirmed = self.wm.confirmed();
-        if confirmed > lsn_before {
+        let _ = lsn_before;
+        let mut confirmed = self.wm.confirmed();
+        if self.config.exactly_once {
+            confirmed = confirmed.min(self.committed_end);
+        }
+        if confirmed > self.sent_confirm {
+            self.sent_confirm = confirmed;
             self.actions.push_back(Action::Confirm(confirmed));
+        }
+    }
+
+    /// The current transaction, with the event about to be handled counted.
+    fn next_event(&mut self) -> Option<Current> {
+        let cur = self.current.as_mut()?;
+        cur.events += 1;
+        Some(*cur)
+    }
+
+    /// Whether the event just counted in `cur` is covered by the remembered progress record.
+    fn covered(&self, cur: Current) -> bool {
+        self.remembered
+            .as_ref()
+            .is_some_and(|r| r.covers(cur.commit_lsn, cur.events - 1))
+    }
+
+    /// Exactly-once: the position after an event of `cur` was handled.
+    fn position_inside(&mut self, cur: Current) {
+        self.position(Position {
+            end_lsn: self.whole_end,
+            partial: Some(Partial {
+                commit_lsn: cur.commit_lsn,
+                events: cur.events,
+            }),
+        });
+    }
+
+    /// Exactly-once: hands `p` to the sink, unless the session failed or the remembered
+    /// record is already at or past it (a replayed, covered transaction's end must never be
+    /// committed as progress: it would move the remembered position back).
+    fn position(&mut self, p: Position) {
+        if !self.config.exactly_once || self.failure.is_some() || self.stopped {
+            return;
+        }
+        let beyond = match (&self.remembered, p.partial) {
+            (None, _) => true,
+            // Past the remembered end, and past the transaction it is inside of, if any.
+            (Some(r), None) => {
+                p.end_lsn > r.end_lsn && r.partial.is_none_or(|x| x.commit_lsn < p.end_lsn)
+            }
+            (Some(r), Some(x)) => !r.covers(x.commit_lsn, x.events.saturating_sub(1)),
+        };
+        if beyond {
+            self.actions.push_back(Action::Position(p));
         }
     }
 

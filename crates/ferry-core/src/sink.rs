@@ -38,6 +38,7 @@ use ferry_router::Record;
 use ferry_wal::Lsn;
 
 use crate::inflight::Token;
+use crate::relay::Position;
 
 /// A destination for the core's records; see the [module documentation](self).
 pub trait Sink {
@@ -53,6 +54,14 @@ pub trait Sink {
     /// (committing `end_lsn` as its progress); an idempotent sink has nothing to do.
     fn commit_point(&mut self, end_lsn: Lsn) -> Result<(), Self::Error> {
         let _ = end_lsn;
+        Ok(())
+    }
+
+    /// Exactly-once: every event up to `position` is handed over (or skipped by policy); a
+    /// transactional sink may end its Kafka transaction here, with `position` as its progress
+    /// record. It must end one before it holds half the in-flight window.
+    fn position(&mut self, position: Position) -> Result<(), Self::Error> {
+        let _ = position;
         Ok(())
     }
 

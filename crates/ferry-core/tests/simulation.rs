@@ -356,7 +356,7 @@ impl Sim {
                         self.largest_record
                     );
                 }
-                Action::CommitPoint { .. } => {}
+                Action::CommitPoint { .. } | Action::Position(_) => {}
                 Action::Abandon => {
                     // Purge: what is still queued fails (reported), in every partition.
                     for p in 0..PARTITIONS {

@@ -75,7 +75,10 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     outln!("Kafka {}", brokers(&settings));
     match kafka_topics(&settings).await {
         Err(p) => found.push(p),
-        Ok((existing, auto_create)) => {
+        Ok((existing, auto_create, txn_max_timeout)) => {
+            if let Some(eo) = &settings.exactly_once {
+                found.extend(exactly_once(&settings, eo, &existing, txn_max_timeout).await);
+            }
             for t in topics.iter().filter(|t| !existing.contains(t)) {
                 let (severity, fix) = match auto_create {
                     _ if settings.create_topics.enabled => (Severity::Note, "none needed: Ferry creates it (route.create_topics)"),
@@ -461,8 +464,88 @@ async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
     found
 }
 
-/// The topics the brokers know, and whether they auto-create topics (if they say).
-async fn kafka_topics(settings: &PipelineSettings) -> Result<(Vec<String>, Option<bool>), Problem> {
+/// What exactly-once mode needs from Kafka: transactions (a transactional producer can be
+/// initialised), a `transaction.max.timeout.ms` at or above what Ferry asks, the progress topic
+/// (one partition), and consumers reading committed records only.
+async fn exactly_once(
+    settings: &PipelineSettings,
+    eo: &crate::pipeline::settings::ExactlyOnce,
+    existing: &[String],
+    txn_max_timeout: Option<u64>,
+) -> Vec<Problem> {
+    let mut found = Vec::new();
+    let asked = crate::config::defaults::TRANSACTION_TIMEOUT.as_millis() as u64;
+    match txn_max_timeout {
+        Some(max) if max < asked => found.push(error(
+            format!("exactly-once: the brokers' transaction.max.timeout.ms is {max}, below the {asked} Ferry asks for (transaction.timeout.ms)"),
+            "raise transaction.max.timeout.ms on the brokers (default 900000), or run without kafka.exactly_once",
+        )),
+        Some(max) => found.push(Problem {
+            severity: Severity::Note,
+            what: format!("exactly-once: Ferry asks transaction.timeout.ms = {asked}, the brokers allow up to {max}"),
+            fix: "none needed".into(),
+        }),
+        None => found.push(Problem {
+            severity: Severity::Warning,
+            what: "exactly-once: the brokers did not say their transaction.max.timeout.ms".into(),
+            fix: format!("make sure it is at least {asked} (Ferry's transaction.timeout.ms)"),
+        }),
+    }
+    // A throwaway transactional.id: initialising it fences nothing Ferry runs.
+    let mut props = settings.producer_properties.clone();
+    props.push((
+        "transactional.id".into(),
+        format!("ferry-check-{}", std::process::id()),
+    ));
+    let timeout = KAFKA_TIMEOUT;
+    let init = tokio::task::spawn_blocking(move || {
+        let mut cc = ClientConfig::new();
+        for (k, v) in &props {
+            cc.set(k, v);
+        }
+        let p: BaseProducer = cc.create()?;
+        p.init_transactions(timeout)
+    })
+    .await;
+    match init {
+        Ok(Ok(())) => found.push(Problem {
+            severity: Severity::Note,
+            what: "exactly-once: the brokers support transactions".into(),
+            fix: "none needed".into(),
+        }),
+        Ok(Err(e)) => found.push(error(
+            format!("exactly-once: cannot initialise a transactional producer: {e}"),
+            "use brokers with transactions (Kafka 0.11+, with enough brokers for transaction.state.log.replication.factor), grant Ferry's principal WRITE and DESCRIBE on its transactional ids (prefix ferry-), or run without kafka.exactly_once",
+        )),
+        Err(e) => found.push(error(format!("transaction check failed: {e}"), "retry")),
+    }
+    let topic = &eo.progress_topic;
+    if existing.iter().any(|t| t == topic) {
+        found.push(Problem {
+            severity: Severity::Note,
+            what: format!("exactly-once: the progress topic {topic:?} exists"),
+            fix: "none needed (Ferry checks at start that it has one partition)".into(),
+        });
+    } else {
+        found.push(Problem {
+            severity: Severity::Note,
+            what: format!("exactly-once: the progress topic {topic:?} does not exist yet"),
+            fix: "none needed if Ferry may create topics (it creates it with 1 partition, compacted); otherwise create it so".into(),
+        });
+    }
+    found.push(Problem {
+        severity: Severity::Note,
+        what: "exactly-once: consumers see each event once only with isolation.level=read_committed".into(),
+        fix: "set isolation.level=read_committed on every consumer (the Java client's default is read_uncommitted)".into(),
+    });
+    found
+}
+
+/// The topics the brokers know, whether they auto-create topics and their
+/// `transaction.max.timeout.ms` (if they say).
+async fn kafka_topics(
+    settings: &PipelineSettings,
+) -> Result<(Vec<String>, Option<bool>, Option<u64>), Problem> {
     let mut cc = ClientConfig::new();
     for (k, v) in &settings.producer_properties {
         cc.set(k, v);
@@ -494,6 +577,7 @@ async fn kafka_topics(settings: &PipelineSettings) -> Result<(Vec<String>, Optio
     })?;
     let (topics, broker) = md;
     let mut auto_create = None;
+    let mut txn_max_timeout = None;
     if let Some(id) = broker {
         let mut cc = ClientConfig::new();
         for (k, v) in &settings.producer_properties {
@@ -505,17 +589,19 @@ async fn kafka_topics(settings: &PipelineSettings) -> Result<(Vec<String>, Optio
                 .describe_configs([&ResourceSpecifier::Broker(id)], &opts)
                 .await
             {
-                auto_create = res
-                    .into_iter()
-                    .flatten()
-                    .flat_map(|r| r.entries)
-                    .find(|e| e.name == "auto.create.topics.enable")
-                    .and_then(|e| e.value)
-                    .map(|v| v == "true");
+                let entries: Vec<_> = res.into_iter().flatten().flat_map(|r| r.entries).collect();
+                let value = |name: &str| {
+                    entries
+                        .iter()
+                        .find(|e| e.name == name)
+                        .and_then(|e| e.value.clone())
+                };
+                auto_create = value("auto.create.topics.enable").map(|v| v == "true");
+                txn_max_timeout = value("transaction.max.timeout.ms").and_then(|v| v.parse().ok());
             }
         }
     }
-    Ok((topics, auto_create))
+    Ok((topics, auto_create, txn_max_timeout))
 }
 
 /// `ferry status --json`: one object, field names stable (scripts read them; README documents

@@ -123,7 +123,8 @@ impl ProducerContext for Context {
 
 /// An idempotent Kafka producer with delivery reports on a channel.
 pub struct Producer {
-    /// Shared only with the start-up warm-up thread, which holds it weakly.
+    /// Shared with the start-up warm-up thread (which holds it weakly), and so that
+    /// librdkafka's blocking transaction calls can run off the runtime.
     inner: Arc<ThreadedProducer<Context>>,
     fatal: Arc<Mutex<Option<String>>>,
     topics: Topics,
@@ -235,6 +236,31 @@ impl Producer {
         }
     }
 
+    /// `init_transactions`: fences every older producer with the same `transactional.id` and
+    /// aborts what it left open. Blocking in librdkafka: run off the runtime.
+    pub async fn init_transactions(&self, timeout: Duration) -> Result<(), KafkaError> {
+        let inner = self.inner.clone();
+        blocking(move || inner.init_transactions(timeout)).await
+    }
+
+    /// `begin_transaction` (local, does not block).
+    pub fn begin_transaction(&self) -> Result<(), KafkaError> {
+        self.inner.begin_transaction()
+    }
+
+    /// `commit_transaction`: flushes the transaction's records and commits (blocking, off the
+    /// runtime). An error leaves the outcome to [`transaction_error`]'s judgement.
+    pub async fn commit_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
+        let inner = self.inner.clone();
+        blocking(move || inner.commit_transaction(timeout)).await
+    }
+
+    /// `abort_transaction` (blocking, off the runtime).
+    pub async fn abort_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
+        let inner = self.inner.clone();
+        blocking(move || inner.abort_transaction(timeout)).await
+    }
+
     /// A fatal error librdkafka raised (the producer must be replaced), if any.
     pub fn fatal_error(&self) -> Option<String> {
         self.fatal.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -320,6 +346,44 @@ fn brokers_metadata(p: &ThreadedProducer<Context>, timeout: Duration) -> Result<
     match err {
         RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
         e => Err(KafkaError::MetadataFetch(e.into())),
+    }
+}
+
+/// Runs a blocking librdkafka call on tokio's blocking pool.
+async fn blocking(
+    f: impl FnOnce() -> Result<(), KafkaError> + Send + 'static,
+) -> Result<(), KafkaError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or(Err(KafkaError::Canceled))
+}
+
+/// What a failed transaction call means for the producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransactionFailure {
+    /// Another producer with the same `transactional.id` took over (or the error is fatal):
+    /// this one can never commit again.
+    Fenced,
+    /// The transaction must be aborted; the producer stays usable.
+    Abortable,
+    /// The outcome is unknown (a commit timed out): throw the producer away.
+    Uncertain,
+}
+
+/// Classifies a failed transaction call (librdkafka's `is_fatal` / `txn_requires_abort`).
+pub fn transaction_error(e: &KafkaError) -> TransactionFailure {
+    use RDKafkaErrorCode::*;
+    if let KafkaError::Transaction(t) = e {
+        if t.is_fatal() {
+            return TransactionFailure::Fenced;
+        }
+        if t.txn_requires_abort() {
+            return TransactionFailure::Abortable;
+        }
+    }
+    match e.rdkafka_error_code() {
+        Some(ProducerFenced | InvalidProducerEpoch | Fatal) => TransactionFailure::Fenced,
+        _ => TransactionFailure::Uncertain,
     }
 }
 

@@ -30,6 +30,7 @@ pub fn config(on_error: OnError, records: u64, bytes: u64) -> RelayConfig {
         max_in_flight_bytes: bytes,
         drain_timeout: Duration::from_secs(5),
         session_drain_timeout: Some(Duration::from_secs(60)),
+        exactly_once: false,
     }
 }
 

@@ -63,6 +63,27 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::ZERO;
 pub const LINGER: Duration = Duration::from_millis(1);
 /// `kafka.progress_topic`.
 pub const PROGRESS_TOPIC: &str = "ferry.progress";
+/// `kafka.exactly_once`: off; it needs brokers with transactions and consumers reading with
+/// `isolation.level=read_committed`.
+pub const EXACTLY_ONCE: bool = false;
+/// `kafka.transaction_interval`: how long a Kafka transaction collects records before it
+/// commits. Read-committed consumers see a record only after its commit, so this is added to
+/// their latency; each commit costs a few broker round trips, so shorter costs throughput.
+pub const TRANSACTION_INTERVAL: Duration = Duration::from_millis(100);
+/// `kafka.transaction_max_records`: a Kafka transaction commits at this many records even
+/// before the interval. Must stay below half the in-flight window: the transactional sink holds
+/// every report until its commit, and the window must never fill with held reports.
+pub const TRANSACTION_MAX_RECORDS: u64 = 4_000;
+/// `kafka.transaction_max_bytes`: likewise in record bytes (a quarter of the default window).
+pub const TRANSACTION_MAX_BYTES: u64 = 8 * 1024 * 1024;
+/// `transaction.timeout.ms` Ferry asks for: far above the interval (a commit waits for every
+/// record of the transaction), and below the brokers' default `transaction.max.timeout.ms`
+/// (15 minutes), which `ferry check` compares.
+pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The shortest `kafka.transaction_interval`.
+pub const MIN_TRANSACTION_INTERVAL: Duration = Duration::from_millis(1);
+/// The longest: a tenth of the transaction timeout.
+pub const MAX_TRANSACTION_INTERVAL: Duration = Duration::from_secs(6);
 /// librdkafka's upper limit of `linger.ms`.
 pub const MAX_LINGER: Duration = Duration::from_millis(900_000);
 /// librdkafka's upper limit of `message.timeout.ms` (`i32::MAX` ms).

@@ -59,6 +59,25 @@ pub struct KafkaConfig {
     /// Ferry's own topic where it remembers its position per slot and server, outside the slot
     /// (see `ferry_core::progress`): one partition, compacted.
     pub progress_topic: String,
+    /// Exactly-once delivery (issue 11): records go out in Kafka transactions, each carrying a
+    /// progress record with the exact position, and a restart skips what a committed one covers.
+    /// Needs brokers with transactions; consumers must read with `isolation.level=read_committed`.
+    pub exactly_once: bool,
+    /// Exactly-once: how long a Kafka transaction collects records before it commits.
+    #[serde(
+        deserialize_with = "duration::deserialize",
+        serialize_with = "duration::serialize"
+    )]
+    pub transaction_interval: Duration,
+    /// Exactly-once: a Kafka transaction commits at this many records even before the interval
+    /// (at most half the in-flight window: see [`KafkaConfig::transaction_caps`]).
+    pub transaction_max_records: u64,
+    /// Exactly-once: likewise in record bytes.
+    #[serde(
+        deserialize_with = "ferry_router::size::deserialize",
+        serialize_with = "ferry_router::size::serialize"
+    )]
+    pub transaction_max_bytes: u64,
 }
 
 impl Default for KafkaConfig {
@@ -73,6 +92,10 @@ impl Default for KafkaConfig {
             delivery_timeout: defaults::DELIVERY_TIMEOUT,
             linger: defaults::LINGER,
             progress_topic: defaults::PROGRESS_TOPIC.to_string(),
+            exactly_once: defaults::EXACTLY_ONCE,
+            transaction_interval: defaults::TRANSACTION_INTERVAL,
+            transaction_max_records: defaults::TRANSACTION_MAX_RECORDS,
+            transaction_max_bytes: defaults::TRANSACTION_MAX_BYTES,
         }
     }
 }
@@ -134,8 +157,55 @@ impl KafkaConfig {
             ),
         ];
         out.extend(controlled.into_iter().map(|(k, v)| (k.to_owned(), v)));
+        if self.exactly_once {
+            // librdkafka refuses a message timeout above the transaction timeout (0, never, is
+            // above it); a record cannot outlive its transaction anyway: a timed-out record
+            // aborts the transaction, and it is replayed from the last committed position.
+            let txn = defaults::TRANSACTION_TIMEOUT;
+            let message = if self.delivery_timeout.is_zero() {
+                txn
+            } else {
+                self.delivery_timeout.min(txn)
+            };
+            out.push(("message.timeout.ms".into(), message.as_millis().to_string()));
+            out.push(("transaction.timeout.ms".into(), txn.as_millis().to_string()));
+        }
         Ok(out)
     }
+
+    /// The records and bytes a Kafka transaction collects at most: the configured caps, clamped
+    /// to half the in-flight window. The transactional sink holds every report until its commit,
+    /// so a transaction must commit before the window fills with held reports, or reading would
+    /// stop for good.
+    pub fn transaction_caps(&self) -> (u64, u64) {
+        (
+            self.transaction_max_records
+                .min(self.max_in_flight_records / 2)
+                .max(1),
+            self.transaction_max_bytes
+                .min(self.max_in_flight_bytes / 2)
+                .max(1),
+        )
+    }
+
+    /// The producer's properties for exactly-once mode: [`Self::producer_properties`] plus the
+    /// `transactional.id`, derived from what the producer writes for (the server's system
+    /// identifier and the slot), so that a second Ferry on the same slot fences the first.
+    pub fn transactional_properties(
+        &self,
+        base: &[(String, String)],
+        system_id: u64,
+        slot: &str,
+    ) -> Vec<(String, String)> {
+        let mut out = base.to_vec();
+        out.push(("transactional.id".into(), transactional_id(system_id, slot)));
+        out
+    }
+}
+
+/// The `transactional.id` of the Ferry that streams `slot` of the server `system_id`.
+pub fn transactional_id(system_id: u64, slot: &str) -> String {
+    format!("ferry-{system_id}-{slot}")
 }
 
 /// Bootstrap brokers. Deserialized from `"a:9092,b:9092"` or `["a:9092", "b:9092"]`.
@@ -384,10 +454,15 @@ pub fn property_rule(name: &str, value: &str) -> Option<String> {
              Ferry already never checkpoints past a failed record and replays it after restarting"
                 .to_owned(),
         ),
-        "transactional.id" | "transaction.timeout.ms" => Some(
-            "reserved for Ferry's exactly-once mode; a transactional producer needs Ferry to run the transactions"
+        "transactional.id" => Some(
+            "Ferry derives it from the server's system identifier and the slot in exactly-once mode (so that \
+             a second Ferry on the slot fences the first); set kafka.exactly_once = true instead"
                 .to_owned(),
         ),
+        "transaction.timeout.ms" => Some(format!(
+            "Ferry sets it to {}s in exactly-once mode, far above kafka.transaction_interval; set that instead",
+            super::defaults::TRANSACTION_TIMEOUT.as_secs()
+        )),
         "bootstrap.servers" | "metadata.broker.list" => use_key("brokers"),
         "delivery.report.only.error" => Some(
             "Ferry needs the report of every delivered record to advance its checkpoint; with this set it would never advance"

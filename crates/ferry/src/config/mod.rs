@@ -56,8 +56,8 @@ use ferry_router::{ConfigErrors, ConfigProblem, OutboxConfig, RouteConfig};
 use serde::{Deserialize, Serialize};
 
 pub use kafka::{
-    builtin_features, is_secret_property, property_rule, Brokers, Compression, KafkaConfig,
-    KafkaProperties,
+    builtin_features, is_secret_property, property_rule, transactional_id, Brokers, Compression,
+    KafkaConfig, KafkaProperties,
 };
 pub use secret::{PostgresUrl, Secret};
 pub use sections::{HttpConfig, HttpListen, LogConfig, PostgresConfig, ShutdownConfig};

@@ -145,6 +145,10 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_KAFKA_DELIVERY_TIMEOUT", "5m", |c| format!("{:?}", c.kafka.delivery_timeout), "300s"),
         ("FERRY_KAFKA_LINGER", "0ms", |c| format!("{:?}", c.kafka.linger), "0ns"),
         ("FERRY_KAFKA_PROGRESS_TOPIC", "app.ferry-progress", |c| c.kafka.progress_topic.clone(), "app.ferry-progress"),
+        ("FERRY_KAFKA_EXACTLY_ONCE", "true", |c| c.kafka.exactly_once.to_string(), "true"),
+        ("FERRY_KAFKA_TRANSACTION_INTERVAL", "250ms", |c| format!("{:?}", c.kafka.transaction_interval), "250ms"),
+        ("FERRY_KAFKA_TRANSACTION_MAX_RECORDS", "100", |c| c.kafka.transaction_max_records.to_string(), "100"),
+        ("FERRY_KAFKA_TRANSACTION_MAX_BYTES", "1MiB", |c| c.kafka.transaction_max_bytes.to_string(), "1048576"),
         ("FERRY_KAFKA_PROPERTIES_SASL_MECHANISM", "PLAIN", |c| { c.kafka .properties .0 .get("sasl.mechanism") .cloned() .unwrap_or_default() }, "PLAIN"),
         ("FERRY_HTTP_LISTEN", "off", |c| c.http.listen.to_string(), "off"),
         ("FERRY_LOG_FORMAT", "json", |c| c.log.format.to_string(), "json"),
@@ -372,6 +376,11 @@ fn validate_reports_each_problem_with_its_key_path() {
         (|c| { c.kafka.linger = Duration::from_secs(1000); c.kafka.delivery_timeout = Duration::from_secs(1001); }, "kafka.linger: must be at most 15m"),
         (|c| c.kafka.delivery_timeout = Duration::from_millis(1), "kafka.delivery_timeout: must be 0 (never time out, the default) or longer than kafka.linger (1ms)"),
         (|c| c.kafka.delivery_timeout = Duration::from_secs(1 << 31), "kafka.delivery_timeout: must be at most"),
+        (|c| c.kafka.transaction_interval = Duration::ZERO, "kafka.transaction_interval: must be 1ms to 6s"),
+        (|c| c.kafka.transaction_interval = Duration::from_secs(7), "kafka.transaction_interval: must be 1ms to 6s"),
+        (|c| c.kafka.transaction_max_records = 0, "kafka.transaction_max_records: must be at least 1"),
+        (|c| c.kafka.transaction_max_bytes = 0, "kafka.transaction_max_bytes: must be at least 1"),
+        (|c| { c.kafka.exactly_once = true; c.kafka.delivery_timeout = Duration::from_secs(61); }, "kafka.delivery_timeout: must be 0 or at most the transaction timeout (1m)"),
         (|c| c.log.level = "loud".into(), "log.level: invalid log level \"loud\""),
         (|c| c.shutdown.drain_timeout = Duration::ZERO, "shutdown.drain_timeout: must be greater than 0s"),
     ];
@@ -450,7 +459,7 @@ fn properties_ferry_controls_are_refused_with_the_reason() {
         ("queuing.strategy", "lifo", Some("FIFO")),
         ("enable.gapless.guarantee", "true", Some("not supported")),
         ("transactional.id", "ferry-1", Some("exactly-once")),
-        ("transaction.timeout.ms", "60000", Some("exactly-once")),
+        ("transaction.timeout.ms", "60000", Some("kafka.transaction_interval")),
         ("bootstrap.servers", "x:1", Some("kafka.brokers")),
         ("metadata.broker.list", "x:1", Some("kafka.brokers")),
         ("delivery.report.only.error", "true", Some("never advance")),
@@ -520,6 +529,38 @@ fn producer_properties_pin_what_the_guarantee_needs() {
     assert_eq!(last("message.timeout.ms"), Some("0"));
     assert_eq!(last("queue.buffering.max.messages"), Some("20000"));
     assert_eq!(last("queue.buffering.max.kbytes"), Some("65536"));
+    assert_eq!(last("transaction.timeout.ms"), None);
+    let mut eos = c.clone();
+    eos.kafka.exactly_once = true;
+    let props = eos.kafka.producer_properties().unwrap();
+    let last_eos = |k: &str| {
+        props
+            .iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(last_eos("transaction.timeout.ms").as_deref(), Some("60000"));
+    assert_eq!(
+        last_eos("message.timeout.ms").as_deref(),
+        Some("60000"),
+        "0 (never) is above any transaction timeout"
+    );
+    assert_eq!(eos.kafka.transaction_caps(), (4_000, 8 << 20));
+    eos.kafka.max_in_flight_records = 100;
+    eos.kafka.max_in_flight_bytes = 1 << 20;
+    assert_eq!(
+        eos.kafka.transaction_caps(),
+        (50, 512 << 10),
+        "clamped to half the window"
+    );
+    let txn = eos
+        .kafka
+        .transactional_properties(&props, 7_312_345_678_901_234_567, "orders");
+    assert_eq!(
+        txn.last().map(|(k, v)| (k.as_str(), v.as_str())),
+        Some(("transactional.id", "ferry-7312345678901234567-orders"))
+    );
     c.kafka
         .properties
         .0

@@ -239,6 +239,43 @@ fn kafka(c: &Config, p: &mut Problems) {
         defaults::MAX_DELIVERY_TIMEOUT,
         "librdkafka's limit for message.timeout.ms",
     );
+    exactly_once(k, p);
+}
+
+/// The exactly-once keys (checked whether or not the mode is on, so a later switch does not
+/// meet a surprise).
+fn exactly_once(k: &super::kafka::KafkaConfig, p: &mut Problems) {
+    if k.transaction_interval < defaults::MIN_TRANSACTION_INTERVAL
+        || k.transaction_interval > defaults::MAX_TRANSACTION_INTERVAL
+    {
+        p.add(
+            "kafka.transaction_interval",
+            format!(
+                "must be {} to {}: a tenth of the transaction timeout Ferry asks for ({}) at most, so a commit never nears it",
+                duration::format(defaults::MIN_TRANSACTION_INTERVAL),
+                duration::format(defaults::MAX_TRANSACTION_INTERVAL),
+                duration::format(defaults::TRANSACTION_TIMEOUT),
+            ),
+        );
+    }
+    if k.transaction_max_records == 0 {
+        p.add("kafka.transaction_max_records", "must be at least 1");
+    }
+    if k.transaction_max_bytes == 0 {
+        p.add("kafka.transaction_max_bytes", "must be at least 1");
+    }
+    if k.exactly_once
+        && !k.delivery_timeout.is_zero()
+        && k.delivery_timeout > defaults::TRANSACTION_TIMEOUT
+    {
+        p.add(
+            "kafka.delivery_timeout",
+            format!(
+                "must be 0 or at most the transaction timeout ({}) with kafka.exactly_once: a record cannot outlive its transaction",
+                duration::format(defaults::TRANSACTION_TIMEOUT)
+            ),
+        );
+    }
 }
 
 /// `message` with every quoted fragment that shows part of the password masked: a fragment may

@@ -44,6 +44,17 @@ pub enum PipelineError {
     )]
     DrainTimeout { records: u64 },
     #[error(
+        "another Ferry instance fenced this one: it started with the same transactional.id {transactional_id:?} \
+         (the same slot on the same server) and took over; this instance stops without committing. If that \
+         other instance should not run, stop it; otherwise this one was the zombie ({error})"
+    )]
+    Fenced {
+        transactional_id: String,
+        error: KafkaError,
+    },
+    #[error("Kafka transaction failed ({error}); the producer is replaced and the events replayed from the last committed position")]
+    Transaction { error: KafkaError },
+    #[error(
         "the outbox table changed while streaming in binary mode: column {column:?} is now of type OID \
          {type_oid}, which Ferry reads only as text; reconnecting to stream text"
     )]
@@ -110,9 +121,10 @@ impl PipelineError {
             PipelineError::ProducerFatal(_)
             | PipelineError::TextNeeded { .. }
             | PipelineError::TwoServers { .. }
-            | PipelineError::SlotChanged { .. } => true,
+            | PipelineError::SlotChanged { .. }
+            | PipelineError::Transaction { .. } => true,
             PipelineError::ProgressTopic(e) => e.is_transient(),
-            PipelineError::Gap(_) => false,
+            PipelineError::Gap(_) | PipelineError::Fenced { .. } => false,
             PipelineError::Route { .. }
             | PipelineError::ProducerConfig(_)
             | PipelineError::Watermark(_)

@@ -30,6 +30,7 @@ pub mod binary;
 mod error;
 mod session;
 pub mod settings;
+pub mod transactional;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -61,6 +62,9 @@ pub async fn run(
         metrics.clone(),
     )
     .map_err(PipelineError::ProducerConfig)?;
+    if settings.exactly_once.is_some() {
+        return run_exactly_once(&settings, &metrics, shutdown.as_mut(), &topic_watch).await;
+    }
     loop {
         if producer
             .as_ref()
@@ -122,6 +126,59 @@ pub async fn run(
     }
 }
 
+/// [`run`] in exactly-once mode: every session makes its own transactional producer once the
+/// slot is its own (a standby must never fence the instance streaming), and any transaction
+/// failure ends the session: the next one fences the old producer and starts over from what
+/// Kafka holds (see [`transactional`]).
+async fn run_exactly_once(
+    settings: &Arc<PipelineSettings>,
+    metrics: &Arc<Metrics>,
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    topic_watch: &crate::topics::TopicWatch,
+) -> Result<(), PipelineError> {
+    let mut backoff = settings.reconnect_backoff_min;
+    let mut standing_by = false;
+    let mut acceptance = settings.acceptance;
+    loop {
+        let session = session::Session::exactly_once(
+            settings,
+            metrics,
+            topic_watch.topics(),
+            &mut acceptance,
+        );
+        let outcome = session.run(shutdown.as_mut()).await;
+        match outcome.result {
+            Ok(session::End::Shutdown) => return Ok(()),
+            Ok(session::End::Streamed) => backoff = settings.reconnect_backoff_min,
+            Err(e) if e.is_standby() => {
+                if !standing_by {
+                    tracing::info!(slot = %settings.stream.slot, "{e}; standing by");
+                }
+                standing_by = true;
+                metrics.standby.set_flag(true);
+                if sleep_or_shutdown(settings.standby_poll_interval, shutdown.as_mut()).await {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(e) if e.is_transient() => {
+                metrics.reconnects.inc(e.component());
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "session ended; starting over from the progress topic");
+                if sleep_or_shutdown(backoff, shutdown.as_mut()).await {
+                    return Ok(());
+                }
+                backoff = (backoff * 2).min(settings.reconnect_backoff_max);
+            }
+            Err(e) => return Err(e),
+        }
+        if standing_by {
+            tracing::info!(slot = %settings.stream.slot, "slot is free; taking over");
+            standing_by = false;
+            metrics.standby.set_flag(false);
+        }
+    }
+}
+
 /// Sleeps for `d`; returns true if `shutdown` resolved first.
 async fn sleep_or_shutdown(
     d: Duration,
@@ -138,7 +195,9 @@ impl PipelineError {
         match self {
             PipelineError::Delivery { .. }
             | PipelineError::ProducerFatal(_)
-            | PipelineError::ProgressTopic(_) => Component::Kafka,
+            | PipelineError::ProgressTopic(_)
+            | PipelineError::Transaction { .. }
+            | PipelineError::Fenced { .. } => Component::Kafka,
             _ => Component::Postgres,
         }
     }

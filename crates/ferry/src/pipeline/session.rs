@@ -42,10 +42,12 @@ use rdkafka::error::KafkaError;
 use tokio::sync::mpsc;
 
 use super::binary::{self, Mode};
+use super::transactional::Txn;
 use super::{PipelineError, PipelineSettings};
 use crate::producer::{self, Delivered, Delivery, KafkaSink, Producer};
 use crate::progress;
 use crate::telemetry::Metrics;
+use crate::topics::Topics;
 
 /// The delivery-report key of progress records: the core's tokens are slab indices from 0 up
 /// to the in-flight window, so this one is never one of them.
@@ -104,6 +106,7 @@ impl Core {
                 max_in_flight_bytes: s.max_in_flight_bytes as u64,
                 drain_timeout: s.drain_timeout,
                 session_drain_timeout: s.session_drain_timeout,
+                exactly_once: s.exactly_once.is_some(),
             }),
             remember: Remember::default(),
             progress_topic_ready: false,
@@ -126,7 +129,11 @@ struct Start {
 pub(super) struct Session<'a> {
     settings: &'a PipelineSettings,
     metrics: &'a Arc<Metrics>,
-    producer: &'a Producer,
+    /// The idempotent producer (at-least-once), shared across sessions.
+    producer: Option<&'a Producer>,
+    /// Exactly-once: this session's transactional producer, created once the slot is ours.
+    txn: Option<Txn>,
+    topics: Option<Topics>,
     core: Core,
     status_updates_seen: u64,
     acceptance: &'a mut Acceptance,
@@ -148,8 +155,34 @@ impl<'a> Session<'a> {
         Session {
             settings,
             metrics,
-            producer,
+            producer: Some(producer),
+            txn: None,
+            topics: None,
             core,
+            status_updates_seen: 0,
+            acceptance,
+            progress_key: Vec::new(),
+            timeline: 0,
+            accepting: false,
+        }
+    }
+
+    /// An exactly-once session: its transactional producer (and core) are made once the slot
+    /// is ours (see [`super::transactional`]).
+    pub fn exactly_once(
+        settings: &'a PipelineSettings,
+        metrics: &'a Arc<Metrics>,
+        topics: Topics,
+        acceptance: &'a mut Acceptance,
+    ) -> Self {
+        let (_, rx) = mpsc::channel(1);
+        Session {
+            settings,
+            metrics,
+            producer: None,
+            txn: None,
+            topics: Some(topics),
+            core: Core::new(rx, settings),
             status_updates_seen: 0,
             acceptance,
             progress_key: Vec::new(),
@@ -206,9 +239,69 @@ impl<'a> Session<'a> {
         .encode();
         self.timeline = reader.system.timeline;
         self.accepting = start.accepted;
-        self.core
-            .remember
-            .start(reader.resume_lsn, start.remembered);
+        let binary_read = (mode == Mode::Binary)
+            .then(|| s.router.columns().into_iter().map(String::from).collect());
+        match (&s.exactly_once, self.topics.clone()) {
+            (Some(eo), Some(topics)) => {
+                // The slot is ours: fence older producers, then read what Kafka holds.
+                let started = async {
+                    crate::progress::ensure_topic(
+                        &s.producer_properties,
+                        &eo.progress_topic,
+                        s.create_topics.replication_factor,
+                        eo.call_timeout,
+                    )
+                    .await?;
+                    let (txn, rx) = Txn::start(
+                        eo,
+                        &s.producer_properties,
+                        s.report_capacity(),
+                        topics,
+                        reader.system,
+                        &s.stream.slot,
+                    )
+                    .await?;
+                    let remembered = txn
+                        .remembered(&s.producer_properties, reader.system, &s.stream.slot)
+                        .await?;
+                    Ok::<_, PipelineError>((txn, rx, remembered))
+                };
+                // Shutdown is honoured during the set-up too (init_transactions can take a while).
+                let started = tokio::select! {
+                    r = started => r,
+                    _ = shutdown.as_mut() => {
+                        let _ = finish(reader).await;
+                        return Ok(End::Shutdown);
+                    }
+                };
+                let (txn, rx, remembered) = match started {
+                    Ok(x) => x,
+                    Err(e) => {
+                        let _ = finish(reader).await;
+                        return Err(e);
+                    }
+                };
+                // The start-time verdict (above, before the slot was taken) compared the slot
+                // with what the progress topic held; this read follows the fencing, so a
+                // transaction a fenced producer left open is decided.
+                tracing::info!(
+                    remembered = ?remembered.as_ref().map(|r| (r.end_lsn, r.partial)),
+                    slot_lsn = %reader.resume_lsn,
+                    "exactly-once: resuming from the progress topic"
+                );
+                self.txn = Some(txn);
+                self.core = Core::new(rx, s);
+                self.core
+                    .relay
+                    .start_from(reader.resume_lsn, binary_read, remembered);
+            }
+            _ => {
+                self.core
+                    .remember
+                    .start(reader.resume_lsn, start.remembered);
+                self.core.relay.start(reader.resume_lsn, binary_read);
+            }
+        }
         if self.metrics.standby.get() != 0 {
             tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
             self.metrics.standby.set_flag(false);
@@ -216,9 +309,6 @@ impl<'a> Session<'a> {
         tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
         self.metrics.streaming.set_flag(true);
         self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
-        let binary_read = (mode == Mode::Binary)
-            .then(|| s.router.columns().into_iter().map(String::from).collect());
-        self.core.relay.start(reader.resume_lsn, binary_read);
         let (left_tx, mut left_rx) = tokio::sync::oneshot::channel();
         let lag = tokio::spawn(watch_server(
             sql.clone(),
@@ -239,9 +329,10 @@ impl<'a> Session<'a> {
         let mut shutdown_seen = false;
         let stopped = loop {
             let mut stop = None;
-            let wants_events = self.core.relay.wants_events();
+            let wants_events = self.wants_events();
             let deadline = self.core.relay.poll_timeout();
             let next_record = self.core.remember.poll_timeout();
+            let txn_deadline = self.txn.as_ref().and_then(Txn::deadline);
             tokio::select! {
                 biased;
                 Some(d) = self.core.rx.recv() => {
@@ -272,7 +363,7 @@ impl<'a> Session<'a> {
                                 break;
                             }
                             taken += 1;
-                            if taken < BURST && self.core.relay.wants_events() {
+                            if taken < BURST && self.wants_events() {
                                 next = reader.try_recv();
                             }
                         }
@@ -285,6 +376,7 @@ impl<'a> Session<'a> {
                 }
                 // The next progress record is due (its interval passed).
                 _ = sleep_until(next_record), if next_record.is_some() => {}
+                _ = sleep_until(txn_deadline), if txn_deadline.is_some() => {}
                 _ = publish_tick.tick() => {}
                 r = &mut left_rx, if watching => {
                     watching = false;
@@ -302,7 +394,19 @@ impl<'a> Session<'a> {
             if stop.is_none() {
                 stop = self.carry_out(&reader);
             }
-            self.remember(&reader, Instant::now());
+            if self.txn.is_none() {
+                self.remember(&reader, Instant::now());
+            }
+            if stop.is_none() {
+                if let Some(txn) = self.txn.as_mut() {
+                    if let Err(e) = txn.settle(&mut self.core.relay, Instant::now()).await {
+                        lag.abort();
+                        let _ = finish(reader).await;
+                        return Err(e);
+                    }
+                    stop = self.carry_out(&reader);
+                }
+            }
             self.publish_gauges(&reader);
             if let Some(stop) = stop {
                 break stop;
@@ -318,12 +422,14 @@ impl<'a> Session<'a> {
             true => s.drain_timeout,
             false => s.drain_timeout.min(LAST_RECORD_AFTER_ERROR),
         };
-        self.remember_last(&reader, wait, graceful).await;
+        if self.txn.is_none() {
+            self.remember_last(&reader, wait, graceful).await;
+        }
         self.publish_gauges(&reader);
         let reader_result = finish(reader).await;
         if let Some(e) = left_publication {
             // Drained and confirmed what was streamed; a drain failure is reported first.
-            stopped.map_err(|e| pipeline_error(e, &s.progress_topic))?;
+            stopped.map_err(|e| pipeline_error(e, &s.progress_topic, s.exactly_once.is_some()))?;
             return Err(e);
         }
         match stopped {
@@ -332,7 +438,11 @@ impl<'a> Session<'a> {
                 Ok(End::Shutdown)
             }
             Ok(ferry_core::End::ReaderEnded) => reader_result.map(|()| End::Streamed),
-            Err(e) => Err(pipeline_error(e, &s.progress_topic)),
+            Err(e) => Err(pipeline_error(
+                e,
+                &s.progress_topic,
+                s.exactly_once.is_some(),
+            )),
         }
     }
 
@@ -412,7 +522,10 @@ impl<'a> Session<'a> {
                 current_wal_lsn,
             },
             remembered: &remembered,
-            mode: record::Mode::AtLeastOnce,
+            mode: match s.exactly_once {
+                Some(_) => record::Mode::ExactlyOnce,
+                None => record::Mode::AtLeastOnce,
+            },
             acceptance: *self.acceptance,
         });
         let record_lsn = remembered.this_system.as_ref().map(|r| r.end_lsn);
@@ -472,17 +585,6 @@ impl<'a> Session<'a> {
                 gap,
                 offered,
             })),
-        }
-    }
-
-    /// A delivery report: a progress record's goes to [`Remember`], every other to the core.
-    fn report(&mut self, d: Delivery, now: Instant) {
-        if d.key == PROGRESS_TOKEN {
-            self.progress_report(d.result, now);
-        } else {
-            self.core
-                .relay
-                .handle_report(Token(d.key), d.result.map(drop), now);
         }
     }
 
@@ -546,7 +648,10 @@ impl<'a> Session<'a> {
             let value =
                 ProgressRecord::whole(record::Mode::AtLeastOnce, self.timeline, lsn, unix_millis())
                     .encode();
-            if let Err(e) = self.producer.send_progress(
+            let Some(producer) = self.producer else {
+                return;
+            };
+            if let Err(e) = producer.send_progress(
                 &self.settings.progress_topic,
                 &self.progress_key,
                 &value,
@@ -612,27 +717,62 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Whether to read more WAL: the core wants it, and no Kafka transaction is at its cap (it
+    /// commits first, at the end of this wake-up).
+    fn wants_events(&mut self) -> bool {
+        self.core.relay.wants_events() && !self.txn.as_ref().is_some_and(Txn::full)
+    }
+
+    /// A delivery report: in exactly-once mode held by the transaction; else a progress
+    /// record's goes to [`Remember`], every other to the core.
+    fn report(&mut self, d: Delivery, now: Instant) {
+        match self.txn.as_mut() {
+            Some(txn) => txn.report(d),
+            None if d.key == PROGRESS_TOKEN => self.progress_report(d.result, now),
+            None => self
+                .core
+                .relay
+                .handle_report(Token(d.key), d.result.map(drop), now),
+        }
+    }
+
     /// Carries out the core's actions; returns its verdict once it stopped.
     fn carry_out(
         &mut self,
         reader: &ReaderHandle,
     ) -> Option<Result<ferry_core::End, CoreError<KafkaError>>> {
-        let mut sink = KafkaSink(self.producer);
         let mut stop = None;
         while let Some(action) = self.core.relay.poll_action() {
             match action {
                 Action::Produce { token, record } => {
-                    if let Err(e) = sink.produce(token, &record) {
+                    let produced = match (self.txn.as_mut(), self.producer) {
+                        (Some(txn), _) => txn.produce(token, &record),
+                        (None, Some(p)) => KafkaSink(p).produce(token, &record),
+                        (None, None) => Err(KafkaError::Canceled),
+                    };
+                    if let Err(e) = produced {
                         self.core.relay.handle_refused(token, e, Instant::now());
                     }
                 }
-                Action::CommitPoint { end_lsn } => {
-                    if let Err(e) = sink.commit_point(end_lsn) {
-                        self.core.relay.handle_sink_error(e, Instant::now());
+                // Nothing to the idempotent sink; the transactional one ends its
+                // transactions at positions.
+                Action::CommitPoint { .. } => {}
+                Action::Position(p) => {
+                    if let Some(txn) = self.txn.as_mut() {
+                        txn.position(p, Instant::now());
                     }
                 }
-                Action::Abandon => sink.abandon(),
-                Action::Confirm(lsn) => self.confirm(reader, lsn),
+                Action::Abandon => match (self.txn.as_mut(), self.producer) {
+                    (Some(txn), _) => txn.poison(KafkaError::Canceled),
+                    (None, Some(p)) => KafkaSink(p).abandon(),
+                    (None, None) => {}
+                },
+                Action::Confirm(lsn) => {
+                    self.confirm(reader, lsn);
+                    if self.txn.is_some() {
+                        super::transactional::failpoint("confirmed");
+                    }
+                }
                 Action::Count(c) => self.count(c),
                 Action::Stop(result) => stop = Some(result),
             }
@@ -640,10 +780,18 @@ impl<'a> Session<'a> {
         stop
     }
 
-    /// The core confirmed `lsn`: it is remembered first (a progress record), and reported to
-    /// the server once that record is acknowledged ([`Session::remember`]).
-    fn confirm(&mut self, _reader: &ReaderHandle, lsn: Lsn) {
-        self.core.remember.confirmed(lsn);
+    /// The core confirmed `lsn`. At-least-once: it is remembered first (a progress record), and
+    /// reported to the server once that record is acknowledged ([`Session::remember`]).
+    /// Exactly-once: the Kafka transaction that made it durable held its progress record, so it
+    /// goes to the server at once.
+    fn confirm(&mut self, reader: &ReaderHandle, lsn: Lsn) {
+        if self.txn.is_some() {
+            reader.confirm(lsn);
+            self.metrics.confirmed_lsn.set(lsn.0);
+            self.metrics.progress_lsn.set(lsn.0);
+        } else {
+            self.core.remember.confirmed(lsn);
+        }
     }
 
     fn count(&self, c: Count) {
@@ -693,11 +841,17 @@ impl<'a> Session<'a> {
 }
 
 /// The pipeline's error for the core's verdict.
-fn pipeline_error(e: CoreError<KafkaError>, progress_topic: &str) -> PipelineError {
+fn pipeline_error(
+    e: CoreError<KafkaError>,
+    progress_topic: &str,
+    exactly_once: bool,
+) -> PipelineError {
     match e {
         CoreError::Route { error, commit_lsn } => PipelineError::Route { error, commit_lsn },
         CoreError::Delivery { topic, error } => PipelineError::delivery(&topic, error),
-        // The idempotent sink's only failure outside an outbox record: a progress record.
+        // At-least-once: a progress record failed outside an outbox record. Exactly-once: a
+        // Kafka transaction failed (begin, commit, the progress record in it).
+        CoreError::Sink(error) if exactly_once => PipelineError::Transaction { error },
         CoreError::Sink(error) => PipelineError::delivery(progress_topic, error),
         CoreError::TextNeeded { column, type_oid } => {
             PipelineError::TextNeeded { column, type_oid }

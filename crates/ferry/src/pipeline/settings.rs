@@ -45,6 +45,22 @@ pub struct PipelineSettings {
     /// What the operator accepted for this start (`ferry run --accept-gap`); set by the command
     /// line, never by the configuration, so that it cannot outlive the start it was meant for.
     pub acceptance: ferry_core::verdict::Acceptance,
+    /// `kafka.exactly_once`, with what it needs; `None` in at-least-once mode.
+    pub exactly_once: Option<ExactlyOnce>,
+}
+
+/// Exactly-once settings (see [`super::transactional`]).
+#[derive(Debug, Clone)]
+pub struct ExactlyOnce {
+    /// `kafka.progress_topic`.
+    pub progress_topic: String,
+    /// `kafka.transaction_interval`.
+    pub interval: Duration,
+    /// Records and bytes a Kafka transaction collects at most (half the window at most).
+    pub max_records: u64,
+    pub max_bytes: u64,
+    /// How long a transaction call (init, commit, abort) and the progress read may take.
+    pub call_timeout: Duration,
 }
 
 impl PipelineSettings {
@@ -182,6 +198,16 @@ impl PipelineSettings {
             binary: config.postgres.binary,
             progress_topic: config.kafka.progress_topic.clone(),
             acceptance: ferry_core::verdict::Acceptance::default(),
+            exactly_once: config.kafka.exactly_once.then(|| {
+                let (max_records, max_bytes) = config.kafka.transaction_caps();
+                ExactlyOnce {
+                    progress_topic: config.kafka.progress_topic.clone(),
+                    interval: config.kafka.transaction_interval,
+                    max_records,
+                    max_bytes,
+                    call_timeout: crate::config::defaults::TRANSACTION_TIMEOUT,
+                }
+            }),
         })
     }
 }

@@ -1,0 +1,394 @@
+//! Exactly-once mode (`kafka.exactly_once`) end to end: the real binary, real PostgreSQL, a broker
+//! with transactions (noida-db). Ferry is killed (`kill -9`, by its own failpoint) at every
+//! boundary of the commit protocol, then started again: a read_committed consumer sees every
+//! row exactly once and in order per key, while a read_uncommitted one sees what the killed
+//! transactions left behind (so the mode is really transactional).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+const PARTITIONS: i32 = 3;
+const KEYS: usize = 5;
+
+/// A world in exactly-once mode with its own progress topic, and its outbox topic created.
+async fn world(interval: &str) -> (World, String) {
+    let mut w = World::new().await;
+    let progress = format!("{}.progress", w.topic_prefix);
+    w.env.extend([
+        ("FERRY_KAFKA_EXACTLY_ONCE".to_string(), "true".to_string()),
+        ("FERRY_KAFKA_PROGRESS_TOPIC".into(), progress),
+        ("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), interval.into()),
+        ("FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(), "40".into()),
+    ]);
+    let topic = w.create_topic("order", PARTITIONS).await;
+    (w, topic)
+}
+
+/// Inserts `txns` transactions of `rows` rows each; row `i` has key `k{i % KEYS}` and payload
+/// `{"n": i}`, so per key the `n`s must arrive ascending.
+async fn insert(w: &World, from: usize, txns: usize, rows: usize) -> usize {
+    let mut n = from;
+    for _ in 0..txns {
+        let mut sql = String::from("BEGIN;");
+        for _ in 0..rows {
+            sql.push_str(&format!(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'k{}', 'Created', '{{\"n\": {n}}}');",
+                n % KEYS
+            ));
+            n += 1;
+        }
+        sql.push_str("COMMIT;");
+        w.sql.batch_execute(&sql).await.expect("insert");
+    }
+    n
+}
+
+/// Every record of `topic` up to its current end, with `isolation.level`: (key, n) in
+/// partition order.
+fn read_all(brokers: &str, topic: &str, isolation: &str) -> Vec<(String, u64)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("eos-check-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("isolation.level", isolation)
+        .create()
+        .expect("consumer");
+    let mut out = Vec::new();
+    for p in 0..PARTITIONS {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
+        if high <= low {
+            continue;
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, p, Offset::Offset(low))
+            .unwrap();
+        consumer.assign(&tpl).expect("assign");
+        let start = Instant::now();
+        loop {
+            if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+                let m = m.expect("consume");
+                let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+                let v: serde_json::Value =
+                    serde_json::from_slice(m.payload().unwrap_or_default()).expect("json");
+                let n = v
+                    .get("n")
+                    .or_else(|| v.get("payload").and_then(|p| p.get("n")))
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or_else(|| panic!("no n in {v}"));
+                out.push((key, n));
+            }
+            let pos = consumer
+                .position()
+                .ok()
+                .and_then(|t| t.find_partition(topic, p).map(|e| e.offset()));
+            if matches!(pos, Some(Offset::Offset(o)) if o >= high) {
+                break;
+            }
+            // read_committed stops at the last stable offset: an open transaction of a killed
+            // producer holds it until the next Ferry's init_transactions aborts it.
+            if start.elapsed() > Duration::from_secs(5) {
+                break;
+            }
+        }
+    }
+    out
+}
+
+async fn read(brokers: &str, topic: &str, isolation: &'static str) -> Vec<(String, u64)> {
+    let (b, t) = (brokers.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || read_all(&b, &t, isolation))
+        .await
+        .unwrap()
+}
+
+/// Waits until Ferry created its slot (rows inserted before it would never be streamed).
+async fn slot_created(w: &World) {
+    wait_until("the slot exists", Duration::from_secs(60), || async {
+        w.confirmed_lsn().await.is_some()
+    })
+    .await;
+}
+
+/// Exactly once, and per key ascending.
+fn assert_exactly_once(records: &[(String, u64)], total: usize) {
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for (key, n) in records {
+        *seen.entry(*n).or_default() += 1;
+        if let Some(prev) = last.insert(key, *n) {
+            assert!(prev < *n, "key {key}: {n} after {prev}");
+        }
+    }
+    let dups: Vec<_> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(dups.is_empty(), "duplicates (n, times): {dups:?}");
+    let missing: Vec<u64> = (0..total as u64)
+        .filter(|n| !seen.contains_key(n))
+        .collect();
+    assert!(missing.is_empty(), "missing: {missing:?}");
+    assert_eq!(records.len(), total);
+}
+
+/// Kills Ferry at `failpoint` (its `hit`th time), restarts it, and checks the topic.
+async fn killed_at(failpoint: &str, hit: u32) {
+    let (mut w, topic) = world("20ms").await;
+    // A first life creates the slot and stops; the rows wait as a backlog, so the failpoint's
+    // transactions carry rows from the first.
+    let mut creator = w.start_ferry();
+    creator.wait_ready().await;
+    let status = creator.terminate().await;
+    assert!(status.success(), "{status}:\n{}", creator.log_text());
+    let total = insert(&w, 0, 40, 10).await;
+    w.env
+        .push(("FERRY_TEST_FAILPOINT".into(), format!("{failpoint}:{hit}")));
+    let mut first = w.start_ferry();
+    let status = first.wait_exit(Duration::from_secs(90)).await;
+    assert!(
+        first.log_text().contains(&format!("failpoint {failpoint}")),
+        "ferry exited ({status}) without reaching {failpoint}:\n{}",
+        first.log_text()
+    );
+    let before = read(&w.brokers, &topic, "read_committed").await.len();
+    if failpoint == "committed" {
+        assert!(
+            before > 0 && before < total,
+            "killed after a commit, in the middle: {before} of {total} rows committed"
+        );
+    }
+    if failpoint == "confirmed" {
+        assert!(before > 0, "killed after a confirm with nothing committed");
+    }
+    w.env.retain(|(k, _)| k != "FERRY_TEST_FAILPOINT");
+    // More rows while it is down, then the second life.
+    let total = insert(&w, total, 10, 10).await;
+    let second = w.start_ferry();
+    let brokers = w.brokers.clone();
+    wait_until("every row committed", Duration::from_secs(120), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= total }
+    })
+    .await;
+    let end = w.current_wal_lsn().await;
+    wait_until("the slot confirmed", Duration::from_secs(60), || async {
+        w.confirmed_lsn().await.is_some_and(|l| l >= end)
+    })
+    .await;
+    let committed = read(&w.brokers, &topic, "read_committed").await;
+    assert_exactly_once(&committed, total);
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_records_sent_every_row_arrives_exactly_once() {
+    killed_at("records_sent", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_progress_sent_every_row_arrives_exactly_once() {
+    killed_at("progress_sent", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_while_the_commit_is_in_flight_every_row_arrives_exactly_once() {
+    killed_at("commit_sent", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_the_commit_before_the_slot_confirm_every_row_arrives_exactly_once() {
+    killed_at("committed", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_the_slot_confirm_every_row_arrives_exactly_once() {
+    killed_at("confirmed", 2).await;
+}
+
+/// A transaction killed before its commit is visible to read_uncommitted and never to
+/// read_committed; after the restart read_committed holds every row once, read_uncommitted
+/// holds more (the aborted copies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_transactions_are_invisible_to_read_committed_only() {
+    // A transaction that stays open long enough to be seen and killed.
+    let (mut w, topic) = world("5s").await;
+    w.env.push((
+        "FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(),
+        "100000".into(),
+    ));
+    w.env
+        .push(("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(), "400000".into()));
+    let mut first = w.start_ferry();
+    slot_created(&w).await;
+    let total = insert(&w, 0, 20, 10).await;
+    let brokers = w.brokers.clone();
+    wait_until(
+        "the open transaction's records on the broker",
+        Duration::from_secs(60),
+        || {
+            let (b, t) = (brokers.clone(), topic.clone());
+            async move { read(&b, &t, "read_uncommitted").await.len() >= total }
+        },
+    )
+    .await;
+    first.kill9();
+    let committed = read(&w.brokers, &topic, "read_committed").await;
+    assert!(
+        committed.is_empty(),
+        "read_committed saw {} records of a transaction never committed",
+        committed.len()
+    );
+    let _second = w.start_ferry();
+    wait_until("every row committed", Duration::from_secs(120), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= total }
+    })
+    .await;
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+    let all = read(&w.brokers, &topic, "read_uncommitted").await;
+    assert!(
+        all.len() >= 2 * total,
+        "read_uncommitted should also see the aborted copies: {} records for {total} rows",
+        all.len()
+    );
+}
+
+/// `ferry check` says what exactly-once needs: transactions, the brokers' transaction timeout
+/// against Ferry's, the progress topic, read_committed consumers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_what_exactly_once_needs() {
+    let (w, _topic) = world("100ms").await;
+    let mut ferry = Ferry::spawn(&w, &["check"]);
+    let status = ferry.wait_exit(Duration::from_secs(60)).await;
+    let out = ferry.log_text();
+    assert_eq!(status.code(), Some(0), "{out}");
+    for want in [
+        "note: exactly-once: the brokers support transactions",
+        "exactly-once: the progress topic",
+        "isolation.level=read_committed",
+        "transaction.max.timeout.ms",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+}
+
+/// Zombie: the first Ferry is paused (SIGSTOP) with the slot taken from it; a second one takes
+/// over and fences it. Resumed, the first can never commit again: it exits, naming the
+/// transactional.id, and nothing appears twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_instance_is_fenced_by_its_successor_and_exits() {
+    // A long interval, so the paused instance holds an open transaction.
+    let (mut w, topic) = world("2s").await;
+    w.env.push((
+        "FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(),
+        "100000".into(),
+    ));
+    w.env
+        .push(("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(), "400000".into()));
+    let mut first = w.start_ferry();
+    slot_created(&w).await;
+    let total = insert(&w, 0, 10, 10).await;
+    // Its records are produced (read_uncommitted sees them), its transaction still open.
+    let brokers = w.brokers.clone();
+    wait_until(
+        "the first instance produced",
+        Duration::from_secs(60),
+        || {
+            let (b, t) = (brokers.clone(), topic.clone());
+            async move { !read(&b, &t, "read_uncommitted").await.is_empty() }
+        },
+    )
+    .await;
+    let pid = first.pid().expect("running");
+    let stop = |sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("kill")
+    };
+    stop("-STOP");
+    // Its walsender goes (as after a network partition), so the second can take the slot.
+    w.sql
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            &[&w.slot],
+        )
+        .await
+        .unwrap();
+    let _second = w.start_ferry();
+    wait_until(
+        "the second instance committed",
+        Duration::from_secs(120),
+        || {
+            let (b, t) = (brokers.clone(), topic.clone());
+            async move { read(&b, &t, "read_committed").await.len() >= total }
+        },
+    )
+    .await;
+    stop("-CONT");
+    let status = first.wait_exit(Duration::from_secs(90)).await;
+    let log = first.log_text();
+    assert!(!status.success(), "the fenced instance exited 0:\n{log}");
+    assert!(
+        log.contains("another Ferry instance fenced this one"),
+        "no fencing error in:\n{log}"
+    );
+    let total = insert(&w, total, 2, 10).await;
+    wait_until("the later rows committed", Duration::from_secs(120), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= total }
+    })
+    .await;
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+}
+
+/// One PostgreSQL transaction of 100,000 rows spans many Kafka transactions (the position is
+/// exact inside it); Ferry is killed after the 10th commit, in its middle, and the restart
+/// skips exactly the rows already committed. (1,000,000 rows by hand: see the report.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_transaction_killed_in_the_middle_arrives_exactly_once() {
+    const ROWS: usize = 100_000;
+    let (mut w, topic) = world("100ms").await;
+    w.env
+        .push(("FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(), "4000".into()));
+    w.env
+        .push(("FERRY_TEST_FAILPOINT".into(), "committed:10".into()));
+    let mut first = w.start_ferry();
+    slot_created(&w).await;
+    w.sql
+        .batch_execute(&format!(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+             SELECT 'order', 'k' || (g % {KEYS}), 'Created', jsonb_build_object('n', g) \
+             FROM generate_series(0, {}) g",
+            ROWS - 1
+        ))
+        .await
+        .unwrap();
+    first.wait_exit(Duration::from_secs(120)).await;
+    assert!(
+        first.log_text().contains("failpoint committed"),
+        "{}",
+        first.log_text()
+    );
+    let partial = read(&w.brokers, &topic, "read_committed").await.len();
+    assert!(
+        partial > 0 && partial < ROWS,
+        "killed in the middle: {partial} of {ROWS} committed"
+    );
+    w.env.retain(|(k, _)| k != "FERRY_TEST_FAILPOINT");
+    let _second = w.start_ferry();
+    let brokers = w.brokers.clone();
+    wait_until("every row committed", Duration::from_secs(300), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= ROWS }
+    })
+    .await;
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, ROWS);
+}
