@@ -354,7 +354,11 @@ async fn a_paused_instance_is_fenced_by_its_successor_and_exits() {
 /// skips exactly the rows already committed. (1,000,000 rows by hand: see the report.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_transaction_killed_in_the_middle_arrives_exactly_once() {
-    const ROWS: usize = 100_000;
+    // FERRY_TEST_EOS_ROWS=1000000 for the by-hand run.
+    let rows: usize = std::env::var("FERRY_TEST_EOS_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
     let (mut w, topic) = world("100ms").await;
     w.env
         .push(("FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(), "4000".into()));
@@ -367,7 +371,7 @@ async fn a_large_transaction_killed_in_the_middle_arrives_exactly_once() {
             "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
              SELECT 'order', 'k' || (g % {KEYS}), 'Created', jsonb_build_object('n', g) \
              FROM generate_series(0, {}) g",
-            ROWS - 1
+            rows - 1
         ))
         .await
         .unwrap();
@@ -379,16 +383,24 @@ async fn a_large_transaction_killed_in_the_middle_arrives_exactly_once() {
     );
     let partial = read(&w.brokers, &topic, "read_committed").await.len();
     assert!(
-        partial > 0 && partial < ROWS,
-        "killed in the middle: {partial} of {ROWS} committed"
+        partial > 0 && partial < rows,
+        "killed in the middle: {partial} of {rows} committed"
     );
     w.env.retain(|(k, _)| k != "FERRY_TEST_FAILPOINT");
-    let _second = w.start_ferry();
+    let second = w.start_ferry();
     let brokers = w.brokers.clone();
-    wait_until("every row committed", Duration::from_secs(300), || {
+    wait_until("every row committed", Duration::from_secs(600), || {
         let (b, t) = (brokers.clone(), topic.clone());
-        async move { read(&b, &t, "read_committed").await.len() >= ROWS }
+        async move { read(&b, &t, "read_committed").await.len() >= rows }
     })
     .await;
-    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, ROWS);
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, rows);
+    let hwm = std::fs::read_to_string(format!("/proc/{}/status", second.pid().unwrap()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(str::to_string)
+        });
+    eprintln!("{rows} rows in one transaction: second instance peak {hwm:?}");
 }
