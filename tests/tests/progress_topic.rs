@@ -186,9 +186,15 @@ async fn a_slot_is_read_back_under_every_system_identifier() {
     let brokers = ferry_testkit::kafka::shared().brokers();
     let topic = unique("slot");
     assert!(
-        !progress::read_slot(&properties(&brokers), &topic, "a", TIMEOUT)
-            .unwrap()
-            .topic_exists
+        !progress::read_slot(
+            &properties(&brokers),
+            &topic,
+            "a",
+            TIMEOUT,
+            progress::Until::End
+        )
+        .unwrap()
+        .topic_exists
     );
     progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
         .await
@@ -208,7 +214,7 @@ async fn a_slot_is_read_back_under_every_system_identifier() {
         send(&p, &t, &key("b"), &record(999, None));
         send(&p, &t, &h2, &record(200, None));
         p.commit_transaction(TIMEOUT).unwrap();
-        progress::read_slot(&properties(&b), &t, "a", TIMEOUT).unwrap()
+        progress::read_slot(&properties(&b), &t, "a", TIMEOUT, progress::Until::End).unwrap()
     })
     .await
     .unwrap();

@@ -327,7 +327,13 @@ async fn inspect(
         settings.slot.slot.clone(),
     );
     let history = tokio::task::spawn_blocking(move || {
-        crate::progress::read_slot(&properties, &topic, &name, KAFKA_TIMEOUT)
+        crate::progress::read_slot(
+            &properties,
+            &topic,
+            &name,
+            KAFKA_TIMEOUT,
+            crate::progress::Until::Stable,
+        )
     })
     .await
     .map_err(|e| e.to_string())?

@@ -113,7 +113,7 @@ pub fn read(
     timeout: Duration,
 ) -> Result<Remembered, ProgressTopicError> {
     let wanted = key.encode();
-    let found = scan(properties, topic, timeout, |k| {
+    let found = scan(properties, topic, timeout, Until::End, |k| {
         k == wanted.as_slice() || same_key(k, key)
     })?;
     let Some(found) = found else {
@@ -126,6 +126,15 @@ pub fn read(
             decode(topic, key, offset, &value).map(|record| Remembered::Record { record, offset })
         }
     }
+}
+
+/// Where a read of the progress topic ends (see [`read_slot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// The end of the log: every open transaction is waited for.
+    End,
+    /// The last stable offset: open transactions are left undecided.
+    Stable,
 }
 
 /// What the progress topic remembers of one slot, under every system identifier.
@@ -153,13 +162,21 @@ impl SlotHistory {
 }
 
 /// Every server's newest committed record of `slot` (to see that the slot's server changed).
+///
+/// `until` says where the read ends: [`Until::End`] waits for every transaction open on the
+/// topic to be decided (as [`read`] does); [`Until::Stable`] stops at the last stable offset,
+/// before any open transaction. An exactly-once Ferry compares the slot with its progress before
+/// it may fence the producer that left a transaction open, and a committed record it cannot see
+/// yet can only be ahead of the slot (its slot is confirmed after its commit), never hide a gap;
+/// it reads the exact position again after fencing.
 pub fn read_slot(
     properties: &[(String, String)],
     topic: &str,
     slot: &str,
     timeout: Duration,
+    until: Until,
 ) -> Result<SlotHistory, ProgressTopicError> {
-    let found = scan(properties, topic, timeout, |k| {
+    let found = scan(properties, topic, timeout, until, |k| {
         ProgressKey::decode(k).is_ok_and(|k| k.slot == slot)
     })?;
     let Some(found) = found else {
@@ -208,6 +225,7 @@ fn scan(
     properties: &[(String, String)],
     topic: &str,
     timeout: Duration,
+    until: Until,
     wanted: impl Fn(&[u8]) -> bool,
 ) -> Result<Option<Vec<(Vec<u8>, i64, Option<Vec<u8>>)>>, ProgressTopicError> {
     let deadline = Instant::now() + timeout;
@@ -247,7 +265,9 @@ fn scan(
     // The end of the log, open transactions included: asked by a read_uncommitted client, since a
     // read_committed one answers with the last stable offset, before any open transaction.
     let mut end = cc.clone();
-    end.set("isolation.level", "read_uncommitted");
+    if until == Until::End {
+        end.set("isolation.level", "read_uncommitted");
+    }
     let end: BaseConsumer = end.create().map_err(kafka)?;
     let (low, high) = end
         .fetch_watermarks(topic, 0, remaining(deadline))

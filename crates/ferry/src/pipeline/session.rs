@@ -289,11 +289,34 @@ impl<'a> Session<'a> {
                     slot_lsn = %reader.resume_lsn,
                     "exactly-once: resuming from the progress topic"
                 );
+                let fresh = remembered.is_none();
                 self.txn = Some(txn);
                 self.core = Core::new(rx, s);
                 self.core
                     .relay
                     .start_from(reader.resume_lsn, binary_read, remembered);
+                if fresh {
+                    // A slot just created (or a gap the operator accepted): its position is
+                    // remembered at once, in a transaction of its own, so that a restart before
+                    // the first event finds the slot and its record in step.
+                    if let Some(txn) = self.txn.as_mut() {
+                        let initial = txn.commit_position(
+                            &mut self.core.relay,
+                            ferry_core::Position {
+                                end_lsn: reader.resume_lsn,
+                                partial: None,
+                            },
+                        );
+                        if let Err(e) = initial.await {
+                            let _ = finish(reader).await;
+                            return Err(e);
+                        }
+                    }
+                    if self.accepting {
+                        *self.acceptance = Acceptance::default();
+                        self.accepting = false;
+                    }
+                }
             }
             _ => {
                 self.core
@@ -480,8 +503,12 @@ impl<'a> Session<'a> {
             s.progress_topic.clone(),
             name.clone(),
         );
+        let until = match s.exactly_once {
+            Some(_) => progress::Until::Stable,
+            None => progress::Until::End,
+        };
         let history = tokio::task::spawn_blocking(move || {
-            progress::read_slot(&properties, &topic, &slot_name, PROGRESS_TIMEOUT)
+            progress::read_slot(&properties, &topic, &slot_name, PROGRESS_TIMEOUT, until)
         })
         .await
         .map_err(|e| PipelineError::ProducerFatal(format!("reading the progress topic: {e}")))??;

@@ -233,6 +233,16 @@ impl Txn {
         self.commit(relay, position).await
     }
 
+    /// Commits a transaction holding only a progress record at `position` (a fresh slot's).
+    pub async fn commit_position(
+        &mut self,
+        relay: &mut Relay<KafkaError>,
+        position: Position,
+    ) -> Result<(), PipelineError> {
+        self.position = Some(position);
+        self.commit(relay, position).await
+    }
+
     async fn commit(
         &mut self,
         relay: &mut Relay<KafkaError>,
