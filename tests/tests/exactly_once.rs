@@ -404,3 +404,62 @@ async fn a_large_transaction_killed_in_the_middle_arrives_exactly_once() {
         });
     eprintln!("{rows} rows in one transaction: second instance peak {hwm:?}");
 }
+
+/// At-least-once → exactly-once on one slot: the exactly-once start resumes from the progress
+/// record the at-least-once Ferry wrote (before each confirmation) and skips what it covers;
+/// after a graceful stop nothing is produced twice. Then back to at-least-once: nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_from_at_least_once_to_exactly_once_and_back_loses_nothing() {
+    let (mut w, topic) = world("20ms").await;
+    let eos: Vec<(String, String)> = w
+        .env
+        .iter()
+        .filter(|(k, _)| k.starts_with("FERRY_KAFKA_EXACTLY_ONCE"))
+        .cloned()
+        .collect();
+    w.env
+        .retain(|(k, _)| !k.starts_with("FERRY_KAFKA_EXACTLY_ONCE"));
+    // At-least-once: creates the slot, relays the first rows, stops gracefully.
+    let mut alo = w.start_ferry();
+    alo.wait_ready().await;
+    slot_created(&w).await;
+    let total = insert(&w, 0, 10, 10).await;
+    let brokers = w.brokers.clone();
+    wait_until("the at-least-once rows", Duration::from_secs(60), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= total }
+    })
+    .await;
+    let status = alo.terminate().await;
+    assert!(status.success(), "{status}:\n{}", alo.log_text());
+    // Exactly-once on the same slot: no --initialize-progress needed, nothing repeated.
+    w.env.extend(eos.iter().cloned());
+    let total = insert(&w, total, 10, 10).await;
+    let mut exactly = w.start_ferry();
+    wait_until("the exactly-once rows", Duration::from_secs(60), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= total }
+    })
+    .await;
+    let status = exactly.terminate().await;
+    assert!(status.success(), "{status}:\n{}", exactly.log_text());
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+    // Back to at-least-once: it resumes from the slot, which exactly-once confirmed only up to
+    // what Kafka committed; after a graceful stop, again nothing twice.
+    w.env
+        .retain(|(k, _)| !k.starts_with("FERRY_KAFKA_EXACTLY_ONCE"));
+    let total = insert(&w, total, 5, 10).await;
+    let mut back = w.start_ferry();
+    wait_until(
+        "the rows after switching back",
+        Duration::from_secs(60),
+        || {
+            let (b, t) = (brokers.clone(), topic.clone());
+            async move { read(&b, &t, "read_committed").await.len() >= total }
+        },
+    )
+    .await;
+    let status = back.terminate().await;
+    assert!(status.success(), "{status}:\n{}", back.log_text());
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+}

@@ -153,9 +153,12 @@ async fn first_start_creates_the_slot_and_the_slot_never_passes_its_progress_rec
     w.consume(&topic, 20).await;
     let record = wait_remembered(&w, end).await;
     assert!(record.end_lsn >= end && record.end_lsn > created);
-    assert_eq!(
-        ferry.metric("ferry_progress_lsn").await,
-        Some(record.end_lsn.0 as f64)
+    // Idle keepalives move it on: at least what was read back.
+    let shown = ferry.metric("ferry_progress_lsn").await.unwrap_or(0.0);
+    assert!(
+        shown >= record.end_lsn.0 as f64,
+        "ferry_progress_lsn {shown} behind the record read back ({})",
+        record.end_lsn
     );
     assert_eq!(ferry.metric("ferry_progress_failing").await, Some(0.0));
     // A graceful stop writes the last record before the final status update.
