@@ -22,6 +22,7 @@
 //! speed. `--smoke` runs everything tiny, as CI does, so the harness cannot rot.
 
 mod args;
+mod chaos;
 mod ferry;
 mod kafka;
 mod latency;
@@ -128,6 +129,9 @@ pub async fn confirmed(sql: &tokio_postgres::Client, slot: &str) -> Res<Lsn> {
 #[tokio::main]
 async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("chaos") {
+        std::process::exit(chaos::main(&argv[1..]).await);
+    }
     let args = match Args::parse(&argv) {
         Ok(Some(a)) => a,
         Ok(None) => {

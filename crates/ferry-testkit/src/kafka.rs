@@ -140,6 +140,15 @@ impl LocalBroker {
         }
     }
 
+    /// Kills the broker (SIGKILL: no shutdown work), keeping its data for
+    /// [`LocalBroker::start_again`].
+    pub fn kill(&self) {
+        if let Some(mut c) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// Starts the broker again on the same port with the same data.
     pub fn start_again(&self) {
         self.spawn();

@@ -4,12 +4,16 @@
 //!   one database per test.
 //! - [`kafka`] (feature `kafka`): a Kafka-protocol broker (or `FERRY_TEST_KAFKA_BROKERS`), topic
 //!   creation, and reading records back.
+//! - [`proxy`]: a TCP fault proxy (reset, blackhole, delay, throttle) in front of PostgreSQL or
+//!   a broker; [`faults`]: fault schedules from a seed, for chaos runs.
 //! - [`process`]: children that die with the test process, free ports, condition waits with
 //!   deadlines.
 
+pub mod faults;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod pg;
 pub mod process;
+pub mod proxy;
 
 pub use process::wait_until;

@@ -1,0 +1,657 @@
+//! `ferry-bench chaos`: the real `ferry` binary under a mixed load and a seeded schedule of
+//! faults, then every record read back and held against what the application committed.
+//!
+//! The run starts its own PostgreSQL cluster and broker, puts a fault proxy
+//! ([`ferry_testkit::proxy`]) on each of Ferry's links (the application writes to PostgreSQL
+//! directly), starts Ferry through them, the load ([`load`]) and the faults
+//! ([`ferry_testkit::faults`]: proxy faults on both links, kill -9 and SIGSTOP/SIGCONT of
+//! Ferry, PostgreSQL stopped fast or immediately, the broker killed), one after another, each
+//! healed before the next. A monitor polls Ferry's metrics every 100 ms: `ferry_confirmed_lsn`
+//! gives the recovery time of each fault (healed → the confirmed LSN moving again), and peak
+//! in-flight records; `/proc` gives peak RSS. A Ferry that exits on its own is counted and
+//! started again (as a supervisor would) — a permanent error under these faults is a finding.
+//! At the end everything is healed, the load stops, the run waits (with a deadline) until the
+//! slot's confirmed LSN passes the last commit, reads the topic back ([`check`]) and prints the
+//! table. Exit code 1 when anything is lost, phantom or out of order (or, with
+//! `--exactly-once`, duplicated), or the confirmed LSN never got there.
+
+mod check;
+mod load;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_testkit::faults::{self, FaultKind, Mix, Planned};
+use ferry_testkit::kafka::{self as testkafka, LocalBroker};
+use ferry_testkit::pg::{self, PgCluster, SUPERUSER_PASSWORD};
+use ferry_testkit::process::{free_port, signal, spawn_owned};
+use ferry_testkit::proxy::{Fault, Proxy};
+use ferry_wal::Lsn;
+
+use crate::{procfs, Res, PUBLICATION};
+
+pub const USAGE: &str = "\
+ferry-bench chaos: Ferry under faults; counts lost, phantom, reordered and duplicated records
+
+usage: ferry-bench chaos [flags]
+
+  --duration D      how long faults are injected, e.g. 120s, 30m (default 120s)
+  --seed N          the fault schedule's seed (default 1); the same seed, the same schedule
+  --writers N       concurrent writers (default 4)
+  --big-txn         also commit one 1,000,000-row transaction a third of the way in
+  --kill-every S    weigh kill -9 so that one comes about every S seconds (default: the
+                    standard mix, about one fault in three a kill)
+  --exactly-once    run Ferry with FERRY_KAFKA_EXACTLY_ONCE=true, read with
+                    isolation.level=read_committed, and require 0 duplicates
+  -h, --help        this text
+
+The ferry binary is FERRY_BIN, else the one beside this executable. Exit code 1 when a record
+is lost, phantom or out of order.";
+
+#[derive(Debug, Clone)]
+struct ChaosArgs {
+    duration: Duration,
+    seed: u64,
+    writers: u64,
+    big_txn: bool,
+    kill_every: Option<f64>,
+    exactly_once: bool,
+    command: String,
+}
+
+fn parse_duration(s: &str) -> Res<Duration> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("--duration {s:?}: expected a number and s, m or h (e.g. 120s)"))?;
+    Ok(Duration::from_secs(match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("--duration {s:?}: unit must be s, m or h").into()),
+    }))
+}
+
+impl ChaosArgs {
+    fn parse(args: &[String]) -> Res<Option<ChaosArgs>> {
+        let mut a = ChaosArgs {
+            duration: Duration::from_secs(120),
+            seed: 1,
+            writers: 4,
+            big_txn: false,
+            kill_every: None,
+            exactly_once: false,
+            command: format!("ferry-bench chaos {}", args.join(" ")),
+        };
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "-h" | "--help" => return Ok(None),
+                "--duration" => a.duration = parse_duration(value()?)?,
+                "--seed" => a.seed = value()?.parse()?,
+                "--writers" => a.writers = value()?.parse()?,
+                "--big-txn" => a.big_txn = true,
+                "--kill-every" => a.kill_every = Some(value()?.parse()?),
+                "--exactly-once" => a.exactly_once = true,
+                other => return Err(format!("unknown flag {other:?} (see --help)").into()),
+            }
+        }
+        Ok(Some(a))
+    }
+
+    fn mix(&self) -> Mix {
+        let mut mix = Mix::standard();
+        if let Some(every) = self.kill_every {
+            // The mean gap plus the mean hold of the other kinds is ~4 s; weigh kills so that
+            // about one fault in (every / 4) is a kill.
+            let others: u32 = mix
+                .weights
+                .iter()
+                .filter(|(k, _)| *k != FaultKind::FerryKill)
+                .map(|(_, w)| *w)
+                .sum();
+            let per_kill = (every / 4.0).max(1.0);
+            let w = (f64::from(others) / (per_kill - 1.0).max(0.1)).round() as u32;
+            for (k, weight) in &mut mix.weights {
+                if *k == FaultKind::FerryKill {
+                    *weight = w.max(1);
+                }
+            }
+        }
+        mix
+    }
+}
+
+/// Entry point of `ferry-bench chaos`; returns the exit code.
+pub async fn main(argv: &[String]) -> i32 {
+    let args = match ChaosArgs::parse(argv) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("ferry-bench chaos: {e}");
+            return 2;
+        }
+    };
+    match run(args).await {
+        Ok(ok) => i32::from(!ok),
+        Err(e) => {
+            eprintln!("ferry-bench chaos: {e}");
+            2
+        }
+    }
+}
+
+const SLOT: &str = "ferry_chaos";
+const TOPIC: &str = "chaos";
+const PARTITIONS: i32 = 4;
+/// How long, after everything is healed, the confirmed LSN may take to pass the last commit.
+const CATCH_UP: Duration = Duration::from_secs(300);
+
+/// The Ferry process of the run, restarted after kills and exits.
+struct Ferry {
+    child: Option<Child>,
+    port: u16,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    spawns: u64,
+}
+
+impl Ferry {
+    fn spawn(&mut self) -> Res<()> {
+        self.port = free_port();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let mut cmd = Command::new(crate::ferry::bin()?);
+        cmd.arg("run")
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{}", self.port))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        self.child = Some(spawn_owned(cmd, libc::SIGKILL)?);
+        self.spawns += 1;
+        Ok(())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+/// What the monitor saw.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Highest `ferry_confirmed_lsn` seen.
+    confirmed: u64,
+    /// Each time that highest value grew: when, and to what.
+    advances: Vec<(Instant, u64)>,
+    peak_in_flight: f64,
+    peak_rss_kib: u64,
+    /// Ferry exits the run did not cause, with their status.
+    exits: Vec<String>,
+}
+
+async fn run(args: ChaosArgs) -> Res<bool> {
+    let started = Instant::now();
+    ferry_testkit::process::sweep_stale_dirs("ferry-pg");
+    ferry_testkit::process::sweep_stale_dirs("ferry-broker");
+    let cluster = Arc::new(PgCluster::start(pg::ClusterOptions::default()).await);
+    let broker = Arc::new(LocalBroker::start().await);
+    let admin = pg::connect(&cluster.url("postgres")).await;
+    admin.batch_execute("CREATE DATABASE chaos").await?;
+    let url = cluster.url("chaos");
+    let sql = pg::connect(&url).await;
+    sql.batch_execute(load::DDL).await?;
+    sql.batch_execute(&format!(
+        "CREATE PUBLICATION {PUBLICATION} FOR TABLE outbox WITH (publish = 'insert')"
+    ))
+    .await?;
+    testkafka::create_topic(&broker.brokers(), TOPIC, PARTITIONS).await;
+    let pg_proxy = Arc::new(Proxy::tcp(([127, 0, 0, 1], cluster.port()).into()).await?);
+    let kafka_proxy = Arc::new(Proxy::kafka(broker.brokers().parse()?).await?);
+    let dir = std::env::temp_dir().join(pg::unique_name("ferry-chaos"));
+    std::fs::create_dir_all(&dir)?;
+    let mut env: Vec<(String, String)> = [
+        (
+            "FERRY_POSTGRES_URL",
+            format!(
+                "postgres://postgres:{SUPERUSER_PASSWORD}@127.0.0.1:{}/chaos",
+                pg_proxy.addr().port()
+            ),
+        ),
+        ("FERRY_POSTGRES_SLOT", SLOT.into()),
+        ("FERRY_POSTGRES_PUBLICATION", PUBLICATION.into()),
+        ("FERRY_KAFKA_BROKERS", kafka_proxy.addr().to_string()),
+        ("FERRY_ROUTE_TOPIC", TOPIC.into()),
+        ("FERRY_ROUTE_ID_HEADER", String::new()),
+        ("FERRY_LOG_LEVEL", "warn".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    if args.exactly_once {
+        env.push(("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()));
+    }
+    let ferry = Arc::new(Mutex::new(Ferry {
+        child: None,
+        port: 0,
+        env,
+        log: dir.join("ferry.log"),
+        spawns: 0,
+    }));
+    ferry.lock().unwrap_or_else(|e| e.into_inner()).spawn()?;
+    // Rows committed before Ferry created its slot are not Ferry's to deliver.
+    let slot_at = Instant::now();
+    while sql
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+            &[&SLOT],
+        )
+        .await?
+        .is_none()
+    {
+        if slot_at.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "ferry did not create its slot within 60 s; its log: {}",
+                dir.join("ferry.log").display()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let schedule = faults::schedule(args.seed, args.duration, &args.mix());
+    println!(
+        "ferry-bench chaos: seed {}, {} s of faults ({} planned), {} writers{}{}; logs in {}",
+        args.seed,
+        args.duration.as_secs(),
+        schedule.len(),
+        args.writers,
+        if args.big_txn {
+            ", one 1,000,000-row transaction"
+        } else {
+            ""
+        },
+        if args.exactly_once {
+            ", exactly-once"
+        } else {
+            ""
+        },
+        dir.display()
+    );
+
+    // The monitor.
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let monitoring = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let monitor = tokio::spawn(monitor(ferry.clone(), seen.clone(), monitoring.clone()));
+
+    // The load.
+    let load = load::Load::new(url.clone());
+    let mut tasks = Vec::new();
+    for w in 0..args.writers {
+        tasks.push(tokio::spawn(load.clone().writer(w, args.seed)));
+    }
+    tasks.push(tokio::spawn(load.clone().deleter()));
+    tasks.push(tokio::spawn(load.clone().noise()));
+    let big = args.big_txn.then(|| {
+        let load = load.clone();
+        let at = args.duration / 3;
+        tokio::spawn(async move {
+            tokio::time::sleep(at).await;
+            load.big_txn().await;
+        })
+    });
+
+    // The faults.
+    let t0 = Instant::now();
+    let world = World {
+        cluster: cluster.clone(),
+        broker: broker.clone(),
+        pg_proxy: pg_proxy.clone(),
+        kafka_proxy: kafka_proxy.clone(),
+        ferry: ferry.clone(),
+    };
+    let mut healed: Vec<(FaultKind, Instant, u64)> = Vec::new();
+    for p in &schedule {
+        if let Some(wait) = p.at.checked_sub(t0.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+        world.apply(p).await?;
+        let now = seen.lock().unwrap_or_else(|e| e.into_inner()).confirmed;
+        healed.push((p.kind, Instant::now(), now));
+    }
+    if let Some(wait) = args.duration.checked_sub(t0.elapsed()) {
+        tokio::time::sleep(wait).await;
+    }
+    world.heal_all();
+    if let Some(big) = big {
+        big.await?;
+    }
+    load.stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await?;
+    }
+
+    // The last commit, then Ferry catching up with it.
+    let sql = pg::connect(&url).await;
+    let last: Lsn = sql
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await?
+        .get::<_, String>(0)
+        .parse()?;
+    let catch_up = Instant::now();
+    let mut caught_up = false;
+    while catch_up.elapsed() < CATCH_UP {
+        let c = crate::confirmed(&sql, SLOT).await.ok();
+        if c.is_some_and(|c| c >= last) {
+            caught_up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    monitoring.store(false, Ordering::Relaxed);
+    monitor.await?;
+    let truth = std::mem::take(&mut *load.truth.lock().unwrap_or_else(|e| e.into_inner()));
+    let want = truth.committed.iter().map(|r| r.id).collect();
+    let brokers = broker.brokers();
+    let eos = args.exactly_once;
+    let delivered = tokio::task::spawn_blocking(move || {
+        check::read_back(
+            &brokers,
+            TOPIC,
+            PARTITIONS,
+            eos,
+            &want,
+            Duration::from_secs(30),
+        )
+    })
+    .await??;
+    let verdict = check::judge(&truth, &delivered);
+    let mut f = ferry.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(mut c) = f.child.take() {
+        signal(&c, libc::SIGTERM);
+        let _ = c.wait();
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    let (recovery, unrecovered) = recoveries(&healed, &seen.advances);
+
+    // The table.
+    let mut counts: BTreeMap<FaultKind, u64> = BTreeMap::new();
+    for p in &schedule {
+        *counts.entry(p.kind).or_default() += 1;
+    }
+    let ok = caught_up
+        && verdict.lost == 0
+        && verdict.phantom == 0
+        && verdict.order_violations == 0
+        && !(args.exactly_once && verdict.duplicates > 0);
+    let report = Report {
+        args: &args,
+        counts: &counts,
+        recovery: &recovery,
+        unrecovered: &unrecovered,
+        truth: &truth,
+        verdict: &verdict,
+        seen: &seen,
+        caught_up,
+        spawns: f.spawns,
+        elapsed: started.elapsed(),
+    };
+    println!("\n{}", report.table());
+    for e in &verdict.examples {
+        println!("  {e}");
+    }
+    for e in &seen.exits {
+        println!("  ferry exited on its own: {e}");
+    }
+    println!("\nverdict: {}", if ok { "PASS" } else { "FAIL" });
+    if !ok {
+        println!("ferry's log: {}", f.log.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(ok)
+}
+
+/// Recovery time per kind: from each heal to the first time the confirmed LSN passed the
+/// value it had at that heal; heals after which it never moved are counted apart.
+fn recoveries(
+    healed: &[(FaultKind, Instant, u64)],
+    advances: &[(Instant, u64)],
+) -> (BTreeMap<FaultKind, Vec<Duration>>, BTreeMap<FaultKind, u64>) {
+    let (mut rec, mut never) = (BTreeMap::new(), BTreeMap::new());
+    for (kind, at, value) in healed {
+        match advances.iter().find(|(t, v)| t >= at && v > value) {
+            Some((t, _)) => rec.entry(*kind).or_insert_with(Vec::new).push(*t - *at),
+            None => *never.entry(*kind).or_insert(0u64) += 1,
+        }
+    }
+    (rec, never)
+}
+
+/// The servers and proxies the faults act on.
+struct World {
+    cluster: Arc<PgCluster>,
+    broker: Arc<LocalBroker>,
+    pg_proxy: Arc<Proxy>,
+    kafka_proxy: Arc<Proxy>,
+    ferry: Arc<Mutex<Ferry>>,
+}
+
+impl World {
+    /// Injects `p`, holds it, heals it.
+    async fn apply(&self, p: &Planned) -> Res<()> {
+        let link = |k: FaultKind| match k {
+            FaultKind::PgCut
+            | FaultKind::PgBlackhole
+            | FaultKind::PgDelay
+            | FaultKind::PgThrottle => &self.pg_proxy,
+            _ => &self.kafka_proxy,
+        };
+        match p.kind {
+            FaultKind::PgCut | FaultKind::KafkaCut => link(p.kind).inject(Fault::Cut),
+            FaultKind::PgBlackhole | FaultKind::KafkaBlackhole => {
+                link(p.kind).inject(Fault::Blackhole);
+                tokio::time::sleep(p.hold).await;
+                link(p.kind).heal();
+            }
+            FaultKind::PgDelay | FaultKind::KafkaDelay => {
+                link(p.kind).inject(Fault::Delay(Duration::from_millis(p.param)));
+                tokio::time::sleep(p.hold).await;
+                link(p.kind).heal();
+            }
+            FaultKind::PgThrottle | FaultKind::KafkaThrottle => {
+                link(p.kind).inject(Fault::Throttle(p.param));
+                tokio::time::sleep(p.hold).await;
+                link(p.kind).heal();
+            }
+            FaultKind::FerryKill => {
+                let mut f = self.ferry.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(mut c) = f.child.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                f.spawn()?;
+            }
+            FaultKind::FerryPause => {
+                let pid = self.ferry.lock().unwrap_or_else(|e| e.into_inner()).pid();
+                if let Some(pid) = pid {
+                    kill(pid, libc::SIGSTOP);
+                    tokio::time::sleep(p.hold).await;
+                    kill(pid, libc::SIGCONT);
+                }
+            }
+            FaultKind::PgStopFast | FaultKind::PgStopImmediate => {
+                let immediate = p.kind == FaultKind::PgStopImmediate;
+                let c = self.cluster.clone();
+                tokio::task::spawn_blocking(move || c.stop(immediate)).await?;
+                tokio::time::sleep(p.hold).await;
+                let c = self.cluster.clone();
+                tokio::task::spawn_blocking(move || c.start_again()).await?;
+            }
+            FaultKind::BrokerKill => {
+                let b = self.broker.clone();
+                tokio::task::spawn_blocking(move || b.kill()).await?;
+                tokio::time::sleep(p.hold).await;
+                let b = self.broker.clone();
+                tokio::task::spawn_blocking(move || b.start_again()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn heal_all(&self) {
+        self.pg_proxy.heal();
+        self.kafka_proxy.heal();
+        if let Some(pid) = self.ferry.lock().unwrap_or_else(|e| e.into_inner()).pid() {
+            kill(pid, libc::SIGCONT);
+        }
+    }
+}
+
+fn kill(pid: u32, sig: libc::c_int) {
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on the pid of a child this process holds (not yet reaped).
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Polls Ferry every 100 ms: confirmed LSN, in-flight records, peak RSS; restarts a Ferry that
+/// exited on its own.
+async fn monitor(
+    ferry: Arc<Mutex<Ferry>>,
+    seen: Arc<Mutex<Seen>>,
+    on: Arc<std::sync::atomic::AtomicBool>,
+) {
+    while on.load(Ordering::Relaxed) {
+        let (port, pid, exited) = {
+            let mut f = ferry.lock().unwrap_or_else(|e| e.into_inner());
+            let exited = f
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+                .map(|s| s.to_string());
+            if let Some(status) = &exited {
+                f.child = None;
+                seen.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .exits
+                    .push(status.clone());
+                let _ = f.spawn();
+            }
+            (f.port, f.pid(), exited)
+        };
+        let _ = exited;
+        let body =
+            tokio::time::timeout(Duration::from_millis(500), procfs::fetch_metrics(port)).await;
+        {
+            if let Ok(Ok(body)) = body {
+                let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(c) = procfs::scalar(&body, "ferry_confirmed_lsn") {
+                    if c as u64 > s.confirmed {
+                        s.confirmed = c as u64;
+                        s.advances.push((Instant::now(), c as u64));
+                    }
+                }
+                if let Some(n) = procfs::scalar(&body, "ferry_in_flight_records") {
+                    s.peak_in_flight = s.peak_in_flight.max(n);
+                }
+            }
+        }
+        if let Some(rss) = pid.and_then(|p| procfs::peak_rss_kib(p).ok()) {
+            let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+            s.peak_rss_kib = s.peak_rss_kib.max(rss);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The printed result.
+struct Report<'a> {
+    args: &'a ChaosArgs,
+    counts: &'a BTreeMap<FaultKind, u64>,
+    recovery: &'a BTreeMap<FaultKind, Vec<Duration>>,
+    unrecovered: &'a BTreeMap<FaultKind, u64>,
+    truth: &'a load::Truth,
+    verdict: &'a check::Verdict,
+    seen: &'a Seen,
+    caught_up: bool,
+    spawns: u64,
+    elapsed: Duration,
+}
+
+impl Report<'_> {
+    fn table(&self) -> String {
+        let mut t = format!(
+            "`{}` — seed {}, {} s of faults, run {:.0} s\n\n\
+             | fault | count | recovery p50 | recovery max | never recovered |\n\
+             | --- | ---: | ---: | ---: | ---: |\n",
+            self.args.command.trim(),
+            self.args.seed,
+            self.args.duration.as_secs(),
+            self.elapsed.as_secs_f64()
+        );
+        for (kind, n) in self.counts {
+            let mut r = self.recovery.get(kind).cloned().unwrap_or_default();
+            r.sort();
+            let (p50, max) = match r.len() {
+                0 => ("-".to_string(), "-".to_string()),
+                len => (secs(r[len / 2]), secs(r[len - 1])),
+            };
+            t += &format!(
+                "| {} | {n} | {p50} | {max} | {} |\n",
+                kind.name(),
+                self.unrecovered.get(kind).copied().unwrap_or(0)
+            );
+        }
+        let v = self.verdict;
+        let tr = self.truth;
+        t += &format!(
+            "\n| figure | value |\n| --- | ---: |\n\
+             | transactions committed / rolled back / in doubt (settled by the status table) | {} / {} / {} |\n\
+             | rows committed | {} |\n\
+             | rows rolled back | {} |\n\
+             | records delivered | {} |\n\
+             | **lost** | **{}** |\n\
+             | **phantom** (rolled back yet delivered) | **{}** |\n\
+             | **per-key order violations** | **{}** |\n\
+             | duplicates | {} |\n\
+             | confirmed LSN passed the last commit | {} |\n\
+             | ferry processes started / exited on their own | {} / {} |\n\
+             | peak RSS of ferry | {:.1} MiB |\n\
+             | peak in-flight records | {} |\n",
+            tr.txns_committed,
+            tr.txns_rolled_back,
+            tr.txns_in_doubt,
+            v.rows_committed,
+            v.rows_rolled_back,
+            v.delivered,
+            v.lost,
+            v.phantom,
+            v.order_violations,
+            v.duplicates,
+            if self.caught_up { "yes" } else { "NO (deadline)" },
+            self.spawns,
+            self.seen.exits.len(),
+            self.seen.peak_rss_kib as f64 / 1024.0,
+            self.seen.peak_in_flight
+        );
+        t
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}

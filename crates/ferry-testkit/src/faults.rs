@@ -1,0 +1,221 @@
+//! A fault schedule from a seed: which fault, when, for how long. The same seed gives the same
+//! schedule on every machine (a SplitMix64 generator, no wall clock, no OS randomness), so a
+//! failing chaos run can be replayed by its seed; only the timing of the load around it varies.
+
+use std::time::Duration;
+
+/// SplitMix64: small, fast, and fully determined by its seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+/// The faults a chaos run injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// Reset every connection between Ferry and PostgreSQL.
+    PgCut,
+    /// Ferry's PostgreSQL link forwards nothing.
+    PgBlackhole,
+    /// Latency on Ferry's PostgreSQL link.
+    PgDelay,
+    /// Ferry's PostgreSQL link throttled.
+    PgThrottle,
+    /// Reset every connection between Ferry and the broker.
+    KafkaCut,
+    /// Ferry's broker link forwards nothing.
+    KafkaBlackhole,
+    /// Latency on Ferry's broker link.
+    KafkaDelay,
+    /// Ferry's broker link throttled.
+    KafkaThrottle,
+    /// `kill -9` of Ferry, then a new Ferry.
+    FerryKill,
+    /// SIGSTOP of Ferry, SIGCONT when healed.
+    FerryPause,
+    /// PostgreSQL stopped with a fast shutdown, then started again.
+    PgStopFast,
+    /// PostgreSQL stopped with an immediate shutdown (a crash), then started again.
+    PgStopImmediate,
+    /// The broker killed (SIGKILL), then started again with its data.
+    BrokerKill,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 13] = [
+        FaultKind::PgCut,
+        FaultKind::PgBlackhole,
+        FaultKind::PgDelay,
+        FaultKind::PgThrottle,
+        FaultKind::KafkaCut,
+        FaultKind::KafkaBlackhole,
+        FaultKind::KafkaDelay,
+        FaultKind::KafkaThrottle,
+        FaultKind::FerryKill,
+        FaultKind::FerryPause,
+        FaultKind::PgStopFast,
+        FaultKind::PgStopImmediate,
+        FaultKind::BrokerKill,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::PgCut => "pg link reset",
+            FaultKind::PgBlackhole => "pg link blackhole",
+            FaultKind::PgDelay => "pg link delay",
+            FaultKind::PgThrottle => "pg link throttle",
+            FaultKind::KafkaCut => "broker link reset",
+            FaultKind::KafkaBlackhole => "broker link blackhole",
+            FaultKind::KafkaDelay => "broker link delay",
+            FaultKind::KafkaThrottle => "broker link throttle",
+            FaultKind::FerryKill => "ferry kill -9",
+            FaultKind::FerryPause => "ferry SIGSTOP/SIGCONT",
+            FaultKind::PgStopFast => "postgres stop fast",
+            FaultKind::PgStopImmediate => "postgres stop immediate",
+            FaultKind::BrokerKill => "broker kill -9 + restart",
+        }
+    }
+}
+
+/// One fault of a schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planned {
+    /// From the start of the run.
+    pub at: Duration,
+    pub kind: FaultKind,
+    /// How long the fault stands before it is healed (0 for a momentary one).
+    pub hold: Duration,
+    /// The fault's size: delay in ms, throttle in bytes/s; 0 otherwise.
+    pub param: u64,
+}
+
+/// Relative weights of the kinds, and the pace.
+#[derive(Debug, Clone)]
+pub struct Mix {
+    /// Weight per kind (kinds missing weigh 0).
+    pub weights: Vec<(FaultKind, u32)>,
+    /// Quiet time between the heal of one fault and the next, drawn in this range (ms).
+    pub gap_ms: (u64, u64),
+}
+
+impl Mix {
+    /// Every kind; process kills weigh most, as they are the faults the promise is about.
+    pub fn standard() -> Mix {
+        use FaultKind::*;
+        Mix {
+            weights: vec![
+                (PgCut, 2),
+                (PgBlackhole, 1),
+                (PgDelay, 1),
+                (PgThrottle, 1),
+                (KafkaCut, 2),
+                (KafkaBlackhole, 1),
+                (KafkaDelay, 1),
+                (KafkaThrottle, 1),
+                (FerryKill, 6),
+                (FerryPause, 1),
+                (PgStopFast, 1),
+                (PgStopImmediate, 1),
+                (BrokerKill, 1),
+            ],
+            gap_ms: (1500, 4000),
+        }
+    }
+}
+
+/// Faults one after another (each healed before the next) over `duration`, from `seed`.
+pub fn schedule(seed: u64, duration: Duration, mix: &Mix) -> Vec<Planned> {
+    let mut rng = Rng::new(seed);
+    let total: u64 = mix.weights.iter().map(|(_, w)| u64::from(*w)).sum();
+    let mut out = Vec::new();
+    if total == 0 {
+        return out;
+    }
+    let mut t = Duration::from_millis(rng.range(mix.gap_ms.0, mix.gap_ms.1));
+    while t < duration {
+        let mut pick = rng.range(0, total - 1);
+        let kind = mix
+            .weights
+            .iter()
+            .find(|(_, w)| {
+                let hit = pick < u64::from(*w);
+                pick = pick.saturating_sub(u64::from(*w));
+                hit
+            })
+            .map(|(k, _)| *k)
+            .expect("a weight covers every pick");
+        let (hold_ms, param) = match kind {
+            FaultKind::PgCut | FaultKind::KafkaCut | FaultKind::FerryKill => (0, 0),
+            FaultKind::PgDelay | FaultKind::KafkaDelay => {
+                (rng.range(1000, 4000), rng.range(20, 300))
+            }
+            FaultKind::PgThrottle | FaultKind::KafkaThrottle => {
+                (rng.range(1000, 4000), rng.range(20_000, 500_000))
+            }
+            _ => (rng.range(500, 6000), 0),
+        };
+        out.push(Planned {
+            at: t,
+            kind,
+            hold: Duration::from_millis(hold_ms),
+            param,
+        });
+        t += Duration::from_millis(hold_ms + rng.range(mix.gap_ms.0, mix.gap_ms.1));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_schedule_and_another_seed_another() {
+        let d = Duration::from_secs(600);
+        let a = schedule(42, d, &Mix::standard());
+        assert_eq!(a, schedule(42, d, &Mix::standard()));
+        assert_ne!(a, schedule(43, d, &Mix::standard()));
+        assert!(a.len() > 50, "{}", a.len());
+        assert!(
+            a.windows(2).all(|w| w[0].at + w[0].hold < w[1].at),
+            "faults overlap"
+        );
+        assert!(a.last().unwrap().at < d);
+        for k in FaultKind::ALL {
+            assert!(a.iter().any(|p| p.kind == k), "{k:?} never drawn");
+        }
+    }
+
+    #[test]
+    fn a_mix_of_one_kind_draws_only_that_kind() {
+        let mix = Mix {
+            weights: vec![(FaultKind::FerryKill, 1)],
+            gap_ms: (100, 100),
+        };
+        let s = schedule(7, Duration::from_secs(10), &mix);
+        assert_eq!(s.len(), 99);
+        assert!(s.iter().all(|p| p.kind == FaultKind::FerryKill));
+    }
+}
