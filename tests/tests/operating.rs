@@ -179,3 +179,41 @@ async fn records_compressed_with_zstd_are_delivered() {
     assert!(value.contains(&"abc".repeat(200)), "{value}");
     assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
 }
+
+/// SIGTERM while the first session is still setting up (here: a PostgreSQL that accepts the
+/// connection and never answers) stops Ferry at once and gracefully: exit 0, not death by the
+/// signal's default action (the handler used to be installed at the shutdown future's first
+/// poll, after the set-up), and not after the connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_start_up_stops_at_once_and_exits_zero() {
+    // Accepts (the kernel completes the handshake into the backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let mut w = World::new().await;
+    w.env.extend([
+        (
+            "FERRY_POSTGRES_URL".to_string(),
+            format!("postgres://ferry:secret@127.0.0.1:{port}/app?sslmode=disable"),
+        ),
+        ("FERRY_POSTGRES_CONNECT_TIMEOUT".into(), "600s".into()),
+    ]);
+    let mut ferry = w.start_ferry();
+    let log = ferry.log.clone();
+    wait_until("ferry says it is starting", Duration::from_secs(30), || {
+        let log = log.clone();
+        async move {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("starting")
+        }
+    })
+    .await;
+    ferry.send_signal(libc::SIGTERM);
+    // Far below the 600 s connect timeout: the stop did not wait for it.
+    let status = ferry.wait_exit(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(0), "{status}:\n{}", ferry.log_text());
+    let text = ferry.log_text();
+    assert!(text.contains("SIGTERM received"), "{text}");
+    assert!(text.contains("stopped before streaming began"), "{text}");
+    drop(silent);
+}

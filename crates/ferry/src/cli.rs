@@ -246,6 +246,7 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
 }
 
 async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
+    let shutdown = shutdown_signal();
     let config = load(&arg.config)?;
     if let Err(e) = telemetry::logging::init(config.log.format, &config.log.level) {
         errln!("ferry: log.level: {e}");
@@ -285,7 +286,7 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
         table = %format!("{}.{}", settings.slot.schema, settings.slot.table),
         "starting"
     );
-    let result = pipeline::run(settings, metrics, shutdown_signal()).await;
+    let result = pipeline::run(settings, metrics, shutdown).await;
     let _ = stop_tx.send(true);
     catch_up.abort();
     match result {
@@ -301,19 +302,27 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves on either.
+///
+/// Installed eagerly, not on the future's first poll: a SIGTERM that arrives while the pipeline
+/// is still starting (before it first polls its shutdown future) must stop Ferry gracefully, not
+/// kill it with the default action.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot install the SIGTERM handler");
-            std::future::pending::<()>().await;
-            return;
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let (mut term, mut int) = match (term, int) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "cannot install the SIGTERM/SIGINT handlers");
+                std::future::pending::<()>().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }

@@ -213,6 +213,13 @@ impl Ferry {
         }
     }
 
+    /// Sends `sig` (the process keeps running as it decides; see [`Ferry::wait_exit`]).
+    pub fn send_signal(&self, sig: libc::c_int) {
+        if let Some(c) = self.child.as_ref() {
+            signal(c, sig);
+        }
+    }
+
     /// SIGTERM, then waits for the exit status.
     pub async fn terminate(&mut self) -> ExitStatus {
         let mut c = self.child.take().expect("ferry is running");

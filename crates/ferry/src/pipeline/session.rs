@@ -205,24 +205,37 @@ impl<'a> Session<'a> {
         mut shutdown: Pin<&mut impl Future<Output = ()>>,
     ) -> Result<End, PipelineError> {
         let s = self.settings;
-        let sql = slot::connect_sql(&s.postgres).await?;
-        let sql = Arc::new(sql);
-        let start = self.verdict(&sql).await?;
-        let spec = SlotSpec {
-            create_slot: s.slot.create_slot && start.create_slot,
-            ..s.slot.clone()
+        // Nothing is produced before the stream starts, so a shutdown during the set-up (a
+        // server slow to answer, a progress topic read waiting on a transaction) ends it at
+        // once: there is nothing to drain or confirm.
+        let prepared = async {
+            let sql = slot::connect_sql(&s.postgres).await?;
+            let sql = Arc::new(sql);
+            let start = self.verdict(&sql).await?;
+            let spec = SlotSpec {
+                create_slot: s.slot.create_slot && start.create_slot,
+                ..s.slot.clone()
+            };
+            slot::ensure(&sql, &spec).await?;
+            // ensure() checked the publication covers the table; how it does is watched below.
+            let membership = slot::publication_membership(&sql, &s.slot).await?;
+            let mode = binary::decide(&sql, s).await?;
+            let mut options = s.stream.clone();
+            options.binary = mode == Mode::Binary;
+            match &mode {
+                Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
+                Mode::Text(why) => tracing::info!("values stream as text: {why}"),
+            }
+            let reader = ferry_wal::conn::start(&s.postgres, &sql, options).await?;
+            Ok::<_, PipelineError>((sql, start, membership, mode, reader))
         };
-        slot::ensure(&sql, &spec).await?;
-        // ensure() checked the publication covers the table; how it does is watched below.
-        let membership = slot::publication_membership(&sql, &s.slot).await?;
-        let mode = binary::decide(&sql, s).await?;
-        let mut options = s.stream.clone();
-        options.binary = mode == Mode::Binary;
-        match &mode {
-            Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
-            Mode::Text(why) => tracing::info!("values stream as text: {why}"),
-        }
-        let reader = ferry_wal::conn::start(&s.postgres, &sql, options).await?;
+        let (sql, start, membership, mode, reader) = tokio::select! {
+            r = prepared => r?,
+            _ = shutdown.as_mut() => {
+                tracing::info!("stopped before streaming began: nothing to drain");
+                return Ok(End::Shutdown);
+            }
+        };
         if reader.system.system_id != start.identity.system_id {
             let replication = reader.system.system_id;
             let _ = reader.shutdown().await;
@@ -259,6 +272,7 @@ impl<'a> Session<'a> {
                         topics,
                         reader.system,
                         &s.stream.slot,
+                        self.metrics.clone(),
                     )
                     .await?;
                     let remembered = txn
