@@ -43,6 +43,13 @@ use crate::producer::Producer;
 use crate::telemetry::{Component, Metrics};
 
 /// Runs sessions until `shutdown` resolves (Ok) or a permanent error (Err).
+///
+/// One supervision loop serves both delivery modes; only how a session gets its producer
+/// differs. At-least-once keeps one producer (and the core's in-flight table) across sessions
+/// until it fails fatally; exactly-once makes a transactional producer per session, once the
+/// slot is its own (a standby must never fence the instance streaming), and any transaction
+/// failure ends the session: the next one fences the old producer and starts over from what
+/// Kafka holds (see [`transactional`]).
 pub async fn run(
     settings: PipelineSettings,
     metrics: Arc<Metrics>,
@@ -50,11 +57,10 @@ pub async fn run(
 ) -> Result<(), PipelineError> {
     let settings = Arc::new(settings);
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut backoff = settings.reconnect_backoff_min;
     let mut producer: Option<(Producer, session::Core)> = None;
-    let mut standing_by = false;
     // `--accept-gap`: good until the fresh progress record after the accepted gap is written.
     let mut acceptance = settings.acceptance;
+    let mut supervisor = Supervisor::new(&settings, &metrics);
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -62,120 +68,113 @@ pub async fn run(
         metrics.clone(),
     )
     .map_err(PipelineError::ProducerConfig)?;
-    if settings.exactly_once.is_some() {
-        return run_exactly_once(&settings, &metrics, shutdown.as_mut(), &topic_watch).await;
-    }
     loop {
-        if producer
-            .as_ref()
-            .is_some_and(|(p, _)| p.fatal_error().is_some())
-        {
-            producer = None;
-        }
-        let (p, core) = match producer.take() {
-            Some(p) => p,
-            None => Producer::new(
-                &settings.producer_properties,
-                settings.report_capacity(),
+        let result = if settings.exactly_once.is_some() {
+            session::Session::exactly_once(
+                &settings,
+                &metrics,
                 topic_watch.topics(),
+                &mut acceptance,
             )
-            .map(|(p, rx)| (p, session::Core::new(rx, &settings)))
-            .map_err(PipelineError::ProducerConfig)?,
-        };
-        let outcome = session::Session::new(&settings, &metrics, &p, core, &mut acceptance)
             .run(shutdown.as_mut())
-            .await;
-        producer = Some((p, outcome.core));
-        match outcome.result {
-            Ok(session::End::Shutdown) => {
-                // Every report is in (the session drained), so this returns at once; it waits
-                // for anything librdkafka itself still has to send. Blocking: off the runtime.
-                if let Some((p, _)) = producer.take() {
-                    let _ =
-                        tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(5))).await;
-                }
-                return Ok(());
+            .await
+            .result
+        } else {
+            if producer
+                .as_ref()
+                .is_some_and(|(p, _)| p.fatal_error().is_some())
+            {
+                producer = None;
             }
-            Ok(session::End::Streamed) => backoff = settings.reconnect_backoff_min,
-            Err(e) if e.is_standby() => {
-                if !standing_by {
-                    tracing::info!(slot = %settings.stream.slot, "{e}; standing by");
-                }
-                standing_by = true;
-                metrics.standby.set_flag(true);
-                if sleep_or_shutdown(settings.standby_poll_interval, shutdown.as_mut()).await {
-                    return Ok(());
-                }
-                continue;
+            let (p, core) = match producer.take() {
+                Some(p) => p,
+                None => Producer::new(
+                    &settings.producer_properties,
+                    settings.report_capacity(),
+                    topic_watch.topics(),
+                )
+                .map(|(p, rx)| (p, session::Core::new(rx, &settings)))
+                .map_err(PipelineError::ProducerConfig)?,
+            };
+            let outcome = session::Session::new(&settings, &metrics, &p, core, &mut acceptance)
+                .run(shutdown.as_mut())
+                .await;
+            producer = Some((p, outcome.core));
+            outcome.result
+        };
+        if matches!(result, Ok(session::End::Shutdown)) {
+            // Every report is in (the session drained), so this returns at once; it waits for
+            // anything librdkafka itself still has to send. Blocking: off the runtime.
+            if let Some((p, _)) = producer.take() {
+                let _ = tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(5))).await;
             }
-            Err(e) if e.is_transient() => {
-                metrics.reconnects.inc(e.component());
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "session ended; reconnecting");
-                if sleep_or_shutdown(backoff, shutdown.as_mut()).await {
-                    return Ok(());
-                }
-                backoff = (backoff * 2).min(settings.reconnect_backoff_max);
-            }
-            Err(e) => return Err(e),
+            return Ok(());
         }
-        if standing_by {
-            tracing::info!(slot = %settings.stream.slot, "slot is free; taking over");
-            standing_by = false;
-            metrics.standby.set_flag(false);
+        if !supervisor.after(result, shutdown.as_mut()).await? {
+            return Ok(());
         }
     }
 }
 
-/// [`run`] in exactly-once mode: every session makes its own transactional producer once the
-/// slot is its own (a standby must never fence the instance streaming), and any transaction
-/// failure ends the session: the next one fences the old producer and starts over from what
-/// Kafka holds (see [`transactional`]).
-async fn run_exactly_once(
-    settings: &Arc<PipelineSettings>,
-    metrics: &Arc<Metrics>,
-    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
-    topic_watch: &crate::topics::TopicWatch,
-) -> Result<(), PipelineError> {
-    let mut backoff = settings.reconnect_backoff_min;
-    let mut standing_by = false;
-    let mut acceptance = settings.acceptance;
-    loop {
-        let session = session::Session::exactly_once(
+/// What happens between sessions: the backoff after a transient error, the polling of a hot
+/// standby, and the log lines and metrics that say which.
+struct Supervisor<'a> {
+    settings: &'a PipelineSettings,
+    metrics: &'a Metrics,
+    backoff: Duration,
+    standing_by: bool,
+}
+
+impl<'a> Supervisor<'a> {
+    fn new(settings: &'a PipelineSettings, metrics: &'a Metrics) -> Self {
+        Supervisor {
             settings,
             metrics,
-            topic_watch.topics(),
-            &mut acceptance,
-        );
-        let outcome = session.run(shutdown.as_mut()).await;
-        match outcome.result {
-            Ok(session::End::Shutdown) => return Ok(()),
-            Ok(session::End::Streamed) => backoff = settings.reconnect_backoff_min,
+            backoff: settings.reconnect_backoff_min,
+            standing_by: false,
+        }
+    }
+
+    /// Waits as a session's end asks; Ok(true) to start the next session, Ok(false) when
+    /// `shutdown` resolved meanwhile, Err for a permanent error.
+    async fn after(
+        &mut self,
+        result: Result<session::End, PipelineError>,
+        shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<bool, PipelineError> {
+        let s = self.settings;
+        match result {
+            Ok(session::End::Shutdown) => return Ok(false),
+            Ok(session::End::Streamed) => self.backoff = s.reconnect_backoff_min,
             Err(e) if e.is_standby() => {
-                if !standing_by {
-                    tracing::info!(slot = %settings.stream.slot, "{e}; standing by");
+                if !self.standing_by {
+                    tracing::info!(slot = %s.stream.slot, "{e}; standing by");
                 }
-                standing_by = true;
-                metrics.standby.set_flag(true);
-                if sleep_or_shutdown(settings.standby_poll_interval, shutdown.as_mut()).await {
-                    return Ok(());
-                }
-                continue;
+                self.standing_by = true;
+                self.metrics.standby.set_flag(true);
+                return Ok(!sleep_or_shutdown(s.standby_poll_interval, shutdown).await);
             }
             Err(e) if e.is_transient() => {
-                metrics.reconnects.inc(e.component());
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "session ended; starting over from the progress topic");
-                if sleep_or_shutdown(backoff, shutdown.as_mut()).await {
-                    return Ok(());
+                self.metrics.reconnects.inc(e.component());
+                let next = if s.exactly_once.is_some() {
+                    "starting over from the progress topic"
+                } else {
+                    "reconnecting"
+                };
+                tracing::warn!(error = %e, retry_in_ms = self.backoff.as_millis() as u64, "session ended; {next}");
+                if sleep_or_shutdown(self.backoff, shutdown).await {
+                    return Ok(false);
                 }
-                backoff = (backoff * 2).min(settings.reconnect_backoff_max);
+                self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
             }
             Err(e) => return Err(e),
         }
-        if standing_by {
-            tracing::info!(slot = %settings.stream.slot, "slot is free; taking over");
-            standing_by = false;
-            metrics.standby.set_flag(false);
+        if self.standing_by {
+            tracing::info!(slot = %s.stream.slot, "slot is free; taking over");
+            self.standing_by = false;
+            self.metrics.standby.set_flag(false);
         }
+        Ok(true)
     }
 }
 
