@@ -245,13 +245,37 @@ async fn aborted_transactions_are_invisible_to_read_committed_only() {
         "read_committed saw {} records of a transaction never committed",
         committed.len()
     );
-    let _second = w.start_ferry();
+    let second = w.start_ferry();
     wait_until("every row committed", Duration::from_secs(120), || {
         let (b, t) = (brokers.clone(), topic.clone());
         async move { read(&b, &t, "read_committed").await.len() >= total }
     })
     .await;
     assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+    // The transaction metrics: the commit that carried the rows is counted and timed; nothing
+    // of this instance was aborted (the killed one's transaction was aborted by the fencing).
+    // One scrape, so the two samples are of one moment (up to the one commit in between the
+    // counter and the histogram).
+    let (_, body) = second.http_get("/metrics").await.expect("/metrics");
+    let sample = |name: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{body}"))
+    };
+    let committed = sample("ferry_kafka_transactions_committed_total");
+    let timed = sample("ferry_kafka_transaction_commit_seconds_count");
+    assert!(committed >= 1.0, "no commit counted: {committed}");
+    assert!(
+        (timed - committed).abs() <= 1.0,
+        "every commit is timed: {committed} committed, {timed} timed"
+    );
+    assert_eq!(
+        second
+            .metric("ferry_kafka_transactions_aborted_total")
+            .await,
+        Some(0.0)
+    );
     let all = read(&w.brokers, &topic, "read_uncommitted").await;
     assert!(
         all.len() >= 2 * total,

@@ -52,6 +52,7 @@ use rdkafka::error::KafkaError;
 use super::settings::ExactlyOnce;
 use super::PipelineError;
 use crate::producer::{transaction_error, Delivery, Producer, SendError, TransactionFailure};
+use crate::telemetry::Metrics;
 use crate::topics::Topics;
 
 /// The delivery-report key of the progress record (no core token is ever this large).
@@ -79,6 +80,7 @@ pub(super) struct Txn {
     poisoned: Option<KafkaError>,
     /// The newest committed position.
     committed: Option<Position>,
+    metrics: std::sync::Arc<Metrics>,
 }
 
 impl Txn {
@@ -90,6 +92,7 @@ impl Txn {
         topics: Topics,
         system: SystemIdentity,
         slot: &str,
+        metrics: std::sync::Arc<Metrics>,
     ) -> Result<(Txn, tokio::sync::mpsc::Receiver<Delivery>), PipelineError> {
         let transactional_id = crate::config::transactional_id(system.system_id, slot);
         let mut props = properties.to_vec();
@@ -129,6 +132,7 @@ impl Txn {
                 since: None,
                 poisoned: None,
                 committed: None,
+                metrics,
             },
             rx,
         ))
@@ -296,6 +300,10 @@ impl Txn {
             .await
         {
             Ok(()) => {
+                self.metrics.kafka_transactions_committed.inc();
+                self.metrics
+                    .kafka_transaction_commit
+                    .observe(started.elapsed().as_secs_f64());
                 if carrying {
                     failpoint("committed");
                 }
@@ -338,6 +346,7 @@ impl Txn {
     ) -> Result<(), PipelineError> {
         tracing::warn!(error = %why, records = self.held.len(), "aborting the Kafka transaction");
         let aborted = if self.open {
+            self.metrics.kafka_transactions_aborted.inc();
             self.producer
                 .abort_transaction(self.settings.call_timeout)
                 .await

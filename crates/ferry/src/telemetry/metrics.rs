@@ -37,6 +37,9 @@
 //! | `ferry_progress_lsn` | gauge | | LSN of the newest progress record Kafka acknowledged (the slot is never confirmed past it), as a number. |
 //! | `ferry_progress_write_errors_total` | counter | | Progress records Kafka failed (confirming waits until one succeeds). |
 //! | `ferry_progress_failing` | gauge | | 1 while the newest progress record failed and none succeeded since (the slot is not confirmed; WAL is retained). |
+//! | `ferry_kafka_transactions_committed_total` | counter | | Exactly-once mode: Kafka transactions committed (each carries a progress record). |
+//! | `ferry_kafka_transactions_aborted_total` | counter | | Exactly-once mode: Kafka transactions aborted (a record failed; the session starts over from what Kafka holds). |
+//! | `ferry_kafka_transaction_commit_seconds` | histogram | | Exactly-once mode: time from asking the commit to its acknowledgement, per committed transaction. |
 //!
 //! [`Metrics::render`] adds the standard `process_*` families (resident and virtual memory, CPU
 //! seconds, open and maximum file descriptors, start time), read from `/proc` at scrape time; their
@@ -85,6 +88,9 @@ pub const LOG_WRITE_ERRORS_TOTAL: &str = "ferry_log_write_errors_total";
 pub const PROGRESS_LSN: &str = "ferry_progress_lsn";
 pub const PROGRESS_WRITE_ERRORS_TOTAL: &str = "ferry_progress_write_errors_total";
 pub const PROGRESS_FAILING: &str = "ferry_progress_failing";
+pub const KAFKA_TRANSACTIONS_COMMITTED_TOTAL: &str = "ferry_kafka_transactions_committed_total";
+pub const KAFKA_TRANSACTIONS_ABORTED_TOTAL: &str = "ferry_kafka_transactions_aborted_total";
+pub const KAFKA_TRANSACTION_COMMIT_SECONDS: &str = "ferry_kafka_transaction_commit_seconds";
 
 /// Whether a metric is a counter, gauge or histogram (its `# TYPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +124,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 27] = {
+pub const SPEC: [MetricSpec; 30] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -148,10 +154,14 @@ pub const SPEC: [MetricSpec; 27] = {
         spec(PROGRESS_LSN, G, "LSN of the newest progress record Kafka acknowledged."),
         spec(PROGRESS_WRITE_ERRORS_TOTAL, C, "Progress records Kafka failed."),
         spec(PROGRESS_FAILING, G, "1 while progress records fail (the slot is not confirmed)."),
+        spec(KAFKA_TRANSACTIONS_COMMITTED_TOTAL, C, "Exactly-once mode: Kafka transactions committed."),
+        spec(KAFKA_TRANSACTIONS_ABORTED_TOTAL, C, "Exactly-once mode: Kafka transactions aborted."),
+        spec(KAFKA_TRANSACTION_COMMIT_SECONDS, H, "Exactly-once mode: seconds from asking a Kafka transaction's commit to its acknowledgement."),
     ]
 };
 
-/// Upper bounds (inclusive, seconds) of the replication lag histogram; `+Inf` is implicit.
+/// Upper bounds (inclusive, seconds) of the replication lag histogram (and of the transaction
+/// commit histogram); `+Inf` is implicit.
 pub const REPLICATION_LAG_BUCKETS: [f64; 15] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
@@ -467,6 +477,9 @@ pub struct Metrics {
     pub progress_lsn: StampedGauge,
     pub progress_write_errors: Counter,
     pub progress_failing: Gauge,
+    pub kafka_transactions_committed: Counter,
+    pub kafka_transactions_aborted: Counter,
+    pub kafka_transaction_commit: Histogram,
 }
 
 /// A topic the brokers do not have, and how many records wait for it.
@@ -525,6 +538,9 @@ impl Metrics {
             progress_lsn: StampedGauge::new(),
             progress_write_errors: Counter::default(),
             progress_failing: Gauge::default(),
+            kafka_transactions_committed: Counter::default(),
+            kafka_transactions_aborted: Counter::default(),
+            kafka_transaction_commit: Histogram::new(&REPLICATION_LAG_BUCKETS),
         })
     }
 
@@ -559,7 +575,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 27] {
+    fn samples(&self) -> [Sample<'_>; 30] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -588,6 +604,9 @@ impl Metrics {
             Sample::Int(self.progress_lsn.get()),
             Sample::Int(self.progress_write_errors.get()),
             Sample::Int(self.progress_failing.get()),
+            Sample::Int(self.kafka_transactions_committed.get()),
+            Sample::Int(self.kafka_transactions_aborted.get()),
+            Sample::Histogram(&self.kafka_transaction_commit),
         ]
     }
 }

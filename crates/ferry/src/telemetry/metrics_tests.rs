@@ -117,6 +117,32 @@ ferry_progress_write_errors_total 0
 # HELP ferry_progress_failing 1 while progress records fail (the slot is not confirmed).
 # TYPE ferry_progress_failing gauge
 ferry_progress_failing 0
+# HELP ferry_kafka_transactions_committed_total Exactly-once mode: Kafka transactions committed.
+# TYPE ferry_kafka_transactions_committed_total counter
+ferry_kafka_transactions_committed_total 2
+# HELP ferry_kafka_transactions_aborted_total Exactly-once mode: Kafka transactions aborted.
+# TYPE ferry_kafka_transactions_aborted_total counter
+ferry_kafka_transactions_aborted_total 1
+# HELP ferry_kafka_transaction_commit_seconds Exactly-once mode: seconds from asking a Kafka transaction's commit to its acknowledgement.
+# TYPE ferry_kafka_transaction_commit_seconds histogram
+ferry_kafka_transaction_commit_seconds_bucket{le="0.001"} 0
+ferry_kafka_transaction_commit_seconds_bucket{le="0.0025"} 0
+ferry_kafka_transaction_commit_seconds_bucket{le="0.005"} 0
+ferry_kafka_transaction_commit_seconds_bucket{le="0.01"} 0
+ferry_kafka_transaction_commit_seconds_bucket{le="0.025"} 0
+ferry_kafka_transaction_commit_seconds_bucket{le="0.05"} 0
+ferry_kafka_transaction_commit_seconds_bucket{le="0.1"} 1
+ferry_kafka_transaction_commit_seconds_bucket{le="0.25"} 1
+ferry_kafka_transaction_commit_seconds_bucket{le="0.5"} 1
+ferry_kafka_transaction_commit_seconds_bucket{le="1"} 1
+ferry_kafka_transaction_commit_seconds_bucket{le="2.5"} 2
+ferry_kafka_transaction_commit_seconds_bucket{le="5"} 2
+ferry_kafka_transaction_commit_seconds_bucket{le="10"} 2
+ferry_kafka_transaction_commit_seconds_bucket{le="30"} 2
+ferry_kafka_transaction_commit_seconds_bucket{le="60"} 2
+ferry_kafka_transaction_commit_seconds_bucket{le="+Inf"} 2
+ferry_kafka_transaction_commit_seconds_sum 2.0625
+ferry_kafka_transaction_commit_seconds_count 2
 "#;
 
 #[test]
@@ -148,6 +174,12 @@ fn renders_the_exposition_format_exactly() {
             topic: "orders".into(),
             records_waiting: 4,
         }]);
+
+    m.kafka_transactions_committed.add(2);
+    m.kafka_transactions_aborted.inc();
+    // Binary-exact values, so the sum prints exactly.
+    m.kafka_transaction_commit.observe(0.0625);
+    m.kafka_transaction_commit.observe(2.0);
 
     let mut out = String::new();
     m.render_registry(&mut out);
