@@ -46,6 +46,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
 
+use crate::telemetry::repeats::{self, Repeats};
 use crate::topics::Topics;
 
 /// One delivery report: the key given to [`Producer::send`] and the outcome.
@@ -67,6 +68,8 @@ struct Context {
     fatal: Arc<Mutex<Option<String>>>,
     /// The topic watch (see `topics`): told the topic of every record and every report.
     topics: Topics,
+    /// Client errors repeat for as long as their cause lasts; see `telemetry::repeats`.
+    repeats: Repeats,
 }
 
 impl ClientContext for Context {
@@ -91,8 +94,15 @@ impl ClientContext for Context {
         if fatal {
             tracing::error!(error = %error, "Kafka producer fatal error: {reason}");
             *self.fatal.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
-        } else {
-            tracing::warn!(error = %error, "Kafka client error: {reason}");
+        } else if let Some(repeated) = self
+            .repeats
+            .admit(&repeats::kind_of(reason), std::time::Instant::now())
+        {
+            if repeated == 0 {
+                tracing::warn!(error = %error, "Kafka client error: {reason}");
+            } else {
+                tracing::warn!(error = %error, repeated, "Kafka client error: {reason}");
+            }
         }
     }
 }
@@ -166,6 +176,7 @@ impl Producer {
             reports: tx,
             fatal: fatal.clone(),
             topics: topics.clone(),
+            repeats: Repeats::default(),
         })?);
         warm_up(Arc::downgrade(&inner));
         Ok((

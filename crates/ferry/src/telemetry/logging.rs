@@ -37,6 +37,7 @@
 //! | `attempt` | A retry or reconnect attempt, from 1. |
 //! | `component` | `postgres` or `kafka`, as in the `ferry_reconnects_total` label. |
 //! | `error` | An error, logged with `%` (its `Display`, which includes the fix for permanent errors). |
+//! | `repeated` | How many events of the same kind were left out since the last line of that kind (see `telemetry::repeats`). |
 //!
 //! Never logged: record payloads, keys and header values (they are the application's data, often
 //! personal), and secrets (passwords, connection strings with credentials, TLS keys; configuration

@@ -10,6 +10,8 @@
 //!   from the registry by its own task.
 //! - [`logging`]: [`logging::init`] installs text or JSON logging to stderr, and documents the log
 //!   field names used across Ferry.
+//! - [`repeats`]: a log event that repeats (librdkafka's client errors while the brokers are
+//!   away) is logged once, then summarised with a count at most every 30 s.
 //!
 //! The pipeline owns an `Arc<Metrics>` and updates it as it goes; the HTTP server only reads it.
 
@@ -19,6 +21,7 @@ pub mod logging;
 pub mod metrics;
 pub mod process;
 pub mod readiness;
+pub mod repeats;
 
 pub use http::{serve, HttpState, Limits};
 pub use logging::LogFormat;
