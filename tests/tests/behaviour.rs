@@ -382,18 +382,10 @@ async fn sigterm_drains_in_flight_records_confirms_and_exits_zero() {
     assert!(w.confirmed_lsn().await.unwrap() < target);
 
     // SIGTERM now; once Ferry says it is draining, bring the broker back.
-    let log = ferry.log.clone();
+    let draining = ferry.wait_log("draining in-flight records", Duration::from_secs(30));
     let b = broker.clone();
     let restore = async move {
-        wait_until("ferry starts draining", Duration::from_secs(30), || {
-            let log = log.clone();
-            async move {
-                std::fs::read_to_string(&log)
-                    .unwrap_or_default()
-                    .contains("draining in-flight records")
-            }
-        })
-        .await;
+        draining.await;
         tokio::task::spawn_blocking(move || b.start_again())
             .await
             .unwrap();

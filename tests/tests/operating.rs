@@ -198,16 +198,7 @@ async fn sigterm_during_start_up_stops_at_once_and_exits_zero() {
         ("FERRY_POSTGRES_CONNECT_TIMEOUT".into(), "600s".into()),
     ]);
     let mut ferry = w.start_ferry();
-    let log = ferry.log.clone();
-    wait_until("ferry says it is starting", Duration::from_secs(30), || {
-        let log = log.clone();
-        async move {
-            std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .contains("starting")
-        }
-    })
-    .await;
+    ferry.wait_log("starting", Duration::from_secs(30)).await;
     ferry.send_signal(libc::SIGTERM);
     // Far below the 600 s connect timeout: the stop did not wait for it.
     let status = ferry.wait_exit(Duration::from_secs(60)).await;

@@ -260,6 +260,27 @@ impl Ferry {
         }
     }
 
+    /// Waits (up to `deadline`) until the log holds `text`. An owned copy of the log's path is
+    /// waited on, so the process stays free for a concurrent `terminate`.
+    pub fn wait_log(
+        &self,
+        text: &'static str,
+        deadline: Duration,
+    ) -> impl std::future::Future<Output = ()> + use<> {
+        let log = self.log.clone();
+        async move {
+            wait_until(&format!("ferry logs {text:?}"), deadline, || {
+                let log = log.clone();
+                async move {
+                    std::fs::read_to_string(&log)
+                        .unwrap_or_default()
+                        .contains(text)
+                }
+            })
+            .await
+        }
+    }
+
     /// What the process logged.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
