@@ -90,7 +90,7 @@ pub fn read_back(
 }
 
 /// The verdict.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Verdict {
     pub rows_committed: u64,
     pub rows_rolled_back: u64,

@@ -45,6 +45,9 @@ usage: ferry-bench chaos [flags]
   --big-txn         also commit one 1,000,000-row transaction a third of the way in
   --kill-every S    weigh kill -9 so that one comes about every S seconds (default: the
                     standard mix, about one fault in three a kill)
+  --broker-sigkill  the broker fault kills the broker with SIGKILL (default: SIGTERM, a clean
+                    stop): noida-db, the local test broker, loses records it acknowledged when
+                    killed, which would be counted as lost although Ferry never saw them fail
   --exactly-once    run Ferry with FERRY_KAFKA_EXACTLY_ONCE=true, read with
                     isolation.level=read_committed, and require 0 duplicates
   -h, --help        this text
@@ -60,6 +63,7 @@ struct ChaosArgs {
     big_txn: bool,
     kill_every: Option<f64>,
     exactly_once: bool,
+    broker_sigkill: bool,
     command: String,
 }
 
@@ -85,6 +89,7 @@ impl ChaosArgs {
             big_txn: false,
             kill_every: None,
             exactly_once: false,
+            broker_sigkill: false,
             command: format!("ferry-bench chaos {}", args.join(" ")),
         };
         let mut it = args.iter();
@@ -98,6 +103,7 @@ impl ChaosArgs {
                 "--big-txn" => a.big_txn = true,
                 "--kill-every" => a.kill_every = Some(value()?.parse()?),
                 "--exactly-once" => a.exactly_once = true,
+                "--broker-sigkill" => a.broker_sigkill = true,
                 other => return Err(format!("unknown flag {other:?} (see --help)").into()),
             }
         }
@@ -125,6 +131,18 @@ impl ChaosArgs {
         }
         mix
     }
+}
+
+/// Whether a run passes: the confirmed LSN got past the last commit, nothing was lost, phantom
+/// or out of order, Ferry never stopped on its own (a permanent error under these faults is a
+/// finding), and in exactly-once mode nothing was duplicated.
+fn passes(caught_up: bool, v: &check::Verdict, exits: usize, exactly_once: bool) -> bool {
+    caught_up
+        && v.lost == 0
+        && v.phantom == 0
+        && v.order_violations == 0
+        && exits == 0
+        && !(exactly_once && v.duplicates > 0)
 }
 
 /// Entry point of `ferry-bench chaos`; returns the exit code.
@@ -321,6 +339,7 @@ async fn run(args: ChaosArgs) -> Res<bool> {
         pg_proxy: pg_proxy.clone(),
         kafka_proxy: kafka_proxy.clone(),
         ferry: ferry.clone(),
+        broker_sigkill: args.broker_sigkill,
     };
     let mut healed: Vec<(FaultKind, Instant, u64)> = Vec::new();
     for p in &schedule {
@@ -391,11 +410,7 @@ async fn run(args: ChaosArgs) -> Res<bool> {
     for p in &schedule {
         *counts.entry(p.kind).or_default() += 1;
     }
-    let ok = caught_up
-        && verdict.lost == 0
-        && verdict.phantom == 0
-        && verdict.order_violations == 0
-        && !(args.exactly_once && verdict.duplicates > 0);
+    let ok = passes(caught_up, &verdict, seen.exits.len(), args.exactly_once);
     let report = Report {
         args: &args,
         counts: &counts,
@@ -447,6 +462,7 @@ struct World {
     pg_proxy: Arc<Proxy>,
     kafka_proxy: Arc<Proxy>,
     ferry: Arc<Mutex<Ferry>>,
+    broker_sigkill: bool,
 }
 
 impl World {
@@ -502,7 +518,9 @@ impl World {
             }
             FaultKind::BrokerKill => {
                 let b = self.broker.clone();
-                tokio::task::spawn_blocking(move || b.kill()).await?;
+                let sigkill = self.broker_sigkill;
+                tokio::task::spawn_blocking(move || if sigkill { b.kill() } else { b.stop() })
+                    .await?;
                 tokio::time::sleep(p.hold).await;
                 let b = self.broker.clone();
                 tokio::task::spawn_blocking(move || b.start_again()).await?;
@@ -654,4 +672,49 @@ impl Report<'_> {
 
 fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_fails_on_anything_lost_phantom_reordered_stalled_or_exited() {
+        let clean = check::Verdict {
+            rows_committed: 10,
+            delivered: 12,
+            duplicates: 2,
+            ..check::Verdict::default()
+        };
+        assert!(passes(true, &clean, 0, false));
+        // Duplicates are allowed at least once, never exactly once.
+        assert!(!passes(true, &clean, 0, true));
+        assert!(passes(
+            true,
+            &check::Verdict {
+                duplicates: 0,
+                ..clean.clone()
+            },
+            0,
+            true
+        ));
+        assert!(!passes(false, &clean, 0, false), "never caught up");
+        assert!(!passes(true, &clean, 1, false), "ferry stopped on its own");
+        for bad in [
+            check::Verdict {
+                lost: 1,
+                ..clean.clone()
+            },
+            check::Verdict {
+                phantom: 1,
+                ..clean.clone()
+            },
+            check::Verdict {
+                order_violations: 1,
+                ..clean.clone()
+            },
+        ] {
+            assert!(!passes(true, &bad, 0, false), "{bad:?}");
+        }
+    }
 }

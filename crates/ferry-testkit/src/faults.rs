@@ -59,7 +59,8 @@ pub enum FaultKind {
     PgStopFast,
     /// PostgreSQL stopped with an immediate shutdown (a crash), then started again.
     PgStopImmediate,
-    /// The broker killed (SIGKILL), then started again with its data.
+    /// The broker stopped (SIGTERM, or SIGKILL where the run asks), then started again with
+    /// its data.
     BrokerKill,
 }
 
@@ -94,7 +95,7 @@ impl FaultKind {
             FaultKind::FerryPause => "ferry SIGSTOP/SIGCONT",
             FaultKind::PgStopFast => "postgres stop fast",
             FaultKind::PgStopImmediate => "postgres stop immediate",
-            FaultKind::BrokerKill => "broker kill -9 + restart",
+            FaultKind::BrokerKill => "broker stop/kill + restart",
         }
     }
 }
