@@ -1,15 +1,20 @@
 //! Kafka Connect's own options: the converters and `errors.*`.
 //!
-//! What a consumer sees: Ferry sends the payload column as stored and the key as the aggregate
-//! id's text, with no schema envelope and no schema registry framing. Kafka Connect passed the
-//! same data through its converters: `JsonConverter` with `schemas.enable=true` (its default)
-//! wrapped each key and value in `{"schema": ..., "payload": ...}`; with `false` it still wrote a
-//! string as a quoted JSON string. The notes say what changes for consumers, including the key's
-//! partition, which follows the key's bytes.
+//! What a consumer sees: Kafka Connect passed the key and value through its converters, and
+//! `route.key_format` / `route.value_format` write the same bytes: `StringConverter` and
+//! `ByteArrayConverter` are `as_stored`, `JsonConverter` is `json` (`schemas.enable=false`: a
+//! string as a quoted JSON string) or `json_with_schema` (its default: `{"schema": ...,
+//! "payload": ...}`). The converters are usually the worker's, not the connector's: the CLI's
+//! `--worker` file fills them in ([`crate::Options::worker`]). Where no format reproduces the
+//! converter (a schema registry, a schema derived from an expanded payload) a note says what
+//! changes for consumers, including the key's partition, which follows the key's bytes.
 //!
 //! `errors.tolerance = all` becomes `route.on_error = "skip"`; a dead letter queue topic does
 //! not become `dead_letter`, because Kafka Connect uses one for sink connectors only (its
 //! `SinkConnectorConfig`), so the connector never sent anything there.
+
+use ferry_router::config::{DEFAULT_KEY_SCHEMA_OPTIONAL, DEFAULT_VALUE_SCHEMA_OPTIONAL};
+use ferry_router::RecordFormat;
 
 use super::outbox::{parse_bool, Facts};
 use super::render::{Doc, Value, ROUTE};
@@ -31,23 +36,28 @@ pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, facts: &Facts) {
     errors(src, doc);
 }
 
-/// `key.converter` / `value.converter` and their settings.
+/// `key.converter` / `value.converter` and their settings: the `route.key_format` /
+/// `route.value_format` that writes the bytes the converter wrote (see `ferry_router::format`).
 fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
     let key = format!("{side}.converter");
     let schemas_key = format!("{key}.schemas.enable");
+    let format_key = format!("{side}_format");
     let Some(class) = src.peek(&key).map(str::to_owned) else {
-        if side == "value" {
-            doc.intro(
-                ROUTE,
-                "The converters are the Kafka Connect worker's (not in this connector config). \
-                 Ferry sends the key as the aggregate id's text and the value as the payload as \
-                 stored, with no schema envelope: the worker default, JsonConverter with \
-                 schemas.enable=true, wrapped both in {\"schema\": ..., \"payload\": ...}.",
-            );
-        }
+        src.note_value(
+            &key,
+            "(unset)",
+            format!(
+                "the Kafka Connect worker's converter decided the {side}'s bytes, and it is not in \
+                 this connector config: rerun with --worker <connect-distributed.properties>, or \
+                 set route.{format_key} by hand (\"json_with_schema\" for JsonConverter with its \
+                 default schemas.enable=true, \"json\" with schemas.enable=false, \"as_stored\" \
+                 for StringConverter or ByteArrayConverter)"
+            ),
+        );
         return;
     };
     let schemas = src.peek(&schemas_key).and_then(parse_bool).unwrap_or(true);
+    let short = class.rsplit('.').next().unwrap_or(&class).to_owned();
     let what = if side == "key" {
         "the aggregate id's text"
     } else if facts.envelope {
@@ -61,51 +71,85 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
     } else {
         ""
     };
-    let reason = if class.ends_with("StringConverter")
-        || (class.ends_with("ByteArrayConverter") && side == "value")
-        || (class.ends_with("JsonConverter") && !schemas && side == "value" && facts.expand_json)
-    {
-        None
-    } else if class.ends_with("JsonConverter") && schemas {
-        Some(format!(
-            "Debezium wrote {{\"schema\": ..., \"payload\": ...}}; Ferry sends {what} with no schema \
-             envelope, so consumers that read the payload field must read the {side} itself.{partition}"
-        ))
-    } else if class.ends_with("JsonConverter") {
-        Some(format!(
-            "with schemas.enable=false Debezium still wrote a string as a quoted JSON string \
-             (\"\\\"42\\\"\"); Ferry sends {what} unquoted, so consumers that JSON-decode the {side} \
-             must read it as is.{partition}"
-        ))
-    } else if class.contains("CloudEvents") {
-        Some(format!(
-            "Ferry does not produce CloudEvents: it sends {what}.{partition}"
-        ))
-    } else if ["Avro", "Protobuf", "JsonSchema", "confluent", "apicurio"]
-        .iter()
-        .any(|s| class.contains(s))
-    {
-        Some(format!(
-            "Ferry uses no schema registry: it sends {what} without registry framing, so \
-             consumers must switch to plain deserializers.{partition}"
-        ))
-    } else {
-        Some(format!("Ferry sends {what}.{partition}"))
-    };
-    match reason {
-        None => {
+    let is_json = class.ends_with("JsonConverter") && !class.contains("Schema");
+    let expand = side == "value" && facts.expand_json;
+    // The format that reproduces the converter's bytes, or why none does.
+    let outcome: Result<(RecordFormat, Option<String>), String> =
+        if class.ends_with("StringConverter") || class.ends_with("ByteArrayConverter") {
+            Ok((RecordFormat::AsStored, None))
+        } else if is_json && !schemas && expand {
+            Ok((
+                RecordFormat::AsStored,
+                Some(
+                    "With table.expand.json.payload the connector parsed the payload and Jackson \
+                     wrote it again without spaces ({\"a\":1}); Ferry sends it as PostgreSQL \
+                     prints it ({\"a\": 1} for jsonb): the same JSON, not the same bytes."
+                        .to_owned(),
+                ),
+            ))
+        } else if is_json && !schemas {
+            Ok((RecordFormat::Json, None))
+        } else if is_json && expand {
+            Err(format!(
+                "with table.expand.json.payload and schemas.enable=true the connector derived a \
+                 struct schema from each payload; Ferry has no such format: it sends {what}, so \
+                 consumers that read the payload field must read the value itself"
+            ))
+        } else if is_json && side == "value" && facts.envelope {
+            Err(
+                "with envelope fields and schemas.enable=true the connector named the struct \
+                 schema after its topic.prefix and each aggregate type, which Ferry does not \
+                 write; route.value_format = \"json\" gives the same object without the schema \
+                 envelope"
+                    .to_owned(),
+            )
+        } else if is_json {
+            Ok((
+                RecordFormat::JsonWithSchema,
+                Some(format!(
+                    "The schema's \"optional\" is the column's nullability: \
+                     route.{side}_schema_optional = {} assumes {}; set it to match your table.",
+                    if side == "key" {
+                        DEFAULT_KEY_SCHEMA_OPTIONAL
+                    } else {
+                        DEFAULT_VALUE_SCHEMA_OPTIONAL
+                    },
+                    if side == "key" {
+                        "an aggregate id column that is NOT NULL"
+                    } else {
+                        "a nullable payload column (payload jsonb)"
+                    }
+                )),
+            ))
+        } else if class.contains("CloudEvents") {
+            Err(format!(
+                "Ferry's CloudEvents output is route.cloudevents (binary or structured mode, per \
+                 the CloudEvents Kafka binding); it sends {what} unless you set it.{partition}"
+            ))
+        } else if ["Avro", "Protobuf", "JsonSchema", "confluent", "apicurio"]
+            .iter()
+            .any(|s| class.contains(s))
+        {
+            Err(format!(
+                "Ferry uses no schema registry: it sends {what} without registry framing, so \
+                 consumers must switch to plain deserializers.{partition}"
+            ))
+        } else {
+            Err(format!("Ferry sends {what}.{partition}"))
+        };
+    match outcome {
+        Ok((format, caveat)) => {
             src.take(&key);
-            let schemas_note = match src.take(&schemas_key) {
-                Some(v) => format!(" with {schemas_key} = {v}"),
-                None => String::new(),
+            let from = match src.take(&schemas_key) {
+                Some(v) => format!("{key} = {short}, {schemas_key} = {v}"),
+                None => format!("{key} = {short}"),
             };
-            let class = class.rsplit('.').next().unwrap_or(&class);
-            doc.intro(
-                ROUTE,
-                format!("{key} = {class}{schemas_note}: Ferry sends the same {side}, {what}."),
-            );
+            doc.set(ROUTE, &format_key, Value::str(format.as_str()), Some(&from));
+            if let Some(c) = caveat {
+                doc.caveat(ROUTE, &format_key, c);
+            }
         }
-        Some(r) => {
+        Err(r) => {
             src.note(&key, r.trim_end_matches('.').to_owned());
             src.note(&schemas_key, format!("belongs to {key} (see there)"));
         }

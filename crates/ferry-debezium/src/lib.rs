@@ -35,9 +35,11 @@
 //!   names in `[kafka.properties]`, SASL JAAS configs to `sasl.username` (the password, like
 //!   every secret, goes to an environment variable), properties Ferry controls dropped with a
 //!   note. Brokers are never in a connector config: `--brokers`, or a placeholder with a note.
-//! - **Converters**: Ferry sends the payload column as stored and the key as the aggregate id's
-//!   text, with no schema envelope and no registry; the notes say what a consumer of the
-//!   connector's `JsonConverter`/Avro output will see differently.
+//! - **Converters** (the connector's, else the worker's from [`Options::worker`]):
+//!   `route.key_format` / `route.value_format` that write the converter's bytes
+//!   (`StringConverter`, `ByteArrayConverter`, `JsonConverter` with and without schemas); where
+//!   none does (Avro and other registry formats, a schema derived from an expanded payload) the
+//!   notes say what a consumer will see differently.
 //!
 //! # The seam with the binary
 //!
@@ -102,7 +104,21 @@ pub struct Options {
     pub brokers: Option<String>,
     /// Where the JSON came from (a file name), for the header comment.
     pub source: Option<String>,
+    /// The Kafka Connect worker's properties (`connect-distributed.properties` text): its
+    /// `key.converter`, `value.converter` (and their `schemas.enable`) and `header.converter`
+    /// apply where the connector config does not set them, and its `bootstrap.servers` are the
+    /// brokers unless `brokers` is given. Nothing else in it is read.
+    pub worker: Option<String>,
 }
+
+/// Worker properties that decide what the connector's records look like.
+const WORKER_KEYS: &[&str] = &[
+    "key.converter",
+    "key.converter.schemas.enable",
+    "value.converter",
+    "value.converter.schemas.enable",
+    "header.converter",
+];
 
 /// The result: the `ferry.toml` text and what could not be translated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +169,9 @@ pub enum DebeziumError {
         /// What it is instead.
         kind: &'static str,
     },
+    /// The worker properties cannot be read.
+    #[error("the worker properties: {0}")]
+    Worker(String),
     /// Another connector.
     #[error("connector.class is {0:?}: only the Debezium PostgreSQL connector ({POSTGRES_CONNECTOR_CLASS}) can be translated")]
     NotPostgres(String),
@@ -168,6 +187,22 @@ pub fn translate(
     target: &dyn Target,
 ) -> Result<Translation, DebeziumError> {
     let (name, mut src) = Source::parse(json, target)?;
+    let mut options = options.clone();
+    let mut worker_brokers = None;
+    if let Some(text) = &options.worker {
+        let pairs = ferry_router::properties::load_properties(text).map_err(|_| {
+            DebeziumError::Worker("a malformed \\uXXXX escape (java.util.Properties syntax)".into())
+        })?;
+        for (k, v) in pairs {
+            if WORKER_KEYS.contains(&k.as_ref()) && !src.values.contains_key(k.as_ref()) {
+                src.values.insert(k.into_owned(), v.into_owned());
+            } else if k == "bootstrap.servers" && options.brokers.is_none() {
+                worker_brokers = Some(v.trim().to_owned());
+            }
+        }
+    }
+    options.brokers = options.brokers.or(worker_brokers.clone());
+    let options = &options;
     if let Some(class) = src.take("connector.class") {
         if class.trim() != POSTGRES_CONNECTOR_CLASS {
             return Err(DebeziumError::NotPostgres(class));
@@ -197,6 +232,14 @@ pub fn translate(
     connector::translate(&mut src, &mut doc);
     let facts = outbox::translate(&mut src, &mut doc, &smt);
     producer::translate(&mut src, &mut doc, options);
+    if let Some(b) = worker_brokers.filter(|b| !b.is_empty()) {
+        doc.set(
+            render::KAFKA,
+            "brokers",
+            render::Value::Str(b),
+            Some("the worker's bootstrap.servers"),
+        );
+    }
     connect::translate(&mut src, &mut doc, &facts);
     src.note_the_rest();
     let toml = doc.render();

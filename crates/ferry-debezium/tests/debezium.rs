@@ -28,6 +28,7 @@ fn run(name: &str) -> Translation {
     let options = Options {
         brokers: None,
         source: Some(format!("{name}.json")),
+        worker: None,
     };
     translate(&fixture_json(name), &options).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
@@ -181,6 +182,8 @@ fn defaults_only_outbox_becomes_debeziums_defaults() {
         BTreeSet::from([
             "bootstrap.servers",
             "database.password",
+            "key.converter",
+            "value.converter",
             "tombstones.on.delete",
             "topic.prefix"
         ])
@@ -419,8 +422,12 @@ fn unsupported_options_are_listed_with_what_to_do_instead() {
     assert_eq!(c.outbox.table, "public.outbox");
     assert!(note(&t, "table.include.list").contains("another Ferry"));
     assert!(note(&t, "slot.drop.on.stop").contains("never drops"));
-    assert!(note(&t, "key.converter").contains("partition changes"));
-    assert!(note(&t, "key.converter").contains("no schema envelope"));
+    // JsonConverter with its default schemas.enable=true: the same {"schema", "payload"} key.
+    assert_eq!(
+        c.route.key_format,
+        ferry_router::RecordFormat::JsonWithSchema
+    );
+    assert!(!noted(&t).contains("key.converter"));
     assert!(note(&t, "value.converter").contains("no schema registry"));
     assert!(note(&t, "transforms.prefix.type").contains("no SMT"));
     assert!(note(&t, "producer.override.acks").contains("acks=all"));
@@ -524,12 +531,74 @@ fn debezium_1x_option_names_are_read() {
     );
 }
 
+/// The worker's converters (connect-distributed.properties) fill in what the connector config
+/// leaves to them, and the records routed with the result are the connector's bytes.
+#[test]
+fn worker_converters_become_the_key_and_value_formats() {
+    let worker = "# connect-distributed.properties\n\
+                  bootstrap.servers=kafka-1:9092,kafka-2:9092\n\
+                  group.id=connect-cluster\n\
+                  key.converter=org.apache.kafka.connect.json.JsonConverter\n\
+                  value.converter=org.apache.kafka.connect.json.JsonConverter\n\
+                  key.converter.schemas.enable=false\n";
+    let options = Options {
+        brokers: None,
+        source: None,
+        worker: Some(worker.into()),
+    };
+    let t = translate(&fixture_json("defaults"), &options).unwrap();
+    let c = load(&t);
+    assert_eq!(c.kafka.brokers.0, ["kafka-1:9092", "kafka-2:9092"]);
+    assert_eq!(c.route.key_format, ferry_router::RecordFormat::Json);
+    assert_eq!(
+        c.route.value_format,
+        ferry_router::RecordFormat::JsonWithSchema
+    );
+    for gone in [
+        "key.converter",
+        "value.converter",
+        "bootstrap.servers",
+        "group.id",
+    ] {
+        assert!(!noted(&t).contains(gone), "{gone}:\n{}", notes_text(&t));
+    }
+    let row = SimpleRow::new()
+        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
+        .with("aggregatetype", oid::VARCHAR, "order")
+        .with("aggregateid", oid::VARCHAR, "42")
+        .with("type", oid::VARCHAR, "OrderCreated")
+        .with("payload", oid::JSONB, r#"{"total": 39.98}"#);
+    let r = router(&c).route_row(&row, 0).unwrap();
+    assert_eq!(r.key.as_deref(), Some(&b"\"42\""[..]));
+    assert_eq!(
+        r.value.as_deref(),
+        Some(&br#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"total\": 39.98}"}"#[..])
+    );
+    // The connector's own setting wins over the worker's.
+    let json = fixture_json("ssl_sasl");
+    let t = translate(&json, &options).unwrap();
+    assert_eq!(
+        load(&t).route.value_format,
+        ferry_router::RecordFormat::AsStored
+    );
+    // A malformed worker file is an error, not a silent default.
+    let bad = Options {
+        worker: Some("key.converter=\\u12".into()),
+        ..options
+    };
+    assert!(translate(&json, &bad)
+        .unwrap_err()
+        .to_string()
+        .contains("worker"));
+}
+
 #[test]
 fn brokers_from_the_flag_and_the_environment_over_the_file() {
     let json = fixture_json("defaults");
     let options = Options {
         brokers: Some("kafka-1:9092,kafka-2:9092".into()),
         source: None,
+        worker: None,
     };
     let t = translate(&json, &options).unwrap();
     assert_eq!(load(&t).kafka.brokers.0, ["kafka-1:9092", "kafka-2:9092"]);

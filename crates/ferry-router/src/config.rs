@@ -11,6 +11,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::format::RecordFormat;
+
 /// Default outbox table: `public.outbox`, Debezium's conventional name.
 pub const DEFAULT_TABLE: &str = "public.outbox";
 /// Schema assumed when `outbox.table` names no schema.
@@ -52,6 +54,12 @@ pub const KAFKA_BROKER_MESSAGE_MAX_BYTES: usize = 1_048_588;
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 960 * 1024;
 /// Upper bound for `route.max_payload_bytes`: librdkafka's maximum `message.max.bytes`.
 pub const MAX_MAX_PAYLOAD_BYTES: usize = 1_000_000_000;
+/// Default `route.key_schema_optional`: the aggregate id column is `NOT NULL` in Debezium's and
+/// Ferry's reference DDL.
+pub const DEFAULT_KEY_SCHEMA_OPTIONAL: bool = false;
+/// Default `route.value_schema_optional`: the payload column is nullable in Debezium's and
+/// Ferry's reference DDL (`payload jsonb`).
+pub const DEFAULT_VALUE_SCHEMA_OPTIONAL: bool = true;
 /// Default `route.on_error`.
 pub const DEFAULT_ON_ERROR: OnError = OnError::Fail;
 
@@ -204,6 +212,16 @@ pub struct RouteConfig {
     /// the payload's type (json/jsonb and envelopes `application/json`, text
     /// `text/plain; charset=utf-8`, bytea `application/octet-stream`).
     pub cloudevents_data_content_type: Option<String>,
+    /// How the key is written: `as_stored` (the column's text, the default), `json` or
+    /// `json_with_schema` (Kafka Connect's `JsonConverter` without / with schemas). See
+    /// [`crate::format`].
+    pub key_format: RecordFormat,
+    /// How the value is written, as `key_format`.
+    pub value_format: RecordFormat,
+    /// The key schema's `optional` in `json_with_schema` (the key column's nullability).
+    pub key_schema_optional: bool,
+    /// The value schema's `optional` in `json_with_schema` (the payload column's nullability).
+    pub value_schema_optional: bool,
 }
 
 /// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
@@ -303,6 +321,10 @@ impl Default for RouteConfig {
             cloudevents_source: None,
             cloudevents_subject: None,
             cloudevents_data_content_type: None,
+            key_format: RecordFormat::AsStored,
+            value_format: RecordFormat::AsStored,
+            key_schema_optional: DEFAULT_KEY_SCHEMA_OPTIONAL,
+            value_schema_optional: DEFAULT_VALUE_SCHEMA_OPTIONAL,
         }
     }
 }

@@ -106,6 +106,7 @@
 pub mod cloudevents;
 pub mod config;
 pub mod error;
+pub mod format;
 pub mod message;
 pub mod murmur2;
 pub mod properties;
@@ -123,7 +124,7 @@ pub mod value;
 
 pub use config::{
     CloudEventsMode, CreateTopicsConfig, HeaderConfig, OnError, OutboxConfig, Placement,
-    PlacementLocation, RouteConfig, RuleConfig, TableName,
+    PlacementLocation, RecordFormat, RouteConfig, RuleConfig, TableName,
 };
 pub use error::{FieldRole, RouteError, RouteErrorReason};
 pub use ferry_pgtypes::PgTimestamp;

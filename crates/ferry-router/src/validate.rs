@@ -4,10 +4,12 @@
 use std::fmt;
 
 use crate::cloudevents::HEADER_NAMES as CLOUDEVENTS_HEADERS;
-use crate::config::CloudEventsMode;
 use crate::config::{
     parse_additional_placement, OutboxConfig, PlacementLocation, RouteConfig, ENVELOPE_PAYLOAD_KEY,
     MAX_MAX_PAYLOAD_BYTES,
+};
+use crate::config::{
+    CloudEventsMode, RecordFormat, DEFAULT_KEY_SCHEMA_OPTIONAL, DEFAULT_VALUE_SCHEMA_OPTIONAL,
 };
 use crate::template::{GroupRef, Template};
 use crate::topic::{validate_topic, MAX_TOPIC_LENGTH};
@@ -264,6 +266,51 @@ impl RouteConfig {
         }
     }
 
+    fn format_problems(&self, p: &mut Vec<ConfigProblem>) {
+        if self.value_format != RecordFormat::AsStored && self.cloudevents != CloudEventsMode::None
+        {
+            p.push(ConfigProblem::new(
+                "route.value_format",
+                format!(
+                    "\"{}\" cannot be combined with route.cloudevents = \"{}\" (a CloudEvent has its own \
+                     format); set one of them back to its default",
+                    self.value_format, self.cloudevents
+                ),
+            ));
+        }
+        if self.value_format == RecordFormat::JsonWithSchema && self.envelope {
+            p.push(ConfigProblem::new(
+                "route.value_format",
+                "\"json_with_schema\" with route.envelope = true is not supported: Debezium names that \
+                 struct schema after the connector's topic.prefix and each aggregate type, which Ferry \
+                 does not know; use \"json\" (the envelope as JsonConverter writes it with \
+                 schemas.enable = false) or envelope = false",
+            ));
+        }
+        for (key, format, set) in [
+            (
+                "route.key_schema_optional",
+                self.key_format,
+                self.key_schema_optional != DEFAULT_KEY_SCHEMA_OPTIONAL,
+            ),
+            (
+                "route.value_schema_optional",
+                self.value_format,
+                self.value_schema_optional != DEFAULT_VALUE_SCHEMA_OPTIONAL,
+            ),
+        ] {
+            if set && format != RecordFormat::JsonWithSchema {
+                p.push(ConfigProblem::new(
+                    key,
+                    format!(
+                        "has no effect unless route.{}_format = \"json_with_schema\"",
+                        if key.contains("key") { "key" } else { "value" }
+                    ),
+                ));
+            }
+        }
+    }
+
     /// Validates this section alone (see [`validate`] for the cross-section checks).
     pub fn validate(&self) -> Result<(), ConfigErrors> {
         ConfigErrors::from_problems(self.problems())
@@ -384,6 +431,7 @@ impl RouteConfig {
         }
         duplicates(&mut p, &header_names, "header name");
         self.cloudevents_problems(&mut p);
+        self.format_problems(&mut p);
         for (key, path) in &envelope_keys {
             if key == ENVELOPE_PAYLOAD_KEY {
                 p.push(ConfigProblem::new(

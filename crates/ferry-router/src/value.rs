@@ -264,7 +264,7 @@ pub(crate) fn write_json(buf: &mut Vec<u8>, type_oid: u32, v: &[u8]) -> Result<(
     Ok(())
 }
 
-fn base64(buf: &mut Vec<u8>, v: &[u8]) {
+pub(crate) fn base64(buf: &mut Vec<u8>, v: &[u8]) {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     for c in v.chunks(3) {
         let n = u32::from(c[0]) << 16

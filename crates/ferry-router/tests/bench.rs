@@ -105,6 +105,14 @@ fn ns_per_row() {
             "cloudevents structured",
             "[route]\ncloudevents = \"structured\"",
         ),
+        plain(
+            "key and value json (JsonConverter, no schemas)",
+            "[route]\nkey_format = \"json\"\nvalue_format = \"json\"",
+        ),
+        plain(
+            "key and value json_with_schema",
+            "[route]\nkey_format = \"json_with_schema\"\nvalue_format = \"json_with_schema\"",
+        ),
     ];
     let mut best = vec![f64::INFINITY; cases.len()];
     for _ in 0..ROUNDS {

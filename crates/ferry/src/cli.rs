@@ -132,6 +132,10 @@ enum ConfigCommand {
         /// Kafka brokers (host:port,...): a connector config does not hold them.
         #[arg(long, value_name = "BROKERS")]
         brokers: Option<String>,
+        /// The Kafka Connect worker's properties file (connect-distributed.properties): its
+        /// converters decide the record bytes Ferry reproduces, its bootstrap.servers the brokers.
+        #[arg(long, value_name = "FILE")]
+        worker: Option<PathBuf>,
     },
 }
 
@@ -181,7 +185,8 @@ async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
             file,
             output,
             brokers,
-        }) => from_debezium(&file, output.as_deref(), brokers),
+            worker,
+        }) => from_debezium(&file, output.as_deref(), brokers, worker.as_deref()),
     }
 }
 
@@ -190,7 +195,18 @@ fn from_debezium(
     file: &std::path::Path,
     output: Option<&std::path::Path>,
     brokers: Option<String>,
+    worker: Option<&std::path::Path>,
 ) -> Result<ExitCode, ExitCode> {
+    let worker = match worker {
+        Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+            errln!(
+                "ferry: cannot read the worker properties {}: {e}",
+                path.display()
+            );
+            ExitCode::from(2)
+        })?),
+        None => None,
+    };
     let read = if file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())
     } else {
@@ -202,6 +218,7 @@ fn from_debezium(
     })?;
     let options = crate::debezium::Options {
         brokers,
+        worker,
         source: file
             .file_name()
             .filter(|_| file.as_os_str() != "-")

@@ -18,6 +18,7 @@ fn run(name: &str) -> Translation {
     let options = Options {
         brokers: None,
         source: Some(format!("{name}.json")),
+        worker: None,
     };
     translate(&json, &options).unwrap_or_else(|e| panic!("{name}: {e}"))
 }

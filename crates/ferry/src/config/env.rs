@@ -106,6 +106,10 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     // `""` is a value here (no subject), not "unset": leave the variable out for the default.
     route.cloudevents_subject = |v: &str| Ok::<_, String>(Some(v.to_owned()));
     route.cloudevents_data_content_type = optional;
+    route.key_format = parsed;
+    route.value_format = parsed;
+    route.key_schema_optional = boolean;
+    route.value_schema_optional = boolean;
     kafka.brokers = parsed;
     kafka.compression = parsed;
     kafka.max_in_flight_records = parsed;

@@ -1,0 +1,407 @@
+//! `route.key_format` and `route.value_format`: the bytes Kafka Connect's converters put on the
+//! wire, so that a consumer does not notice Debezium was replaced.
+//!
+//! What Debezium's Outbox Event Router hands the converter is the column's value with the
+//! column's Connect schema (`EventRouterDelegate`: without envelope fields the record value *is*
+//! the payload field, with the payload column's schema; the key is the
+//! `table.field.event.key` column with its schema). The PostgreSQL connector's schemas, with its
+//! default settings (`binary.handling.mode = bytes`):
+//!
+//! | column type | Connect schema |
+//! |---|---|
+//! | text, varchar, char, name | `string` |
+//! | json, jsonb | `string` named `io.debezium.data.Json`, version 1 |
+//! | uuid | `string` named `io.debezium.data.Uuid`, version 1 |
+//! | bytea | `bytes` |
+//! | int2, int4, int8 | `int16`, `int32`, `int64` |
+//! | bool | `boolean` |
+//!
+//! The converters (Apache Kafka, `connect/json/.../JsonConverter.java`, `JsonSchema.java`):
+//! - `StringConverter` writes the string's UTF-8 text; `ByteArrayConverter` passes `bytes`
+//!   through: [`RecordFormat::AsStored`], Ferry's default.
+//! - `JsonConverter` with `schemas.enable = false` writes the value as JSON
+//!   ([`RecordFormat::Json`]): a string (a jsonb payload included, unless
+//!   `table.expand.json.payload`) as a quoted JSON string, `bytes` as a base64 string
+//!   (Jackson's default variant: standard alphabet, padded, no line feeds), integers as
+//!   numbers. A NULL is `null`, not a tombstone.
+//! - `JsonConverter` with `schemas.enable = true` (its default) wraps that in
+//!   `{"schema":<schema>,"payload":<value>}` ([`RecordFormat::JsonWithSchema`]), the schema
+//!   written by `asJsonSchema` with its members in the order `type`, `optional`, `name`,
+//!   `version`.
+//!
+//! Jackson writes compactly (no spaces) and escapes only `"`, `\` and the control characters
+//! below U+0020: `\b \t \n \f \r` by their short forms, the rest as `\u00XX` with upper-case
+//! hex digits (`CharTypes`); it leaves `/`, DEL and non-ASCII text as they are. serde_json
+//! writes lower-case hex, so the escaping here is Ferry's own.
+//!
+//! `optional` is the column's nullability (Debezium reads it from the table), which pgoutput
+//! does not carry: `route.key_schema_optional` and `route.value_schema_optional` say it, with
+//! the defaults of the reference outbox DDL (`aggregateid ... NOT NULL`, `payload jsonb`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::row::oid;
+use crate::value::base64;
+
+/// How a record's key or value is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordFormat {
+    /// The column's bytes as stored (text as text, json as its text, bytea decoded): Kafka
+    /// Connect's `StringConverter` / `ByteArrayConverter`.
+    #[default]
+    AsStored,
+    /// JSON without a schema: `JsonConverter` with `schemas.enable = false`.
+    Json,
+    /// `{"schema":...,"payload":...}`: `JsonConverter` with `schemas.enable = true`.
+    JsonWithSchema,
+}
+
+impl RecordFormat {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordFormat::AsStored => "as_stored",
+            RecordFormat::Json => "json",
+            RecordFormat::JsonWithSchema => "json_with_schema",
+        }
+    }
+}
+
+impl fmt::Display for RecordFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RecordFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "as_stored" => Ok(RecordFormat::AsStored),
+            "json" => Ok(RecordFormat::Json),
+            "json_with_schema" => Ok(RecordFormat::JsonWithSchema),
+            other => Err(format!(
+                "unknown value {other:?}; expected \"as_stored\", \"json\" or \"json_with_schema\""
+            )),
+        }
+    }
+}
+
+/// Column types a key or value can be written from in a JSON format (those with a Connect
+/// schema above).
+pub const JSON_FORMAT_TYPES: &[u32] = &[
+    oid::TEXT,
+    oid::VARCHAR,
+    oid::BPCHAR,
+    oid::NAME,
+    oid::JSON,
+    oid::JSONB,
+    oid::UUID,
+    oid::BYTEA,
+    oid::INT2,
+    oid::INT4,
+    oid::INT8,
+    oid::BOOL,
+];
+
+/// The Connect schema of a column type as `JsonConverter` writes it, without `optional` and
+/// what follows it: `(type, name and version)`.
+fn connect_type(type_oid: u32) -> Option<(&'static str, Option<&'static str>)> {
+    Some(match type_oid {
+        oid::TEXT | oid::VARCHAR | oid::BPCHAR | oid::NAME => ("string", None),
+        oid::JSON | oid::JSONB => ("string", Some("io.debezium.data.Json")),
+        oid::UUID => ("string", Some("io.debezium.data.Uuid")),
+        oid::BYTEA => ("bytes", None),
+        oid::INT2 => ("int16", None),
+        oid::INT4 => ("int32", None),
+        oid::INT8 => ("int64", None),
+        oid::BOOL => ("boolean", None),
+        _ => return None,
+    })
+}
+
+fn unsupported(type_oid: u32) -> String {
+    format!(
+        "a column of type OID {type_oid} cannot be written as JSON the way Kafka Connect's \
+         JsonConverter would (Ferry writes text, varchar, char, json, jsonb, uuid, bytea, int2, \
+         int4, int8 and bool); use format \"as_stored\" or another column"
+    )
+}
+
+/// Writes `v` (the column's natural bytes: text, or bytea decoded; `None` for NULL) in `format`.
+/// `AsStored` is the caller's (it needs no copy); this handles the JSON formats.
+pub(crate) fn write_formatted(
+    buf: &mut Vec<u8>,
+    format: RecordFormat,
+    type_oid: u32,
+    optional: bool,
+    v: Option<&[u8]>,
+) -> Result<(), String> {
+    match format {
+        RecordFormat::AsStored => {
+            buf.extend_from_slice(v.unwrap_or_default());
+            Ok(())
+        }
+        RecordFormat::Json => write_connect_json(buf, type_oid, v),
+        RecordFormat::JsonWithSchema => {
+            let (ty, name) = connect_type(type_oid).ok_or_else(|| unsupported(type_oid))?;
+            buf.extend_from_slice(b"{\"schema\":{\"type\":\"");
+            buf.extend_from_slice(ty.as_bytes());
+            buf.extend_from_slice(b"\",\"optional\":");
+            buf.extend_from_slice(if optional { b"true" } else { b"false" });
+            if let Some(name) = name {
+                buf.extend_from_slice(b",\"name\":\"");
+                buf.extend_from_slice(name.as_bytes());
+                buf.extend_from_slice(b"\",\"version\":1");
+            }
+            buf.extend_from_slice(b"},\"payload\":");
+            write_connect_json(buf, type_oid, v)?;
+            buf.push(b'}');
+            Ok(())
+        }
+    }
+}
+
+/// The value as `JsonConverter.convertToJson` with Jackson's serializer writes it.
+fn write_connect_json(buf: &mut Vec<u8>, type_oid: u32, v: Option<&[u8]>) -> Result<(), String> {
+    let (ty, _) = connect_type(type_oid).ok_or_else(|| unsupported(type_oid))?;
+    let Some(v) = v else {
+        buf.extend_from_slice(b"null");
+        return Ok(());
+    };
+    match ty {
+        "bytes" => {
+            buf.push(b'"');
+            base64(buf, v);
+            buf.push(b'"');
+        }
+        "boolean" => buf.extend_from_slice(match v {
+            b"t" | b"true" => b"true",
+            b"f" | b"false" => b"false",
+            _ => return Err("a bool column's text is neither t nor f".to_owned()),
+        }),
+        "int16" | "int32" | "int64" => {
+            let n: i64 = std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| "an integer column's text is not an integer".to_owned())?;
+            buf.extend_from_slice(n.to_string().as_bytes());
+        }
+        _ => {
+            let s = std::str::from_utf8(v).map_err(|_| "text is not valid UTF-8".to_owned())?;
+            jackson_string(buf, s);
+        }
+    }
+    Ok(())
+}
+
+/// A JSON string as Jackson writes it (see the module documentation).
+pub(crate) fn jackson_string(buf: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    buf.reserve(s.len() + 2);
+    buf.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short = match b {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            0x08 => b'b',
+            b'\t' => b't',
+            b'\n' => b'n',
+            0x0c => b'f',
+            b'\r' => b'r',
+            0..=0x1f => 0,
+            _ => continue,
+        };
+        buf.extend_from_slice(&bytes[start..i]);
+        start = i + 1;
+        if short != 0 {
+            buf.extend_from_slice(&[b'\\', short]);
+        } else {
+            buf.extend_from_slice(b"\\u00");
+            buf.push(HEX[usize::from(b >> 4)]);
+            buf.push(HEX[usize::from(b & 15)]);
+        }
+    }
+    buf.extend_from_slice(&bytes[start..]);
+    buf.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(format: RecordFormat, ty: u32, optional: bool, v: Option<&[u8]>) -> String {
+        let mut buf = Vec::new();
+        write_formatted(&mut buf, format, ty, optional, v).unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+
+    /// Every byte below U+0020, `"` and `\` escaped as Jackson's `CharTypes.sOutputEscapes128`
+    /// says (short forms for \b \t \n \f \r, else `\u00XX` upper case); all else verbatim.
+    #[test]
+    fn jackson_escaping_of_every_ascii_byte() {
+        for b in 0u8..0x80 {
+            let s = char::from(b).to_string();
+            let mut buf = Vec::new();
+            jackson_string(&mut buf, &s);
+            let got = String::from_utf8(buf).unwrap();
+            let want = match b {
+                0x08 => "\"\\b\"".to_owned(),
+                0x09 => "\"\\t\"".to_owned(),
+                0x0a => "\"\\n\"".to_owned(),
+                0x0c => "\"\\f\"".to_owned(),
+                0x0d => "\"\\r\"".to_owned(),
+                b'"' => "\"\\\"\"".to_owned(),
+                b'\\' => "\"\\\\\"".to_owned(),
+                0..=0x1f => format!("\"\\u{:04X}\"", b),
+                _ => format!("\"{s}\""),
+            };
+            assert_eq!(got, want, "byte {b:#04x}");
+        }
+        let mut buf = Vec::new();
+        jackson_string(&mut buf, "é/€ \u{2028}😀\u{1f}");
+        assert_eq!(String::from_utf8(buf).unwrap(), "\"é/€ \u{2028}😀\\u001F\"");
+    }
+
+    /// A jsonb payload with `JsonConverter`, `schemas.enable=false` (Debezium's outbox
+    /// documentation, "Using JSON" with expand.json.payload off: "the payload is a JSON string").
+    #[test]
+    fn jsonb_payload_as_a_json_string() {
+        let payload = br#"{"id": 1, "note": "a\tb", "path": "/x"}"#;
+        assert_eq!(
+            render(RecordFormat::Json, oid::JSONB, true, Some(payload)),
+            r#""{\"id\": 1, \"note\": \"a\\tb\", \"path\": \"/x\"}""#
+        );
+    }
+
+    /// `schemas.enable=true`: the Connect schema of a nullable jsonb column (Debezium's
+    /// `io.debezium.data.Json`, version 1) and the payload as a string.
+    #[test]
+    fn jsonb_payload_with_schema() {
+        assert_eq!(
+            render(
+                RecordFormat::JsonWithSchema,
+                oid::JSONB,
+                true,
+                Some(br#"{"a": 1}"#)
+            ),
+            r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"a\": 1}"}"#
+        );
+        assert_eq!(
+            render(RecordFormat::JsonWithSchema, oid::JSON, false, None),
+            r#"{"schema":{"type":"string","optional":false,"name":"io.debezium.data.Json","version":1},"payload":null}"#
+        );
+    }
+
+    #[test]
+    fn text_bytea_uuid_int_bool_per_format() {
+        type Case<'a> = (u32, &'a [u8], &'a str, &'a str);
+        let cases: &[Case<'_>] = &[
+            (
+                oid::TEXT,
+                b"order-1",
+                r#""order-1""#,
+                r#"{"schema":{"type":"string","optional":false},"payload":"order-1"}"#,
+            ),
+            (
+                oid::VARCHAR,
+                b"a\"b",
+                r#""a\"b""#,
+                r#"{"schema":{"type":"string","optional":false},"payload":"a\"b"}"#,
+            ),
+            (
+                oid::BYTEA,
+                b"\x00\x01\xfe\xff",
+                r#""AAH+/w==""#,
+                r#"{"schema":{"type":"bytes","optional":false},"payload":"AAH+/w=="}"#,
+            ),
+            (
+                oid::UUID,
+                b"4d47e190-0402-4048-bc2c-89dd54343cdc",
+                r#""4d47e190-0402-4048-bc2c-89dd54343cdc""#,
+                r#"{"schema":{"type":"string","optional":false,"name":"io.debezium.data.Uuid","version":1},"payload":"4d47e190-0402-4048-bc2c-89dd54343cdc"}"#,
+            ),
+            (
+                oid::INT8,
+                b"-42",
+                "-42",
+                r#"{"schema":{"type":"int64","optional":false},"payload":-42}"#,
+            ),
+            (
+                oid::INT4,
+                b"7",
+                "7",
+                r#"{"schema":{"type":"int32","optional":false},"payload":7}"#,
+            ),
+            (
+                oid::INT2,
+                b"3",
+                "3",
+                r#"{"schema":{"type":"int16","optional":false},"payload":3}"#,
+            ),
+            (
+                oid::BOOL,
+                b"t",
+                "true",
+                r#"{"schema":{"type":"boolean","optional":false},"payload":true}"#,
+            ),
+        ];
+        for (ty, v, json, with_schema) in cases {
+            let mut stored = Vec::new();
+            write_formatted(&mut stored, RecordFormat::AsStored, *ty, false, Some(v)).unwrap();
+            assert_eq!(stored, *v);
+            assert_eq!(render(RecordFormat::Json, *ty, false, Some(v)), *json);
+            assert_eq!(
+                render(RecordFormat::JsonWithSchema, *ty, false, Some(v)),
+                *with_schema
+            );
+        }
+        assert_eq!(render(RecordFormat::Json, oid::TEXT, true, None), "null");
+    }
+
+    #[test]
+    fn unsupported_types_and_bad_text_are_errors() {
+        let mut buf = Vec::new();
+        let e = write_formatted(
+            &mut buf,
+            RecordFormat::Json,
+            oid::NUMERIC,
+            false,
+            Some(b"1.5"),
+        )
+        .unwrap_err();
+        assert!(e.contains("as_stored"), "{e}");
+        assert!(write_formatted(
+            &mut buf,
+            RecordFormat::Json,
+            oid::TEXT,
+            false,
+            Some(b"\xff")
+        )
+        .is_err());
+        assert!(
+            write_formatted(&mut buf, RecordFormat::Json, oid::INT4, false, Some(b"x")).is_err()
+        );
+    }
+
+    #[test]
+    fn spellings_round_trip() {
+        for f in [
+            RecordFormat::AsStored,
+            RecordFormat::Json,
+            RecordFormat::JsonWithSchema,
+        ] {
+            assert_eq!(f.as_str().parse::<RecordFormat>(), Ok(f));
+        }
+        assert!("avro"
+            .parse::<RecordFormat>()
+            .unwrap_err()
+            .contains("as_stored"));
+    }
+}

@@ -1,0 +1,215 @@
+//! `route.key_format` / `route.value_format`: the records Debezium's Outbox Event Router puts on
+//! the wire through Kafka Connect's converters, byte for byte.
+//!
+//! Sources for the expected bytes:
+//! - Debezium's outbox documentation (`transformations/outbox-event-router`, "Using JSON"):
+//!   with `table.expand.json.payload = false` (the default) a jsonb payload "is a String"; the
+//!   PostgreSQL connector's data types page maps json/jsonb to `STRING` named
+//!   `io.debezium.data.Json`, uuid to `io.debezium.data.Uuid`, bytea to `BYTES`.
+//! - Debezium `EventRouterDelegate`: without envelope fields the value is the payload field with
+//!   the column's schema; the key is the `table.field.event.key` column with its schema; with
+//!   envelope fields a struct `{payload, <aliases>}`.
+//! - Apache Kafka `JsonConverter.asJsonSchema` (members `type`, `optional`, `name`, `version`),
+//!   `JsonSchema.Envelope` (`schema` then `payload`), `convertToJson` (`BYTES` as a Jackson binary
+//!   node: base64), and Jackson's compact writer and `CharTypes` escapes.
+
+mod common;
+
+use common::{assert_problem, base_row, router, COMMIT_MICROS};
+use ferry_router::{oid, Record, SimpleRow};
+
+fn route(config: &str, row: &SimpleRow) -> Record {
+    router(config).route_row(row, COMMIT_MICROS).unwrap()
+}
+
+fn text(b: &Option<bytes::Bytes>) -> &str {
+    std::str::from_utf8(b.as_deref().expect("not null")).unwrap()
+}
+
+#[test]
+fn default_is_as_stored_string_converter_bytes() {
+    let r = route("", &base_row());
+    assert_eq!(text(&r.key), "42");
+    assert_eq!(text(&r.value), r#"{"total": 39.98}"#);
+}
+
+/// `key.converter = JsonConverter`, `value.converter = JsonConverter`, `schemas.enable = false`.
+#[test]
+fn json_converter_without_schemas() {
+    let r = route(
+        "[route]\nkey_format = \"json\"\nvalue_format = \"json\"",
+        &base_row(),
+    );
+    assert_eq!(text(&r.key), r#""42""#);
+    assert_eq!(text(&r.value), r#""{\"total\": 39.98}""#);
+    // Headers are the SimpleHeaderConverter's and do not change.
+    assert_eq!(common::header(&r, "id"), Some(common::EVENT_ID.as_bytes()));
+}
+
+/// `schemas.enable = true` (JsonConverter's default) with the reference DDL: `aggregateid`
+/// NOT NULL, `payload jsonb` nullable.
+#[test]
+fn json_converter_with_schemas() {
+    let r = route(
+        "[route]\nkey_format = \"json_with_schema\"\nvalue_format = \"json_with_schema\"",
+        &base_row(),
+    );
+    assert_eq!(
+        text(&r.key),
+        r#"{"schema":{"type":"string","optional":false},"payload":"42"}"#
+    );
+    assert_eq!(
+        text(&r.value),
+        r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"total\": 39.98}"}"#
+    );
+    let r = route(
+        "[route]\nkey_format = \"json_with_schema\"\nkey_schema_optional = true\nvalue_format = \"json_with_schema\"\nvalue_schema_optional = false",
+        &base_row(),
+    );
+    assert!(text(&r.key).starts_with(r#"{"schema":{"type":"string","optional":true}"#));
+    assert!(text(&r.value).contains(r#""optional":false"#));
+}
+
+/// Per payload type: json, text, bytea (with `binary.handling.mode = bytes`, base64 in JSON).
+#[test]
+fn payload_types() {
+    type Case<'a> = (u32, &'a str, &'a [u8], &'a str);
+    let cases: &[Case<'_>] = &[
+        (
+            oid::JSON,
+            "{\"a\":\"x\\ny\"}",
+            br#""{\"a\":\"x\\ny\"}""#,
+            r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":"{\"a\":\"x\\ny\"}"}"#,
+        ),
+        (
+            oid::TEXT,
+            "line\u{1}\t\u{7f}é",
+            "\"line\\u0001\\t\u{7f}é\"".as_bytes(),
+            "{\"schema\":{\"type\":\"string\",\"optional\":true},\"payload\":\"line\\u0001\\t\u{7f}é\"}",
+        ),
+        (
+            oid::BYTEA,
+            "\\x00fffe41",
+            br#""AP/+QQ==""#,
+            r#"{"schema":{"type":"bytes","optional":true},"payload":"AP/+QQ=="}"#,
+        ),
+    ];
+    for (ty, stored, json, with_schema) in cases {
+        let row = base_row().with("payload", *ty, stored);
+        let r = route("[route]\nvalue_format = \"json\"", &row);
+        assert_eq!(r.value.as_deref(), Some(*json), "oid {ty}");
+        let r = route("[route]\nvalue_format = \"json_with_schema\"", &row);
+        assert_eq!(text(&r.value), *with_schema, "oid {ty}");
+    }
+    // bytea as stored is the raw bytes (ByteArrayConverter).
+    let row = base_row().with("payload", oid::BYTEA, "\\x00fffe41");
+    assert_eq!(
+        route("", &row).value.as_deref(),
+        Some(&b"\x00\xff\xfeA"[..])
+    );
+}
+
+/// A NULL payload through JsonConverter is `null` (with its schema), not a tombstone; with
+/// `tombstone_on_null_payload` it is a tombstone in every format.
+#[test]
+fn null_payload() {
+    let row = base_row().null("payload", oid::JSONB);
+    assert_eq!(
+        text(&route("[route]\nvalue_format = \"json\"", &row).value),
+        "null"
+    );
+    assert_eq!(
+        text(&route("[route]\nvalue_format = \"json_with_schema\"", &row).value),
+        r#"{"schema":{"type":"string","optional":true,"name":"io.debezium.data.Json","version":1},"payload":null}"#
+    );
+    let r = route(
+        "[route]\nvalue_format = \"json\"\ntombstone_on_null_payload = true",
+        &row,
+    );
+    assert_eq!(r.value, None);
+}
+
+/// A uuid or integer key (Debezium `io.debezium.data.Uuid`, `int64`).
+#[test]
+fn key_types() {
+    let row = base_row().with("aggregateid", oid::UUID, common::EVENT_ID);
+    assert_eq!(
+        text(&route("[route]\nkey_format = \"json_with_schema\"", &row).key),
+        format!(
+            r#"{{"schema":{{"type":"string","optional":false,"name":"io.debezium.data.Uuid","version":1}},"payload":"{}"}}"#,
+            common::EVENT_ID
+        )
+    );
+    let row = base_row().with("aggregateid", oid::INT8, "9007199254740993");
+    assert_eq!(
+        text(&route("[route]\nkey_format = \"json\"", &row).key),
+        "9007199254740993"
+    );
+    // A type JsonConverter output is not defined for here is a routing error naming the column.
+    let row = base_row().with("aggregateid", oid::NUMERIC, "1.5");
+    let e = router("[route]\nkey_format = \"json\"")
+        .route_row(&row, COMMIT_MICROS)
+        .unwrap_err();
+    assert!(e.to_string().contains("aggregateid"), "{e}");
+}
+
+/// Envelope fields with `json`: the struct as JsonConverter writes it without schemas (the
+/// jsonb payload a JSON string; `as_stored` embeds it, as expand.json.payload did).
+#[test]
+fn envelope_with_json() {
+    let config = "[route]\nenvelope = true\nvalue_format = \"json\"\nadditional_placement = \"type:envelope:eventType,version:envelope\"";
+    let r = route(config, &base_row());
+    assert_eq!(
+        text(&r.value),
+        r#"{"payload":"{\"total\": 39.98}","eventType":"OrderCreated","version":7}"#
+    );
+    let r = route(
+        "[route]\nenvelope = true\nadditional_placement = \"type:envelope:eventType\"",
+        &base_row(),
+    );
+    assert_eq!(
+        text(&r.value),
+        r#"{"payload":{"total": 39.98},"eventType":"OrderCreated"}"#
+    );
+}
+
+#[test]
+fn what_cannot_be_combined_is_a_config_error() {
+    assert_problem(
+        "[route]\nvalue_format = \"json_with_schema\"\nenvelope = true",
+        "route.value_format",
+        "topic.prefix",
+    );
+    assert_problem(
+        "[route]\nvalue_format = \"json\"\ncloudevents = \"structured\"",
+        "route.value_format",
+        "cloudevents",
+    );
+    assert_problem(
+        "[route]\nvalue_schema_optional = false",
+        "route.value_schema_optional",
+        "json_with_schema",
+    );
+}
+
+/// The aggregate id column must be of a type the JSON key formats write: checked against the
+/// table before streaming (`required_columns`), not at the first row.
+#[test]
+fn json_key_narrows_the_accepted_key_types() {
+    let r = router("[route]\nkey_format = \"json\"");
+    let req = r
+        .required_columns()
+        .iter()
+        .find(|c| c.column == "aggregateid")
+        .unwrap();
+    let types = req.accepted_types.expect("narrowed");
+    assert!(types.contains(&oid::UUID) && !types.contains(&oid::NUMERIC));
+    assert!(req.config_key.contains("route.key_format"));
+    let r = router("");
+    let req = r
+        .required_columns()
+        .iter()
+        .find(|c| c.column == "aggregateid")
+        .unwrap();
+    assert_eq!(req.accepted_types, None);
+}
