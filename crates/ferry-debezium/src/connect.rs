@@ -43,6 +43,9 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
     let schemas_key = format!("{key}.schemas.enable");
     let format_key = format!("{side}_format");
     let Some(class) = src.peek(&key).map(str::to_owned) else {
+        if side == "value" {
+            expansion(src, None, facts);
+        }
         src.note_value(
             &key,
             "(unset)",
@@ -78,15 +81,7 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
         if class.ends_with("StringConverter") || class.ends_with("ByteArrayConverter") {
             Ok((RecordFormat::AsStored, None))
         } else if is_json && !schemas && expand {
-            Ok((
-                RecordFormat::AsStored,
-                Some(
-                    "With table.expand.json.payload the connector parsed the payload and Jackson \
-                     wrote it again without spaces ({\"a\":1}); Ferry sends it as PostgreSQL \
-                     prints it ({\"a\": 1} for jsonb): the same JSON, not the same bytes."
-                        .to_owned(),
-                ),
-            ))
+            Ok((RecordFormat::JsonExpanded, None))
         } else if is_json && !schemas {
             Ok((RecordFormat::Json, None))
         } else if is_json && expand {
@@ -137,13 +132,19 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
         } else {
             Err(format!("Ferry sends {what}.{partition}"))
         };
+    if side == "value" {
+        expansion(src, outcome.as_ref().ok().map(|(f, _)| *f), facts);
+    }
     match outcome {
         Ok((format, caveat)) => {
             src.take(&key);
-            let from = match src.take(&schemas_key) {
+            let mut from = match src.take(&schemas_key) {
                 Some(v) => format!("{key} = {short}, {schemas_key} = {v}"),
                 None => format!("{key} = {short}"),
             };
+            if format == RecordFormat::JsonExpanded {
+                from.push_str(&format!(", {} = true", facts.expand_keys.0));
+            }
             doc.set(ROUTE, &format_key, Value::str(format.as_str()), Some(&from));
             if let Some(c) = caveat {
                 doc.caveat(ROUTE, &format_key, c);
@@ -159,6 +160,46 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
             &sub,
             format!("a setting of {key}, which Ferry does not use"),
         );
+    }
+}
+
+/// `table.expand.json.payload` and `table.json.payload.null.behavior`, once the value format is
+/// known: translated where `json_expanded` reproduces them (or expansion is off), else noted.
+fn expansion(src: &mut Source<'_>, format: Option<RecordFormat>, facts: &Facts) {
+    let (expand_key, null_key) = &facts.expand_keys;
+    let nulls = src.peek(null_key).map(str::to_ascii_lowercase);
+    let nulls_ignored = nulls.as_deref().is_none_or(|n| n == "ignore");
+    match format {
+        Some(RecordFormat::JsonExpanded) if nulls_ignored => {
+            src.take(expand_key);
+            src.take(null_key);
+        }
+        Some(RecordFormat::JsonExpanded) => {
+            src.take(expand_key);
+            src.note(
+                null_key,
+                "Ferry's json_expanded leaves null members out, as \"ignore\" (the default) did; \
+                 with optional_bytes the connector wrote them as null, so consumers see those \
+                 members missing instead",
+            );
+        }
+        _ if !facts.expand_json => {
+            src.take(expand_key);
+            if src.peek(null_key).is_some() {
+                src.note(null_key, "has no effect without table.expand.json.payload");
+            }
+        }
+        _ => {
+            src.note(
+                expand_key,
+                "with this value converter (or an unknown one) no Ferry format writes the \
+                 expanded payload's bytes: \
+                 Ferry sends it as its JSON text (PostgreSQL's spacing, null members kept); with \
+                 JsonConverter and schemas.enable=false route.value_format = \"json_expanded\" \
+                 reproduces it",
+            );
+            src.note(null_key, "belongs to table.expand.json.payload (see there)");
+        }
     }
 }
 

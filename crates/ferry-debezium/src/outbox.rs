@@ -35,6 +35,9 @@ pub(super) const DEFAULT_TOPIC_REPLACEMENT: &str = "outbox.event.${routedByValue
 pub(super) struct Facts {
     /// `table.expand.json.payload`.
     pub(super) expand_json: bool,
+    /// The SMT's option names for it and `table.json.payload.null.behavior`: the value
+    /// converter's translation settles them (`connect`), as only it knows the bytes.
+    pub(super) expand_keys: (String, String),
     /// Some placement puts a column into an envelope (the value is a struct, not the payload).
     pub(super) envelope: bool,
 }
@@ -207,6 +210,10 @@ pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, smt: &str) -> Facts
     }
     tracing(src, doc, smt);
     facts.expand_json = the_rest(src, smt);
+    facts.expand_keys = (
+        format!("transforms.{smt}.table.expand.json.payload"),
+        format!("transforms.{smt}.table.json.payload.null.behavior"),
+    );
     facts
 }
 
@@ -390,30 +397,14 @@ pub(super) fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
-/// Notes the SMT's options without an equivalent; returns `table.expand.json.payload`.
+/// Notes the SMT's options without an equivalent; returns `table.expand.json.payload` (which,
+/// with `table.json.payload.null.behavior`, the value converter's translation settles).
 fn the_rest(src: &mut Source<'_>, smt: &str) -> bool {
     let key = |opt: &str| format!("transforms.{smt}.{opt}");
     let expand = src
         .peek(&key("table.expand.json.payload"))
         .and_then(parse_bool)
         .unwrap_or(false);
-    src.note(
-        &key("table.expand.json.payload"),
-        if expand {
-            "Ferry always sends a json/jsonb payload as JSON, as this did, but as stored: Debezium \
-             re-serialised it (key order and spacing normalised, fields with null values dropped \
-             under table.json.payload.null.behavior = ignore, the default); consumers relying on \
-             dropped nulls must accept them"
-        } else {
-            "Ferry sends a json/jsonb payload as its JSON text; without expansion Debezium sent it \
-             as a string (with JsonConverter: a quoted, escaped JSON string), so consumers that \
-             decode the value twice must decode it once"
-        },
-    );
-    src.note(
-        &key("table.json.payload.null.behavior"),
-        "Ferry does not re-serialise the payload: null fields are sent as stored",
-    );
     let missing = key("table.fields.additional.error.on.missing");
     match src.peek(&missing).and_then(parse_bool) {
         Some(true) => {
@@ -462,7 +453,14 @@ fn the_rest(src: &mut Source<'_>, smt: &str) -> bool {
              outbox topic achieves; check that it did nothing else",
         );
     }
+    let settled_later = [
+        key("table.expand.json.payload"),
+        key("table.json.payload.null.behavior"),
+    ];
     for k in src.keys_with_prefix(&format!("transforms.{smt}.")) {
+        if settled_later.contains(&k) {
+            continue;
+        }
         src.note(
             &k,
             "not an Outbox Event Router option Ferry has an equivalent for",

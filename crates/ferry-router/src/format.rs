@@ -58,6 +58,9 @@ pub enum RecordFormat {
     Json,
     /// `{"schema":...,"payload":...}`: `JsonConverter` with `schemas.enable = true`.
     JsonWithSchema,
+    /// The value only: Debezium's `table.expand.json.payload = true` written by `JsonConverter`
+    /// with `schemas.enable = false` (see [`crate::expand`]).
+    JsonExpanded,
 }
 
 impl RecordFormat {
@@ -67,6 +70,7 @@ impl RecordFormat {
             RecordFormat::AsStored => "as_stored",
             RecordFormat::Json => "json",
             RecordFormat::JsonWithSchema => "json_with_schema",
+            RecordFormat::JsonExpanded => "json_expanded",
         }
     }
 }
@@ -84,8 +88,10 @@ impl FromStr for RecordFormat {
             "as_stored" => Ok(RecordFormat::AsStored),
             "json" => Ok(RecordFormat::Json),
             "json_with_schema" => Ok(RecordFormat::JsonWithSchema),
+            "json_expanded" => Ok(RecordFormat::JsonExpanded),
             other => Err(format!(
-                "unknown value {other:?}; expected \"as_stored\", \"json\" or \"json_with_schema\""
+                "unknown value {other:?}; expected \"as_stored\", \"json\", \"json_with_schema\" \
+                 or \"json_expanded\""
             )),
         }
     }
@@ -147,6 +153,14 @@ pub(crate) fn write_formatted(
             Ok(())
         }
         RecordFormat::Json => write_connect_json(buf, type_oid, v),
+        // Debezium expands a payload that is a Java String (a text or json column's value).
+        RecordFormat::JsonExpanded => match (connect_type(type_oid), v) {
+            (Some(("string", _)), Some(v)) if type_oid != oid::UUID => {
+                let s = std::str::from_utf8(v).map_err(|_| "text is not valid UTF-8".to_owned())?;
+                crate::expand::write_expanded(buf, s)
+            }
+            _ => write_connect_json(buf, type_oid, v),
+        },
         RecordFormat::JsonWithSchema => {
             let (ty, name) = connect_type(type_oid).ok_or_else(|| unsupported(type_oid))?;
             buf.extend_from_slice(b"{\"schema\":{\"type\":\"");
@@ -396,6 +410,7 @@ mod tests {
             RecordFormat::AsStored,
             RecordFormat::Json,
             RecordFormat::JsonWithSchema,
+            RecordFormat::JsonExpanded,
         ] {
             assert_eq!(f.as_str().parse::<RecordFormat>(), Ok(f));
         }

@@ -106,6 +106,7 @@
 pub mod cloudevents;
 pub mod config;
 pub mod error;
+mod expand;
 pub mod format;
 pub mod message;
 pub mod murmur2;

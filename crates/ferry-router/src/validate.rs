@@ -287,6 +287,13 @@ impl RouteConfig {
                  schemas.enable = false) or envelope = false",
             ));
         }
+        if self.key_format == RecordFormat::JsonExpanded {
+            p.push(ConfigProblem::new(
+                "route.key_format",
+                "\"json_expanded\" is for the value (Debezium's table.expand.json.payload expands the \
+                 payload only); the key's JsonConverter format is \"json\" or \"json_with_schema\"",
+            ));
+        }
         for (key, format, set) in [
             (
                 "route.key_schema_optional",

@@ -110,6 +110,10 @@ fn ns_per_row() {
             "[route]\nkey_format = \"json\"\nvalue_format = \"json\"",
         ),
         plain(
+            "value json_expanded (parse and rewrite the payload)",
+            "[route]\nvalue_format = \"json_expanded\"",
+        ),
+        plain(
             "key and value json_with_schema",
             "[route]\nkey_format = \"json_with_schema\"\nvalue_format = \"json_with_schema\"",
         ),

@@ -213,3 +213,51 @@ fn json_key_narrows_the_accepted_key_types() {
         .unwrap();
     assert_eq!(req.accepted_types, None);
 }
+
+/// `json_expanded`: Debezium's `table.expand.json.payload` through `JsonConverter` without
+/// schemas (`JsonSchemaData` with `table.json.payload.null.behavior = ignore`): the jsonb text
+/// parsed and written compactly, null members and empty arrays left out, numbers as Java
+/// writes an int, a long and a double.
+#[test]
+fn json_expanded_value() {
+    let row = base_row().with(
+        "payload",
+        oid::JSONB,
+        r#"{"id": 42, "big": 3000000000, "total": 39.98, "rate": 0.0001, "tags": ["a", "b"], "note": null, "none": [], "lines": [{"qty": 1, "sku": "x"}]}"#,
+    );
+    let r = route("[route]\nvalue_format = \"json_expanded\"", &row);
+    assert_eq!(
+        text(&r.value),
+        r#"{"id":42,"big":3000000000,"total":39.98,"rate":1.0E-4,"tags":["a","b"],"lines":[{"qty":1,"sku":"x"}]}"#
+    );
+    // What Debezium could not expand it sent as a string: the same bytes as "json".
+    let row = base_row().with("payload", oid::JSONB, r#"{"mixed": [1, "a"]}"#);
+    assert_eq!(
+        text(&route("[route]\nvalue_format = \"json_expanded\"", &row).value),
+        text(&route("[route]\nvalue_format = \"json\"", &row).value)
+    );
+    // An envelope: the expanded payload, then the fields as JsonConverter writes them.
+    let r = route(
+        "[route]\nenvelope = true\nvalue_format = \"json_expanded\"\nadditional_placement = \"type:envelope:eventType\"",
+        &base_row(),
+    );
+    assert_eq!(
+        text(&r.value),
+        r#"{"payload":{"total":39.98},"eventType":"OrderCreated"}"#
+    );
+    // A document Kafka Connect failed on is a routing error (the on_error policy applies).
+    let row = base_row().with(
+        "payload",
+        oid::JSONB,
+        r#"{"n": 123456789012345678901234567890}"#,
+    );
+    let e = router("[route]\nvalue_format = \"json_expanded\"")
+        .route_row(&row, COMMIT_MICROS)
+        .unwrap_err();
+    assert!(e.to_string().contains("expand"), "{e}");
+    assert_problem(
+        "[route]\nkey_format = \"json_expanded\"",
+        "route.key_format",
+        "value",
+    );
+}

@@ -1,0 +1,641 @@
+//! `route.value_format = "json_expanded"`: the value Debezium's Outbox Event Router wrote with
+//! `table.expand.json.payload = true` through Kafka Connect's `JsonConverter` with
+//! `schemas.enable = false`.
+//!
+//! Debezium (`EventRouterDelegate`, `JsonSchemaData`, `table.json.payload.null.behavior =
+//! ignore`, its default) parses a payload that starts with `{` or `[` with Jackson, infers a
+//! Connect schema from it and builds a struct; the converter then writes the struct compactly.
+//! What that does to a document, and what this module does alike:
+//!
+//! - Object members keep their order; a member whose value is `null` or `[]` has no schema and
+//!   is left out. A key seen twice keeps its first place and last value (Jackson's `ObjectNode`).
+//! - Numbers: an integer that fits 32 bits is an `int32`, 64 bits an `int64`, anything else a
+//!   `float64` written as Java's `Double.toString` writes it (`1.5`, `100.0`, `1.0E-4`,
+//!   `1.0E21`; the shortest digits that read back, as JDK 19+ prints them). Checked against
+//!   JDK 17's `Double.toString` on 200,000 doubles (random bits, money-like and scaled values):
+//!   every value in 10⁻³..10⁷ agrees; 2,641 outside it differ only where JDK 17 and older print
+//!   one more digit than needed (`7.8475983056526093E17`), which JDK 19+ no longer does, so a
+//!   Debezium on an older JVM wrote those few values longer. An integer beyond
+//!   64 bits becomes a `BigDecimal` that the converter cannot write: the connector's task
+//!   failed there, and Ferry reports a routing error.
+//! - Arrays take the schema of their first non-null element; `null` elements stay `null`.
+//!   Elements of different kinds (a string and a number, an `int32` and an `int64`, an integer
+//!   and a fraction), an array of nulls only, or a top-level array make the expansion fail, and
+//!   Debezium then sent the payload unexpanded: as a JSON string, which is what Ferry writes too.
+//!   An array of objects takes the union of its elements' schemas, in an order that depends on
+//!   Java hash codes when the elements differ in shape: Ferry reproduces arrays of objects of one
+//!   shape and reports a routing error for the others rather than guess.
+//! - A payload that does not start with `{` (a JSON scalar, an array, text) is not expanded:
+//!   a JSON string.
+//!
+//! Strings are escaped as in [`crate::format`].
+
+use crate::format::jackson_string;
+
+/// A parsed JSON value, with numbers classified as Jackson's tree model classifies them.
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    Null,
+    Bool(bool),
+    /// An integer in `i32` range (Jackson `IntNode`).
+    Int(i64),
+    /// An integer in `i64` range (`LongNode`).
+    Long(i64),
+    /// An integer beyond (`BigIntegerNode`).
+    Big,
+    /// A number with a fraction or exponent (`DoubleNode`).
+    Double(f64),
+    Str(String),
+    Arr(Vec<Node>),
+    Obj(Vec<(String, Node)>),
+}
+
+/// A Connect schema as `JsonSchemaData::toConnectSchema` infers it.
+#[derive(Debug, Clone, PartialEq)]
+enum Schema {
+    Str,
+    Bool,
+    Int32,
+    Int64,
+    Float64,
+    Array(Box<Schema>),
+    Struct(Vec<(String, Schema)>),
+}
+
+/// Why a document is not written expanded.
+#[derive(Debug, Clone, PartialEq)]
+enum NotExpanded {
+    /// Debezium's expansion failed: it sent the payload as a string.
+    AsString,
+    /// Debezium failed later (or did something Ferry cannot reproduce): a routing error.
+    Error(String),
+}
+
+/// Writes `payload` (a JSON document's text, valid UTF-8) as Debezium's expansion and
+/// `JsonConverter` wrote it; `Err` where that cannot be reproduced (see the module docs).
+pub(crate) fn write_expanded(buf: &mut Vec<u8>, payload: &str) -> Result<(), String> {
+    match expanded(payload) {
+        Ok(bytes) => {
+            buf.extend_from_slice(&bytes);
+            Ok(())
+        }
+        Err(NotExpanded::AsString) => {
+            jackson_string(buf, payload);
+            Ok(())
+        }
+        Err(NotExpanded::Error(e)) => Err(e),
+    }
+}
+
+fn expanded(payload: &str) -> Result<Vec<u8>, NotExpanded> {
+    if !payload.starts_with('{') {
+        return Err(NotExpanded::AsString);
+    }
+    let node = Parser::new(payload)
+        .document()
+        .map_err(|_| NotExpanded::AsString)?;
+    let schema = schema_of(&node)?.ok_or(NotExpanded::AsString)?;
+    let mut out = Vec::with_capacity(payload.len());
+    write(&mut out, &node, &schema)?;
+    Ok(out)
+}
+
+fn schema_of(node: &Node) -> Result<Option<Schema>, NotExpanded> {
+    Ok(Some(match node {
+        Node::Str(_) => Schema::Str,
+        Node::Bool(_) => Schema::Bool,
+        Node::Int(_) => Schema::Int32,
+        Node::Long(_) => Schema::Int64,
+        Node::Big | Node::Double(_) => Schema::Float64,
+        Node::Null => return Ok(None),
+        Node::Arr(items) if items.is_empty() => return Ok(None),
+        Node::Arr(items) => Schema::Array(Box::new(element_schema(items)?)),
+        Node::Obj(members) => {
+            let mut fields: Vec<(String, Schema)> = Vec::with_capacity(members.len());
+            for (k, v) in members {
+                if let Some(s) = schema_of(v)? {
+                    if !fields.iter().any(|(f, _)| f == k) {
+                        fields.push((k.clone(), s));
+                    }
+                }
+            }
+            Schema::Struct(fields)
+        }
+    }))
+}
+
+fn kind(node: &Node) -> u8 {
+    match node {
+        Node::Null => 0,
+        Node::Bool(_) => 1,
+        Node::Int(_) | Node::Long(_) | Node::Big | Node::Double(_) => 2,
+        Node::Str(_) => 3,
+        Node::Arr(_) => 4,
+        Node::Obj(_) => 5,
+    }
+}
+
+/// `toConnectSchemaWithCycles` with `getFirstArrayElement`.
+fn element_schema(items: &[Node]) -> Result<Schema, NotExpanded> {
+    let mut sample: Option<&Node> = None;
+    for item in items.iter().filter(|i| **i != Node::Null) {
+        let first = *sample.get_or_insert(item);
+        if kind(item) != kind(first) {
+            return Err(NotExpanded::AsString);
+        }
+        if kind(first) == 2 && schema_of(item)? != schema_of(first)? {
+            return Err(NotExpanded::AsString);
+        }
+    }
+    let Some(sample) = sample else {
+        return Err(NotExpanded::AsString);
+    };
+    if let Node::Obj(_) = sample {
+        let mut shapes: Vec<Schema> = Vec::new();
+        for item in items.iter().filter(|i| matches!(i, Node::Obj(_))) {
+            if let Some(s) = schema_of(item)? {
+                if !shapes.contains(&s) {
+                    shapes.push(s);
+                }
+            }
+        }
+        return match shapes.len() {
+            1 => Ok(shapes.remove(0)),
+            _ => Err(NotExpanded::Error(
+                "table.expand.json.payload: an array holds objects of different shapes, whose \
+                 merged schema Debezium ordered by Java hash codes; Ferry cannot reproduce that \
+                 order (use route.value_format = \"as_stored\" or \"json\")"
+                    .to_owned(),
+            )),
+        };
+    }
+    schema_of(sample)?.ok_or(NotExpanded::AsString)
+}
+
+fn mismatch(what: &str) -> NotExpanded {
+    NotExpanded::Error(format!(
+        "table.expand.json.payload: {what}; Kafka Connect's JsonConverter failed on such a \
+         document, so there are no bytes to reproduce (use route.value_format = \"as_stored\" or \
+         \"json\")"
+    ))
+}
+
+fn write(out: &mut Vec<u8>, node: &Node, schema: &Schema) -> Result<(), NotExpanded> {
+    match (node, schema) {
+        (Node::Null, _) => out.extend_from_slice(b"null"),
+        (Node::Str(s), Schema::Str) => jackson_string(out, s),
+        (Node::Bool(b), Schema::Bool) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        (Node::Int(n), Schema::Int32) | (Node::Long(n), Schema::Int64) => {
+            out.extend_from_slice(n.to_string().as_bytes())
+        }
+        (Node::Double(d), Schema::Float64) => java_double(out, *d)?,
+        (Node::Big, _) => {
+            return Err(mismatch(
+                "an integer beyond 64 bits became a BigDecimal in a float64 field",
+            ))
+        }
+        (Node::Arr(items), Schema::Array(element)) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write(out, item, element)?;
+            }
+            out.push(b']');
+        }
+        (Node::Obj(members), Schema::Struct(fields)) => {
+            out.push(b'{');
+            for (i, (name, field)) in fields.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                jackson_string(out, name);
+                out.push(b':');
+                // Jackson's ObjectNode keeps a repeated key's last value.
+                match members.iter().rev().find(|(k, _)| k == name) {
+                    Some((_, v)) => write(out, v, field)?,
+                    None => out.extend_from_slice(b"null"),
+                }
+            }
+            out.push(b'}');
+        }
+        _ => {
+            return Err(mismatch(
+                "an array's elements differ from its first one's schema",
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// `Double.toString` (JDK 19+: the shortest digits that read back): plain notation with at
+/// least one fraction digit for 10⁻³ ≤ |d| < 10⁷, else `d.dddE±n`.
+fn java_double(out: &mut Vec<u8>, d: f64) -> Result<(), NotExpanded> {
+    if !d.is_finite() {
+        return Err(mismatch("a number overflows a double"));
+    }
+    if d == 0.0 {
+        out.extend_from_slice(if d.is_sign_negative() {
+            b"-0.0"
+        } else {
+            b"0.0"
+        });
+        return Ok(());
+    }
+    if d < 0.0 {
+        out.push(b'-');
+    }
+    let a = d.abs();
+    // Rust's `{:e}` gives the shortest round-tripping digits: "3.998e1", "1e-7". Java never
+    // picks fewer than two: where one would do, it takes the two-digit decimal closest to the
+    // value (`4.9E-324` for the smallest subnormal, whose shortest is 5e-324), with a trailing
+    // zero dropped again (`1.0E21` is digits "1").
+    let mut sci = format!("{a:e}");
+    if !sci.contains('.') {
+        sci = format!("{a:.1e}");
+    }
+    let (mantissa, exp) = sci.split_once('e').expect("LowerExp writes an exponent");
+    let exp: i32 = exp.parse().expect("LowerExp writes an integer exponent");
+    let mut digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    while digits.len() > 1 && digits.ends_with('0') {
+        digits.pop();
+    }
+    if (1e-3..1e7).contains(&a) {
+        let point = exp + 1;
+        if point <= 0 {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', (-point) as usize));
+            out.extend_from_slice(digits.as_bytes());
+        } else if point as usize >= digits.len() {
+            out.extend_from_slice(digits.as_bytes());
+            out.extend(std::iter::repeat_n(b'0', point as usize - digits.len()));
+            out.extend_from_slice(b".0");
+        } else {
+            let (int, frac) = digits.split_at(point as usize);
+            out.extend_from_slice(int.as_bytes());
+            out.push(b'.');
+            out.extend_from_slice(frac.as_bytes());
+        }
+    } else {
+        out.extend_from_slice(&digits.as_bytes()[..1]);
+        out.push(b'.');
+        out.extend_from_slice(if digits.len() > 1 {
+            &digits.as_bytes()[1..]
+        } else {
+            b"0"
+        });
+        out.push(b'E');
+        out.extend_from_slice(exp.to_string().as_bytes());
+    }
+    Ok(())
+}
+
+/// A strict JSON (RFC 8259) reader into [`Node`]s.
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+    depth: usize,
+}
+
+/// Nesting deeper than this is refused (Jackson's default `maxNestingDepth` is 1000).
+const MAX_DEPTH: usize = 1000;
+
+impl<'a> Parser<'a> {
+    fn new(s: &'a str) -> Self {
+        Parser {
+            s: s.as_bytes(),
+            i: 0,
+            depth: 0,
+        }
+    }
+
+    fn document(mut self) -> Result<Node, ()> {
+        let v = self.value()?;
+        self.ws();
+        if self.i == self.s.len() {
+            Ok(v)
+        } else {
+            Err(())
+        }
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.s.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, lit: &[u8]) -> Result<(), ()> {
+        if self.s[self.i..].starts_with(lit) {
+            self.i += lit.len();
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+
+    fn value(&mut self) -> Result<Node, ()> {
+        self.ws();
+        match self.s.get(self.i).ok_or(())? {
+            b'{' => {
+                self.enter()?;
+                self.i += 1;
+                let mut members: Vec<(String, Node)> = Vec::new();
+                self.ws();
+                if self.s.get(self.i) == Some(&b'}') {
+                    self.i += 1;
+                } else {
+                    loop {
+                        self.ws();
+                        let k = self.string()?;
+                        self.ws();
+                        self.eat(b":")?;
+                        let v = self.value()?;
+                        match members.iter_mut().find(|(m, _)| *m == k) {
+                            Some(m) => m.1 = v,
+                            None => members.push((k, v)),
+                        }
+                        self.ws();
+                        match self.s.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(b'}') => {
+                                self.i += 1;
+                                break;
+                            }
+                            _ => return Err(()),
+                        }
+                    }
+                }
+                self.depth -= 1;
+                Ok(Node::Obj(members))
+            }
+            b'[' => {
+                self.enter()?;
+                self.i += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.s.get(self.i) == Some(&b']') {
+                    self.i += 1;
+                } else {
+                    loop {
+                        items.push(self.value()?);
+                        self.ws();
+                        match self.s.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(b']') => {
+                                self.i += 1;
+                                break;
+                            }
+                            _ => return Err(()),
+                        }
+                    }
+                }
+                self.depth -= 1;
+                Ok(Node::Arr(items))
+            }
+            b'"' => Ok(Node::Str(self.string()?)),
+            b't' => self.eat(b"true").map(|_| Node::Bool(true)),
+            b'f' => self.eat(b"false").map(|_| Node::Bool(false)),
+            b'n' => self.eat(b"null").map(|_| Node::Null),
+            _ => self.number(),
+        }
+    }
+
+    fn enter(&mut self) -> Result<(), ()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            Err(())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn number(&mut self) -> Result<Node, ()> {
+        let start = self.i;
+        if self.s.get(self.i) == Some(&b'-') {
+            self.i += 1;
+        }
+        let digits = |p: &mut Self| {
+            let from = p.i;
+            while p.s.get(p.i).is_some_and(u8::is_ascii_digit) {
+                p.i += 1;
+            }
+            p.i - from
+        };
+        let int_start = self.i;
+        let n = digits(self);
+        if n == 0 || (n > 1 && self.s[int_start] == b'0') {
+            return Err(());
+        }
+        let mut integral = true;
+        if self.s.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            integral = false;
+            if digits(self) == 0 {
+                return Err(());
+            }
+        }
+        if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
+            self.i += 1;
+            integral = false;
+            if matches!(self.s.get(self.i), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            if digits(self) == 0 {
+                return Err(());
+            }
+        }
+        let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|_| ())?;
+        if !integral {
+            return text.parse().map(Node::Double).map_err(|_| ());
+        }
+        Ok(match text.parse::<i64>() {
+            Ok(v) if i32::try_from(v).is_ok() => Node::Int(v),
+            Ok(v) => Node::Long(v),
+            Err(_) => Node::Big,
+        })
+    }
+
+    fn hex4(&mut self) -> Result<u32, ()> {
+        let h = self.s.get(self.i..self.i + 4).ok_or(())?;
+        let h = std::str::from_utf8(h).map_err(|_| ())?;
+        if !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(());
+        }
+        self.i += 4;
+        u32::from_str_radix(h, 16).map_err(|_| ())
+    }
+
+    fn string(&mut self) -> Result<String, ()> {
+        self.eat(b"\"")?;
+        let mut out = Vec::new();
+        loop {
+            let b = *self.s.get(self.i).ok_or(())?;
+            self.i += 1;
+            match b {
+                b'"' => break,
+                b'\\' => {
+                    let e = *self.s.get(self.i).ok_or(())?;
+                    self.i += 1;
+                    let c = match e {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => {
+                            let hi = self.hex4()?;
+                            let cp = if (0xd800..0xdc00).contains(&hi) {
+                                self.eat(b"\\u")?;
+                                let lo = self.hex4()?;
+                                if !(0xdc00..0xe000).contains(&lo) {
+                                    return Err(());
+                                }
+                                0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00)
+                            } else {
+                                hi
+                            };
+                            // A lone surrogate: Jackson would keep it; text cannot. Not expanded.
+                            char::from_u32(cp).ok_or(())?
+                        }
+                        _ => return Err(()),
+                    };
+                    let mut tmp = [0u8; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut tmp).as_bytes());
+                }
+                0..=0x1f => return Err(()),
+                _ => out.push(b),
+            }
+        }
+        String::from_utf8(out).map_err(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exp(payload: &str) -> Result<String, String> {
+        let mut buf = Vec::new();
+        write_expanded(&mut buf, payload).map(|()| String::from_utf8(buf).unwrap())
+    }
+
+    /// Java's `Double.toString` for values around each boundary of its two notations.
+    #[test]
+    fn java_double_notation() {
+        let cases: &[(f64, &str)] = &[
+            (1.5, "1.5"),
+            (39.98, "39.98"),
+            (100.0, "100.0"),
+            (0.001, "0.001"),
+            (0.0001, "1.0E-4"),
+            (0.00015, "1.5E-4"),
+            (1234567.0, "1234567.0"),
+            (9999999.0, "9999999.0"),
+            (10000000.0, "1.0E7"),
+            (12345678.9, "1.23456789E7"),
+            (1e21, "1.0E21"),
+            (-2.5, "-2.5"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (f64::MAX, "1.7976931348623157E308"),
+            (f64::MIN_POSITIVE, "2.2250738585072014E-308"),
+            (5e-324, "4.9E-324"),
+            (0.0, "0.0"),
+        ];
+        for (d, want) in cases {
+            let mut out = Vec::new();
+            java_double(&mut out, *d).unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), *want, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn objects_numbers_strings_nulls_and_arrays() {
+        // PostgreSQL's jsonb text: spaces, its own key order; nulls and [] are left out.
+        assert_eq!(
+            exp(r#"{"n": 1, "id": 7, "big": 3000000000, "total": 39.98, "q": 1.50, "note": "x\ny", "gone": null, "none": [], "ok": true}"#).unwrap(),
+            r#"{"n":1,"id":7,"big":3000000000,"total":39.98,"q":1.5,"note":"x\ny","ok":true}"#
+        );
+        assert_eq!(
+            exp(r#"{"a": {"b": {"c": [1, null, 3]}, "e": {}}, "s": ["x", null]}"#).unwrap(),
+            r#"{"a":{"b":{"c":[1,null,3]},"e":{}},"s":["x",null]}"#
+        );
+        // An array of objects of one shape.
+        assert_eq!(
+            exp(r#"{"lines": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": 2}]}"#).unwrap(),
+            r#"{"lines":[{"sku":"a","qty":1},{"sku":"b","qty":2}]}"#
+        );
+        // Escapes decoded, then written the way Jackson escapes.
+        assert_eq!(
+            exp(r#"{"t": "\u00e9\/\u0001\ud83d\ude00"}"#).unwrap(),
+            "{\"t\":\"é/\\u0001😀\"}"
+        );
+    }
+
+    /// Where Debezium's expansion failed, it sent the payload as a JSON string.
+    #[test]
+    fn what_debezium_did_not_expand_is_a_json_string() {
+        for payload in [
+            r#"[1, 2]"#,
+            r#""text""#,
+            "42",
+            "not json",
+            r#"{"mixed": [1, "a"]}"#,
+            r#"{"ints": [1, 3000000000]}"#,
+            r#"{"nums": [1, 1.5]}"#,
+            r#"{"nulls": [null, null]}"#,
+            r#"{"deep": [[]]}"#,
+            r#"{"broken": "#,
+        ] {
+            let mut want = Vec::new();
+            jackson_string(&mut want, payload);
+            assert_eq!(
+                exp(payload).unwrap(),
+                String::from_utf8(want).unwrap(),
+                "{payload}"
+            );
+        }
+    }
+
+    /// Where Debezium's converter failed, or its output depends on Java hash codes: an error.
+    #[test]
+    fn what_cannot_be_reproduced_is_an_error() {
+        for payload in [
+            r#"{"huge": 123456789012345678901234567890}"#,
+            r#"{"a": [{"x": 1}, {"y": 2}]}"#,
+            r#"{"a": [[1], [1.5]]}"#,
+            r#"{"over": 1e400}"#,
+        ] {
+            let e = exp(payload).unwrap_err();
+            assert!(e.contains("table.expand.json.payload"), "{payload}: {e}");
+        }
+    }
+
+    #[test]
+    fn duplicate_keys_keep_the_first_place_and_the_last_value() {
+        assert_eq!(
+            exp(r#"{"a": 1, "b": 2, "a": 3}"#).unwrap(),
+            r#"{"a":3,"b":2}"#
+        );
+    }
+
+    #[test]
+    fn hostile_input_never_panics() {
+        let deep = "{\"a\":".repeat(2000);
+        assert!(exp(&deep).is_ok());
+        for s in [
+            "{",
+            "{\"a\"",
+            "{\"a\":-}",
+            "{\"a\":01}",
+            "{\"a\":\"\\ud800\"}",
+            "{\"a\":1.}",
+        ] {
+            assert!(exp(s).is_ok(), "{s}");
+        }
+    }
+}
