@@ -45,9 +45,11 @@ usage: ferry-bench chaos [flags]
   --big-txn         also commit one 1,000,000-row transaction a third of the way in
   --kill-every S    weigh kill -9 so that one comes about every S seconds (default: the
                     standard mix, about one fault in three a kill)
-  --broker-sigkill  the broker fault kills the broker with SIGKILL (default: SIGTERM, a clean
-                    stop): noida-db, the local test broker, loses records it acknowledged when
-                    killed, which would be counted as lost although Ferry never saw them fail
+  --broker-sigkill  the broker fault kills the broker with SIGKILL (default: a clean stop,
+                    SIGTERM, with Ferry's link cut first): noida-db, the local test broker,
+                    loses records it acknowledged when killed, and those it acknowledges while
+                    it saves its data on SIGTERM, which would be counted as lost although Ferry
+                    never saw them fail
   --exactly-once    run Ferry with FERRY_KAFKA_EXACTLY_ONCE=true, read with
                     isolation.level=read_committed, and require 0 duplicates
   -h, --help        this text
@@ -519,11 +521,21 @@ impl World {
             FaultKind::BrokerKill => {
                 let b = self.broker.clone();
                 let sigkill = self.broker_sigkill;
+                // noida-db writes its data file when it gets SIGTERM but goes on answering while
+                // it writes: a record it acknowledges then is not in the file (measured: 24,813
+                // of 27,513 acknowledged records gone after a 2.2 s save of a 700 MB file), a
+                // loss no Kafka broker's clean shutdown causes. So Ferry is cut off first (the
+                // proxy forwards nothing), and the connections are reset once the broker is down.
+                if !sigkill {
+                    self.kafka_proxy.inject(Fault::Blackhole);
+                }
                 tokio::task::spawn_blocking(move || if sigkill { b.kill() } else { b.stop() })
                     .await?;
+                self.kafka_proxy.inject(Fault::Cut);
                 tokio::time::sleep(p.hold).await;
                 let b = self.broker.clone();
                 tokio::task::spawn_blocking(move || b.start_again()).await?;
+                self.kafka_proxy.heal();
             }
         }
         Ok(())
