@@ -23,6 +23,9 @@ usage: ferry-bench [flags]
                         takeover (default 7; 0 skips them)
   --out DIR             write results.md and results.svg to DIR (default: bench/ of the source
                         tree for a full-matrix run, nowhere otherwise)
+  --pinned              PostgreSQL on CPU 0, the contenders, the broker and this harness on CPU 1
+                        (needs 2 CPUs): a deployment where the relay does not share the database's
+                        cores; without it everything shares every CPU
   --smoke               tiny version of everything, one run (the CI stage): --runs 1 --scale 0.01
                         --latency-secs 2
   -h, --help            this text
@@ -45,6 +48,8 @@ pub struct Args {
     pub compression: String,
     pub out: Option<PathBuf>,
     pub smoke: bool,
+    /// `--pinned` (see `pin`).
+    pub pinned: bool,
     /// The flags as given, for the report.
     pub command: String,
 }
@@ -65,6 +70,7 @@ impl Args {
                 .to_owned(),
             out: None,
             smoke: false,
+            pinned: false,
             command: std::iter::once("ferry-bench".to_string())
                 .chain(args.iter().cloned())
                 .collect::<Vec<_>>()
@@ -84,6 +90,10 @@ impl Args {
                     full = false;
                 }
                 "--runs" => a.runs = value()?.parse()?,
+                "--pinned" => {
+                    a.pinned = true;
+                    full = false;
+                }
                 "--scale" => {
                     scale = Some(value()?.parse()?);
                     full = false;

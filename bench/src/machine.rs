@@ -18,6 +18,8 @@ pub struct Machine {
     pub commit: String,
     /// 1-minute load averages seen during the run (start, between workloads, end).
     pub loads: Vec<f64>,
+    /// `--pinned`: PostgreSQL on CPU 0, everything else on CPU 1.
+    pub pinned: bool,
 }
 
 impl Machine {
@@ -49,6 +51,7 @@ impl Machine {
             librdkafka: rdkafka::util::get_rdkafka_version().1,
             commit: commit(),
             loads: vec![load_average()],
+            pinned: false,
             ..Machine::default()
         }
     }
@@ -56,7 +59,7 @@ impl Machine {
     /// "1 core … 24 GiB" line for headers.
     pub fn summary(&self) -> String {
         format!(
-            "{} × {}, {:.0} GiB RAM, Linux {}{}",
+            "{} × {}, {:.0} GiB RAM, Linux {}{}{}",
             self.cores,
             self.cpu,
             self.memory_gib,
@@ -65,6 +68,11 @@ impl Machine {
                 String::new()
             } else {
                 format!(" ({})", self.os)
+            },
+            if self.pinned {
+                "; pinned: PostgreSQL on CPU 0, the rest on CPU 1"
+            } else {
+                "; shared: every process on every CPU"
             }
         )
     }

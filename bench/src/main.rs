@@ -27,6 +27,7 @@ mod ferry;
 mod kafka;
 mod latency;
 mod machine;
+mod pin;
 mod procfs;
 mod raw;
 mod recv;
@@ -163,8 +164,30 @@ async fn run(args: Args) -> Res<()> {
     if needs_ferry {
         report.machine.ferry = machine::output(&ferry::bin()?.to_string_lossy(), &["--version"]);
     }
+    if args.pinned {
+        if pin::cpus_available() < 2 {
+            return Err("--pinned needs 2 CPUs".into());
+        }
+        // First, so that the broker started next inherits it; PostgreSQL is moved after.
+        pin::pin_self(pin::CLIENT_CPU)?;
+        report.machine.pinned = true;
+    }
     let mut world = World::start().await?;
     let admin = pg::connect(&world.admin_url).await;
+    if args.pinned {
+        let backend: i32 = admin
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        let postmaster = pin::parent_of(backend)
+            .ok_or("--pinned: cannot find the postmaster (is PostgreSQL on this machine?)")?;
+        let n = pin::pin_tree(postmaster, pin::PG_CPU)?;
+        println!(
+            "ferry-bench: pinned {n} PostgreSQL processes to CPU {}, this harness (and what it starts) to CPU {}",
+            pin::PG_CPU,
+            pin::CLIENT_CPU
+        );
+    }
     report.machine.postgres = admin.query_one("SHOW server_version", &[]).await?.get(0);
     report.machine.broker = world.broker_version();
     println!(
