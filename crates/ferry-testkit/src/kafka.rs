@@ -162,11 +162,22 @@ impl LocalBroker {
 
 impl Drop for LocalBroker {
     fn drop(&mut self) {
+        // FERRY_TEST_KEEP_BROKER_DATA: stop it cleanly (noida-db saves its data file then) and
+        // keep the directory, to look into what the broker held.
+        let keep = std::env::var_os("FERRY_TEST_KEEP_BROKER_DATA").is_some();
         if let Some(mut c) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = c.kill();
+            if keep {
+                process::signal(&c, libc::SIGTERM);
+            } else {
+                let _ = c.kill();
+            }
             let _ = c.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.data);
+        if keep {
+            eprintln!("broker data kept in {}", self.data.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.data);
+        }
     }
 }
 
