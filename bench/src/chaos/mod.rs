@@ -190,8 +190,15 @@ pub async fn main(argv: &[String]) -> i32 {
 const SLOT: &str = "ferry_chaos";
 const TOPIC: &str = "chaos";
 const PARTITIONS: i32 = 4;
-/// How long the broker is left to finish the requests it already has before a clean stop.
-const BROKER_QUIESCE: Duration = Duration::from_secs(1);
+/// How long the broker is left to finish the requests it already has before a clean stop:
+/// 1 s, or `FERRY_CHAOS_BROKER_QUIESCE_MS` (0 shows what the wait prevents).
+fn broker_quiesce() -> Duration {
+    let ms = std::env::var("FERRY_CHAOS_BROKER_QUIESCE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    Duration::from_millis(ms)
+}
 
 /// How long, after everything is healed, the confirmed LSN may take to pass the last commit.
 const CATCH_UP: Duration = Duration::from_secs(300);
@@ -552,7 +559,7 @@ impl World {
                 // written leaves a transaction committed on one partition and open on another).
                 if !sigkill {
                     self.kafka_proxy.inject(Fault::Blackhole);
-                    tokio::time::sleep(BROKER_QUIESCE).await;
+                    tokio::time::sleep(broker_quiesce()).await;
                 }
                 tokio::task::spawn_blocking(move || if sigkill { b.kill() } else { b.stop() })
                     .await?;
