@@ -191,9 +191,9 @@ const SLOT: &str = "ferry_chaos";
 const TOPIC: &str = "chaos";
 const PARTITIONS: i32 = 4;
 /// How long the broker is left to finish the requests it already has before a clean stop:
-/// 1 s, or `FERRY_CHAOS_BROKER_QUIESCE_MS` (0 shows what the wait prevents).
+/// 1 s, or `FERRY_BENCH_CHAOS_BROKER_QUIESCE_MS` (0 shows what the wait prevents).
 fn broker_quiesce() -> Duration {
-    let ms = std::env::var("FERRY_CHAOS_BROKER_QUIESCE_MS")
+    let ms = std::env::var("FERRY_BENCH_CHAOS_BROKER_QUIESCE_MS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
