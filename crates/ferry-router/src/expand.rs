@@ -212,8 +212,8 @@ fn write(out: &mut Vec<u8>, node: &Node, schema: &Schema) -> Result<(), NotExpan
                 }
                 jackson_string(out, name);
                 out.push(b':');
-                // Jackson's ObjectNode keeps a repeated key's last value.
-                match members.iter().rev().find(|(k, _)| k == name) {
+                // A repeated key was merged by the parser (Jackson's first place, last value).
+                match members.iter().find(|(k, _)| k == name) {
                     Some((_, v)) => write(out, v, field)?,
                     None => out.extend_from_slice(b"null"),
                 }

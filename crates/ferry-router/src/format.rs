@@ -114,18 +114,43 @@ pub const JSON_FORMAT_TYPES: &[u32] = &[
     oid::BOOL,
 ];
 
-/// The Connect schema of a column type as `JsonConverter` writes it, without `optional` and
-/// what follows it: `(type, name and version)`.
-fn connect_type(type_oid: u32) -> Option<(&'static str, Option<&'static str>)> {
+/// A Connect schema type, as far as the column types above need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnectType {
+    String,
+    Bytes,
+    Int16,
+    Int32,
+    Int64,
+    Boolean,
+}
+
+impl ConnectType {
+    /// The `type` member `JsonConverter.asJsonSchema` writes.
+    fn name(self) -> &'static str {
+        match self {
+            ConnectType::String => "string",
+            ConnectType::Bytes => "bytes",
+            ConnectType::Int16 => "int16",
+            ConnectType::Int32 => "int32",
+            ConnectType::Int64 => "int64",
+            ConnectType::Boolean => "boolean",
+        }
+    }
+}
+
+/// The Connect schema Debezium gives a column type: its type and, for a logical type, its
+/// name (version 1).
+fn connect_type(type_oid: u32) -> Option<(ConnectType, Option<&'static str>)> {
     Some(match type_oid {
-        oid::TEXT | oid::VARCHAR | oid::BPCHAR | oid::NAME => ("string", None),
-        oid::JSON | oid::JSONB => ("string", Some("io.debezium.data.Json")),
-        oid::UUID => ("string", Some("io.debezium.data.Uuid")),
-        oid::BYTEA => ("bytes", None),
-        oid::INT2 => ("int16", None),
-        oid::INT4 => ("int32", None),
-        oid::INT8 => ("int64", None),
-        oid::BOOL => ("boolean", None),
+        oid::TEXT | oid::VARCHAR | oid::BPCHAR | oid::NAME => (ConnectType::String, None),
+        oid::JSON | oid::JSONB => (ConnectType::String, Some("io.debezium.data.Json")),
+        oid::UUID => (ConnectType::String, Some("io.debezium.data.Uuid")),
+        oid::BYTEA => (ConnectType::Bytes, None),
+        oid::INT2 => (ConnectType::Int16, None),
+        oid::INT4 => (ConnectType::Int32, None),
+        oid::INT8 => (ConnectType::Int64, None),
+        oid::BOOL => (ConnectType::Boolean, None),
         _ => return None,
     })
 }
@@ -155,7 +180,7 @@ pub(crate) fn write_formatted(
         RecordFormat::Json => write_connect_json(buf, type_oid, v),
         // Debezium expands a payload that is a Java String (a text or json column's value).
         RecordFormat::JsonExpanded => match (connect_type(type_oid), v) {
-            (Some(("string", _)), Some(v)) if type_oid != oid::UUID => {
+            (Some((ConnectType::String, _)), Some(v)) if type_oid != oid::UUID => {
                 let s = std::str::from_utf8(v).map_err(|_| "text is not valid UTF-8".to_owned())?;
                 crate::expand::write_expanded(buf, s)
             }
@@ -164,7 +189,7 @@ pub(crate) fn write_formatted(
         RecordFormat::JsonWithSchema => {
             let (ty, name) = connect_type(type_oid).ok_or_else(|| unsupported(type_oid))?;
             buf.extend_from_slice(b"{\"schema\":{\"type\":\"");
-            buf.extend_from_slice(ty.as_bytes());
+            buf.extend_from_slice(ty.name().as_bytes());
             buf.extend_from_slice(b"\",\"optional\":");
             buf.extend_from_slice(if optional { b"true" } else { b"false" });
             if let Some(name) = name {
@@ -188,24 +213,26 @@ fn write_connect_json(buf: &mut Vec<u8>, type_oid: u32, v: Option<&[u8]>) -> Res
         return Ok(());
     };
     match ty {
-        "bytes" => {
+        ConnectType::Bytes => {
             buf.push(b'"');
             base64(buf, v);
             buf.push(b'"');
         }
-        "boolean" => buf.extend_from_slice(match v {
+        ConnectType::Boolean => buf.extend_from_slice(match v {
             b"t" | b"true" => b"true",
             b"f" | b"false" => b"false",
             _ => return Err("a bool column's text is neither t nor f".to_owned()),
         }),
-        "int16" | "int32" | "int64" => {
-            let n: i64 = std::str::from_utf8(v)
+        ConnectType::Int16 | ConnectType::Int32 | ConnectType::Int64 => {
+            // PostgreSQL prints integers as Java does (no `+`, no leading zeros, `-0` never),
+            // so the checked text is written as it is.
+            std::str::from_utf8(v)
                 .ok()
-                .and_then(|s| s.parse().ok())
+                .and_then(|s| s.parse::<i64>().ok())
                 .ok_or_else(|| "an integer column's text is not an integer".to_owned())?;
-            buf.extend_from_slice(n.to_string().as_bytes());
+            buf.extend_from_slice(v);
         }
-        _ => {
+        ConnectType::String => {
             let s = std::str::from_utf8(v).map_err(|_| "text is not valid UTF-8".to_owned())?;
             jackson_string(buf, s);
         }
