@@ -5,40 +5,39 @@
 
 use std::sync::Arc;
 
-use ferry_router::renders_binary;
+use ferry_router::{renders_binary, Routers};
 use ferry_wal::assembly::RelationInfo;
 
-/// The columns the router reads, and the last relation layout found readable.
+/// Per outbox table: the columns its router reads, and the last relation layout found readable.
 #[derive(Debug)]
 pub(crate) struct BinaryGuard {
-    read: Vec<String>,
-    checked: Option<Arc<RelationInfo>>,
+    tables: Vec<(Vec<String>, Option<Arc<RelationInfo>>)>,
 }
 
 impl BinaryGuard {
-    pub fn new(read: Vec<String>) -> Self {
+    pub fn new(routers: &Routers) -> Self {
         BinaryGuard {
-            read,
-            checked: None,
+            tables: routers
+                .iter()
+                .map(|r| (r.columns().into_iter().map(String::from).collect(), None))
+                .collect(),
         }
     }
 
-    /// The first column read that the layout gives a type readable only as text, if any. Each
-    /// layout is checked once: rows share their relation's `Arc`.
-    pub fn check(&mut self, relation: &Arc<RelationInfo>) -> Option<(String, u32)> {
-        if self
-            .checked
-            .as_ref()
-            .is_some_and(|c| Arc::ptr_eq(c, relation))
-        {
+    /// The first column read from the `table`-th outbox table that the layout gives a type
+    /// readable only as text, if any. Each layout is checked once: rows share their relation's
+    /// `Arc`.
+    pub fn check(&mut self, table: usize, relation: &Arc<RelationInfo>) -> Option<(String, u32)> {
+        let (read, checked) = self.tables.get_mut(table)?;
+        if checked.as_ref().is_some_and(|c| Arc::ptr_eq(c, relation)) {
             return None;
         }
-        let read: Vec<&str> = self.read.iter().map(String::as_str).collect();
+        let read: Vec<&str> = read.iter().map(String::as_str).collect();
         let layout = relation.columns.iter().map(|c| (&c.name, c.type_oid));
         if let Some(found) = unreadable(&read, layout) {
             return Some(found);
         }
-        self.checked = Some(relation.clone());
+        *checked = Some(relation.clone());
         None
     }
 }

@@ -47,7 +47,7 @@ mod window;
 pub use guard::unreadable;
 pub use inflight::Token;
 pub use progress::{ProgressKey, ProgressRecord};
-pub use relay::{Action, CoreError, Count, End, Position, Relay, RelayConfig};
+pub use relay::{Action, CoreError, Count, End, Position, Relay, RelayConfig, RowOutcome};
 pub use route::RouteErrorKind;
 pub use sink::{Report, Sink};
 pub use watermark::Watermark;

@@ -52,7 +52,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_router::{Record, RouteError, Router, TraceOutcome, TraceProblem};
+use ferry_router::{Record, RouteError, Routers, TraceOutcome, TraceProblem};
 use ferry_wal::assembly::OutboxEvent;
 use ferry_wal::Lsn;
 
@@ -66,7 +66,9 @@ use crate::window::Window;
 /// What the core needs to know, fixed for its life.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    pub router: Arc<Router>,
+    /// A router per outbox table ([`ferry_wal::assembly::OutboxRow::table`] picks one); the first
+    /// also routes table-less messages.
+    pub routers: Arc<Routers>,
     /// In-flight window: records handed to the sink and not yet reported.
     pub max_in_flight_records: u64,
     /// In-flight window in record bytes.
@@ -125,9 +127,39 @@ pub enum Count {
     RowSkipped,
     /// An event was sent to the dead-letter topic.
     RowDeadLettered,
+    /// A row of the `table`-th outbox table was routed, with what came of it.
+    TableRow { table: usize, outcome: RowOutcome },
     /// A record's trace context (`outbox.tracing_column`) was malformed: it goes without the
     /// bad header ([`ferry_router::TraceOutcome::Malformed`]).
     TraceContextMalformed(TraceProblem),
+}
+
+/// What came of an outbox row: the `outcome` of [`Count::TableRow`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOutcome {
+    /// A record was produced for it.
+    Routed,
+    /// Sent to the dead-letter topic.
+    DeadLettered,
+    /// Left out by `on_error = "skip"`.
+    Skipped,
+    /// Rejected under `on_error = "fail"` (or a column is missing): the session stops.
+    Failed,
+}
+
+impl RowOutcome {
+    fn of(routed: &Routed) -> Self {
+        match routed {
+            Routed::Produce {
+                dead_letter: false, ..
+            } => RowOutcome::Routed,
+            Routed::Produce {
+                dead_letter: true, ..
+            } => RowOutcome::DeadLettered,
+            Routed::Skip => RowOutcome::Skipped,
+            Routed::Fail(_) => RowOutcome::Failed,
+        }
+    }
 }
 
 /// What the driver must do, in order.
@@ -223,11 +255,11 @@ impl<E> Relay<E> {
     }
 
     /// Starts a session streaming from `resume` (the slot's `confirmed_flush_lsn`, from which
-    /// the server replays). `binary_read` lists the columns the router reads when the session
-    /// streams pgoutput's binary mode. Records of earlier sessions still in flight stay in the
+    /// the server replays). `binary`: the session streams pgoutput's binary mode, so every new
+    /// layout of an outbox table is checked for columns the router reads only as text. Records of earlier sessions still in flight stay in the
     /// table (and the window) until their reports arrive; they confirm nothing any more.
-    pub fn start(&mut self, resume: Lsn, binary_read: Option<Vec<String>>) {
-        self.start_from(resume, binary_read, None);
+    pub fn start(&mut self, resume: Lsn, binary: bool) {
+        self.start_from(resume, binary, None);
     }
 
     /// [`Relay::start`] for exactly-once mode: `remembered` is the newest committed progress
@@ -236,7 +268,7 @@ impl<E> Relay<E> {
     pub fn start_from(
         &mut self,
         resume: Lsn,
-        binary_read: Option<Vec<String>>,
+        binary: bool,
         remembered: Option<ProgressRecord>,
     ) {
         self.committed_end = remembered
@@ -249,7 +281,7 @@ impl<E> Relay<E> {
         self.wm = Watermark::new(resume);
         self.window.unpause();
         self.current = None;
-        self.binary = binary_read.map(BinaryGuard::new);
+        self.binary = binary.then(|| BinaryGuard::new(&self.config.routers));
         self.failure = None;
         self.drain = None;
         self.stopped = false;
@@ -326,11 +358,19 @@ impl<E> Relay<E> {
                     return;
                 }
                 if let Some(guard) = self.binary.as_mut() {
-                    if let Some((column, type_oid)) = guard.check(&row.relation) {
+                    if let Some((column, type_oid)) = guard.check(row.table, &row.relation) {
                         return self.fail(CoreError::TextNeeded { column, type_oid }, now);
                     }
                 }
-                let routed = route::row(&self.config.router, &row, cur.commit_unix_micros);
+                let Some(router) = self.config.routers.get(row.table) else {
+                    return self.bookkeeping(WatermarkError::UnknownTable { table: row.table });
+                };
+                let routed = route::row(router, &row, cur.commit_unix_micros);
+                let outcome = RowOutcome::of(&routed.0);
+                self.count(Count::TableRow {
+                    table: row.table,
+                    outcome,
+                });
                 self.routed(cur, routed, now);
                 self.position_inside(cur);
             }
@@ -341,8 +381,11 @@ impl<E> Relay<E> {
                 if self.covered(cur) {
                     return;
                 }
-                let routed =
-                    route::message(&self.config.router, &m.content, cur.commit_unix_micros);
+                let routed = route::message(
+                    self.config.routers.primary(),
+                    &m.content,
+                    cur.commit_unix_micros,
+                );
                 self.routed(cur, routed, now);
                 self.position_inside(cur);
             }

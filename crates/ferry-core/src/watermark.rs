@@ -131,6 +131,10 @@ pub enum WatermarkError {
     /// A second report for a record whose transaction is already fully reported or confirmed.
     #[error("duplicate delivery report for token {seq}: its transaction is already complete")]
     DuplicateToken { seq: u64 },
+    /// A row of an outbox table the relay has no router for: the reader and the relay were
+    /// given different tables.
+    #[error("a row of outbox table #{table}, which the relay has no router for")]
+    UnknownTable { table: usize },
 }
 
 /// The first failure that froze the watermark.

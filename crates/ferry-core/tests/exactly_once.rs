@@ -231,7 +231,7 @@ impl Sim {
             );
         }
         self.relay
-            .start_from(Lsn(self.server_confirmed), None, self.progress.clone());
+            .start_from(Lsn(self.server_confirmed), false, self.progress.clone());
         let first = self
             .txns
             .iter()

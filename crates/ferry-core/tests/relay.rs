@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ferry_core::{Action, CoreError, Count, End, Relay, RouteErrorKind, Token};
-use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Router, TraceProblem};
+use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Router, Routers, TraceProblem};
 use ferry_wal::Lsn;
 
 type R = Relay<String>;
 
 fn started(on_error: OnError, records: u64, bytes: u64, resume: u64) -> R {
     let mut r = Relay::new(config(on_error, records, bytes));
-    r.start(Lsn(resume), None);
+    r.start(Lsn(resume), false);
     r
 }
 
@@ -324,7 +324,7 @@ fn a_late_report_from_an_ended_session_confirms_nothing_in_the_next() {
     let old = produced(&actions(&mut r));
     // The session ends with the record still in flight; the next resumes from 100 and the
     // server replays the transaction.
-    r.start(Lsn(100), None);
+    r.start(Lsn(100), false);
     assert_eq!(r.in_flight().0, 1, "still in flight, still in the window");
     r.handle_outbox(begin(1, 110), now);
     r.handle_outbox(row(&rel, 1, 105, 1, "k", Some("{}")), now);
@@ -344,8 +344,7 @@ fn a_late_report_from_an_ended_session_confirms_nothing_in_the_next() {
 fn in_binary_mode_a_layout_readable_only_as_text_ends_the_session() {
     let now = Instant::now();
     let mut r: R = Relay::new(config(OnError::Fail, 100, 1 << 20));
-    let read = ["id", "aggregatetype", "aggregateid", "type", "payload"];
-    r.start(Lsn(100), Some(read.iter().map(|s| s.to_string()).collect()));
+    r.start(Lsn(100), true);
     r.handle_outbox(begin(1, 110), now);
     r.handle_outbox(row(&relation(16_400), 1, 105, 1, "k", Some("{}")), now);
     match stop(actions(&mut r)) {
@@ -366,9 +365,11 @@ fn a_malformed_trace_context_is_counted_and_the_record_still_goes() {
         ..OutboxConfig::default()
     };
     let mut cfg = config(OnError::Fail, 100, 1 << 20);
-    cfg.router = std::sync::Arc::new(Router::new(&outbox, &RouteConfig::default()).unwrap());
+    cfg.routers = std::sync::Arc::new(Routers::single(
+        Router::new(&outbox, &RouteConfig::default()).unwrap(),
+    ));
     let mut r = Relay::new(cfg);
-    r.start(Lsn(100), None);
+    r.start(Lsn(100), false);
     let rel = relation(oid::JSONB);
     r.handle_outbox(begin(1, 110), now);
     // The row builder's type column holds "OrderCreated": not a traceparent.

@@ -274,7 +274,7 @@ impl Sim {
     fn start_session(&mut self) {
         self.session += 1;
         self.seen.sessions += 1;
-        self.relay.start(Lsn(self.server_confirmed), None);
+        self.relay.start(Lsn(self.server_confirmed), false);
         let first = self
             .txns
             .iter()

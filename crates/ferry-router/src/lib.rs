@@ -115,6 +115,7 @@ mod record;
 mod router;
 pub mod row;
 pub mod size;
+pub mod tables;
 pub mod template;
 pub mod timestamp;
 pub mod topic;
@@ -136,6 +137,7 @@ pub use router::{
     PAYLOAD_TYPES, TIMESTAMP_TYPES,
 };
 pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
+pub use tables::{validate_tables, Routers, TableConfig};
 pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
 pub use topic_plan::TOPIC_CACHE_CAPACITY;
 pub use trace::{TraceOutcome, TraceProblem};

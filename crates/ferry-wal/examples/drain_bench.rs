@@ -180,11 +180,7 @@ async fn drain_with_reader(
     let opts = StreamOptions {
         slot: slot_name.into(),
         publication: PUBLICATION.into(),
-        source: OutboxSource {
-            schema: "public".into(),
-            table: "outbox".into(),
-            message_prefix: None,
-        },
+        source: OutboxSource::table("public", "outbox", None),
         status_interval: conn::stream::DEFAULT_STATUS_INTERVAL,
         channel_capacity: conn::stream::DEFAULT_CHANNEL_CAPACITY,
         binary: false,

@@ -8,7 +8,8 @@
 //!
 //! - **Begin / Commit for every transaction**, even one without outbox rows: the pipeline needs
 //!   every `end_lsn` to move the checkpoint past WAL that holds nothing for it.
-//! - **A Row per INSERT into the outbox table**, yielded as it arrives. A transaction is never
+//! - **A Row per INSERT into an outbox table** (there may be several, each row says which),
+//!   yielded as it arrives. A transaction is never
 //!   buffered here: with protocol version 1 the server sends a transaction only once it has
 //!   committed, so a row can be produced as soon as it is read; the pipeline still checkpoints
 //!   only at the Commit's `end_lsn`.
@@ -55,12 +56,44 @@ use crate::pgoutput::{
 /// What counts as the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxSource {
-    /// The outbox table's schema, as in `pg_namespace` (e.g. `public`).
-    pub schema: String,
-    /// The outbox table's name.
-    pub table: String,
+    /// The outbox tables (at least one). A row says which by its position here
+    /// ([`OutboxRow::table`]).
+    pub tables: Vec<SourceTable>,
     /// If set, transactional logical messages with exactly this prefix are outbox records too.
     pub message_prefix: Option<String>,
+}
+
+impl OutboxSource {
+    /// One outbox table.
+    pub fn table(
+        schema: impl Into<String>,
+        table: impl Into<String>,
+        message_prefix: Option<String>,
+    ) -> Self {
+        OutboxSource {
+            tables: vec![SourceTable {
+                schema: schema.into(),
+                table: table.into(),
+            }],
+            message_prefix,
+        }
+    }
+
+    /// The position of the table a relation is, if it is one of the outbox tables.
+    fn position(&self, namespace: &str, name: &str) -> Option<usize> {
+        self.tables
+            .iter()
+            .position(|t| t.schema == namespace && t.table == name)
+    }
+}
+
+/// An outbox table, as PostgreSQL stores its name (and pgoutput's Relation message reports it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceTable {
+    /// The table's schema, as in `pg_namespace` (e.g. `public`).
+    pub schema: String,
+    /// The table's name.
+    pub table: String,
 }
 
 /// What the pipeline is told.
@@ -94,10 +127,12 @@ pub struct TxnCommit {
     pub rows: u64,
 }
 
-/// An INSERT into the outbox table.
+/// An INSERT into an outbox table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxRow {
     pub xid: u32,
+    /// Which outbox table: the position in [`OutboxSource::tables`].
+    pub table: usize,
     /// The `wal_start` of the XLogData that carried the Insert.
     pub lsn: Lsn,
     /// The relation layout the row was decoded with.
@@ -236,7 +271,14 @@ pub enum AssemblyError {
 #[derive(Debug, Clone)]
 struct CachedRelation {
     info: Arc<RelationInfo>,
-    is_outbox: bool,
+    /// The outbox table it is, if it is one.
+    outbox: Option<usize>,
+}
+
+impl CachedRelation {
+    fn is_outbox(&self) -> bool {
+        self.outbox.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -347,20 +389,20 @@ impl Assembler {
             }
             PgOutputMessage::Origin(_) | PgOutputMessage::Type(_) => Ok(None),
             PgOutputMessage::Relation(r) => {
-                let is_outbox = r.namespace == self.source.schema && r.name == self.source.table;
+                let outbox = self.source.position(&r.namespace, &r.name);
                 let info = Arc::new(RelationInfo::from(r));
                 self.relations
-                    .insert(info.oid, CachedRelation { info, is_outbox });
+                    .insert(info.oid, CachedRelation { info, outbox });
                 self.stats.relations += 1;
                 Ok(None)
             }
             PgOutputMessage::Insert(i) => {
                 let xid = self.open("Insert", lsn)?.xid;
                 let rel = self.lookup("Insert", xid, lsn, i.relation_oid)?;
-                if !rel.is_outbox {
+                let Some(table) = rel.outbox else {
                     self.stats.other_inserts += 1;
                     return Ok(None);
-                }
+                };
                 if i.new.len() != rel.info.columns.len() {
                     return Err(AssemblyError::ColumnCountMismatch {
                         xid,
@@ -376,6 +418,7 @@ impl Assembler {
                 self.count_yield();
                 Ok(Some(OutboxEvent::Row(OutboxRow {
                     xid,
+                    table,
                     lsn,
                     relation,
                     values: i.new,
@@ -383,7 +426,7 @@ impl Assembler {
             }
             PgOutputMessage::Update(u) => {
                 let xid = self.open("Update", lsn)?.xid;
-                if self.lookup("Update", xid, lsn, u.relation_oid)?.is_outbox {
+                if self.lookup("Update", xid, lsn, u.relation_oid)?.is_outbox() {
                     self.stats.outbox_updates += 1;
                 } else {
                     self.stats.other_updates += 1;
@@ -392,7 +435,7 @@ impl Assembler {
             }
             PgOutputMessage::Delete(d) => {
                 let xid = self.open("Delete", lsn)?.xid;
-                if self.lookup("Delete", xid, lsn, d.relation_oid)?.is_outbox {
+                if self.lookup("Delete", xid, lsn, d.relation_oid)?.is_outbox() {
                     self.stats.outbox_deletes += 1;
                 } else {
                     self.stats.other_deletes += 1;
@@ -403,7 +446,7 @@ impl Assembler {
                 let xid = self.open("Truncate", lsn)?.xid;
                 let mut outbox = false;
                 for &oid in &t.relation_oids {
-                    outbox |= self.lookup("Truncate", xid, lsn, oid)?.is_outbox;
+                    outbox |= self.lookup("Truncate", xid, lsn, oid)?.is_outbox();
                 }
                 if outbox {
                     self.stats.outbox_truncates += 1;

@@ -36,15 +36,61 @@ use crate::Lsn;
 pub struct SlotSpec {
     pub slot: String,
     pub publication: String,
-    pub schema: String,
-    pub table: String,
+    /// The outbox tables (at least one), all in the one publication.
+    pub tables: Vec<TableSpec>,
     pub create_slot: bool,
     pub create_publication: bool,
     /// A failover slot (PostgreSQL 17+): created with `failover = true`, or made one, so a
     /// standby with `sync_replication_slots` keeps a copy that survives a promotion.
     pub failover: bool,
+}
+
+/// An outbox table and the columns read from it.
+#[derive(Debug, Clone)]
+pub struct TableSpec {
+    pub schema: String,
+    pub table: String,
+    /// The configuration key that names the table (`outbox.table`), for messages.
+    pub config_key: String,
     /// Columns the router reads, with the types it accepts.
     pub required_columns: Vec<RequiredColumn>,
+}
+
+impl TableSpec {
+    /// A table read with no column requirements, named by `outbox.table`.
+    pub fn new(schema: impl Into<String>, table: impl Into<String>) -> Self {
+        TableSpec {
+            schema: schema.into(),
+            table: table.into(),
+            config_key: "outbox.table".into(),
+            required_columns: Vec::new(),
+        }
+    }
+
+    /// The quoted, schema-qualified name (`"public"."outbox"`).
+    pub fn qualified(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.table))
+    }
+}
+
+impl SlotSpec {
+    /// The tables, quoted and comma-separated, as `CREATE PUBLICATION ... FOR TABLE` lists them.
+    pub fn table_list(&self) -> String {
+        self.tables
+            .iter()
+            .map(TableSpec::qualified)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The SQL that creates the publication for every table.
+    pub fn create_publication_sql(&self) -> String {
+        format!(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
+            quote_ident(&self.publication),
+            self.table_list()
+        )
+    }
 }
 
 /// A column the router needs.
@@ -429,13 +475,12 @@ pub async fn ensure(
         .await
         .map_err(sql_error)?
         .get(0);
-    if !exists && spec.create_publication && table_kind(client, spec).await?.is_some() {
-        let sql = format!(
-            "CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert', publish_via_partition_root = true)",
-            quote_ident(&spec.publication),
-            quote_ident(&spec.schema),
-            quote_ident(&spec.table)
-        );
+    let mut all_exist = true;
+    for t in &spec.tables {
+        all_exist &= table_kind(client, t).await?.is_some();
+    }
+    if !exists && spec.create_publication && all_exist {
+        let sql = spec.create_publication_sql();
         if let Err(e) = client.batch_execute(&sql).await {
             if !created_concurrently(&e) {
                 let err = sql_error(e);
@@ -449,6 +494,41 @@ pub async fn ensure(
                         "have the table's owner run `{sql}` (see sql/publication.sql), or grant Ferry's role ownership of the table"
                     ),
                 }]));
+            }
+        }
+    } else if exists && spec.create_publication {
+        // A table added to the configuration later: added to the publication too. Its rows are
+        // published from this commit on (those written before were never Ferry's to relay).
+        for t in &spec.tables {
+            if table_kind(client, t).await?.is_none() || covers(client, spec, t).await? {
+                continue;
+            }
+            let sql = format!(
+                "ALTER PUBLICATION {} ADD TABLE {}",
+                quote_ident(&spec.publication),
+                t.qualified()
+            );
+            match client.batch_execute(&sql).await {
+                Ok(()) => {}
+                // 42710: another instance added it first.
+                Err(e) if e.code().map(|c| c.code()) == Some("42710") => {}
+                Err(e) => {
+                    let err = sql_error(e);
+                    if err.is_transient() {
+                        return Err(err.into());
+                    }
+                    return Err(SetupError::Problems(vec![Problem {
+                        severity: Severity::Error,
+                        what: format!(
+                            "cannot add table {} to publication {:?}: {err}",
+                            t.qualified(),
+                            spec.publication
+                        ),
+                        fix: format!(
+                            "have the table's owner (or the publication's) run `{sql}`, or grant Ferry's role ownership of both"
+                        ),
+                    }]));
+                }
             }
         }
     }
@@ -500,22 +580,23 @@ pub async fn ensure(
 
 async fn table_kind(
     client: &tokio_postgres::Client,
-    spec: &SlotSpec,
+    t: &TableSpec,
 ) -> Result<Option<(u32, i8)>, ReaderError> {
     let row = client
         .query_opt(
             "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
-            &[&spec.schema, &spec.table],
+            &[&t.schema, &t.table],
         )
         .await
         .map_err(sql_error)?;
     Ok(row.map(|r| (r.get::<_, u32>(0), r.get::<_, i8>(1))))
 }
 
-/// How the publication covers the outbox table right now, as an identity that changes whenever
-/// the coverage was interrupted: `None` when it does not cover the table (the table was dropped,
-/// or taken out with `ALTER PUBLICATION ... DROP TABLE`, or the publication is gone).
+/// How the publication covers each outbox table right now (in [`SlotSpec::tables`]' order), as an
+/// identity that changes whenever the coverage was interrupted: `None` when it does not cover the
+/// table (the table was dropped, or taken out with `ALTER PUBLICATION ... DROP TABLE`, or the
+/// publication is gone).
 ///
 /// Rows committed while a table is out of the publication are never decoded for it, so a session
 /// that sees this identity change knows the stream may have a gap:
@@ -529,8 +610,20 @@ async fn table_kind(
 pub async fn publication_membership(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
+) -> Result<Vec<Option<String>>, ReaderError> {
+    let mut identity = Vec::with_capacity(spec.tables.len());
+    for t in &spec.tables {
+        identity.push(table_membership(client, spec, t).await?);
+    }
+    Ok(identity)
+}
+
+async fn table_membership(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+    t: &TableSpec,
 ) -> Result<Option<String>, ReaderError> {
-    let table = format!("{}.{}", quote_ident(&spec.schema), quote_ident(&spec.table));
+    let table = t.qualified();
     let by_schema = if server_version_num(client).await? >= 150000 {
         "(SELECT 'schema membership ' || pn.oid FROM pg_publication_namespace pn \
          JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE pn.pnpubid = p.oid AND n.nspname = $3)"
@@ -547,7 +640,7 @@ pub async fn publication_membership(
                      WHERE pr.prpubid = p.oid AND pr.prrelid = to_regclass($2)::oid)) \
                  FROM pg_publication p WHERE p.pubname = $1"
             ),
-            &[&spec.publication, &table, &spec.schema],
+            &[&spec.publication, &table, &t.schema],
         )
         .await
         .map_err(sql_error)?;
@@ -649,6 +742,32 @@ pub(crate) fn invalidated_slot_fix(slot: &str) -> String {
     )
 }
 
+/// Whether the publication lists the table, or its schema (`FOR TABLES IN SCHEMA`, 15+). A
+/// publication `FOR ALL TABLES` is the caller's to check (`pg_publication.puballtables`).
+async fn covers(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+    t: &TableSpec,
+) -> Result<bool, ReaderError> {
+    let by_schema = if server_version_num(client).await? >= 150000 {
+        "OR EXISTS (SELECT 1 FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid \
+         JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 AND n.nspname = $3)"
+    } else {
+        "OR $3::text IS NULL"
+    };
+    Ok(client
+        .query_one(
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+                 WHERE p.pubname = $1 AND pr.prrelid = $2::text::regclass) {by_schema}"
+            ),
+            &[&spec.publication, &t.qualified(), &t.schema],
+        )
+        .await
+        .map_err(sql_error)?
+        .get(0))
+}
+
 /// Every problem that would stop Ferry (or that an operator should know), with its fix.
 pub async fn check(
     client: &tokio_postgres::Client,
@@ -663,8 +782,6 @@ pub async fn check(
             fix,
         })
     };
-    let table = format!("{}.{}", quote_ident(&spec.schema), quote_ident(&spec.table));
-
     let wal_level: String = client
         .query_one("SELECT current_setting('wal_level')", &[])
         .await
@@ -692,38 +809,45 @@ pub async fn check(
         );
     }
 
-    let kind = table_kind(client, spec).await?;
-    match kind {
-        None => error(
-            format!("table {table} does not exist (or is not a table)"),
-            "create it (sql/outbox.sql has the Debezium-compatible DDL) or point outbox.table at your outbox".into(),
-        ),
-        Some(_) => {
-            let columns = column_types(client, &spec.schema, &spec.table).await?;
-            for req in &spec.required_columns {
-                match columns.iter().find(|c| c.name == req.name) {
-                    None => error(
-                        format!(
-                            "table {table} has no column {:?} (named by {})",
-                            req.name, req.config_key
-                        ),
-                        format!(
-                            "set {} to one of its columns ({}) or add the column",
-                            req.config_key,
-                            columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
-                        ),
+    let mut kinds = Vec::with_capacity(spec.tables.len());
+    for t in &spec.tables {
+        let kind = table_kind(client, t).await?;
+        kinds.push(kind);
+        let table = t.qualified();
+        let Some(_) = kind else {
+            error(
+                format!("table {table} does not exist (or is not a table)"),
+                format!(
+                    "create it (sql/outbox.sql has the Debezium-compatible DDL) or point {} at your outbox",
+                    t.config_key
+                ),
+            );
+            continue;
+        };
+        let columns = column_types(client, &t.schema, &t.table).await?;
+        for req in &t.required_columns {
+            match columns.iter().find(|c| c.name == req.name) {
+                None => error(
+                    format!(
+                        "table {table} has no column {:?} (named by {})",
+                        req.name, req.config_key
                     ),
-                    Some(TableColumn { type_oid: ty, type_name: shown, .. }) => {
-                        if let Some(ok) = &req.accepted_types {
-                            if !ok.oids.contains(ty) {
-                                error(
-                                    format!(
-                                        "column {}.{} ({}) is of type {shown}, which Ferry cannot use there",
-                                        table, req.name, req.config_key
-                                    ),
-                                    ok.fix.clone(),
-                                );
-                            }
+                    format!(
+                        "set {} to one of its columns ({}) or add the column",
+                        req.config_key,
+                        columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                Some(TableColumn { type_oid: ty, type_name: shown, .. }) => {
+                    if let Some(ok) = &req.accepted_types {
+                        if !ok.oids.contains(ty) {
+                            error(
+                                format!(
+                                    "column {}.{} ({}) is of type {shown}, which Ferry cannot use there",
+                                    table, req.name, req.config_key
+                                ),
+                                ok.fix.clone(),
+                            );
                         }
                     }
                 }
@@ -738,10 +862,7 @@ pub async fn check(
         )
         .await
         .map_err(sql_error)?;
-    let create_pub_sql = format!(
-        "CREATE PUBLICATION {} FOR TABLE {table} WITH (publish = 'insert', publish_via_partition_root = true)",
-        quote_ident(&spec.publication)
-    );
+    let create_pub_sql = spec.create_publication_sql();
     match publication {
         None if spec.create_publication => notes.push(Problem {
             severity: Severity::Note,
@@ -763,46 +884,39 @@ pub async fn check(
                     ),
                 );
             }
-            if kind.is_some() && !all {
-                // `FOR TABLES IN SCHEMA` (pg_publication_namespace) exists from PostgreSQL 15 on.
-                let by_schema = if server_version_num(client).await? >= 150000 {
-                    "OR EXISTS (SELECT 1 FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid \
-                     JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 AND n.nspname = $3)"
-                } else {
-                    "OR $3::text IS NULL"
-                };
-                let covered: bool = client
-                    .query_one(
-                        &format!(
-                            "SELECT EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
-                             WHERE p.pubname = $1 AND pr.prrelid = $2::text::regclass) {by_schema}"
-                        ),
-                        &[&spec.publication, &table, &spec.schema],
-                    )
-                    .await
-                    .map_err(sql_error)?
-                    .get(0);
-                if !covered {
+            for (t, kind) in spec.tables.iter().zip(&kinds) {
+                let table = t.qualified();
+                if kind.is_some() && !all && !covers(client, spec, t).await? {
+                    let fix = format!(
+                        "run ALTER PUBLICATION {} ADD TABLE {table} as the owner of both",
+                        quote_ident(&spec.publication)
+                    );
+                    let what = format!(
+                        "publication {:?} does not include table {table}",
+                        spec.publication
+                    );
+                    if spec.create_publication {
+                        notes.push(Problem {
+                            severity: Severity::Note,
+                            what,
+                            fix: format!("none needed: Ferry adds it (postgres.create_publication = true), or {fix}"),
+                        });
+                    } else {
+                        error(what, fix);
+                    }
+                }
+                if matches!(kind, Some((_, k)) if *k == b'p' as i8) && !via_root {
                     error(
-                        format!("publication {:?} does not include table {table}", spec.publication),
                         format!(
-                            "run ALTER PUBLICATION {} ADD TABLE {table}",
+                            "table {table} is partitioned but publication {:?} publishes per partition",
+                            spec.publication
+                        ),
+                        format!(
+                            "run ALTER PUBLICATION {} SET (publish_via_partition_root = true)",
                             quote_ident(&spec.publication)
                         ),
                     );
                 }
-            }
-            if matches!(kind, Some((_, k)) if k == b'p' as i8) && !via_root {
-                error(
-                    format!(
-                        "table {table} is partitioned but publication {:?} publishes per partition",
-                        spec.publication
-                    ),
-                    format!(
-                        "run ALTER PUBLICATION {} SET (publish_via_partition_root = true)",
-                        quote_ident(&spec.publication)
-                    ),
-                );
             }
         }
     }

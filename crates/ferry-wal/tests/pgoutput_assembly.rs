@@ -15,11 +15,7 @@ const AUDIT: u32 = 16390;
 const OTHER: u32 = 16400;
 
 fn source(prefix: Option<&str>) -> OutboxSource {
-    OutboxSource {
-        schema: "public".into(),
-        table: "outbox".into(),
-        message_prefix: prefix.map(Into::into),
-    }
+    OutboxSource::table("public", "outbox", prefix.map(Into::into))
 }
 
 fn relation(oid: u32, schema: &str, table: &str, columns: &[&str]) -> PgOutputMessage {
@@ -204,6 +200,65 @@ fn outbox_inserts_are_rows_and_every_transaction_has_begin_and_commit() {
         (2, 3, 2, 3)
     );
     assert_eq!(asm.open_xid(), None);
+}
+
+/// Several outbox tables: each row says which (its position in the source's list), whatever
+/// the order the relations are described in, and tables of different layouts are read by their
+/// own columns; a table renamed into the list counts from its next Relation message.
+#[test]
+fn rows_of_several_outbox_tables_carry_their_table() {
+    let mut asm = Assembler::new(OutboxSource {
+        tables: vec![
+            SourceTable {
+                schema: "audit".into(),
+                table: "outbox".into(),
+            },
+            SourceTable {
+                schema: "public".into(),
+                table: "outbox".into(),
+            },
+            SourceTable {
+                schema: "billing".into(),
+                table: "events".into(),
+            },
+        ],
+        message_prefix: None,
+    });
+    const BILLING: u32 = 16500;
+    let mut msgs = relations();
+    msgs.extend([
+        relation(BILLING, "billing", "events_old", &["event_id", "body"]),
+        begin(10, 5000),
+        insert(OUTBOX, &["1", "orders", "{}"]),
+        insert(AUDIT, &["2", "audit", "{}"]),
+        insert(OTHER, &["3"]),
+        insert(BILLING, &["4", "{}"]),
+        commit(5000, 5040),
+        // ALTER TABLE billing.events_old RENAME TO events: the server describes it again.
+        relation(BILLING, "billing", "events", &["event_id", "body"]),
+        begin(11, 6000),
+        insert(BILLING, &["5", "{\"n\": 1}"]),
+        insert(AUDIT, &["6", "audit", "{}"]),
+        commit(6000, 6040),
+    ]);
+    let rows: Vec<(usize, String)> = feed(&mut asm, msgs)
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            OutboxEvent::Row(r) => {
+                let id = if r.table == 2 { "event_id" } else { "id" };
+                Some((r.table, row_text(r, id).to_string()))
+            }
+            _ => None,
+        })
+        .collect();
+    let want: Vec<(usize, String)> = [(1, "1"), (0, "2"), (2, "5"), (0, "6")]
+        .iter()
+        .map(|(t, id)| (*t, id.to_string()))
+        .collect();
+    assert_eq!(rows, want);
+    let stats = asm.stats();
+    assert_eq!((stats.outbox_rows, stats.other_inserts), (4, 2));
 }
 
 #[test]

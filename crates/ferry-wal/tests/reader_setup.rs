@@ -348,7 +348,9 @@ async fn the_publication_membership_changes_whenever_the_table_was_out_of_it() {
     let (_db, sql) = bare().await;
     let spec = spec();
     async fn membership(sql: &tokio_postgres::Client, spec: &SlotSpec) -> Option<String> {
-        slot::publication_membership(sql, spec).await.unwrap()
+        let mut tables = slot::publication_membership(sql, spec).await.unwrap();
+        assert_eq!(tables.len(), 1);
+        tables.remove(0)
     }
     let recreate = format!("DROP TABLE outbox; {OUTBOX_DDL}");
     assert_eq!(membership(&sql, &spec).await, None, "no publication yet");
@@ -458,7 +460,7 @@ async fn a_missing_table_is_reported_with_its_key() {
 async fn a_missing_required_column_is_reported_with_its_key_and_the_columns() {
     let (_db, sql) = bare().await;
     let mut spec = spec();
-    spec.required_columns.push(RequiredColumn {
+    spec.tables[0].required_columns.push(RequiredColumn {
         name: "event_key".into(),
         config_key: "outbox.key_column".into(),
         accepted_types: None,
@@ -479,7 +481,7 @@ async fn a_required_column_of_an_unsupported_type_is_reported() {
         .await
         .unwrap();
     let mut spec = spec();
-    for c in &mut spec.required_columns {
+    for c in &mut spec.tables[0].required_columns {
         if c.name == "payload" {
             c.config_key = "outbox.payload_column".into();
             c.accepted_types = Some(AcceptedTypes {

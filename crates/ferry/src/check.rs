@@ -154,21 +154,50 @@ struct Sample {
     problems: Vec<Problem>,
 }
 
-/// Routes one row per distinct aggregate type (and per distinct value of the other columns the
-/// topic depends on), at most [`SAMPLE_ROWS`], to learn the topics they need and whether each
-/// can be routed at all.
+/// Samples every outbox table ([`sample_table`]); the first table that cannot be read stops it.
 async fn sample_rows(
     sql: &tokio_postgres::Client,
     settings: &PipelineSettings,
     config: &Config,
 ) -> Result<Sample, Problem> {
-    let table = format!(
-        "{}.{}",
-        slot::quote_ident(&settings.slot.schema),
-        slot::quote_ident(&settings.slot.table)
-    );
-    let Ok(columns) = slot::column_types(sql, &settings.slot.schema, &settings.slot.table).await
-    else {
+    let mut all = Sample {
+        topics: Vec::new(),
+        problems: Vec::new(),
+    };
+    let outboxes = std::iter::once(&config.outbox).chain(config.tables.iter().map(|t| &t.outbox));
+    let several = settings.slot.tables.len() > 1;
+    for (i, ((router, table), outbox)) in settings
+        .routers
+        .iter()
+        .zip(&settings.slot.tables)
+        .zip(outboxes)
+        .enumerate()
+    {
+        let prefix = ferry_router::tables::key_prefix(i);
+        let sample = sample_table(sql, router, table, outbox, several, &prefix).await?;
+        for t in sample.topics {
+            if !all.topics.contains(&t) {
+                all.topics.push(t);
+            }
+        }
+        all.problems.extend(sample.problems);
+    }
+    Ok(all)
+}
+
+/// Routes one row per distinct aggregate type (and per distinct value of the other columns the
+/// topic depends on), at most [`SAMPLE_ROWS`], to learn the topics they need and whether each
+/// can be routed at all. `several`: name the table in messages; `prefix`: its keys'.
+async fn sample_table(
+    sql: &tokio_postgres::Client,
+    router: &ferry_router::Router,
+    spec: &slot::TableSpec,
+    outbox: &ferry_router::OutboxConfig,
+    several: bool,
+    prefix: &str,
+) -> Result<Sample, Problem> {
+    let table = spec.qualified();
+    let Ok(columns) = slot::column_types(sql, &spec.schema, &spec.table).await else {
         return Ok(Sample {
             topics: Vec::new(),
             problems: Vec::new(),
@@ -188,8 +217,8 @@ async fn sample_rows(
         .collect::<Vec<_>>()
         .join(", ");
     // One row per combination of the columns that choose the topic, plus the aggregate type.
-    let mut distinct: Vec<&str> = vec![config.outbox.aggregate_type_column.as_str()];
-    distinct.extend(settings.router.topic_columns().iter().map(String::as_str));
+    let mut distinct: Vec<&str> = vec![outbox.aggregate_type_column.as_str()];
+    distinct.extend(router.topic_columns().iter().map(String::as_str));
     distinct.sort_unstable();
     distinct.dedup();
     distinct.retain(|c| has(c));
@@ -237,10 +266,10 @@ async fn sample_rows(
     };
     let id_index = columns
         .iter()
-        .position(|c| c.name == config.outbox.id_column);
+        .position(|c| c.name == outbox.id_column);
     let type_index = columns
         .iter()
-        .position(|c| c.name == config.outbox.aggregate_type_column);
+        .position(|c| c.name == outbox.aggregate_type_column);
     let mut sample = Sample {
         topics: Vec::new(),
         problems: Vec::new(),
@@ -251,7 +280,7 @@ async fn sample_rows(
             let v: Option<String> = r.get(i);
             row.push(&c.name, c.type_oid, v.map(Bytes::from));
         }
-        match settings.router.route_row(&row, 0) {
+        match router.route_row(&row, 0) {
             Ok(record) => {
                 if !sample.topics.iter().any(|t| **t == *record.topic) {
                     sample.topics.push(record.topic.to_string());
@@ -262,23 +291,25 @@ async fn sample_rows(
                     i.and_then(|i| r.get::<_, Option<String>>(i))
                         .unwrap_or_else(|| "NULL".into())
                 };
-                let (severity, consequence) = match settings.router.on_error() {
+                let (severity, consequence) = match router.on_error() {
                     ferry_router::OnError::Fail => (
                         Severity::Error,
-                        "under route.on_error = \"fail\" `ferry run` stops at this row",
+                        format!("under {prefix}route.on_error = \"fail\" `ferry run` stops at this row"),
                     ),
-                    ferry_router::OnError::Skip => {
-                        (Severity::Warning, "route.on_error = \"skip\" will skip it")
-                    }
+                    ferry_router::OnError::Skip => (
+                        Severity::Warning,
+                        format!("{prefix}route.on_error = \"skip\" will skip it"),
+                    ),
                     ferry_router::OnError::DeadLetter => (
                         Severity::Warning,
-                        "route.on_error = \"dead_letter\" will send it to the dead-letter topic",
+                        format!("{prefix}route.on_error = \"dead_letter\" will send it to the dead-letter topic"),
                     ),
                 };
+                let of = if several { format!("of {table} ") } else { String::new() };
                 sample.problems.push(Problem {
                     severity,
                     what: format!(
-                        "outbox row {} (aggregate type {:?}) cannot be routed: {}",
+                        "outbox row {} {of}(aggregate type {:?}) cannot be routed: {}",
                         text(id_index),
                         text(type_index),
                         e.reason
@@ -288,7 +319,7 @@ async fn sample_rows(
             }
         }
     }
-    if let Some(dlq) = settings.router.dead_letter_topic() {
+    if let Some(dlq) = router.dead_letter_topic() {
         sample.topics.push(dlq.to_string());
     }
     Ok(sample)

@@ -295,12 +295,15 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
         metrics.clone(),
         telemetry::catchup::INTERVAL,
     ));
+    metrics
+        .outbox_rows
+        .set_tables(settings.routers.tables().map(ToString::to_string));
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         postgres = %settings.postgres,
         slot = %settings.slot.slot,
         publication = %settings.slot.publication,
-        table = %format!("{}.{}", settings.slot.schema, settings.slot.table),
+        tables = %settings.routers.tables().map(ToString::to_string).collect::<Vec<_>>().join(", "),
         "starting"
     );
     let result = pipeline::run(settings, metrics, shutdown).await;

@@ -7,25 +7,27 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_core::{Action, Relay, RelayConfig};
-use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Router};
+use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Router, Routers};
 use ferry_wal::assembly::{OutboxEvent, OutboxRow, RelationInfo, TxnBegin, TxnCommit};
 use ferry_wal::pgoutput::{Column, ReplicaIdentity, TupleValue};
 use ferry_wal::{Lsn, PgTimestamp};
 
 pub const DEAD_LETTER_TOPIC: &str = "outbox.dead-letter";
 
-pub fn router(on_error: OnError) -> Arc<Router> {
+pub fn router(on_error: OnError) -> Arc<Routers> {
     let route = RouteConfig {
         on_error,
         dead_letter_topic: (on_error == OnError::DeadLetter).then(|| DEAD_LETTER_TOPIC.to_string()),
         ..RouteConfig::default()
     };
-    Arc::new(Router::new(&OutboxConfig::default(), &route).unwrap())
+    Arc::new(Routers::single(
+        Router::new(&OutboxConfig::default(), &route).unwrap(),
+    ))
 }
 
 pub fn config(on_error: OnError, records: u64, bytes: u64) -> RelayConfig {
     RelayConfig {
-        router: router(on_error),
+        routers: router(on_error),
         max_in_flight_records: records,
         max_in_flight_bytes: bytes,
         drain_timeout: Duration::from_secs(5),
@@ -88,6 +90,7 @@ pub fn row(
     let text = |s: String| TupleValue::Text(Bytes::from(s));
     OutboxEvent::Row(OutboxRow {
         xid,
+        table: 0,
         lsn: Lsn(lsn),
         relation: rel.clone(),
         values: vec![

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use ferry_testkit::pg::{self, TestDb};
-use ferry_wal::assembly::{OutboxEvent, OutboxSource};
+use ferry_wal::assembly::{OutboxEvent, OutboxSource, SourceTable};
 use ferry_wal::conn::{ConnectConfig, ReaderEvent, ReaderHandle, StreamOptions};
 use ferry_wal::pgoutput::TupleValue;
-use ferry_wal::slot::{self, RequiredColumn, SlotSpec};
+use ferry_wal::slot::{self, RequiredColumn, SlotSpec, TableSpec};
 use ferry_wal::Lsn;
 
 pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
@@ -31,19 +31,20 @@ pub fn spec() -> SlotSpec {
     SlotSpec {
         slot: pg::unique_name("slot"),
         publication: "ferry_outbox".into(),
-        schema: "public".into(),
-        table: "outbox".into(),
+        tables: vec![TableSpec {
+            required_columns: ["id", "aggregatetype", "aggregateid", "type", "payload"]
+                .iter()
+                .map(|c| RequiredColumn {
+                    name: c.to_string(),
+                    config_key: format!("outbox.{c}"),
+                    accepted_types: None,
+                })
+                .collect(),
+            ..TableSpec::new("public", "outbox")
+        }],
         create_slot: true,
         failover: false,
         create_publication: true,
-        required_columns: ["id", "aggregatetype", "aggregateid", "type", "payload"]
-            .iter()
-            .map(|c| RequiredColumn {
-                name: c.to_string(),
-                config_key: format!("outbox.{c}"),
-                accepted_types: None,
-            })
-            .collect(),
     }
 }
 
@@ -63,8 +64,14 @@ pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
         slot: spec.slot.clone(),
         publication: spec.publication.clone(),
         source: OutboxSource {
-            schema: spec.schema.clone(),
-            table: spec.table.clone(),
+            tables: spec
+                .tables
+                .iter()
+                .map(|t| SourceTable {
+                    schema: t.schema.clone(),
+                    table: t.table.clone(),
+                })
+                .collect(),
             message_prefix: prefix.map(Into::into),
         },
         status_interval: ferry_wal::conn::stream::DEFAULT_STATUS_INTERVAL,

@@ -2,7 +2,7 @@
 //!
 //! # Shape
 //!
-//! Seven sections, each closed (`deny_unknown_fields`: a misspelt key is an error naming the key
+//! Seven sections (and optional `[[tables]]`), each closed (`deny_unknown_fields`: a misspelt key is an error naming the key
 //! and the section's valid keys, with its line and column), each key with a default, except the
 //! two without which nothing can run: `postgres.url` and `kafka.brokers`.
 //!
@@ -11,6 +11,7 @@
 //! | `[postgres]` | [`PostgresConfig`] | the server, slot, publication, and connection timings |
 //! | `[outbox]` | [`ferry_router::OutboxConfig`] | the outbox table and its columns |
 //! | `[route]` | [`ferry_router::RouteConfig`] | how a row becomes a Kafka record |
+//! | `[[tables]]` | [`ferry_router::TableConfig`] | more outbox tables, each with its `outbox` and `route` (optional) |
 //! | `[kafka]` | [`KafkaConfig`] | brokers, producer settings, librdkafka passthrough |
 //! | `[http]` | [`HttpConfig`] | the metrics and health endpoint |
 //! | `[log]` | [`LogConfig`] | log format and level |
@@ -52,7 +53,7 @@ mod tests;
 
 use std::fmt;
 
-use ferry_router::{ConfigErrors, ConfigProblem, OutboxConfig, RouteConfig};
+use ferry_router::{ConfigErrors, ConfigProblem, OutboxConfig, RouteConfig, TableConfig};
 use serde::{Deserialize, Serialize};
 
 pub use kafka::{
@@ -73,6 +74,10 @@ pub struct Config {
     pub outbox: OutboxConfig,
     /// `[route]`.
     pub route: RouteConfig,
+    /// `[[tables]]`: more outbox tables, each with its own `outbox` and `route` (see
+    /// [`ferry_router::tables`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<TableConfig>,
     /// `[kafka]`.
     pub kafka: KafkaConfig,
     /// `[http]`.

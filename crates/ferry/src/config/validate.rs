@@ -8,12 +8,13 @@ use ferry_wal::conn::ConnectConfig;
 use super::secret::REDACTED;
 use super::{defaults, duration, property_rule, Compression, Config};
 
-/// Every problem, in file order: `[postgres]`, `[outbox]`/`[route]` (the router's own rules),
+/// Every problem, in file order: `[postgres]`, `[outbox]`/`[route]`/`[[tables]]` (the router's
+/// own rules),
 /// `[kafka]`, `[log]`, `[shutdown]`. (`[http]` is checked while parsing.)
 pub(super) fn problems(c: &Config) -> Vec<ConfigProblem> {
     let mut p = Problems(Vec::new());
     postgres(c, &mut p);
-    if let Err(e) = ferry_router::validate(&c.outbox, &c.route) {
+    if let Err(e) = ferry_router::validate_tables(&c.outbox, &c.route, &c.tables) {
         p.0.extend(e.problems);
     }
     kafka(c, &mut p);
@@ -202,14 +203,18 @@ fn kafka(c: &Config, p: &mut Problems) {
             format!("must be 1 to {}", defaults::LIBRDKAFKA_QUEUE_LIMIT / 2),
         );
     }
-    let max_payload = u64::try_from(c.route.max_payload_bytes).unwrap_or(u64::MAX);
-    if k.max_in_flight_bytes < max_payload {
-        p.add(
-            "kafka.max_in_flight_bytes",
-            format!(
-                "must be at least route.max_payload_bytes ({max_payload}), or the largest record could never be sent"
-            ),
-        );
+    let routes = std::iter::once(&c.route).chain(c.tables.iter().map(|t| &t.route));
+    for (i, route) in routes.enumerate() {
+        let max_payload = u64::try_from(route.max_payload_bytes).unwrap_or(u64::MAX);
+        if k.max_in_flight_bytes < max_payload {
+            let key = format!("{}route.max_payload_bytes", ferry_router::tables::key_prefix(i));
+            p.add(
+                "kafka.max_in_flight_bytes",
+                format!(
+                    "must be at least {key} ({max_payload}), or the largest record could never be sent"
+                ),
+            );
+        }
     }
     let max_bytes = defaults::MAX_IN_FLIGHT_BYTES_LIMIT;
     if k.max_in_flight_bytes > max_bytes {

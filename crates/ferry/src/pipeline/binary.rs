@@ -56,25 +56,57 @@ pub fn choose(
         .iter()
         .any(|r| columns.iter().any(|(n, t)| n == r && *t == oid::BYTEA));
     if !bytea {
-        return Mode::Text("no column Ferry reads is bytea, and text costs the same".into());
+        return Mode::Text(format!("{NO_GAIN}, and text costs the same"));
     }
     Mode::Binary
 }
 
-/// Chooses the mode for a session (or `ferry check`) from the server as it is now.
+/// Chooses the mode for a session (or `ferry check`) from the server as it is now: binary only
+/// if every outbox table allows it, and at least one gains from it.
 pub async fn decide(
     sql: &tokio_postgres::Client,
     s: &PipelineSettings,
 ) -> Result<Mode, ReaderError> {
     let version = slot::server_version_num(sql).await?;
-    let columns: Vec<(String, u32)> =
-        slot::column_types(sql, &s.stream.source.schema, &s.stream.source.table)
+    let mut modes = Vec::with_capacity(s.slot.tables.len());
+    for (table, router) in s.slot.tables.iter().zip(s.routers.iter()) {
+        let columns: Vec<(String, u32)> = slot::column_types(sql, &table.schema, &table.table)
             .await?
             .into_iter()
             .map(|c| (c.name, c.type_oid))
             .collect();
-    Ok(choose(s.binary, version, &s.router.columns(), &columns))
+        modes.push((table, choose(s.binary, version, &router.columns(), &columns)));
+    }
+    Ok(combine(modes.iter().map(|(t, m)| (t.qualified(), m))))
 }
+
+/// One mode for the session from each table's: text if any table needs it (saying which), binary
+/// if any table gains from it and none needs text.
+fn combine<'m>(modes: impl Iterator<Item = (String, &'m Mode)>) -> Mode {
+    let modes: Vec<(String, &Mode)> = modes.collect();
+    let several = modes.len() > 1;
+    let why = |table: &str, why: &str| match several {
+        true => format!("{table}: {why}"),
+        false => why.to_string(),
+    };
+    let needs_text = |why: &str| !why.starts_with(NO_GAIN);
+    if let Some((table, Mode::Text(reason))) = modes
+        .iter()
+        .find(|(_, m)| matches!(m, Mode::Text(w) if needs_text(w)))
+    {
+        return Mode::Text(why(table, reason));
+    }
+    if modes.iter().any(|(_, m)| **m == Mode::Binary) {
+        return Mode::Binary;
+    }
+    match modes.first() {
+        Some((_, Mode::Text(reason))) if !several => Mode::Text(reason.clone()),
+        _ => Mode::Text(format!("{NO_GAIN} in any outbox table, and text costs the same")),
+    }
+}
+
+/// The start of the reason for text mode when binary would gain nothing.
+const NO_GAIN: &str = "no column Ferry reads is bytea";
 
 #[cfg(test)]
 mod tests {

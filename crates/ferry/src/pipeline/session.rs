@@ -101,7 +101,7 @@ impl Core {
         Core {
             rx,
             relay: Relay::new(RelayConfig {
-                router: s.router.clone(),
+                routers: s.routers.clone(),
                 max_in_flight_records: s.max_in_flight_records as u64,
                 max_in_flight_bytes: s.max_in_flight_bytes as u64,
                 drain_timeout: s.drain_timeout,
@@ -252,8 +252,7 @@ impl<'a> Session<'a> {
         .encode();
         self.timeline = reader.system.timeline;
         self.accepting = start.accepted;
-        let binary_read = (mode == Mode::Binary)
-            .then(|| s.router.columns().into_iter().map(String::from).collect());
+        let binary_read = mode == Mode::Binary;
         match (&s.exactly_once, self.topics.clone()) {
             (Some(eo), Some(topics)) => {
                 // The slot is ours: fence older producers, then read what Kafka holds.
@@ -417,11 +416,11 @@ impl<'a> Session<'a> {
                 _ = publish_tick.tick() => {}
                 r = &mut left_rx, if watching => {
                     watching = false;
-                    if let Ok(what) = r {
-                        tracing::error!(publication = %s.slot.publication, "{what}: stopping after the records in flight");
+                    if let Ok((table, what)) = r {
+                        tracing::error!(publication = %s.slot.publication, table = %table, "{what}: stopping after the records in flight");
                         left_publication = Some(PipelineError::PublicationChanged {
                             publication: s.slot.publication.clone(),
-                            table: format!("{}.{}", slot::quote_ident(&s.slot.schema), slot::quote_ident(&s.slot.table)),
+                            table,
                             what,
                         });
                         self.core.relay.shutdown(Instant::now());
@@ -860,6 +859,7 @@ impl<'a> Session<'a> {
             Count::RowSkipped => m.rows_skipped.inc(),
             Count::RowDeadLettered => m.rows_dead_lettered.inc(),
             Count::TraceContextMalformed(problem) => m.trace_context_malformed.inc(problem),
+            Count::TableRow { table, outcome } => m.outbox_rows.inc(table, outcome),
         }
     }
 
@@ -926,12 +926,13 @@ async fn finish(reader: ReaderHandle) -> Result<(), PipelineError> {
     }
 }
 
-/// What [`watch_server`] watches the publication with: the table's spec, how the publication
-/// covered it when the session started, and where to say that changed.
+/// What [`watch_server`] watches the publication with: the tables' spec, how the publication
+/// covered each when the session started, and where to say which table's coverage changed, and
+/// how.
 type MembershipWatch = (
     slot::SlotSpec,
-    Option<String>,
-    tokio::sync::oneshot::Sender<String>,
+    Vec<Option<String>>,
+    tokio::sync::oneshot::Sender<(String, String)>,
 );
 
 /// Samples `pg_current_wal_lsn()` for the WAL lag metric, warns when the role loses the
@@ -975,13 +976,18 @@ async fn watch_server(
         let Ok(now) = slot::publication_membership(&sql, &spec).await else {
             continue;
         };
-        if now != membership {
+        let changed = spec
+            .tables
+            .iter()
+            .zip(now.iter().zip(&membership))
+            .find(|(_, (now, then))| now != then);
+        if let Some((table, (now, _))) = changed {
             let what = match now {
                 None => "it is no longer in the publication (dropped, or ALTER PUBLICATION ... DROP TABLE)".to_string(),
                 Some(_) => "it is in the publication again, but was dropped and recreated or taken out and added back since the session started".to_string(),
             };
             if let Some(tx) = left.take() {
-                let _ = tx.send(what);
+                let _ = tx.send((table.qualified(), what));
             }
         }
     }

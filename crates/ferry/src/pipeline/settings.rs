@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_router::Router;
-use ferry_wal::assembly::OutboxSource;
+use ferry_router::{tables::key_prefix, Router, Routers};
+use ferry_wal::assembly::{OutboxSource, SourceTable};
 use ferry_wal::conn::{ConnectConfig, StreamOptions};
-use ferry_wal::slot::{AcceptedTypes, RequiredColumn, SlotSpec};
+use ferry_wal::slot::{AcceptedTypes, RequiredColumn, SlotSpec, TableSpec};
 
 /// The resolved pipeline settings.
 #[derive(Debug, Clone)]
@@ -17,8 +17,8 @@ pub struct PipelineSettings {
     pub slot: SlotSpec,
     /// What to stream.
     pub stream: StreamOptions,
-    /// Row → record.
-    pub router: Arc<Router>,
+    /// Row → record, a router per outbox table (in [`SlotSpec::tables`]' order).
+    pub routers: Arc<Routers>,
     /// librdkafka properties, built in one place by the configuration.
     pub producer_properties: Vec<(String, String)>,
     /// `route.create_topics`: what the topic watch does about a missing topic.
@@ -71,14 +71,30 @@ impl PipelineSettings {
     }
 }
 
-/// The slot spec and stream options for `router`'s table, with the columns it reads.
+/// The slot spec for the routers' tables, with the columns each reads.
 pub fn outbox_spec(
-    router: &Router,
+    routers: &Routers,
     slot: &str,
     publication: &str,
     create_slot: bool,
     create_publication: bool,
 ) -> SlotSpec {
+    SlotSpec {
+        slot: slot.to_string(),
+        publication: publication.to_string(),
+        tables: routers
+            .iter()
+            .enumerate()
+            .map(|(i, r)| table_spec(r, &key_prefix(i)))
+            .collect(),
+        create_slot,
+        create_publication,
+        failover: false,
+    }
+}
+
+/// A router's table and the columns it reads; `prefix` is its keys' (`tables[0].`).
+fn table_spec(router: &Router, prefix: &str) -> TableSpec {
     let table = router.table();
     // The router's own list: a column it reads that the table lacks (or has with a type it
     // cannot read) stops Ferry before streaming, and `ferry check` reports it, instead of the
@@ -86,38 +102,37 @@ pub fn outbox_spec(
     let required: Vec<RequiredColumn> = router
         .required_columns()
         .iter()
-        .map(|r| RequiredColumn {
-            name: r.column.clone(),
-            config_key: r.config_key.clone(),
-            accepted_types: r.accepted_types.map(|oids| AcceptedTypes {
-                oids: oids.to_vec(),
-                fix: format!(
-                    "use a column of a type Ferry reads there ({}), or set {} to another column",
-                    oids.iter()
-                        .map(|t| ferry_wal::slot::type_name(*t))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    r.config_key.split(' ').next().unwrap_or(&r.config_key)
-                ),
-            }),
+        .map(|r| {
+            let config_key = format!("{prefix}{}", r.config_key);
+            RequiredColumn {
+                name: r.column.clone(),
+                accepted_types: r.accepted_types.map(|oids| AcceptedTypes {
+                    oids: oids.to_vec(),
+                    fix: format!(
+                        "use a column of a type Ferry reads there ({}), or set {} to another column",
+                        oids.iter()
+                            .map(|t| ferry_wal::slot::type_name(*t))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        config_key.split(' ').next().unwrap_or(&config_key)
+                    ),
+                }),
+                config_key,
+            }
         })
         .collect();
-    SlotSpec {
-        slot: slot.to_string(),
-        publication: publication.to_string(),
+    TableSpec {
         schema: table.schema.clone(),
         table: table.name.clone(),
-        create_slot,
-        create_publication,
-        failover: false,
+        config_key: format!("{prefix}outbox.table"),
         required_columns: required,
     }
 }
 
-/// Stream options for the spec's table and the router's message prefix.
+/// Stream options for the spec's tables and the routers' message prefix.
 pub fn stream_options(
     spec: &SlotSpec,
-    router: &Router,
+    routers: &Routers,
     status_interval: Duration,
     capacity: usize,
 ) -> StreamOptions {
@@ -125,9 +140,15 @@ pub fn stream_options(
         slot: spec.slot.clone(),
         publication: spec.publication.clone(),
         source: OutboxSource {
-            schema: spec.schema.clone(),
-            table: spec.table.clone(),
-            message_prefix: router.message_prefix().map(str::to_string),
+            tables: spec
+                .tables
+                .iter()
+                .map(|t| SourceTable {
+                    schema: t.schema.clone(),
+                    table: t.table.clone(),
+                })
+                .collect(),
+            message_prefix: routers.message_prefix().map(str::to_string),
         },
         status_interval,
         channel_capacity: capacity,
@@ -161,9 +182,10 @@ impl PipelineSettings {
             .postgres
             .connect_config()
             .map_err(SettingsError::Secret)?;
-        let router = Router::new(&config.outbox, &config.route).map_err(SettingsError::Router)?;
+        let routers = Routers::new(&config.outbox, &config.route, &config.tables)
+            .map_err(SettingsError::Router)?;
         let mut slot = outbox_spec(
-            &router,
+            &routers,
             &config.postgres.slot,
             &config.postgres.publication,
             config.postgres.create_slot,
@@ -172,7 +194,7 @@ impl PipelineSettings {
         slot.failover = config.postgres.failover_slot;
         let stream = stream_options(
             &slot,
-            &router,
+            &routers,
             config.postgres.status_interval,
             ferry_wal::conn::stream::DEFAULT_CHANNEL_CAPACITY,
         );
@@ -180,7 +202,7 @@ impl PipelineSettings {
             postgres,
             slot,
             stream,
-            router: Arc::new(router),
+            routers: Arc::new(routers),
             producer_properties: config
                 .kafka
                 .producer_properties()

@@ -29,6 +29,7 @@
 //! | `ferry_rows_skipped_total` | counter | | Outbox rows skipped by policy (not produced). |
 //! | `ferry_rows_dead_lettered_total` | counter | | Outbox rows sent to the dead-letter topic. |
 //! | `ferry_routing_errors_total` | counter | `reason` | Rows the router rejected; `reason` is one of [`RoutingErrorReason`]. |
+//! | `ferry_outbox_rows_total` | counter | `table`, `outcome` | Outbox rows read from each table (`schema.table`), by what came of them: `routed`, `dead_lettered`, `skipped`, `failed` (the session stopped at it). Every configured table has its series from the start, so a table that stays at 0 is visible. |
 //! | `ferry_trace_context_malformed_total` | counter | `problem` | Records sent without their malformed trace context (`outbox.tracing_column`); `problem` is one of [`TraceProblem`]. |
 //! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
 //! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
@@ -80,6 +81,7 @@ pub const REPLICATION_LAG_LATEST_SECONDS: &str = "ferry_replication_lag_latest_s
 pub const ROWS_SKIPPED_TOTAL: &str = "ferry_rows_skipped_total";
 pub const ROWS_DEAD_LETTERED_TOTAL: &str = "ferry_rows_dead_lettered_total";
 pub const ROUTING_ERRORS_TOTAL: &str = "ferry_routing_errors_total";
+pub const OUTBOX_ROWS_TOTAL: &str = "ferry_outbox_rows_total";
 pub const TRACE_CONTEXT_MALFORMED_TOTAL: &str = "ferry_trace_context_malformed_total";
 pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
 pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
@@ -124,7 +126,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 30] = {
+pub const SPEC: [MetricSpec; 31] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -146,6 +148,7 @@ pub const SPEC: [MetricSpec; 30] = {
         spec(ROWS_SKIPPED_TOTAL, C, "Outbox rows skipped by policy."),
         spec(ROWS_DEAD_LETTERED_TOTAL, C, "Outbox rows sent to the dead-letter topic."),
         spec(ROUTING_ERRORS_TOTAL, C, "Rows the router rejected, by reason."),
+        spec(OUTBOX_ROWS_TOTAL, C, "Outbox rows read, by table and what came of them."),
         spec(TRACE_CONTEXT_MALFORMED_TOTAL, C, "Records sent without their malformed trace context, by problem."),
         spec(STATUS_UPDATES_SENT_TOTAL, C, "Standby status updates sent to the server."),
         spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
@@ -446,6 +449,64 @@ impl LabelSet for TraceProblem {
     }
 }
 
+/// What came of an outbox row: the `outcome` label of `ferry_outbox_rows_total`.
+pub use ferry_core::RowOutcome;
+
+const OUTCOMES: [(RowOutcome, &str); 4] = [
+    (RowOutcome::Routed, "routed"),
+    (RowOutcome::DeadLettered, "dead_lettered"),
+    (RowOutcome::Skipped, "skipped"),
+    (RowOutcome::Failed, "failed"),
+];
+
+/// A counter per outbox table and [`RowOutcome`]; the tables are known once the configuration is.
+#[derive(Debug, Default)]
+pub struct TableRows(std::sync::OnceLock<Vec<(String, [Counter; 4])>>);
+
+impl TableRows {
+    /// Names the tables (`schema.table`, in the configuration's order); only the first call counts.
+    pub fn set_tables(&self, tables: impl IntoIterator<Item = String>) {
+        let _ = self.0.set(
+            tables
+                .into_iter()
+                .map(|t| (t, std::array::from_fn(|_| Counter::default())))
+                .collect(),
+        );
+    }
+
+    /// One row of the `table`-th table; a table never named is not counted.
+    pub fn inc(&self, table: usize, outcome: RowOutcome) {
+        let i = OUTCOMES.iter().position(|(o, _)| *o == outcome).unwrap_or(0);
+        if let Some((_, counters)) = self.0.get().and_then(|t| t.get(table)) {
+            counters[i].inc();
+        }
+    }
+
+    /// The `table`-th table's count of `outcome`.
+    pub fn get(&self, table: usize, outcome: RowOutcome) -> u64 {
+        let i = OUTCOMES.iter().position(|(o, _)| *o == outcome).unwrap_or(0);
+        self.0
+            .get()
+            .and_then(|t| t.get(table))
+            .map_or(0, |(_, c)| c[i].get())
+    }
+
+    fn series(&self) -> Vec<(&str, &'static str, u64)> {
+        let Some(tables) = self.0.get() else {
+            return Vec::new();
+        };
+        tables
+            .iter()
+            .flat_map(|(t, counters)| {
+                OUTCOMES
+                    .iter()
+                    .zip(counters)
+                    .map(move |((_, label), c)| (t.as_str(), *label, c.get()))
+            })
+            .collect()
+    }
+}
+
 /// The registry: one field per metric of the table in the module docs.
 #[derive(Debug)]
 pub struct Metrics {
@@ -467,6 +528,9 @@ pub struct Metrics {
     pub rows_skipped: Counter,
     pub rows_dead_lettered: Counter,
     pub routing_errors: CounterVec<RoutingErrorReason>,
+    /// `ferry_outbox_rows_total{table, outcome}`: its tables are set once, before the pipeline
+    /// starts ([`TableRows::set_tables`]).
+    pub outbox_rows: TableRows,
     pub trace_context_malformed: CounterVec<TraceProblem>,
     pub status_updates_sent: Counter,
     pub reconnects: CounterVec<Component>,
@@ -531,6 +595,7 @@ impl Metrics {
             rows_skipped: Counter::default(),
             rows_dead_lettered: Counter::default(),
             routing_errors: CounterVec::new(),
+            outbox_rows: TableRows::default(),
             trace_context_malformed: CounterVec::new(),
             status_updates_sent: Counter::default(),
             reconnects: CounterVec::new(),
@@ -575,7 +640,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 30] {
+    fn samples(&self) -> [Sample<'_>; 31] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -596,6 +661,7 @@ impl Metrics {
             Sample::Int(self.rows_skipped.get()),
             Sample::Int(self.rows_dead_lettered.get()),
             Sample::Labelled(labelled(&self.routing_errors)),
+            Sample::Tables(self.outbox_rows.series()),
             Sample::Labelled(labelled(&self.trace_context_malformed)),
             Sample::Int(self.status_updates_sent.get()),
             Sample::Labelled(labelled(&self.reconnects)),
@@ -620,6 +686,8 @@ enum Sample<'a> {
     Histogram(&'a Histogram),
     /// `(label key, label value, count)` per series.
     Labelled(Vec<(&'static str, &'static str, u64)>),
+    /// `(table, outcome, count)` per series.
+    Tables(Vec<(&'a str, &'static str, u64)>),
 }
 
 fn labelled<L: LabelSet>(v: &CounterVec<L>) -> Vec<(&'static str, &'static str, u64)> {
@@ -651,6 +719,16 @@ fn render_family(out: &mut String, spec: &MetricSpec, sample: Sample<'_>) -> fmt
         Sample::Labelled(series) => {
             for (key, value, n) in series {
                 writeln!(out, "{name}{{{key}=\"{}\"}} {n}", Escaped(value))?;
+            }
+            Ok(())
+        }
+        Sample::Tables(series) => {
+            for (table, outcome, n) in series {
+                writeln!(
+                    out,
+                    "{name}{{table=\"{}\",outcome=\"{outcome}\"}} {n}",
+                    Escaped(table)
+                )?;
             }
             Ok(())
         }

@@ -84,6 +84,16 @@ ferry_routing_errors_total{reason="invalid_value"} 0
 ferry_routing_errors_total{reason="invalid_topic"} 0
 ferry_routing_errors_total{reason="payload_too_large"} 1
 ferry_routing_errors_total{reason="invalid_message"} 0
+# HELP ferry_outbox_rows_total Outbox rows read, by table and what came of them.
+# TYPE ferry_outbox_rows_total counter
+ferry_outbox_rows_total{table="public.outbox",outcome="routed"} 2
+ferry_outbox_rows_total{table="public.outbox",outcome="dead_lettered"} 1
+ferry_outbox_rows_total{table="public.outbox",outcome="skipped"} 0
+ferry_outbox_rows_total{table="public.outbox",outcome="failed"} 0
+ferry_outbox_rows_total{table="\"Billing\".events",outcome="routed"} 0
+ferry_outbox_rows_total{table="\"Billing\".events",outcome="dead_lettered"} 0
+ferry_outbox_rows_total{table="\"Billing\".events",outcome="skipped"} 1
+ferry_outbox_rows_total{table="\"Billing\".events",outcome="failed"} 0
 # HELP ferry_trace_context_malformed_total Records sent without their malformed trace context, by problem.
 # TYPE ferry_trace_context_malformed_total counter
 ferry_trace_context_malformed_total{problem="not_text"} 0
@@ -165,6 +175,14 @@ fn renders_the_exposition_format_exactly() {
     m.observe_replication_lag(120.0);
     m.rows_dead_lettered.inc();
     m.routing_errors.inc(RoutingErrorReason::PayloadTooLarge);
+    m.outbox_rows
+        .set_tables(["public.outbox".to_string(), "\"Billing\".events".to_string()]);
+    m.outbox_rows.inc(0, RowOutcome::Routed);
+    m.outbox_rows.inc(0, RowOutcome::Routed);
+    m.outbox_rows.inc(0, RowOutcome::DeadLettered);
+    m.outbox_rows.inc(1, RowOutcome::Skipped);
+    // A table never named is not counted (and does not panic).
+    m.outbox_rows.inc(2, RowOutcome::Failed);
     m.trace_context_malformed.inc(TraceProblem::VersionFf);
     m.status_updates_sent.add(7);
     m.reconnects.inc(Component::Kafka);
