@@ -265,12 +265,7 @@ impl<E> Relay<E> {
     /// [`Relay::start`] for exactly-once mode: `remembered` is the newest committed progress
     /// record (`None` on a first start); every event it covers is skipped, and nothing is
     /// confirmed past its end LSN until the sink says a newer one committed.
-    pub fn start_from(
-        &mut self,
-        resume: Lsn,
-        binary: bool,
-        remembered: Option<ProgressRecord>,
-    ) {
+    pub fn start_from(&mut self, resume: Lsn, binary: bool, remembered: Option<ProgressRecord>) {
         self.committed_end = remembered
             .as_ref()
             .map_or(resume, |r| r.end_lsn.max(resume));

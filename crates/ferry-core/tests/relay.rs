@@ -391,3 +391,93 @@ fn a_malformed_trace_context_is_counted_and_the_record_still_goes() {
         .unwrap();
     assert!(record.headers.iter().all(|(n, _)| &**n != "traceparent"));
 }
+
+/// Several outbox tables: a row is routed by its table's router (here a second table that sends
+/// its rows elsewhere and skips the ones it cannot route), counted per table, and in binary mode
+/// each table's layout is checked against the columns its own router reads.
+#[test]
+fn each_row_is_routed_by_its_tables_router_and_counted_per_table() {
+    use ferry_core::RowOutcome;
+    use ferry_router::TableConfig;
+    use ferry_wal::assembly::OutboxEvent;
+    let now = Instant::now();
+    let second = TableConfig {
+        outbox: OutboxConfig {
+            table: "billing.outbox".into(),
+            ..OutboxConfig::default()
+        },
+        route: RouteConfig {
+            topic: Some("billing".into()),
+            on_error: OnError::Skip,
+            ..RouteConfig::default()
+        },
+    };
+    let routers =
+        Routers::new(&OutboxConfig::default(), &RouteConfig::default(), &[second]).unwrap();
+    let mut cfg = config(OnError::Fail, 100, 1 << 20);
+    cfg.routers = std::sync::Arc::new(routers);
+    let mut r: R = Relay::new(cfg.clone());
+    r.start(Lsn(100), false);
+    let rel = relation(oid::JSONB);
+    let of_table = |table: usize, ev: OutboxEvent| match ev {
+        OutboxEvent::Row(mut row) => {
+            row.table = table;
+            OutboxEvent::Row(row)
+        }
+        other => other,
+    };
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 101, 1, "k", Some("{}")), now);
+    r.handle_outbox(of_table(1, row(&rel, 1, 102, 2, "k", Some("{}"))), now);
+    // A NULL payload: the first table fails on it, the second skips it.
+    r.handle_outbox(of_table(1, row(&rel, 1, 103, 3, "k", None)), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    let a = actions(&mut r);
+    let topics: Vec<String> = produced(&a).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(topics, ["outbox.event.order", "billing"]);
+    let rows: Vec<(usize, RowOutcome)> = counts(&a)
+        .into_iter()
+        .filter_map(|c| match c {
+            Count::TableRow { table, outcome } => Some((table, outcome)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (0, RowOutcome::Routed),
+            (1, RowOutcome::Routed),
+            (1, RowOutcome::Skipped)
+        ]
+    );
+    assert!(stop(a).is_none());
+
+    // A row of a table the relay has no router for: the stream and the configuration disagree.
+    r.handle_outbox(begin(2, 210), now);
+    r.handle_outbox(of_table(2, row(&rel, 2, 201, 4, "k", Some("{}"))), now);
+    match stop(actions(&mut r)) {
+        Some(Err(CoreError::Bookkeeping(e))) => {
+            assert!(e.to_string().contains("outbox table #2"), "{e}");
+        }
+        other => panic!("expected a bookkeeping stop, got {other:?}"),
+    }
+
+    // Binary mode: the second table's layout is checked with its own router's columns.
+    let mut r: R = Relay::new(cfg);
+    r.start(Lsn(100), true);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 101, 1, "k", Some("{}")), now);
+    for (token, _) in produced(&actions(&mut r)) {
+        r.handle_report(token, Ok(()), now);
+    }
+    r.handle_outbox(
+        of_table(1, row(&relation(16_400), 1, 102, 2, "k", Some("{}"))),
+        now,
+    );
+    match stop(actions(&mut r)) {
+        Some(Err(CoreError::TextNeeded { column, type_oid })) => {
+            assert_eq!((column.as_str(), type_oid), ("payload", 16_400));
+        }
+        other => panic!("expected TextNeeded, got {other:?}"),
+    }
+}

@@ -336,7 +336,7 @@ fn slot(src: &mut Source<'_>, doc: &mut Doc) {
                 doc.caveat(
                     POSTGRES,
                     "create_publication",
-                    "When missing, Ferry creates it FOR TABLE <outbox.table> WITH (publish = 'insert'). \
+                    "When missing, Ferry creates it FOR TABLE <the outbox tables> WITH (publish = 'insert'). \
                      An existing FOR ALL TABLES publication also works, but streams every table's changes \
                      to Ferry only to be skipped.",
                 );
@@ -367,8 +367,9 @@ fn table(src: &mut Source<'_>, doc: &mut Doc) {
         src.note_value(
             "table.include.list",
             "(unset)",
-            "the connector captured every table and the SMT routed them all; Ferry relays one \
-             outbox table: set outbox.table to it (the output assumes public.outbox)",
+            "the connector captured every table and the SMT routed them all: set outbox.table to \
+             the outbox table (the output assumes public.outbox), and add a [[tables]] entry for \
+             each other outbox table",
         );
         return;
     };
@@ -402,14 +403,35 @@ fn table(src: &mut Source<'_>, doc: &mut Doc) {
              case. If the table was created with a quoted mixed-case name, quote it: \"Schema\".\"Outbox\".",
         );
     }
-    if entries.len() > 1 {
+    // One entry per table: `outbox` and `public.outbox` name the same one.
+    let parsed = |t: &str| t.parse::<ferry_router::TableName>().ok();
+    let mut others: Vec<&String> = Vec::new();
+    for t in &literal {
+        let name = parsed(t);
+        if name != parsed(&table) && !others.iter().any(|o| parsed(o) == name) {
+            others.push(t);
+        }
+    }
+    for other in &others {
+        doc.same_mapping_table(other, key);
+    }
+    if !others.is_empty() {
+        doc.tables_intro(format!(
+            "Debezium applied the outbox SMT to every table in {key}, so each is an outbox of the \
+             same structure: [outbox] relays {table}, and each [[tables]] entry another, with the \
+             same mapping, in the same slot and publication. Delete the entry of a table that is \
+             not an outbox (one a transform predicate kept the SMT off); `ferry check` names a \
+             table that lacks a column the mapping reads."
+        ));
+    }
+    if literal.len() < entries.len() {
         src.note_value(
             key,
             &list,
             format!(
-                "Ferry relays one outbox table per process and the output uses {table}; for each \
-                 other outbox table run another Ferry with its own outbox.table, postgres.slot and \
-                 postgres.publication (tables that are not outboxes need no equivalent)"
+                "its patterns are not table names: the output relays {} only; add a [[tables]] \
+                 entry (outbox.table and the mapping) for each outbox table a pattern matched",
+                literal.join(", ")
             ),
         );
     }

@@ -24,7 +24,9 @@
 //!   was created with; Ferry decodes only pgoutput, so with any other `plugin.name` (including
 //!   the unset default, decoderbufs) the output names a new slot and the note explains the switch.
 //! - **The outbox table** from `table.include.list` (a list of regexes: `public.outbox` and
-//!   `public\.outbox` both mean the table). Ferry relays one table; others are listed.
+//!   `public\.outbox` both mean the table): the first outbox in it becomes `[outbox]`, every
+//!   other table named in it a `[[tables]]` entry with the same mapping (the SMT applied to all);
+//!   patterns are noted.
 //! - **The SMT** (`transforms.<name>.*`, found through `transforms` and the EventRouter class):
 //!   columns to `[outbox]`, routing to `[route]` (see the `outbox` module). Kafka Connect's RegexRouter
 //!   leaves a value its regex does not match as the topic itself; a custom regex therefore becomes

@@ -72,8 +72,9 @@ pub(super) fn find(src: &mut Source<'_>) -> Result<String, DebeziumError> {
             continue;
         }
         let reason = if is_router(src, other) {
-            "a second Outbox Event Router: a Ferry process relays one outbox table; translate \
-             a connector with only this SMT for a second Ferry"
+            "a second Outbox Event Router (its predicate chose other tables): translate a \
+             connector with only this SMT, and copy its [outbox] and [route] into a [[tables]] \
+             entry of this file, so one Ferry relays both"
                 .to_owned()
         } else {
             format!(

@@ -69,6 +69,9 @@ struct Section {
 pub(super) struct Doc {
     header: Vec<String>,
     sections: Vec<Section>,
+    /// More outbox tables with the `[outbox]` and `[route]` mapping: `[[tables]]` entries.
+    tables: Vec<(String, String)>,
+    tables_intro: Vec<String>,
 }
 
 /// Sections in the order Ferry's example file has them.
@@ -90,7 +93,20 @@ impl Doc {
                     lines: Vec::new(),
                 })
                 .collect(),
+            tables: Vec::new(),
+            tables_intro: Vec::new(),
         }
+    }
+
+    /// Adds a `[[tables]]` entry for `table` (from option `from`) with the mapping of `[outbox]`
+    /// (but its table) and `[route]`, as they are when the document is rendered.
+    pub(super) fn same_mapping_table(&mut self, table: &str, from: &str) {
+        self.tables.push((table.to_owned(), from.to_owned()));
+    }
+
+    /// Adds a paragraph of comment above the first `[[tables]]` entry.
+    pub(super) fn tables_intro(&mut self, text: impl Into<String>) {
+        self.tables_intro.push(text.into());
     }
 
     /// Adds a paragraph to the header comment.
@@ -177,6 +193,28 @@ impl Doc {
                     None => {
                         let _ = writeln!(out, "{text}");
                     }
+                }
+            }
+        }
+        for (i, (table, from)) in self.tables.iter().enumerate() {
+            let _ = writeln!(out, "\n[[tables]]");
+            if i == 0 {
+                for p in &self.tables_intro {
+                    comment(&mut out, p);
+                }
+            }
+            let table = Value::str(table).render();
+            let _ = writeln!(out, "outbox.table = {table}  # {}", one_line(from));
+            for s in self
+                .sections
+                .iter()
+                .filter(|s| s.name == OUTBOX || s.name == ROUTE)
+            {
+                for l in s.lines.iter().filter(|l| !l.commented_out) {
+                    if s.name == OUTBOX && (l.key == "table" || l.key == "message_prefix") {
+                        continue;
+                    }
+                    let _ = writeln!(out, "{}.{}", s.name, assignment(l));
                 }
             }
         }

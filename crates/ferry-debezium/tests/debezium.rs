@@ -426,7 +426,21 @@ fn unsupported_options_are_listed_with_what_to_do_instead() {
     assert!(note(&t, "plugin.name").contains("pg_drop_replication_slot('debezium')"));
     assert!(note(&t, "snapshot.mode").contains("never snapshots"));
     assert_eq!(c.outbox.table, "public.outbox");
-    assert!(note(&t, "table.include.list").contains("another Ferry"));
+    // Every table of the include list is an outbox with the SMT's mapping (the first outbox
+    // in it is [outbox]); the configuration validates with them all.
+    let others: Vec<&str> = c.tables.iter().map(|t| t.outbox.table.as_str()).collect();
+    assert_eq!(others, ["public.orders", "inventory.outboxevent"]);
+    for t in &c.tables {
+        assert_eq!(t.route, c.route);
+        assert_eq!(
+            ferry_router::OutboxConfig {
+                table: c.outbox.table.clone(),
+                ..t.outbox.clone()
+            },
+            c.outbox
+        );
+    }
+    assert!(!noted(&t).contains("table.include.list"));
     assert!(note(&t, "slot.drop.on.stop").contains("never drops"));
     // JsonConverter with its default schemas.enable=true: the same {"schema", "payload"} key.
     assert_eq!(
@@ -771,4 +785,14 @@ fn mixed_case_and_pattern_include_lists() {
     let t = with(&[("table.include.list", "public\\.outbox_.*")]);
     assert_eq!(load(&t).outbox.table, "public.outbox");
     assert!(note(&t, "table.include.list").contains("a pattern"));
+    // Names and a pattern: the names are relayed (once each), the pattern is noted.
+    let t = with(&[(
+        "table.include.list",
+        "outbox,billing\\.outbox,public.outbox,billing.outbox_.*",
+    )]);
+    let c = load(&t);
+    assert_eq!(c.outbox.table, "outbox");
+    let others: Vec<&str> = c.tables.iter().map(|t| t.outbox.table.as_str()).collect();
+    assert_eq!(others, ["billing.outbox"]);
+    assert!(note(&t, "table.include.list").contains("add a [[tables]] entry"));
 }

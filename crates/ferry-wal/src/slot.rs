@@ -835,10 +835,18 @@ pub async fn check(
                     format!(
                         "set {} to one of its columns ({}) or add the column",
                         req.config_key,
-                        columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+                        columns
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ),
-                Some(TableColumn { type_oid: ty, type_name: shown, .. }) => {
+                Some(TableColumn {
+                    type_oid: ty,
+                    type_name: shown,
+                    ..
+                }) => {
                     if let Some(ok) = &req.accepted_types {
                         if !ok.oids.contains(ty) {
                             error(

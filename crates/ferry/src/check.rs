@@ -264,9 +264,7 @@ async fn sample_table(
         }
         Err(e) => return Err(cannot_read(e)),
     };
-    let id_index = columns
-        .iter()
-        .position(|c| c.name == outbox.id_column);
+    let id_index = columns.iter().position(|c| c.name == outbox.id_column);
     let type_index = columns
         .iter()
         .position(|c| c.name == outbox.aggregate_type_column);
@@ -305,7 +303,11 @@ async fn sample_table(
                         format!("{prefix}route.on_error = \"dead_letter\" will send it to the dead-letter topic"),
                     ),
                 };
-                let of = if several { format!("of {table} ") } else { String::new() };
+                let of = if several {
+                    format!("of {table} ")
+                } else {
+                    String::new()
+                };
                 sample.problems.push(Problem {
                     severity,
                     what: format!(

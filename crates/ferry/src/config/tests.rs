@@ -881,6 +881,15 @@ fn show_prints_toml_that_loads_back_to_the_same_configuration() {
         [[route.headers]]
         column = "type"
         name = "kind"
+        [[tables]]
+        outbox.table = "billing.events"
+        outbox.payload_column = "body"
+        route.topic = "billing.{aggregatetype}"
+        route.value_format = "json"
+        [[tables.route.rules]]
+        column = "aggregatetype"
+        equals = "refund"
+        topic = "refunds"
         [kafka]
         brokers = ["a:9092", "b:9092"]
         compression = "gzip"
@@ -909,9 +918,14 @@ fn show_prints_toml_that_loads_back_to_the_same_configuration() {
         "listen = \"off\"",
         "format = \"json\"",
         "[[route.rules]]",
+        "[[tables]]",
+        "[tables.outbox]",
+        "table = \"billing.events\"",
+        "[[tables.route.rules]]",
     ] {
         assert!(shown.lines().any(|l| l == line), "{line:?} in\n{shown}");
     }
+    assert_eq!(c.tables.len(), 1);
     // Defaults are shown too, so the output documents what is in effect.
     let defaults = load(
         None,
@@ -1129,4 +1143,36 @@ fn route_create_topics_is_read_from_the_file_and_validated_with_its_key_paths() 
             .any(|m| m.starts_with("route.create_topics.replication_factor: must be at least 1")),
         "{p:?}"
     );
+}
+
+#[test]
+fn tables_are_read_from_the_file_and_validated_with_their_index() {
+    let file = r#"
+        [[tables]]
+        outbox.table = "billing.events"
+        route.max_payload_bytes = "64MiB"
+
+        [[tables]]
+        outbox.table = "public.outbox"
+    "#;
+    let err = load(Some(file), minimal_env()).unwrap_err();
+    let p = problems(err);
+    for want in [
+        "tables[1].outbox.table: table public.outbox is already relayed by outbox.table",
+        "kafka.max_in_flight_bytes: must be at least tables[0].route.max_payload_bytes (67108864)",
+    ] {
+        assert!(p.iter().any(|l| l.starts_with(want)), "{want:?} in {p:#?}");
+    }
+    // There are no FERRY_TABLES_* variables: tables are file-only, and a variable that looks
+    // like one is refused, not ignored.
+    let err = load(
+        None,
+        minimal_env()
+            .into_iter()
+            .chain(env(&[("FERRY_TABLES_0_OUTBOX_TABLE", "x.y")])),
+    )
+    .unwrap_err();
+    assert!(problems(err)
+        .iter()
+        .any(|l| l.starts_with("FERRY_TABLES_0_OUTBOX_TABLE: unknown variable")),);
 }

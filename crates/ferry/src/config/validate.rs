@@ -207,7 +207,10 @@ fn kafka(c: &Config, p: &mut Problems) {
     for (i, route) in routes.enumerate() {
         let max_payload = u64::try_from(route.max_payload_bytes).unwrap_or(u64::MAX);
         if k.max_in_flight_bytes < max_payload {
-            let key = format!("{}route.max_payload_bytes", ferry_router::tables::key_prefix(i));
+            let key = format!(
+                "{}route.max_payload_bytes",
+                ferry_router::tables::key_prefix(i)
+            );
             p.add(
                 "kafka.max_in_flight_bytes",
                 format!(

@@ -75,7 +75,10 @@ pub async fn decide(
             .into_iter()
             .map(|c| (c.name, c.type_oid))
             .collect();
-        modes.push((table, choose(s.binary, version, &router.columns(), &columns)));
+        modes.push((
+            table,
+            choose(s.binary, version, &router.columns(), &columns),
+        ));
     }
     Ok(combine(modes.iter().map(|(t, m)| (t.qualified(), m))))
 }
@@ -101,7 +104,9 @@ fn combine<'m>(modes: impl Iterator<Item = (String, &'m Mode)>) -> Mode {
     }
     match modes.first() {
         Some((_, Mode::Text(reason))) if !several => Mode::Text(reason.clone()),
-        _ => Mode::Text(format!("{NO_GAIN} in any outbox table, and text costs the same")),
+        _ => Mode::Text(format!(
+            "{NO_GAIN} in any outbox table, and text costs the same"
+        )),
     }
 }
 
@@ -158,6 +163,34 @@ mod tests {
             choose(true, 150_004, &read, &unread),
             "no column Ferry reads",
         );
+    }
+
+    /// Several tables share one session: binary only if every table allows it and one gains.
+    #[test]
+    fn the_session_mode_of_several_tables() {
+        let binary = Mode::Binary;
+        let no_gain = Mode::Text(format!("{NO_GAIN}, and text costs the same"));
+        let needs_text = Mode::Text(
+            "column \"kind\" is of type OID 16400, which Ferry reads only as text".into(),
+        );
+        let of = |modes: &[(&str, &Mode)]| combine(modes.iter().map(|(t, m)| (t.to_string(), *m)));
+        assert_eq!(of(&[("a", &binary), ("b", &no_gain)]), Mode::Binary);
+        assert_eq!(
+            of(&[("a", &binary), ("b", &needs_text)]),
+            Mode::Text(
+                "b: column \"kind\" is of type OID 16400, which Ferry reads only as text".into()
+            )
+        );
+        assert_eq!(
+            of(&[("a", &no_gain), ("b", &no_gain)]),
+            Mode::Text(format!(
+                "{NO_GAIN} in any outbox table, and text costs the same"
+            ))
+        );
+        // One table: its own reason, unprefixed.
+        assert_eq!(of(&[("a", &no_gain)]), no_gain);
+        assert_eq!(of(&[("a", &needs_text)]), needs_text);
+        assert_eq!(of(&[("a", &binary)]), Mode::Binary);
     }
 
     #[test]

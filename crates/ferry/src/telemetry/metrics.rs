@@ -476,7 +476,10 @@ impl TableRows {
 
     /// One row of the `table`-th table; a table never named is not counted.
     pub fn inc(&self, table: usize, outcome: RowOutcome) {
-        let i = OUTCOMES.iter().position(|(o, _)| *o == outcome).unwrap_or(0);
+        let i = OUTCOMES
+            .iter()
+            .position(|(o, _)| *o == outcome)
+            .unwrap_or(0);
         if let Some((_, counters)) = self.0.get().and_then(|t| t.get(table)) {
             counters[i].inc();
         }
@@ -484,7 +487,10 @@ impl TableRows {
 
     /// The `table`-th table's count of `outcome`.
     pub fn get(&self, table: usize, outcome: RowOutcome) -> u64 {
-        let i = OUTCOMES.iter().position(|(o, _)| *o == outcome).unwrap_or(0);
+        let i = OUTCOMES
+            .iter()
+            .position(|(o, _)| *o == outcome)
+            .unwrap_or(0);
         self.0
             .get()
             .and_then(|t| t.get(table))

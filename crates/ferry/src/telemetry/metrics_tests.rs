@@ -175,8 +175,10 @@ fn renders_the_exposition_format_exactly() {
     m.observe_replication_lag(120.0);
     m.rows_dead_lettered.inc();
     m.routing_errors.inc(RoutingErrorReason::PayloadTooLarge);
-    m.outbox_rows
-        .set_tables(["public.outbox".to_string(), "\"Billing\".events".to_string()]);
+    m.outbox_rows.set_tables([
+        "public.outbox".to_string(),
+        "\"Billing\".events".to_string(),
+    ]);
     m.outbox_rows.inc(0, RowOutcome::Routed);
     m.outbox_rows.inc(0, RowOutcome::Routed);
     m.outbox_rows.inc(0, RowOutcome::DeadLettered);
