@@ -496,42 +496,10 @@ pub async fn ensure(
                 }]));
             }
         }
-    } else if exists && spec.create_publication {
-        // A table added to the configuration later: added to the publication too. Its rows are
-        // published from this commit on (those written before were never Ferry's to relay).
-        for t in &spec.tables {
-            if table_kind(client, t).await?.is_none() || covers(client, spec, t).await? {
-                continue;
-            }
-            let sql = format!(
-                "ALTER PUBLICATION {} ADD TABLE {}",
-                quote_ident(&spec.publication),
-                t.qualified()
-            );
-            match client.batch_execute(&sql).await {
-                Ok(()) => {}
-                // 42710: another instance added it first.
-                Err(e) if e.code().map(|c| c.code()) == Some("42710") => {}
-                Err(e) => {
-                    let err = sql_error(e);
-                    if err.is_transient() {
-                        return Err(err.into());
-                    }
-                    return Err(SetupError::Problems(vec![Problem {
-                        severity: Severity::Error,
-                        what: format!(
-                            "cannot add table {} to publication {:?}: {err}",
-                            t.qualified(),
-                            spec.publication
-                        ),
-                        fix: format!(
-                            "have the table's owner (or the publication's) run `{sql}`, or grant Ferry's role ownership of both"
-                        ),
-                    }]));
-                }
-            }
-        }
     }
+    // An existing publication is never altered: the operator owns it (it may serve other
+    // subscribers, which would start receiving an added table's rows). A table it lacks is an
+    // error from check() below, with the ALTER PUBLICATION to run.
     if spec.create_slot && slot_state(client, &spec.slot).await?.is_none() {
         // failover (the fifth argument) exists from PostgreSQL 17 on; check() refuses it before.
         let failover = spec.failover && server_version_num(client).await? >= 170000;
@@ -895,23 +863,16 @@ pub async fn check(
             for (t, kind) in spec.tables.iter().zip(&kinds) {
                 let table = t.qualified();
                 if kind.is_some() && !all && !covers(client, spec, t).await? {
-                    let fix = format!(
-                        "run ALTER PUBLICATION {} ADD TABLE {table} as the owner of both",
-                        quote_ident(&spec.publication)
+                    error(
+                        format!(
+                            "publication {:?} does not include table {table}",
+                            spec.publication
+                        ),
+                        format!(
+                            "run ALTER PUBLICATION {} ADD TABLE {table} (Ferry never alters an existing publication)",
+                            quote_ident(&spec.publication)
+                        ),
                     );
-                    let what = format!(
-                        "publication {:?} does not include table {table}",
-                        spec.publication
-                    );
-                    if spec.create_publication {
-                        notes.push(Problem {
-                            severity: Severity::Note,
-                            what,
-                            fix: format!("none needed: Ferry adds it (postgres.create_publication = true), or {fix}"),
-                        });
-                    } else {
-                        error(what, fix);
-                    }
                 }
                 if matches!(kind, Some((_, k)) if *k == b'p' as i8) && !via_root {
                     error(

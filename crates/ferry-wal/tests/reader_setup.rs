@@ -12,7 +12,7 @@ use common::*;
 use ferry_testkit::pg::{self, ClusterOptions, PgCluster, TestDb};
 use ferry_wal::conn::{ConnectConfig, ReaderError};
 use ferry_wal::slot::{
-    self, AcceptedTypes, Problem, RequiredColumn, SetupError, Severity, SlotSpec,
+    self, AcceptedTypes, Problem, RequiredColumn, SetupError, Severity, SlotSpec, TableSpec,
 };
 
 /// Type oids a payload column may have in these tests (jsonb, json, text, varchar, bytea); which
@@ -722,4 +722,78 @@ async fn a_failover_slot_is_checked_for_what_it_needs_on_every_version() {
     let state = slot::slot_state(&s.sql, &spec.slot).await.unwrap().unwrap();
     assert_eq!(state.failover, Some(true), "made a failover slot");
     r.shutdown().await.unwrap();
+}
+
+/// Several outbox tables: one publication for all, each table checked and watched on its own.
+#[tokio::test]
+async fn several_tables_share_the_publication_and_are_checked_each() {
+    let (_db, sql) = bare().await;
+    sql.batch_execute(
+        "CREATE SCHEMA billing; CREATE TABLE billing.events (event_id bigint, body text)",
+    )
+    .await
+    .unwrap();
+    let mut spec = spec();
+    spec.tables.push(TableSpec {
+        required_columns: vec![RequiredColumn {
+            name: "body".into(),
+            config_key: "tables[0].outbox.payload_column".into(),
+            accepted_types: None,
+        }],
+        config_key: "tables[0].outbox.table".into(),
+        ..TableSpec::new("billing", "events")
+    });
+    slot::ensure(&sql, &spec).await.unwrap();
+    let published: Vec<String> = sql
+        .query(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = 'ferry_outbox' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(published, ["billing.events", "public.outbox"]);
+    let membership = slot::publication_membership(&sql, &spec).await.unwrap();
+    assert!(membership.iter().all(Option::is_some), "{membership:?}");
+
+    // Taken out: only its own identity changes, and check names it. An existing publication is
+    // never altered, even when Ferry may create one: the fix is the operator's.
+    sql.batch_execute("ALTER PUBLICATION ferry_outbox DROP TABLE billing.events")
+        .await
+        .unwrap();
+    let now = slot::publication_membership(&sql, &spec).await.unwrap();
+    assert_eq!((&now[0], &now[1]), (&membership[0], &None));
+    let err = slot::ensure(&sql, &spec).await.unwrap_err();
+    the_error(
+        &problems_of(err),
+        "publication \"ferry_outbox\" does not include table \"billing\".\"events\"",
+        &["ALTER PUBLICATION \"ferry_outbox\" ADD TABLE \"billing\".\"events\""],
+    );
+    sql.batch_execute("ALTER PUBLICATION ferry_outbox ADD TABLE billing.events")
+        .await
+        .unwrap();
+    slot::ensure(&sql, &spec).await.unwrap();
+    let back = slot::publication_membership(&sql, &spec).await.unwrap();
+    assert!(back[1].is_some() && back[1] != membership[1], "{back:?}");
+
+    // A column the second table's mapping reads is missing: named by that entry's key.
+    spec.tables[1].required_columns[0].name = "payload".into();
+    the_error(
+        &slot::check(&sql, &spec).await.unwrap(),
+        "table \"billing\".\"events\" has no column \"payload\" (named by tables[0].outbox.payload_column)",
+        &["event_id, body"],
+    );
+    // A missing second table is named with its key.
+    spec.tables[1].table = "nope".into();
+    let problems = slot::check(&sql, &spec).await.unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.what.contains("\"billing\".\"nope\" does not exist")
+                && p.fix
+                    .contains("point tables[0].outbox.table at your outbox")),
+        "{problems:#?}"
+    );
 }

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ferry_core::progress::{self as record, ProgressKey, ProgressRecord};
 use ferry_core::remember::Remember;
 use ferry_core::verdict::{self, Acceptance, Notice, Refusal, SlotSeen, StartInput, Verdict};
-use ferry_core::{Action, CoreError, Count, Relay, RelayConfig, Sink, Token};
+use ferry_core::{Action, CoreError, Count, Relay, RelayConfig, RowOutcome, Sink, Token};
 use ferry_wal::conn::{ReaderError, ReaderEvent, ReaderHandle};
 use ferry_wal::slot::SlotSpec;
 use ferry_wal::{slot, Lsn};
@@ -94,6 +94,8 @@ pub(super) struct Core {
     progress_topic_ready: bool,
     /// When failing progress records were last logged.
     progress_warned: Option<Instant>,
+    /// The relay's per-table row counts as last added to the metrics.
+    table_rows_seen: Vec<[u64; 4]>,
 }
 
 impl Core {
@@ -111,6 +113,7 @@ impl Core {
             remember: Remember::default(),
             progress_topic_ready: false,
             progress_warned: None,
+            table_rows_seen: vec![[0; 4]; s.routers.len()],
         }
     }
 }
@@ -859,12 +862,25 @@ impl<'a> Session<'a> {
             Count::RowSkipped => m.rows_skipped.inc(),
             Count::RowDeadLettered => m.rows_dead_lettered.inc(),
             Count::TraceContextMalformed(problem) => m.trace_context_malformed.inc(problem),
-            Count::TableRow { table, outcome } => m.outbox_rows.inc(table, outcome),
         }
     }
 
     /// Gauges: the core's in-flight window, the reader's counters.
     fn publish_gauges(&mut self, reader: &ReaderHandle) {
+        let core = &mut self.core;
+        let tables = core
+            .relay
+            .table_rows()
+            .iter()
+            .zip(&mut core.table_rows_seen);
+        for (table, (now, seen)) in tables.enumerate() {
+            for (outcome, (n, s)) in RowOutcome::ALL.into_iter().zip(now.iter().zip(seen)) {
+                if n > s {
+                    self.metrics.outbox_rows.add(table, outcome, n - *s);
+                    *s = *n;
+                }
+            }
+        }
         let (records, bytes) = self.core.relay.in_flight();
         self.metrics.in_flight_records.set(records);
         self.metrics.in_flight_bytes.set(bytes);

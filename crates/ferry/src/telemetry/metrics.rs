@@ -452,12 +452,8 @@ impl LabelSet for TraceProblem {
 /// What came of an outbox row: the `outcome` label of `ferry_outbox_rows_total`.
 pub use ferry_core::RowOutcome;
 
-const OUTCOMES: [(RowOutcome, &str); 4] = [
-    (RowOutcome::Routed, "routed"),
-    (RowOutcome::DeadLettered, "dead_lettered"),
-    (RowOutcome::Skipped, "skipped"),
-    (RowOutcome::Failed, "failed"),
-];
+/// The `outcome` label of each of [`RowOutcome::ALL`].
+const OUTCOMES: [&str; 4] = ["routed", "dead_lettered", "skipped", "failed"];
 
 /// A counter per outbox table and [`RowOutcome`]; the tables are known once the configuration is.
 #[derive(Debug, Default)]
@@ -474,27 +470,19 @@ impl TableRows {
         );
     }
 
-    /// One row of the `table`-th table; a table never named is not counted.
-    pub fn inc(&self, table: usize, outcome: RowOutcome) {
-        let i = OUTCOMES
-            .iter()
-            .position(|(o, _)| *o == outcome)
-            .unwrap_or(0);
+    /// `n` rows of the `table`-th table; a table never named is not counted.
+    pub fn add(&self, table: usize, outcome: RowOutcome, n: u64) {
         if let Some((_, counters)) = self.0.get().and_then(|t| t.get(table)) {
-            counters[i].inc();
+            counters[outcome as usize].add(n);
         }
     }
 
     /// The `table`-th table's count of `outcome`.
     pub fn get(&self, table: usize, outcome: RowOutcome) -> u64 {
-        let i = OUTCOMES
-            .iter()
-            .position(|(o, _)| *o == outcome)
-            .unwrap_or(0);
         self.0
             .get()
             .and_then(|t| t.get(table))
-            .map_or(0, |(_, c)| c[i].get())
+            .map_or(0, |(_, c)| c[outcome as usize].get())
     }
 
     fn series(&self) -> Vec<(&str, &'static str, u64)> {
@@ -507,7 +495,7 @@ impl TableRows {
                 OUTCOMES
                     .iter()
                     .zip(counters)
-                    .map(move |((_, label), c)| (t.as_str(), *label, c.get()))
+                    .map(move |(label, c)| (t.as_str(), *label, c.get()))
             })
             .collect()
     }

@@ -179,12 +179,12 @@ fn renders_the_exposition_format_exactly() {
         "public.outbox".to_string(),
         "\"Billing\".events".to_string(),
     ]);
-    m.outbox_rows.inc(0, RowOutcome::Routed);
-    m.outbox_rows.inc(0, RowOutcome::Routed);
-    m.outbox_rows.inc(0, RowOutcome::DeadLettered);
-    m.outbox_rows.inc(1, RowOutcome::Skipped);
+    m.outbox_rows.add(0, RowOutcome::Routed, 2);
+    m.outbox_rows.add(0, RowOutcome::DeadLettered, 1);
+    m.outbox_rows.add(1, RowOutcome::Skipped, 1);
     // A table never named is not counted (and does not panic).
-    m.outbox_rows.inc(2, RowOutcome::Failed);
+    m.outbox_rows.add(2, RowOutcome::Failed, 1);
+    assert_eq!(m.outbox_rows.get(0, RowOutcome::Routed), 2);
     m.trace_context_malformed.inc(TraceProblem::VersionFf);
     m.status_updates_sent.add(7);
     m.reconnects.inc(Component::Kafka);

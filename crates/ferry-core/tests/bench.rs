@@ -1,0 +1,101 @@
+//! Rough cost of the relay core per row, for the next engineer to measure (no timing is asserted):
+//!
+//! ```sh
+//! cargo test --release -p ferry-core --test bench -- --ignored --nocapture
+//! ```
+//!
+//! Each round feeds transactions of 100 rows through the real core and the real router (default
+//! mapping), drains every action and acknowledges every record, as the driver does; the best of
+//! several rounds is printed (the figure least disturbed by other work on the machine). With
+//! `tables = 2` every other row belongs to a second outbox table with its own router.
+
+mod common;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::*;
+use ferry_core::{Action, Relay};
+use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Routers, TableConfig};
+use ferry_wal::assembly::OutboxEvent;
+use ferry_wal::Lsn;
+
+const ROUNDS: usize = 5;
+const TXNS: u64 = 2_000;
+const ROWS_PER_TXN: u64 = 100;
+
+fn routers(tables: usize) -> Arc<Routers> {
+    let extra: Vec<TableConfig> = (1..tables)
+        .map(|i| TableConfig {
+            outbox: OutboxConfig {
+                table: format!("s{i}.outbox"),
+                ..OutboxConfig::default()
+            },
+            route: RouteConfig::default(),
+        })
+        .collect();
+    Arc::new(Routers::new(&OutboxConfig::default(), &RouteConfig::default(), &extra).unwrap())
+}
+
+/// Nanoseconds per row of the best round.
+fn run(tables: usize) -> f64 {
+    let rel = relation(oid::JSONB);
+    let payload = r#"{"orderId": 42, "total": 39.98, "items": [{"sku": "A-1", "qty": 2}]}"#;
+    let mut best = f64::MAX;
+    for _ in 0..ROUNDS {
+        let mut cfg = config(OnError::Fail, 10_000, 1 << 30);
+        cfg.routers = routers(tables);
+        let mut r: Relay<String> = Relay::new(cfg);
+        r.start(Lsn(1), false);
+        let mut lsn = 100u64;
+        let mut tokens = Vec::with_capacity(ROWS_PER_TXN as usize);
+        let now = Instant::now();
+        let start = Instant::now();
+        for txn in 0..TXNS {
+            let commit_lsn = lsn + ROWS_PER_TXN * 10 + 5;
+            r.handle_outbox(begin(txn as u32 + 1, commit_lsn), now);
+            for i in 0..ROWS_PER_TXN {
+                let ev = row(&rel, txn as u32 + 1, lsn, i, "order-42", Some(payload));
+                let ev = match ev {
+                    OutboxEvent::Row(mut row) => {
+                        row.table = (i as usize) % tables;
+                        OutboxEvent::Row(row)
+                    }
+                    other => other,
+                };
+                r.handle_outbox(ev, now);
+                lsn += 10;
+            }
+            r.handle_outbox(commit(txn as u32 + 1, commit_lsn, commit_lsn + 8), now);
+            lsn = commit_lsn + 16;
+            while let Some(a) = r.poll_action() {
+                if let Action::Produce { token, record } = a {
+                    black_box(&record);
+                    tokens.push(token);
+                }
+            }
+            for t in tokens.drain(..) {
+                r.handle_report(t, Ok(()), now);
+            }
+            while let Some(a) = r.poll_action() {
+                black_box(&a);
+            }
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (TXNS * ROWS_PER_TXN) as f64;
+        best = best.min(ns);
+    }
+    best
+}
+
+#[test]
+#[ignore = "measurement, run by hand with --release --ignored --nocapture"]
+fn relay_core_cost_per_row() {
+    for tables in [1, 2] {
+        println!(
+            "relay core, {tables} table(s): {:.0} ns/row (route, track, acknowledge, confirm; best of {ROUNDS} rounds of {} rows)",
+            run(tables),
+            TXNS * ROWS_PER_TXN
+        );
+    }
+}
