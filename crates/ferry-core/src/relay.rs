@@ -94,8 +94,13 @@ pub enum End {
 /// Why a session stopped with an error. `E` is the sink's error.
 #[derive(Debug)]
 pub enum CoreError<E> {
-    /// A row the router rejected under `on_error = "fail"`.
-    Route { error: RouteError, commit_lsn: Lsn },
+    /// A row the router rejected under `on_error = "fail"`; `table` is the outbox table's
+    /// position ([`ferry_wal::assembly::OutboxRow::table`]), `None` for a table-less message.
+    Route {
+        error: RouteError,
+        commit_lsn: Lsn,
+        table: Option<usize>,
+    },
     /// Kafka failed or refused a record for `topic`.
     Delivery { topic: Arc<str>, error: E },
     /// The sink failed outside a record (e.g. at a commit point).
@@ -380,7 +385,7 @@ impl<E> Relay<E> {
                 };
                 let routed = route::row(router, &row, cur.commit_unix_micros);
                 self.table_rows[row.table][RowOutcome::of(&routed.0) as usize] += 1;
-                self.routed(cur, routed, now);
+                self.routed(cur, routed, Some(row.table), now);
                 self.position_inside(cur);
             }
             OutboxEvent::Message(m) => {
@@ -395,7 +400,7 @@ impl<E> Relay<E> {
                     &m.content,
                     cur.commit_unix_micros,
                 );
-                self.routed(cur, routed, now);
+                self.routed(cur, routed, None, now);
                 self.position_inside(cur);
             }
             OutboxEvent::Commit(c) => {
@@ -554,6 +559,7 @@ impl<E> Relay<E> {
         &mut self,
         cur: Current,
         (routed, kind): (Routed, Option<RouteErrorKind>),
+        table: Option<usize>,
         now: Instant,
     ) {
         if let Some(kind) = kind {
@@ -577,6 +583,7 @@ impl<E> Relay<E> {
                 CoreError::Route {
                     error,
                     commit_lsn: cur.commit_lsn,
+                    table,
                 },
                 now,
             ),

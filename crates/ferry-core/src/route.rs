@@ -14,7 +14,7 @@
 //! document like any other, and follows the policy).
 
 use bytes::Bytes;
-use ferry_router::{ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router};
+use ferry_router::{ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router, TableName};
 use ferry_wal::assembly::OutboxRow;
 use ferry_wal::pgoutput::TupleValue;
 
@@ -76,7 +76,7 @@ pub(crate) fn row(
             let kind = Some(RouteErrorKind::of(&e.reason));
             (Routed::Fail(e), kind)
         }
-        Err(e) => policy(router, e, |err| {
+        Err(e) => policy(router, Some(router.table()), e, |err| {
             router.dead_letter(&wal, err, commit_unix_micros)
         }),
     }
@@ -96,14 +96,16 @@ pub(crate) fn message(
             },
             None,
         ),
-        Err(e) => policy(router, e, |err| {
+        Err(e) => policy(router, None, e, |err| {
             router.dead_letter_message(content, err, commit_unix_micros)
         }),
     }
 }
 
+/// `table`: the row's outbox table (`None` for a table-less message), for the log line.
 fn policy(
     router: &Router,
+    table: Option<&TableName>,
     error: RouteError,
     dead_letter: impl FnOnce(&RouteError) -> Option<Record>,
 ) -> (Routed, Option<RouteErrorKind>) {
@@ -111,12 +113,13 @@ fn policy(
     let routed = match router.on_error() {
         OnError::Fail => Routed::Fail(error),
         OnError::Skip => {
-            tracing::warn!(error = %error, "skipping an outbox event that cannot be routed (on_error = skip)");
+            tracing::warn!(error = %error, table = table.map(tracing::field::display),
+                "skipping an outbox event that cannot be routed (on_error = skip)");
             Routed::Skip
         }
         OnError::DeadLetter => match dead_letter(&error) {
             Some(record) => {
-                tracing::warn!(error = %error, topic = %record.topic,
+                tracing::warn!(error = %error, topic = %record.topic, table = table.map(tracing::field::display),
                     "sending an outbox event that cannot be routed to the dead-letter topic");
                 Routed::Produce {
                     record,

@@ -202,8 +202,12 @@ fn a_row_without_a_column_the_route_reads_stops_whatever_on_error_says() {
         );
         assert!(counts(&a).contains(&Count::RoutingError(RouteErrorKind::MissingColumn)));
         match stop(a) {
-            Some(Err(CoreError::Route { commit_lsn, error })) => {
-                assert_eq!(commit_lsn, Lsn(110));
+            Some(Err(CoreError::Route {
+                commit_lsn,
+                error,
+                table,
+            })) => {
+                assert_eq!((commit_lsn, table), (Lsn(110), Some(0)));
                 assert_eq!(error.code(), "missing_column");
             }
             other => panic!("{on_error}: expected a route error, got {other:?}"),

@@ -18,8 +18,13 @@ pub enum PipelineError {
     Reader(#[from] ReaderError),
     #[error("PostgreSQL set-up:\n{0}")]
     Setup(#[from] SetupError),
-    #[error("{}", route_failure(error, *commit_lsn))]
-    Route { error: RouteError, commit_lsn: Lsn },
+    #[error("{}", route_failure(error, *commit_lsn, table.as_ref()))]
+    Route {
+        error: RouteError,
+        commit_lsn: Lsn,
+        /// With several outbox tables, which one the row is of: its position and name.
+        table: Option<(usize, String)>,
+    },
     #[error("Kafka did not accept a record for topic {topic:?}: {error}; fix: {fix}")]
     Delivery {
         topic: String,
@@ -93,10 +98,18 @@ pub enum PipelineError {
 
 /// The message of [`PipelineError::Route`]: the row's problem, then what stopping means and what
 /// to do, which differs for a table that no longer matches the configuration.
-fn route_failure(error: &RouteError, commit_lsn: Lsn) -> String {
+fn route_failure(error: &RouteError, commit_lsn: Lsn, table: Option<&(usize, String)>) -> String {
+    let of = match table {
+        None => String::new(),
+        Some((0, name)) => format!("outbox table {name} ([outbox] and [route]): "),
+        Some((i, name)) => {
+            let prefix = ferry_router::tables::key_prefix(*i);
+            format!("outbox table {name} (its keys are {prefix}outbox.* and {prefix}route.*): ")
+        }
+    };
     if let RouteErrorReason::MissingColumn { .. } = error.reason {
         format!(
-            "{error} (transaction commit {commit_lsn}). The outbox table no longer has a column the \
+            "{of}{error} (transaction commit {commit_lsn}). The outbox table no longer has a column the \
              configuration reads (renamed or dropped?), so every later row would fail alike: Ferry stops \
              whatever route.on_error says and confirms nothing past this transaction. Map the new column \
              in the configuration (or restore the column) and start Ferry again; it resumes at this \
@@ -104,7 +117,7 @@ fn route_failure(error: &RouteError, commit_lsn: Lsn) -> String {
         )
     } else {
         format!(
-            "{error} (transaction commit {commit_lsn}). on_error = \"fail\" stops Ferry here and confirms \
+            "{of}{error} (transaction commit {commit_lsn}). on_error = \"fail\" stops Ferry here and confirms \
              nothing past it; fix the row's data or the route configuration, or set route.on_error = \
              \"skip\" or \"dead_letter\""
         )
@@ -146,5 +159,43 @@ impl PipelineError {
             fix: producer::fix_for(&error),
             error,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(table: Option<(usize, String)>) -> String {
+        PipelineError::Route {
+            error: RouteError {
+                event_id: Some("7".into()),
+                reason: RouteErrorReason::NullPayload {
+                    column: "body".into(),
+                },
+            },
+            commit_lsn: Lsn(0x10),
+            table,
+        }
+        .to_string()
+    }
+
+    /// With several outbox tables the error says which table's row it is, and under which keys.
+    #[test]
+    fn a_route_failure_names_the_table_when_there_are_several() {
+        let one = route(None);
+        assert!(one.starts_with("cannot route outbox event \"7\""), "{one}");
+        let first = route(Some((0, "public.outbox".into())));
+        assert!(
+            first.starts_with("outbox table public.outbox ([outbox] and [route]): cannot route"),
+            "{first}"
+        );
+        let second = route(Some((2, "billing.events".into())));
+        assert!(
+            second.starts_with(
+                "outbox table billing.events (its keys are tables[1].outbox.* and tables[1].route.*): "
+            ),
+            "{second}"
+        );
     }
 }

@@ -468,7 +468,7 @@ impl<'a> Session<'a> {
         let reader_result = finish(reader).await;
         if let Some(e) = left_publication {
             // Drained and confirmed what was streamed; a drain failure is reported first.
-            stopped.map_err(|e| pipeline_error(e, &s.progress_topic, s.exactly_once.is_some()))?;
+            stopped.map_err(|e| pipeline_error(e, s))?;
             return Err(e);
         }
         match stopped {
@@ -477,11 +477,7 @@ impl<'a> Session<'a> {
                 Ok(End::Shutdown)
             }
             Ok(ferry_core::End::ReaderEnded) => reader_result.map(|()| End::Streamed),
-            Err(e) => Err(pipeline_error(
-                e,
-                &s.progress_topic,
-                s.exactly_once.is_some(),
-            )),
+            Err(e) => Err(pipeline_error(e, s)),
         }
     }
 
@@ -898,13 +894,21 @@ impl<'a> Session<'a> {
 }
 
 /// The pipeline's error for the core's verdict.
-fn pipeline_error(
-    e: CoreError<KafkaError>,
-    progress_topic: &str,
-    exactly_once: bool,
-) -> PipelineError {
+fn pipeline_error(e: CoreError<KafkaError>, s: &PipelineSettings) -> PipelineError {
+    let (progress_topic, exactly_once) = (s.progress_topic.as_str(), s.exactly_once.is_some());
     match e {
-        CoreError::Route { error, commit_lsn } => PipelineError::Route { error, commit_lsn },
+        CoreError::Route {
+            error,
+            commit_lsn,
+            table,
+        } => PipelineError::Route {
+            error,
+            commit_lsn,
+            // With one table there is nothing to tell apart.
+            table: table
+                .filter(|_| s.routers.len() > 1)
+                .and_then(|i| Some((i, s.routers.get(i)?.table().to_string()))),
+        },
         CoreError::Delivery { topic, error } => PipelineError::delivery(&topic, error),
         // At-least-once: a progress record failed outside an outbox record. Exactly-once: a
         // Kafka transaction failed (begin, commit, the progress record in it).
