@@ -279,8 +279,9 @@ impl<E> Relay<E> {
 
     /// Starts a session streaming from `resume` (the slot's `confirmed_flush_lsn`, from which
     /// the server replays). `binary`: the session streams pgoutput's binary mode, so every new
-    /// layout of an outbox table is checked for columns the router reads only as text. Records of earlier sessions still in flight stay in the
-    /// table (and the window) until their reports arrive; they confirm nothing any more.
+    /// layout of an outbox table is checked for columns its router reads only as text. Records
+    /// of earlier sessions still in flight stay in the table (and the window) until their
+    /// reports arrive; they confirm nothing any more.
     pub fn start(&mut self, resume: Lsn, binary: bool) {
         self.start_from(resume, binary, None);
     }

@@ -60,13 +60,9 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
                 };
                 found.push(Problem { severity: Severity::Note, what, fix: "none needed (postgres.binary chooses)".into() });
             }
-            match sample_rows(&sql, &settings, &config).await {
-                Ok(sample) => {
-                    topics = sample.topics;
-                    found.extend(sample.problems);
-                }
-                Err(p) => found.push(p),
-            }
+            let sample = sample_rows(&sql, &settings, &config).await;
+            topics = sample.topics;
+            found.extend(sample.problems);
         }
     }
     print_problems(&found);
@@ -154,12 +150,13 @@ struct Sample {
     problems: Vec<Problem>,
 }
 
-/// Samples every outbox table ([`sample_table`]); the first table that cannot be read stops it.
+/// Samples every outbox table ([`sample_table`]); a table that cannot be read is a problem of its
+/// own, and the others are still sampled.
 async fn sample_rows(
     sql: &tokio_postgres::Client,
     settings: &PipelineSettings,
     config: &Config,
-) -> Result<Sample, Problem> {
+) -> Sample {
     let mut all = Sample {
         topics: Vec::new(),
         problems: Vec::new(),
@@ -174,15 +171,19 @@ async fn sample_rows(
         .enumerate()
     {
         let prefix = ferry_router::tables::key_prefix(i);
-        let sample = sample_table(sql, router, table, outbox, several, &prefix).await?;
-        for t in sample.topics {
-            if !all.topics.contains(&t) {
-                all.topics.push(t);
+        match sample_table(sql, router, table, outbox, several, &prefix).await {
+            Ok(sample) => {
+                for t in sample.topics {
+                    if !all.topics.contains(&t) {
+                        all.topics.push(t);
+                    }
+                }
+                all.problems.extend(sample.problems);
             }
+            Err(p) => all.problems.push(p),
         }
-        all.problems.extend(sample.problems);
     }
-    Ok(all)
+    all
 }
 
 /// Routes one row per distinct aggregate type (and per distinct value of the other columns the
