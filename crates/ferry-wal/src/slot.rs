@@ -83,6 +83,21 @@ impl SlotSpec {
             .join(", ")
     }
 
+    /// What the reader counts as the outbox: these tables, and the messages with `message_prefix`.
+    pub fn outbox_source(&self, message_prefix: Option<String>) -> crate::assembly::OutboxSource {
+        crate::assembly::OutboxSource {
+            tables: self
+                .tables
+                .iter()
+                .map(|t| crate::assembly::SourceTable {
+                    schema: t.schema.clone(),
+                    table: t.table.clone(),
+                })
+                .collect(),
+            message_prefix,
+        }
+    }
+
     /// The SQL that creates the publication for every table.
     pub fn create_publication_sql(&self) -> String {
         format!(

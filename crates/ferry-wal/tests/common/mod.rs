@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ferry_testkit::pg::{self, TestDb};
-use ferry_wal::assembly::{OutboxEvent, OutboxSource, SourceTable};
+use ferry_wal::assembly::OutboxEvent;
 use ferry_wal::conn::{ConnectConfig, ReaderEvent, ReaderHandle, StreamOptions};
 use ferry_wal::pgoutput::TupleValue;
 use ferry_wal::slot::{self, RequiredColumn, SlotSpec, TableSpec};
@@ -63,17 +63,7 @@ pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
     StreamOptions {
         slot: spec.slot.clone(),
         publication: spec.publication.clone(),
-        source: OutboxSource {
-            tables: spec
-                .tables
-                .iter()
-                .map(|t| SourceTable {
-                    schema: t.schema.clone(),
-                    table: t.table.clone(),
-                })
-                .collect(),
-            message_prefix: prefix.map(Into::into),
-        },
+        source: spec.outbox_source(prefix.map(Into::into)),
         status_interval: ferry_wal::conn::stream::DEFAULT_STATUS_INTERVAL,
         channel_capacity: 1024,
         binary: false,

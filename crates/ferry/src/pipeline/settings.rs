@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_router::{tables::key_prefix, Router, Routers};
-use ferry_wal::assembly::{OutboxSource, SourceTable};
 use ferry_wal::conn::{ConnectConfig, StreamOptions};
 use ferry_wal::slot::{AcceptedTypes, RequiredColumn, SlotSpec, TableSpec};
 
@@ -139,17 +138,7 @@ pub fn stream_options(
     StreamOptions {
         slot: spec.slot.clone(),
         publication: spec.publication.clone(),
-        source: OutboxSource {
-            tables: spec
-                .tables
-                .iter()
-                .map(|t| SourceTable {
-                    schema: t.schema.clone(),
-                    table: t.table.clone(),
-                })
-                .collect(),
-            message_prefix: routers.message_prefix().map(str::to_string),
-        },
+        source: spec.outbox_source(routers.message_prefix().map(str::to_string)),
         status_interval,
         channel_capacity: capacity,
         // Chosen per session (see super::binary).
