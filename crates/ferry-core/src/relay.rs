@@ -106,7 +106,12 @@ pub enum CoreError<E> {
     /// The sink failed outside a record (e.g. at a commit point).
     Sink(E),
     /// In binary mode the outbox table's layout changed to a type readable only as text.
-    TextNeeded { column: String, type_oid: u32 },
+    TextNeeded {
+        column: String,
+        type_oid: u32,
+        /// The outbox table's position ([`ferry_wal::assembly::OutboxRow::table`]).
+        table: usize,
+    },
     /// The watermark refused a call: the event stream or the core's bookkeeping is wrong.
     Bookkeeping(WatermarkError),
     /// A report for a token with no record in flight (never handed out, or reported twice).
@@ -378,7 +383,13 @@ impl<E> Relay<E> {
                 }
                 if let Some(guard) = self.binary.as_mut() {
                     if let Some((column, type_oid)) = guard.check(row.table, &row.relation) {
-                        return self.fail(CoreError::TextNeeded { column, type_oid }, now);
+                        let table = row.table;
+                        let e = CoreError::TextNeeded {
+                            column,
+                            type_oid,
+                            table,
+                        };
+                        return self.fail(e, now);
                     }
                 }
                 let Some(router) = self.config.routers.get(row.table) else {

@@ -352,8 +352,12 @@ fn in_binary_mode_a_layout_readable_only_as_text_ends_the_session() {
     r.handle_outbox(begin(1, 110), now);
     r.handle_outbox(row(&relation(16_400), 1, 105, 1, "k", Some("{}")), now);
     match stop(actions(&mut r)) {
-        Some(Err(CoreError::TextNeeded { column, type_oid })) => {
-            assert_eq!((column.as_str(), type_oid), ("payload", 16_400));
+        Some(Err(CoreError::TextNeeded {
+            column,
+            type_oid,
+            table,
+        })) => {
+            assert_eq!((column.as_str(), type_oid, table), ("payload", 16_400, 0));
         }
         other => panic!("expected TextNeeded, got {other:?}"),
     }
@@ -467,8 +471,12 @@ fn each_row_is_routed_by_its_tables_router_and_counted_per_table() {
         now,
     );
     match stop(actions(&mut r)) {
-        Some(Err(CoreError::TextNeeded { column, type_oid })) => {
-            assert_eq!((column.as_str(), type_oid), ("payload", 16_400));
+        Some(Err(CoreError::TextNeeded {
+            column,
+            type_oid,
+            table,
+        })) => {
+            assert_eq!((column.as_str(), type_oid, table), ("payload", 16_400, 1));
         }
         other => panic!("expected TextNeeded, got {other:?}"),
     }

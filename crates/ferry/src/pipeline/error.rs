@@ -60,10 +60,14 @@ pub enum PipelineError {
     #[error("Kafka transaction failed ({error}); the producer is replaced and the events replayed from the last committed position")]
     Transaction { error: KafkaError },
     #[error(
-        "the outbox table changed while streaming in binary mode: column {column:?} is now of type OID \
-         {type_oid}, which Ferry reads only as text; reconnecting to stream text"
+        "the outbox table {table} changed while streaming in binary mode: column {column:?} is now of \
+         type OID {type_oid}, which Ferry reads only as text; reconnecting to stream text"
     )]
-    TextNeeded { column: String, type_oid: u32 },
+    TextNeeded {
+        column: String,
+        type_oid: u32,
+        table: String,
+    },
     /// The start-time verdict found a gap (`ferry_core::verdict`): the message says what
     /// happened, the remembered position, the bytes of WAL where known, and the action.
     #[error("{0}")]

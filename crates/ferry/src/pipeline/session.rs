@@ -914,9 +914,18 @@ fn pipeline_error(e: CoreError<KafkaError>, s: &PipelineSettings) -> PipelineErr
         // Kafka transaction failed (begin, commit, the progress record in it).
         CoreError::Sink(error) if exactly_once => PipelineError::Transaction { error },
         CoreError::Sink(error) => PipelineError::delivery(progress_topic, error),
-        CoreError::TextNeeded { column, type_oid } => {
-            PipelineError::TextNeeded { column, type_oid }
-        }
+        CoreError::TextNeeded {
+            column,
+            type_oid,
+            table,
+        } => PipelineError::TextNeeded {
+            column,
+            type_oid,
+            table: s
+                .routers
+                .get(table)
+                .map_or_else(|| format!("#{table}"), |r| r.table().to_string()),
+        },
         CoreError::Bookkeeping(e) => PipelineError::Watermark(e),
         CoreError::UnknownReport { token } => PipelineError::UnknownReport { key: token.0 },
         CoreError::DrainTimeout { records } => PipelineError::DrainTimeout { records },
