@@ -87,7 +87,10 @@ impl Running {
             )
             .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{port}"))
             .env("FERRY_POSTGRES_STANDBY_POLL_INTERVAL", "50ms")
-            .env("FERRY_LOG_LEVEL", "warn")
+            .env(
+                "FERRY_LOG_LEVEL",
+                std::env::var("FERRY_BENCH_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
+            )
             .envs(exactly_once(slot))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
