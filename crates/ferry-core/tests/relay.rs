@@ -45,6 +45,19 @@ fn stop(actions: Vec<Action<String>>) -> Option<Result<End, CoreError<String>>> 
     })
 }
 
+/// The session stopped because the `table`-th outbox table's `payload` became an enum (type OID
+/// 16400), which binary mode cannot read.
+fn assert_text_needed(actions: Vec<Action<String>>, table: usize) {
+    match stop(actions) {
+        Some(Err(CoreError::TextNeeded {
+            column,
+            type_oid,
+            table: t,
+        })) => assert_eq!((column.as_str(), type_oid, t), ("payload", 16_400, table)),
+        other => panic!("expected TextNeeded, got {other:?}"),
+    }
+}
+
 fn counts(actions: &[Action<String>]) -> Vec<Count> {
     actions
         .iter()
@@ -351,16 +364,7 @@ fn in_binary_mode_a_layout_readable_only_as_text_ends_the_session() {
     r.start(Lsn(100), true);
     r.handle_outbox(begin(1, 110), now);
     r.handle_outbox(row(&relation(16_400), 1, 105, 1, "k", Some("{}")), now);
-    match stop(actions(&mut r)) {
-        Some(Err(CoreError::TextNeeded {
-            column,
-            type_oid,
-            table,
-        })) => {
-            assert_eq!((column.as_str(), type_oid, table), ("payload", 16_400, 0));
-        }
-        other => panic!("expected TextNeeded, got {other:?}"),
-    }
+    assert_text_needed(actions(&mut r), 0);
 }
 
 /// A malformed trace context is counted and the record still goes (without the header); a valid
@@ -470,14 +474,5 @@ fn each_row_is_routed_by_its_tables_router_and_counted_per_table() {
         of_table(1, row(&relation(16_400), 1, 102, 2, "k", Some("{}"))),
         now,
     );
-    match stop(actions(&mut r)) {
-        Some(Err(CoreError::TextNeeded {
-            column,
-            type_oid,
-            table,
-        })) => {
-            assert_eq!((column.as_str(), type_oid, table), ("payload", 16_400, 1));
-        }
-        other => panic!("expected TextNeeded, got {other:?}"),
-    }
+    assert_text_needed(actions(&mut r), 1);
 }
