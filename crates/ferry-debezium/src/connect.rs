@@ -6,7 +6,7 @@
 //! string as a quoted JSON string) or `json_with_schema` (its default: `{"schema": ...,
 //! "payload": ...}`). The converters are usually the worker's, not the connector's: the CLI's
 //! `--worker` file fills them in ([`crate::Options::worker`]). Where no format reproduces the
-//! converter (a schema registry, a schema derived from an expanded payload) a note says what
+//! converter (a schema registry, envelope fields under a schema) a note says what
 //! changes for consumers, including the key's partition, which follows the key's bytes.
 //!
 //! `errors.tolerance = all` becomes `route.on_error = "skip"`; a dead letter queue topic does
@@ -84,11 +84,15 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
             Ok((RecordFormat::JsonExpanded, None))
         } else if is_json && !schemas {
             Ok((RecordFormat::Json, None))
-        } else if is_json && expand {
-            Err(format!(
-                "with table.expand.json.payload and schemas.enable=true the connector derived a \
-                 struct schema from each payload; Ferry has no such format: it sends {what}, so \
-                 consumers that read the payload field must read the value itself"
+        } else if is_json && expand && !facts.envelope {
+            Ok((
+                RecordFormat::JsonExpandedWithSchema,
+                Some(format!(
+                    "A payload the connector did not expand (not an object, or an array of mixed \
+                     kinds) went out as a string with the column's schema, whose \"optional\" is \
+                     the column's nullability: route.value_schema_optional = {DEFAULT_VALUE_SCHEMA_OPTIONAL} \
+                     assumes a nullable payload column (payload jsonb); set it to match your table."
+                )),
             ))
         } else if is_json && side == "value" && facts.envelope {
             Err(
@@ -142,7 +146,7 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
                 Some(v) => format!("{key} = {short}, {schemas_key} = {v}"),
                 None => format!("{key} = {short}"),
             };
-            if format == RecordFormat::JsonExpanded {
+            if format.expands() {
                 from.push_str(&format!(", {} = true", facts.expand_keys.0));
             }
             doc.set(ROUTE, &format_key, Value::str(format.as_str()), Some(&from));
@@ -170,17 +174,24 @@ fn expansion(src: &mut Source<'_>, format: Option<RecordFormat>, facts: &Facts) 
     let nulls = src.peek(null_key).map(str::to_ascii_lowercase);
     let nulls_ignored = nulls.as_deref().is_none_or(|n| n == "ignore");
     match format {
-        Some(RecordFormat::JsonExpanded) if nulls_ignored => {
+        Some(f) if f.expands() && nulls_ignored => {
             src.take(expand_key);
             src.take(null_key);
         }
-        Some(RecordFormat::JsonExpanded) => {
+        Some(f) if f.expands() => {
             src.take(expand_key);
             src.note(
                 null_key,
-                "Ferry's json_expanded leaves null members out, as \"ignore\" (the default) did; \
-                 with optional_bytes the connector wrote them as null, so consumers see those \
-                 members missing instead",
+                format!(
+                    "Ferry's {f} leaves null members out, as \"ignore\" (the default) did; with \
+                     optional_bytes the connector wrote them as null{}, so consumers see those \
+                     members missing instead",
+                    if f.has_schema() {
+                        " with an optional bytes schema"
+                    } else {
+                        ""
+                    }
+                ),
             );
         }
         _ if !facts.expand_json => {
@@ -195,7 +206,8 @@ fn expansion(src: &mut Source<'_>, format: Option<RecordFormat>, facts: &Facts) 
                 "with this value converter (or an unknown one) no Ferry format writes the \
                  expanded payload's bytes: \
                  Ferry sends it as its JSON text (PostgreSQL's spacing, null members kept); with \
-                 JsonConverter and schemas.enable=false route.value_format = \"json_expanded\" \
+                 JsonConverter route.value_format = \"json_expanded\" (schemas.enable=false) or \
+                 \"json_expanded_with_schema\" (schemas.enable=true, without envelope fields) \
                  reproduces it",
             );
             src.note(null_key, "belongs to table.expand.json.payload (see there)");

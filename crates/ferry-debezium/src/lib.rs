@@ -40,7 +40,7 @@
 //! - **Converters** (the connector's, else the worker's from [`Options::worker`]):
 //!   `route.key_format` / `route.value_format` that write the converter's bytes
 //!   (`StringConverter`, `ByteArrayConverter`, `JsonConverter` with and without schemas); where
-//!   none does (Avro and other registry formats, a schema derived from an expanded payload) the
+//!   none does (Avro and other registry formats, envelope fields under a JsonConverter schema) the
 //!   notes say what a consumer will see differently.
 //!
 //! # The seam with the binary

@@ -612,6 +612,51 @@ fn worker_converters_become_the_key_and_value_formats() {
         .contains("worker"));
 }
 
+/// `table.expand.json.payload = true` under JsonConverter with schemas (the worker's default
+/// `schemas.enable`): the schema Debezium inferred from each payload, named after the payload
+/// column; with envelope fields (whose struct Debezium named after topic.prefix) a note.
+#[test]
+fn an_expanded_payload_under_a_schema_becomes_json_expanded_with_schema() {
+    let worker = "value.converter=org.apache.kafka.connect.json.JsonConverter\n";
+    let options = Options {
+        brokers: None,
+        source: None,
+        worker: Some(worker.into()),
+    };
+    let json = fixture_json("defaults").replace(
+        "\"transforms.outbox.type\"",
+        "\"transforms.outbox.table.expand.json.payload\": \"true\",\n    \"transforms.outbox.type\"",
+    );
+    let t = translate(&json, &options).unwrap();
+    let c = load(&t);
+    assert_eq!(
+        c.route.value_format,
+        ferry_router::RecordFormat::JsonExpandedWithSchema
+    );
+    for gone in ["value.converter", "transforms.outbox.table.expand.json.payload"] {
+        assert!(!noted(&t).contains(gone), "{gone}:\n{}", notes_text(&t));
+    }
+    let row = SimpleRow::new()
+        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
+        .with("aggregatetype", oid::VARCHAR, "order")
+        .with("aggregateid", oid::VARCHAR, "42")
+        .with("type", oid::VARCHAR, "OrderCreated")
+        .with("payload", oid::JSONB, r#"{"total": 39.98}"#);
+    let r = router(&c).route_row(&row, 0).unwrap();
+    assert_eq!(
+        r.value.as_deref(),
+        Some(&br#"{"schema":{"type":"struct","fields":[{"type":"double","optional":true,"field":"total"}],"optional":true,"name":"payload"},"payload":{"total":39.98}}"#[..])
+    );
+    // Envelope fields under a schema: no format reproduces them, and the notes say so.
+    let json = json.replace(
+        "\"transforms.outbox.type\"",
+        "\"transforms.outbox.table.fields.additional.placement\": \"type:envelope:eventType\",\n    \"transforms.outbox.type\"",
+    );
+    let t = translate(&json, &options).unwrap();
+    assert!(note(&t, "value.converter").contains("topic.prefix"));
+    assert!(note(&t, "transforms.outbox.table.expand.json.payload").contains("without envelope"));
+}
+
 #[test]
 fn brokers_from_the_flag_and_the_environment_over_the_file() {
     let json = fixture_json("defaults");

@@ -216,11 +216,14 @@ pub struct RouteConfig {
     /// `json_with_schema` (Kafka Connect's `JsonConverter` without / with schemas). See
     /// [`crate::format`].
     pub key_format: RecordFormat,
-    /// How the value is written, as `key_format`.
+    /// How the value is written, as `key_format`, or `json_expanded` /
+    /// `json_expanded_with_schema` (Debezium's `table.expand.json.payload`; see
+    /// [`crate::expand`]).
     pub value_format: RecordFormat,
     /// The key schema's `optional` in `json_with_schema` (the key column's nullability).
     pub key_schema_optional: bool,
-    /// The value schema's `optional` in `json_with_schema` (the payload column's nullability).
+    /// The value schema's `optional` in `json_with_schema`, and in `json_expanded_with_schema`
+    /// for a payload Debezium did not expand (the payload column's nullability).
     pub value_schema_optional: bool,
 }
 

@@ -1,11 +1,12 @@
-//! `route.value_format = "json_expanded"`: the value Debezium's Outbox Event Router wrote with
-//! `table.expand.json.payload = true` through Kafka Connect's `JsonConverter` with
-//! `schemas.enable = false`.
+//! `route.value_format = "json_expanded"` and `"json_expanded_with_schema"`: the value Debezium's
+//! Outbox Event Router wrote with `table.expand.json.payload = true` through Kafka Connect's
+//! `JsonConverter` with `schemas.enable = false` and `true`.
 //!
 //! Debezium (`EventRouterDelegate`, `JsonSchemaData`, `table.json.payload.null.behavior =
 //! ignore`, its default) parses a payload that starts with `{` or `[` with Jackson, infers a
-//! Connect schema from it and builds a struct; the converter then writes the struct compactly.
-//! What that does to a document, and what this module does alike:
+//! Connect schema from it (`toConnectSchema(<payload column name>, node)`) and builds a struct
+//! (`toConnectData`); the converter then writes the struct compactly. What that does to a
+//! document, and what this module does alike:
 //!
 //! - Object members keep their order; a member whose value is `null` or `[]` has no schema and
 //!   is left out. A key seen twice keeps its first place and last value (Jackson's `ObjectNode`).
@@ -20,13 +21,28 @@
 //!   failed there, and Ferry reports a routing error.
 //! - Arrays take the schema of their first non-null element; `null` elements stay `null`.
 //!   Elements of different kinds (a string and a number, an `int32` and an `int64`, an integer
-//!   and a fraction), an array of nulls only, or a top-level array make the expansion fail, and
-//!   Debezium then sent the payload unexpanded: as a JSON string, which is what Ferry writes too.
-//!   An array of objects takes the union of its elements' schemas, in an order that depends on
-//!   Java hash codes when the elements differ in shape: Ferry reproduces arrays of objects of one
-//!   shape and reports a routing error for the others rather than guess.
-//! - A payload that does not start with `{` (a JSON scalar, an array, text) is not expanded:
-//!   a JSON string.
+//!   and a fraction) or an array of nulls only make the schema inference throw, and Debezium
+//!   then sent the payload unexpanded, with the column's own schema: as a JSON string, which is
+//!   what Ferry writes too. An array of objects takes the union of its elements' schemas, in an
+//!   order that depends on Java hash codes when the elements differ in shape: Ferry reproduces
+//!   arrays of objects of one shape and reports a routing error for the others rather than
+//!   guess.
+//! - A payload that does not start with `{` or `[` (a JSON scalar, text, leading whitespace) or
+//!   does not parse is not expanded: a JSON string with the column's schema.
+//! - A top-level array: `[]` has no schema at all (`toConnectSchema` returns null), so the
+//!   string went out with a null schema (`{"schema":null,"payload":"[]"}` with schemas). Any
+//!   other array whose schema could be inferred got an array schema, `toConnectData` then failed
+//!   (`new Struct` of an array schema) and left the string behind, and the converter failed on a
+//!   string under an array schema: no bytes, so a routing error. (An array whose inference threw
+//!   is a JSON string, as above.)
+//!
+//! With schemas (`JsonConverter.asJsonSchema`): every inferred schema is optional; the top-level
+//! struct is named after the payload column (`payload`), a nested struct after its path
+//! (`payload.address`, `payload.address.geo`), an array's object elements after the array's own
+//! path (`payload.lines`), and under an array of scalars or arrays the path starts again with no
+//! name (`toConnectSchema(null, sample)`). An array schema has no name. Members come in the order
+//! `type`, `items` or `fields`, `optional`, `name`, and `field` last in a field's schema;
+//! `float64` is written `"double"`. No version, doc or parameters.
 //!
 //! Strings are escaped as in [`crate::format`].
 
@@ -65,21 +81,23 @@ enum Schema {
 /// Why a document is not written expanded.
 #[derive(Debug, Clone, PartialEq)]
 enum NotExpanded {
-    /// Debezium's expansion failed: it sent the payload as a string.
+    /// Debezium's expansion failed before it replaced the schema: the payload went out as a
+    /// string with the column's own schema.
     AsString,
+    /// The schema inference returned no schema (a top-level `[]`): the string went out with a
+    /// null schema.
+    NoSchema,
     /// Debezium failed later (or did something Ferry cannot reproduce): a routing error.
     Error(String),
 }
 
 /// Writes `payload` (a JSON document's text, valid UTF-8) as Debezium's expansion and
-/// `JsonConverter` wrote it; `Err` where that cannot be reproduced (see the module docs).
+/// `JsonConverter` without schemas wrote it; `Err` where that cannot be reproduced (see the
+/// module docs).
 pub(crate) fn write_expanded(buf: &mut Vec<u8>, payload: &str) -> Result<(), String> {
     match expanded(payload) {
-        Ok(bytes) => {
-            buf.extend_from_slice(&bytes);
-            Ok(())
-        }
-        Err(NotExpanded::AsString) => {
+        Ok((node, schema)) => write_value(buf, &node, &schema),
+        Err(NotExpanded::AsString | NotExpanded::NoSchema) => {
             jackson_string(buf, payload);
             Ok(())
         }
@@ -87,17 +105,136 @@ pub(crate) fn write_expanded(buf: &mut Vec<u8>, payload: &str) -> Result<(), Str
     }
 }
 
-fn expanded(payload: &str) -> Result<Vec<u8>, NotExpanded> {
-    if !payload.starts_with('{') {
+/// Writes `payload` as Debezium's expansion and `JsonConverter` with schemas wrote it:
+/// `{"schema":<inferred>,"payload":<struct>}`, the top-level struct named `name` (the payload
+/// column's name). Where Debezium left the payload unexpanded, `unexpanded` writes it with the
+/// column's own schema.
+pub(crate) fn write_expanded_with_schema(
+    buf: &mut Vec<u8>,
+    payload: &str,
+    name: &str,
+    unexpanded: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
+) -> Result<(), String> {
+    match expanded(payload) {
+        Ok((node, schema)) => {
+            let start = buf.len();
+            buf.extend_from_slice(b"{\"schema\":");
+            write_schema(buf, &schema, Some(name), None);
+            buf.extend_from_slice(b",\"payload\":");
+            if let Err(e) = write_value(buf, &node, &schema) {
+                buf.truncate(start);
+                return Err(e);
+            }
+            buf.push(b'}');
+            Ok(())
+        }
+        Err(NotExpanded::AsString) => unexpanded(buf),
+        Err(NotExpanded::NoSchema) => {
+            buf.extend_from_slice(b"{\"schema\":null,\"payload\":");
+            jackson_string(buf, payload);
+            buf.push(b'}');
+            Ok(())
+        }
+        Err(NotExpanded::Error(e)) => Err(e),
+    }
+}
+
+fn write_value(buf: &mut Vec<u8>, node: &Node, schema: &Schema) -> Result<(), String> {
+    let start = buf.len();
+    match write(buf, node, schema) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            buf.truncate(start);
+            Err(match e {
+                NotExpanded::Error(e) => e,
+                other => format!("table.expand.json.payload: {other:?}"),
+            })
+        }
+    }
+}
+
+/// The parsed document and the schema Debezium inferred for it, or why it was not expanded.
+fn expanded(payload: &str) -> Result<(Node, Schema), NotExpanded> {
+    if !payload.starts_with('{') && !payload.starts_with('[') {
         return Err(NotExpanded::AsString);
     }
     let node = Parser::new(payload)
         .document()
         .map_err(|_| NotExpanded::AsString)?;
-    let schema = schema_of(&node)?.ok_or(NotExpanded::AsString)?;
-    let mut out = Vec::with_capacity(payload.len());
-    write(&mut out, &node, &schema)?;
-    Ok(out)
+    let schema = match &node {
+        Node::Arr(items) if items.is_empty() => return Err(NotExpanded::NoSchema),
+        Node::Arr(items) => {
+            element_schema(items)?;
+            return Err(NotExpanded::Error(
+                "table.expand.json.payload: the payload is a JSON array; Debezium inferred an \
+                 array schema for it, failed to build a struct from it and left the text under \
+                 that schema, on which Kafka Connect's JsonConverter failed, so there are no \
+                 bytes to reproduce (wrap the array in an object, or use route.value_format = \
+                 \"as_stored\" or \"json\")"
+                    .to_owned(),
+            ));
+        }
+        node => schema_of(node)?.ok_or(NotExpanded::AsString)?,
+    };
+    Ok((node, schema))
+}
+
+/// `JsonConverter.asJsonSchema` of an inferred schema: `key` is the path `JsonSchemaData` named
+/// it by (a struct's name), `field` the member it is the schema of.
+fn write_schema(out: &mut Vec<u8>, schema: &Schema, key: Option<&str>, field: Option<&str>) {
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(match schema {
+        Schema::Str => b"string".as_slice(),
+        Schema::Bool => b"boolean",
+        Schema::Int32 => b"int32",
+        Schema::Int64 => b"int64",
+        Schema::Float64 => b"double",
+        Schema::Array(_) => b"array",
+        Schema::Struct(_) => b"struct",
+    });
+    out.push(b'"');
+    let mut name = None;
+    match schema {
+        Schema::Array(element) => {
+            out.extend_from_slice(b",\"items\":");
+            // Objects are inferred under the array's own key; anything else under none.
+            let key = if matches!(**element, Schema::Struct(_)) {
+                key
+            } else {
+                None
+            };
+            write_schema(out, element, key, None);
+        }
+        Schema::Struct(fields) => {
+            name = key;
+            out.extend_from_slice(b",\"fields\":[");
+            for (i, (f, s)) in fields.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                // `(Strings.isNullOrBlank(key) ? "" : key + ".") + fieldName`
+                let child = match key {
+                    Some(k) if !k.trim_matches(|c: char| c <= ' ').is_empty() => {
+                        format!("{k}.{f}")
+                    }
+                    _ => f.clone(),
+                };
+                write_schema(out, s, Some(&child), Some(f));
+            }
+            out.push(b']');
+        }
+        _ => {}
+    }
+    out.extend_from_slice(b",\"optional\":true");
+    if let Some(name) = name {
+        out.extend_from_slice(b",\"name\":");
+        jackson_string(out, name);
+    }
+    if let Some(field) = field {
+        out.extend_from_slice(b",\"field\":");
+        jackson_string(out, field);
+    }
+    out.push(b'}');
 }
 
 fn schema_of(node: &Node) -> Result<Option<Schema>, NotExpanded> {
@@ -576,11 +713,119 @@ mod tests {
         );
     }
 
+    fn exp_schema(payload: &str, name: &str) -> Result<String, String> {
+        let mut buf = Vec::new();
+        write_expanded_with_schema(&mut buf, payload, name, |b: &mut Vec<u8>| {
+            b.extend_from_slice(b"<column schema>");
+            Ok(())
+        })
+        .map(|()| String::from_utf8(buf).unwrap())
+    }
+
+    /// `JsonSchemaData.toConnectSchema(<payload column>, node)` written by
+    /// `JsonConverter.asJsonSchema`: structs named by their path from the payload column, array
+    /// elements that are objects by the array's path, the path restarted (no name) under an
+    /// array of arrays; every schema optional; `float64` as `"double"`.
+    #[test]
+    fn the_inferred_schema_names_structs_by_their_path() {
+        let payload = r#"{"id": 7, "big": 3000000000, "total": 39.98, "ok": true, "note": "x", "gone": null, "none": [], "address": {"city": "Oslo", "geo": {"lat": 59.9}}, "tags": ["a", null], "lines": [{"sku": "a", "qty": 1}], "grid": [[{"x": {"y": 1}}]]}"#;
+        let schema = concat!(
+            r#"{"type":"struct","fields":["#,
+            r#"{"type":"int32","optional":true,"field":"id"},"#,
+            r#"{"type":"int64","optional":true,"field":"big"},"#,
+            r#"{"type":"double","optional":true,"field":"total"},"#,
+            r#"{"type":"boolean","optional":true,"field":"ok"},"#,
+            r#"{"type":"string","optional":true,"field":"note"},"#,
+            r#"{"type":"struct","fields":[{"type":"string","optional":true,"field":"city"},"#,
+            r#"{"type":"struct","fields":[{"type":"double","optional":true,"field":"lat"}],"#,
+            r#""optional":true,"name":"payload.address.geo","field":"geo"}],"#,
+            r#""optional":true,"name":"payload.address","field":"address"},"#,
+            r#"{"type":"array","items":{"type":"string","optional":true},"optional":true,"field":"tags"},"#,
+            r#"{"type":"array","items":{"type":"struct","fields":["#,
+            r#"{"type":"string","optional":true,"field":"sku"},{"type":"int32","optional":true,"field":"qty"}],"#,
+            r#""optional":true,"name":"payload.lines"},"optional":true,"field":"lines"},"#,
+            r#"{"type":"array","items":{"type":"array","items":{"type":"struct","fields":["#,
+            r#"{"type":"struct","fields":[{"type":"int32","optional":true,"field":"y"}],"optional":true,"name":"x","field":"x"}],"#,
+            r#""optional":true},"optional":true},"optional":true,"field":"grid"}"#,
+            r#"],"optional":true,"name":"payload"}"#,
+        );
+        let value = r#"{"id":7,"big":3000000000,"total":39.98,"ok":true,"note":"x","address":{"city":"Oslo","geo":{"lat":59.9}},"tags":["a",null],"lines":[{"sku":"a","qty":1}],"grid":[[{"x":{"y":1}}]]}"#;
+        assert_eq!(
+            exp_schema(payload, "payload").unwrap(),
+            format!(r#"{{"schema":{schema},"payload":{value}}}"#)
+        );
+        // Without schemas, the same value alone.
+        assert_eq!(exp(payload).unwrap(), value);
+        // Another payload column names the root; an empty object is an empty struct.
+        assert_eq!(
+            exp_schema(r#"{"a": {}}"#, "body").unwrap(),
+            concat!(
+                r#"{"schema":{"type":"struct","fields":[{"type":"struct","fields":[],"#,
+                r#""optional":true,"name":"body.a","field":"a"}],"optional":true,"name":"body"},"#,
+                r#""payload":{"a":{}}}"#
+            )
+        );
+        // Names are written with Jackson's escaping.
+        assert_eq!(
+            exp_schema("{\"q\\\"\": {\"z\": 1}}", "payload").unwrap(),
+            concat!(
+                r#"{"schema":{"type":"struct","fields":[{"type":"struct","fields":["#,
+                r#"{"type":"int32","optional":true,"field":"z"}],"optional":true,"#,
+                r#""name":"payload.q\"","field":"q\""}],"optional":true,"name":"payload"},"#,
+                r#""payload":{"q\"":{"z":1}}}"#
+            )
+        );
+    }
+
+    /// A top-level array: `[]` got no schema (the string went out under a null schema); an
+    /// array whose schema was inferred made the converter fail; one whose inference threw was
+    /// not expanded.
+    #[test]
+    fn top_level_arrays() {
+        assert_eq!(exp("[]").unwrap(), r#""[]""#);
+        assert_eq!(
+            exp_schema("[]", "payload").unwrap(),
+            r#"{"schema":null,"payload":"[]"}"#
+        );
+        for payload in ["[1, 2]", r#"[{"a": 1}]"#, "[[1]]", r#"[null, "a"]"#] {
+            let e = exp(payload).unwrap_err();
+            assert!(e.contains("JSON array"), "{payload}: {e}");
+            let e = exp_schema(payload, "payload").unwrap_err();
+            assert!(e.contains("JSON array"), "{payload}: {e}");
+        }
+        for payload in [r#"[1, "a"]"#, "[null]", "[1, 1.5]", "[[]]"] {
+            let mut want = Vec::new();
+            jackson_string(&mut want, payload);
+            assert_eq!(exp(payload).unwrap(), String::from_utf8(want).unwrap());
+            assert_eq!(exp_schema(payload, "payload").unwrap(), "<column schema>");
+        }
+    }
+
+    /// What Debezium did not expand goes out with the column's own schema.
+    #[test]
+    fn what_debezium_did_not_expand_keeps_the_column_schema() {
+        for payload in [
+            r#""text""#,
+            "42",
+            " {\"a\": 1}",
+            r#"{"mixed": [1, "a"]}"#,
+            r#"{"broken": "#,
+        ] {
+            assert_eq!(
+                exp_schema(payload, "payload").unwrap(),
+                "<column schema>",
+                "{payload}"
+            );
+        }
+        let e = exp_schema(r#"{"a": 1, "huge": 123456789012345678901234567890}"#, "p");
+        assert!(e.unwrap_err().contains("table.expand.json.payload"));
+    }
+
     /// Where Debezium's expansion failed, it sent the payload as a JSON string.
     #[test]
     fn what_debezium_did_not_expand_is_a_json_string() {
         for payload in [
-            r#"[1, 2]"#,
+            r#"[1, "a"]"#,
             r#""text""#,
             "42",
             "not json",

@@ -61,6 +61,9 @@ pub enum RecordFormat {
     /// The value only: Debezium's `table.expand.json.payload = true` written by `JsonConverter`
     /// with `schemas.enable = false` (see [`crate::expand`]).
     JsonExpanded,
+    /// The value only: `table.expand.json.payload = true` written by `JsonConverter` with
+    /// `schemas.enable = true`, the schema inferred from each payload (see [`crate::expand`]).
+    JsonExpandedWithSchema,
 }
 
 impl RecordFormat {
@@ -71,7 +74,24 @@ impl RecordFormat {
             RecordFormat::Json => "json",
             RecordFormat::JsonWithSchema => "json_with_schema",
             RecordFormat::JsonExpanded => "json_expanded",
+            RecordFormat::JsonExpandedWithSchema => "json_expanded_with_schema",
         }
+    }
+
+    /// Whether this is one of the two formats of Debezium's `table.expand.json.payload`.
+    pub fn expands(self) -> bool {
+        matches!(
+            self,
+            RecordFormat::JsonExpanded | RecordFormat::JsonExpandedWithSchema
+        )
+    }
+
+    /// Whether this format writes a `{"schema":...,"payload":...}` envelope.
+    pub fn has_schema(self) -> bool {
+        matches!(
+            self,
+            RecordFormat::JsonWithSchema | RecordFormat::JsonExpandedWithSchema
+        )
     }
 }
 
@@ -89,9 +109,10 @@ impl FromStr for RecordFormat {
             "json" => Ok(RecordFormat::Json),
             "json_with_schema" => Ok(RecordFormat::JsonWithSchema),
             "json_expanded" => Ok(RecordFormat::JsonExpanded),
+            "json_expanded_with_schema" => Ok(RecordFormat::JsonExpandedWithSchema),
             other => Err(format!(
-                "unknown value {other:?}; expected \"as_stored\", \"json\", \"json_with_schema\" \
-                 or \"json_expanded\""
+                "unknown value {other:?}; expected \"as_stored\", \"json\", \"json_with_schema\", \
+                 \"json_expanded\" or \"json_expanded_with_schema\""
             )),
         }
     }
@@ -165,6 +186,8 @@ fn unsupported(type_oid: u32) -> String {
 
 /// Writes `v` (the column's natural bytes: text, or bytea decoded; `None` for NULL) in `format`.
 /// `AsStored` is the caller's (it needs no copy); this handles the JSON formats.
+/// `JsonExpandedWithSchema` needs the payload column's name: see [`write_expanded_with_schema`];
+/// here it writes what Debezium did not expand (a NULL, a column that is not text).
 pub(crate) fn write_formatted(
     buf: &mut Vec<u8>,
     format: RecordFormat,
@@ -186,7 +209,7 @@ pub(crate) fn write_formatted(
             }
             _ => write_connect_json(buf, type_oid, v),
         },
-        RecordFormat::JsonWithSchema => {
+        RecordFormat::JsonWithSchema | RecordFormat::JsonExpandedWithSchema => {
             let (ty, name) = connect_type(type_oid).ok_or_else(|| unsupported(type_oid))?;
             buf.extend_from_slice(b"{\"schema\":{\"type\":\"");
             buf.extend_from_slice(ty.name().as_bytes());
@@ -202,6 +225,27 @@ pub(crate) fn write_formatted(
             buf.push(b'}');
             Ok(())
         }
+    }
+}
+
+/// `json_expanded_with_schema`: the payload `v` of column `name` expanded with its inferred
+/// schema where Debezium expanded it (a text or json column's value), else as `json_with_schema`.
+pub(crate) fn write_expanded_with_schema(
+    buf: &mut Vec<u8>,
+    type_oid: u32,
+    optional: bool,
+    v: &[u8],
+    name: &str,
+) -> Result<(), String> {
+    let unexpanded = |buf: &mut Vec<u8>| {
+        write_formatted(buf, RecordFormat::JsonWithSchema, type_oid, optional, Some(v))
+    };
+    match connect_type(type_oid) {
+        Some((ConnectType::String, _)) if type_oid != oid::UUID => {
+            let s = std::str::from_utf8(v).map_err(|_| "text is not valid UTF-8".to_owned())?;
+            crate::expand::write_expanded_with_schema(buf, s, name, unexpanded)
+        }
+        _ => unexpanded(buf),
     }
 }
 

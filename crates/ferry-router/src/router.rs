@@ -34,7 +34,7 @@ use crate::config::{
     ENVELOPE_PAYLOAD_KEY,
 };
 use crate::error::{FieldRole, RouteError, RouteErrorReason};
-use crate::format::{write_formatted, RecordFormat, JSON_FORMAT_TYPES};
+use crate::format::{write_expanded_with_schema, write_formatted, RecordFormat, JSON_FORMAT_TYPES};
 use crate::message::parse_message;
 use crate::record::Record;
 use crate::row::{oid, ColumnRef, OutboxRow, SimpleRow};
@@ -671,8 +671,13 @@ impl Router {
                 return Ok((Some(payload), c.type_oid));
             }
             let mut buf = Vec::with_capacity(payload.len() + payload.len() / 8 + 96);
-            write_formatted(&mut buf, format, c.type_oid, optional, Some(&payload))
-                .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
+            if format == RecordFormat::JsonExpandedWithSchema {
+                // Debezium named the inferred struct schema after the payload column.
+                write_expanded_with_schema(&mut buf, c.type_oid, optional, &payload, col)
+            } else {
+                write_formatted(&mut buf, format, c.type_oid, optional, Some(&payload))
+            }
+            .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
             self.check_size(buf.len())?;
             return Ok((Some(Bytes::from(buf)), oid::JSON));
         };

@@ -278,20 +278,32 @@ impl RouteConfig {
                 ),
             ));
         }
-        if self.value_format == RecordFormat::JsonWithSchema && self.envelope {
+        if self.value_format.has_schema() && self.envelope {
             p.push(ConfigProblem::new(
                 "route.value_format",
-                "\"json_with_schema\" with route.envelope = true is not supported: Debezium names that \
-                 struct schema after the connector's topic.prefix and each aggregate type, which Ferry \
-                 does not know; use \"json\" (the envelope as JsonConverter writes it with \
-                 schemas.enable = false) or envelope = false",
+                format!(
+                    "\"{}\" with route.envelope = true is not supported: Debezium names that \
+                     struct schema after the connector's topic.prefix and each aggregate type, which \
+                     Ferry does not know; use \"{}\" (the envelope as JsonConverter writes it with \
+                     schemas.enable = false) or envelope = false",
+                    self.value_format,
+                    if self.value_format.expands() {
+                        "json_expanded"
+                    } else {
+                        "json"
+                    }
+                ),
             ));
         }
-        if self.key_format == RecordFormat::JsonExpanded {
+        if self.key_format.expands() {
             p.push(ConfigProblem::new(
                 "route.key_format",
-                "\"json_expanded\" is for the value (Debezium's table.expand.json.payload expands the \
-                 payload only); the key's JsonConverter format is \"json\" or \"json_with_schema\"",
+                format!(
+                    "\"{}\" is for the value (Debezium's table.expand.json.payload expands the \
+                     payload only); the key's JsonConverter format is \"json\" or \
+                     \"json_with_schema\"",
+                    self.key_format
+                ),
             ));
         }
         for (key, format, set) in [
@@ -306,11 +318,12 @@ impl RouteConfig {
                 self.value_schema_optional != DEFAULT_VALUE_SCHEMA_OPTIONAL,
             ),
         ] {
-            if set && format != RecordFormat::JsonWithSchema {
+            if set && !format.has_schema() {
                 p.push(ConfigProblem::new(
                     key,
                     format!(
-                        "has no effect unless route.{}_format = \"json_with_schema\"",
+                        "has no effect unless route.{}_format writes a schema \
+                         (\"json_with_schema\", or \"json_expanded_with_schema\" for the value)",
                         if key.contains("key") { "key" } else { "value" }
                     ),
                 ));

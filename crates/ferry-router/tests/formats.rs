@@ -275,3 +275,88 @@ fn json_expanded_value() {
         "value",
     );
 }
+
+/// `json_expanded_with_schema`: `table.expand.json.payload` through `JsonConverter` with
+/// `schemas.enable = true` (its default). Debezium's `EventRouterDelegate` calls
+/// `jsonSchemaData.toConnectSchema(fieldPayload, jsonPayload)`, so the inferred struct is named
+/// after the payload column (`table.field.event.payload`), nested structs after their path
+/// (`JsonSchemaData`: `key + "." + fieldName`), every schema `optional()`; without envelope
+/// fields the record's schema is that struct, with no version. Kafka's `asJsonSchema` writes
+/// `type`, `fields` (each with `field` last) or `items`, `optional`, `name`; `FLOAT64` as
+/// `double`.
+#[test]
+fn json_expanded_with_schema_value() {
+    let config = "[route]\nvalue_format = \"json_expanded_with_schema\"";
+    let row = base_row().with(
+        "payload",
+        oid::JSONB,
+        r#"{"id": 42, "total": 39.98, "note": null, "customer": {"name": "Ada"}, "tags": ["a"]}"#,
+    );
+    assert_eq!(
+        text(&route(config, &row).value),
+        concat!(
+            r#"{"schema":{"type":"struct","fields":["#,
+            r#"{"type":"int32","optional":true,"field":"id"},"#,
+            r#"{"type":"double","optional":true,"field":"total"},"#,
+            r#"{"type":"struct","fields":[{"type":"string","optional":true,"field":"name"}],"#,
+            r#""optional":true,"name":"payload.customer","field":"customer"},"#,
+            r#"{"type":"array","items":{"type":"string","optional":true},"optional":true,"field":"tags"}"#,
+            r#"],"optional":true,"name":"payload"},"#,
+            r#""payload":{"id":42,"total":39.98,"customer":{"name":"Ada"},"tags":["a"]}}"#
+        )
+    );
+    // The payload column names the root struct.
+    let row = base_row()
+        .without("payload")
+        .with("body", oid::JSONB, r#"{"a": true}"#);
+    assert_eq!(
+        text(&route(
+            "[outbox]\npayload_column = \"body\"\n[route]\nvalue_format = \"json_expanded_with_schema\"",
+            &row
+        )
+        .value),
+        r#"{"schema":{"type":"struct","fields":[{"type":"boolean","optional":true,"field":"a"}],"optional":true,"name":"body"},"payload":{"a":true}}"#
+    );
+    // What Debezium did not expand kept the column's schema: the bytes of "json_with_schema",
+    // value_schema_optional included; a NULL payload likewise.
+    for payload in [Some(r#"{"mixed": [1, "a"]}"#), Some("42"), None] {
+        let row = match payload {
+            Some(p) => base_row().with("payload", oid::JSONB, p),
+            None => base_row().null("payload", oid::JSONB),
+        };
+        for optional in ["true", "false"] {
+            let opt = format!("\nvalue_schema_optional = {optional}");
+            assert_eq!(
+                text(&route(&format!("{config}{opt}"), &row).value),
+                text(&route(&format!("[route]\nvalue_format = \"json_with_schema\"{opt}"), &row).value),
+                "{payload:?}"
+            );
+        }
+    }
+    // A top-level [] had no schema at all.
+    let row = base_row().with("payload", oid::JSONB, "[]");
+    assert_eq!(
+        text(&route(config, &row).value),
+        r#"{"schema":null,"payload":"[]"}"#
+    );
+    // A non-empty top-level array made the converter fail: a routing error.
+    let row = base_row().with("payload", oid::JSONB, "[1, 2]");
+    let e = router(config).route_row(&row, COMMIT_MICROS).unwrap_err();
+    assert!(e.to_string().contains("JSON array"), "{e}");
+    // Refused where Debezium named the schema after things Ferry does not know, and for keys.
+    assert_problem(
+        "[route]\nvalue_format = \"json_expanded_with_schema\"\nenvelope = true",
+        "route.value_format",
+        "json_expanded",
+    );
+    assert_problem(
+        "[route]\nkey_format = \"json_expanded_with_schema\"",
+        "route.key_format",
+        "value",
+    );
+    assert_problem(
+        "[route]\nvalue_format = \"json_expanded_with_schema\"\ncloudevents = \"binary\"",
+        "route.value_format",
+        "cloudevents",
+    );
+}

@@ -304,10 +304,67 @@ proptest! {
         }
     }
 
+    /// `json_expanded_with_schema` on any object: the same outcome as `json_expanded`, its
+    /// `payload` the same value, and its `schema` describing it (a struct per object with a
+    /// field per member, an array's items per element, scalars by kind, all optional); where
+    /// Debezium did not expand, the bytes of `json_with_schema`.
+    #[test]
+    fn json_expanded_with_schema_describes_its_payload(
+        m in prop::collection::btree_map("[a-z]{1,4}", json_doc(), 0..6)
+    ) {
+        let doc = serde_json::Value::Object(m.into_iter().collect());
+        let text = serde_json::to_string(&doc).unwrap();
+        let row = base_row().with("payload", oid::JSON, &text);
+        let route = |format: &str| {
+            router(&format!("[route]\nvalue_format = \"{format}\""))
+                .route_row(&row, COMMIT_MICROS)
+                .map(|r| serde_json::from_slice::<serde_json::Value>(r.value.as_deref().unwrap()).unwrap())
+        };
+        match (route("json_expanded"), route("json_expanded_with_schema")) {
+            (Err(_), Err(_)) => {}
+            (Ok(serde_json::Value::String(_)), Ok(with)) => {
+                prop_assert_eq!(with, route("json_with_schema").unwrap());
+            }
+            (Ok(without), Ok(with)) => {
+                prop_assert_eq!(&with["payload"], &without);
+                prop_assert_eq!(&with["schema"]["name"], "payload");
+                prop_assert!(describes(&with["schema"], &without), "{} vs {}", with["schema"], without);
+            }
+            (a, b) => prop_assert!(false, "outcomes differ: {:?} vs {:?}", a, b),
+        }
+    }
+
     /// Hostile payload text never panics the expansion.
     #[test]
     fn json_expanded_survives_any_text(s in "\\{[\\[\\]{}\":,0-9a-z.eE+\\\\ -]{0,40}") {
         let row = base_row().with("payload", oid::JSON, &s);
         let _ = router("[route]\nvalue_format = \"json_expanded\"").route_row(&row, COMMIT_MICROS);
+        let _ = router("[route]\nvalue_format = \"json_expanded_with_schema\"").route_row(&row, COMMIT_MICROS);
+    }
+}
+
+/// Whether a Connect schema as `JsonConverter` writes it describes `v` (see above).
+fn describes(schema: &serde_json::Value, v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    if schema["optional"] != Value::Bool(true) {
+        return false;
+    }
+    match (schema["type"].as_str(), v) {
+        (_, Value::Null) => true,
+        (Some("struct"), Value::Object(members)) => {
+            let fields = schema["fields"].as_array().unwrap();
+            fields.len() == members.len()
+                && fields.iter().all(|f| {
+                    members
+                        .get(f["field"].as_str().unwrap())
+                        .is_some_and(|m| describes(f, m))
+                })
+        }
+        (Some("array"), Value::Array(items)) => items.iter().all(|i| describes(&schema["items"], i)),
+        (Some("int32" | "int64"), Value::Number(n)) => n.is_i64(),
+        (Some("double"), Value::Number(_)) => true,
+        (Some("string"), Value::String(_)) => true,
+        (Some("boolean"), Value::Bool(_)) => true,
+        _ => false,
     }
 }
