@@ -272,3 +272,49 @@ async fn json_converter_formats_arrive_byte_for_byte() {
     let status = ferry.terminate().await;
     assert!(status.success(), "{status:?}\n{}", ferry.log_text());
 }
+
+/// `table.expand.json.payload` through JsonConverter without and with schemas, from the text a
+/// real jsonb column gives (PostgreSQL's key order and spacing): the connector's bytes.
+#[tokio::test]
+async fn expanded_json_payloads_arrive_byte_for_byte() {
+    for (format, want) in [
+        (
+            "json_expanded",
+            r#"{"n":1,"lines":[{"qty":2,"sku":"a"}],"total":39.98}"#,
+        ),
+        (
+            "json_expanded_with_schema",
+            concat!(
+                r#"{"schema":{"type":"struct","fields":[{"type":"int32","optional":true,"field":"n"},"#,
+                r#"{"type":"array","items":{"type":"struct","fields":[{"type":"int32","optional":true,"field":"qty"},"#,
+                r#"{"type":"string","optional":true,"field":"sku"}],"optional":true,"name":"payload.lines"},"#,
+                r#""optional":true,"field":"lines"},{"type":"double","optional":true,"field":"total"}],"#,
+                r#""optional":true,"name":"payload"},"#,
+                r#""payload":{"n":1,"lines":[{"qty":2,"sku":"a"}],"total":39.98}}"#
+            ),
+        ),
+    ] {
+        let mut w = World::new().await;
+        w.env
+            .push(("FERRY_ROUTE_VALUE_FORMAT".to_owned(), format.to_owned()));
+        let topic = w.create_topic("order", 1).await;
+        let mut ferry = w.start_ferry();
+        ferry.wait_ready().await;
+        w.sql
+            .batch_execute(
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES
+                   ('00000000-0000-0000-0000-000000000001', 'order', 'o-1', 'OrderCreated',
+                    '{\"total\": 39.98, \"n\": 1, \"gone\": null, \"lines\": [{\"sku\": \"a\", \"qty\": 2}]}');",
+            )
+            .await
+            .unwrap();
+        let got = w.consume(&topic, 1).await;
+        assert_eq!(
+            std::str::from_utf8(got[0].value.as_deref().unwrap()).unwrap(),
+            want,
+            "{format}"
+        );
+        let status = ferry.terminate().await;
+        assert!(status.success(), "{status:?}\n{}", ferry.log_text());
+    }
+}

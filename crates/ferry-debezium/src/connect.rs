@@ -77,15 +77,17 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
     let is_json = class.ends_with("JsonConverter") && !class.contains("Schema");
     let expand = side == "value" && facts.expand_json;
     // The format that reproduces the converter's bytes, or why none does.
-    let outcome: Result<(RecordFormat, Option<String>), String> =
-        if class.ends_with("StringConverter") || class.ends_with("ByteArrayConverter") {
-            Ok((RecordFormat::AsStored, None))
-        } else if is_json && !schemas && expand {
-            Ok((RecordFormat::JsonExpanded, None))
-        } else if is_json && !schemas {
-            Ok((RecordFormat::Json, None))
-        } else if is_json && expand && !facts.envelope {
-            Ok((
+    let outcome: Result<(RecordFormat, Option<String>), String> = if class
+        .ends_with("StringConverter")
+        || class.ends_with("ByteArrayConverter")
+    {
+        Ok((RecordFormat::AsStored, None))
+    } else if is_json && !schemas && expand {
+        Ok((RecordFormat::JsonExpanded, None))
+    } else if is_json && !schemas {
+        Ok((RecordFormat::Json, None))
+    } else if is_json && expand && !facts.envelope {
+        Ok((
                 RecordFormat::JsonExpandedWithSchema,
                 Some(format!(
                     "A payload the connector did not expand (not an object, or an array of mixed \
@@ -94,48 +96,48 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
                      assumes a nullable payload column (payload jsonb); set it to match your table."
                 )),
             ))
-        } else if is_json && side == "value" && facts.envelope {
-            Err(
-                "with envelope fields and schemas.enable=true the connector named the struct \
+    } else if is_json && side == "value" && facts.envelope {
+        Err(
+            "with envelope fields and schemas.enable=true the connector named the struct \
                  schema after its topic.prefix and each aggregate type, which Ferry does not \
                  write; route.value_format = \"json\" gives the same object without the schema \
                  envelope"
-                    .to_owned(),
-            )
-        } else if is_json {
-            Ok((
-                RecordFormat::JsonWithSchema,
-                Some(format!(
-                    "The schema's \"optional\" is the column's nullability: \
+                .to_owned(),
+        )
+    } else if is_json {
+        Ok((
+            RecordFormat::JsonWithSchema,
+            Some(format!(
+                "The schema's \"optional\" is the column's nullability: \
                      route.{side}_schema_optional = {} assumes {}; set it to match your table.",
-                    if side == "key" {
-                        DEFAULT_KEY_SCHEMA_OPTIONAL
-                    } else {
-                        DEFAULT_VALUE_SCHEMA_OPTIONAL
-                    },
-                    if side == "key" {
-                        "an aggregate id column that is NOT NULL"
-                    } else {
-                        "a nullable payload column (payload jsonb)"
-                    }
-                )),
-            ))
-        } else if class.contains("CloudEvents") {
-            Err(format!(
-                "Ferry's CloudEvents output is route.cloudevents (binary or structured mode, per \
+                if side == "key" {
+                    DEFAULT_KEY_SCHEMA_OPTIONAL
+                } else {
+                    DEFAULT_VALUE_SCHEMA_OPTIONAL
+                },
+                if side == "key" {
+                    "an aggregate id column that is NOT NULL"
+                } else {
+                    "a nullable payload column (payload jsonb)"
+                }
+            )),
+        ))
+    } else if class.contains("CloudEvents") {
+        Err(format!(
+            "Ferry's CloudEvents output is route.cloudevents (binary or structured mode, per \
                  the CloudEvents Kafka binding); it sends {what} unless you set it.{partition}"
-            ))
-        } else if ["Avro", "Protobuf", "JsonSchema", "confluent", "apicurio"]
-            .iter()
-            .any(|s| class.contains(s))
-        {
-            Err(format!(
-                "Ferry uses no schema registry: it sends {what} without registry framing, so \
+        ))
+    } else if ["Avro", "Protobuf", "JsonSchema", "confluent", "apicurio"]
+        .iter()
+        .any(|s| class.contains(s))
+    {
+        Err(format!(
+            "Ferry uses no schema registry: it sends {what} without registry framing, so \
                  consumers must switch to plain deserializers.{partition}"
-            ))
-        } else {
-            Err(format!("Ferry sends {what}.{partition}"))
-        };
+        ))
+    } else {
+        Err(format!("Ferry sends {what}.{partition}"))
+    };
     if side == "value" {
         expansion(src, outcome.as_ref().ok().map(|(f, _)| *f), facts);
     }

@@ -633,7 +633,10 @@ fn an_expanded_payload_under_a_schema_becomes_json_expanded_with_schema() {
         c.route.value_format,
         ferry_router::RecordFormat::JsonExpandedWithSchema
     );
-    for gone in ["value.converter", "transforms.outbox.table.expand.json.payload"] {
+    for gone in [
+        "value.converter",
+        "transforms.outbox.table.expand.json.payload",
+    ] {
         assert!(!noted(&t).contains(gone), "{gone}:\n{}", notes_text(&t));
     }
     let row = SimpleRow::new()

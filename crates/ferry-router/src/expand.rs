@@ -46,11 +46,14 @@
 //!
 //! Strings are escaped as in [`crate::format`].
 
+use std::borrow::Cow;
+use std::io::Write as _;
+
 use crate::format::jackson_string;
 
 /// A parsed JSON value, with numbers classified as Jackson's tree model classifies them.
 #[derive(Debug, Clone, PartialEq)]
-enum Node {
+enum Node<'a> {
     Null,
     Bool(bool),
     /// An integer in `i32` range (Jackson `IntNode`).
@@ -61,21 +64,23 @@ enum Node {
     Big,
     /// A number with a fraction or exponent (`DoubleNode`).
     Double(f64),
-    Str(String),
-    Arr(Vec<Node>),
-    Obj(Vec<(String, Node)>),
+    /// Borrowed from the payload where it has no escapes.
+    Str(Cow<'a, str>),
+    Arr(Vec<Node<'a>>),
+    Obj(Vec<(Cow<'a, str>, Node<'a>)>),
 }
 
 /// A Connect schema as `JsonSchemaData::toConnectSchema` infers it.
 #[derive(Debug, Clone, PartialEq)]
-enum Schema {
+enum Schema<'a> {
     Str,
     Bool,
     Int32,
     Int64,
     Float64,
-    Array(Box<Schema>),
-    Struct(Vec<(String, Schema)>),
+    Array(Box<Schema<'a>>),
+    /// Field names borrowed from the parsed document (`'a` is the document's borrow).
+    Struct(Vec<(&'a str, Schema<'a>)>),
 }
 
 /// Why a document is not written expanded.
@@ -95,8 +100,8 @@ enum NotExpanded {
 /// `JsonConverter` without schemas wrote it; `Err` where that cannot be reproduced (see the
 /// module docs).
 pub(crate) fn write_expanded(buf: &mut Vec<u8>, payload: &str) -> Result<(), String> {
-    match expanded(payload) {
-        Ok((node, schema)) => write_value(buf, &node, &schema),
+    match with_expansion(payload, |node, schema| write_value(buf, node, schema)) {
+        Ok(written) => written,
         Err(NotExpanded::AsString | NotExpanded::NoSchema) => {
             jackson_string(buf, payload);
             Ok(())
@@ -115,19 +120,20 @@ pub(crate) fn write_expanded_with_schema(
     name: &str,
     unexpanded: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
 ) -> Result<(), String> {
-    match expanded(payload) {
-        Ok((node, schema)) => {
-            let start = buf.len();
-            buf.extend_from_slice(b"{\"schema\":");
-            write_schema(buf, &schema, Some(name), None);
-            buf.extend_from_slice(b",\"payload\":");
-            if let Err(e) = write_value(buf, &node, &schema) {
-                buf.truncate(start);
-                return Err(e);
-            }
-            buf.push(b'}');
-            Ok(())
+    let written = with_expansion(payload, |node, schema| {
+        let start = buf.len();
+        buf.extend_from_slice(b"{\"schema\":");
+        write_schema(buf, schema, Some(name), None);
+        buf.extend_from_slice(b",\"payload\":");
+        if let Err(e) = write_value(buf, node, schema) {
+            buf.truncate(start);
+            return Err(e);
         }
+        buf.push(b'}');
+        Ok(())
+    });
+    match written {
+        Ok(written) => written,
         Err(NotExpanded::AsString) => unexpanded(buf),
         Err(NotExpanded::NoSchema) => {
             buf.extend_from_slice(b"{\"schema\":null,\"payload\":");
@@ -139,7 +145,7 @@ pub(crate) fn write_expanded_with_schema(
     }
 }
 
-fn write_value(buf: &mut Vec<u8>, node: &Node, schema: &Schema) -> Result<(), String> {
+fn write_value(buf: &mut Vec<u8>, node: &Node<'_>, schema: &Schema<'_>) -> Result<(), String> {
     let start = buf.len();
     match write(buf, node, schema) {
         Ok(()) => Ok(()),
@@ -153,15 +159,30 @@ fn write_value(buf: &mut Vec<u8>, node: &Node, schema: &Schema) -> Result<(), St
     }
 }
 
-/// The parsed document and the schema Debezium inferred for it, or why it was not expanded.
-fn expanded(payload: &str) -> Result<(Node, Schema), NotExpanded> {
+/// Runs `f` on the parsed document and its inferred schema, or says why Debezium did not expand
+/// it.
+fn with_expansion<T>(
+    payload: &str,
+    f: impl FnOnce(&Node<'_>, &Schema<'_>) -> T,
+) -> Result<T, NotExpanded> {
+    let node = parse(payload)?;
+    let schema = inferred(&node)?;
+    Ok(f(&node, &schema))
+}
+
+/// The document Debezium parsed (`parseJsonPayload`), or why it was not expanded.
+fn parse(payload: &str) -> Result<Node<'_>, NotExpanded> {
     if !payload.starts_with('{') && !payload.starts_with('[') {
         return Err(NotExpanded::AsString);
     }
-    let node = Parser::new(payload)
+    Parser::new(payload)
         .document()
-        .map_err(|_| NotExpanded::AsString)?;
-    let schema = match &node {
+        .map_err(|_| NotExpanded::AsString)
+}
+
+/// The schema Debezium inferred for a parsed document, or why it was not expanded.
+fn inferred<'n>(node: &'n Node<'_>) -> Result<Schema<'n>, NotExpanded> {
+    Ok(match node {
         Node::Arr(items) if items.is_empty() => return Err(NotExpanded::NoSchema),
         Node::Arr(items) => {
             element_schema(items)?;
@@ -175,13 +196,12 @@ fn expanded(payload: &str) -> Result<(Node, Schema), NotExpanded> {
             ));
         }
         node => schema_of(node)?.ok_or(NotExpanded::AsString)?,
-    };
-    Ok((node, schema))
+    })
 }
 
 /// `JsonConverter.asJsonSchema` of an inferred schema: `key` is the path `JsonSchemaData` named
 /// it by (a struct's name), `field` the member it is the schema of.
-fn write_schema(out: &mut Vec<u8>, schema: &Schema, key: Option<&str>, field: Option<&str>) {
+fn write_schema(out: &mut Vec<u8>, schema: &Schema<'_>, key: Option<&str>, field: Option<&str>) {
     out.extend_from_slice(b"{\"type\":\"");
     out.extend_from_slice(match schema {
         Schema::Str => b"string".as_slice(),
@@ -217,7 +237,7 @@ fn write_schema(out: &mut Vec<u8>, schema: &Schema, key: Option<&str>, field: Op
                     Some(k) if !k.trim_matches(|c: char| c <= ' ').is_empty() => {
                         format!("{k}.{f}")
                     }
-                    _ => f.clone(),
+                    _ => (*f).to_owned(),
                 };
                 write_schema(out, s, Some(&child), Some(f));
             }
@@ -237,7 +257,7 @@ fn write_schema(out: &mut Vec<u8>, schema: &Schema, key: Option<&str>, field: Op
     out.push(b'}');
 }
 
-fn schema_of(node: &Node) -> Result<Option<Schema>, NotExpanded> {
+fn schema_of<'n>(node: &'n Node<'_>) -> Result<Option<Schema<'n>>, NotExpanded> {
     Ok(Some(match node {
         Node::Str(_) => Schema::Str,
         Node::Bool(_) => Schema::Bool,
@@ -248,11 +268,11 @@ fn schema_of(node: &Node) -> Result<Option<Schema>, NotExpanded> {
         Node::Arr(items) if items.is_empty() => return Ok(None),
         Node::Arr(items) => Schema::Array(Box::new(element_schema(items)?)),
         Node::Obj(members) => {
-            let mut fields: Vec<(String, Schema)> = Vec::with_capacity(members.len());
+            let mut fields: Vec<(&'n str, Schema<'n>)> = Vec::with_capacity(members.len());
             for (k, v) in members {
                 if let Some(s) = schema_of(v)? {
                     if !fields.iter().any(|(f, _)| f == k) {
-                        fields.push((k.clone(), s));
+                        fields.push((k.as_ref(), s));
                     }
                 }
             }
@@ -261,7 +281,7 @@ fn schema_of(node: &Node) -> Result<Option<Schema>, NotExpanded> {
     }))
 }
 
-fn kind(node: &Node) -> u8 {
+fn kind(node: &Node<'_>) -> u8 {
     match node {
         Node::Null => 0,
         Node::Bool(_) => 1,
@@ -273,8 +293,8 @@ fn kind(node: &Node) -> u8 {
 }
 
 /// `toConnectSchemaWithCycles` with `getFirstArrayElement`.
-fn element_schema(items: &[Node]) -> Result<Schema, NotExpanded> {
-    let mut sample: Option<&Node> = None;
+fn element_schema<'n>(items: &'n [Node<'_>]) -> Result<Schema<'n>, NotExpanded> {
+    let mut sample: Option<&Node<'_>> = None;
     for item in items.iter().filter(|i| **i != Node::Null) {
         let first = *sample.get_or_insert(item);
         if kind(item) != kind(first) {
@@ -288,7 +308,7 @@ fn element_schema(items: &[Node]) -> Result<Schema, NotExpanded> {
         return Err(NotExpanded::AsString);
     };
     if let Node::Obj(_) = sample {
-        let mut shapes: Vec<Schema> = Vec::new();
+        let mut shapes: Vec<Schema<'n>> = Vec::new();
         for item in items.iter().filter(|i| matches!(i, Node::Obj(_))) {
             if let Some(s) = schema_of(item)? {
                 if !shapes.contains(&s) {
@@ -317,13 +337,13 @@ fn mismatch(what: &str) -> NotExpanded {
     ))
 }
 
-fn write(out: &mut Vec<u8>, node: &Node, schema: &Schema) -> Result<(), NotExpanded> {
+fn write(out: &mut Vec<u8>, node: &Node<'_>, schema: &Schema<'_>) -> Result<(), NotExpanded> {
     match (node, schema) {
         (Node::Null, _) => out.extend_from_slice(b"null"),
         (Node::Str(s), Schema::Str) => jackson_string(out, s),
         (Node::Bool(b), Schema::Bool) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         (Node::Int(n), Schema::Int32) | (Node::Long(n), Schema::Int64) => {
-            out.extend_from_slice(n.to_string().as_bytes())
+            let _ = write!(out, "{n}");
         }
         (Node::Double(d), Schema::Float64) => java_double(out, *d)?,
         (Node::Big, _) => {
@@ -343,15 +363,26 @@ fn write(out: &mut Vec<u8>, node: &Node, schema: &Schema) -> Result<(), NotExpan
         }
         (Node::Obj(members), Schema::Struct(fields)) => {
             out.push(b'{');
+            // Fields come in member order (a repeated key was merged by the parser: Jackson's
+            // first place, last value), so the search goes on from the last one found.
+            let mut at = 0;
             for (i, (name, field)) in fields.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
                 jackson_string(out, name);
                 out.push(b':');
-                // A repeated key was merged by the parser (Jackson's first place, last value).
-                match members.iter().find(|(k, _)| k == name) {
-                    Some((_, v)) => write(out, v, field)?,
+                let is = |(k, _): &(Cow<'_, str>, Node<'_>)| k.as_ref() == *name;
+                let found = members[at..]
+                    .iter()
+                    .position(is)
+                    .map(|p| at + p)
+                    .or_else(|| members.iter().position(is));
+                match found {
+                    Some(p) => {
+                        at = p + 1;
+                        write(out, &members[p].1, field)?;
+                    }
                     None => out.extend_from_slice(b"null"),
                 }
             }
@@ -423,7 +454,7 @@ fn java_double(out: &mut Vec<u8>, d: f64) -> Result<(), NotExpanded> {
             b"0"
         });
         out.push(b'E');
-        out.extend_from_slice(exp.to_string().as_bytes());
+        let _ = write!(out, "{exp}");
     }
     Ok(())
 }
@@ -447,7 +478,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn document(mut self) -> Result<Node, ()> {
+    fn document(mut self) -> Result<Node<'a>, ()> {
         let v = self.value()?;
         self.ws();
         if self.i == self.s.len() {
@@ -472,13 +503,13 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn value(&mut self) -> Result<Node, ()> {
+    fn value(&mut self) -> Result<Node<'a>, ()> {
         self.ws();
         match self.s.get(self.i).ok_or(())? {
             b'{' => {
                 self.enter()?;
                 self.i += 1;
-                let mut members: Vec<(String, Node)> = Vec::new();
+                let mut members: Vec<(Cow<'a, str>, Node<'a>)> = Vec::new();
                 self.ws();
                 if self.s.get(self.i) == Some(&b'}') {
                     self.i += 1;
@@ -548,7 +579,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn number(&mut self) -> Result<Node, ()> {
+    fn number(&mut self) -> Result<Node<'a>, ()> {
         let start = self.i;
         if self.s.get(self.i) == Some(&b'-') {
             self.i += 1;
@@ -604,9 +635,23 @@ impl<'a> Parser<'a> {
         u32::from_str_radix(h, 16).map_err(|_| ())
     }
 
-    fn string(&mut self) -> Result<String, ()> {
+    /// A string, borrowed from the input when it has no escapes.
+    fn string(&mut self) -> Result<Cow<'a, str>, ()> {
         self.eat(b"\"")?;
-        let mut out = Vec::new();
+        let start = self.i;
+        while let Some(&b) = self.s.get(self.i) {
+            match b {
+                b'"' => {
+                    // The input is a &str and the run stops at ASCII: a char boundary.
+                    let run = std::str::from_utf8(&self.s[start..self.i]).map_err(|_| ())?;
+                    self.i += 1;
+                    return Ok(Cow::Borrowed(run));
+                }
+                b'\\' | 0..=0x1f => break,
+                _ => self.i += 1,
+            }
+        }
+        let mut out = self.s[start..self.i].to_vec();
         loop {
             let b = *self.s.get(self.i).ok_or(())?;
             self.i += 1;
@@ -648,7 +693,7 @@ impl<'a> Parser<'a> {
                 _ => out.push(b),
             }
         }
-        String::from_utf8(out).map_err(|_| ())
+        String::from_utf8(out).map(Cow::Owned).map_err(|_| ())
     }
 }
 

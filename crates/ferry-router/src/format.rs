@@ -238,7 +238,13 @@ pub(crate) fn write_expanded_with_schema(
     name: &str,
 ) -> Result<(), String> {
     let unexpanded = |buf: &mut Vec<u8>| {
-        write_formatted(buf, RecordFormat::JsonWithSchema, type_oid, optional, Some(v))
+        write_formatted(
+            buf,
+            RecordFormat::JsonWithSchema,
+            type_oid,
+            optional,
+            Some(v),
+        )
     };
     match connect_type(type_oid) {
         Some((ConnectType::String, _)) if type_oid != oid::UUID => {

@@ -38,6 +38,15 @@ fn case(name: &'static str, config: &str, row: impl Fn(SimpleRow) -> SimpleRow) 
     Case { name, router, rows }
 }
 
+/// A ~300-byte order as jsonb prints it: nested object, an array of objects, numbers, strings.
+fn order(r: SimpleRow) -> SimpleRow {
+    r.with(
+        "payload",
+        oid::JSONB,
+        r#"{"id": 7312, "total": 139.97, "status": "created", "currency": "EUR", "customer": {"id": 42, "name": "Ada Lovelace", "email": "ada@example.com"}, "lines": [{"sku": "A-100", "qty": 2, "price": 39.99}, {"sku": "B-200", "qty": 1, "price": 59.99}], "placed_at": "2026-11-25T10:00:00Z"}"#,
+    )
+}
+
 fn plain(name: &'static str, config: &str) -> Case {
     case(name, config, |r| r)
 }
@@ -116,6 +125,21 @@ fn ns_per_row() {
         plain(
             "key and value json_with_schema",
             "[route]\nkey_format = \"json_with_schema\"\nvalue_format = \"json_with_schema\"",
+        ),
+        plain(
+            "value json_expanded_with_schema",
+            "[route]\nvalue_format = \"json_expanded_with_schema\"",
+        ),
+        case("default mapping, ~300 B order", "", order),
+        case(
+            "value json_expanded, ~300 B order",
+            "[route]\nvalue_format = \"json_expanded\"",
+            order,
+        ),
+        case(
+            "value json_expanded_with_schema, ~300 B order",
+            "[route]\nvalue_format = \"json_expanded_with_schema\"",
+            order,
         ),
     ];
     let mut best = vec![f64::INFINITY; cases.len()];

@@ -328,7 +328,13 @@ fn json_expanded_with_schema_value() {
             let opt = format!("\nvalue_schema_optional = {optional}");
             assert_eq!(
                 text(&route(&format!("{config}{opt}"), &row).value),
-                text(&route(&format!("[route]\nvalue_format = \"json_with_schema\"{opt}"), &row).value),
+                text(
+                    &route(
+                        &format!("[route]\nvalue_format = \"json_with_schema\"{opt}"),
+                        &row
+                    )
+                    .value
+                ),
                 "{payload:?}"
             );
         }

@@ -360,7 +360,9 @@ fn describes(schema: &serde_json::Value, v: &serde_json::Value) -> bool {
                         .is_some_and(|m| describes(f, m))
                 })
         }
-        (Some("array"), Value::Array(items)) => items.iter().all(|i| describes(&schema["items"], i)),
+        (Some("array"), Value::Array(items)) => {
+            items.iter().all(|i| describes(&schema["items"], i))
+        }
         (Some("int32" | "int64"), Value::Number(n)) => n.is_i64(),
         (Some("double"), Value::Number(_)) => true,
         (Some("string"), Value::String(_)) => true,
