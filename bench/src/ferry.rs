@@ -1,8 +1,11 @@
 //! Contender 3, Ferry end to end: the `ferry` binary (read → route → produce with `acks=all` →
 //! confirm in the slot) draining a backlog from its slot.
 //!
-//! Ferry is measured as a warm standby taking over, so that the figure is throughput rather
-//! than process start-up, which [`crate::startup`] measures on its own. A [`Holder`]
+//! Ferry is measured twice. *From process start* (contender `ferry-cold`): spawned on a free
+//! slot, as `pg_recvlogical` is, with the clock, the CPU and the first acknowledgement counted
+//! from the spawn, so start-up is in the figure. *As a warm standby taking over* (contender
+//! `ferry`), so that the figure is throughput rather than process start-up, which
+//! [`crate::startup`] measures on its own. A [`Holder`]
 //! keeps the slot active (a replication connection that never reads) while the backlog is
 //! written; Ferry is started on the slot, finds it in use and stands by with its producer
 //! ready; then the holder disconnects and the clock starts. It stops when the slot's
@@ -151,8 +154,8 @@ const WARM_UP: Duration = Duration::from_millis(1500);
 /// confirmation counts as the end.
 const SETTLE: Duration = Duration::from_secs(3);
 
-/// Drains the backlog on `slot` (`rows` rows ending at `end`), which `holder` keeps busy until
-/// Ferry stands by.
+/// Drains the backlog on `slot` (`rows` rows ending at `end`): with a `holder`, which keeps the
+/// slot busy until Ferry stands by, from the holder letting go; without, from the spawn.
 #[allow(clippy::too_many_arguments)]
 pub async fn drain(
     db_url: &str,
@@ -162,12 +165,14 @@ pub async fn drain(
     topic: &str,
     rows: u64,
     end: Lsn,
-    holder: Holder,
+    holder: Option<Holder>,
 ) -> Res<Sample> {
+    let spawned = Instant::now();
     let mut ferry = Running::spawn(db_url, brokers, slot, topic)?;
     let pid = ferry.child.id();
-    let spawned = Instant::now();
-    while spawned.elapsed() < WARM_UP || ferry.metric("ferry_standby").await != Some(1.0) {
+    while holder.is_some()
+        && (spawned.elapsed() < WARM_UP || ferry.metric("ferry_standby").await != Some(1.0))
+    {
         ferry.check_alive()?;
         if ferry.metric("ferry_streaming").await == Some(1.0) {
             return Err(
@@ -181,10 +186,16 @@ pub async fn drain(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let cpu = procfs::cpu_seconds(pid)?;
-    let wire_before = procfs::tcp_bytes_acked(pid, brokers).unwrap_or(0);
-    let start = Instant::now();
-    drop(holder);
+    let (cpu, wire_before, start) = match holder {
+        Some(holder) => {
+            let cpu = procfs::cpu_seconds(pid)?;
+            let wire_before = procfs::tcp_bytes_acked(pid, brokers).unwrap_or(0);
+            let start = Instant::now();
+            drop(holder);
+            (cpu, wire_before, start)
+        }
+        None => (0.0, 0, spawned),
+    };
     let mut first_ack = None;
     let initial = confirmed(sql, slot).await?;
     let (mut last, mut last_at) = (initial, start);

@@ -62,16 +62,23 @@ pub enum Contender {
     Recv,
     Raw,
     Ferry,
+    FerryCold,
     Relay,
 }
 
 impl Contender {
-    pub const ALL: [Contender; 4] = [
+    pub const ALL: [Contender; 5] = [
         Contender::Recv,
         Contender::Raw,
         Contender::Ferry,
+        Contender::FerryCold,
         Contender::Relay,
     ];
+
+    /// Whether this contender runs the `ferry` binary.
+    pub fn is_ferry(self) -> bool {
+        matches!(self, Contender::Ferry | Contender::FerryCold)
+    }
 
     /// The name on the command line and in topic names.
     pub fn key(self) -> &'static str {
@@ -79,6 +86,7 @@ impl Contender {
             Contender::Recv => "recv",
             Contender::Raw => "raw",
             Contender::Ferry => "ferry",
+            Contender::FerryCold => "ferry-cold",
             Contender::Relay => "relay",
         }
     }
@@ -88,6 +96,7 @@ impl Contender {
             Contender::Recv => "pg_recvlogical -P pgoutput",
             Contender::Raw => "raw produce (rdkafka, from memory)",
             Contender::Ferry => "Ferry end to end",
+            Contender::FerryCold => "Ferry from process start",
             Contender::Relay => "polling relay (SKIP LOCKED)",
         }
     }
@@ -160,7 +169,7 @@ async fn run(args: Args) -> Res<()> {
         ..Report::default()
     };
     let needs_ferry =
-        args.contenders.contains(&Contender::Ferry) || !args.rates.is_empty() || args.startup > 0;
+        args.contenders.iter().any(|c| c.is_ferry()) || !args.rates.is_empty() || args.startup > 0;
     if needs_ferry {
         report.machine.ferry = machine::output(&ferry::bin()?.to_string_lossy(), &["--version"]);
     }
@@ -249,7 +258,11 @@ async fn run_workload(
         }
         let brokers = world.brokers();
         create_topics(&brokers, w.name, &args.contenders).await;
-        let slots = [format!("bench_recv_{run}"), format!("bench_ferry_{run}")];
+        let slots = [
+            format!("bench_recv_{run}"),
+            format!("bench_ferry_{run}"),
+            format!("bench_ferrycold_{run}"),
+        ];
         for s in &slots {
             sql.execute(
                 "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
@@ -293,9 +306,21 @@ async fn run_workload(
                     let template = format!("{{aggregatetype}}.{}.ferry", w.name);
                     let holder = holder.take().ok_or("one ferry turn per run")?;
                     ferry::drain(
-                        &url, &brokers, &sql, &slots[1], &template, rows, end, holder,
+                        &url,
+                        &brokers,
+                        &sql,
+                        &slots[1],
+                        &template,
+                        rows,
+                        end,
+                        Some(holder),
                     )
                     .await?
+                }
+                Contender::FerryCold => {
+                    let template = format!("{{aggregatetype}}.{}.ferry-cold", w.name);
+                    ferry::drain(&url, &brokers, &sql, &slots[2], &template, rows, end, None)
+                        .await?
                 }
                 Contender::Relay => {
                     let suffix = format!("{}.relay", w.name);

@@ -19,6 +19,7 @@ fn colour(c: Contender) -> &'static str {
         Contender::Recv => "#4e79a7",
         Contender::Raw => "#f28e2b",
         Contender::Ferry => "#59a14f",
+        Contender::FerryCold => "#8cd17d",
         Contender::Relay => "#e15759",
     }
 }
