@@ -14,7 +14,7 @@
 //! `SinkConnectorConfig`), so the connector never sent anything there.
 
 use ferry_router::config::{DEFAULT_KEY_SCHEMA_OPTIONAL, DEFAULT_VALUE_SCHEMA_OPTIONAL};
-use ferry_router::RecordFormat;
+use ferry_router::{ExpandNullBehavior, RecordFormat};
 
 use super::outbox::{parse_bool, Facts};
 use super::render::{Doc, Value, ROUTE};
@@ -44,7 +44,7 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
     let format_key = format!("{side}_format");
     let Some(class) = src.peek(&key).map(str::to_owned) else {
         if side == "value" {
-            expansion(src, None, facts);
+            expansion(src, doc, None, facts);
         }
         src.note_value(
             &key,
@@ -139,7 +139,7 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
         Err(format!("Ferry sends {what}.{partition}"))
     };
     if side == "value" {
-        expansion(src, outcome.as_ref().ok().map(|(f, _)| *f), facts);
+        expansion(src, doc, outcome.as_ref().ok().map(|(f, _)| *f), facts);
     }
     match outcome {
         Ok((format, caveat)) => {
@@ -170,31 +170,33 @@ fn converter(src: &mut Source<'_>, doc: &mut Doc, side: &str, facts: &Facts) {
 }
 
 /// `table.expand.json.payload` and `table.json.payload.null.behavior`, once the value format is
-/// known: translated where `json_expanded` reproduces them (or expansion is off), else noted.
-fn expansion(src: &mut Source<'_>, format: Option<RecordFormat>, facts: &Facts) {
+/// known: translated where `json_expanded` / `json_expanded_with_schema` reproduce them (or
+/// expansion is off), else noted.
+fn expansion(src: &mut Source<'_>, doc: &mut Doc, format: Option<RecordFormat>, facts: &Facts) {
     let (expand_key, null_key) = &facts.expand_keys;
     let nulls = src.peek(null_key).map(str::to_ascii_lowercase);
-    let nulls_ignored = nulls.as_deref().is_none_or(|n| n == "ignore");
     match format {
-        Some(f) if f.expands() && nulls_ignored => {
-            src.take(expand_key);
-            src.take(null_key);
-        }
         Some(f) if f.expands() => {
             src.take(expand_key);
-            src.note(
-                null_key,
-                format!(
-                    "Ferry's {f} leaves null members out, as \"ignore\" (the default) did; with \
-                     optional_bytes the connector wrote them as null{}, so consumers see those \
-                     members missing instead",
-                    if f.has_schema() {
-                        " with an optional bytes schema"
-                    } else {
-                        ""
-                    }
+            match nulls.as_deref().map(str::parse::<ExpandNullBehavior>) {
+                None | Some(Ok(ExpandNullBehavior::Ignore)) => {
+                    src.take(null_key);
+                }
+                Some(Ok(b)) => {
+                    let from = format!("{null_key} = {}", src.take(null_key).unwrap_or_default());
+                    doc.set(
+                        ROUTE,
+                        "expand_null_behavior",
+                        Value::str(b.as_str()),
+                        Some(&from),
+                    );
+                }
+                Some(Err(_)) => src.note(
+                    null_key,
+                    "not a value Debezium knows (ignore or optional_bytes): Ferry leaves null \
+                     members out, as \"ignore\" (the default) does",
                 ),
-            );
+            }
         }
         _ if !facts.expand_json => {
             src.take(expand_key);

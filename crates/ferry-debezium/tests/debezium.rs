@@ -650,6 +650,28 @@ fn an_expanded_payload_under_a_schema_becomes_json_expanded_with_schema() {
         r.value.as_deref(),
         Some(&br#"{"schema":{"type":"struct","fields":[{"type":"double","optional":true,"field":"total"}],"optional":true,"name":"payload"},"payload":{"total":39.98}}"#[..])
     );
+    // table.json.payload.null.behavior comes along.
+    let nulls = json.replace(
+        "\"transforms.outbox.type\"",
+        "\"transforms.outbox.table.json.payload.null.behavior\": \"optional_bytes\",\n    \"transforms.outbox.type\"",
+    );
+    let t = translate(&nulls, &options).unwrap();
+    let c = load(&t);
+    assert_eq!(
+        c.route.expand_null_behavior,
+        ferry_router::ExpandNullBehavior::OptionalBytes
+    );
+    assert!(!noted(&t).contains("null.behavior"), "{}", notes_text(&t));
+    let r = router(&c)
+        .route_row(
+            &row.clone().with("payload", oid::JSONB, r#"{"a": null}"#),
+            0,
+        )
+        .unwrap();
+    assert_eq!(
+        r.value.as_deref(),
+        Some(&br#"{"schema":{"type":"struct","fields":[{"type":"bytes","optional":true,"field":"a"}],"optional":true,"name":"payload"},"payload":{"a":null}}"#[..])
+    );
     // Envelope fields under a schema: no format reproduces them, and the notes say so.
     let json = json.replace(
         "\"transforms.outbox.type\"",

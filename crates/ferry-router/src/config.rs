@@ -225,6 +225,50 @@ pub struct RouteConfig {
     /// The value schema's `optional` in `json_with_schema`, and in `json_expanded_with_schema`
     /// for a payload Debezium did not expand (the payload column's nullability).
     pub value_schema_optional: bool,
+    /// What the expansion formats do with a member whose value is `null`: Debezium's
+    /// `table.json.payload.null.behavior`.
+    pub expand_null_behavior: ExpandNullBehavior,
+}
+
+/// `route.expand_null_behavior`: Debezium's `table.json.payload.null.behavior`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpandNullBehavior {
+    /// A `null` member has no schema and is left out (Debezium's default).
+    #[default]
+    Ignore,
+    /// A `null` member is an optional `bytes` field written as `null`, and an array of nulls
+    /// only an array of optional bytes.
+    OptionalBytes,
+}
+
+impl ExpandNullBehavior {
+    /// The configuration spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExpandNullBehavior::Ignore => "ignore",
+            ExpandNullBehavior::OptionalBytes => "optional_bytes",
+        }
+    }
+}
+
+impl fmt::Display for ExpandNullBehavior {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ExpandNullBehavior {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ignore" => Ok(ExpandNullBehavior::Ignore),
+            "optional_bytes" => Ok(ExpandNullBehavior::OptionalBytes),
+            other => Err(format!(
+                "unknown value {other:?}; expected \"ignore\" or \"optional_bytes\""
+            )),
+        }
+    }
 }
 
 /// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
@@ -328,6 +372,7 @@ impl Default for RouteConfig {
             value_format: RecordFormat::AsStored,
             key_schema_optional: DEFAULT_KEY_SCHEMA_OPTIONAL,
             value_schema_optional: DEFAULT_VALUE_SCHEMA_OPTIONAL,
+            expand_null_behavior: ExpandNullBehavior::Ignore,
         }
     }
 }

@@ -49,6 +49,7 @@
 use std::borrow::Cow;
 use std::io::Write as _;
 
+use crate::config::ExpandNullBehavior;
 use crate::format::jackson_string;
 
 /// A parsed JSON value, with numbers classified as Jackson's tree model classifies them.
@@ -78,6 +79,8 @@ enum Schema<'a> {
     Int32,
     Int64,
     Float64,
+    /// `table.json.payload.null.behavior = optional_bytes`: a `null` member.
+    Bytes,
     Array(Box<Schema<'a>>),
     /// Field names borrowed from the parsed document (`'a` is the document's borrow).
     Struct(Vec<(&'a str, Schema<'a>)>),
@@ -99,8 +102,14 @@ enum NotExpanded {
 /// Writes `payload` (a JSON document's text, valid UTF-8) as Debezium's expansion and
 /// `JsonConverter` without schemas wrote it; `Err` where that cannot be reproduced (see the
 /// module docs).
-pub(crate) fn write_expanded(buf: &mut Vec<u8>, payload: &str) -> Result<(), String> {
-    match with_expansion(payload, |node, schema| write_value(buf, node, schema)) {
+pub(crate) fn write_expanded(
+    buf: &mut Vec<u8>,
+    payload: &str,
+    nulls: ExpandNullBehavior,
+) -> Result<(), String> {
+    match with_expansion(payload, nulls, |node, schema| {
+        write_value(buf, node, schema)
+    }) {
         Ok(written) => written,
         Err(NotExpanded::AsString | NotExpanded::NoSchema) => {
             jackson_string(buf, payload);
@@ -118,9 +127,10 @@ pub(crate) fn write_expanded_with_schema(
     buf: &mut Vec<u8>,
     payload: &str,
     name: &str,
+    nulls: ExpandNullBehavior,
     unexpanded: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
 ) -> Result<(), String> {
-    let written = with_expansion(payload, |node, schema| {
+    let written = with_expansion(payload, nulls, |node, schema| {
         let start = buf.len();
         buf.extend_from_slice(b"{\"schema\":");
         write_schema(buf, schema, Some(name), None);
@@ -163,10 +173,11 @@ fn write_value(buf: &mut Vec<u8>, node: &Node<'_>, schema: &Schema<'_>) -> Resul
 /// it.
 fn with_expansion<T>(
     payload: &str,
+    nulls: ExpandNullBehavior,
     f: impl FnOnce(&Node<'_>, &Schema<'_>) -> T,
 ) -> Result<T, NotExpanded> {
     let node = parse(payload)?;
-    let schema = inferred(&node)?;
+    let schema = inferred(&node, nulls)?;
     Ok(f(&node, &schema))
 }
 
@@ -181,11 +192,11 @@ fn parse(payload: &str) -> Result<Node<'_>, NotExpanded> {
 }
 
 /// The schema Debezium inferred for a parsed document, or why it was not expanded.
-fn inferred<'n>(node: &'n Node<'_>) -> Result<Schema<'n>, NotExpanded> {
+fn inferred<'n>(node: &'n Node<'_>, nulls: ExpandNullBehavior) -> Result<Schema<'n>, NotExpanded> {
     Ok(match node {
         Node::Arr(items) if items.is_empty() => return Err(NotExpanded::NoSchema),
         Node::Arr(items) => {
-            element_schema(items)?;
+            element_schema(items, nulls)?;
             return Err(NotExpanded::Error(
                 "table.expand.json.payload: the payload is a JSON array; Debezium inferred an \
                  array schema for it, failed to build a struct from it and left the text under \
@@ -195,7 +206,7 @@ fn inferred<'n>(node: &'n Node<'_>) -> Result<Schema<'n>, NotExpanded> {
                     .to_owned(),
             ));
         }
-        node => schema_of(node)?.ok_or(NotExpanded::AsString)?,
+        node => schema_of(node, nulls)?.ok_or(NotExpanded::AsString)?,
     })
 }
 
@@ -209,6 +220,7 @@ fn write_schema(out: &mut Vec<u8>, schema: &Schema<'_>, key: Option<&str>, field
         Schema::Int32 => b"int32",
         Schema::Int64 => b"int64",
         Schema::Float64 => b"double",
+        Schema::Bytes => b"bytes",
         Schema::Array(_) => b"array",
         Schema::Struct(_) => b"struct",
     });
@@ -257,20 +269,24 @@ fn write_schema(out: &mut Vec<u8>, schema: &Schema<'_>, key: Option<&str>, field
     out.push(b'}');
 }
 
-fn schema_of<'n>(node: &'n Node<'_>) -> Result<Option<Schema<'n>>, NotExpanded> {
+fn schema_of<'n>(
+    node: &'n Node<'_>,
+    nulls: ExpandNullBehavior,
+) -> Result<Option<Schema<'n>>, NotExpanded> {
     Ok(Some(match node {
         Node::Str(_) => Schema::Str,
         Node::Bool(_) => Schema::Bool,
         Node::Int(_) => Schema::Int32,
         Node::Long(_) => Schema::Int64,
         Node::Big | Node::Double(_) => Schema::Float64,
+        Node::Null if nulls == ExpandNullBehavior::OptionalBytes => Schema::Bytes,
         Node::Null => return Ok(None),
         Node::Arr(items) if items.is_empty() => return Ok(None),
-        Node::Arr(items) => Schema::Array(Box::new(element_schema(items)?)),
+        Node::Arr(items) => Schema::Array(Box::new(element_schema(items, nulls)?)),
         Node::Obj(members) => {
             let mut fields: Vec<(&'n str, Schema<'n>)> = Vec::with_capacity(members.len());
             for (k, v) in members {
-                if let Some(s) = schema_of(v)? {
+                if let Some(s) = schema_of(v, nulls)? {
                     if !fields.iter().any(|(f, _)| f == k) {
                         fields.push((k.as_ref(), s));
                     }
@@ -293,24 +309,31 @@ fn kind(node: &Node<'_>) -> u8 {
 }
 
 /// `toConnectSchemaWithCycles` with `getFirstArrayElement`.
-fn element_schema<'n>(items: &'n [Node<'_>]) -> Result<Schema<'n>, NotExpanded> {
+fn element_schema<'n>(
+    items: &'n [Node<'_>],
+    nulls: ExpandNullBehavior,
+) -> Result<Schema<'n>, NotExpanded> {
     let mut sample: Option<&Node<'_>> = None;
     for item in items.iter().filter(|i| **i != Node::Null) {
         let first = *sample.get_or_insert(item);
         if kind(item) != kind(first) {
             return Err(NotExpanded::AsString);
         }
-        if kind(first) == 2 && schema_of(item)? != schema_of(first)? {
+        if kind(first) == 2 && schema_of(item, nulls)? != schema_of(first, nulls)? {
             return Err(NotExpanded::AsString);
         }
     }
     let Some(sample) = sample else {
-        return Err(NotExpanded::AsString);
+        // Nulls only: the sample is the NullNode, whose schema is optional bytes or none.
+        return match nulls {
+            ExpandNullBehavior::OptionalBytes => Ok(Schema::Bytes),
+            ExpandNullBehavior::Ignore => Err(NotExpanded::AsString),
+        };
     };
     if let Node::Obj(_) = sample {
         let mut shapes: Vec<Schema<'n>> = Vec::new();
         for item in items.iter().filter(|i| matches!(i, Node::Obj(_))) {
-            if let Some(s) = schema_of(item)? {
+            if let Some(s) = schema_of(item, nulls)? {
                 if !shapes.contains(&s) {
                     shapes.push(s);
                 }
@@ -326,7 +349,7 @@ fn element_schema<'n>(items: &'n [Node<'_>]) -> Result<Schema<'n>, NotExpanded> 
             )),
         };
     }
-    schema_of(sample)?.ok_or(NotExpanded::AsString)
+    schema_of(sample, nulls)?.ok_or(NotExpanded::AsString)
 }
 
 fn mismatch(what: &str) -> NotExpanded {
@@ -703,7 +726,8 @@ mod tests {
 
     fn exp(payload: &str) -> Result<String, String> {
         let mut buf = Vec::new();
-        write_expanded(&mut buf, payload).map(|()| String::from_utf8(buf).unwrap())
+        write_expanded(&mut buf, payload, ExpandNullBehavior::Ignore)
+            .map(|()| String::from_utf8(buf).unwrap())
     }
 
     /// Java's `Double.toString` for values around each boundary of its two notations.
@@ -759,8 +783,16 @@ mod tests {
     }
 
     fn exp_schema(payload: &str, name: &str) -> Result<String, String> {
+        exp_schema_nulls(payload, name, ExpandNullBehavior::Ignore)
+    }
+
+    fn exp_schema_nulls(
+        payload: &str,
+        name: &str,
+        nulls: ExpandNullBehavior,
+    ) -> Result<String, String> {
         let mut buf = Vec::new();
-        write_expanded_with_schema(&mut buf, payload, name, |b: &mut Vec<u8>| {
+        write_expanded_with_schema(&mut buf, payload, name, nulls, |b: &mut Vec<u8>| {
             b.extend_from_slice(b"<column schema>");
             Ok(())
         })
@@ -820,6 +852,33 @@ mod tests {
                 r#""payload":{"q\"":{"z":1}}}"#
             )
         );
+    }
+
+    /// `table.json.payload.null.behavior = optional_bytes`: a null member is an optional bytes
+    /// field written as `null`, an array of nulls an array of optional bytes; `[]` still has
+    /// no schema and is left out.
+    #[test]
+    fn null_members_as_optional_bytes() {
+        let bytes = ExpandNullBehavior::OptionalBytes;
+        assert_eq!(
+            exp_schema_nulls(
+                r#"{"a": null, "b": [null, null], "c": [], "d": 1}"#,
+                "payload",
+                bytes
+            )
+            .unwrap(),
+            concat!(
+                r#"{"schema":{"type":"struct","fields":[{"type":"bytes","optional":true,"field":"a"},"#,
+                r#"{"type":"array","items":{"type":"bytes","optional":true},"optional":true,"field":"b"},"#,
+                r#"{"type":"int32","optional":true,"field":"d"}],"optional":true,"name":"payload"},"#,
+                r#""payload":{"a":null,"b":[null,null],"d":1}}"#
+            )
+        );
+        let mut buf = Vec::new();
+        write_expanded(&mut buf, r#"{"a": null, "b": [null]}"#, bytes).unwrap();
+        assert_eq!(String::from_utf8(buf).unwrap(), r#"{"a":null,"b":[null]}"#);
+        // A top-level array of nulls now has a schema, so the converter failed on it.
+        assert!(exp_schema_nulls("[null]", "payload", bytes).is_err());
     }
 
     /// A top-level array: `[]` got no schema (the string went out under a null schema); an

@@ -43,6 +43,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::ExpandNullBehavior;
 use crate::row::oid;
 use crate::value::base64;
 
@@ -186,8 +187,8 @@ fn unsupported(type_oid: u32) -> String {
 
 /// Writes `v` (the column's natural bytes: text, or bytea decoded; `None` for NULL) in `format`.
 /// `AsStored` is the caller's (it needs no copy); this handles the JSON formats.
-/// `JsonExpandedWithSchema` needs the payload column's name: see [`write_expanded_with_schema`];
-/// here it writes what Debezium did not expand (a NULL, a column that is not text).
+/// The expansion formats write here what Debezium did not expand (a NULL): a payload goes through
+/// [`write_expanded`] or [`write_expanded_with_schema`].
 pub(crate) fn write_formatted(
     buf: &mut Vec<u8>,
     format: RecordFormat,
@@ -200,15 +201,7 @@ pub(crate) fn write_formatted(
             buf.extend_from_slice(v.unwrap_or_default());
             Ok(())
         }
-        RecordFormat::Json => write_connect_json(buf, type_oid, v),
-        // Debezium expands a payload that is a Java String (a text or json column's value).
-        RecordFormat::JsonExpanded => match (connect_type(type_oid), v) {
-            (Some((ConnectType::String, _)), Some(v)) if type_oid != oid::UUID => {
-                let s = std::str::from_utf8(v).map_err(|_| "text is not valid UTF-8".to_owned())?;
-                crate::expand::write_expanded(buf, s)
-            }
-            _ => write_connect_json(buf, type_oid, v),
-        },
+        RecordFormat::Json | RecordFormat::JsonExpanded => write_connect_json(buf, type_oid, v),
         RecordFormat::JsonWithSchema | RecordFormat::JsonExpandedWithSchema => {
             let (ty, name) = connect_type(type_oid).ok_or_else(|| unsupported(type_oid))?;
             buf.extend_from_slice(b"{\"schema\":{\"type\":\"");
@@ -228,14 +221,40 @@ pub(crate) fn write_formatted(
     }
 }
 
+/// The payload as a Java String, where Debezium expanded it: a text or json column's value
+/// (uuid text never starts with `{` or `[`).
+fn expandable(type_oid: u32, v: &[u8]) -> Result<Option<&str>, String> {
+    match connect_type(type_oid) {
+        Some((ConnectType::String, _)) if type_oid != oid::UUID => std::str::from_utf8(v)
+            .map(Some)
+            .map_err(|_| "text is not valid UTF-8".to_owned()),
+        _ => Ok(None),
+    }
+}
+
+/// `json_expanded`: the payload `v` expanded where Debezium expanded it, else as `json`.
+pub(crate) fn write_expanded(
+    buf: &mut Vec<u8>,
+    type_oid: u32,
+    v: &[u8],
+    nulls: ExpandNullBehavior,
+) -> Result<(), String> {
+    match expandable(type_oid, v)? {
+        Some(s) => crate::expand::write_expanded(buf, s, nulls),
+        // Debezium warned "payload is not a string" and JsonConverter wrote the value.
+        None => write_connect_json(buf, type_oid, Some(v)),
+    }
+}
+
 /// `json_expanded_with_schema`: the payload `v` of column `name` expanded with its inferred
-/// schema where Debezium expanded it (a text or json column's value), else as `json_with_schema`.
+/// schema where Debezium expanded it, else as `json_with_schema`.
 pub(crate) fn write_expanded_with_schema(
     buf: &mut Vec<u8>,
     type_oid: u32,
     optional: bool,
     v: &[u8],
     name: &str,
+    nulls: ExpandNullBehavior,
 ) -> Result<(), String> {
     let unexpanded = |buf: &mut Vec<u8>| {
         write_formatted(
@@ -246,12 +265,9 @@ pub(crate) fn write_expanded_with_schema(
             Some(v),
         )
     };
-    match connect_type(type_oid) {
-        Some((ConnectType::String, _)) if type_oid != oid::UUID => {
-            let s = std::str::from_utf8(v).map_err(|_| "text is not valid UTF-8".to_owned())?;
-            crate::expand::write_expanded_with_schema(buf, s, name, unexpanded)
-        }
-        _ => unexpanded(buf),
+    match expandable(type_oid, v)? {
+        Some(s) => crate::expand::write_expanded_with_schema(buf, s, name, nulls, unexpanded),
+        None => unexpanded(buf),
     }
 }
 
@@ -488,6 +504,7 @@ mod tests {
             RecordFormat::Json,
             RecordFormat::JsonWithSchema,
             RecordFormat::JsonExpanded,
+            RecordFormat::JsonExpandedWithSchema,
         ] {
             assert_eq!(f.as_str().parse::<RecordFormat>(), Ok(f));
         }

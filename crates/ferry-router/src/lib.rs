@@ -125,8 +125,8 @@ mod validate;
 pub mod value;
 
 pub use config::{
-    CloudEventsMode, CreateTopicsConfig, HeaderConfig, OnError, OutboxConfig, Placement,
-    PlacementLocation, RecordFormat, RouteConfig, RuleConfig, TableName,
+    CloudEventsMode, CreateTopicsConfig, ExpandNullBehavior, HeaderConfig, OnError, OutboxConfig,
+    Placement, PlacementLocation, RecordFormat, RouteConfig, RuleConfig, TableName,
 };
 pub use error::{FieldRole, RouteError, RouteErrorReason};
 pub use ferry_pgtypes::PgTimestamp;

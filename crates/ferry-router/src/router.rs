@@ -29,12 +29,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::cloudevents::{CloudEvents, Event};
+use crate::config::ExpandNullBehavior;
 use crate::config::{
     parse_additional_placement, OnError, OutboxConfig, PlacementLocation, RouteConfig, TableName,
     ENVELOPE_PAYLOAD_KEY,
 };
 use crate::error::{FieldRole, RouteError, RouteErrorReason};
-use crate::format::{write_expanded_with_schema, write_formatted, RecordFormat, JSON_FORMAT_TYPES};
+use crate::format::{
+    write_expanded, write_expanded_with_schema, write_formatted, RecordFormat, JSON_FORMAT_TYPES,
+};
 use crate::message::parse_message;
 use crate::record::Record;
 use crate::row::{oid, ColumnRef, OutboxRow, SimpleRow};
@@ -79,6 +82,8 @@ pub struct Router {
     key_format: (RecordFormat, bool),
     /// `route.value_format` and the value schema's `optional`.
     value_format: (RecordFormat, bool),
+    /// `route.expand_null_behavior`.
+    expand_null_behavior: ExpandNullBehavior,
     /// Every column read, with the key that names it and the types it can be read from.
     requirements: Vec<ColumnRequirement>,
 }
@@ -299,6 +304,7 @@ impl Router {
             dead_letter_topic: route.dead_letter_topic.as_deref().map(Arc::from),
             key_format: (route.key_format, route.key_schema_optional),
             value_format: (route.value_format, route.value_schema_optional),
+            expand_null_behavior: route.expand_null_behavior,
         })
     }
 
@@ -651,35 +657,52 @@ impl Router {
                     .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
                 return Ok((Some(Bytes::from(buf)), oid::JSON));
             }
+            // In an envelope, JsonConverter wrote the optional payload field as `null`.
+            None if format != RecordFormat::AsStored => None,
             None => {
                 return Err(RouteErrorReason::NullPayload {
                     column: col.clone(),
                 })
             }
-            Some(p) => p,
+            Some(p) => Some(p),
         };
-        // Debezium's route.tombstone.on.empty.payload also treats a blank payload as empty.
-        if self.tombstone_on_null_payload
-            && c.type_oid != oid::BYTEA
-            && payload.iter().all(u8::is_ascii_whitespace)
-        {
-            return Ok((None, c.type_oid));
+        if let Some(payload) = &payload {
+            // Debezium's route.tombstone.on.empty.payload also treats a blank payload as empty.
+            if self.tombstone_on_null_payload
+                && c.type_oid != oid::BYTEA
+                && payload.iter().all(u8::is_ascii_whitespace)
+            {
+                return Ok((None, c.type_oid));
+            }
+            self.check_size(payload.len())?;
         }
-        self.check_size(payload.len())?;
-        let Some(fields) = &self.envelope else {
-            if format == RecordFormat::AsStored {
-                return Ok((Some(payload), c.type_oid));
+        let (fields, payload) = match (&self.envelope, payload) {
+            (Some(fields), payload) => (fields, payload),
+            (None, None) => {
+                return Err(RouteErrorReason::NullPayload {
+                    column: col.clone(),
+                })
             }
-            let mut buf = Vec::with_capacity(payload.len() + payload.len() / 8 + 96);
-            if format == RecordFormat::JsonExpandedWithSchema {
-                // Debezium named the inferred struct schema after the payload column.
-                write_expanded_with_schema(&mut buf, c.type_oid, optional, &payload, col)
-            } else {
-                write_formatted(&mut buf, format, c.type_oid, optional, Some(&payload))
+            (None, Some(payload)) => {
+                if format == RecordFormat::AsStored {
+                    return Ok((Some(payload), c.type_oid));
+                }
+                let mut buf = Vec::with_capacity(payload.len() + payload.len() / 8 + 96);
+                let nulls = self.expand_null_behavior;
+                match format {
+                    // Debezium named the inferred struct schema after the payload column.
+                    RecordFormat::JsonExpandedWithSchema => write_expanded_with_schema(
+                        &mut buf, c.type_oid, optional, &payload, col, nulls,
+                    ),
+                    RecordFormat::JsonExpanded => {
+                        write_expanded(&mut buf, c.type_oid, &payload, nulls)
+                    }
+                    _ => write_formatted(&mut buf, format, c.type_oid, optional, Some(&payload)),
+                }
+                .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
+                self.check_size(buf.len())?;
+                return Ok((Some(Bytes::from(buf)), oid::JSON));
             }
-            .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
-            self.check_size(buf.len())?;
-            return Ok((Some(Bytes::from(buf)), oid::JSON));
         };
         // In an envelope, `json` writes each field as JsonConverter would (a jsonb payload as a
         // JSON string); `as_stored` embeds json as JSON (Debezium's expand.json.payload).
@@ -691,14 +714,16 @@ impl Router {
             (RecordFormat::AsStored, Some(v)) => write_json(buf, ty, v),
             (_, v) => write_formatted(buf, RecordFormat::Json, ty, true, v),
         };
-        let mut buf = Vec::with_capacity(payload.len() + 16 + 32 * fields.len());
+        let mut buf =
+            Vec::with_capacity(payload.as_ref().map_or(4, Bytes::len) + 16 + 32 * fields.len());
         buf.extend_from_slice(b"{\"");
         buf.extend_from_slice(ENVELOPE_PAYLOAD_KEY.as_bytes());
         buf.extend_from_slice(b"\":");
-        if format == RecordFormat::JsonExpanded {
-            write_formatted(&mut buf, format, c.type_oid, true, Some(&payload))
-        } else {
-            write(&mut buf, c.type_oid, Some(&payload))
+        match (format, &payload) {
+            (RecordFormat::JsonExpanded, Some(p)) => {
+                write_expanded(&mut buf, c.type_oid, p, self.expand_null_behavior)
+            }
+            _ => write(&mut buf, c.type_oid, payload.as_deref()),
         }
         .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
         for (fcol, key) in fields {

@@ -9,7 +9,8 @@ use crate::config::{
     MAX_MAX_PAYLOAD_BYTES,
 };
 use crate::config::{
-    CloudEventsMode, RecordFormat, DEFAULT_KEY_SCHEMA_OPTIONAL, DEFAULT_VALUE_SCHEMA_OPTIONAL,
+    CloudEventsMode, ExpandNullBehavior, RecordFormat, DEFAULT_KEY_SCHEMA_OPTIONAL,
+    DEFAULT_VALUE_SCHEMA_OPTIONAL,
 };
 use crate::template::{GroupRef, Template};
 use crate::topic::{validate_topic, MAX_TOPIC_LENGTH};
@@ -304,6 +305,14 @@ impl RouteConfig {
                      \"json_with_schema\"",
                     self.key_format
                 ),
+            ));
+        }
+        if self.expand_null_behavior != ExpandNullBehavior::Ignore && !self.value_format.expands() {
+            p.push(ConfigProblem::new(
+                "route.expand_null_behavior",
+                "has no effect unless route.value_format = \"json_expanded\" or \
+                 \"json_expanded_with_schema\" (Debezium's table.json.payload.null.behavior \
+                 belongs to table.expand.json.payload)",
             ));
         }
         for (key, format, set) in [

@@ -127,6 +127,20 @@ fn null_payload() {
         &row,
     );
     assert_eq!(r.value, None);
+    // With envelope fields, Debezium put NULL into the optional payload field
+    // (`EventRouterDelegate`: `new Struct(structValueSchema).put(ENVELOPE_PAYLOAD, payload)`) and
+    // JsonConverter wrote it as `null`.
+    for format in ["json", "json_expanded"] {
+        let r = route(
+            &format!("[route]\nenvelope = true\nvalue_format = \"{format}\"\nadditional_placement = \"type:envelope:eventType\""),
+            &row,
+        );
+        assert_eq!(
+            text(&r.value),
+            r#"{"payload":null,"eventType":"OrderCreated"}"#,
+            "{format}"
+        );
+    }
 }
 
 /// A uuid or integer key (Debezium `io.debezium.data.Uuid`, `int64`).

@@ -110,6 +110,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     route.value_format = parsed;
     route.key_schema_optional = boolean;
     route.value_schema_optional = boolean;
+    route.expand_null_behavior = parsed;
     kafka.brokers = parsed;
     kafka.compression = parsed;
     kafka.max_in_flight_records = parsed;
