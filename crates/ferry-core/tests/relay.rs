@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -475,4 +476,39 @@ fn each_row_is_routed_by_its_tables_router_and_counted_per_table() {
         now,
     );
     assert_text_needed(actions(&mut r), 1);
+
+    // ... and only with them: a second table whose router reads "type" as its payload does not
+    // read the "payload" column, so an enum there is nothing to it, while the first table,
+    // which reads it, needs text for the same layout.
+    let third = TableConfig {
+        outbox: OutboxConfig {
+            table: "billing.outbox".into(),
+            payload_column: "type".into(),
+            ..OutboxConfig::default()
+        },
+        route: RouteConfig {
+            topic: Some("billing".into()),
+            ..RouteConfig::default()
+        },
+    };
+    let mut cfg = config(OnError::Fail, 100, 1 << 20);
+    cfg.routers = Arc::new(
+        Routers::new(&OutboxConfig::default(), &RouteConfig::default(), &[third]).unwrap(),
+    );
+    let mut r: R = Relay::new(cfg);
+    r.start(Lsn(100), true);
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(
+        of_table(1, row(&relation(16_400), 1, 101, 1, "k", Some("{}"))),
+        now,
+    );
+    let a = actions(&mut r);
+    let sent = produced(&a);
+    assert_eq!(sent.len(), 1, "the second table's row is produced");
+    for (token, _) in sent {
+        r.handle_report(token, Ok(()), now);
+    }
+    assert!(stop(a).is_none());
+    r.handle_outbox(row(&relation(16_400), 1, 102, 2, "k", Some("{}")), now);
+    assert_text_needed(actions(&mut r), 0);
 }

@@ -884,7 +884,7 @@ pub async fn check(
                             spec.publication
                         ),
                         format!(
-                            "run ALTER PUBLICATION {} ADD TABLE {table} (Ferry never alters an existing publication)",
+                            "stop every Ferry running a configuration without this table (it would skip the table's rows), then run ALTER PUBLICATION {} ADD TABLE {table} (Ferry never alters an existing publication)",
                             quote_ident(&spec.publication)
                         ),
                     );

@@ -87,6 +87,8 @@ pub struct ReaderStats {
     pub outbox_updates_skipped: AtomicU64,
     pub outbox_deletes_skipped: AtomicU64,
     pub outbox_truncates_skipped: AtomicU64,
+    /// INSERTs into published tables that no configured outbox table is (skipped).
+    pub other_inserts_skipped: AtomicU64,
 }
 
 /// The server's identity as `IDENTIFY_SYSTEM` reports it: another system identifier is another
@@ -533,5 +535,8 @@ impl Task {
         self.stats
             .outbox_truncates_skipped
             .store(s.outbox_truncates, Ordering::Relaxed);
+        self.stats
+            .other_inserts_skipped
+            .store(s.other_inserts, Ordering::Relaxed);
     }
 }

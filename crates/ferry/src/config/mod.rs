@@ -139,6 +139,9 @@ pub fn load(
     // The environment's problems do not stop loading: validation runs on what did apply, so
     // one run lists everything to fix.
     let mut problems = env::apply(&mut config, env).err().unwrap_or_default();
+    if let Some(text) = file {
+        problems.extend(unnamed_tables(text));
+    }
     if let Err(e) = config.validate() {
         problems.extend(e.problems);
     }
@@ -147,6 +150,31 @@ pub fn load(
     } else {
         Err(ConfigError::Invalid(ConfigErrors { problems }))
     }
+}
+
+/// Every `[[tables]]` entry names its table: without `outbox.table` an entry would take the
+/// default, `public.outbox`, and relay that table with the entry's mapping (or collide with
+/// `[outbox]` when that is the default too).
+fn unnamed_tables(text: &str) -> Vec<ConfigProblem> {
+    let Ok(doc) = toml::from_str::<toml::Table>(text) else {
+        return Vec::new();
+    };
+    let Some(tables) = doc.get("tables").and_then(toml::Value::as_array) else {
+        return Vec::new();
+    };
+    let names_table = |t: &toml::Value| t.get("outbox").and_then(|o| o.get("table")).is_some();
+    let mut problems = Vec::new();
+    for (i, t) in tables.iter().enumerate() {
+        if !names_table(t) {
+            problems.push(ConfigProblem {
+                path: format!("tables[{i}].outbox.table"),
+                message: "required: each [[tables]] entry names its outbox table (without it the \
+                          entry would relay the default, public.outbox)"
+                    .into(),
+            });
+        }
+    }
+    problems
 }
 
 impl Config {

@@ -1164,6 +1164,15 @@ fn tables_are_read_from_the_file_and_validated_with_their_index() {
     ] {
         assert!(p.iter().any(|l| l.starts_with(want)), "{want:?} in {p:#?}");
     }
+    // An entry names its table: the default (public.outbox) would relay somebody else's table
+    // with this entry's mapping.
+    let file = "[outbox]\ntable = \"orders.outbox\"\n[[tables]]\nroute.topic = \"x\"\n";
+    let p = problems(load(Some(file), minimal_env()).unwrap_err());
+    assert!(
+        p.iter()
+            .any(|l| l.starts_with("tables[0].outbox.table: required")),
+        "{p:#?}"
+    );
     // There are no FERRY_TABLES_* variables: tables are file-only, and a variable that looks
     // like one is refused, not ignored.
     let err = load(

@@ -120,9 +120,10 @@ fn route_failure(error: &RouteError, commit_lsn: Lsn, table: Option<&(usize, Str
              transaction"
         )
     } else {
+        let prefix = table.map_or(String::new(), |(i, _)| ferry_router::tables::key_prefix(*i));
         format!(
             "{of}{error} (transaction commit {commit_lsn}). on_error = \"fail\" stops Ferry here and confirms \
-             nothing past it; fix the row's data or the route configuration, or set route.on_error = \
+             nothing past it; fix the row's data or the route configuration, or set {prefix}route.on_error = \
              \"skip\" or \"dead_letter\""
         )
     }

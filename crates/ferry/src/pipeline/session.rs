@@ -139,6 +139,10 @@ pub(super) struct Session<'a> {
     topics: Option<Topics>,
     core: Core,
     status_updates_seen: u64,
+    /// INSERTs into published tables Ferry does not relay: how many were seen, and when the
+    /// last warning about them went out.
+    other_inserts_seen: u64,
+    other_inserts_warned: Option<Instant>,
     acceptance: &'a mut Acceptance,
     /// This session's progress key and timeline (from the streaming server's IDENTIFY_SYSTEM).
     progress_key: Vec<u8>,
@@ -163,6 +167,8 @@ impl<'a> Session<'a> {
             topics: None,
             core,
             status_updates_seen: 0,
+            other_inserts_seen: 0,
+            other_inserts_warned: None,
             acceptance,
             progress_key: Vec::new(),
             timeline: 0,
@@ -187,6 +193,8 @@ impl<'a> Session<'a> {
             topics: Some(topics),
             core: Core::new(rx, settings),
             status_updates_seen: 0,
+            other_inserts_seen: 0,
+            other_inserts_warned: None,
             acceptance,
             progress_key: Vec::new(),
             timeline: 0,
@@ -889,6 +897,27 @@ impl<'a> Session<'a> {
                 .status_updates_sent
                 .add(sent - self.status_updates_seen);
             self.status_updates_seen = sent;
+        }
+        // Rows of a table the publication carries and no entry relays are skipped and confirmed
+        // past: right for a publication shared with other subscribers, a loss when the table was
+        // added for a newer configuration while this one still streams. Said, at most every 60 s.
+        let other = reader.stats.other_inserts_skipped.load(Ordering::Relaxed);
+        if other > self.other_inserts_seen
+            && self
+                .other_inserts_warned
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+        {
+            tracing::warn!(
+                skipped = other - self.other_inserts_seen,
+                publication = %self.settings.slot.publication,
+                "rows inserted into tables of the publication that no [outbox] or [[tables]] entry \
+                 relays were skipped, and the slot is confirmed past them. If a table was added to \
+                 the publication for a new [[tables]] entry, its rows since then are not relayed by \
+                 this instance: stop every Ferry running the old configuration before ALTER \
+                 PUBLICATION ... ADD TABLE, and re-insert the rows committed in between"
+            );
+            self.other_inserts_seen = other;
+            self.other_inserts_warned = Some(Instant::now());
         }
     }
 }
