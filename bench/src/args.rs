@@ -191,7 +191,7 @@ mod tests {
         assert_eq!(a.workloads[0].rows, 2000);
         assert!(a.out.is_none());
         assert!(a.latency_secs <= 2.0);
-        assert_eq!(a.contenders.len(), 4);
+        assert_eq!(a.contenders.len(), Contender::ALL.len());
     }
 
     #[test]

@@ -362,43 +362,31 @@ impl Report {
             o.push_str(&self.throughput_table());
             o.push_str("\nCPU is the contender's own process: `ferry`, `pg_recvlogical`, or the benchmark process for the raw producer and the relay (their client side only, not PostgreSQL's work). Peak RSS is Ferry's `VmHWM`, the largest over runs.\n\n");
             o.push_str("![rows/s per workload and contender](results.svg)\n\n");
-            let firsts: Vec<String> = self
-                .workloads
-                .iter()
-                .filter_map(|w| {
-                    let s = w.stats(Contender::Ferry)?;
-                    Some(format!(
-                        "{} {:.2} s",
-                        w.workload.name,
-                        s.first_ack.unwrap_or(f64::NAN)
-                    ))
-                })
-                .collect();
-            if !firsts.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "Ferry end to end: the clock starts when the slot is freed for it (a warm standby taking over; see `bench/README.md`); time from then to its first acknowledged record (median): {}.\n",
-                    firsts.join(", ")
-                );
-            }
-            let cold: Vec<String> = self
-                .workloads
-                .iter()
-                .filter_map(|w| {
-                    let s = w.stats(Contender::FerryCold)?;
-                    Some(format!(
-                        "{} {:.2} s",
-                        w.workload.name,
-                        s.first_ack.unwrap_or(f64::NAN)
-                    ))
-                })
-                .collect();
-            if !cold.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "Ferry from process start: the clock, its CPU and its first acknowledgement count from spawning `ferry run` on the free slot, as `pg_recvlogical`'s do; time to its first acknowledged record (median): {}.\n",
-                    cold.join(", ")
-                );
+            for (c, what) in [
+                (
+                    Contender::Ferry,
+                    "Ferry end to end: the clock starts when the slot is freed for it (a warm standby taking over; see `bench/README.md`); time from then to its first acknowledged record (median)",
+                ),
+                (
+                    Contender::FerryCold,
+                    "Ferry from process start: the clock, its CPU and its first acknowledgement count from spawning `ferry run` on the free slot, as `pg_recvlogical`'s do; time to its first acknowledged record (median)",
+                ),
+            ] {
+                let firsts: Vec<String> = self
+                    .workloads
+                    .iter()
+                    .filter_map(|w| {
+                        let s = w.stats(c)?;
+                        Some(format!(
+                            "{} {:.2} s",
+                            w.workload.name,
+                            s.first_ack.unwrap_or(f64::NAN)
+                        ))
+                    })
+                    .collect();
+                if !firsts.is_empty() {
+                    let _ = writeln!(o, "{what}: {}.\n", firsts.join(", "));
+                }
             }
         }
         if !self.latency.is_empty() {

@@ -551,6 +551,16 @@ fn debezium_1x_option_names_are_read() {
     );
 }
 
+/// An outbox row of the reference DDL (`aggregateid` "42") with `payload` as jsonb.
+fn order_row(payload: &str) -> SimpleRow {
+    SimpleRow::new()
+        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
+        .with("aggregatetype", oid::VARCHAR, "order")
+        .with("aggregateid", oid::VARCHAR, "42")
+        .with("type", oid::VARCHAR, "OrderCreated")
+        .with("payload", oid::JSONB, payload)
+}
+
 /// The worker's converters (connect-distributed.properties) fill in what the connector config
 /// leaves to them, and the records routed with the result are the connector's bytes.
 #[test]
@@ -582,12 +592,7 @@ fn worker_converters_become_the_key_and_value_formats() {
     ] {
         assert!(!noted(&t).contains(gone), "{gone}:\n{}", notes_text(&t));
     }
-    let row = SimpleRow::new()
-        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
-        .with("aggregatetype", oid::VARCHAR, "order")
-        .with("aggregateid", oid::VARCHAR, "42")
-        .with("type", oid::VARCHAR, "OrderCreated")
-        .with("payload", oid::JSONB, r#"{"total": 39.98}"#);
+    let row = order_row(r#"{"total": 39.98}"#);
     let r = router(&c).route_row(&row, 0).unwrap();
     assert_eq!(r.key.as_deref(), Some(&b"\"42\""[..]));
     assert_eq!(
@@ -623,9 +628,19 @@ fn an_expanded_payload_under_a_schema_becomes_json_expanded_with_schema() {
         source: None,
         worker: Some(worker.into()),
     };
-    let json = fixture_json("defaults").replace(
-        "\"transforms.outbox.type\"",
-        "\"transforms.outbox.table.expand.json.payload\": \"true\",\n    \"transforms.outbox.type\"",
+    // The connector config with one more option of the outbox SMT.
+    let smt_option = |json: &str, option: &str, value: &str| {
+        json.replace(
+            "\"transforms.outbox.type\"",
+            &format!(
+                "\"transforms.outbox.{option}\": \"{value}\",\n    \"transforms.outbox.type\""
+            ),
+        )
+    };
+    let json = smt_option(
+        &fixture_json("defaults"),
+        "table.expand.json.payload",
+        "true",
     );
     let t = translate(&json, &options).unwrap();
     let c = load(&t);
@@ -639,22 +654,14 @@ fn an_expanded_payload_under_a_schema_becomes_json_expanded_with_schema() {
     ] {
         assert!(!noted(&t).contains(gone), "{gone}:\n{}", notes_text(&t));
     }
-    let row = SimpleRow::new()
-        .with("id", oid::UUID, "4d47e190-0402-4048-bc2c-89dd54343cdc")
-        .with("aggregatetype", oid::VARCHAR, "order")
-        .with("aggregateid", oid::VARCHAR, "42")
-        .with("type", oid::VARCHAR, "OrderCreated")
-        .with("payload", oid::JSONB, r#"{"total": 39.98}"#);
+    let row = order_row(r#"{"total": 39.98}"#);
     let r = router(&c).route_row(&row, 0).unwrap();
     assert_eq!(
         r.value.as_deref(),
         Some(&br#"{"schema":{"type":"struct","fields":[{"type":"double","optional":true,"field":"total"}],"optional":true,"name":"payload"},"payload":{"total":39.98}}"#[..])
     );
     // table.json.payload.null.behavior comes along.
-    let nulls = json.replace(
-        "\"transforms.outbox.type\"",
-        "\"transforms.outbox.table.json.payload.null.behavior\": \"optional_bytes\",\n    \"transforms.outbox.type\"",
-    );
+    let nulls = smt_option(&json, "table.json.payload.null.behavior", "optional_bytes");
     let t = translate(&nulls, &options).unwrap();
     let c = load(&t);
     assert_eq!(
@@ -663,19 +670,17 @@ fn an_expanded_payload_under_a_schema_becomes_json_expanded_with_schema() {
     );
     assert!(!noted(&t).contains("null.behavior"), "{}", notes_text(&t));
     let r = router(&c)
-        .route_row(
-            &row.clone().with("payload", oid::JSONB, r#"{"a": null}"#),
-            0,
-        )
+        .route_row(&order_row(r#"{"a": null}"#), 0)
         .unwrap();
     assert_eq!(
         r.value.as_deref(),
         Some(&br#"{"schema":{"type":"struct","fields":[{"type":"bytes","optional":true,"field":"a"}],"optional":true,"name":"payload"},"payload":{"a":null}}"#[..])
     );
     // Envelope fields under a schema: no format reproduces them, and the notes say so.
-    let json = json.replace(
-        "\"transforms.outbox.type\"",
-        "\"transforms.outbox.table.fields.additional.placement\": \"type:envelope:eventType\",\n    \"transforms.outbox.type\"",
+    let json = smt_option(
+        &json,
+        "table.fields.additional.placement",
+        "type:envelope:eventType",
     );
     let t = translate(&json, &options).unwrap();
     assert!(note(&t, "value.converter").contains("topic.prefix"));
