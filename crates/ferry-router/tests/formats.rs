@@ -353,6 +353,20 @@ fn json_expanded_with_schema_value() {
             );
         }
     }
+    // A text or json payload is a Java String too, and expanded alike; bytea is not (Debezium
+    // warned "payload is not a string") and keeps its bytes schema.
+    for ty in [oid::TEXT, oid::JSON] {
+        let row = base_row().with("payload", ty, "{ \"a\" : [2.50] }");
+        assert_eq!(
+            text(&route(config, &row).value),
+            r#"{"schema":{"type":"struct","fields":[{"type":"array","items":{"type":"double","optional":true},"optional":true,"field":"a"}],"optional":true,"name":"payload"},"payload":{"a":[2.5]}}"#
+        );
+    }
+    let row = base_row().with("payload", oid::BYTEA, "\\x7b7d");
+    assert_eq!(
+        text(&route(config, &row).value),
+        r#"{"schema":{"type":"bytes","optional":true},"payload":"e30="}"#
+    );
     // A top-level [] had no schema at all.
     let row = base_row().with("payload", oid::JSONB, "[]");
     assert_eq!(
