@@ -135,10 +135,7 @@ pub(crate) fn write_expanded_with_schema(
         buf.extend_from_slice(b"{\"schema\":");
         write_schema(buf, schema, Some(name), None);
         buf.extend_from_slice(b",\"payload\":");
-        if let Err(e) = write_value(buf, node, schema) {
-            buf.truncate(start);
-            return Err(e);
-        }
+        write(buf, node, schema).inspect_err(|_| buf.truncate(start))?;
         buf.push(b'}');
         Ok(())
     });
@@ -155,18 +152,10 @@ pub(crate) fn write_expanded_with_schema(
     }
 }
 
+/// [`write`], leaving `buf` as it was when it fails.
 fn write_value(buf: &mut Vec<u8>, node: &Node<'_>, schema: &Schema<'_>) -> Result<(), String> {
     let start = buf.len();
-    match write(buf, node, schema) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            buf.truncate(start);
-            Err(match e {
-                NotExpanded::Error(e) => e,
-                other => format!("table.expand.json.payload: {other:?}"),
-            })
-        }
-    }
+    write(buf, node, schema).inspect_err(|_| buf.truncate(start))
 }
 
 /// Runs `f` on the parsed document and its inferred schema, or says why Debezium did not expand
@@ -244,14 +233,20 @@ fn write_schema(out: &mut Vec<u8>, schema: &Schema<'_>, key: Option<&str>, field
                 if i > 0 {
                     out.push(b',');
                 }
+                // The child's path names only a struct, or an array's objects: built for those.
+                let named = match s {
+                    Schema::Struct(_) => true,
+                    Schema::Array(element) => matches!(**element, Schema::Struct(_)),
+                    _ => false,
+                };
                 // `(Strings.isNullOrBlank(key) ? "" : key + ".") + fieldName`
                 let child = match key {
-                    Some(k) if !k.trim_matches(|c: char| c <= ' ').is_empty() => {
-                        format!("{k}.{f}")
+                    Some(k) if named && !k.trim_matches(|c: char| c <= ' ').is_empty() => {
+                        Some(format!("{k}.{f}"))
                     }
-                    _ => (*f).to_owned(),
+                    _ => None,
                 };
-                write_schema(out, s, Some(&child), Some(f));
+                write_schema(out, s, Some(child.as_deref().unwrap_or(f)), Some(f));
             }
             out.push(b']');
         }
@@ -352,15 +347,15 @@ fn element_schema<'n>(
     schema_of(sample, nulls)?.ok_or(NotExpanded::AsString)
 }
 
-fn mismatch(what: &str) -> NotExpanded {
-    NotExpanded::Error(format!(
+fn mismatch(what: &str) -> String {
+    format!(
         "table.expand.json.payload: {what}; Kafka Connect's JsonConverter failed on such a \
          document, so there are no bytes to reproduce (use route.value_format = \"as_stored\" or \
          \"json\")"
-    ))
+    )
 }
 
-fn write(out: &mut Vec<u8>, node: &Node<'_>, schema: &Schema<'_>) -> Result<(), NotExpanded> {
+fn write(out: &mut Vec<u8>, node: &Node<'_>, schema: &Schema<'_>) -> Result<(), String> {
     match (node, schema) {
         (Node::Null, _) => out.extend_from_slice(b"null"),
         (Node::Str(s), Schema::Str) => jackson_string(out, s),
@@ -422,7 +417,7 @@ fn write(out: &mut Vec<u8>, node: &Node<'_>, schema: &Schema<'_>) -> Result<(), 
 
 /// `Double.toString` (JDK 19+: the shortest digits that read back): plain notation with at
 /// least one fraction digit for 10⁻³ ≤ |d| < 10⁷, else `d.dddE±n`.
-fn java_double(out: &mut Vec<u8>, d: f64) -> Result<(), NotExpanded> {
+fn java_double(out: &mut Vec<u8>, d: f64) -> Result<(), String> {
     if !d.is_finite() {
         return Err(mismatch("a number overflows a double"));
     }

@@ -187,8 +187,8 @@ fn unsupported(type_oid: u32) -> String {
 
 /// Writes `v` (the column's natural bytes: text, or bytea decoded; `None` for NULL) in `format`.
 /// `AsStored` is the caller's (it needs no copy); this handles the JSON formats.
-/// The expansion formats write here what Debezium did not expand (a NULL): a payload goes through
-/// [`write_expanded`] or [`write_expanded_with_schema`].
+/// The expansion formats write here what Debezium did not expand (a NULL); [`write_payload`]
+/// writes a payload in any format.
 pub(crate) fn write_formatted(
     buf: &mut Vec<u8>,
     format: RecordFormat,
@@ -232,8 +232,29 @@ fn expandable(type_oid: u32, v: &[u8]) -> Result<Option<&str>, String> {
     }
 }
 
+/// The payload `v` of column `column` (`None` for NULL) in `format`, the expansion formats
+/// included (`nulls` is what they do with null members).
+pub(crate) fn write_payload(
+    buf: &mut Vec<u8>,
+    format: RecordFormat,
+    type_oid: u32,
+    optional: bool,
+    v: Option<&[u8]>,
+    column: &str,
+    nulls: ExpandNullBehavior,
+) -> Result<(), String> {
+    match (format, v) {
+        // Debezium named the inferred struct schema after the payload column.
+        (RecordFormat::JsonExpandedWithSchema, Some(v)) => {
+            write_expanded_with_schema(buf, type_oid, optional, v, column, nulls)
+        }
+        (RecordFormat::JsonExpanded, Some(v)) => write_expanded(buf, type_oid, v, nulls),
+        (format, v) => write_formatted(buf, format, type_oid, optional, v),
+    }
+}
+
 /// `json_expanded`: the payload `v` expanded where Debezium expanded it, else as `json`.
-pub(crate) fn write_expanded(
+fn write_expanded(
     buf: &mut Vec<u8>,
     type_oid: u32,
     v: &[u8],
@@ -248,7 +269,7 @@ pub(crate) fn write_expanded(
 
 /// `json_expanded_with_schema`: the payload `v` of column `name` expanded with its inferred
 /// schema where Debezium expanded it, else as `json_with_schema`.
-pub(crate) fn write_expanded_with_schema(
+fn write_expanded_with_schema(
     buf: &mut Vec<u8>,
     type_oid: u32,
     optional: bool,

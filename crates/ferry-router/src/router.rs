@@ -35,9 +35,7 @@ use crate::config::{
     ENVELOPE_PAYLOAD_KEY,
 };
 use crate::error::{FieldRole, RouteError, RouteErrorReason};
-use crate::format::{
-    write_expanded, write_expanded_with_schema, write_formatted, RecordFormat, JSON_FORMAT_TYPES,
-};
+use crate::format::{write_formatted, write_payload, RecordFormat, JSON_FORMAT_TYPES};
 use crate::message::parse_message;
 use crate::record::Record;
 use crate::row::{oid, ColumnRef, OutboxRow, SimpleRow};
@@ -649,22 +647,14 @@ impl Router {
         let (format, optional) = self.value_format;
         let payload = match value(&c, col, FieldRole::Payload)? {
             None if self.tombstone_on_null_payload => return Ok((None, c.type_oid)),
-            // Kafka Connect's JsonConverter writes a NULL as `null` (with its schema), not as a
-            // tombstone.
-            None if format != RecordFormat::AsStored && self.envelope.is_none() => {
-                let mut buf = Vec::with_capacity(96);
-                write_formatted(&mut buf, format, c.type_oid, optional, None)
-                    .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
-                return Ok((Some(Bytes::from(buf)), oid::JSON));
-            }
-            // In an envelope, JsonConverter wrote the optional payload field as `null`.
-            None if format != RecordFormat::AsStored => None,
-            None => {
+            None if format == RecordFormat::AsStored => {
                 return Err(RouteErrorReason::NullPayload {
                     column: col.clone(),
                 })
             }
-            Some(p) => Some(p),
+            // Kafka Connect's JsonConverter writes a NULL as `null` (with its schema, or as the
+            // envelope's optional payload field), not as a tombstone.
+            payload => payload,
         };
         if let Some(payload) = &payload {
             // Debezium's route.tombstone.on.empty.payload also treats a blank payload as empty.
@@ -676,33 +666,26 @@ impl Router {
             }
             self.check_size(payload.len())?;
         }
-        let (fields, payload) = match (&self.envelope, payload) {
-            (Some(fields), payload) => (fields, payload),
-            (None, None) => {
-                return Err(RouteErrorReason::NullPayload {
-                    column: col.clone(),
-                })
+        let nulls = self.expand_null_behavior;
+        let Some(fields) = &self.envelope else {
+            if format == RecordFormat::AsStored {
+                // Not NULL: that was refused above.
+                return Ok((payload, c.type_oid));
             }
-            (None, Some(payload)) => {
-                if format == RecordFormat::AsStored {
-                    return Ok((Some(payload), c.type_oid));
-                }
-                let mut buf = Vec::with_capacity(payload.len() + payload.len() / 8 + 96);
-                let nulls = self.expand_null_behavior;
-                match format {
-                    // Debezium named the inferred struct schema after the payload column.
-                    RecordFormat::JsonExpandedWithSchema => write_expanded_with_schema(
-                        &mut buf, c.type_oid, optional, &payload, col, nulls,
-                    ),
-                    RecordFormat::JsonExpanded => {
-                        write_expanded(&mut buf, c.type_oid, &payload, nulls)
-                    }
-                    _ => write_formatted(&mut buf, format, c.type_oid, optional, Some(&payload)),
-                }
-                .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
-                self.check_size(buf.len())?;
-                return Ok((Some(Bytes::from(buf)), oid::JSON));
-            }
+            let len = payload.as_ref().map_or(0, Bytes::len);
+            let mut buf = Vec::with_capacity(len + len / 8 + 96);
+            write_payload(
+                &mut buf,
+                format,
+                c.type_oid,
+                optional,
+                payload.as_deref(),
+                col,
+                nulls,
+            )
+            .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
+            self.check_size(buf.len())?;
+            return Ok((Some(Bytes::from(buf)), oid::JSON));
         };
         // In an envelope, `json` writes each field as JsonConverter would (a jsonb payload as a
         // JSON string); `as_stored` embeds json as JSON (Debezium's expand.json.payload).
@@ -719,11 +702,18 @@ impl Router {
         buf.extend_from_slice(b"{\"");
         buf.extend_from_slice(ENVELOPE_PAYLOAD_KEY.as_bytes());
         buf.extend_from_slice(b"\":");
-        match (format, &payload) {
-            (RecordFormat::JsonExpanded, Some(p)) => {
-                write_expanded(&mut buf, c.type_oid, p, self.expand_null_behavior)
-            }
-            _ => write(&mut buf, c.type_oid, payload.as_deref()),
+        match format {
+            RecordFormat::AsStored => write(&mut buf, c.type_oid, payload.as_deref()),
+            // `json` or `json_expanded`: the schema formats are refused with an envelope.
+            _ => write_payload(
+                &mut buf,
+                format,
+                c.type_oid,
+                true,
+                payload.as_deref(),
+                col,
+                nulls,
+            ),
         }
         .map_err(|problem| invalid(FieldRole::Payload, col, problem))?;
         for (fcol, key) in fields {

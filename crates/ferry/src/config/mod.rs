@@ -168,9 +168,11 @@ fn unnamed_tables(text: &str) -> Vec<ConfigProblem> {
         if !names_table(t) {
             problems.push(ConfigProblem {
                 path: format!("tables[{i}].outbox.table"),
-                message: "required: each [[tables]] entry names its outbox table (without it the \
-                          entry would relay the default, public.outbox)"
-                    .into(),
+                message: format!(
+                    "required: each [[tables]] entry names its outbox table (without it the entry \
+                     would relay the default, public.outbox); set tables[{i}].outbox.table = \
+                     \"<schema>.<table>\""
+                ),
             });
         }
     }

@@ -46,6 +46,7 @@ use super::transactional::Txn;
 use super::{PipelineError, PipelineSettings};
 use crate::producer::{self, Delivered, Delivery, KafkaSink, Producer};
 use crate::progress;
+use crate::telemetry::repeats::Repeats;
 use crate::telemetry::Metrics;
 use crate::topics::Topics;
 
@@ -139,10 +140,10 @@ pub(super) struct Session<'a> {
     topics: Option<Topics>,
     core: Core,
     status_updates_seen: u64,
-    /// INSERTs into published tables Ferry does not relay: how many were seen, and when the
-    /// last warning about them went out.
+    /// INSERTs into published tables Ferry does not relay: how many the last warning covered,
+    /// and the warning's repeats.
     other_inserts_seen: u64,
-    other_inserts_warned: Option<Instant>,
+    other_inserts_log: Repeats,
     acceptance: &'a mut Acceptance,
     /// This session's progress key and timeline (from the streaming server's IDENTIFY_SYSTEM).
     progress_key: Vec<u8>,
@@ -168,7 +169,7 @@ impl<'a> Session<'a> {
             core,
             status_updates_seen: 0,
             other_inserts_seen: 0,
-            other_inserts_warned: None,
+            other_inserts_log: Repeats::default(),
             acceptance,
             progress_key: Vec::new(),
             timeline: 0,
@@ -194,7 +195,7 @@ impl<'a> Session<'a> {
             core: Core::new(rx, settings),
             status_updates_seen: 0,
             other_inserts_seen: 0,
-            other_inserts_warned: None,
+            other_inserts_log: Repeats::default(),
             acceptance,
             progress_key: Vec::new(),
             timeline: 0,
@@ -900,12 +901,14 @@ impl<'a> Session<'a> {
         }
         // Rows of a table the publication carries and no entry relays are skipped and confirmed
         // past: right for a publication shared with other subscribers, a loss when the table was
-        // added for a newer configuration while this one still streams. Said, at most every 60 s.
+        // added for a newer configuration while this one still streams. Said once, then at most
+        // once a repeats window.
         let other = reader.stats.other_inserts_skipped.load(Ordering::Relaxed);
         if other > self.other_inserts_seen
             && self
-                .other_inserts_warned
-                .is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+                .other_inserts_log
+                .admit("other inserts", Instant::now())
+                .is_some()
         {
             tracing::warn!(
                 skipped = other - self.other_inserts_seen,
@@ -917,7 +920,6 @@ impl<'a> Session<'a> {
                  PUBLICATION ... ADD TABLE, and re-insert the rows committed in between"
             );
             self.other_inserts_seen = other;
-            self.other_inserts_warned = Some(Instant::now());
         }
     }
 }
