@@ -23,6 +23,8 @@
 //! | `route.key_format` and `value_format = "json"` | 288 (301) | +56 (+60) | key and value copied once each through the Jackson escaper |
 //! | `value_format = "json_expanded"` | 481 | +226 (default 254 in that run) | parses the payload into a tree and writes it again: allocations per member; a 16-byte payload here, so it grows with the document |
 //! | both `"json_with_schema"` | 336 (349) | +104 (+108) | the same plus the schema text; default mapping 232 (241) in that run (two runs, the second in brackets; measured 2026-11-24 beside a chaos run) |
+//! | `value_format = "json_expanded"`, a ~300 B order | 2,062 | +1,816 (default 246 in that run) | the same tree over a nested object, an array of objects and 13 members (2026-11-25, best of 5) |
+//! | `value_format = "json_expanded_with_schema"`, 16 B / ~300 B | 569 / 2,518 | +326 / +2,272 | the tree, then the inferred schema written before the struct |
 
 use std::sync::Arc;
 
