@@ -105,12 +105,12 @@ impl Topics {
         state.last_sent = i;
     }
 
-    /// A delivery report (success or failure) arrived for a record of `topic`.
-    pub fn reported(&self, topic: &str) {
+    /// Delivery reports (success or failure) arrived for `count` records of `topic`.
+    pub fn reported(&self, topic: &str, count: u64) {
         let mut state = self.0.lock();
         if let Some(i) = state.find(state.last_reported, topic) {
             let e = &mut state.entries[i];
-            e.waiting = e.waiting.saturating_sub(1);
+            e.waiting = e.waiting.saturating_sub(count);
             state.last_reported = i;
         }
     }
@@ -408,7 +408,7 @@ mod tests {
             x ^= x << 17;
             let name = names[(x % 4) as usize];
             if x % 3 == 0 && model.get(name).copied().unwrap_or(0) > 0 {
-                t.reported(name);
+                t.reported(name, 1);
                 *model.get_mut(name).unwrap() -= 1;
             } else {
                 t.sent(name);
@@ -417,7 +417,7 @@ mod tests {
         }
         let expected: Vec<(String, u64)> = model.into_iter().collect();
         assert_eq!(waiting(&t), expected);
-        t.reported("never.sent");
+        t.reported("never.sent", 1);
         assert_eq!(
             waiting(&t).len(),
             4,

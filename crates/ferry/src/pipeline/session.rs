@@ -44,7 +44,7 @@ use tokio::sync::mpsc;
 use super::binary::{self, Mode};
 use super::transactional::Txn;
 use super::{PipelineError, PipelineSettings};
-use crate::producer::{self, Delivered, Delivery, KafkaSink, Producer};
+use crate::producer::{self, Delivered, Delivery, KafkaSink, Producer, Reports};
 use crate::progress;
 use crate::telemetry::repeats::Repeats;
 use crate::telemetry::Metrics;
@@ -87,7 +87,7 @@ pub(super) struct Outcome {
 /// The producer's delivery reports and the relay core. They live as long as the producer,
 /// across sessions, so a report always finds its own record in the core's in-flight table.
 pub(super) struct Core {
-    rx: mpsc::Receiver<Delivery>,
+    rx: Reports,
     relay: Relay<KafkaError>,
     /// Progress records between the core's confirmations and the reader (see the module docs).
     remember: Remember,
@@ -100,7 +100,7 @@ pub(super) struct Core {
 }
 
 impl Core {
-    pub fn new(rx: mpsc::Receiver<Delivery>, s: &PipelineSettings) -> Self {
+    pub fn new(rx: Reports, s: &PipelineSettings) -> Self {
         Core {
             rx,
             relay: Relay::new(RelayConfig {
@@ -185,7 +185,7 @@ impl<'a> Session<'a> {
         topics: Topics,
         acceptance: &'a mut Acceptance,
     ) -> Self {
-        let (_, rx) = mpsc::channel(1);
+        let (_, rx) = mpsc::unbounded_channel();
         Session {
             settings,
             metrics,
@@ -279,7 +279,6 @@ impl<'a> Session<'a> {
                     let (txn, rx) = Txn::start(
                         eo,
                         &s.producer_properties,
-                        s.report_capacity(),
                         topics,
                         reader.system,
                         &s.stream.slot,

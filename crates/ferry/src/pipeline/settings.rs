@@ -62,14 +62,6 @@ pub struct ExactlyOnce {
     pub call_timeout: Duration,
 }
 
-impl PipelineSettings {
-    /// Capacity of the delivery-report channel: above the in-flight window, so librdkafka's
-    /// thread never waits on it.
-    pub fn report_capacity(&self) -> usize {
-        self.max_in_flight_records + 1024
-    }
-}
-
 /// The slot spec for the routers' tables, with the columns each reads.
 pub fn outbox_spec(
     routers: &Routers,

@@ -51,7 +51,9 @@ use rdkafka::error::KafkaError;
 
 use super::settings::ExactlyOnce;
 use super::PipelineError;
-use crate::producer::{transaction_error, Delivery, Producer, SendError, TransactionFailure};
+use crate::producer::{
+    transaction_error, Delivery, Producer, Reports, SendError, TransactionFailure,
+};
 use crate::telemetry::Metrics;
 use crate::topics::Topics;
 
@@ -88,17 +90,16 @@ impl Txn {
     pub async fn start(
         settings: &ExactlyOnce,
         properties: &[(String, String)],
-        report_capacity: usize,
         topics: Topics,
         system: SystemIdentity,
         slot: &str,
         metrics: std::sync::Arc<Metrics>,
-    ) -> Result<(Txn, tokio::sync::mpsc::Receiver<Delivery>), PipelineError> {
+    ) -> Result<(Txn, Reports), PipelineError> {
         let transactional_id = crate::config::transactional_id(system.system_id, slot);
         let mut props = properties.to_vec();
         props.push(("transactional.id".into(), transactional_id.clone()));
-        let (producer, rx) = Producer::new(&props, report_capacity, topics)
-            .map_err(PipelineError::ProducerConfig)?;
+        let (producer, rx) =
+            Producer::new(&props, topics).map_err(PipelineError::ProducerConfig)?;
         let fail = |error| match transaction_error(&error) {
             TransactionFailure::Fenced => PipelineError::Fenced {
                 transactional_id: transactional_id.clone(),

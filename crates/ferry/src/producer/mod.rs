@@ -10,8 +10,8 @@
 //! in-flight table (owned by one thread, no allocation per record, nothing freed across threads)
 //! and finds it again when the report comes. [`KafkaSink`] is this producer as the core's
 //! [`ferry_core::Sink`] (the per-record idempotent kind).
-//! Reports travel over a bounded channel sized above the in-flight window, so the librdkafka
-//! thread that delivers them never waits. Errors are classified into the two families: a report
+//! Reports are served on the pipeline's own runtime, a produce response's batch at a time, and
+//! travel over an in-thread channel ([`client`]). Errors are classified into the two families: a report
 //! that can succeed on a later attempt (the broker was unreachable past the delivery timeout, the
 //! topic does not exist yet: someone may create it, and the topic watch reports it meanwhile) is
 //! transient; one the broker will always refuse (record too large, not authorized, an invalid
@@ -32,6 +32,8 @@
 //! (bench/README.md, "Start-up"). The warm-up only asks; if the brokers are unreachable, it
 //! gives up and librdkafka's own timer carries on as before.
 
+mod client;
+
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -40,14 +42,19 @@ use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
+    BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig,
 };
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::{ClientContext, Message};
+use rdkafka::ClientContext;
 use tokio::sync::mpsc;
+
+use client::Client;
 
 use crate::telemetry::repeats::{self, Repeats};
 use crate::topics::Topics;
+
+/// The delivery reports of one producer, in the order librdkafka hands them over.
+pub type Reports = mpsc::UnboundedReceiver<Delivery>;
 
 /// One delivery report: the key given to [`Producer::send`] and the outcome.
 #[derive(Debug)]
@@ -64,7 +71,9 @@ pub struct Delivered {
 }
 
 struct Context {
-    reports: mpsc::Sender<Delivery>,
+    /// Unbounded, and in-thread: the report task never waits, and the relay holds at most the
+    /// in-flight window's reports.
+    reports: mpsc::UnboundedSender<Delivery>,
     fatal: Arc<Mutex<Option<String>>>,
     /// The topic watch (see `topics`): told the topic of every record and every report.
     topics: Topics,
@@ -110,32 +119,16 @@ impl ClientContext for Context {
 impl ProducerContext for Context {
     type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, key: usize) {
-        let topic = match result {
-            Ok(m) | Err((_, m)) => m.topic(),
-        };
-        self.topics.reported(topic);
-        let result = match result {
-            Ok(m) => Ok(Delivered {
-                partition: m.partition(),
-                offset: m.offset(),
-            }),
-            Err((e, _)) => Err(e.clone()),
-        };
-        // Never full: the channel is larger than the in-flight window (the blocking send is a
-        // safety net, not a path). If the pipeline is gone the report has no one to matter to.
-        let delivery = Delivery { key, result };
-        if let Err(mpsc::error::TrySendError::Full(delivery)) = self.reports.try_send(delivery) {
-            let _ = self.reports.blocking_send(delivery);
-        }
-    }
+    /// Not called: the client runs in rust-rdkafka's event mode and its reports are served by
+    /// [`client`], never by rust-rdkafka's `poll`.
+    fn delivery(&self, _: &DeliveryResult<'_>, _: usize) {}
 }
 
 /// An idempotent Kafka producer with delivery reports on a channel.
 pub struct Producer {
-    /// Shared with the start-up warm-up thread (which holds it weakly), and so that
-    /// librdkafka's blocking transaction calls can run off the runtime.
-    inner: Arc<ThreadedProducer<Context>>,
+    /// Shared with the start-up warm-up thread and the report task (which hold it weakly), and
+    /// so that librdkafka's blocking transaction calls can run off the runtime.
+    inner: Arc<Client>,
     fatal: Arc<Mutex<Option<String>>>,
     topics: Topics,
 }
@@ -159,25 +152,26 @@ pub enum SendError {
 
 impl Producer {
     /// Creates the producer from `properties` (built in one place by the configuration:
-    /// idempotence and `acks=all` always on). `report_capacity` must exceed the in-flight window.
-    /// `topics` is told the topic of every record sent and reported.
+    /// idempotence and `acks=all` always on). Must be called within the tokio runtime that is to
+    /// serve its reports (see [`client`]). `topics` is told the topic of every record sent and
+    /// reported.
     pub fn new(
         properties: &[(String, String)],
-        report_capacity: usize,
         topics: Topics,
-    ) -> Result<(Producer, mpsc::Receiver<Delivery>), KafkaError> {
+    ) -> Result<(Producer, Reports), KafkaError> {
         let mut cc = ClientConfig::new();
         for (k, v) in properties {
             cc.set(k, v);
         }
-        let (tx, rx) = mpsc::channel(report_capacity.max(1));
+        let (tx, rx) = mpsc::unbounded_channel();
         let fatal = Arc::new(Mutex::new(None));
-        let inner = Arc::new(cc.create_with_context(Context {
+        let producer: BaseProducer<Context> = cc.create_with_context(Context {
             reports: tx,
             fatal: fatal.clone(),
             topics: topics.clone(),
             repeats: Repeats::default(),
-        })?);
+        })?;
+        let inner = Client::new(producer);
         warm_up(Arc::downgrade(&inner));
         Ok((
             Producer {
@@ -212,7 +206,7 @@ impl Producer {
         if let Some(ts) = record.timestamp_ms {
             r = r.timestamp(ts);
         }
-        match self.inner.send(r) {
+        match self.inner.producer.send(r) {
             Ok(()) => {
                 self.topics.sent(&record.topic);
                 Ok(())
@@ -238,7 +232,7 @@ impl Producer {
             .key(record_key)
             .payload(value)
             .partition(0);
-        match self.inner.send(r) {
+        match self.inner.producer.send(r) {
             Ok(()) => Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 Err(SendError::QueueFull)
@@ -251,25 +245,25 @@ impl Producer {
     /// aborts what it left open. Blocking in librdkafka: run off the runtime.
     pub async fn init_transactions(&self, timeout: Duration) -> Result<(), KafkaError> {
         let inner = self.inner.clone();
-        blocking(move || inner.init_transactions(timeout)).await
+        blocking(move || inner.producer.init_transactions(timeout)).await
     }
 
     /// `begin_transaction` (local, does not block).
     pub fn begin_transaction(&self) -> Result<(), KafkaError> {
-        self.inner.begin_transaction()
+        self.inner.producer.begin_transaction()
     }
 
     /// `commit_transaction`: flushes the transaction's records and commits (blocking, off the
     /// runtime). An error leaves the outcome to [`transaction_error`]'s judgement.
     pub async fn commit_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
         let inner = self.inner.clone();
-        blocking(move || inner.commit_transaction(timeout)).await
+        blocking(move || inner.producer.commit_transaction(timeout)).await
     }
 
     /// `abort_transaction` (blocking, off the runtime).
     pub async fn abort_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
         let inner = self.inner.clone();
-        blocking(move || inner.abort_transaction(timeout)).await
+        blocking(move || inner.producer.abort_transaction(timeout)).await
     }
 
     /// A fatal error librdkafka raised (the producer must be replaced), if any.
@@ -280,22 +274,24 @@ impl Producer {
     /// Fails every record still queued (not yet sent) with a purge error: after one record
     /// failed, none queued behind it may be delivered ahead of its replay.
     pub fn purge_queued(&self) {
-        self.inner.purge(PurgeConfig::default().queue());
+        self.inner.producer.purge(PurgeConfig::default().queue());
     }
 
     /// Records librdkafka holds (queued or in flight).
     pub fn in_flight(&self) -> i32 {
-        self.inner.in_flight_count()
+        self.inner.producer.in_flight_count()
     }
 
-    /// Waits (blocking) up to `timeout` for every accepted record to be reported.
+    /// Waits (blocking) up to `timeout` for every accepted record to be reported. The reports
+    /// are served by the runtime's report task: call this off the runtime's thread.
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.inner.flush(timeout)
+        self.inner.producer.flush(timeout)
     }
 
     /// Metadata round trip: whether the brokers answer within `timeout` (blocking).
     pub fn reachable(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.inner
+            .producer
             .client()
             .fetch_metadata(None, timeout)
             .map(|_| ())
@@ -308,14 +304,14 @@ const WARM_UP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Gets the producer id requested now rather than on librdkafka's 500 ms timer (see the module
 /// essay): two brokers-only metadata requests on a thread of their own, so that neither the
 /// caller nor an unreachable cluster is held up. Best effort: a failed request ends it.
-fn warm_up(producer: Weak<ThreadedProducer<Context>>) {
+fn warm_up(producer: Weak<Client>) {
     let spawned = std::thread::Builder::new()
         .name("ferry-kafka-warm".into())
         .spawn(move || {
             let started = std::time::Instant::now();
             for round in 1..=2 {
                 let Some(p) = producer.upgrade() else { return };
-                if let Err(e) = brokers_metadata(&p, WARM_UP_TIMEOUT) {
+                if let Err(e) = brokers_metadata(&p.producer, WARM_UP_TIMEOUT) {
                     tracing::debug!(round, error = %e, "Kafka warm-up: no metadata; the producer id comes on librdkafka's timer");
                     return;
                 }
@@ -336,7 +332,7 @@ fn warm_up(producer: Weak<ThreadedProducer<Context>>) {
 /// blocking up to `timeout`. rust-rdkafka only offers all topics or one named topic; the first
 /// is large on a big cluster, the second could create a topic where auto-creation is on.
 #[allow(unsafe_code)]
-fn brokers_metadata(p: &ThreadedProducer<Context>, timeout: Duration) -> Result<(), KafkaError> {
+fn brokers_metadata(p: &BaseProducer<Context>, timeout: Duration) -> Result<(), KafkaError> {
     let mut md: *const rdkafka::bindings::rd_kafka_metadata_t = std::ptr::null();
     let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     // SAFETY: the client pointer is valid while `p` is borrowed; `md` is written only on
@@ -483,8 +479,8 @@ mod tests {
 
     /// zstd is what many Kafka users run: it must be built in (rdkafka's `zstd` feature), or
     /// `kafka.compression = "zstd"` is refused at start-up.
-    #[test]
-    fn zstd_is_built_in() {
+    #[tokio::test]
+    async fn zstd_is_built_in() {
         let features = crate::config::builtin_features();
         assert!(features.iter().any(|f| f == "zstd"), "{features:?}");
         let props: Vec<(String, String)> = [
@@ -494,14 +490,14 @@ mod tests {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let created = Producer::new(&props, 16, crate::topics::Topics::default());
+        let created = Producer::new(&props, crate::topics::Topics::default());
         assert!(created.is_ok(), "{:?}", created.err());
     }
 
     /// A SASL_SSL producer configuration (SCRAM and PLAIN) is accepted by the client; this is
     /// what fails at start-up when TLS or SASL support is missing from the build.
-    #[test]
-    fn sasl_ssl_producers_can_be_created() {
+    #[tokio::test]
+    async fn sasl_ssl_producers_can_be_created() {
         for mechanism in ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] {
             let props: Vec<(String, String)> = [
                 ("bootstrap.servers", "127.0.0.1:1"),
@@ -515,8 +511,47 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-            let created = Producer::new(&props, 16, Topics::default());
+            let created = Producer::new(&props, Topics::default());
             assert!(created.is_ok(), "{mechanism}: {:?}", created.err());
         }
+    }
+
+    /// Dropping a producer that still holds records (here: queued for a broker that never
+    /// answers) purges them, and every purge report is handed over before the client is
+    /// destroyed (the report channel closes after the last one). The client's drop serves them
+    /// itself: it may run where the runtime's report task cannot (during a synchronous drop on
+    /// the runtime's thread, or on the warm-up thread, which holds the client while it waits).
+    #[tokio::test]
+    async fn a_dropped_producer_reports_every_record_it_held() {
+        let props: Vec<(String, String)> = [("bootstrap.servers", "127.0.0.1:1")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (producer, mut reports) = Producer::new(&props, Topics::default()).expect("producer");
+        let record = Record {
+            topic: "t".into(),
+            key: Some(bytes::Bytes::from_static(b"k")),
+            value: Some(bytes::Bytes::from_static(b"v")),
+            headers: vec![("id".into(), Some(bytes::Bytes::from_static(b"1")))],
+            partition: None,
+            timestamp_ms: None,
+            event_id: "1".into(),
+            trace_context: Default::default(),
+        };
+        for key in 0..3 {
+            producer.send(&record, key).expect("accepted");
+        }
+        drop(producer);
+        let mut reported = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while let Some(d) = tokio::time::timeout_at(deadline, reports.recv())
+            .await
+            .expect("the client is destroyed and its channel closed")
+        {
+            let error = d.result.expect_err("a purged record fails");
+            assert!(is_transient(&error), "{error}");
+            reported.push(d.key);
+        }
+        assert_eq!(reported, [0, 1, 2]);
     }
 }

@@ -1,0 +1,224 @@
+//! The librdkafka client under [`super::Producer`], with its events (delivery reports, client errors)
+//! served on the pipeline's own thread.
+//!
+//! rust-rdkafka's `ThreadedProducer` serves them on a thread of its own, one delivery report
+//! at a time: a callback per record, a channel send per record, a wake-up of the pipeline's
+//! thread per report, and librdkafka's copy of every record freed on that thread although it was
+//! allocated on the pipeline's (glibc then hands the chunk back to the other thread's arena).
+//! Here the client's main queue wakes a task on the pipeline's runtime instead
+//! (`rd_kafka_queue_cb_event_enable`: librdkafka calls back when the queue goes from empty to
+//! not empty, so a wake-up is per batch, not per record). The task takes each event off the queue
+//! (one event is a produce response's whole batch of reports), hands its reports to the relay
+//! over an in-thread channel, and destroys it, which frees the batch's record copies on the
+//! thread that allocated them. A turn serves at most [`EVENTS_PER_TURN`] events and then lets
+//! the pipeline's other tasks run.
+//!
+//! Whoever waits for librdkafka to report everything (`flush`, `commit_transaction`) relies on
+//! this task, so it must run off the runtime's thread (it does: those calls are blocking and run
+//! on tokio's blocking pool), and the client must be created within the runtime. Dropping the
+//! client purges what it still holds and serves the purge's reports itself, so that a producer
+//! dropped on the runtime's thread does not wait for a task that cannot run.
+
+use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use rdkafka::bindings as rd;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, Producer as _, PurgeConfig};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::ClientContext;
+use tokio::sync::Notify;
+
+use super::{Context, Delivered, Delivery};
+
+/// How many events one turn of the report task serves before it yields to the pipeline.
+const EVENTS_PER_TURN: usize = 16;
+
+/// How long dropping a client may take to collect the reports of what it purges (as long as
+/// rust-rdkafka's own drop waits).
+const DROP_DRAIN: Duration = Duration::from_millis(500);
+
+/// A producer whose events are served by a task of the current runtime (see the module essay).
+pub(super) struct Client {
+    pub producer: BaseProducer<Context>,
+    /// A reference to the client's main queue (where librdkafka puts reports and errors).
+    queue: Queue,
+    /// Notified by librdkafka (from its threads) when the queue stops being empty.
+    wake: Arc<Notify>,
+    /// One server at a time: the task, or the drop.
+    serving: Mutex<()>,
+}
+
+struct Queue(NonNull<rd::rd_kafka_queue_t>);
+
+// SAFETY: a librdkafka queue handle may be used from any thread; every queue operation takes the
+// queue's own lock.
+#[allow(unsafe_code)]
+unsafe impl Send for Queue {}
+// SAFETY: as above.
+#[allow(unsafe_code)]
+unsafe impl Sync for Queue {}
+
+impl Client {
+    /// Takes over serving `producer`'s events: a task on the current tokio runtime (panics
+    /// outside one).
+    #[allow(unsafe_code)]
+    pub fn new(producer: BaseProducer<Context>) -> Arc<Client> {
+        // SAFETY: the client pointer is valid while `producer` lives; the queue reference we get
+        // is ours and destroyed exactly once, in `drop`, before `producer` is.
+        let queue = unsafe { rd::rd_kafka_queue_get_main(producer.client().native_ptr()) };
+        let queue = Queue(NonNull::new(queue).expect("librdkafka returned no main queue"));
+        let wake = Arc::new(Notify::new());
+        // SAFETY: the opaque points at the `Notify` this client keeps alive (`wake`) until `drop`
+        // disables the callback; `wake_up` only reads it.
+        unsafe {
+            rd::rd_kafka_queue_cb_event_enable(
+                queue.0.as_ptr(),
+                Some(wake_up),
+                Arc::as_ptr(&wake).cast_mut().cast::<c_void>(),
+            )
+        };
+        let client = Arc::new(Client {
+            producer,
+            queue,
+            wake,
+            serving: Mutex::new(()),
+        });
+        tokio::spawn(serve(Arc::downgrade(&client), client.wake.clone()));
+        client
+    }
+
+    /// Serves up to [`EVENTS_PER_TURN`] events; whether more may be waiting.
+    #[allow(unsafe_code)]
+    fn serve_turn(&self) -> bool {
+        let _one = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        let context = self.producer.context();
+        for _ in 0..EVENTS_PER_TURN {
+            // SAFETY: the queue reference is valid until `drop`; a non-null event is ours until
+            // the `rd_kafka_event_destroy` below, and nothing borrowed from it outlives that.
+            unsafe {
+                let event = rd::rd_kafka_queue_poll(self.queue.0.as_ptr(), 0);
+                if event.is_null() {
+                    return false;
+                }
+                match rd::rd_kafka_event_type(event) {
+                    rd::RD_KAFKA_EVENT_DR => deliveries(context, event),
+                    rd::RD_KAFKA_EVENT_ERROR => {
+                        let code = rd::rd_kafka_event_error(event);
+                        let reason = CStr::from_ptr(rd::rd_kafka_event_error_string(event));
+                        context.error(
+                            KafkaError::Global(code.into()),
+                            reason.to_string_lossy().trim(),
+                        );
+                    }
+                    // Statistics are not enabled; an OAUTHBEARER refresh is left alone, as
+                    // rust-rdkafka's own poll leaves it for a context without a token generator.
+                    _ => {}
+                }
+                rd::rd_kafka_event_destroy(event);
+            }
+        }
+        true
+    }
+}
+
+impl Drop for Client {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: disabling takes the queue's lock, which librdkafka holds while it calls
+        // `wake_up`: once this returns, the callback never reads `wake` again.
+        unsafe {
+            rd::rd_kafka_queue_cb_event_enable(self.queue.0.as_ptr(), None, std::ptr::null_mut())
+        };
+        self.producer
+            .purge(PurgeConfig::default().queue().inflight());
+        let deadline = Instant::now() + DROP_DRAIN;
+        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
+            if !self.serve_turn() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        // SAFETY: our reference, destroyed once; nothing polls it any more.
+        unsafe { rd::rd_kafka_queue_destroy(self.queue.0.as_ptr()) };
+        // The task finds the client gone and ends.
+        self.wake.notify_one();
+    }
+}
+
+/// librdkafka's wake-up callback, called on its threads with the queue's lock held.
+#[allow(unsafe_code)]
+unsafe extern "C" fn wake_up(_client: *mut rd::rd_kafka_t, opaque: *mut c_void) {
+    // SAFETY: `opaque` is the client's `Notify`, alive while the callback is enabled.
+    let wake = unsafe { &*opaque.cast::<Notify>() };
+    wake.notify_one();
+}
+
+/// The report task: serves a turn, then waits for the queue to fill again (or yields, if the
+/// turn stopped with events left). A wake-up that comes while a turn runs leaves a permit, so
+/// none is lost between the turn's last poll and the wait.
+async fn serve(client: Weak<Client>, wake: Arc<Notify>) {
+    loop {
+        let more = match client.upgrade() {
+            Some(client) => client.serve_turn(),
+            None => return,
+        };
+        if more {
+            tokio::task::yield_now().await;
+        } else {
+            wake.notified().await;
+        }
+    }
+}
+
+/// Hands a delivery-report event's reports to the relay, and tells the topic watch how many
+/// records of each topic were reported (once per run of one topic, not once per record).
+///
+/// # Safety
+/// `event` is a live delivery-report event.
+#[allow(unsafe_code)]
+unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t) {
+    let mut run: (*mut rd::rd_kafka_topic_t, u64) = (std::ptr::null_mut(), 0);
+    loop {
+        // SAFETY: the caller's event; each message lives as long as the event.
+        let message = unsafe { rd::rd_kafka_event_message_next(event) };
+        let Some(m) = (unsafe { message.as_ref() }) else {
+            break;
+        };
+        if m.rkt != run.0 {
+            // SAFETY: a topic handle of a message of this event.
+            unsafe { tally(context, run) };
+            run = (m.rkt, 0);
+        }
+        run.1 += 1;
+        let result = if m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            Ok(Delivered {
+                partition: m.partition,
+                offset: m.offset,
+            })
+        } else {
+            Err(KafkaError::MessageProduction(m.err.into()))
+        };
+        // The record's key travels as librdkafka's per-message opaque (see `Producer::send`).
+        let key = m._private as usize;
+        // If the pipeline is gone the report has no one to matter to.
+        let _ = context.reports.send(Delivery { key, result });
+    }
+    // SAFETY: as above.
+    unsafe { tally(context, run) };
+}
+
+/// Tells the topic watch that `run.1` records of topic `run.0` were reported.
+///
+/// # Safety
+/// `run.0` is null (then `run.1` is 0) or a topic handle of a live message.
+#[allow(unsafe_code)]
+unsafe fn tally(context: &Context, run: (*mut rd::rd_kafka_topic_t, u64)) {
+    if run.1 == 0 || run.0.is_null() {
+        return;
+    }
+    // SAFETY: a live topic handle's name, a NUL-terminated string it owns.
+    let name = unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(run.0)) };
+    context.topics.reported(&name.to_string_lossy(), run.1);
+}
