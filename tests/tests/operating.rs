@@ -50,10 +50,14 @@ async fn subcommands_with_a_closed_stdout_exit_quietly_without_a_panic() {
     assert!(ferry.terminate().await.success());
 
     for args in [&["check"][..], &["status"], &["config", "show"]] {
+        // The reading end is closed before the child starts, so its first write meets EPIPE
+        // however fast it writes (closing it after the spawn raced `config show`, which
+        // writes before it touches the network).
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
         let mut cmd = Ferry::spawn_with(&w, args, |cmd| {
-            cmd.stdout(Stdio::piped());
+            cmd.stdout(writer);
         });
-        drop(cmd.child_mut().and_then(|c| c.stdout.take()));
         let status = cmd.wait_exit(Duration::from_secs(60)).await;
         let log = cmd.log_text();
         assert!(!log.contains("panicked"), "{args:?} panicked:\n{log}");
