@@ -78,6 +78,7 @@ pub async fn run(
     slot: &str,
     rate: u64,
     secs: f64,
+    pinned: bool,
 ) -> Res<Latency> {
     let sql = Arc::new(pg::connect(db_url).await);
     let w = workload();
@@ -105,11 +106,7 @@ pub async fn run(
         slot.to_string(),
         stop.clone(),
     ));
-    let mut writers = Vec::new();
-    for _ in 0..WRITERS {
-        writers.push(Arc::new(pg::connect(db_url).await));
-    }
-    let (rows, elapsed) = write_steadily(&writers, rate, secs).await?;
+    let (rows, elapsed) = write_load(db_url, rate, secs, pinned).await?;
     let last_commit = Instant::now();
     stop.store(true, Ordering::Relaxed);
     let end = current_lsn(&sql).await?;
@@ -174,6 +171,38 @@ pub fn steady_payload() -> serde_json::Value {
         })
         .collect();
     serde_json::json!({ "seq": 0, "status": "paid", "items": items })
+}
+
+/// The application's writes, from `WRITERS` connections. With `--pinned` they run on a thread
+/// of their own on PostgreSQL's CPU: the deployment the pinned mode models has the application
+/// elsewhere, not on the relay's core (on 2 cores, that leaves the relay's core to Ferry and the
+/// broker).
+async fn write_load(db_url: &str, rate: u64, secs: f64, pinned: bool) -> Res<(u64, f64)> {
+    let writes = move |url: String| async move {
+        let mut writers = Vec::new();
+        for _ in 0..WRITERS {
+            writers.push(Arc::new(pg::connect(&url).await));
+        }
+        write_steadily(&writers, rate, secs).await
+    };
+    if !pinned {
+        return writes(db_url.to_string()).await;
+    }
+    let (done, result) = tokio::sync::oneshot::channel();
+    let url = db_url.to_string();
+    std::thread::Builder::new()
+        .name("bench-writer".into())
+        .spawn(move || {
+            let run = || -> Res<(u64, f64)> {
+                crate::pin::pin_current_thread(crate::pin::PG_CPU)?;
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(writes(url))
+            };
+            let _ = done.send(run());
+        })?;
+    result.await?
 }
 
 /// Commits `rate` rows/s in `TXN_ROWS`-row transactions for `secs`, round-robin over

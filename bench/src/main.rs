@@ -419,6 +419,7 @@ async fn run_latency(
             &format!("bench_latency_{rate}"),
             rate,
             args.latency_secs,
+            args.pinned,
         )
         .await?;
         println!(

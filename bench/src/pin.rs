@@ -26,6 +26,11 @@ fn set_affinity(tid: i32, cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// Pins the calling thread to `cpu`.
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    set_affinity(0, cpu)
+}
+
 /// Pins every thread of this process to `cpu`.
 pub fn pin_self(cpu: usize) -> io::Result<()> {
     for entry in std::fs::read_dir("/proc/self/task")? {
