@@ -13,11 +13,14 @@
 //! thread that allocated them. A turn serves at most [`EVENTS_PER_TURN`] events and then lets
 //! the pipeline's other tasks run.
 //!
-//! Whoever waits for librdkafka to report everything (`flush`, `commit_transaction`) relies on
-//! this task, so it must run off the runtime's thread (it does: those calls are blocking and run
-//! on tokio's blocking pool), and the client must be created within the runtime. Dropping the
-//! client purges what it still holds and serves the purge's reports itself, so that a producer
-//! dropped on the runtime's thread does not wait for a task that cannot run.
+//! The same queue carries librdkafka's log (rust-rdkafka sets `log.queue`), which the task hands
+//! to the context's `log` as rust-rdkafka's own poll would. rust-rdkafka's `flush` (and so
+//! `commit_transaction`, which flushes first) also polls this queue while it waits: reports it
+//! takes reach the relay through the context's `delivery`, by the same channel. Those calls
+//! block, so they run on tokio's blocking pool while the task goes on serving. The client must be
+//! created within the runtime. Dropping the client purges what it still holds and serves the
+//! purge's reports itself, so that a producer dropped where the task cannot run (on the runtime's
+//! thread, or on the warm-up thread) does not wait for it.
 
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
@@ -25,6 +28,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use rdkafka::bindings as rd;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, Producer as _, PurgeConfig};
 use rdkafka::types::RDKafkaRespErr;
@@ -113,6 +117,20 @@ impl Client {
                             reason.to_string_lossy().trim(),
                         );
                     }
+                    // rust-rdkafka sends librdkafka's log to this queue (`log.queue`).
+                    rd::RD_KAFKA_EVENT_LOG => {
+                        let (mut facility, mut message) = (std::ptr::null(), std::ptr::null());
+                        let mut level = 0;
+                        if rd::rd_kafka_event_log(event, &mut facility, &mut message, &mut level)
+                            == 0
+                        {
+                            context.log(
+                                log_level(level),
+                                CStr::from_ptr(facility).to_string_lossy().trim(),
+                                CStr::from_ptr(message).to_string_lossy().trim(),
+                            );
+                        }
+                    }
                     // Statistics are not enabled; an OAUTHBEARER refresh is left alone, as
                     // rust-rdkafka's own poll leaves it for a context without a token generator.
                     _ => {}
@@ -144,6 +162,20 @@ impl Drop for Client {
         unsafe { rd::rd_kafka_queue_destroy(self.queue.0.as_ptr()) };
         // The task finds the client gone and ends.
         self.wake.notify_one();
+    }
+}
+
+/// A syslog level as librdkafka logs it (rust-rdkafka's own mapping is private).
+fn log_level(level: i32) -> RDKafkaLogLevel {
+    match level {
+        0 => RDKafkaLogLevel::Emerg,
+        1 => RDKafkaLogLevel::Alert,
+        2 => RDKafkaLogLevel::Critical,
+        3 => RDKafkaLogLevel::Error,
+        4 => RDKafkaLogLevel::Warning,
+        5 => RDKafkaLogLevel::Notice,
+        6 => RDKafkaLogLevel::Info,
+        _ => RDKafkaLogLevel::Debug,
     }
 }
 

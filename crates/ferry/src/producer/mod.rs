@@ -45,7 +45,7 @@ use rdkafka::producer::{
     BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig,
 };
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::ClientContext;
+use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
 
 use client::Client;
@@ -119,9 +119,24 @@ impl ClientContext for Context {
 impl ProducerContext for Context {
     type DeliveryOpaque = usize;
 
-    /// Not called: the client runs in rust-rdkafka's event mode and its reports are served by
-    /// [`client`], never by rust-rdkafka's `poll`.
-    fn delivery(&self, _: &DeliveryResult<'_>, _: usize) {}
+    /// The reports rust-rdkafka takes off the queue itself: its `flush` (and `commit_transaction`,
+    /// which flushes first) polls while it waits, racing the report task ([`client`]). They go
+    /// the task's way, one at a time.
+    fn delivery(&self, result: &DeliveryResult<'_>, key: usize) {
+        let topic = match result {
+            Ok(m) | Err((_, m)) => m.topic(),
+        };
+        self.topics.reported(topic, 1);
+        let result = match result {
+            Ok(m) => Ok(Delivered {
+                partition: m.partition(),
+                offset: m.offset(),
+            }),
+            Err((e, _)) => Err(e.clone()),
+        };
+        // If the pipeline is gone the report has no one to matter to.
+        let _ = self.reports.send(Delivery { key, result });
+    }
 }
 
 /// An idempotent Kafka producer with delivery reports on a channel.
@@ -282,8 +297,8 @@ impl Producer {
         self.inner.producer.in_flight_count()
     }
 
-    /// Waits (blocking) up to `timeout` for every accepted record to be reported. The reports
-    /// are served by the runtime's report task: call this off the runtime's thread.
+    /// Waits (blocking) up to `timeout` for every accepted record to be reported: call this off
+    /// the runtime's thread (see [`client`]).
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.inner.producer.flush(timeout)
     }
@@ -553,5 +568,49 @@ mod tests {
             reported.push(d.key);
         }
         assert_eq!(reported, [0, 1, 2]);
+    }
+
+    /// librdkafka's log comes through the queue the report task serves (rust-rdkafka sets
+    /// `log.queue`): the task must hand it on, or connection, TLS and SASL failures never reach
+    /// Ferry's log. A broker that refuses connections is logged by librdkafka at error level.
+    #[tokio::test]
+    async fn librdkafka_log_lines_reach_the_log() {
+        #[derive(Clone)]
+        struct Capture(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Capture(Arc::new(Mutex::new(Vec::new())));
+        let writer = captured.clone();
+        let _log = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
+        let props: Vec<(String, String)> = [("bootstrap.servers", "127.0.0.1:1")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (producer, _reports) = Producer::new(&props, Topics::default()).expect("producer");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let text = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+            if text.contains("librdkafka: ") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no librdkafka line in the log:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(producer);
     }
 }
