@@ -1,5 +1,5 @@
-//! The librdkafka client under [`super::Producer`], with its events (delivery reports, client errors)
-//! served on the pipeline's own thread.
+//! The librdkafka client under [`super::Producer`], with its events (delivery reports, client
+//! errors, log lines) served on the pipeline's own thread.
 //!
 //! rust-rdkafka's `ThreadedProducer` serves them on a thread of its own, one delivery report
 //! at a time: a callback per record, a channel send per record, a wake-up of the pipeline's
@@ -47,7 +47,7 @@ const DROP_DRAIN: Duration = Duration::from_millis(500);
 /// A producer whose events are served by a task of the current runtime (see the module essay).
 pub(super) struct Client {
     pub producer: BaseProducer<Context>,
-    /// A reference to the client's main queue (where librdkafka puts reports and errors).
+    /// A reference to the client's main queue (where librdkafka puts reports, errors and its log).
     queue: Queue,
     /// Notified by librdkafka (from its threads) when the queue stops being empty.
     wake: Arc<Notify>,

@@ -11,11 +11,11 @@
 //! and finds it again when the report comes. [`KafkaSink`] is this producer as the core's
 //! [`ferry_core::Sink`] (the per-record idempotent kind).
 //! Reports are served on the pipeline's own runtime, a produce response's batch at a time, and
-//! travel over an in-thread channel ([`client`]). Errors are classified into the two families: a report
-//! that can succeed on a later attempt (the broker was unreachable past the delivery timeout, the
-//! topic does not exist yet: someone may create it, and the topic watch reports it meanwhile) is
-//! transient; one the broker will always refuse (record too large, not authorized, an invalid
-//! topic name) is permanent.
+//! travel over an in-thread channel ([`client`]). Errors are classified into the two families: a
+//! report that can succeed on a later attempt (the broker was unreachable past the delivery
+//! timeout, the topic does not exist yet: someone may create it, and the topic watch reports it
+//! meanwhile) is transient; one the broker will always refuse (record too large, not authorized,
+//! an invalid topic name) is permanent.
 //!
 //! **Start-up: the producer id.** An idempotent producer cannot send before it holds a producer
 //! id, and librdkafka (2.12, `rdkafka_idempotence.c`) asks for one from a 500 ms timer armed when
