@@ -575,18 +575,7 @@ mod tests {
     /// Ferry's log. A broker that refuses connections is logged by librdkafka at error level.
     #[tokio::test]
     async fn librdkafka_log_lines_reach_the_log() {
-        #[derive(Clone)]
-        struct Capture(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Capture {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let captured = Capture(Arc::new(Mutex::new(Vec::new())));
+        let captured = crate::telemetry::logging::Capture::default();
         let writer = captured.clone();
         let _log = tracing::subscriber::set_default(
             tracing_subscriber::fmt()
@@ -601,7 +590,7 @@ mod tests {
         let (producer, _reports) = Producer::new(&props, Topics::default()).expect("producer");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let text = String::from_utf8_lossy(&captured.0.lock().unwrap()).into_owned();
+            let text = captured.text();
             if text.contains("librdkafka: ") {
                 break;
             }

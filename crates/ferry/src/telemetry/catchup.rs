@@ -257,19 +257,7 @@ mod tests {
 
     #[test]
     fn the_line_carries_its_fields() {
-        use crate::telemetry::logging::{filter, subscriber, LogFormat};
-        use std::sync::Mutex;
-        #[derive(Clone, Default)]
-        struct Capture(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Capture {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
+        use crate::telemetry::logging::{filter, subscriber, Capture, LogFormat};
         let out = Capture::default();
         let writer = out.clone();
         let sub = subscriber(
@@ -286,7 +274,7 @@ mod tests {
             eta: Some(Duration::from_secs(61)),
         });
         tracing::subscriber::with_default(sub, || line.log());
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let text = out.text();
         let event: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
         assert_eq!(event["message"], "catching up");
         assert_eq!(event["lag_bytes"], 5);
