@@ -134,36 +134,11 @@ pub enum OnError {
     DeadLetter,
 }
 
-impl OnError {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnError::Fail => "fail",
-            OnError::Skip => "skip",
-            OnError::DeadLetter => "dead_letter",
-        }
-    }
-}
-
-impl fmt::Display for OnError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for OnError {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "fail" => Ok(OnError::Fail),
-            "skip" => Ok(OnError::Skip),
-            "dead_letter" => Ok(OnError::DeadLetter),
-            other => Err(format!(
-                "unknown value {other:?}; expected \"fail\", \"skip\" or \"dead_letter\""
-            )),
-        }
-    }
-}
+spelling!(OnError {
+    Fail => "fail",
+    Skip => "skip",
+    DeadLetter => "dead_letter",
+});
 
 /// `[route]`: how a row becomes a Kafka record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -242,34 +217,10 @@ pub enum ExpandNullBehavior {
     OptionalBytes,
 }
 
-impl ExpandNullBehavior {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExpandNullBehavior::Ignore => "ignore",
-            ExpandNullBehavior::OptionalBytes => "optional_bytes",
-        }
-    }
-}
-
-impl fmt::Display for ExpandNullBehavior {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ExpandNullBehavior {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "ignore" => Ok(ExpandNullBehavior::Ignore),
-            "optional_bytes" => Ok(ExpandNullBehavior::OptionalBytes),
-            other => Err(format!(
-                "unknown value {other:?}; expected \"ignore\" or \"optional_bytes\""
-            )),
-        }
-    }
-}
+spelling!(ExpandNullBehavior {
+    Ignore => "ignore",
+    OptionalBytes => "optional_bytes",
+});
 
 /// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -284,36 +235,11 @@ pub enum CloudEventsMode {
     Structured,
 }
 
-impl CloudEventsMode {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloudEventsMode::None => "none",
-            CloudEventsMode::Binary => "binary",
-            CloudEventsMode::Structured => "structured",
-        }
-    }
-}
-
-impl fmt::Display for CloudEventsMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for CloudEventsMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(CloudEventsMode::None),
-            "binary" => Ok(CloudEventsMode::Binary),
-            "structured" => Ok(CloudEventsMode::Structured),
-            other => Err(format!(
-                "unknown value {other:?}; expected \"none\", \"binary\" or \"structured\""
-            )),
-        }
-    }
-}
+spelling!(CloudEventsMode {
+    None => "none",
+    Binary => "binary",
+    Structured => "structured",
+});
 
 /// Default partition count of a topic Ferry creates.
 pub const DEFAULT_CREATE_TOPICS_PARTITIONS: i32 = 1;

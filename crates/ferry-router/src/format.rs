@@ -38,9 +38,6 @@
 //! does not carry: `route.key_schema_optional` and `route.value_schema_optional` say it, with
 //! the defaults of the reference outbox DDL (`aggregateid ... NOT NULL`, `payload jsonb`).
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
 use crate::config::ExpandNullBehavior;
@@ -68,17 +65,6 @@ pub enum RecordFormat {
 }
 
 impl RecordFormat {
-    /// The configuration spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RecordFormat::AsStored => "as_stored",
-            RecordFormat::Json => "json",
-            RecordFormat::JsonWithSchema => "json_with_schema",
-            RecordFormat::JsonExpanded => "json_expanded",
-            RecordFormat::JsonExpandedWithSchema => "json_expanded_with_schema",
-        }
-    }
-
     /// Whether this is one of the two formats of Debezium's `table.expand.json.payload`.
     pub fn expands(self) -> bool {
         matches!(
@@ -96,28 +82,13 @@ impl RecordFormat {
     }
 }
 
-impl fmt::Display for RecordFormat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for RecordFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "as_stored" => Ok(RecordFormat::AsStored),
-            "json" => Ok(RecordFormat::Json),
-            "json_with_schema" => Ok(RecordFormat::JsonWithSchema),
-            "json_expanded" => Ok(RecordFormat::JsonExpanded),
-            "json_expanded_with_schema" => Ok(RecordFormat::JsonExpandedWithSchema),
-            other => Err(format!(
-                "unknown value {other:?}; expected \"as_stored\", \"json\", \"json_with_schema\", \
-                 \"json_expanded\" or \"json_expanded_with_schema\""
-            )),
-        }
-    }
-}
+spelling!(RecordFormat {
+    AsStored => "as_stored",
+    Json => "json",
+    JsonWithSchema => "json_with_schema",
+    JsonExpanded => "json_expanded",
+    JsonExpandedWithSchema => "json_expanded_with_schema",
+});
 
 /// Column types a key or value can be written from in a JSON format (those with a Connect
 /// schema above).

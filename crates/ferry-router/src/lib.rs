@@ -103,6 +103,8 @@
 //! assert_eq!(record.timestamp_ms, Some(1_795_341_600_000));
 //! ```
 
+#[macro_use]
+mod spelling;
 pub mod cloudevents;
 pub mod config;
 pub mod error;

@@ -31,10 +31,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::cloudevents::{CloudEvents, Event};
-use crate::config::ExpandNullBehavior;
 use crate::config::{
-    parse_additional_placement, OnError, OutboxConfig, PlacementLocation, RouteConfig, TableName,
-    ENVELOPE_PAYLOAD_KEY,
+    parse_additional_placement, ExpandNullBehavior, OnError, OutboxConfig, PlacementLocation,
+    RouteConfig, TableName, ENVELOPE_PAYLOAD_KEY,
 };
 use crate::error::{FieldRole, RouteError, RouteErrorReason};
 use crate::format::{write_formatted, write_payload, RecordFormat, JSON_FORMAT_TYPES};
