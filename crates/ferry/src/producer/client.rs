@@ -94,19 +94,21 @@ impl Client {
         client
     }
 
-    /// Serves up to [`EVENTS_PER_TURN`] events; whether more may be waiting.
+    /// Serves up to [`EVENTS_PER_TURN`] events, waiting up to `wait_ms` for the first; whether
+    /// more may be waiting.
     #[allow(unsafe_code)]
-    fn serve_turn(&self) -> bool {
+    fn serve_turn(&self, mut wait_ms: i32) -> bool {
         let _one = self.serving.lock().unwrap_or_else(|e| e.into_inner());
         let context = self.producer.context();
         for _ in 0..EVENTS_PER_TURN {
             // SAFETY: the queue reference is valid until `drop`; a non-null event is ours until
             // the `rd_kafka_event_destroy` below, and nothing borrowed from it outlives that.
             unsafe {
-                let event = rd::rd_kafka_queue_poll(self.queue.0.as_ptr(), 0);
+                let event = rd::rd_kafka_queue_poll(self.queue.0.as_ptr(), wait_ms);
                 if event.is_null() {
                     return false;
                 }
+                wait_ms = 0;
                 match rd::rd_kafka_event_type(event) {
                     rd::RD_KAFKA_EVENT_DR => deliveries(context, event),
                     rd::RD_KAFKA_EVENT_ERROR => {
@@ -153,10 +155,14 @@ impl Drop for Client {
         self.producer
             .purge(PurgeConfig::default().queue().inflight());
         let deadline = Instant::now() + DROP_DRAIN;
-        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
-            if !self.serve_turn() {
-                std::thread::sleep(Duration::from_millis(1));
+        // No task holds the client any more (this is its last reference): waiting on the queue
+        // here blocks nobody else's turn.
+        while self.producer.in_flight_count() > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
             }
+            self.serve_turn(i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1));
         }
         // SAFETY: our reference, destroyed once; nothing polls it any more.
         unsafe { rd::rd_kafka_queue_destroy(self.queue.0.as_ptr()) };
@@ -193,7 +199,7 @@ unsafe extern "C" fn wake_up(_client: *mut rd::rd_kafka_t, opaque: *mut c_void) 
 async fn serve(client: Weak<Client>, wake: Arc<Notify>) {
     loop {
         let more = match client.upgrade() {
-            Some(client) => client.serve_turn(),
+            Some(client) => client.serve_turn(0),
             None => return,
         };
         if more {
@@ -234,8 +240,7 @@ unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t) {
         };
         // The record's key travels as librdkafka's per-message opaque (see `Producer::send`).
         let key = m._private as usize;
-        // If the pipeline is gone the report has no one to matter to.
-        let _ = context.reports.send(Delivery { key, result });
+        context.hand_over(Delivery { key, result });
     }
     // SAFETY: as above.
     unsafe { tally(context, run) };

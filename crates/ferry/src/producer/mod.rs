@@ -116,6 +116,14 @@ impl ClientContext for Context {
     }
 }
 
+impl Context {
+    /// Hands a report to the relay, whichever poll took it off the queue. If the pipeline is
+    /// gone the report has no one to matter to.
+    fn hand_over(&self, delivery: Delivery) {
+        let _ = self.reports.send(delivery);
+    }
+}
+
 impl ProducerContext for Context {
     type DeliveryOpaque = usize;
 
@@ -134,8 +142,7 @@ impl ProducerContext for Context {
             }),
             Err((e, _)) => Err(e.clone()),
         };
-        // If the pipeline is gone the report has no one to matter to.
-        let _ = self.reports.send(Delivery { key, result });
+        self.hand_over(Delivery { key, result });
     }
 }
 
