@@ -318,7 +318,7 @@ impl Sim {
         while let Some(action) = self.relay.poll_action() {
             match action {
                 Action::Produce { token, record } => {
-                    let id = u64::from_str_radix(&record.event_id[24..], 16).unwrap();
+                    let id = u64::from_str_radix(&record.event_id_text()[24..], 16).unwrap();
                     let key: u8 = record.key.as_deref().expect("keyed")[4] - b'0';
                     self.open.push(Open {
                         token,

@@ -325,8 +325,8 @@ impl Sim {
         while let Some(action) = self.relay.poll_action() {
             match action {
                 Action::Produce { token, record } => {
-                    let id = u64::from_str_radix(&record.event_id[24..], 16)
-                        .unwrap_or_else(|_| panic!("event id {:?}", record.event_id));
+                    let id = u64::from_str_radix(&record.event_id_text()[24..], 16)
+                        .unwrap_or_else(|_| panic!("event id {:?}", record.event_id_text()));
                     let dead_letter = &*record.topic == DEAD_LETTER_TOPIC;
                     let key: u8 = record.key.as_deref().expect("keyed")[4] - b'0';
                     let bytes = record.size_bytes() as u64;

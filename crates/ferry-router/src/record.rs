@@ -26,14 +26,21 @@ pub struct Record {
     pub partition: Option<i32>,
     /// Record timestamp, ms since the Unix epoch.
     pub timestamp_ms: Option<i64>,
-    /// The event id, for logs and errors.
-    pub event_id: String,
+    /// The event id as read from its column (its text), for logs and errors; see
+    /// [`Record::event_id_text`]. Bytes, not a `String`: a slice of the row, so that routing a
+    /// row allocates nothing for an id that only an error would show.
+    pub event_id: Bytes,
     /// What became of the row's trace context (`outbox.tracing_column`): the relay counts
     /// [`TraceOutcome::Malformed`] records; they are sent without the bad header.
     pub trace_context: TraceOutcome,
 }
 
 impl Record {
+    /// The event id as text (invalid UTF-8 replaced), for logs and errors.
+    pub fn event_id_text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.event_id)
+    }
+
     /// The partition the Java producer would pick: the explicit one if set, else murmur2 of the
     /// key; `None` for a keyless record without an explicit partition (any partition will do).
     pub fn java_partition(&self, num_partitions: i32) -> Option<i32> {

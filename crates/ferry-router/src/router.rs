@@ -380,14 +380,13 @@ impl Router {
             event_id: None,
             reason,
         })?;
-        let event_id = String::from_utf8_lossy(&id).into_owned();
-        match self.route_inner(row, id, commit_time_micros) {
+        match self.route_inner(row, id.clone(), commit_time_micros) {
             Ok(mut record) => {
-                record.event_id = event_id;
+                record.event_id = id;
                 Ok(record)
             }
             Err(reason) => Err(RouteError {
-                event_id: Some(event_id),
+                event_id: Some(String::from_utf8_lossy(&id).into_owned()),
                 reason,
             }),
         }
@@ -511,7 +510,7 @@ impl Router {
             headers,
             partition: None,
             timestamp_ms: Some(commit_time_micros.div_euclid(1000)),
-            event_id: error.event_id.clone().unwrap_or_default(),
+            event_id: error.event_id.clone().map(Bytes::from).unwrap_or_default(),
             trace_context: TraceOutcome::None,
         })
     }
@@ -633,7 +632,7 @@ impl Router {
             headers,
             partition,
             timestamp_ms: Some(timestamp_ms),
-            event_id: String::new(),
+            event_id: Bytes::new(),
             trace_context,
         })
     }

@@ -738,7 +738,7 @@ fn record_partition_and_size() {
         .route_row(&base_row().null("aggregateid", oid::TEXT), COMMIT_MICROS)
         .unwrap();
     assert_eq!(keyless.java_partition(17), None);
-    assert_eq!(rec.event_id, EVENT_ID);
+    assert_eq!(rec.event_id_text(), EVENT_ID);
 }
 
 #[test]

@@ -789,6 +789,9 @@ impl<'a> Session<'a> {
         reader: &ReaderHandle,
     ) -> Option<Result<ferry_core::End, CoreError<KafkaError>>> {
         let mut stop = None;
+        // The wall clock for the replication lag of the records made durable here: read once
+        // per call, not once per record (the reports of one produce response arrive together).
+        let mut now_unix_micros = None;
         while let Some(action) = self.core.relay.poll_action() {
             match action {
                 Action::Produce { token, record } => {
@@ -820,7 +823,7 @@ impl<'a> Session<'a> {
                         super::transactional::failpoint("confirmed");
                     }
                 }
-                Action::Count(c) => self.count(c),
+                Action::Count(c) => self.count(c, &mut now_unix_micros),
                 Action::Stop(result) => stop = Some(result),
             }
         }
@@ -841,7 +844,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn count(&self, c: Count) {
+    /// Counts `c`; `now_unix_micros` is the wall clock, read on first need and then reused.
+    fn count(&self, c: Count, now_unix_micros: &mut Option<i64>) {
         let m = self.metrics;
         match c {
             Count::TransactionReceived => m.transactions_received.inc(),
@@ -853,10 +857,12 @@ impl<'a> Session<'a> {
                 m.records_produced.inc();
                 m.bytes_produced.add(u64::from(bytes));
                 if commit_unix_micros > 0 {
-                    let now = SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map(|d| d.as_micros() as i64)
-                        .unwrap_or(0);
+                    let now = *now_unix_micros.get_or_insert_with(|| {
+                        SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map(|d| d.as_micros() as i64)
+                            .unwrap_or(0)
+                    });
                     let lag = (now - commit_unix_micros).max(0) as f64 / 1e6;
                     m.observe_replication_lag(lag);
                 }

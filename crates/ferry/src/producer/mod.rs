@@ -557,7 +557,7 @@ mod tests {
             headers: vec![("id".into(), Some(bytes::Bytes::from_static(b"1")))],
             partition: None,
             timestamp_ms: None,
-            event_id: "1".into(),
+            event_id: bytes::Bytes::from_static(b"1"),
             trace_context: Default::default(),
         };
         for key in 0..3 {
