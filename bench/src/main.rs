@@ -113,6 +113,9 @@ pub struct Sample {
     pub peak_rss_kib: Option<u64>,
     /// Seconds from spawn to the first acknowledged record (Ferry only).
     pub first_ack: Option<f64>,
+    /// Seconds from the start to the last record's acknowledgement, as polled (Ferry only):
+    /// the rest of `secs` is the slot's confirmation catching up.
+    pub last_ack: Option<f64>,
     /// Bytes Ferry's sockets to the broker sent, as TCP acknowledged them (Ferry only).
     pub wire_bytes: Option<u64>,
 }
@@ -372,6 +375,12 @@ fn print_sample(tag: &str, c: Contender, s: &Sample, rows: u64, bytes: u64) {
     }
     if let Some(f) = s.first_ack {
         line += &format!(", first ack at {f:.2} s");
+    }
+    if let Some(l) = s.last_ack {
+        line += &format!(
+            ", confirmed {:.0} ms after the last ack",
+            (s.secs - l).max(0.0) * 1e3
+        );
     }
     if let Some(w) = s.wire_bytes {
         line += &format!(

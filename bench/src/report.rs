@@ -439,6 +439,7 @@ mod tests {
             cpu: Some(cpu),
             peak_rss_kib: Some(rss),
             first_ack: Some(0.5),
+            last_ack: None,
             wire_bytes: None,
         }
     }
