@@ -13,6 +13,13 @@
 //! - **one record in flight**, and at most one every [`INTERVAL`]: always the newest confirmed
 //!   LSN, so a busy stream writes about five small records a second whatever its rate, and the
 //!   slot is confirmed at most an interval plus one round trip later than before;
+//! - **the end of a burst is written without waiting for the interval**: once the core has had
+//!   no record in flight for [`QUIET`] (a backlog is drained, a burst is over), what it confirmed
+//!   is final for now, and waiting for the interval would only leave the slot behind for up to
+//!   200 ms. Such an early record is allowed once per [`EARLY_INTERVAL`], so a stream that pauses
+//!   often (its pauses look like ends) writes at most one more record every 400 ms than a busy
+//!   one. An early record restarts the interval like any other: the slot is never confirmed less
+//!   often than without it;
 //! - **the newest record is the truth**: records are written one at a time, so the order of
 //!   their acknowledgements is their order in the (single-partition) topic, and what was last
 //!   acknowledged is what a restart reads back. What may be reported to the server is the lower
@@ -31,6 +38,11 @@ use ferry_wal::Lsn;
 
 /// Least time between two progress records.
 pub const INTERVAL: Duration = Duration::from_millis(200);
+/// How long the core must have had no record in flight before its confirmed LSN is written
+/// without waiting for the interval.
+pub const QUIET: Duration = Duration::from_millis(20);
+/// Least time between two records written early (see [`QUIET`]).
+pub const EARLY_INTERVAL: Duration = Duration::from_millis(400);
 /// How long after a failed write the next one is tried.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -47,6 +59,10 @@ pub struct Remember {
     in_flight: Option<Lsn>,
     /// Earliest time of the next write.
     next_write: Option<Instant>,
+    /// Since when the core has had no record in flight, as last told ([`Remember::settled`]).
+    settled_since: Option<Instant>,
+    /// Earliest time of the next early write.
+    next_early: Option<Instant>,
     failing: bool,
 }
 
@@ -58,6 +74,8 @@ impl Default for Remember {
             reported: Lsn::ZERO,
             in_flight: None,
             next_write: None,
+            settled_since: None,
+            next_early: None,
             failing: false,
         }
     }
@@ -71,11 +89,21 @@ impl Remember {
         self.reported = resume;
         self.remembered = remembered;
         self.next_write = None;
+        self.next_early = None;
     }
 
     /// The core confirmed `lsn`.
     pub fn confirmed(&mut self, lsn: Lsn) {
         self.core = self.core.max(lsn);
+    }
+
+    /// Whether the core has records in flight (`false`) or none (`true`), as of `now`. The driver
+    /// tells it before each [`Remember::poll_write`] and [`Remember::poll_timeout`].
+    pub fn settled(&mut self, settled: bool, now: Instant) {
+        match settled {
+            true => _ = self.settled_since.get_or_insert(now),
+            false => self.settled_since = None,
+        }
     }
 
     /// The LSN of the record to write now, if any (it is then in flight).
@@ -84,11 +112,23 @@ impl Remember {
             return None;
         }
         if self.next_write.is_some_and(|t| now < t) {
-            return None;
+            if self.early_at().is_none_or(|t| now < t) {
+                return None;
+            }
+            self.next_early = Some(now + EARLY_INTERVAL);
         }
         self.in_flight = Some(self.core);
         self.next_write = Some(now + INTERVAL);
         self.in_flight
+    }
+
+    /// When an early write may go, if the core is settled and no write is failing.
+    fn early_at(&self) -> Option<Instant> {
+        if self.failing {
+            return None;
+        }
+        let quiet = self.settled_since? + QUIET;
+        Some(self.next_early.map_or(quiet, |t| t.max(quiet)))
     }
 
     /// The record in flight was acknowledged (`ok`) or failed.
@@ -122,12 +162,14 @@ impl Remember {
         })
     }
 
-    /// When [`Remember::poll_write`] will next have something, if it waits for the interval.
+    /// When [`Remember::poll_write`] will next have something, if it waits for the interval (or
+    /// for an early write).
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.in_flight.is_some() || !self.wants_write() {
             return None;
         }
-        self.next_write
+        let regular = self.next_write?;
+        Some(self.early_at().map_or(regular, |t| t.min(regular)))
     }
 
     /// Whether the newest write failed and none succeeded since.
@@ -293,7 +335,7 @@ mod tests {
             let mut now = t0;
             for _ in 0..200 {
                 now += Duration::from_millis(next() % 300);
-                match next() % 6 {
+                match next() % 7 {
                     0 | 1 => {
                         core = Lsn(core.0 + next() % 50);
                         r.confirmed(core);
@@ -313,6 +355,7 @@ mod tests {
                         core = slot;
                         r.start(slot, topic_newest);
                     }
+                    4 => r.settled(next() % 2 == 0, now),
                     _ => {
                         let _ = r.poll_write(now);
                     }
@@ -324,6 +367,91 @@ mod tests {
                     topic_newest.is_some_and(|n| slot <= n) || slot == Lsn(100),
                     "slot {slot} ahead of the newest record {topic_newest:?}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn the_end_of_a_burst_is_written_after_the_quiet_time() {
+        let t = Instant::now();
+        let mut r = Remember::default();
+        r.start(Lsn(100), Some(Lsn(100)));
+        r.confirmed(Lsn(150));
+        assert_eq!(r.poll_write(t), Some(Lsn(150)));
+        r.acked(true, at(t, 5));
+        r.confirmed(Lsn(160));
+        r.settled(false, at(t, 20));
+        assert_eq!(r.poll_timeout(), Some(at(t, 200)), "busy: the interval");
+        r.settled(true, at(t, 50));
+        assert_eq!(r.poll_timeout(), Some(at(t, 70)), "settled: the quiet time");
+        r.settled(true, at(t, 69));
+        assert_eq!(r.poll_write(at(t, 69)), None);
+        assert_eq!(r.poll_write(at(t, 70)), Some(Lsn(160)), "early");
+        r.acked(true, at(t, 72));
+        assert_eq!(r.poll_confirm(), Some(Lsn(160)));
+        // The interval restarts from the early record; the next early one waits its own.
+        r.confirmed(Lsn(170));
+        assert_eq!(r.poll_timeout(), Some(at(t, 270)));
+        r.settled(false, at(t, 100));
+        r.settled(true, at(t, 110));
+        assert_eq!(r.poll_timeout(), Some(at(t, 270)), "next early only at 470");
+        assert_eq!(r.poll_write(at(t, 270)), Some(Lsn(170)), "regular");
+    }
+
+    #[test]
+    fn a_failing_write_is_never_hurried_by_a_settled_core() {
+        let t = Instant::now();
+        let mut r = Remember::default();
+        r.start(Lsn(100), Some(Lsn(100)));
+        r.confirmed(Lsn(200));
+        assert_eq!(r.poll_write(t), Some(Lsn(200)));
+        r.acked(false, at(t, 10));
+        r.confirmed(Lsn(300));
+        r.settled(true, at(t, 20));
+        assert_eq!(r.poll_timeout(), Some(at(t, 1010)), "RETRY_AFTER");
+        assert_eq!(r.poll_write(at(t, 500)), None);
+        assert_eq!(r.poll_write(at(t, 1010)), Some(Lsn(300)));
+    }
+
+    /// Whatever the pattern of bursts and pauses: at most one record per interval plus one early
+    /// record per early interval (start-up reads the topic whole), and the slot never waits
+    /// more than an interval for a record while something new is confirmed.
+    #[test]
+    fn early_records_are_bounded_and_never_slow_the_regular_ones() {
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..500 {
+            let t0 = Instant::now();
+            let mut r = Remember::default();
+            r.start(Lsn(100), Some(Lsn(100)));
+            let (mut now, mut core, mut writes, mut last_write) = (t0, 100, 0u64, t0);
+            for _ in 0..2_000 {
+                now += Duration::from_millis(next() % 40);
+                if next() % 2 == 0 {
+                    core += 1 + next() % 10;
+                    r.confirmed(Lsn(core));
+                }
+                r.settled(next() % 3 != 0, now);
+                if r.poll_write(now).is_some() {
+                    writes += 1;
+                    last_write = now;
+                    r.acked(true, now);
+                }
+                let ms = (now - t0).as_millis() as u64;
+                let bound =
+                    ms / INTERVAL.as_millis() as u64 + ms / EARLY_INTERVAL.as_millis() as u64 + 2;
+                assert!(writes <= bound, "{writes} writes in {ms} ms");
+                if let Some(due) = r.poll_timeout() {
+                    assert!(
+                        due <= last_write + INTERVAL,
+                        "a record waits past the interval"
+                    );
+                }
             }
         }
     }

@@ -19,11 +19,12 @@
 //! (in that order: a Ferry streaming the slot meanwhile writes its record before it confirms,
 //! so the record read after the slot is never behind it), and stops with a permanent error that
 //! names the gap unless the operator accepted it. While streaming, the core's confirmed LSN goes
-//! to [`Remember`] first: a progress record is written (one in flight, one per 200 ms) and the
-//! reader reports only an LSN whose record Kafka acknowledged. Progress records travel through
-//! the same idempotent producer under one delivery-report key, [`PROGRESS_TOKEN`], outside the
-//! core's token space; their reports never reach the core. A shutdown writes the last record
-//! before the final status update.
+//! to [`Remember`] first: a progress record is written (one in flight, one per 200 ms, and the
+//! end of a burst 20 ms after its last record was acknowledged) and the reader reports only an
+//! LSN whose record Kafka acknowledged. Progress records travel through the same idempotent
+//! producer under one delivery-report key, [`PROGRESS_TOKEN`], outside the core's token space;
+//! their reports never reach the core. A shutdown writes the last record before the final status
+//! update.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -691,6 +692,8 @@ impl<'a> Session<'a> {
     /// Writes the next progress record if one is due, and reports what an acknowledged record
     /// holds to the server.
     fn remember(&mut self, reader: &ReaderHandle, now: Instant) {
+        let settled = self.core.relay.in_flight().0 == 0;
+        self.core.remember.settled(settled, now);
         if let Some(lsn) = self.core.remember.poll_write(now) {
             let value =
                 ProgressRecord::whole(record::Mode::AtLeastOnce, self.timeline, lsn, unix_millis())
