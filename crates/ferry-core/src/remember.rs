@@ -213,6 +213,16 @@ mod tests {
         start + Duration::from_millis(ms)
     }
 
+    /// A small deterministic generator for the model tests.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
     #[test]
     fn confirms_only_what_an_acknowledged_record_holds() {
         let t = Instant::now();
@@ -318,13 +328,7 @@ mod tests {
     /// session starts, the LSN reported never exceeds the newest acknowledged record.
     #[test]
     fn the_reported_lsn_never_passes_the_newest_acknowledged_record() {
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for _ in 0..2_000 {
             let t0 = Instant::now();
             let mut r = Remember::default();
@@ -418,13 +422,7 @@ mod tests {
     /// more than an interval for a record while something new is confirmed.
     #[test]
     fn early_records_are_bounded_and_never_slow_the_regular_ones() {
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for _ in 0..500 {
             let t0 = Instant::now();
             let mut r = Remember::default();
