@@ -94,6 +94,9 @@ pub const LIBRDKAFKA_QUEUE_LIMIT: u64 = i32::MAX as u64;
 pub const MAX_IN_FLIGHT_BYTES_LIMIT: u64 = LIBRDKAFKA_QUEUE_LIMIT / 2 * 1024;
 /// `client.id` unless `kafka.properties` sets one.
 pub const CLIENT_ID: &str = "ferry";
+/// librdkafka's `reconnect.backoff.ms` unless `kafka.properties` sets it (or
+/// `reconnect.backoff.max.ms`): librdkafka's default is 100, the Java client's 50.
+pub const RECONNECT_BACKOFF_MS: u32 = 20;
 
 // [http]
 /// `http.listen`: loopback only; set `0.0.0.0:9187` (or `[::]:9187`) to expose it.

@@ -101,17 +101,29 @@ impl Default for KafkaConfig {
 }
 
 impl KafkaConfig {
-    /// The producer's librdkafka configuration, in the order to apply it: `client.id` (`ferry`
-    /// unless the passthrough sets it), the passthrough (`properties`, then `property_files`
+    /// The producer's librdkafka configuration, in the order to apply it: `client.id` (`ferry`)
+    /// and `reconnect.backoff.ms` (20) unless the passthrough sets them, the passthrough (`properties`, then `property_files`
     /// read now), then every property Ferry controls, last so that it wins even over an
     /// unvalidated passthrough. Holds secrets: never log it (see [`is_secret_property`]). Fails
     /// when a property file cannot be read, with `kafka.property_files."<name>"` and why.
     pub fn producer_properties(&self) -> Result<Vec<(String, String)>, String> {
         let mut out: Vec<(String, String)> = Vec::new();
-        if !self.properties.0.contains_key("client.id")
-            && !self.property_files.contains_key("client.id")
-        {
+        let user_sets = |name: &str| {
+            self.properties.0.contains_key(name) || self.property_files.contains_key(name)
+        };
+        if !user_sets("client.id") {
             out.push(("client.id".into(), defaults::CLIENT_ID.into()));
+        }
+        // librdkafka paces connections to brokers it learned from metadata by half of this
+        // (`sparse_connect_intvl`, 50 ms at its default of 100), and the idempotent producer's
+        // id waits for such a connection: at 20 ms a cold start's first acknowledgement comes
+        // ~14 ms sooner (bench/README.md, "Start-up"). Reconnects after an outage still back
+        // off exponentially up to `reconnect.backoff.max.ms`.
+        if !user_sets("reconnect.backoff.ms") && !user_sets("reconnect.backoff.max.ms") {
+            out.push((
+                "reconnect.backoff.ms".into(),
+                defaults::RECONNECT_BACKOFF_MS.to_string(),
+            ));
         }
         out.extend(
             self.properties

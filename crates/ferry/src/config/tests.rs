@@ -574,6 +574,36 @@ fn producer_properties_pin_what_the_guarantee_needs() {
     assert_eq!(props.iter().filter(|(k, _)| k == "client.id").count(), 1);
 }
 
+/// Ferry's `reconnect.backoff.ms` is a default: a passthrough of it, or of its maximum (which
+/// librdkafka requires to be at least it), leaves the user's values alone.
+#[test]
+fn reconnect_backoff_is_a_default_the_passthrough_overrides() {
+    let values = |c: &Config| -> Vec<(String, String)> {
+        c.kafka
+            .producer_properties()
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("reconnect.backoff"))
+            .collect()
+    };
+    let mut c = Config::default();
+    assert_eq!(values(&c), [("reconnect.backoff.ms".into(), "20".into())]);
+    c.kafka
+        .properties
+        .0
+        .insert("reconnect.backoff.max.ms".into(), "10".into());
+    assert_eq!(
+        values(&c),
+        [("reconnect.backoff.max.ms".into(), "10".into())]
+    );
+    let mut c = Config::default();
+    c.kafka
+        .properties
+        .0
+        .insert("reconnect.backoff.ms".into(), "100".into());
+    assert_eq!(values(&c), [("reconnect.backoff.ms".into(), "100".into())]);
+}
+
 #[test]
 fn secrets_never_appear_in_debug_output() {
     let file = r#"

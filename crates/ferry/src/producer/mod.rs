@@ -27,8 +27,9 @@
 //! [`Producer::new`] therefore asks for brokers-only metadata twice on a thread of its own: the
 //! first answer names the brokers, the second comes over a learned broker's connection and the
 //! id request goes out with it. With the default sparse connections the second request waits
-//! for librdkafka's connection pacing (`reconnect.backoff.ms` / 2 = 50 ms); measured against a
-//! local broker the first acknowledgement comes 53–62 ms after creation instead of 503 ms
+//! for librdkafka's connection pacing (`reconnect.backoff.ms` / 2, at least 11 ms: 50 ms at
+//! librdkafka's default of 100, 11 ms at Ferry's 20); measured against a local broker the first
+//! acknowledgement came 53–62 ms after creation instead of 503 ms at the default pacing
 //! (bench/README.md, "Start-up"). The warm-up only asks; if the brokers are unreachable, it
 //! gives up and librdkafka's own timer carries on as before.
 
