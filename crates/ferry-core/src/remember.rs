@@ -10,9 +10,10 @@
 //!
 //! [`Remember`] is the sans-io state machine between the core's confirmations and the reader:
 //!
-//! - **one record in flight**, and at most one every [`INTERVAL`]: always the newest confirmed
-//!   LSN, so a busy stream writes about five small records a second whatever its rate, and the
-//!   slot is confirmed at most an interval plus one round trip later than before;
+//! - **one record in flight**, and one every [`INTERVAL`] at most while records are in flight:
+//!   always the newest confirmed LSN, so a busy stream writes about five small records a second
+//!   whatever its rate, and the slot is confirmed at most an interval plus one round trip later
+//!   than before;
 //! - **the end of a burst is written without waiting for the interval**: once the core has had
 //!   no record in flight for [`QUIET`] (a backlog is drained, a burst is over), what it confirmed
 //!   is final for now, and waiting for the interval would only leave the slot behind for up to
@@ -36,7 +37,8 @@ use std::time::{Duration, Instant};
 
 use ferry_wal::Lsn;
 
-/// Least time between two progress records.
+/// Least time between a progress record and the next regular one (an early one may come
+/// sooner: see [`QUIET`]).
 pub const INTERVAL: Duration = Duration::from_millis(200);
 /// How long the core must have had no record in flight before its confirmed LSN is written
 /// without waiting for the interval.
