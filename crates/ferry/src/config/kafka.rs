@@ -102,9 +102,9 @@ impl Default for KafkaConfig {
 
 impl KafkaConfig {
     /// The producer's librdkafka configuration, in the order to apply it: `client.id` (`ferry`)
-    /// and `reconnect.backoff.ms` (20) unless the passthrough sets them, the passthrough (`properties`, then `property_files`
-    /// read now), then every property Ferry controls, last so that it wins even over an
-    /// unvalidated passthrough. Holds secrets: never log it (see [`is_secret_property`]). Fails
+    /// and `reconnect.backoff.ms` (20) unless the passthrough sets them, the passthrough
+    /// (`properties`, then `property_files` read now), then every property Ferry controls, last
+    /// so that it wins even over an unvalidated passthrough. Holds secrets: never log it (see [`is_secret_property`]). Fails
     /// when a property file cannot be read, with `kafka.property_files."<name>"` and why.
     pub fn producer_properties(&self) -> Result<Vec<(String, String)>, String> {
         let mut out: Vec<(String, String)> = Vec::new();
