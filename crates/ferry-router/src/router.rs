@@ -380,16 +380,11 @@ impl Router {
             event_id: None,
             reason,
         })?;
-        match self.route_inner(row, id.clone(), commit_time_micros) {
-            Ok(mut record) => {
-                record.event_id = id;
-                Ok(record)
-            }
-            Err(reason) => Err(RouteError {
+        self.route_inner(row, &id, commit_time_micros)
+            .map_err(|reason| RouteError {
                 event_id: Some(String::from_utf8_lossy(&id).into_owned()),
                 reason,
-            }),
-        }
+            })
     }
 
     /// Routes one table-less outbox message (the content of a logical decoding message with the
@@ -529,7 +524,7 @@ impl Router {
     fn route_inner<R: OutboxRow + ?Sized>(
         &self,
         row: &R,
-        id: Bytes,
+        id: &Bytes,
         commit_time_micros: i64,
     ) -> Result<Record, RouteErrorReason> {
         let topic = self.topic.topic(row)?;
@@ -612,7 +607,7 @@ impl Router {
         };
         if let Some(ce) = &self.cloudevents {
             let event = Event {
-                id: &id,
+                id,
                 ty: event_type,
                 type_column: &self.type_col,
                 id_column: &self.id_col,
@@ -632,7 +627,7 @@ impl Router {
             headers,
             partition,
             timestamp_ms: Some(timestamp_ms),
-            event_id: Bytes::new(),
+            event_id: id.clone(),
             trace_context,
         })
     }
