@@ -22,7 +22,7 @@ apt_install() {
   if ! command -v apt-get >/dev/null; then
     echo "error: $why needs the Debian/Ubuntu packages: $*" >&2
     echo "  there is no apt-get on this machine: install their equivalents with your package manager" >&2
-    echo "  (PostgreSQL 15+ server binaries, OpenSSL headers, pkg-config, make, g++, python3 with venv)," >&2
+    echo "  (PostgreSQL 15+ server binaries, OpenSSL headers, pkg-config, make, g++, python3 with venv, a JDK 17+, Maven)," >&2
     echo "  then run this script again" >&2
     exit 1
   fi

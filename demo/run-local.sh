@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The demo without Docker, in one command: starts what is missing — a PostgreSQL cluster with
-# wal_level=logical and the outbox from sql/, and the test broker (noida-db) — then Ferry and the
-# demo writer, and prints the events as a consumer reads them back from Kafka.
+# wal_level=logical and the outbox from sql/, and Apache Kafka — then Ferry and the demo writer,
+# and prints the events as a consumer reads them back from Kafka. On a fresh machine it first
+# installs what it needs (`bash .ci/install-deps`: PostgreSQL, a JDK, Apache Kafka's jars from
+# Maven Central; root or sudo for the packages).
 #
 #   bash demo/run-local.sh              # until Ctrl-C; everything it started stops, its files go
 #   bash demo/run-local.sh --check [N]  # exits 0 once N (default 30) events were read back, 1 if
 #                                       # they do not arrive within DEMO_TIMEOUT seconds (CI)
 #
-# Needs: PostgreSQL 15+ server binaries and the test broker (`bash .ci/install-deps` installs
-# both), and cargo (Ferry is built with `cargo build`). Environment (none needed; all optional):
+# Needs: cargo (Ferry is built with `cargo build`); the rest it installs. Environment (none
+# needed; all optional):
 #
 #   DEMO_PG_URL          a superuser URL of a server with wal_level=logical to use instead of a
 #                        local cluster (the script creates the outbox table and the publication if
@@ -113,11 +115,15 @@ wait_for() {
   done
 }
 
-# --- build -----------------------------------------------------------------------------------
+# --- set-up and build ---------------------------------------------------------------------------
 command -v cargo >/dev/null || die "cargo is not on PATH (install the Rust toolchain: rustup.rs)"
-say "building ferry and the demo consumer (cargo build)"
+if [ -z "${DEMO_PG_URL:-}" ] || [ -z "${DEMO_KAFKA_BROKERS:-}" ]; then
+  say "installing what is missing (bash .ci/install-deps; nothing when all is there)"
+  bash .ci/install-deps >/dev/null || die "bash .ci/install-deps failed (it says why above)"
+fi
+say "building ferry, the demo consumer and the broker launcher (cargo build)"
 cargo build --quiet -p ferry -p ferry-testkit --features ferry-testkit/kafka \
-  --bin ferry --bin ferry-demo-consumer
+  --bin ferry --bin ferry-demo-consumer --bin ferry-test-kafka
 bin="${CARGO_TARGET_DIR:-target}/debug"
 
 # --- PostgreSQL ------------------------------------------------------------------------------
@@ -172,19 +178,15 @@ if [ -n "${DEMO_KAFKA_BROKERS:-}" ]; then
   say "Kafka: using DEMO_KAFKA_BROKERS=$brokers"
   broker_pid=0
 else
-  noida=$(ls "$HOME"/.cache/ferry/noida-*/lib/python3*/site-packages/noida_db/noida-db 2>/dev/null \
-    | tail -n 1 || true)
-  [ -n "$noida" ] || die "no broker: run \`bash .ci/install-deps\` (or \`bash .ci/install-broker\`) \
-to install the test broker, or set DEMO_KAFKA_BROKERS to a running one"
   kafka_port=${DEMO_KAFKA_PORT:-$(free_port)}
-  brokers=127.0.0.1:$kafka_port
-  say "Kafka: noida-db on $brokers"
-  # setsid: noida-db signals its whole process group when it stops, which would take this script.
-  setsid "$noida" start --only kafka --kafka-port "$kafka_port" --data-dir "$work/kafka" \
-    >"$work/broker.log" 2>&1 &
+  say "Kafka: Apache Kafka (one KRaft node) on 127.0.0.1:$kafka_port (log: $work/broker.log)"
+  # ferry-test-kafka formats fresh storage, starts the broker, prints the bootstrap list once the
+  # metadata lists it, and stops it cleanly on SIGTERM.
+  "$bin/ferry-test-kafka" --port "$kafka_port" >"$work/broker.out" 2>"$work/broker.log" &
   broker_pid=$!
   pids+=("$broker_pid")
-fi
+  wait_for "Apache Kafka on port $kafka_port" "$broker_pid" test -s "$work/broker.out"
+  brokers=$(head -n 1 "$work/broker.out")
 # Waits until the broker answers metadata (up to DEMO_TIMEOUT), then creates the demo topics:
 # a broker need not auto-create them (managed Kafka does not).
 "$bin/ferry-demo-consumer" --brokers "$brokers" --topics "$topics" --create-topics --prepare-only \

@@ -6,7 +6,7 @@ use ferry_testkit::kafka as testkafka;
 use ferry_testkit::pg::{self, PgCluster};
 
 use crate::workload::Workload;
-use crate::{kafka, machine, Contender, Res, PUBLICATION};
+use crate::{kafka, Contender, Res, PUBLICATION};
 
 /// PostgreSQL and the broker.
 pub struct World {
@@ -44,7 +44,7 @@ impl World {
             .filter(|b| !b.is_empty());
         let broker = match external_brokers {
             Some(_) => None,
-            None => Some(testkafka::LocalBroker::start().await),
+            None => Some(start_broker().await),
         };
         Ok(World {
             _cluster: cluster,
@@ -62,28 +62,40 @@ impl World {
         }
     }
 
-    /// A local broker starts afresh for every run (noida-db keeps all data in one file, which
-    /// would otherwise grow through the whole matrix); an external one is kept.
+    /// A local broker starts afresh for every run (each run's logs, page cache and log
+    /// cleaner start from nothing, whatever ran before); an external one is kept.
     pub async fn fresh_broker(&mut self) {
         if let Some(old) = self.broker.take() {
             drop(old);
-            self.broker = Some(testkafka::LocalBroker::start().await);
+            self.broker = Some(start_broker().await);
         }
     }
 
     pub fn broker_version(&self) -> String {
         match &self.external_brokers {
             Some(b) => format!("external ({b})"),
-            None if std::env::var(testkafka::TANSU_BIN_ENV).is_ok() => "tansu (local)".into(),
-            None => {
-                let v = machine::output(&testkafka::noida_bin().to_string_lossy(), &["version"]);
-                format!(
-                    "noida-db {} (local, Kafka protocol)",
-                    v.trim_start_matches("noida-db ")
-                )
-            }
+            None => format!(
+                "Apache Kafka {} (local, one KRaft node as broker and controller, JVM: {})",
+                testkafka::KAFKA_VERSION,
+                jvm_opts()
+            ),
         }
     }
+}
+
+/// The broker JVM's options: `FERRY_TEST_KAFKA_JVM_OPTS`, else those of Kafka's own start script.
+fn jvm_opts() -> String {
+    std::env::var(testkafka::JVM_OPTS_ENV)
+        .unwrap_or_else(|_| testkafka::KAFKA_SERVER_JVM_OPTS.to_string())
+}
+
+/// A single-node Apache Kafka, run as Kafka's start script runs it.
+async fn start_broker() -> testkafka::LocalBroker {
+    testkafka::LocalBroker::start_with(testkafka::ClusterOptions {
+        jvm_opts: Some(jvm_opts()),
+        ..Default::default()
+    })
+    .await
 }
 
 /// A fresh database with the workload's outbox table and the publication.

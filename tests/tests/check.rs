@@ -146,8 +146,7 @@ async fn check_reports_an_unreachable_broker() {
     );
 }
 
-/// noida-db, the test broker, reports `auto.create.topics.enable = true` (and has no setting to
-/// turn it off), so a topic that current outbox rows route to but that does not exist yet is no
+/// The shared test broker has `auto.create.topics.enable = true` (Kafka's default), so a topic that current outbox rows route to but that does not exist yet is no
 /// problem: `check` passes without flagging it (with `false` it would be an error, with the
 /// setting unknown a warning; see `crates/ferry/src/check.rs`), and `run` proves it right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -366,8 +365,11 @@ async fn check_reports_every_sampled_row_that_cannot_be_routed_with_its_id() {
 /// that does not auto-create topics is an error whose fix names route.create_topics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_samples_every_aggregate_type_and_reports_its_missing_topic() {
-    let broker = ferry_testkit::kafka::LocalBroker::start().await;
-    ferry_testkit::kafka::set_auto_create_topics(&broker.brokers(), false).await;
+    let broker = ferry_testkit::kafka::LocalBroker::start_with(ferry_testkit::kafka::ClusterOptions {
+        auto_create_topics: false,
+        ..Default::default()
+    })
+    .await;
     let w = World::on(
         ferry_testkit::pg::shared().create_db().await,
         broker.brokers(),

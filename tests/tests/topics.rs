@@ -3,8 +3,8 @@
 //! `ferry_topics_missing`, `/readyz` 503 with the reason) until the topic appears, then they
 //! flow; or, with `route.create_topics`, Ferry creates it.
 //!
-//! Each test starts its own broker with `auto.create.topics.enable = false` (set through
-//! AlterConfigs), so the shared broker keeps auto-creating for the other tests.
+//! Each test starts its own broker with `auto.create.topics.enable = false` (a static broker
+//! setting), so the shared broker keeps auto-creating for the other tests.
 
 mod common;
 
@@ -15,8 +15,11 @@ use ferry_testkit::kafka::{self, LocalBroker};
 use ferry_testkit::pg;
 
 async fn world_without_auto_create() -> (LocalBroker, World) {
-    let broker = LocalBroker::start().await;
-    kafka::set_auto_create_topics(&broker.brokers(), false).await;
+    let broker = LocalBroker::start_with(kafka::ClusterOptions {
+        auto_create_topics: false,
+        ..Default::default()
+    })
+    .await;
     let w = World::on(pg::shared().create_db().await, broker.brokers()).await;
     (broker, w)
 }

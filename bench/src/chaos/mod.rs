@@ -46,10 +46,7 @@ usage: ferry-bench chaos [flags]
   --kill-every S    weigh kill -9 so that one comes about every S seconds (default: the
                     standard mix, about one fault in three a kill)
   --broker-sigkill  the broker fault kills the broker with SIGKILL (default: a clean stop,
-                    SIGTERM, with Ferry's link cut first): noida-db, the local test broker,
-                    loses records it acknowledged when killed, and those it acknowledges while
-                    it saves its data on SIGTERM, which would be counted as lost although Ferry
-                    never saw them fail
+                    SIGTERM: Kafka's controlled shutdown)
   --exactly-once    run Ferry with FERRY_KAFKA_EXACTLY_ONCE=true, read with
                     isolation.level=read_committed, and require 0 duplicates
   --no-broker-restart  leave the broker fault out of the mix
@@ -190,16 +187,6 @@ pub async fn main(argv: &[String]) -> i32 {
 const SLOT: &str = "ferry_chaos";
 const TOPIC: &str = "chaos";
 const PARTITIONS: i32 = 4;
-/// How long the broker is left to finish the requests it already has before a clean stop:
-/// 1 s, or `FERRY_BENCH_CHAOS_BROKER_QUIESCE_MS` (0 shows what the wait prevents).
-fn broker_quiesce() -> Duration {
-    let ms = std::env::var("FERRY_BENCH_CHAOS_BROKER_QUIESCE_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    Duration::from_millis(ms)
-}
-
 /// How long, after everything is healed, the confirmed LSN may take to pass the last commit.
 const CATCH_UP: Duration = Duration::from_secs(300);
 
@@ -382,7 +369,6 @@ async fn run(args: ChaosArgs) -> Res<bool> {
         kafka_proxy: kafka_proxy.clone(),
         ferry: ferry.clone(),
         broker_sigkill: args.broker_sigkill,
-        exactly_once: args.exactly_once,
     };
     let mut healed: Vec<(FaultKind, Instant, u64)> = Vec::new();
     for p in &schedule {
@@ -506,8 +492,6 @@ struct World {
     kafka_proxy: Arc<Proxy>,
     ferry: Arc<Mutex<Ferry>>,
     broker_sigkill: bool,
-    /// Exactly-once: the broker fault kills Ferry first (see [`World::apply`]).
-    exactly_once: bool,
 }
 
 impl World {
@@ -559,42 +543,16 @@ impl World {
                 tokio::task::spawn_blocking(move || c.start_again()).await?;
             }
             FaultKind::BrokerKill => {
+                // Apache Kafka: SIGTERM is a controlled shutdown, SIGKILL loses nothing that
+                // reached the page cache; either way a transaction left open is aborted or kept
+                // by the coordinator after the restart, never lost. Ferry stays up through it.
                 let b = self.broker.clone();
                 let sigkill = self.broker_sigkill;
-                // noida-db does not keep a transaction open across its restart: it drops it, and
-                // then acknowledges the producer's commit of it as a success (measured: records
-                // produced in a transaction left open over a clean restart, committed without an
-                // error afterwards, never visible to read_committed). An exactly-once Ferry would
-                // rightly trust that commit and move on, so in that mode Ferry is killed first
-                // and started again once the broker is back: its open transaction is then
-                // aborted by its successor, as Kafka would.
-                let ferry_down = self.exactly_once
-                    && self.ferry.lock().unwrap_or_else(|e| e.into_inner()).kill();
-                // noida-db writes its data file when it gets SIGTERM but goes on answering while
-                // it writes: a record it acknowledges then is not in the file (measured: 24,813
-                // of 27,513 acknowledged records gone after a 2.2 s save of a 700 MB file), a
-                // loss no Kafka broker's clean shutdown causes. So Ferry is cut off first (the
-                // proxy forwards nothing), and the connections are reset once the broker is down.
-                // Requests already inside the broker finish first: noida-db's save is not atomic
-                // with the requests it goes on serving (an EndTxn half applied when the file is
-                // written leaves a transaction committed on one partition and open on another).
-                if !sigkill {
-                    self.kafka_proxy.inject(Fault::Blackhole);
-                    tokio::time::sleep(broker_quiesce()).await;
-                }
                 tokio::task::spawn_blocking(move || if sigkill { b.kill() } else { b.stop() })
                     .await?;
-                self.kafka_proxy.inject(Fault::Cut);
                 tokio::time::sleep(p.hold).await;
                 let b = self.broker.clone();
                 tokio::task::spawn_blocking(move || b.start_again()).await?;
-                self.kafka_proxy.heal();
-                if ferry_down {
-                    self.ferry
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .spawn()?;
-                }
             }
         }
         Ok(())

@@ -1,16 +1,26 @@
-//! A Kafka-protocol broker for tests: the one named by `FERRY_TEST_KAFKA_BROKERS` (for example
-//! the docker-compose Kafka), or a local broker this process starts (noida-db by default, tansu
-//! when `FERRY_TEST_TANSU_BIN` is set), plus helpers to create topics and read them back.
+//! Apache Kafka for tests: the brokers named by `FERRY_TEST_KAFKA_BROKERS` (for example the
+//! docker-compose Kafka), or Apache Kafka itself started by this process from the jars
+//! `.ci/install-broker` resolves from Maven Central, plus helpers to create topics and read them
+//! back.
 //!
-//! Verify by consuming records back, never by reading watermarks (tansu's are wrong), and use
-//! one consumer per group: a group shared by consumers of different tests rebalances under them.
+//! A local cluster is one or more KRaft nodes, each one JVM that is both broker and controller,
+//! with storage formatted by Kafka's own `StorageTool`, a fresh log directory, and free ports
+//! chosen at run time. [`shared`] is one single-node broker per test process, with topics per
+//! test; a test that kills, pauses or reconfigures a broker starts its own ([`LocalBroker`]).
+//!
+//! When a test fails, the broker's log is kept: a private broker keeps its directory when it is
+//! dropped while the thread panics, the shared one when any test of the process panicked, and
+//! the path is printed. `FERRY_TEST_KEEP_BROKER_DATA` keeps every directory.
+//!
+//! Verify by consuming records back, and use one consumer per group.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -22,10 +32,28 @@ use crate::process::{self, spawn_owned};
 
 /// Environment variable naming an existing broker list to use instead of a local broker.
 pub const BROKERS_ENV: &str = "FERRY_TEST_KAFKA_BROKERS";
-/// Environment variable naming the noida-db binary.
-pub const NOIDA_BIN_ENV: &str = "FERRY_TEST_NOIDA_BIN";
-/// Environment variable naming a tansu binary (used instead of noida when set).
-pub const TANSU_BIN_ENV: &str = "FERRY_TEST_TANSU_BIN";
+/// Environment variable naming the directory of Apache Kafka's jars (default: the one
+/// `.ci/install-broker` fills, `~/.cache/ferry/kafka-<version>/libs`).
+pub const KAFKA_LIBS_ENV: &str = "FERRY_TEST_KAFKA_LIBS";
+/// Environment variable naming the `java` to run the broker with (default: `$JAVA_HOME/bin/java`,
+/// else `java` on the PATH).
+pub const JAVA_ENV: &str = "FERRY_TEST_JAVA";
+/// Environment variable replacing the broker JVM's options (heap, collector, JIT; see
+/// [`DEFAULT_JVM_OPTS`] and [`ClusterOptions::jvm_opts`]).
+pub const JVM_OPTS_ENV: &str = "FERRY_TEST_KAFKA_JVM_OPTS";
+/// The Apache Kafka version `.ci/install-broker` installs and the tests start.
+pub const KAFKA_VERSION: &str = "4.4.0";
+/// The broker JVM's options for tests: a heap that suits a 2-core, 24 GiB machine running
+/// several brokers beside PostgreSQL and Ferry, the serial collector (no GC threads competing
+/// for the two cores), and the client compiler only (a JVM that starts in ~2 s rather than
+/// one tuned for throughput; the benchmarks use [`KAFKA_SERVER_JVM_OPTS`]).
+pub const DEFAULT_JVM_OPTS: &str =
+    "-Xms128m -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss512k";
+/// The JVM options Apache Kafka's own `kafka-server-start.sh` gives a broker (heap 1 GiB, G1
+/// with its pause target): what a benchmark measures against.
+pub const KAFKA_SERVER_JVM_OPTS: &str = "-Xms1G -Xmx1G -server -XX:+UseG1GC \
+     -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
+     -XX:+ExplicitGCInvokesConcurrent";
 
 /// A broker tests can use.
 #[derive(Debug)]
@@ -43,9 +71,24 @@ pub fn shared() -> &'static Broker {
         Ok(b) if !b.is_empty() => Broker::External { brokers: b },
         _ => {
             process::sweep_stale_dirs("ferry-broker");
-            Broker::Local(LocalBroker::start_blocking())
+            let b = LocalBroker::start_blocking_with(ClusterOptions::default());
+            keep_on_panic(b.dir.clone());
+            Broker::Local(b)
         }
     })
+}
+
+/// Keeps `dir` (marks it so that [`process::sweep_stale_dirs`] leaves it) and prints where its
+/// logs are as soon as any thread of this process panics: a shared broker lives in a static and
+/// is never dropped, so its logs would otherwise go with the next sweep.
+fn keep_on_panic(dir: PathBuf) {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        if std::fs::write(dir.join(process::KEEP_MARKER), b"a test panicked\n").is_ok() {
+            eprintln!("the shared Kafka broker's logs are kept in {}", dir.display());
+        }
+    }));
 }
 
 impl Broker {
@@ -58,206 +101,609 @@ impl Broker {
     }
 }
 
-/// A local broker process (noida-db or tansu) with its own port and data.
+/// How to set up a local Kafka cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// KRaft nodes, each one process that is broker and controller (1 or 3 make sense). With
+    /// three, internal topics get replication factor 3 and `min.insync.replicas = 2`.
+    pub nodes: usize,
+    /// `auto.create.topics.enable` (Kafka's default, `true`; managed Kafka often has `false`).
+    pub auto_create_topics: bool,
+    /// A `SASL_SSL` listener with users, TLS and ACLs (see [`Security`]).
+    pub security: Option<Security>,
+    /// More `server.properties` lines, as `key=value`, after the defaults (a later key wins).
+    pub properties: Vec<String>,
+    /// The JVM's options (default [`DEFAULT_JVM_OPTS`]); `FERRY_TEST_KAFKA_JVM_OPTS` wins.
+    pub jvm_opts: Option<String>,
+    /// The first node's plaintext port (default: a free one).
+    pub port: Option<u16>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            nodes: 1,
+            auto_create_topics: true,
+            security: None,
+            properties: Vec::new(),
+            jvm_opts: None,
+            port: None,
+        }
+    }
+}
+
+/// A `SASL_SSL` listener beside the plaintext one: SCRAM-SHA-512 and PLAIN over TLS, with
+/// Kafka's `StandardAuthorizer`. The plaintext listener (the tests' own clients, the brokers
+/// among themselves) authenticates nobody and is a super user (`User:ANONYMOUS`), so the
+/// harness needs no credentials; every client on the `SASL_SSL` listener is held to its ACLs.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// Users and passwords, for both SCRAM-SHA-512 and PLAIN.
+    pub users: Vec<(String, String)>,
+}
+
+/// A local Apache Kafka cluster of one or more KRaft nodes, each with its own ports and data.
 #[derive(Debug)]
 pub struct LocalBroker {
+    dir: PathBuf,
+    cluster_id: String,
+    opts: ClusterOptions,
+    nodes: Vec<Node>,
+    /// The CA that signed every node's certificate, with `security`.
+    ca: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+struct Node {
+    id: u32,
     port: u16,
-    data: PathBuf,
+    controller_port: u16,
+    sasl_port: Option<u16>,
+    dir: PathBuf,
     child: Mutex<Option<Child>>,
 }
 
 impl LocalBroker {
-    /// Starts a broker and waits until it answers metadata requests. Blocking.
+    /// Starts a single-node broker with the default options and waits until it answers
+    /// metadata requests. Blocking.
     pub fn start_blocking() -> LocalBroker {
-        let data = std::env::temp_dir().join(unique_name("ferry-broker"));
-        std::fs::create_dir_all(&data).expect("create broker dir");
-        let b = LocalBroker {
-            port: process::free_port(),
-            data,
-            child: Mutex::new(None),
-        };
-        b.spawn();
-        b
+        LocalBroker::start_blocking_with(ClusterOptions::default())
     }
 
-    /// Starts a broker off the runtime's threads.
+    /// Starts a single-node broker off the runtime's threads.
     pub async fn start() -> LocalBroker {
-        tokio::task::spawn_blocking(LocalBroker::start_blocking)
+        LocalBroker::start_with(ClusterOptions::default()).await
+    }
+
+    /// Starts a cluster as `opts` says, off the runtime's threads.
+    pub async fn start_with(opts: ClusterOptions) -> LocalBroker {
+        tokio::task::spawn_blocking(move || LocalBroker::start_blocking_with(opts))
             .await
             .expect("start broker")
     }
 
-    fn spawn(&self) {
-        let addr = format!("127.0.0.1:{}", self.port);
-        let mut cmd = if let Ok(tansu) = std::env::var(TANSU_BIN_ENV) {
-            let mut c = Command::new(tansu);
-            c.args(["broker", "--listener-url"])
-                .arg(format!("tcp://{addr}"))
-                .arg("--advertised-listener-url")
-                .arg(format!("tcp://{addr}"))
-                .args(["--storage-engine", "memory://tansu/"]);
-            c
-        } else {
-            let mut c = Command::new(noida_bin());
-            c.args(["start", "--only", "kafka", "--kafka-port"])
-                .arg(self.port.to_string())
-                .arg("--data-dir")
-                .arg(&self.data);
-            c
+    /// Starts a cluster as `opts` says: formats every node's storage, starts the nodes in
+    /// parallel, and waits until the cluster's metadata lists every broker. Blocking.
+    pub fn start_blocking_with(opts: ClusterOptions) -> LocalBroker {
+        assert!(opts.nodes >= 1, "a Kafka cluster needs at least one node");
+        let dir = std::env::temp_dir().join(unique_name("ferry-broker"));
+        std::fs::create_dir_all(&dir).expect("create broker dir");
+        let ca = opts.security.as_ref().map(|_| {
+            crate::pg::make_certs(&dir, None);
+            dir.join("ca.crt")
+        });
+        let nodes = (1..=opts.nodes as u32)
+            .map(|id| {
+                let node_dir = dir.join(format!("node-{id}"));
+                std::fs::create_dir_all(&node_dir).expect("create node dir");
+                Node {
+                    id,
+                    port: opts
+                        .port
+                        .filter(|_| id == 1)
+                        .unwrap_or_else(process::free_port),
+                    controller_port: process::free_port(),
+                    sasl_port: opts.security.as_ref().map(|_| process::free_port()),
+                    dir: node_dir,
+                    child: Mutex::new(None),
+                }
+            })
+            .collect();
+        let mut b = LocalBroker {
+            cluster_id: String::new(),
+            dir,
+            opts,
+            nodes,
+            ca,
         };
+        b.cluster_id = b.random_uuid();
+        for n in &b.nodes {
+            b.write_config(n);
+        }
+        std::thread::scope(|s| {
+            for n in &b.nodes {
+                let b = &b;
+                s.spawn(move || b.format(n));
+            }
+        });
+        for i in 0..b.nodes.len() {
+            b.spawn_node(i);
+        }
+        b.wait_ready(b.nodes.len());
+        b
+    }
+
+    fn java_command(&self) -> Command {
+        let java = std::env::var_os(JAVA_ENV)
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("JAVA_HOME").map(|h| PathBuf::from(h).join("bin/java")))
+            .unwrap_or_else(|| PathBuf::from("java"));
+        let mut c = Command::new(java);
+        let opts = std::env::var(JVM_OPTS_ENV)
+            .ok()
+            .or_else(|| self.opts.jvm_opts.clone())
+            .unwrap_or_else(|| DEFAULT_JVM_OPTS.to_string());
+        c.args(opts.split_whitespace())
+            .arg("-Djava.awt.headless=true")
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                self.dir.join("log4j2.properties").display()
+            ))
+            .arg("-cp")
+            .arg(format!("{}/*", kafka_libs().display()))
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn random_uuid(&self) -> String {
+        std::fs::write(self.dir.join("log4j2.properties"), LOG4J2).expect("write log4j2");
+        let out = self
+            .java_command()
+            .args(["kafka.tools.StorageTool", "random-uuid"])
+            .output()
+            .unwrap_or_else(|e| panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}"));
+        assert!(
+            out.status.success(),
+            "Kafka's StorageTool random-uuid failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    fn voters(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("{}@127.0.0.1:{}", n.id, n.controller_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn write_config(&self, n: &Node) {
+        let replicas = self.nodes.len().min(3);
+        let min_isr = if replicas >= 3 { 2 } else { 1 };
+        let mut listeners = format!(
+            "PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}",
+            n.port, n.controller_port
+        );
+        let mut advertised = format!("PLAINTEXT://127.0.0.1:{}", n.port);
+        let mut protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".to_string();
+        if let Some(sp) = n.sasl_port {
+            listeners.push_str(&format!(",SASL_SSL://127.0.0.1:{sp}"));
+            advertised.push_str(&format!(",SASL_SSL://127.0.0.1:{sp}"));
+            protocols.push_str(",SASL_SSL:SASL_SSL");
+        }
+        let mut p = vec![
+            "process.roles=broker,controller".to_string(),
+            format!("node.id={}", n.id),
+            format!("controller.quorum.voters={}", self.voters()),
+            format!("listeners={listeners}"),
+            format!("advertised.listeners={advertised}"),
+            format!("listener.security.protocol.map={protocols}"),
+            "controller.listener.names=CONTROLLER".into(),
+            "inter.broker.listener.name=PLAINTEXT".into(),
+            format!("log.dirs={}", n.dir.join("data").display()),
+            format!("auto.create.topics.enable={}", self.opts.auto_create_topics),
+            "num.partitions=1".into(),
+            format!("default.replication.factor={replicas}"),
+            format!("min.insync.replicas={min_isr}"),
+            "unclean.leader.election.enable=false".into(),
+            format!("offsets.topic.replication.factor={replicas}"),
+            "offsets.topic.num.partitions=5".into(),
+            format!("transaction.state.log.replication.factor={replicas}"),
+            format!("transaction.state.log.min.isr={min_isr}"),
+            "transaction.state.log.num.partitions=5".into(),
+            "group.initial.rebalance.delay.ms=0".into(),
+            // A test's broker holds little: small segments and indexes keep its disk small.
+            "log.segment.bytes=67108864".into(),
+            "log.index.size.max.bytes=1048576".into(),
+            "num.network.threads=2".into(),
+            "num.io.threads=4".into(),
+            "background.threads=2".into(),
+            "log.cleaner.threads=1".into(),
+            "log.cleaner.dedupe.buffer.size=8388608".into(),
+            format!("share.coordinator.state.topic.replication.factor={replicas}"),
+            format!("share.coordinator.state.topic.min.isr={min_isr}"),
+        ];
+        if let Some(sec) = &self.opts.security {
+            let jaas_plain: String = sec
+                .users
+                .iter()
+                .map(|(u, pw)| format!(" user_{u}=\"{pw}\""))
+                .collect();
+            p.extend([
+                "sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN".to_string(),
+                "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=\
+                 org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                    .into(),
+                format!(
+                    "listener.name.sasl_ssl.plain.sasl.jaas.config=\
+                     org.apache.kafka.common.security.plain.PlainLoginModule required{jaas_plain};"
+                ),
+                "ssl.keystore.type=PEM".into(),
+                format!(
+                    "ssl.keystore.location={}",
+                    self.dir.join("server-keystore.pem").display()
+                ),
+                "ssl.truststore.type=PEM".into(),
+                format!("ssl.truststore.location={}", self.dir.join("ca.crt").display()),
+                "ssl.client.auth=none".into(),
+                "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+                    .into(),
+                "super.users=User:ANONYMOUS".into(),
+                "allow.everyone.if.no.acl.found=false".into(),
+            ]);
+            let pem = format!(
+                "{}{}",
+                std::fs::read_to_string(self.dir.join("server.key")).expect("server.key"),
+                std::fs::read_to_string(self.dir.join("server.crt")).expect("server.crt")
+            );
+            std::fs::write(self.dir.join("server-keystore.pem"), pem).expect("write keystore");
+        }
+        p.extend(self.opts.properties.iter().cloned());
+        let mut f = std::fs::File::create(n.dir.join("server.properties"))
+            .expect("write server.properties");
+        for l in p {
+            writeln!(f, "{l}").expect("write server.properties");
+        }
+    }
+
+    fn format(&self, n: &Node) {
+        let mut c = self.java_command();
+        c.args(["kafka.tools.StorageTool", "format", "--ignore-formatted", "-t"])
+            .arg(&self.cluster_id)
+            .arg("-c")
+            .arg(n.dir.join("server.properties"));
+        if let Some(sec) = &self.opts.security {
+            for (u, pw) in &sec.users {
+                c.arg("--add-scram")
+                    .arg(format!("SCRAM-SHA-512=[name={u},password={pw}]"));
+            }
+        }
+        let out = c
+            .output()
+            .unwrap_or_else(|e| panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}"));
+        assert!(
+            out.status.success(),
+            "Kafka's StorageTool format failed for node {}: {}{}",
+            n.id,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn spawn_node(&self, i: usize) {
+        let n = &self.nodes[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.data.join("broker.log"))
-            .expect("open broker.log");
-        cmd.stdin(Stdio::null())
+            .open(n.dir.join("server.log"))
+            .expect("open server.log");
+        let mut cmd = self.java_command();
+        cmd.arg("kafka.Kafka")
+            .arg(n.dir.join("server.properties"))
             .stdout(log.try_clone().expect("dup"))
             .stderr(log);
-        let program = cmd.get_program().to_owned();
-        let child = spawn_owned(cmd, libc::SIGKILL).unwrap_or_else(|e| {
-            panic!(
-                "start the test broker {}: {e}: {BROKER_SETUP_HINT}",
-                Path::new(&program).display()
-            )
-        });
-        *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+        let child = spawn_owned(cmd, libc::SIGKILL)
+            .unwrap_or_else(|e| panic!("start Apache Kafka (java): {e}: {BROKER_SETUP_HINT}"));
+        *n.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+    }
+
+    /// Waits until the cluster's metadata lists `brokers` brokers, through any live node.
+    fn wait_ready(&self, brokers: usize) {
         let start = Instant::now();
-        while !metadata_ok(&self.brokers()) {
+        let deadline = Duration::from_secs(90);
+        loop {
+            if let Some(n) = metadata_brokers(&self.brokers()) {
+                if n >= brokers {
+                    return;
+                }
+            }
+            for node in &self.nodes {
+                let mut child = node.child.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                    *child = None;
+                    panic!(
+                        "Kafka node {} exited ({status}) while starting; its log ({}):\n{}",
+                        node.id,
+                        node.dir.join("server.log").display(),
+                        tail(&node.dir.join("server.log"), 60)
+                    );
+                }
+            }
             assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "broker did not answer within 60s; log:\n{}",
-                std::fs::read_to_string(self.data.join("broker.log")).unwrap_or_default()
+                start.elapsed() < deadline,
+                "Kafka did not list {brokers} broker(s) within {deadline:?}; logs in {}:\n{}",
+                self.dir.display(),
+                tail(&self.nodes[0].dir.join("server.log"), 60)
             );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
-    /// Stops the broker (SIGTERM, then waits). Its data stays for [`LocalBroker::start_again`].
+    /// Stops every node (SIGTERM: a controlled shutdown, then waits). The data stays for
+    /// [`LocalBroker::start_again`].
     pub fn stop(&self) {
-        if let Some(mut c) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        std::thread::scope(|s| {
+            for i in 0..self.nodes.len() {
+                s.spawn(move || self.stop_node(i));
+            }
+        });
+    }
+
+    /// Kills every node (SIGKILL: no shutdown work), keeping the data for
+    /// [`LocalBroker::start_again`].
+    pub fn kill(&self) {
+        for i in 0..self.nodes.len() {
+            self.kill_node(i);
+        }
+    }
+
+    /// Starts every stopped node again on the same ports with the same data, and waits until
+    /// all of them are listed.
+    pub fn start_again(&self) {
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.child.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                self.spawn_node(i);
+            }
+        }
+        self.wait_ready(self.nodes.len());
+    }
+
+    /// Stops node `i` (0-based) with SIGTERM and waits for it to exit.
+    pub fn stop_node(&self, i: usize) {
+        let taken = self.nodes[i]
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut c) = taken {
+            process::signal(&c, libc::SIGCONT);
             process::signal(&c, libc::SIGTERM);
             let _ = c.wait();
         }
     }
 
-    /// Kills the broker (SIGKILL: no shutdown work), keeping its data for
-    /// [`LocalBroker::start_again`].
-    pub fn kill(&self) {
-        if let Some(mut c) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() {
+    /// Kills node `i` (0-based) with SIGKILL.
+    pub fn kill_node(&self, i: usize) {
+        let taken = self.nodes[i]
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut c) = taken {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    /// Starts the broker again on the same port with the same data.
-    pub fn start_again(&self) {
-        self.spawn();
+    /// Starts node `i` (0-based) again with its data. Does not wait: see
+    /// [`LocalBroker::wait_brokers`].
+    pub fn start_node(&self, i: usize) {
+        let running = self.nodes[i]
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !running {
+            self.spawn_node(i);
+        }
     }
 
-    /// The bootstrap address.
+    /// Pauses node `i` (SIGSTOP): its connections stay open and nothing answers.
+    pub fn pause_node(&self, i: usize) {
+        if let Some(c) = &*self.nodes[i].child.lock().unwrap_or_else(|e| e.into_inner()) {
+            process::signal(c, libc::SIGSTOP);
+        }
+    }
+
+    /// Resumes node `i` after [`LocalBroker::pause_node`].
+    pub fn resume_node(&self, i: usize) {
+        if let Some(c) = &*self.nodes[i].child.lock().unwrap_or_else(|e| e.into_inner()) {
+            process::signal(c, libc::SIGCONT);
+        }
+    }
+
+    /// Waits (blocking) until the cluster's metadata lists `n` brokers.
+    pub fn wait_brokers(&self, n: usize) {
+        self.wait_ready(n);
+    }
+
+    /// The number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The index of the node whose broker id is `id`.
+    pub fn node_of(&self, id: i32) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id as i32 == id)
+    }
+
+    /// The bootstrap list of the plaintext listeners (every node).
     pub fn brokers(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The bootstrap list of the `SASL_SSL` listeners, with [`ClusterOptions::security`].
+    pub fn sasl_brokers(&self) -> Option<String> {
+        let ports: Option<Vec<u16>> = self.nodes.iter().map(|n| n.sasl_port).collect();
+        ports.map(|p| {
+            p.iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    }
+
+    /// The CA certificate (PEM) that signed the brokers' TLS certificates, with security.
+    pub fn ca_cert(&self) -> Option<&Path> {
+        self.ca.as_deref()
+    }
+
+    /// The directory holding every node's configuration, data and `server.log`.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The last `lines` lines of node `i`'s log.
+    pub fn log_tail(&self, i: usize, lines: usize) -> String {
+        tail(&self.nodes[i].dir.join("server.log"), lines)
     }
 }
 
 impl Drop for LocalBroker {
     fn drop(&mut self) {
-        // FERRY_TEST_KEEP_BROKER_DATA: stop it cleanly (noida-db saves its data file then) and
-        // keep the directory, to look into what the broker held.
         let keep = std::env::var_os("FERRY_TEST_KEEP_BROKER_DATA").is_some();
-        if let Some(mut c) = self.child.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            if keep {
-                process::signal(&c, libc::SIGTERM);
-            } else {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
-        }
         if keep {
-            eprintln!("broker data kept in {}", self.data.display());
+            self.stop();
         } else {
-            let _ = std::fs::remove_dir_all(&self.data);
+            self.kill();
         }
+        if keep || std::thread::panicking() {
+            let _ = std::fs::write(self.dir.join(process::KEEP_MARKER), b"kept\n");
+            eprintln!("Kafka's logs and data kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+const LOG4J2: &str = "\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+";
+
+/// The last `lines` lines of a file, or a note that it cannot be read.
+fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(s) => {
+            let all: Vec<&str> = s.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
     }
 }
 
 /// What to do when the tests have no broker to start or use.
-pub const BROKER_SETUP_HINT: &str = "run `bash .ci/install-deps` once (installs the test broker \
-     noida-db under ~/.cache/ferry, and PostgreSQL 15; needs root or sudo for the packages) or \
-     `bash .ci/install-broker` (the broker only), or set FERRY_TEST_KAFKA_BROKERS to the bootstrap \
-     servers of a Kafka cluster (README, \"Run the tests\")";
+pub const BROKER_SETUP_HINT: &str = "run `bash .ci/install-deps` once (resolves Apache Kafka's \
+     jars from Maven Central into ~/.cache/ferry, and installs PostgreSQL 15 and a JDK; needs \
+     root or sudo for the packages) or `bash .ci/install-broker` (Kafka only), or set \
+     FERRY_TEST_KAFKA_BROKERS to the bootstrap servers of a Kafka cluster (README, \"Run the \
+     tests\")";
 
-/// The noida-db binary: `FERRY_TEST_NOIDA_BIN`, else the one `.ci/install-broker` installs under
-/// `~/.cache/ferry/noida-<version>/`. Panics with what to do when there is none.
-pub fn noida_bin() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    find_noida_bin(
-        std::env::var_os(NOIDA_BIN_ENV).map(PathBuf::from),
-        &home
+/// The directory of Apache Kafka's jars: `FERRY_TEST_KAFKA_LIBS`, else the one
+/// `.ci/install-broker` fills under `~/.cache/ferry/kafka-<version>/libs`. Panics with what to
+/// do when there is none. When there is none and `FERRY_TEST_KAFKA_LIBS` is unset, it first
+/// runs `.ci/install-deps` ([`process::install_deps_once`]): a fresh machine needs no set-up
+/// step before the tests.
+pub fn kafka_libs() -> PathBuf {
+    static LIBS: OnceLock<PathBuf> = OnceLock::new();
+    LIBS.get_or_init(|| {
+        let env = std::env::var_os(KAFKA_LIBS_ENV).map(PathBuf::from);
+        let cache = std::env::var_os("HOME")
+            .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/root"))
-            .join(".cache/ferry"),
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
+            .join(".cache/ferry");
+        find_kafka_libs(env.clone(), &cache)
+            .or_else(|e| {
+                if env.is_some() {
+                    return Err(e);
+                }
+                process::install_deps_once().map_err(|i| format!("{e}\n{i}"))?;
+                find_kafka_libs(None, &cache)
+            })
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .clone()
 }
 
-/// [`noida_bin`] with its inputs as arguments: the `FERRY_TEST_NOIDA_BIN` value and the cache
-/// directory holding the venvs `.ci/install-broker` makes.
-pub fn find_noida_bin(env_bin: Option<PathBuf>, cache: &Path) -> Result<PathBuf, String> {
-    if let Some(bin) = env_bin {
-        if bin.is_file() {
-            return Ok(bin);
+/// [`kafka_libs`] with its inputs as arguments: the `FERRY_TEST_KAFKA_LIBS` value and the cache
+/// directory `.ci/install-broker` fills.
+pub fn find_kafka_libs(env_dir: Option<PathBuf>, cache: &Path) -> Result<PathBuf, String> {
+    let broker_jar = format!("kafka_2.13-{KAFKA_VERSION}.jar");
+    let complete = |d: &Path| d.join(&broker_jar).is_file() && d.join(".complete").is_file();
+    if let Some(dir) = env_dir {
+        if dir.join(&broker_jar).is_file() {
+            return Ok(dir);
         }
         return Err(format!(
-            "{NOIDA_BIN_ENV}={} is not a file: point it at the noida-db binary, or unset it \
-             to use the one .ci/install-broker installs",
-            bin.display()
+            "{KAFKA_LIBS_ENV}={} holds no {broker_jar}: point it at a directory of Apache \
+             Kafka {KAFKA_VERSION}'s jars, or unset it to use the ones .ci/install-broker \
+             installs",
+            dir.display()
         ));
     }
-    let found = std::fs::read_dir(cache)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .find_map(|e| {
-            let lib = e.path().join("lib");
-            std::fs::read_dir(lib)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .find_map(|py| {
-                    let bin = py.path().join("site-packages/noida_db/noida-db");
-                    bin.is_file().then_some(bin)
-                })
-        });
-    found.ok_or_else(|| {
-        format!(
-            "no Kafka broker for the tests (no noida-db under {}, {BROKERS_ENV} and \
-             {NOIDA_BIN_ENV} unset): {BROKER_SETUP_HINT}",
-            cache.display()
-        )
-    })
+    let dir = cache.join(format!("kafka-{KAFKA_VERSION}/libs"));
+    if complete(&dir) {
+        return Ok(dir);
+    }
+    Err(format!(
+        "no Kafka broker for the tests (no Apache Kafka {KAFKA_VERSION} under {}, \
+         {BROKERS_ENV} and {KAFKA_LIBS_ENV} unset): {BROKER_SETUP_HINT}",
+        dir.display()
+    ))
 }
 
-fn metadata_ok(brokers: &str) -> bool {
-    let Ok(consumer) = ClientConfig::new()
+/// How many brokers the cluster's metadata lists, asked through `brokers`; `None` when no
+/// broker answers.
+fn metadata_brokers(brokers: &str) -> Option<usize> {
+    let consumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("log_level", "0")
         .create::<BaseConsumer>()
-    else {
-        return false;
-    };
+        .ok()?;
     consumer
-        .fetch_metadata(None, Duration::from_millis(500))
-        .is_ok()
+        .fetch_metadata(None, Duration::from_millis(1000))
+        .ok()
+        .map(|md| md.brokers().len())
 }
 
-/// Creates `topic` with `partitions` partitions (replication factor 1) and waits until its
-/// metadata shows every partition.
+/// Creates `topic` with `partitions` partitions (the cluster's default replication factor:
+/// 1 on one node, 3 on three) and waits until its metadata shows every partition.
 pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
         .expect("admin client");
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
     let res = admin
         .create_topics([&new], &AdminOptions::new())
         .await
@@ -282,61 +728,11 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     .await;
 }
 
-/// Turns the broker's `auto.create.topics.enable` on or off (AlterConfigs on the broker
-/// resource), as managed Kafka has it off. Use it on a broker of the test's own
-/// ([`LocalBroker`]): the shared one serves tests that rely on auto-creation.
-pub async fn set_auto_create_topics(brokers: &str, enabled: bool) {
-    use rdkafka::admin::AlterConfig;
-    let b = brokers.to_string();
-    let id = tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &b)
-            .create()
-            .expect("consumer");
-        consumer
-            .fetch_metadata(None, Duration::from_secs(10))
-            .expect("broker metadata")
-            .brokers()[0]
-            .id()
-    })
-    .await
-    .expect("metadata task");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("admin client");
-    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
-    let value = if enabled { "true" } else { "false" };
-    let alter =
-        AlterConfig::new(ResourceSpecifier::Broker(id)).set("auto.create.topics.enable", value);
-    let res = admin
-        .alter_configs([&alter], &opts)
-        .await
-        .expect("alter_configs");
-    for r in res {
-        r.unwrap_or_else(|e| panic!("set auto.create.topics.enable = {value}: {e:?}"));
-    }
-    let described = admin
-        .describe_configs([&ResourceSpecifier::Broker(id)], &opts)
-        .await
-        .expect("describe_configs");
-    let now = described
-        .into_iter()
-        .flatten()
-        .flat_map(|r| r.entries)
-        .find(|e| e.name == "auto.create.topics.enable")
-        .and_then(|e| e.value);
-    assert_eq!(
-        now.as_deref(),
-        Some(value),
-        "the broker did not take auto.create.topics.enable"
-    );
-}
-
 /// The number of partitions the broker reports for `topic`, if it knows the topic.
 pub fn partition_count(brokers: &str, topic: &str) -> Option<i32> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
+        .set("allow.auto.create.topics", "false")
         .create()
         .ok()?;
     let md = consumer
@@ -347,6 +743,21 @@ pub fn partition_count(brokers: &str, topic: &str) -> Option<i32> {
         return None;
     }
     Some(t.partitions().len() as i32)
+}
+
+/// The broker id leading `topic`'s `partition`, if the metadata names one.
+pub fn leader_of(brokers: &str, topic: &str, partition: i32) -> Option<i32> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .ok()?;
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(5))
+        .ok()?;
+    let t = md.topics().iter().find(|t| t.name() == topic)?;
+    let p = t.partitions().iter().find(|p| p.id() == partition)?;
+    (p.leader() >= 0).then_some(p.leader())
 }
 
 /// One record read back from a topic.
@@ -372,9 +783,10 @@ impl Consumed {
     }
 }
 
-/// Reads every partition of `topic` from the beginning until at least `expected` records have
-/// arrived, or panics at the deadline saying how many came. Returns them in per-partition
-/// offset order (partitions interleaved as fetched).
+/// Reads every partition of `topic` from the beginning (`read_committed`: records of aborted
+/// or open transactions never show) until at least `expected` records have arrived, or panics
+/// at the deadline saying how many came. Returns them in per-partition offset order
+/// (partitions interleaved as fetched).
 pub async fn consume(
     brokers: &str,
     topic: &str,
@@ -401,6 +813,7 @@ fn consume_blocking(
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
+        .set("isolation.level", "read_committed")
         .create()
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();

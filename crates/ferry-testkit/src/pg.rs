@@ -508,20 +508,33 @@ fn append(path: &Path, text: &str) {
 
 /// What to do when the tests have no PostgreSQL to start or use: every message about a missing
 /// server ends with it.
-pub const PG_SETUP_HINT: &str = "run `bash .ci/install-deps` once (installs PostgreSQL 15 and the \
-     test broker; needs root or sudo), or set FERRY_TEST_PG_URL to the superuser URL of a server \
+pub const PG_SETUP_HINT: &str = "run `bash .ci/install-deps` once (installs PostgreSQL 15 and \
+     Apache Kafka; needs root or sudo), or set FERRY_TEST_PG_URL to the superuser URL of a server \
      with wal_level = logical (README, \"Run the tests\")";
 
 /// The PostgreSQL server binaries: `FERRY_TEST_PG_BINDIR`, else the newest
 /// `/usr/lib/postgresql/*/bin`, else the directory on `PATH` holding `initdb`. Panics with what to
 /// do when there are none (see [`find_pg_bindir`]).
+///
+/// When there are none and `FERRY_TEST_PG_BINDIR` is unset, it first runs `.ci/install-deps`
+/// ([`process::install_deps_once`]), so a fresh machine needs no set-up step before the tests.
 pub fn pg_bindir() -> PathBuf {
-    find_pg_bindir(
-        std::env::var_os(PG_BINDIR_ENV).map(PathBuf::from),
-        Path::new("/usr/lib/postgresql"),
-        std::env::var_os("PATH").as_deref(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"))
+    let find = || {
+        find_pg_bindir(
+            std::env::var_os(PG_BINDIR_ENV).map(PathBuf::from),
+            Path::new("/usr/lib/postgresql"),
+            std::env::var_os("PATH").as_deref(),
+        )
+    };
+    find()
+        .or_else(|e| {
+            if std::env::var_os(PG_BINDIR_ENV).is_some() {
+                return Err(e);
+            }
+            process::install_deps_once().map_err(|i| format!("{e}\n{i}"))?;
+            find()
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The server binaries a local cluster needs. Client tools (`pg_isready`) may come from another
@@ -600,7 +613,7 @@ fn newest_version_bin(versions_root: &Path, usable: impl Fn(&Path) -> bool) -> O
 }
 
 /// A test CA and a server certificate for `localhost` / `127.0.0.1`, made with the openssl CLI.
-fn make_certs(root: &Path, owner: Option<(u32, u32)>) {
+pub(crate) fn make_certs(root: &Path, owner: Option<(u32, u32)>) {
     let run = |args: &[&str]| {
         let out = Command::new("openssl")
             .args(args)

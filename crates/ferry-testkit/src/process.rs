@@ -33,14 +33,20 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
 
 /// Spawns `cmd` so that it receives `signal` when the test process dies.
 pub fn spawn_owned(mut cmd: Command, signal: libc::c_int) -> io::Result<Child> {
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent; this is the
-    // documented way to tie a child's lifetime to its parent on Linux.
+    // SAFETY: prctl and pthread_sigmask are async-signal-safe and touch no memory of the
+    // parent; this is the documented way to tie a child's lifetime to its parent on Linux.
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
+            // A server starts with no signal blocked, whatever its parent blocks (a harness
+            // that waits for SIGTERM with sigwait blocks it in every thread, and a blocked
+            // mask survives exec): the server's own SIGTERM handling must see the signal.
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
             Ok(())
         });
     }
@@ -116,9 +122,14 @@ pub fn server_user() -> Result<Option<(u32, u32)>, String> {
     }
 }
 
+/// The file whose presence in a server's directory keeps it from [`sweep_stale_dirs`]: a failed
+/// test's logs stay for a look.
+pub const KEEP_MARKER: &str = "KEPT-FOR-A-FAILED-TEST";
+
 /// Removes the temporary directories (`<prefix>_<pid>_<n>` under the temp dir) that test
 /// processes which are no longer running left behind: a cluster or broker shared by a whole
-/// test process lives in a static and is never dropped, so its directory outlives it.
+/// test process lives in a static and is never dropped, so its directory outlives it. A
+/// directory holding [`KEEP_MARKER`] stays.
 pub fn sweep_stale_dirs(prefix: &str) {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
@@ -131,8 +142,50 @@ pub fn sweep_stale_dirs(prefix: &str) {
         let Some(pid) = rest.strip_prefix('_').and_then(|r| r.split('_').next()) else {
             continue;
         };
-        if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+        if pid.parse::<u32>().is_ok()
+            && !std::path::Path::new("/proc").join(pid).exists()
+            && !e.path().join(KEEP_MARKER).exists()
+        {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
+}
+
+/// Runs the repository's set-up command, `bash .ci/install-deps`, once per test process, so that
+/// `cargo test --workspace` on a fresh machine installs what the tests need (PostgreSQL, a JDK,
+/// Apache Kafka's jars) instead of failing for want of it. Concurrent test processes serialize
+/// on a lock file; the script installs nothing that is already there. `Err` carries what the
+/// script printed, for the caller's panic message (no root and no sudo, no apt-get, no network).
+pub fn install_deps_once() -> Result<(), String> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/install-deps");
+        if !script.is_file() {
+            return Err(format!("{} is missing", script.display()));
+        }
+        eprintln!(
+            "ferry-testkit: a test dependency is missing; running {} (once per machine)",
+            script.display()
+        );
+        let lock = std::env::temp_dir().join("ferry-install-deps.lock");
+        let out = Command::new("flock")
+            .arg(&lock)
+            .arg("bash")
+            .arg(&script)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("run flock bash {}: {e}", script.display()))?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprint!("{text}");
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{} failed ({}):\n{text}", script.display(), out.status))
+        }
+    })
+    .clone()
 }

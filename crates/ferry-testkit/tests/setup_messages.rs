@@ -90,19 +90,18 @@ fn a_wrong_bindir_variable_is_named_not_skipped() {
 fn missing_broker_names_the_setup_command_and_the_alternative() {
     use ferry_testkit::kafka;
     let s = Scratch::new();
-    let e = kafka::find_noida_bin(None, &s.0).unwrap_err();
+    let e = kafka::find_kafka_libs(None, &s.0).unwrap_err();
     assert!(e.contains("bash .ci/install-deps"), "{e}");
     assert!(e.contains("FERRY_TEST_KAFKA_BROKERS"), "{e}");
+    assert!(e.contains("Maven Central"), "{e}");
 
-    let e = kafka::find_noida_bin(Some(s.0.join("no-such-binary")), &s.0).unwrap_err();
-    assert!(e.contains("FERRY_TEST_NOIDA_BIN"), "{e}");
+    let e = kafka::find_kafka_libs(Some(s.0.join("no-such-dir")), &s.0).unwrap_err();
+    assert!(e.contains("FERRY_TEST_KAFKA_LIBS"), "{e}");
 
-    let venv = s.files(
-        "noida-0.2.3/lib/python3.11/site-packages/noida_db",
-        &["noida-db"],
-    );
-    assert_eq!(
-        kafka::find_noida_bin(None, &s.0).unwrap(),
-        venv.join("noida-db")
-    );
+    // A directory Maven was still filling (no `.complete`) is not an installation.
+    let jar = format!("kafka_2.13-{}.jar", kafka::KAFKA_VERSION);
+    let libs = s.files(&format!("kafka-{}/libs", kafka::KAFKA_VERSION), &[&jar]);
+    assert!(kafka::find_kafka_libs(None, &s.0).is_err());
+    s.files(&format!("kafka-{}/libs", kafka::KAFKA_VERSION), &[".complete"]);
+    assert_eq!(kafka::find_kafka_libs(None, &s.0).unwrap(), libs);
 }
