@@ -365,11 +365,12 @@ async fn check_reports_every_sampled_row_that_cannot_be_routed_with_its_id() {
 /// that does not auto-create topics is an error whose fix names route.create_topics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_samples_every_aggregate_type_and_reports_its_missing_topic() {
-    let broker = ferry_testkit::kafka::LocalBroker::start_with(ferry_testkit::kafka::ClusterOptions {
-        auto_create_topics: false,
-        ..Default::default()
-    })
-    .await;
+    let broker =
+        ferry_testkit::kafka::LocalBroker::start_with(ferry_testkit::kafka::ClusterOptions {
+            auto_create_topics: false,
+            ..Default::default()
+        })
+        .await;
     let w = World::on(
         ferry_testkit::pg::shared().create_db().await,
         broker.brokers(),

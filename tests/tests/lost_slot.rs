@@ -406,11 +406,12 @@ async fn delete_topic(brokers: &str, topic: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_records_that_cannot_be_written_stop_confirming_visibly() {
-    let broker = ferry_testkit::kafka::LocalBroker::start_with(ferry_testkit::kafka::ClusterOptions {
-        auto_create_topics: false,
-        ..Default::default()
-    })
-    .await;
+    let broker =
+        ferry_testkit::kafka::LocalBroker::start_with(ferry_testkit::kafka::ClusterOptions {
+            auto_create_topics: false,
+            ..Default::default()
+        })
+        .await;
     let mut w = World::on(
         ferry_testkit::pg::shared().create_db().await,
         broker.brokers(),

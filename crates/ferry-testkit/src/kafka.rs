@@ -86,7 +86,10 @@ fn keep_on_panic(dir: PathBuf) {
     std::panic::set_hook(Box::new(move |info| {
         previous(info);
         if std::fs::write(dir.join(process::KEEP_MARKER), b"a test panicked\n").is_ok() {
-            eprintln!("the shared Kafka broker's logs are kept in {}", dir.display());
+            eprintln!(
+                "the shared Kafka broker's logs are kept in {}",
+                dir.display()
+            );
         }
     }));
 }
@@ -261,7 +264,9 @@ impl LocalBroker {
             .java_command()
             .args(["kafka.tools.StorageTool", "random-uuid"])
             .output()
-            .unwrap_or_else(|e| panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}"));
+            .unwrap_or_else(|e| {
+                panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}")
+            });
         assert!(
             out.status.success(),
             "Kafka's StorageTool random-uuid failed: {}{}",
@@ -351,7 +356,10 @@ impl LocalBroker {
                     self.dir.join("server-keystore.pem").display()
                 ),
                 "ssl.truststore.type=PEM".into(),
-                format!("ssl.truststore.location={}", self.dir.join("ca.crt").display()),
+                format!(
+                    "ssl.truststore.location={}",
+                    self.dir.join("ca.crt").display()
+                ),
                 "ssl.client.auth=none".into(),
                 "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer"
                     .into(),
@@ -375,19 +383,24 @@ impl LocalBroker {
 
     fn format(&self, n: &Node) {
         let mut c = self.java_command();
-        c.args(["kafka.tools.StorageTool", "format", "--ignore-formatted", "-t"])
-            .arg(&self.cluster_id)
-            .arg("-c")
-            .arg(n.dir.join("server.properties"));
+        c.args([
+            "kafka.tools.StorageTool",
+            "format",
+            "--ignore-formatted",
+            "-t",
+        ])
+        .arg(&self.cluster_id)
+        .arg("-c")
+        .arg(n.dir.join("server.properties"));
         if let Some(sec) = &self.opts.security {
             for (u, pw) in &sec.users {
                 c.arg("--add-scram")
                     .arg(format!("SCRAM-SHA-512=[name={u},password={pw}]"));
             }
         }
-        let out = c
-            .output()
-            .unwrap_or_else(|e| panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}"));
+        let out = c.output().unwrap_or_else(|e| {
+            panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}")
+        });
         assert!(
             out.status.success(),
             "Kafka's StorageTool format failed for node {}: {}{}",
@@ -517,14 +530,22 @@ impl LocalBroker {
 
     /// Pauses node `i` (SIGSTOP): its connections stay open and nothing answers.
     pub fn pause_node(&self, i: usize) {
-        if let Some(c) = &*self.nodes[i].child.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(c) = &*self.nodes[i]
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             process::signal(c, libc::SIGSTOP);
         }
     }
 
     /// Resumes node `i` after [`LocalBroker::pause_node`].
     pub fn resume_node(&self, i: usize) {
-        if let Some(c) = &*self.nodes[i].child.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(c) = &*self.nodes[i]
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
             process::signal(c, libc::SIGCONT);
         }
     }

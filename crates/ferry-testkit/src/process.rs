@@ -159,7 +159,8 @@ pub fn sweep_stale_dirs(prefix: &str) {
 pub fn install_deps_once() -> Result<(), String> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/install-deps");
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.ci/install-deps");
         if !script.is_file() {
             return Err(format!("{} is missing", script.display()));
         }
@@ -184,7 +185,11 @@ pub fn install_deps_once() -> Result<(), String> {
         if out.status.success() {
             Ok(())
         } else {
-            Err(format!("{} failed ({}):\n{text}", script.display(), out.status))
+            Err(format!(
+                "{} failed ({}):\n{text}",
+                script.display(),
+                out.status
+            ))
         }
     })
     .clone()

@@ -102,6 +102,9 @@ fn missing_broker_names_the_setup_command_and_the_alternative() {
     let jar = format!("kafka_2.13-{}.jar", kafka::KAFKA_VERSION);
     let libs = s.files(&format!("kafka-{}/libs", kafka::KAFKA_VERSION), &[&jar]);
     assert!(kafka::find_kafka_libs(None, &s.0).is_err());
-    s.files(&format!("kafka-{}/libs", kafka::KAFKA_VERSION), &[".complete"]);
+    s.files(
+        &format!("kafka-{}/libs", kafka::KAFKA_VERSION),
+        &[".complete"],
+    );
     assert_eq!(kafka::find_kafka_libs(None, &s.0).unwrap(), libs);
 }

@@ -255,16 +255,21 @@ fn scan(
     let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(None);
     };
-    match t.error().map(RDKafkaErrorCode::from) {
-        None => {}
-        Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(None),
-        Some(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
-    }
-    if t.partitions().len() != 1 {
-        return Err(ProgressTopicError::Partitions {
-            topic: topic.to_string(),
-            partitions: t.partitions().len(),
-        });
+    match TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len()) {
+        TopicShape::Partitions(1) => {}
+        TopicShape::Missing => return Ok(None),
+        TopicShape::Partitions(partitions) => {
+            return Err(ProgressTopicError::Partitions {
+                topic: topic.to_string(),
+                partitions,
+            })
+        }
+        TopicShape::Settling => {
+            return Err(kafka(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::LeaderNotAvailable,
+            )))
+        }
+        TopicShape::Failed(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
     }
     // The end of the log, open transactions included: asked by a read_uncommitted client, since a
     // read_committed one answers with the last stable offset, before any open transaction.
@@ -311,6 +316,32 @@ fn scan(
         }
     }
     Ok(Some(newest))
+}
+
+/// What a metadata answer says of a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TopicShape {
+    /// The broker does not know it.
+    Missing,
+    /// Known, but not yet settled on the broker that answered: no partitions yet, or no
+    /// leader yet (a topic just created; Apache Kafka answers so for a moment). Transient.
+    Settling,
+    /// This many partitions.
+    Partitions(usize),
+    /// Another error.
+    Failed(RDKafkaErrorCode),
+}
+
+impl TopicShape {
+    fn of(error: Option<RDKafkaErrorCode>, partitions: usize) -> TopicShape {
+        match error {
+            None if partitions == 0 => TopicShape::Settling,
+            None => TopicShape::Partitions(partitions),
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => TopicShape::Missing,
+            Some(RDKafkaErrorCode::LeaderNotAvailable) => TopicShape::Settling,
+            Some(code) => TopicShape::Failed(code),
+        }
+    }
 }
 
 /// Another encoding of the same key (written by another serializer): compared decoded.
@@ -412,19 +443,71 @@ pub async fn ensure_topic(
             .map_err(kafka)?,
     );
     let topic_owned = topic.to_string();
-    let partitions = tokio::task::spawn_blocking(move || {
-        consumer
-            .fetch_metadata(Some(&topic_owned), timeout)
-            .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+    // A topic just created is in the controller's metadata before it is in every broker's:
+    // for a moment a broker answers with no partitions or LEADER_NOT_AVAILABLE (Apache Kafka
+    // does; measured right after CreateTopics on a single KRaft node). Wait for the answer
+    // that settles it, until the deadline.
+    let deadline = Instant::now() + timeout;
+    let shape = tokio::task::spawn_blocking(move || loop {
+        let shape = consumer
+            .fetch_metadata(Some(&topic_owned), remaining(deadline))
+            .map(|m| {
+                m.topics()
+                    .iter()
+                    .find(|t| t.name() == topic_owned)
+                    .map_or(TopicShape::Settling, |t| {
+                        TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
+                    })
+            });
+        match shape {
+            Ok(TopicShape::Settling) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
     })
     .await
     .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?
     .map_err(kafka)?;
-    if partitions != 1 {
-        return Err(ProgressTopicError::Partitions {
-            topic: topic.to_string(),
-            partitions,
-        });
+    match shape {
+        TopicShape::Partitions(1) => {}
+        TopicShape::Partitions(partitions) => {
+            return Err(ProgressTopicError::Partitions {
+                topic: topic.to_string(),
+                partitions,
+            })
+        }
+        TopicShape::Missing | TopicShape::Settling => {
+            return Err(kafka(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::LeaderNotAvailable,
+            )))
+        }
+        TopicShape::Failed(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_without_partitions_or_leader_is_settling_not_misconfigured() {
+        use RDKafkaErrorCode as E;
+        assert_eq!(TopicShape::of(None, 0), TopicShape::Settling);
+        assert_eq!(
+            TopicShape::of(Some(E::LeaderNotAvailable), 0),
+            TopicShape::Settling
+        );
+        assert_eq!(TopicShape::of(None, 1), TopicShape::Partitions(1));
+        assert_eq!(TopicShape::of(None, 3), TopicShape::Partitions(3));
+        assert_eq!(
+            TopicShape::of(Some(E::UnknownTopicOrPartition), 0),
+            TopicShape::Missing
+        );
+        assert_eq!(
+            TopicShape::of(Some(E::TopicAuthorizationFailed), 0),
+            TopicShape::Failed(E::TopicAuthorizationFailed)
+        );
+    }
 }
