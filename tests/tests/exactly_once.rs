@@ -1,5 +1,5 @@
-//! Exactly-once mode (`kafka.exactly_once`) end to end: the real binary, real PostgreSQL, a broker
-//! with transactions (noida-db). Ferry is killed (`kill -9`, by its own failpoint) at every
+//! Exactly-once mode (`kafka.exactly_once`) end to end: the real binary, real PostgreSQL, Apache
+//! Kafka with its transaction coordinator. Ferry is killed (`kill -9`, by its own failpoint) at every
 //! boundary of the commit protocol, then started again: a read_committed consumer sees every
 //! row exactly once and in order per key, while a read_uncommitted one sees what the killed
 //! transactions left behind (so the mode is really transactional).
@@ -19,7 +19,11 @@ const KEYS: usize = 5;
 
 /// A world in exactly-once mode with its own progress topic, and its outbox topic created.
 async fn world(interval: &str) -> (World, String) {
-    let mut w = World::new().await;
+    world_on(World::new().await, interval).await
+}
+
+/// [`world`] on a given world (another broker).
+async fn world_on(mut w: World, interval: &str) -> (World, String) {
     let progress = format!("{}.progress", w.topic_prefix);
     w.env.extend([
         ("FERRY_KAFKA_EXACTLY_ONCE".to_string(), "true".to_string()),
@@ -498,4 +502,108 @@ async fn switching_from_at_least_once_to_exactly_once_and_back_loses_nothing() {
     let status = back.terminate().await;
     assert!(status.success(), "{status}:\n{}", back.log_text());
     assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+}
+
+/// The broker goes down and comes back while Ferry streams in exactly-once mode, with a
+/// transaction open (100 ms transactions under a steady writer: one is always open): Kafka's
+/// transaction coordinator aborts it or keeps it across the restart, never loses it, and
+/// Ferry, which stays up, aborts and starts over from what Kafka holds. Every row arrives
+/// exactly once, in order per key.
+async fn broker_restart_mid_transaction(sigkill: bool) {
+    let broker = ferry_testkit::kafka::LocalBroker::start().await;
+    let db = ferry_testkit::pg::shared().create_db().await;
+    let (w, topic) = world_on(World::on(db, broker.brokers()).await, "100ms").await;
+    let ferry = w.start_ferry();
+    slot_created(&w).await;
+    let writer = Writer::start(&w).await;
+    // Rows committed in Kafka before the fault, and transactions open at it.
+    let brokers = w.brokers.clone();
+    wait_until("rows committed before the fault", Duration::from_secs(60), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= 50 }
+    })
+    .await;
+    tokio::task::block_in_place(|| if sigkill { broker.kill() } else { broker.stop() });
+    // The writer goes on while the broker is away; Ferry holds what it cannot commit.
+    writer.wait_rows(writer.rows() + 100).await;
+    tokio::task::block_in_place(|| broker.start_again());
+    writer.wait_rows(writer.rows() + 100).await;
+    let total = writer.stop().await;
+    wait_until("every row committed", Duration::from_secs(120), || {
+        let (b, t) = (brokers.clone(), topic.clone());
+        async move { read(&b, &t, "read_committed").await.len() >= total }
+    })
+    .await;
+    let end = w.current_wal_lsn().await;
+    wait_until("the slot confirmed", Duration::from_secs(60), || async {
+        w.confirmed_lsn().await.is_some_and(|l| l >= end)
+    })
+    .await;
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+    let log = ferry.log_text();
+    assert!(
+        !log.contains("permanent error"),
+        "Ferry stopped over a broker restart:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_broker_restart_with_a_transaction_open_loses_and_repeats_nothing() {
+    broker_restart_mid_transaction(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_with_a_transaction_open_loses_and_repeats_nothing() {
+    broker_restart_mid_transaction(true).await;
+}
+
+/// A steady writer: single-row transactions, row `n` with key `k{n % KEYS}`, on its own
+/// connection, until stopped.
+struct Writer {
+    rows: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<usize>,
+}
+
+impl Writer {
+    async fn start(w: &World) -> Writer {
+        let sql = w.db.client().await;
+        let rows = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let count = rows.clone();
+        let task = tokio::spawn(async move {
+            let mut n = 0usize;
+            while !*stopped.borrow_and_update() {
+                sql.batch_execute(&format!(
+                    "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+                     VALUES ('order', 'k{}', 'Created', '{{\"n\": {n}}}')",
+                    n % KEYS
+                ))
+                .await
+                .expect("insert");
+                n += 1;
+                count.store(n, std::sync::atomic::Ordering::Release);
+                // Paced, not synchronizing: about 500 rows/s, so a fault meets a steady stream.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            n
+        });
+        Writer { rows, stop, task }
+    }
+
+    fn rows(&self) -> usize {
+        self.rows.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    async fn wait_rows(&self, n: usize) {
+        wait_until("the writer's rows", Duration::from_secs(60), || async {
+            self.rows() >= n
+        })
+        .await;
+    }
+
+    async fn stop(self) -> usize {
+        let _ = self.stop.send(true);
+        self.task.await.expect("writer")
+    }
 }
