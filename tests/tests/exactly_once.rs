@@ -314,8 +314,10 @@ async fn check_reports_what_exactly_once_needs() {
 /// transactional.id, and nothing appears twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_instance_is_fenced_by_its_successor_and_exits() {
-    // A long interval, so the paused instance holds an open transaction.
-    let (mut w, topic) = world("2s").await;
+    // The longest interval (6 s), so the paused instance holds an open transaction (with 2 s
+    // it could commit before the pause on a loaded machine, and a producer with nothing open
+    // learns of its fencing only when it next writes); checked below.
+    let (mut w, topic) = world("6s").await;
     w.env.push((
         "FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(),
         "100000".into(),
@@ -344,6 +346,10 @@ async fn a_paused_instance_is_fenced_by_its_successor_and_exits() {
             .expect("kill")
     };
     stop("-STOP");
+    assert!(
+        read(&w.brokers, &topic, "read_committed").await.is_empty(),
+        "the first instance committed before it was paused: the test needs its transaction open"
+    );
     // Its walsender goes (as after a network partition), so the second can take the slot.
     w.sql
         .execute(
@@ -352,6 +358,11 @@ async fn a_paused_instance_is_fenced_by_its_successor_and_exits() {
         )
         .await
         .unwrap();
+    // The successor commits at the usual pace.
+    w.env
+        .retain(|(k, _)| k != "FERRY_KAFKA_TRANSACTION_INTERVAL");
+    w.env
+        .push(("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), "100ms".into()));
     let _second = w.start_ferry();
     wait_until(
         "the second instance committed",
@@ -518,12 +529,22 @@ async fn broker_restart_mid_transaction(sigkill: bool) {
     let writer = Writer::start(&w).await;
     // Rows committed in Kafka before the fault, and transactions open at it.
     let brokers = w.brokers.clone();
-    wait_until("rows committed before the fault", Duration::from_secs(60), || {
-        let (b, t) = (brokers.clone(), topic.clone());
-        async move { read(&b, &t, "read_committed").await.len() >= 50 }
-    })
+    wait_until(
+        "rows committed before the fault",
+        Duration::from_secs(60),
+        || {
+            let (b, t) = (brokers.clone(), topic.clone());
+            async move { read(&b, &t, "read_committed").await.len() >= 50 }
+        },
+    )
     .await;
-    tokio::task::block_in_place(|| if sigkill { broker.kill() } else { broker.stop() });
+    tokio::task::block_in_place(|| {
+        if sigkill {
+            broker.kill()
+        } else {
+            broker.stop()
+        }
+    });
     // The writer goes on while the broker is away; Ferry holds what it cannot commit.
     writer.wait_rows(writer.rows() + 100).await;
     tokio::task::block_in_place(|| broker.start_again());

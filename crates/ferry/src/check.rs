@@ -522,7 +522,7 @@ async fn exactly_once(
         )),
         Some(max) => found.push(Problem {
             severity: Severity::Note,
-            what: format!("exactly-once: Ferry asks transaction.timeout.ms = {asked}, the brokers allow up to {max}"),
+            what: format!("exactly-once: Ferry asks transaction.timeout.ms = {asked}, the brokers allow up to {max} (transaction.max.timeout.ms)"),
             fix: "none needed".into(),
         }),
         None => found.push(Problem {

@@ -459,8 +459,19 @@ pub async fn ensure_topic(
                         TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
                     })
             });
+        // librdkafka answers a request for one topic whose metadata has an error with that
+        // error for the whole request: the same settling, said another way.
+        let shape = match shape {
+            Err(KafkaError::MetadataFetch(code)) => match TopicShape::of(Some(code), 0) {
+                TopicShape::Failed(code) => Err(KafkaError::MetadataFetch(code)),
+                settling => Ok(settling),
+            },
+            other => other,
+        };
         match shape {
-            Ok(TopicShape::Settling) if Instant::now() < deadline => {
+            // Created (or found existing) a moment ago: a broker that does not know it yet
+            // will.
+            Ok(TopicShape::Settling | TopicShape::Missing) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
             }
             other => return other,

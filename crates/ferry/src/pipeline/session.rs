@@ -61,6 +61,10 @@ const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest a session that ended with an error waits for its last progress record.
 const LAST_RECORD_AFTER_ERROR: Duration = Duration::from_secs(5);
 
+/// How long a session that ends with a Kafka transaction open waits for its abort
+/// (`Txn::end_open`).
+const END_ABORT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Least time between two WARN lines about failing progress records.
 const PROGRESS_WARN_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -461,6 +465,12 @@ impl<'a> Session<'a> {
             }
         };
         lag.abort();
+        if let Some(txn) = self.txn.as_mut() {
+            if let Err(fenced) = txn.end_open(END_ABORT_TIMEOUT).await {
+                let _ = finish(reader).await;
+                return Err(fenced);
+            }
+        }
         // What the drain confirmed is remembered, then reported in the final status update: a
         // shutdown waits up to its drain timeout for that, a session that ends for another
         // reason briefly (its records are in Kafka; without the record they are produced

@@ -362,6 +362,35 @@ impl Txn {
         Err(PipelineError::Transaction { error: why })
     }
 
+    /// A session that ends with its transaction open (the reader failed, PostgreSQL went
+    /// away) aborts it before the producer goes: read_committed consumers need not wait for the
+    /// next session's fencing or the transaction timeout, and a producer that another instance
+    /// fenced meanwhile learns it here, and stops, instead of standing by as if nothing
+    /// happened. The abort waits at most `timeout` (a broker that does not answer must not
+    /// hold the restart); any other failure is left to the next session, whose
+    /// `init_transactions` aborts what is still open.
+    pub async fn end_open(&mut self, timeout: Duration) -> Result<(), PipelineError> {
+        if !self.open {
+            return Ok(());
+        }
+        self.open = false;
+        self.metrics.kafka_transactions_aborted.inc();
+        tracing::warn!(
+            records = self.held.len(),
+            "the session ends with a Kafka transaction open; aborting it"
+        );
+        match self.producer.abort_transaction(timeout).await {
+            Ok(()) => Ok(()),
+            Err(e) => match self.failure(e) {
+                fenced @ PipelineError::Fenced { .. } => Err(fenced),
+                other => {
+                    tracing::warn!(error = %other, "could not abort the open Kafka transaction; the next session's init_transactions aborts it");
+                    Ok(())
+                }
+            },
+        }
+    }
+
     fn release_failed(&mut self, relay: &mut Relay<KafkaError>, why: &KafkaError, now: Instant) {
         self.held_bytes = 0;
         self.position = self.committed;
