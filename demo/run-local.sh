@@ -187,6 +187,7 @@ else
   pids+=("$broker_pid")
   wait_for "Apache Kafka on port $kafka_port" "$broker_pid" test -s "$work/broker.out"
   brokers=$(head -n 1 "$work/broker.out")
+fi
 # Waits until the broker answers metadata (up to DEMO_TIMEOUT), then creates the demo topics:
 # a broker need not auto-create them (managed Kafka does not).
 "$bin/ferry-demo-consumer" --brokers "$brokers" --topics "$topics" --create-topics --prepare-only \
