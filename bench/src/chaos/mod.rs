@@ -74,6 +74,8 @@ usage: ferry-bench chaos [flags]
   --no-broker-restart  leave the broker faults out of the mix
   --only-broker-restart  the broker faults alone
   --log-level L     Ferry's log level (default warn), in <logs>/ferry.log
+  --keep-logs       keep <logs> (Ferry's log, a copy of each broker node's) when the run
+                    passes too (a failed run always keeps them)
   -h, --help        this text
 
 The ferry binary is FERRY_BIN, else the one beside this executable. The brokers run with the
@@ -93,6 +95,7 @@ struct ChaosArgs {
     no_broker_restart: bool,
     only_broker_restart: bool,
     log_level: String,
+    keep_logs: bool,
     command: String,
 }
 
@@ -123,6 +126,7 @@ impl ChaosArgs {
             no_broker_restart: false,
             only_broker_restart: false,
             log_level: "warn".into(),
+            keep_logs: false,
             command: format!("ferry-bench chaos {}", args.join(" ")),
         };
         let mut it = args.iter();
@@ -141,6 +145,7 @@ impl ChaosArgs {
                 "--no-broker-restart" => a.no_broker_restart = true,
                 "--only-broker-restart" => a.only_broker_restart = true,
                 "--log-level" => a.log_level = value()?.to_string(),
+                "--keep-logs" => a.keep_logs = true,
                 other => return Err(format!("unknown flag {other:?} (see --help)").into()),
             }
         }
@@ -529,8 +534,16 @@ async fn run(args: ChaosArgs) -> Res<bool> {
         println!("  ferry exited on its own: {e}");
     }
     println!("\nverdict: {}", if ok { "PASS" } else { "FAIL" });
-    if !ok {
+    if !ok || args.keep_logs {
         println!("ferry's log: {}", f.log.display());
+        // The broker's directory goes with it; its nodes' logs stay beside Ferry's.
+        for i in 0..broker.nodes() {
+            let from = broker.dir().join(format!("node-{}/server.log", i + 1));
+            let to = dir.join(format!("broker-node-{}.log", i + 1));
+            if std::fs::copy(&from, &to).is_ok() {
+                println!("broker node {}'s log: {}", i + 1, to.display());
+            }
+        }
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }
