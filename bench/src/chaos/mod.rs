@@ -434,6 +434,7 @@ async fn run(args: ChaosArgs) -> Res<bool> {
         ferry: ferry.clone(),
         broker_sigkill: args.broker_sigkill,
         nodes: Mutex::default(),
+        last_node: Mutex::default(),
     };
     let mut healed: Vec<Healed> = Vec::new();
     for p in &schedule {
@@ -441,7 +442,14 @@ async fn run(args: ChaosArgs) -> Res<bool> {
             tokio::time::sleep(wait).await;
         }
         let injected = Instant::now();
-        let at = world.apply(p, &seen).await?;
+        let at = match world.apply(p, &seen).await {
+            Ok(at) => at,
+            Err(e) => {
+                keep_broker_logs(&broker, &dir);
+                return Err(e);
+            }
+        };
+        timeline(&dir, t0, injected, p, &world, at.0);
         healed.push(Healed {
             kind: p.kind,
             injected,
@@ -536,18 +544,78 @@ async fn run(args: ChaosArgs) -> Res<bool> {
     println!("\nverdict: {}", if ok { "PASS" } else { "FAIL" });
     if !ok || args.keep_logs {
         println!("ferry's log: {}", f.log.display());
-        // The broker's directory goes with it; its nodes' logs stay beside Ferry's.
-        for i in 0..broker.nodes() {
-            let from = broker.dir().join(format!("node-{}/server.log", i + 1));
-            let to = dir.join(format!("broker-node-{}.log", i + 1));
-            if std::fs::copy(&from, &to).is_ok() {
-                println!("broker node {}'s log: {}", i + 1, to.display());
-            }
-        }
+        keep_broker_logs(&broker, &dir);
+        println!(
+            "faults, as they were injected and healed: {}",
+            dir.join("faults.log").display()
+        );
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(ok)
+}
+
+/// Copies every broker node's log into `dir` (the broker's own directory goes with it).
+fn keep_broker_logs(broker: &LocalBroker, dir: &std::path::Path) {
+    for i in 0..broker.nodes() {
+        let from = broker.dir().join(format!("node-{}/server.log", i + 1));
+        let to = dir.join(format!("broker-node-{}.log", i + 1));
+        if std::fs::copy(&from, &to).is_ok() {
+            println!("broker node {}'s log: {}", i + 1, to.display());
+        }
+    }
+}
+
+/// One line of `<logs>/faults.log`: when the fault was injected and healed (seconds from the
+/// first fault's start, wall clock too, to match the logs), its kind, hold and node.
+fn timeline(
+    dir: &std::path::Path,
+    t0: Instant,
+    injected: Instant,
+    p: &Planned,
+    world: &World,
+    healed: Instant,
+) {
+    use std::io::Write;
+    let wall = chrono_now();
+    let node = world
+        .last_node
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .map(|i| format!(" node {}", i + 1))
+        .unwrap_or_default();
+    let line = format!(
+        "{wall} +{:.1}s → +{:.1}s {}{node} (hold {} ms, param {})\n",
+        (injected - t0).as_secs_f64(),
+        (healed - t0).as_secs_f64(),
+        p.kind.name(),
+        p.hold.as_millis(),
+        p.param
+    );
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("faults.log"))
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+/// The wall clock at the heal (UTC, seconds since the epoch with milliseconds), to match the
+/// logs' timestamps.
+fn chrono_now() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let s = d.as_secs();
+    format!(
+        "{:02}:{:02}:{:02}.{:03}Z",
+        (s / 3600) % 24,
+        (s / 60) % 60,
+        s % 60,
+        d.subsec_millis()
+    )
 }
 
 /// One fault of the run as it happened.
@@ -649,6 +717,8 @@ struct World {
     broker_sigkill: bool,
     /// What the node faults took to heal.
     nodes: Mutex<NodeHeals>,
+    /// The node the last node fault hit (for the fault timeline).
+    last_node: Mutex<Option<usize>>,
 }
 
 /// How the node faults of a cluster run healed.
@@ -667,7 +737,7 @@ struct NodeHeals {
 /// Nodes of the `--cluster` broker.
 const CLUSTER_NODES: usize = 3;
 /// How long a node is given to be listed and answering again after it was started or resumed.
-const NODE_BACK_DEADLINE: Duration = Duration::from_secs(120);
+const NODE_BACK_DEADLINE: Duration = Duration::from_secs(300);
 /// How long, after a node is back, every ISR is given to be whole again.
 const IN_SYNC_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -749,6 +819,7 @@ impl World {
             | FaultKind::NodeRestart
             | FaultKind::NodePause => {
                 let i = self.node_for(p).await?;
+                *self.last_node.lock().unwrap_or_else(|e| e.into_inner()) = Some(i);
                 let b = self.broker.clone();
                 let kind = p.kind;
                 tokio::task::spawn_blocking(move || match kind {
