@@ -65,8 +65,10 @@ usage: ferry-bench chaos [flags]
                     most one node is down or paused, and it is back (listed by the cluster,
                     answering, in every partition's ISR again) before the next fault: two
                     in-sync replicas always remain, so min.insync.replicas holds and Ferry
-                    should keep making progress through every broker fault (the \"longest
-                    stall\" column says how long it did not)
+                    should keep making progress through every broker fault, once the
+                    partitions a killed or paused node led have moved (up to the
+                    controller's 9 s broker session); the \"longest stall\" column says how
+                    long it made none
   --broker-sigkill  the broker fault kills the broker with SIGKILL (default: a clean stop,
                     SIGTERM: Kafka's controlled shutdown); not with --cluster, which has both
   --exactly-once    run Ferry with FERRY_KAFKA_EXACTLY_ONCE=true, read with
@@ -74,8 +76,9 @@ usage: ferry-bench chaos [flags]
   --no-broker-restart  leave the broker faults out of the mix
   --only-broker-restart  the broker faults alone
   --log-level L     Ferry's log level (default warn), in <logs>/ferry.log
-  --keep-logs       keep <logs> (Ferry's log, a copy of each broker node's) when the run
-                    passes too (a failed run always keeps them)
+  --keep-logs       keep <logs> (Ferry's log, a copy of each broker node's, faults.log: each
+                    fault as injected and healed) when the run passes too (a failed run
+                    always keeps them)
   -h, --help        this text
 
 The ferry binary is FERRY_BIN, else the one beside this executable. The brokers run with the
