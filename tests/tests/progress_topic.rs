@@ -228,3 +228,59 @@ async fn a_slot_is_read_back_under_every_system_identifier() {
     assert_eq!(seen.this_system, Some(record(200, None)));
     assert_eq!(seen.other_systems, vec![(1, record(300, None))]);
 }
+
+/// With one node of three down, the progress topic (replicated on all three) is still read:
+/// every client naming the dead node in its bootstrap list gets a transport failure report for
+/// it, which is news, not a failed read. Found by `ferry-bench chaos --cluster`: Ferry could not
+/// start a session (nor after a kill -9) while any node was down, and its growing reconnect
+/// backoff stalled it for up to 3 minutes after the node was back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topic_is_read_with_one_broker_of_three_down() {
+    use ferry_testkit::kafka::{leader_of, ClusterOptions, LocalBroker};
+    let cluster = LocalBroker::start_with(ClusterOptions {
+        nodes: 3,
+        ..ClusterOptions::default()
+    })
+    .await;
+    let brokers = cluster.brokers();
+    let topic = unique("down");
+    progress::ensure_topic(&properties(&brokers), &topic, 3, TIMEOUT)
+        .await
+        .unwrap();
+    let k = key("a");
+    let (b, t, k2) = (brokers.clone(), topic.clone(), k.clone());
+    let cluster = tokio::task::spawn_blocking(move || {
+        let p = transactional(&b, &unique("tid"));
+        p.begin_transaction().unwrap();
+        send(&p, &t, &k2, &record(100, None));
+        p.commit_transaction(TIMEOUT).unwrap();
+        // A follower: the partition stays available, only the connections to it fail.
+        let leader = leader_of(&b, &t, 0).expect("a leader");
+        let down = (0..3)
+            .find(|i| Some(*i) != cluster.node_of(leader))
+            .unwrap();
+        cluster.kill_node(down);
+        cluster
+    })
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let (b, t, k2) = (brokers.clone(), topic.clone(), k.clone());
+        let read = tokio::task::spawn_blocking(move || read(&b, &t, &k2))
+            .await
+            .unwrap();
+        assert!(
+            matches!(read, Ok(Remembered::Record { record: ref r, .. }) if *r == record(100, None)),
+            "{read:?}"
+        );
+        let (b, t) = (brokers.clone(), topic.clone());
+        let history = tokio::task::spawn_blocking(move || {
+            progress::read_slot(&properties(&b), &t, "a", TIMEOUT, progress::Until::End)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(history.records.len(), 1);
+    }
+    drop(cluster);
+}

@@ -62,10 +62,21 @@ pub enum FaultKind {
     /// The broker stopped (SIGTERM, or SIGKILL where the run asks), then started again with
     /// its data.
     BrokerKill,
+    /// One node of a cluster killed with SIGKILL (the node chosen by the seed), then started
+    /// again with its data.
+    NodeKill,
+    /// The node leading one partition Ferry writes (the partition chosen by the seed) killed
+    /// with SIGKILL, then started again with its data.
+    LeaderKill,
+    /// One node of a cluster stopped cleanly (SIGTERM: Kafka's controlled shutdown), then
+    /// started again with its data.
+    NodeRestart,
+    /// One node of a cluster stopped with SIGSTOP, SIGCONT when healed.
+    NodePause,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::PgCut,
         FaultKind::PgBlackhole,
         FaultKind::PgDelay,
@@ -79,7 +90,33 @@ impl FaultKind {
         FaultKind::PgStopFast,
         FaultKind::PgStopImmediate,
         FaultKind::BrokerKill,
+        FaultKind::NodeKill,
+        FaultKind::LeaderKill,
+        FaultKind::NodeRestart,
+        FaultKind::NodePause,
     ];
+
+    /// A fault on one node of a broker cluster.
+    pub fn is_node_fault(self) -> bool {
+        matches!(
+            self,
+            FaultKind::NodeKill
+                | FaultKind::LeaderKill
+                | FaultKind::NodeRestart
+                | FaultKind::NodePause
+        )
+    }
+
+    /// A fault on Ferry's link to the broker (through the fault proxy).
+    pub fn is_broker_link_fault(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KafkaCut
+                | FaultKind::KafkaBlackhole
+                | FaultKind::KafkaDelay
+                | FaultKind::KafkaThrottle
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -96,6 +133,10 @@ impl FaultKind {
             FaultKind::PgStopFast => "postgres stop fast",
             FaultKind::PgStopImmediate => "postgres stop immediate",
             FaultKind::BrokerKill => "broker stop/kill + restart",
+            FaultKind::NodeKill => "broker node kill -9 + restart",
+            FaultKind::LeaderKill => "partition leader kill -9 + restart",
+            FaultKind::NodeRestart => "broker node SIGTERM + restart",
+            FaultKind::NodePause => "broker node SIGSTOP/SIGCONT",
         }
     }
 }
@@ -108,7 +149,9 @@ pub struct Planned {
     pub kind: FaultKind,
     /// How long the fault stands before it is healed (0 for a momentary one).
     pub hold: Duration,
-    /// The fault's size: delay in ms, throttle in bytes/s; 0 otherwise.
+    /// The fault's size: delay in ms, throttle in bytes/s; for a node fault the node (the
+    /// runner takes it modulo the cluster's size), for a leader kill the partition (modulo
+    /// the partitions the runner picks from); 0 otherwise.
     pub param: u64,
 }
 
@@ -144,6 +187,23 @@ impl Mix {
             gap_ms: (1500, 4000),
         }
     }
+
+    /// For a cluster of brokers that Ferry reaches directly (no fault proxy on its broker
+    /// link, which fronts one broker only): the standard mix without the broker link faults
+    /// and the whole-broker restart, with the node faults instead, one node at a time.
+    pub fn cluster() -> Mix {
+        use FaultKind::*;
+        let mut mix = Mix::standard();
+        mix.weights
+            .retain(|(k, _)| !k.is_broker_link_fault() && *k != BrokerKill);
+        mix.weights.extend([
+            (NodeKill, 2),
+            (LeaderKill, 2),
+            (NodeRestart, 2),
+            (NodePause, 2),
+        ]);
+        mix
+    }
 }
 
 /// Faults one after another (each healed before the next) over `duration`, from `seed`.
@@ -175,6 +235,12 @@ pub fn schedule(seed: u64, duration: Duration, mix: &Mix) -> Vec<Planned> {
             FaultKind::PgThrottle | FaultKind::KafkaThrottle => {
                 (rng.range(1000, 4000), rng.range(20_000, 500_000))
             }
+            FaultKind::NodeKill | FaultKind::NodeRestart | FaultKind::LeaderKill => {
+                (rng.range(500, 6000), rng.range(0, 1 << 16))
+            }
+            // Up to 15 s: a pause longer than the controller's broker session (9 s) fences the
+            // node and moves its leaderships; a shorter one only stalls it.
+            FaultKind::NodePause => (rng.range(1000, 15_000), rng.range(0, 1 << 16)),
             _ => (rng.range(500, 6000), 0),
         };
         out.push(Planned {
@@ -205,8 +271,25 @@ mod tests {
         );
         assert!(a.last().unwrap().at < d);
         for k in FaultKind::ALL {
-            assert!(a.iter().any(|p| p.kind == k), "{k:?} never drawn");
+            assert_eq!(
+                a.iter().any(|p| p.kind == k),
+                !k.is_node_fault(),
+                "{k:?}: every kind but the node faults is drawn by the standard mix"
+            );
         }
+    }
+
+    #[test]
+    fn the_cluster_mix_has_node_faults_and_no_broker_link_or_whole_broker_faults() {
+        let a = schedule(12, Duration::from_secs(600), &Mix::cluster());
+        for k in FaultKind::ALL {
+            let expected = !k.is_broker_link_fault() && k != FaultKind::BrokerKill;
+            assert_eq!(a.iter().any(|p| p.kind == k), expected, "{k:?}");
+        }
+        assert!(
+            a.windows(2).all(|w| w[0].at + w[0].hold < w[1].at),
+            "faults overlap"
+        );
     }
 
     #[test]

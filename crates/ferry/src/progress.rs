@@ -249,9 +249,10 @@ fn scan(
         cc.set("group.id", "ferry-progress-reader");
     }
     let consumer = Disposed::new(cc.create::<BaseConsumer>().map_err(kafka)?);
-    let metadata = consumer
-        .fetch_metadata(Some(topic), remaining(deadline))
-        .map_err(kafka)?;
+    let metadata = until_deadline(deadline, || {
+        consumer.fetch_metadata(Some(topic), remaining(deadline))
+    })
+    .map_err(kafka)?;
     let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(None);
     };
@@ -278,9 +279,10 @@ fn scan(
         end.set("isolation.level", "read_uncommitted");
     }
     let end = Disposed::new(end.create::<BaseConsumer>().map_err(kafka)?);
-    let (low, high) = end
-        .fetch_watermarks(topic, 0, remaining(deadline))
-        .map_err(kafka)?;
+    let (low, high) = until_deadline(deadline, || {
+        end.fetch_watermarks(topic, 0, remaining(deadline))
+    })
+    .map_err(kafka)?;
     drop(end);
     if high <= low {
         return Ok(Some(Vec::new()));
@@ -292,7 +294,13 @@ fn scan(
     // Newest per key, in the order keys were first seen.
     let mut newest: Vec<(Vec<u8>, i64, Option<Vec<u8>>)> = Vec::new();
     loop {
-        if let Some(m) = consumer.poll(POLL) {
+        let polled = match consumer.poll(POLL) {
+            // One broker of several unreachable is news, not a failure: the client goes on
+            // with the others (and the deadline below bounds the wait for all of them).
+            Some(Err(e)) if connection_trouble(&e) => None,
+            other => other,
+        };
+        if let Some(m) = polled {
             let m = m.map_err(kafka)?;
             if let Some(k) = m.key().filter(|k| wanted(k)) {
                 let value = m.payload().map(<[u8]>::to_vec);
@@ -316,6 +324,36 @@ fn scan(
         }
     }
     Ok(Some(newest))
+}
+
+/// Whether `e` is about a connection to one broker (refused, reset, its handle replaced while
+/// a request waited on it, every broker down for now): librdkafka reports it and goes on,
+/// reconnecting and asking another broker. With one node of a cluster down, every client that
+/// lists it in `bootstrap.servers` gets such a report; failing the read on it would keep Ferry
+/// from starting a session until that node is back.
+fn connection_trouble(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as E;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(E::BrokerTransportFailure | E::AllBrokersDown | E::DestroyBroker | E::Resolve)
+    )
+}
+
+/// `call` again, after a short pause, while it fails with [`connection_trouble`] and the
+/// deadline is not reached.
+fn until_deadline<T>(
+    deadline: Instant,
+    mut call: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
+    loop {
+        match call() {
+            Err(e) if connection_trouble(&e) && Instant::now() + POLL < deadline => {
+                tracing::debug!(error = %e, "progress topic: a broker is unreachable; asking again");
+                std::thread::sleep(POLL);
+            }
+            other => return other,
+        }
+    }
 }
 
 /// What a metadata answer says of a topic.
@@ -501,6 +539,50 @@ pub async fn ensure_topic(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reports a client gets when one broker of several is down are waited through; a
+    /// refusal or a broken topic is not.
+    #[test]
+    fn connection_trouble_with_one_broker_is_not_a_failed_read() {
+        use RDKafkaErrorCode as E;
+        for code in [
+            E::BrokerTransportFailure,
+            E::AllBrokersDown,
+            E::DestroyBroker,
+        ] {
+            assert!(connection_trouble(&KafkaError::MessageConsumption(code)));
+            assert!(connection_trouble(&KafkaError::MetadataFetch(code)));
+        }
+        for code in [
+            E::TopicAuthorizationFailed,
+            E::UnknownTopicOrPartition,
+            E::OperationTimedOut,
+        ] {
+            assert!(!connection_trouble(&KafkaError::MessageConsumption(code)));
+        }
+        let start = Instant::now();
+        let mut calls = 0;
+        let r: Result<(), KafkaError> = until_deadline(start + Duration::from_millis(350), || {
+            calls += 1;
+            Err(KafkaError::MetadataFetch(E::DestroyBroker))
+        });
+        assert!(r.is_err());
+        assert!((2..=4).contains(&calls), "{calls}");
+        let mut calls = 0;
+        let r = until_deadline(start + Duration::from_secs(5), || {
+            calls += 1;
+            if calls < 3 {
+                Err(KafkaError::MessageConsumption(E::BrokerTransportFailure))
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(r.unwrap(), 3);
+        let r: Result<(), KafkaError> = until_deadline(start + Duration::from_secs(5), || {
+            Err(KafkaError::MetadataFetch(E::TopicAuthorizationFailed))
+        });
+        assert!(r.is_err());
+    }
 
     #[test]
     fn a_topic_without_partitions_or_leader_is_settling_not_misconfigured() {
