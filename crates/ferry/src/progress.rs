@@ -369,6 +369,9 @@ fn remaining(deadline: Instant) -> Duration {
         .max(Duration::from_millis(1))
 }
 
+/// How long [`ensure_topic`] waits before asking again for a topic no broker knows yet.
+const METADATA_RETRY: Duration = Duration::from_millis(50);
+
 /// Creates `topic` (one partition, compacted, segments rolling every [`SEGMENT_MS`]) unless it
 /// exists; "already exists" (another Ferry at the same moment) is success. Checks the partition
 /// count of one that exists.
@@ -413,9 +416,19 @@ pub async fn ensure_topic(
     );
     let topic_owned = topic.to_string();
     let partitions = tokio::task::spawn_blocking(move || {
-        consumer
-            .fetch_metadata(Some(&topic_owned), timeout)
-            .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = consumer
+                .fetch_metadata(Some(&topic_owned), remaining(deadline))
+                .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))?;
+            // Just created, the topic may be unknown to the broker asked (each broker applies
+            // the cluster's metadata on its own; seen on a three-broker cluster): no partitions
+            // means "not yet", not a wrong count, until the deadline.
+            if n > 0 || Instant::now() >= deadline {
+                return Ok(n);
+            }
+            std::thread::sleep(METADATA_RETRY);
+        }
     })
     .await
     .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?
