@@ -73,6 +73,9 @@ async fn setup(mode: Mode) -> Setup {
     ] {
         w.env.push((k.into(), v.into()));
     }
+    // The topic watch says at debug level when the brokers do not answer it.
+    w.env
+        .push(("RUST_LOG".into(), "info,ferry::topics=debug".into()));
     if mode == Mode::ExactlyOnce {
         w.env
             .push(("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()));
@@ -345,4 +348,111 @@ async fn exactly_once_delivers_every_row_once_in_order_through_leader_controller
     s.check(writer).await;
     let mut s = s;
     assert!(s.ferry.is_running(), "Ferry kept running");
+}
+
+/// 5. Two brokers stopped (SIGTERM, one after the other: each controlled shutdown takes the
+///    broker out of the in-sync replicas while the controller quorum still has a majority), so
+///    the one left leads every partition alone, below `min.insync.replicas = 2`: it answers
+///    Ferry's `acks=all` writes with NOT_ENOUGH_REPLICAS, which librdkafka retries without end.
+///    Ferry waits: the slot is not confirmed past rows written during the outage, a WARN names
+///    the partition and the reason, `/readyz` answers 503 saying why. One broker back, and
+///    Ferry (the same process) delivers everything.
+async fn below_min_insync_replicas(mode: Mode) {
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let mut s = setup(mode).await;
+    let pid = s.ferry.pid();
+    let writer = Writer::start(&s.w).await;
+    s.delivers(&writer, "the start").await;
+    tokio::task::block_in_place(|| s.broker.stop_node(0));
+    s.delivers(&writer, "node 0 stopped").await;
+    tokio::task::block_in_place(|| s.broker.stop_node(1));
+
+    // Rows committed from here on are written during the outage.
+    let outage_lsn = s.w.current_wal_lsn().await;
+    let refused = Duration::from_secs(60);
+    let start = Instant::now();
+    let mut ready_reason = None;
+    while ready_reason.is_none() || !s.ferry.log_text().contains("NOT_ENOUGH_REPLICAS") {
+        let confirmed = s.w.confirmed_lsn().await.expect("slot");
+        assert!(
+            confirmed <= outage_lsn,
+            "slot confirmed at {confirmed}, past rows written during the outage (from {outage_lsn})"
+        );
+        if let Some((503, body)) = s.ferry.http_get("/readyz").await {
+            if body.contains("NOT_ENOUGH_REPLICAS") {
+                ready_reason = Some(body);
+            }
+        }
+        assert!(
+            start.elapsed() < refused,
+            "within {refused:?}: /readyz {:?}, WARN {}; log:\n{}",
+            s.ferry.http_get("/readyz").await,
+            s.ferry.log_text().contains("NOT_ENOUGH_REPLICAS"),
+            s.ferry.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await; // sampling period
+    }
+    let body = ready_reason.unwrap();
+    eprintln!(
+        "after {} ms: /readyz 503: {body}",
+        start.elapsed().as_millis()
+    );
+    // At-least-once: the outbox topic's partitions (and the progress topic's). Exactly-once:
+    // the records of the open transaction may all be written already, and its commit waits on
+    // the coordinator's log, the `__transaction_state` partition of Ferry's transactional.id.
+    let named = match mode {
+        Mode::AtLeastOnce => vec![format!("{:?} [", s.topic)],
+        Mode::ExactlyOnce => vec![
+            format!("{:?} [", s.topic),
+            "\"__transaction_state\" [".to_string(),
+        ],
+    };
+    assert!(
+        named.iter().any(|n| body.contains(n.as_str())),
+        "/readyz names the partition ({named:?}): {body}"
+    );
+    let log = s.ferry.log_text();
+    let warn = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("NOT_ENOUGH_REPLICAS"))
+        .unwrap_or_else(|| panic!("a WARN with the reason; log:\n{log}"));
+    assert!(
+        warn.contains("topic=") && warn.contains("partition="),
+        "the WARN names the partition: {warn}"
+    );
+    eprintln!("{warn}");
+    // Rows keep coming during the outage; none of them is confirmed.
+    let during = writer.written();
+    wait_until("the writer writes on", Duration::from_secs(30), || async {
+        writer.written() > during + 500
+    })
+    .await;
+    let confirmed = s.w.confirmed_lsn().await.expect("slot");
+    assert!(
+        confirmed <= outage_lsn,
+        "confirmed {confirmed} > {outage_lsn}"
+    );
+
+    // One broker back: two in sync again.
+    s.broker.start_node(1);
+    s.delivers(&writer, "node 1 back").await;
+    wait_until("/readyz 200 again", Duration::from_secs(30), || async {
+        matches!(s.ferry.http_get("/readyz").await, Some((200, _)))
+    })
+    .await;
+    s.broker.start_node(0);
+    tokio::task::block_in_place(|| s.broker.wait_brokers(3));
+    s.check(writer).await;
+    assert!(s.ferry.is_running(), "Ferry kept running");
+    assert_eq!(s.ferry.pid(), pid, "the same Ferry, never restarted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_least_once_below_min_insync_replicas_waits_confirms_nothing_says_why_and_recovers() {
+    below_min_insync_replicas(Mode::AtLeastOnce).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_below_min_insync_replicas_waits_confirms_nothing_says_why_and_recovers() {
+    below_min_insync_replicas(Mode::ExactlyOnce).await;
 }
