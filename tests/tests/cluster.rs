@@ -149,7 +149,7 @@ impl Setup {
         let started = Instant::now();
         wait_until(
             &format!("Ferry delivers past {lsn} after {what}"),
-            Duration::from_secs(90),
+            Duration::from_secs(180),
             || async {
                 self.w.confirmed_lsn().await.is_some_and(|c| c >= lsn) && writer.written() > before
             },
@@ -162,12 +162,15 @@ impl Setup {
         );
     }
 
-    /// Waits until every partition of the cluster has a leader and all its replicas in sync.
+    /// Waits until every partition of the cluster has a leader and all its replicas in sync
+    /// (so every broker is back). Its own metadata requests (5 s each) rather than the
+    /// testkit's `wait_brokers` (1 s each, 90 s in all), which a machine shared with other work
+    /// (load average 36 on 2 cores, measured) made time out while the brokers were back.
     async fn fully_replicated(&self) {
         let brokers = self.w.brokers.clone();
         wait_until(
             "every partition fully replicated",
-            Duration::from_secs(90),
+            Duration::from_secs(180),
             || {
                 let b = brokers.clone();
                 async move {
@@ -190,7 +193,6 @@ impl Setup {
         self.delivers(writer, &format!("kill -9 of {what} (broker {id})"))
             .await;
         self.broker.start_node(node);
-        tokio::task::block_in_place(|| self.broker.wait_brokers(3));
         self.fully_replicated().await;
     }
 
@@ -250,7 +252,6 @@ impl Setup {
             tokio::task::block_in_place(|| self.broker.stop_node(node));
             self.delivers(writer, &format!("node {node} stopped")).await;
             self.broker.start_node(node);
-            tokio::task::block_in_place(|| self.broker.wait_brokers(3));
             self.fully_replicated().await;
         }
     }
@@ -441,7 +442,7 @@ async fn below_min_insync_replicas(mode: Mode) {
     })
     .await;
     s.broker.start_node(0);
-    tokio::task::block_in_place(|| s.broker.wait_brokers(3));
+    s.fully_replicated().await;
     s.check(writer).await;
     assert!(s.ferry.is_running(), "Ferry kept running");
     assert_eq!(s.ferry.pid(), pid, "the same Ferry, never restarted");
