@@ -17,7 +17,10 @@
 //!
 //! Cost: four clusters of three JVMs (~300 MB and ~2 s of CPU each to start), one test at a
 //! time (a lock: two clusters at once on a 2-core machine would make the failure detection
-//! timings race each other). Measured on 2 cores: ~40–60 s per test, ~3–4 min for the file.
+//! timings race each other). Measured on 2 cores: 43–103 s per test run alone (the kills and
+//! rolling restart: 65 s at-least-once, 87 s exactly-once; below min.insync.replicas: 46 s and
+//! 43–103 s), 3–5 min for the file on a quiet machine, 8.6 min with the machine at load
+//! average 20–36.
 
 mod common;
 #[allow(dead_code)] // not every helper is used here
