@@ -322,7 +322,7 @@ impl LocalBroker {
             "offsets.topic.num.partitions=5".into(),
             format!("transaction.state.log.replication.factor={replicas}"),
             format!("transaction.state.log.min.isr={min_isr}"),
-            "transaction.state.log.num.partitions=5".into(),
+            format!("transaction.state.log.num.partitions={TRANSACTION_STATE_PARTITIONS}"),
             "group.initial.rebalance.delay.ms=0".into(),
             // A test's broker holds little: small segments and indexes keep its disk small.
             "log.segment.bytes=67108864".into(),
@@ -599,6 +599,109 @@ impl LocalBroker {
     pub fn log_tail(&self, i: usize, lines: usize) -> String {
         tail(&self.nodes[i].dir.join("server.log"), lines)
     }
+
+    /// Whether node `i`'s process is running (not killed or stopped by the harness).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i]
+            .child
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// The node id of the active controller (the KRaft quorum's leader), asked of a running
+    /// node's controller listener by Kafka's own `MetadataQuorumCommand` (`describe --status`;
+    /// the Admin call behind it, DescribeMetadataQuorum, is not in librdkafka). `None` when no
+    /// node answers or the quorum has no leader. Blocking; starts a JVM (~1 s).
+    pub fn active_controller(&self) -> Option<i32> {
+        let bootstrap = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.is_running(*i))
+            .map(|(_, n)| format!("127.0.0.1:{}", n.controller_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        if bootstrap.is_empty() {
+            return None;
+        }
+        let out = self
+            .java_command()
+            .args([
+                "org.apache.kafka.tools.MetadataQuorumCommand",
+                "--bootstrap-controller",
+                &bootstrap,
+                "describe",
+                "--status",
+            ])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        quorum_leader(&String::from_utf8_lossy(&out.stdout))
+    }
+}
+
+/// The `LeaderId` of `MetadataQuorumCommand describe --status` output.
+pub fn quorum_leader(status: &str) -> Option<i32> {
+    status
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("LeaderId:"))
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|id: &i32| *id >= 0)
+}
+
+/// The partition of `__transaction_state` that holds `transactional_id` (its leader is the
+/// transaction coordinator): Kafka's `Utils.abs(transactionalId.hashCode) % partitions`, with
+/// Java's `String.hashCode` (UTF-16 code units) and `Utils.abs` (`Integer.MIN_VALUE` is 0).
+pub fn transaction_state_partition(transactional_id: &str, partitions: i32) -> i32 {
+    let hash = transactional_id
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    let abs = if hash == i32::MIN { 0 } else { hash.abs() };
+    abs % partitions
+}
+
+/// The broker id coordinating `transactional_id`'s transactions (the leader of its
+/// `__transaction_state` partition; the local clusters have 5 of them), if the metadata names
+/// one.
+pub fn transaction_coordinator(brokers: &str, transactional_id: &str) -> Option<i32> {
+    leader_of(
+        brokers,
+        "__transaction_state",
+        transaction_state_partition(transactional_id, TRANSACTION_STATE_PARTITIONS),
+    )
+}
+
+/// `transaction.state.log.num.partitions` of the local clusters.
+pub const TRANSACTION_STATE_PARTITIONS: i32 = 5;
+
+/// The partitions (topic, partition, replicas, in-sync replicas) of every topic whose in-sync
+/// replicas are fewer than its replicas, or that have no leader; `None` when no broker answers.
+/// An empty list means the cluster is fully replicated (what a rolling restart waits for
+/// before it stops the next broker).
+pub fn under_replicated(brokers: &str) -> Option<Vec<(String, i32, usize, usize)>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("log_level", "0")
+        .create()
+        .ok()?;
+    let md = consumer.fetch_metadata(None, Duration::from_secs(5)).ok()?;
+    let mut out = Vec::new();
+    for t in md.topics() {
+        for p in t.partitions() {
+            if p.leader() < 0 || p.isr().len() < p.replicas().len() {
+                out.push((
+                    t.name().to_string(),
+                    p.id(),
+                    p.replicas().len(),
+                    p.isr().len(),
+                ));
+            }
+        }
+    }
+    Some(out)
 }
 
 impl Drop for LocalBroker {
@@ -873,4 +976,36 @@ fn consume_blocking(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Java's `String.hashCode`: "hello" is 99162322; "polygenelubricants" is
+    /// `Integer.MIN_VALUE`, which Kafka's `Utils.abs` maps to 0; a negative hash is made
+    /// positive before the modulo.
+    #[test]
+    fn transaction_state_partition_follows_kafkas_formula() {
+        assert_eq!(transaction_state_partition("hello", 5), 99162322 % 5);
+        assert_eq!(transaction_state_partition("hello", 50), 99162322 % 50);
+        assert_eq!(transaction_state_partition("polygenelubricants", 5), 0);
+        // "Aa" and "BB" collide in Java (both 2112).
+        assert_eq!(transaction_state_partition("Aa", 7), 2112 % 7);
+        assert_eq!(transaction_state_partition("BB", 7), 2112 % 7);
+        // A negative hash: "ferry-orders".hashCode() is -940164360 in Java.
+        assert_eq!(
+            transaction_state_partition("ferry-orders", 5),
+            940164360 % 5
+        );
+    }
+
+    #[test]
+    fn the_quorum_leader_is_read_from_describe_status() {
+        let out =
+            "ClusterId:              abc\nLeaderId:               2\nLeaderEpoch:            7\n";
+        assert_eq!(quorum_leader(out), Some(2));
+        assert_eq!(quorum_leader("LeaderId: -1\n"), None);
+        assert_eq!(quorum_leader("nothing"), None);
+    }
 }

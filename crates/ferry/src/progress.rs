@@ -438,6 +438,9 @@ fn remaining(deadline: Instant) -> Duration {
         .max(Duration::from_millis(1))
 }
 
+/// How long [`ensure_topic`] waits before asking again for a topic no broker knows yet.
+const METADATA_RETRY: Duration = Duration::from_millis(50);
+
 /// Creates `topic` (one partition, compacted, segments rolling every [`SEGMENT_MS`]) unless it
 /// exists; "already exists" (another Ferry at the same moment) is success. Checks the partition
 /// count of one that exists.
@@ -510,7 +513,7 @@ pub async fn ensure_topic(
             // Created (or found existing) a moment ago: a broker that does not know it yet
             // will.
             Ok(TopicShape::Settling | TopicShape::Missing) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(METADATA_RETRY);
             }
             other => return other,
         }

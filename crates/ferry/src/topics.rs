@@ -20,6 +20,29 @@
 //! - with `route.create_topics.enabled`, a missing topic is created instead (admin CreateTopics
 //!   with the configured partitions, replication factor and topic configs). Another Ferry creating
 //!   it at the same moment ("topic already exists") is success.
+//!
+//! It also says why records of an existing topic stopped being acknowledged. A partition whose
+//! in-sync replicas fell below the topic's `min.insync.replicas` answers every `acks=all` write
+//! with `NOT_ENOUGH_REPLICAS`; librdkafka retries that error (it is retriable) until the
+//! delivery timeout, which is never by default, and logs it only at debug level: the records
+//! wait, nothing past them is confirmed, and without the watch nothing would say why. So when a
+//! topic has records waiting and no report came for it since the watch last looked (one
+//! [`RECHECK_INTERVAL`]: a stalled topic; a flowing one costs nothing), the watch asks for the
+//! topic's metadata, and for the topic's `min.insync.replicas` (DescribeConfigs, remembered for
+//! [`MIN_INSYNC_TTL`]) when a partition lacks in-sync replicas. Each partition with fewer in-sync
+//! replicas than that, or with no leader, is logged at WARN with the reason (again every
+//! [`WARN_INTERVAL`] while it lasts, and an INFO line when it takes writes again), counted in
+//! `ferry_partitions_refusing`, and named with its reason by `/readyz`. A topic whose other
+//! partitions still deliver is not stalled at first; its records for the refusing partition
+//! then fill the in-flight window, the topic stalls, and the watch finds the partition.
+//!
+//! Ferry also writes where the topic counts do not see: the progress topic's partition 0, and in
+//! exactly-once mode the transaction coordinator's log (the partition of `__transaction_state`
+//! that holds Ferry's `transactional.id`, `abs(hashCode) % partitions` as Kafka computes it).
+//! When such a write is refused, the data records may all be acknowledged and the commit or
+//! the progress record waits instead. So when Ferry has records in flight and the confirmed
+//! LSN has not risen for a [`RECHECK_INTERVAL`], the watch looks at those partitions the same
+//! way.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -27,19 +50,21 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ferry_router::CreateTopicsConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use crate::telemetry::metrics::MissingTopic;
+use crate::telemetry::metrics::{MissingTopic, Refusal, RefusingPartition};
 use crate::telemetry::Metrics;
 
 /// How often a missing topic is asked about again.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often the WARN about a missing topic is repeated while it lasts.
 pub const WARN_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a topic's `min.insync.replicas` is remembered.
+pub const MIN_INSYNC_TTL: Duration = Duration::from_secs(60);
 /// How long one metadata or CreateTopics request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -64,6 +89,9 @@ struct State {
     last_reported: usize,
     /// A topic was seen for the first time since the watch last looked.
     fresh: bool,
+    /// Exactly-once mode: the producer's `transactional.id` (known once the session knows the
+    /// server's system identifier).
+    transactional_id: Option<String>,
     stop: bool,
 }
 
@@ -72,6 +100,10 @@ struct Entry {
     topic: Box<str>,
     /// Records sent to the topic and not yet reported.
     waiting: u64,
+    /// Records reported, ever (wrapping), and that count when the watch last looked: equal
+    /// while records wait means the topic is stalled.
+    reports: u64,
+    reports_seen: u64,
     status: Status,
 }
 
@@ -83,6 +115,12 @@ enum Status {
 }
 
 impl Topics {
+    /// Exactly-once mode: the transactional producer's id, whose coordinator's log the watch
+    /// looks at when nothing is confirmed (see the module docs).
+    pub fn set_transactional_id(&self, id: &str) {
+        self.0.lock().transactional_id = Some(id.to_string());
+    }
+
     /// A record was handed to the producer for `topic`.
     pub fn sent(&self, topic: &str) {
         let mut state = self.0.lock();
@@ -93,6 +131,8 @@ impl Topics {
                 state.entries.push(Entry {
                     topic: topic.into(),
                     waiting: 0,
+                    reports: 0,
+                    reports_seen: 0,
                     status: Status::Unchecked,
                 });
                 state.index.insert(topic.into(), i);
@@ -111,6 +151,7 @@ impl Topics {
         if let Some(i) = state.find(state.last_reported, topic) {
             let e = &mut state.entries[i];
             e.waiting = e.waiting.saturating_sub(count);
+            e.reports = e.reports.wrapping_add(count);
             state.last_reported = i;
         }
     }
@@ -146,23 +187,29 @@ impl std::fmt::Debug for TopicWatch {
 
 impl TopicWatch {
     /// Starts the watch with the producer's client `properties` (brokers and security; producer
-    /// settings are ignored by the metadata client). Must be called within a Tokio runtime when
-    /// `create.enabled` (CreateTopics requests are awaited on it).
+    /// settings are ignored by the metadata client). Must be called within a Tokio runtime (the
+    /// admin requests, CreateTopics and DescribeConfigs, are awaited on it).
     pub fn start(
         properties: &[(String, String)],
+        progress_topic: &str,
         create: CreateTopicsConfig,
         metrics: Arc<Metrics>,
     ) -> Result<TopicWatch, KafkaError> {
+        let mut internal = Vec::new();
+        if !progress_topic.is_empty() {
+            internal.push((progress_topic.to_string(), Internal::Partition(0)));
+        }
         let mut cc = ClientConfig::new();
         for (k, v) in properties {
             cc.set(k, v);
         }
-        let admin = if create.enabled {
-            let admin: AdminClient<DefaultClientContext> = cc.create()?;
-            Some((admin, tokio::runtime::Handle::current()))
-        } else {
-            None
-        };
+        // An admin client is a producer inside librdkafka: without idempotence (a producer id
+        // it would ask for) and without Ferry's transactional.id.
+        let mut admin_cc = cc.clone();
+        admin_cc.remove("enable.idempotence");
+        admin_cc.remove("transactional.id");
+        let admin: AdminClient<DefaultClientContext> = admin_cc.create()?;
+        let admin = (admin, tokio::runtime::Handle::current());
         cc.set("allow.auto.create.topics", "false");
         // Producer-only properties would each log a warning on a consumer.
         for key in PRODUCER_ONLY {
@@ -177,6 +224,9 @@ impl TopicWatch {
             admin,
             create,
             metrics,
+            min_insync: HashMap::new(),
+            refusals: RefusalLog::default(),
+            internal,
         };
         let thread = std::thread::Builder::new()
             .name("ferry-topics".into())
@@ -221,9 +271,36 @@ pub(crate) const PRODUCER_ONLY: [&str; 8] = [
 struct Worker {
     shared: Arc<Shared>,
     consumer: BaseConsumer,
-    admin: Option<(AdminClient<DefaultClientContext>, tokio::runtime::Handle)>,
+    admin: (AdminClient<DefaultClientContext>, tokio::runtime::Handle),
     create: CreateTopicsConfig,
     metrics: Arc<Metrics>,
+    /// Topics' `min.insync.replicas`, and when they were asked.
+    min_insync: HashMap<String, (Option<i32>, Instant)>,
+    refusals: RefusalLog,
+    /// The partitions Ferry writes besides the routed topics' (see the module docs).
+    internal: Vec<(String, Internal)>,
+}
+
+/// Kafka's transaction log.
+const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
+
+/// Which partition of an internal topic Ferry writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Internal {
+    Partition(i32),
+    /// The one holding this `transactional.id`.
+    Coordinator(String),
+}
+
+/// The partition of the transaction log holding `transactional_id`, out of `partitions`:
+/// Kafka's `Utils.abs(transactionalId.hashCode) % partitions`, with Java's `String.hashCode`
+/// (over UTF-16 code units) and `Utils.abs` (which maps `Integer.MIN_VALUE` to 0).
+fn coordinator_partition(transactional_id: &str, partitions: usize) -> i32 {
+    let hash = transactional_id
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    let abs = if hash == i32::MIN { 0 } else { hash.abs() };
+    abs % i32::try_from(partitions.max(1)).unwrap_or(i32::MAX)
 }
 
 /// What the brokers say about a topic.
@@ -233,7 +310,16 @@ enum Found {
 }
 
 impl Worker {
-    fn run(self) {
+    fn run(mut self) {
+        // Asked now, while the cluster is most likely whole (see `min_insync`).
+        for topic in self
+            .internal
+            .iter()
+            .map(|(t, _)| t.clone())
+            .collect::<Vec<_>>()
+        {
+            self.min_insync(&topic, None);
+        }
         loop {
             let due: Vec<String> = {
                 let mut state = self.shared.lock();
@@ -258,9 +344,14 @@ impl Worker {
             };
             for topic in due {
                 let found = match self.lookup(&topic) {
-                    Ok(Found::Missing) if self.admin.is_some() => self.create_topic(&topic),
+                    Ok(Found::Missing) if self.create.enabled => self.create_topic(&topic),
                     other => other,
                 };
+                if matches!(found, Ok(Found::Present)) {
+                    // Asked now, while the cluster is most likely whole: during an outage the
+                    // request may go to a broker that is down.
+                    self.min_insync(&topic, None);
+                }
                 let now = Instant::now();
                 let mut state = self.shared.lock();
                 let Some(i) = state.index.get(topic.as_str()).copied() else {
@@ -313,7 +404,193 @@ impl Worker {
                 m
             };
             self.metrics.topics_missing.set(missing);
+            self.look_at_stalled_topics();
         }
+    }
+
+    /// Finds the refusing partitions of the stalled topics (see the module docs), logs what
+    /// changed and publishes them.
+    fn look_at_stalled_topics(&mut self) {
+        let stalled: Vec<String> = {
+            let mut state = self.shared.lock();
+            let mut stalled = Vec::new();
+            for e in &mut state.entries {
+                if e.status == Status::Present && e.waiting > 0 && e.reports == e.reports_seen {
+                    stalled.push(e.topic.to_string());
+                }
+                e.reports_seen = e.reports;
+            }
+            stalled
+        };
+        let mut refusing = Vec::new();
+        for topic in stalled {
+            match self.partitions(&topic) {
+                Ok(partitions) => {
+                    let short = partitions.iter().find(|p| p.in_sync < p.replicas);
+                    let min_insync = match short {
+                        Some(p) => self.min_insync(&topic, (p.leader >= 0).then_some(p.leader)),
+                        None => None,
+                    };
+                    tracing::debug!(
+                        topic = %topic,
+                        ?partitions,
+                        ?min_insync,
+                        "records wait and none was reported since the last look"
+                    );
+                    refusing.extend(refusals(&topic, &partitions, min_insync));
+                }
+                Err(err) => {
+                    tracing::debug!(topic = %topic, error = %err, "cannot look up topic metadata")
+                }
+            }
+        }
+        let progress = self
+            .metrics
+            .confirmed_lsn
+            .last_raised()
+            .max(self.metrics.streaming.last_raised());
+        let transactional_id = self.shared.lock().transactional_id.clone();
+        if let Some(id) = transactional_id {
+            let coordinator = (
+                TRANSACTION_STATE_TOPIC.to_string(),
+                Internal::Coordinator(id),
+            );
+            if !self.internal.contains(&coordinator) {
+                self.internal.retain(|(t, _)| t != TRANSACTION_STATE_TOPIC);
+                self.internal.push(coordinator);
+                // Asked now, while the cluster is most likely whole (see `min_insync`).
+                self.min_insync(TRANSACTION_STATE_TOPIC, None);
+            }
+        }
+        if self.metrics.in_flight_records.get() > 0 && progress.elapsed() >= RECHECK_INTERVAL {
+            for (topic, which) in self.internal.clone() {
+                match self.partitions(&topic) {
+                    Ok(partitions) => {
+                        let id = match &which {
+                            Internal::Partition(p) => *p,
+                            Internal::Coordinator(tid) => {
+                                coordinator_partition(tid, partitions.len())
+                            }
+                        };
+                        let mine: Vec<PartitionView> =
+                            partitions.into_iter().filter(|p| p.id == id).collect();
+                        let leader = mine.first().map(|p| p.leader).filter(|l| *l >= 0);
+                        let short = mine.iter().any(|p| p.in_sync < p.replicas);
+                        let min_insync = if short {
+                            self.min_insync(&topic, leader)
+                        } else {
+                            None
+                        };
+                        tracing::debug!(
+                            topic = %topic,
+                            partitions = ?mine,
+                            ?min_insync,
+                            "records in flight and nothing confirmed since the last look"
+                        );
+                        refusing.extend(refusals(&topic, &mine, min_insync));
+                    }
+                    Err(err) => {
+                        tracing::debug!(topic = %topic, error = %err, "cannot look up topic metadata")
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        for notice in self.refusals.update(&refusing, now) {
+            match notice {
+                Notice::Refusing { partition, for_ } => tracing::warn!(
+                    topic = %partition.topic,
+                    partition = partition.partition,
+                    reason = %partition.reason,
+                    refusing_for_s = for_.as_secs(),
+                    "partition refuses writes ({}): its records wait (the client retries them), and \
+                     nothing past them is confirmed; fix: bring the brokers of its replicas back",
+                    partition.reason
+                ),
+                Notice::Writable {
+                    topic,
+                    partition,
+                    after,
+                } => tracing::info!(
+                    topic = %topic,
+                    partition,
+                    refused_for_s = after.as_secs(),
+                    "partition no longer refuses writes"
+                ),
+            }
+        }
+        self.metrics.partitions_refusing.set(refusing);
+    }
+
+    /// The partitions of `topic` as its metadata shows them (blocking).
+    fn partitions(&self, topic: &str) -> Result<Vec<PartitionView>, KafkaError> {
+        let md = self.consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+        Ok(md
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic)
+            .flat_map(|t| t.partitions())
+            .map(|p| PartitionView {
+                id: p.id(),
+                leader: p.leader(),
+                replicas: p.replicas().len(),
+                in_sync: p.isr().len(),
+            })
+            .collect())
+    }
+
+    /// The topic's `min.insync.replicas` (DescribeConfigs: the topic's own or the brokers'
+    /// default), remembered for [`MIN_INSYNC_TTL`]; `None` if the brokers do not say (no
+    /// DESCRIBE_CONFIGS permission, a topic not created yet: asked again next time). The watch
+    /// asks when it first finds the topic; when asking again fails (librdkafka sends the request
+    /// to the controller the metadata names, which may be down), the value known stays, and
+    /// with none the broker `leader`'s own default is asked of it directly.
+    fn min_insync(&mut self, topic: &str, leader: Option<i32>) -> Option<i32> {
+        let now = Instant::now();
+        let known = self.min_insync.get(topic).copied();
+        if let Some((v, at)) = known {
+            if now.saturating_duration_since(at) < MIN_INSYNC_TTL {
+                return v;
+            }
+        }
+        match self.describe_min_insync(ResourceSpecifier::Topic(topic)) {
+            Ok(Some(v)) => {
+                tracing::debug!(topic = %topic, min_insync = v, "min.insync.replicas");
+                self.min_insync.insert(topic.to_string(), (Some(v), now));
+                Some(v)
+            }
+            Ok(None) => {
+                tracing::debug!(topic = %topic, "min.insync.replicas not described");
+                known.and_then(|(v, _)| v)
+            }
+            Err(err) => {
+                tracing::debug!(topic = %topic, error = %err, "cannot describe the topic's configs");
+                match known {
+                    Some((v, _)) => v,
+                    None => leader.and_then(|id| {
+                        self.describe_min_insync(ResourceSpecifier::Broker(id))
+                            .ok()
+                            .flatten()
+                    }),
+                }
+            }
+        }
+    }
+
+    /// `min.insync.replicas` of one resource (blocking).
+    fn describe_min_insync(
+        &self,
+        resource: ResourceSpecifier<'_>,
+    ) -> Result<Option<i32>, KafkaError> {
+        let (admin, runtime) = &self.admin;
+        let opts = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
+        let results = runtime.block_on(admin.describe_configs([&resource], &opts))?;
+        Ok(results
+            .into_iter()
+            .next()
+            .and_then(Result::ok)
+            .and_then(|r| r.get("min.insync.replicas").and_then(|e| e.value.clone()))
+            .and_then(|v| v.parse().ok()))
     }
 
     /// One metadata request for `topic` (blocking), through a client that never creates it.
@@ -334,9 +611,7 @@ impl Worker {
 
     /// CreateTopics for `topic` with `route.create_topics`; "already exists" is success.
     fn create_topic(&self, topic: &str) -> Result<Found, KafkaError> {
-        let Some((admin, runtime)) = &self.admin else {
-            return Ok(Found::Missing);
-        };
+        let (admin, runtime) = &self.admin;
         let replication = TopicReplication::Fixed(self.create.replication_factor);
         let mut new = NewTopic::new(topic, self.create.partitions, replication);
         for (k, v) in &self.create.configs {
@@ -379,9 +654,233 @@ fn warn_missing(topic: &str, records_waiting: u64, missing_for: Duration) {
     );
 }
 
+/// A partition as the metadata shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PartitionView {
+    id: i32,
+    /// The leader's broker id, -1 for none.
+    leader: i32,
+    replicas: usize,
+    in_sync: usize,
+}
+
+/// The partitions of `topic` that refuse `acks=all` writes: no leader, or fewer in-sync
+/// replicas than `min_insync` (when known).
+fn refusals(
+    topic: &str,
+    partitions: &[PartitionView],
+    min_insync: Option<i32>,
+) -> Vec<RefusingPartition> {
+    partitions
+        .iter()
+        .filter_map(|p| {
+            let reason = if p.leader < 0 {
+                Refusal::NoLeader
+            } else {
+                let min = min_insync?;
+                if i64::try_from(p.in_sync).unwrap_or(i64::MAX) >= i64::from(min) {
+                    return None;
+                }
+                Refusal::NotEnoughReplicas {
+                    in_sync: p.in_sync,
+                    replicas: p.replicas,
+                    min_insync: min,
+                }
+            };
+            Some(RefusingPartition {
+                topic: topic.to_string(),
+                partition: p.id,
+                reason,
+            })
+        })
+        .collect()
+}
+
+/// What changed among the refusing partitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Notice {
+    /// Newly refusing (`for_` zero), or still refusing [`WARN_INTERVAL`] after the last WARN.
+    Refusing {
+        partition: RefusingPartition,
+        for_: Duration,
+    },
+    /// Refused writes `after` long, and no longer does (or its topic no longer waits).
+    Writable {
+        topic: String,
+        partition: i32,
+        after: Duration,
+    },
+}
+
+/// The refusing partitions as last logged: when each started, and when it was last warned of.
+#[derive(Debug, Default)]
+struct RefusalLog(HashMap<(String, i32), (Instant, Instant)>);
+
+impl RefusalLog {
+    /// Takes the partitions refusing `now`; returns what to log, in a stable order.
+    fn update(&mut self, current: &[RefusingPartition], now: Instant) -> Vec<Notice> {
+        let mut notices = Vec::new();
+        let mut gone: Vec<(String, i32)> = self
+            .0
+            .keys()
+            .filter(|k| !current.iter().any(|p| p.topic == k.0 && p.partition == k.1))
+            .cloned()
+            .collect();
+        gone.sort();
+        for key in gone {
+            if let Some((since, _)) = self.0.remove(&key) {
+                notices.push(Notice::Writable {
+                    topic: key.0,
+                    partition: key.1,
+                    after: now.saturating_duration_since(since),
+                });
+            }
+        }
+        for p in current {
+            let key = (p.topic.clone(), p.partition);
+            match self.0.get_mut(&key) {
+                None => {
+                    self.0.insert(key, (now, now));
+                    notices.push(Notice::Refusing {
+                        partition: p.clone(),
+                        for_: Duration::ZERO,
+                    });
+                }
+                Some((since, warned)) => {
+                    if now.saturating_duration_since(*warned) >= WARN_INTERVAL {
+                        *warned = now;
+                        notices.push(Notice::Refusing {
+                            partition: p.clone(),
+                            for_: now.saturating_duration_since(*since),
+                        });
+                    }
+                }
+            }
+        }
+        notices
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Java's `String.hashCode`: "hello" is 99162322, "polygenelubricants" is
+    /// `Integer.MIN_VALUE` (0 by `Utils.abs`), "ferry-orders" is -940164360.
+    #[test]
+    fn the_coordinator_partition_follows_kafkas_formula() {
+        assert_eq!(coordinator_partition("hello", 50), 99162322 % 50);
+        assert_eq!(coordinator_partition("polygenelubricants", 50), 0);
+        assert_eq!(coordinator_partition("ferry-orders", 50), 940164360 % 50);
+        assert_eq!(
+            coordinator_partition("Aa", 7),
+            coordinator_partition("BB", 7)
+        );
+        assert_eq!(
+            coordinator_partition("x", 0),
+            0,
+            "no partitions known: no panic"
+        );
+    }
+
+    fn view(id: i32, leader: i32, in_sync: usize) -> PartitionView {
+        PartitionView {
+            id,
+            leader,
+            replicas: 3,
+            in_sync,
+        }
+    }
+
+    #[test]
+    fn partitions_below_min_insync_or_without_a_leader_refuse_writes() {
+        let parts = [view(0, 1, 3), view(1, 2, 2), view(2, 3, 1), view(3, -1, 0)];
+        let got = refusals("t", &parts, Some(2));
+        assert_eq!(
+            got,
+            [
+                RefusingPartition {
+                    topic: "t".into(),
+                    partition: 2,
+                    reason: Refusal::NotEnoughReplicas {
+                        in_sync: 1,
+                        replicas: 3,
+                        min_insync: 2
+                    }
+                },
+                RefusingPartition {
+                    topic: "t".into(),
+                    partition: 3,
+                    reason: Refusal::NoLeader
+                }
+            ]
+        );
+        assert_eq!(
+            got[0].reason.to_string(),
+            "NOT_ENOUGH_REPLICAS: 1 of 3 replicas in sync, below min.insync.replicas = 2"
+        );
+        // min.insync.replicas = 1 accepts a lone in-sync leader; unknown judges only leaders.
+        assert_eq!(refusals("t", &parts, Some(1)).len(), 1);
+        assert_eq!(refusals("t", &parts, None).len(), 1);
+        assert!(refusals("t", &[view(0, 1, 3)], Some(3)).is_empty());
+    }
+
+    #[test]
+    fn a_refusing_partition_is_warned_of_once_then_every_interval_and_its_end_is_told() {
+        let p = RefusingPartition {
+            topic: "t".into(),
+            partition: 1,
+            reason: Refusal::NoLeader,
+        };
+        let mut log = RefusalLog::default();
+        let t0 = Instant::now();
+        assert_eq!(
+            log.update(std::slice::from_ref(&p), t0),
+            [Notice::Refusing {
+                partition: p.clone(),
+                for_: Duration::ZERO
+            }]
+        );
+        assert!(log
+            .update(std::slice::from_ref(&p), t0 + Duration::from_secs(2))
+            .is_empty());
+        assert_eq!(
+            log.update(std::slice::from_ref(&p), t0 + WARN_INTERVAL),
+            [Notice::Refusing {
+                partition: p.clone(),
+                for_: WARN_INTERVAL
+            }]
+        );
+        assert!(log
+            .update(
+                std::slice::from_ref(&p),
+                t0 + WARN_INTERVAL + Duration::from_secs(1)
+            )
+            .is_empty());
+        assert_eq!(
+            log.update(&[], t0 + Duration::from_secs(40)),
+            [Notice::Writable {
+                topic: "t".into(),
+                partition: 1,
+                after: Duration::from_secs(40)
+            }]
+        );
+        assert!(log.update(&[], t0 + Duration::from_secs(41)).is_empty());
+    }
+
+    /// A topic is stalled when records wait and no report came since the watch last looked.
+    #[test]
+    fn reports_mark_a_topic_as_flowing() {
+        let t = Topics::default();
+        t.sent("x");
+        t.sent("x");
+        t.reported("x", 1);
+        let mut state = t.0.lock();
+        let e = &mut state.entries[0];
+        assert_eq!((e.waiting, e.reports, e.reports_seen), (1, 1, 0));
+        e.reports_seen = e.reports;
+        assert_eq!(e.reports, e.reports_seen, "stalled until the next report");
+    }
 
     fn waiting(t: &Topics) -> Vec<(String, u64)> {
         let state = t.0.lock();

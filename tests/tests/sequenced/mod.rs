@@ -76,6 +76,7 @@ fn consume_blocking(brokers: &str, topic: &str, expected: Range<u64>) -> Vec<Eve
         .set("group.id", pg::unique_name("ferry-failures"))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
+        .set("isolation.level", "read_committed")
         .create()
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();

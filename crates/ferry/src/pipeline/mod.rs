@@ -64,6 +64,7 @@ pub async fn run(
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
+        &settings.progress_topic,
         settings.create_topics.clone(),
         metrics.clone(),
     )

@@ -98,6 +98,7 @@ impl Txn {
         let transactional_id = crate::config::transactional_id(system.system_id, slot);
         let mut props = properties.to_vec();
         props.push(("transactional.id".into(), transactional_id.clone()));
+        topics.set_transactional_id(&transactional_id);
         let (producer, rx) =
             Producer::new(&props, topics).map_err(PipelineError::ProducerConfig)?;
         let fail = |error| match transaction_error(&error) {

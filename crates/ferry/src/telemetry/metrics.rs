@@ -34,6 +34,7 @@
 //! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
 //! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
 //! | `ferry_topics_missing` | gauge | | Topics records were routed to that the brokers do not have (records wait for them). |
+//! | `ferry_partitions_refusing` | gauge | | Partitions records wait for that refuse writes: fewer in-sync replicas than `min.insync.replicas` (`NOT_ENOUGH_REPLICAS`), or no leader. |
 //! | `ferry_log_write_errors_total` | counter | | Log events dropped because stderr failed (closed pipe, full disk); process-wide. |
 //! | `ferry_progress_lsn` | gauge | | LSN of the newest progress record Kafka acknowledged (the slot is never confirmed past it), as a number. |
 //! | `ferry_progress_write_errors_total` | counter | | Progress records Kafka failed (confirming waits until one succeeds). |
@@ -86,6 +87,7 @@ pub const TRACE_CONTEXT_MALFORMED_TOTAL: &str = "ferry_trace_context_malformed_t
 pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
 pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
 pub const TOPICS_MISSING: &str = "ferry_topics_missing";
+pub const PARTITIONS_REFUSING: &str = "ferry_partitions_refusing";
 pub const LOG_WRITE_ERRORS_TOTAL: &str = "ferry_log_write_errors_total";
 pub const PROGRESS_LSN: &str = "ferry_progress_lsn";
 pub const PROGRESS_WRITE_ERRORS_TOTAL: &str = "ferry_progress_write_errors_total";
@@ -126,7 +128,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 31] = {
+pub const SPEC: [MetricSpec; 32] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -153,6 +155,7 @@ pub const SPEC: [MetricSpec; 31] = {
         spec(STATUS_UPDATES_SENT_TOTAL, C, "Standby status updates sent to the server."),
         spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
         spec(TOPICS_MISSING, G, "Topics records were routed to that the brokers do not have."),
+        spec(PARTITIONS_REFUSING, G, "Partitions records wait for that refuse writes (too few in-sync replicas, no leader)."),
         spec(LOG_WRITE_ERRORS_TOTAL, C, "Log events dropped because the log sink (stderr) failed."),
         spec(PROGRESS_LSN, G, "LSN of the newest progress record Kafka acknowledged."),
         spec(PROGRESS_WRITE_ERRORS_TOTAL, C, "Progress records Kafka failed."),
@@ -531,6 +534,9 @@ pub struct Metrics {
     /// The topics records wait for, as the topic watch last found them (`ferry_topics_missing`
     /// is their number; `/readyz` names them).
     pub topics_missing: MissingTopics,
+    /// The partitions records wait for that refuse writes, as the topic watch last found them
+    /// (`ferry_partitions_refusing` is their number; `/readyz` names them and why).
+    pub partitions_refusing: RefusingPartitions,
     /// When it last rose is when a progress record was last acknowledged.
     pub progress_lsn: StampedGauge,
     pub progress_write_errors: Counter,
@@ -545,6 +551,71 @@ pub struct Metrics {
 pub struct MissingTopic {
     pub topic: String,
     pub records_waiting: u64,
+}
+
+/// A partition that refuses writes (records routed to it wait), and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusingPartition {
+    pub topic: String,
+    pub partition: i32,
+    pub reason: Refusal,
+}
+
+/// Why a partition refuses Ferry's writes (`acks=all`), as its metadata shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No leader: none of its replicas is in sync and alive (unclean election is off).
+    NoLeader,
+    /// Fewer replicas in sync than the topic's `min.insync.replicas`: the leader answers every
+    /// `acks=all` write with `NOT_ENOUGH_REPLICAS`, which the client retries (it never fails the
+    /// record), so the records wait, unconfirmed, until a replica catches up.
+    NotEnoughReplicas {
+        in_sync: usize,
+        replicas: usize,
+        min_insync: i32,
+    },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::NoLeader => f.write_str("LEADER_NOT_AVAILABLE: no in-sync replica to lead it"),
+            Refusal::NotEnoughReplicas {
+                in_sync,
+                replicas,
+                min_insync,
+            } => write!(
+                f,
+                "NOT_ENOUGH_REPLICAS: {in_sync} of {replicas} replicas in sync, below \
+                 min.insync.replicas = {min_insync}"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for RefusingPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} [{}] ({})", self.topic, self.partition, self.reason)
+    }
+}
+
+/// The refusing partitions (written by the topic watch every few seconds at most).
+#[derive(Debug, Default)]
+pub struct RefusingPartitions(std::sync::Mutex<Vec<RefusingPartition>>);
+
+impl RefusingPartitions {
+    pub fn set(&self, partitions: Vec<RefusingPartition>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = partitions;
+    }
+    pub fn get(&self) -> Vec<RefusingPartition> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// The missing topics (a lock, not an atomic: written by the topic watch every few seconds at
@@ -594,6 +665,7 @@ impl Metrics {
             status_updates_sent: Counter::default(),
             reconnects: CounterVec::new(),
             topics_missing: MissingTopics::default(),
+            partitions_refusing: RefusingPartitions::default(),
             progress_lsn: StampedGauge::new(),
             progress_write_errors: Counter::default(),
             progress_failing: Gauge::default(),
@@ -634,7 +706,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 31] {
+    fn samples(&self) -> [Sample<'_>; 32] {
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -660,6 +732,7 @@ impl Metrics {
             Sample::Int(self.status_updates_sent.get()),
             Sample::Labelled(labelled(&self.reconnects)),
             Sample::Int(self.topics_missing.len() as u64),
+            Sample::Int(self.partitions_refusing.len() as u64),
             Sample::Int(super::logging::write_errors()),
             Sample::Int(self.progress_lsn.get()),
             Sample::Int(self.progress_write_errors.get()),

@@ -115,6 +115,9 @@ ferry_reconnects_total{component="kafka"} 2
 # HELP ferry_topics_missing Topics records were routed to that the brokers do not have.
 # TYPE ferry_topics_missing gauge
 ferry_topics_missing 1
+# HELP ferry_partitions_refusing Partitions records wait for that refuse writes (too few in-sync replicas, no leader).
+# TYPE ferry_partitions_refusing gauge
+ferry_partitions_refusing 0
 # HELP ferry_log_write_errors_total Log events dropped because the log sink (stderr) failed.
 # TYPE ferry_log_write_errors_total counter
 ferry_log_write_errors_total 0

@@ -12,7 +12,11 @@
 //!    rules confirm the server's `wal_end` on their own schedule and there is nothing to be late for;
 //! 4. no topic records were routed to is missing on the brokers (the topic watch keeps that list
 //!    in the registry): such records wait, however recently something else was confirmed;
-//! 5. the progress topic takes its records (`ferry_progress_failing` is 0): the slot is confirmed
+//! 5. no partition records wait for refuses writes (the topic watch finds, for topics whose
+//!    records stopped being acknowledged, partitions with fewer in-sync replicas than
+//!    `min.insync.replicas`, or no leader): librdkafka retries such writes without end and
+//!    without a word, so this is what says why nothing is confirmed;
+//! 6. the progress topic takes its records (`ferry_progress_failing` is 0): the slot is confirmed
 //!    only up to an acknowledged progress record, so while they fail nothing is confirmed and the
 //!    server keeps the WAL, however idle the outbox.
 //!
@@ -38,6 +42,7 @@ pub enum NotReady {
         since: Duration,
     },
     TopicsMissing(Vec<super::metrics::MissingTopic>),
+    PartitionsRefusing(Vec<super::metrics::RefusingPartition>),
     ProgressFailing,
 }
 
@@ -63,6 +68,16 @@ impl fmt::Display for NotReady {
                 }
                 f.write_str("; create them, or set route.create_topics.enabled = true")
             }
+            NotReady::PartitionsRefusing(partitions) => {
+                f.write_str("records wait for partitions that refuse writes:")?;
+                for (i, p) in partitions.iter().enumerate() {
+                    write!(f, "{} {p}", if i == 0 { "" } else { ";" })?;
+                }
+                f.write_str(
+                    "; nothing past them is confirmed until they take writes again (bring their \
+                     replicas' brokers back)",
+                )
+            }
             NotReady::ProgressFailing => f.write_str(
                 "progress records cannot be written to the progress topic (kafka.progress_topic): \
                  nothing is confirmed to PostgreSQL until one is; see the log",
@@ -85,6 +100,10 @@ pub fn check(metrics: &Metrics, stall_after: Duration, now: Instant) -> Result<(
     let missing = metrics.topics_missing.get();
     if !missing.is_empty() {
         return Err(NotReady::TopicsMissing(missing));
+    }
+    let refusing = metrics.partitions_refusing.get();
+    if !refusing.is_empty() {
+        return Err(NotReady::PartitionsRefusing(refusing));
     }
     let in_flight_records = metrics.in_flight_records.get();
     if in_flight_records == 0 {
@@ -196,6 +215,39 @@ mod tests {
              create them, or set route.create_topics.enabled = true"
         );
         m.topics_missing.set(Vec::new());
+        assert_eq!(check(&m, WINDOW, Instant::now()), Ok(()));
+    }
+
+    #[test]
+    fn a_partition_refusing_writes_is_not_ready_and_says_why() {
+        use crate::telemetry::metrics::{Refusal, RefusingPartition};
+        let m = streaming();
+        m.in_flight_records.set(7);
+        m.partitions_refusing.set(vec![
+            RefusingPartition {
+                topic: "orders".into(),
+                partition: 2,
+                reason: Refusal::NotEnoughReplicas {
+                    in_sync: 1,
+                    replicas: 3,
+                    min_insync: 2,
+                },
+            },
+            RefusingPartition {
+                topic: "orders".into(),
+                partition: 0,
+                reason: Refusal::NoLeader,
+            },
+        ]);
+        let e = check(&m, WINDOW, Instant::now()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "records wait for partitions that refuse writes: \"orders\" [2] (NOT_ENOUGH_REPLICAS: \
+             1 of 3 replicas in sync, below min.insync.replicas = 2); \"orders\" [0] \
+             (LEADER_NOT_AVAILABLE: no in-sync replica to lead it); nothing past them is \
+             confirmed until they take writes again (bring their replicas' brokers back)"
+        );
+        m.partitions_refusing.set(Vec::new());
         assert_eq!(check(&m, WINDOW, Instant::now()), Ok(()));
     }
 
