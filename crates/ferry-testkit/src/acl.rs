@@ -107,8 +107,14 @@ fn create_with(producer: &BaseProducer, acls: &[Acl], timeout: Duration) -> Vec<
             _ => rd::rd_kafka_ResourcePatternType_t::RD_KAFKA_RESOURCE_PATTERN_LITERAL,
         };
         let (restype, name) = match &acl.resource {
-            Resource::Topic(t) => (rd::rd_kafka_ResourceType_t::RD_KAFKA_RESOURCE_TOPIC, t.as_str()),
-            Resource::Group(g) => (rd::rd_kafka_ResourceType_t::RD_KAFKA_RESOURCE_GROUP, g.as_str()),
+            Resource::Topic(t) => (
+                rd::rd_kafka_ResourceType_t::RD_KAFKA_RESOURCE_TOPIC,
+                t.as_str(),
+            ),
+            Resource::Group(g) => (
+                rd::rd_kafka_ResourceType_t::RD_KAFKA_RESOURCE_GROUP,
+                g.as_str(),
+            ),
             Resource::TransactionalId(t) | Resource::TransactionalIdPrefix(t) => (
                 rd::rd_kafka_ResourceType_t::RD_KAFKA_RESOURCE_TRANSACTIONAL_ID,
                 t.as_str(),
@@ -162,13 +168,7 @@ fn create_with(producer: &BaseProducer, acls: &[Acl], timeout: Duration) -> Vec<
                 rk,
                 rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_CREATEACLS,
             );
-            rd::rd_kafka_CreateAcls(
-                rk,
-                bindings.as_mut_ptr(),
-                bindings.len(),
-                options,
-                queue,
-            );
+            rd::rd_kafka_CreateAcls(rk, bindings.as_mut_ptr(), bindings.len(), options, queue);
             let event = rd::rd_kafka_queue_poll(
                 queue,
                 i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX),
@@ -176,18 +176,20 @@ fn create_with(producer: &BaseProducer, acls: &[Acl], timeout: Duration) -> Vec<
             if event.is_null() {
                 errors.push(format!("no CreateAcls answer within {timeout:?}"));
             } else {
-                if rd::rd_kafka_event_error(event) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                if rd::rd_kafka_event_error(event)
+                    != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                {
                     let s = CStr::from_ptr(rd::rd_kafka_event_error_string(event));
                     errors.push(s.to_string_lossy().into_owned());
                 } else {
                     let result = rd::rd_kafka_event_CreateAcls_result(event);
                     let mut n = 0usize;
                     let results = rd::rd_kafka_CreateAcls_result_acls(result, &mut n);
-                    for i in 0..n {
+                    for (i, acl) in acls.iter().enumerate().take(n) {
                         let e = rd::rd_kafka_acl_result_error(*results.add(i));
                         if !e.is_null() {
                             let s = CStr::from_ptr(rd::rd_kafka_error_string(e));
-                            errors.push(format!("{:?}: {}", acls[i], s.to_string_lossy()));
+                            errors.push(format!("{acl:?}: {}", s.to_string_lossy()));
                         }
                     }
                 }
