@@ -1,4 +1,5 @@
 //! Ferry: the pipeline from the replication slot to Kafka.
+pub mod authz;
 pub mod check;
 pub mod cli;
 pub mod config;

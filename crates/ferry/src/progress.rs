@@ -27,8 +27,9 @@ use ferry_core::progress::{ProgressError, ProgressKey, ProgressRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::ClientContext;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// How often the progress topic's segments roll, so that compaction can drop old records.
@@ -67,6 +68,32 @@ pub enum ProgressTopicError {
         "the progress topic {topic} does not exist and Ferry may not create it: {error}. Create it with 1 partition and cleanup.policy=compact, or grant Ferry CREATE on the cluster"
     )]
     Create { topic: String, error: String },
+    /// The broker refused Ferry's principal an operation on the topic (an ACL is missing): the
+    /// message names it and the grant (`crate::authz`).
+    #[error("{0}")]
+    Denied(String),
+}
+
+/// `error` from a request about `topic`, as a [`ProgressTopicError`]: an authorization failure
+/// is [`ProgressTopicError::Denied`] (permanent), anything else [`ProgressTopicError::Kafka`].
+fn kafka_error(
+    topic: &str,
+    doing: &str,
+    properties: &[(String, String)],
+    error: KafkaError,
+) -> ProgressTopicError {
+    match crate::authz::authorization_code(&error) {
+        Some(code) => ProgressTopicError::Denied(crate::authz::denied(
+            code,
+            doing,
+            &crate::authz::Resource::ProgressTopic(topic.to_string()),
+            properties,
+        )),
+        None => ProgressTopicError::Kafka {
+            topic: topic.to_string(),
+            error,
+        },
+    }
 }
 
 impl ProgressTopicError {
@@ -233,10 +260,7 @@ fn scan(
     wanted: impl Fn(&[u8]) -> bool,
 ) -> Result<Option<Vec<(Vec<u8>, i64, Option<Vec<u8>>)>>, ProgressTopicError> {
     let deadline = Instant::now() + timeout;
-    let kafka = |error| ProgressTopicError::Kafka {
-        topic: topic.to_string(),
-        error,
-    };
+    let kafka = |error| kafka_error(topic, "reading the progress topic", properties, error);
     let mut cc = consumer_config(properties);
     cc.set("allow.auto.create.topics", "false")
         .set("enable.auto.commit", "false")
@@ -248,7 +272,10 @@ fn scan(
     if cc.get("group.id").is_none() {
         cc.set("group.id", "ferry-progress-reader");
     }
-    let consumer = Disposed::new(cc.create::<BaseConsumer>().map_err(kafka)?);
+    let consumer = Disposed::new(
+        cc.create_with_context::<_, BaseConsumer<Reader>>(Reader)
+            .map_err(kafka)?,
+    );
     let metadata = consumer
         .fetch_metadata(Some(topic), remaining(deadline))
         .map_err(kafka)?;
@@ -272,7 +299,10 @@ fn scan(
     if until == Until::End {
         end.set("isolation.level", "read_uncommitted");
     }
-    let end = Disposed::new(end.create::<BaseConsumer>().map_err(kafka)?);
+    let end = Disposed::new(
+        end.create_with_context::<_, BaseConsumer<Reader>>(Reader)
+            .map_err(kafka)?,
+    );
     let (low, high) = end
         .fetch_watermarks(topic, 0, remaining(deadline))
         .map_err(kafka)?;
@@ -287,7 +317,12 @@ fn scan(
     // Newest per key, in the order keys were first seen.
     let mut newest: Vec<(Vec<u8>, i64, Option<Vec<u8>>)> = Vec::new();
     loop {
-        if let Some(m) = consumer.poll(POLL) {
+        // The coordinator lookup of a group the reader does not use (see `Reader`) is no
+        // error of the read.
+        let polled = consumer.poll(POLL).filter(|m| {
+            !matches!(m, Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed))
+        });
+        if let Some(m) = polled {
             let m = m.map_err(kafka)?;
             if let Some(k) = m.key().filter(|k| wanted(k)) {
                 let value = m.payload().map(<[u8]>::to_vec);
@@ -313,13 +348,32 @@ fn scan(
     Ok(Some(newest))
 }
 
+/// The context of the progress reader. It reads by `assign`, which librdkafka allows only to a
+/// client with a `group.id`, and such a client looks up the group's coordinator although it
+/// joins no group and commits nothing: a principal without Describe on that group gets
+/// GROUP_AUTHORIZATION_FAILED, which changes nothing for the read. It is logged at debug
+/// level, so that the least-privilege ACLs need no group (README, "Kafka ACLs").
+struct Reader;
+
+impl ClientContext for Reader {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
+            tracing::debug!(%error, "progress reader: {reason} (it uses no group; harmless)");
+        } else {
+            tracing::error!(%error, "librdkafka (progress reader): {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for Reader {}
+
 /// Another encoding of the same key (written by another serializer): compared decoded.
 fn same_key(bytes: &[u8], key: &ProgressKey) -> bool {
     ProgressKey::decode(bytes).is_ok_and(|k| k == *key)
 }
 
 /// The consumer's next offset on partition 0 (`-1001`, invalid, before the first fetch).
-fn position(consumer: &BaseConsumer, topic: &str) -> Result<i64, KafkaError> {
+fn position(consumer: &BaseConsumer<Reader>, topic: &str) -> Result<i64, KafkaError> {
     let tpl = consumer.position()?;
     Ok(tpl
         .find_partition(topic, 0)
@@ -378,10 +432,7 @@ pub async fn ensure_topic(
     replication_factor: i32,
     timeout: Duration,
 ) -> Result<(), ProgressTopicError> {
-    let kafka = |error| ProgressTopicError::Kafka {
-        topic: topic.to_string(),
-        error,
-    };
+    let kafka = |error| kafka_error(topic, "checking the progress topic", properties, error);
     let cc = consumer_config(properties);
     let admin = Disposed::new(
         cc.create::<AdminClient<DefaultClientContext>>()
@@ -398,6 +449,14 @@ pub async fn ensure_topic(
             tracing::info!(topic, "created the progress topic (1 partition, compacted)");
         }
         Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {}
+        Some(Err((_, code))) if crate::authz::is_authorization(code) => {
+            return Err(kafka_error(
+                topic,
+                "creating the progress topic",
+                properties,
+                KafkaError::AdminOp(code),
+            ))
+        }
         Some(Err((_, code))) => {
             return Err(ProgressTopicError::Create {
                 topic: topic.to_string(),
@@ -415,7 +474,16 @@ pub async fn ensure_topic(
     let partitions = tokio::task::spawn_blocking(move || {
         consumer
             .fetch_metadata(Some(&topic_owned), timeout)
-            .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()))
+            .and_then(|m| match m.topics().first() {
+                None => Ok(0),
+                // Not allowed to Describe it: the metadata has no partitions.
+                Some(t) => match t.error().map(RDKafkaErrorCode::from) {
+                    Some(code) if crate::authz::is_authorization(code) => {
+                        Err(KafkaError::MetadataFetch(code))
+                    }
+                    _ => Ok(t.partitions().len()),
+                },
+            })
     })
     .await
     .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?

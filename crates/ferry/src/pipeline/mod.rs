@@ -190,6 +190,7 @@ impl PipelineError {
         match self {
             PipelineError::Delivery { .. }
             | PipelineError::ProducerFatal(_)
+            | PipelineError::NotAuthorized(_)
             | PipelineError::ProgressTopic(_)
             | PipelineError::Transaction { .. }
             | PipelineError::Fenced { .. } => Component::Kafka,
