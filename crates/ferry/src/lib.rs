@@ -4,6 +4,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod debezium;
+pub mod kafka_access;
 pub mod malloc;
 pub mod pipeline;
 pub mod producer;

@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use ferry_core::progress::{ProgressError, ProgressKey, ProgressRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -356,7 +355,17 @@ fn scan(
 struct Reader;
 
 impl ClientContext for Reader {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka_access::observe(None, message);
+        tracing::debug!(
+            ?level,
+            facility = fac,
+            "librdkafka (progress reader): {message}"
+        );
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
+        crate::kafka_access::observe(error.rdkafka_error_code(), reason);
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
             tracing::debug!(%error, "progress reader: {reason} (it uses no group; harmless)");
         } else {
@@ -435,7 +444,7 @@ pub async fn ensure_topic(
     let kafka = |error| kafka_error(topic, "checking the progress topic", properties, error);
     let cc = consumer_config(properties);
     let admin = Disposed::new(
-        cc.create::<AdminClient<DefaultClientContext>>()
+        cc.create_with_context::<_, AdminClient<Reader>>(Reader)
             .map_err(kafka)?,
     );
     let segment_ms = SEGMENT_MS.to_string();

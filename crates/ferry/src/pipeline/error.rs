@@ -37,6 +37,9 @@ pub enum PipelineError {
     /// the resource, the operation and the grant (`crate::authz`).
     #[error("{0}")]
     NotAuthorized(String),
+    /// The brokers cannot be reached for a reason retrying does not fix (`crate::kafka_access`).
+    #[error("cannot use the Kafka brokers: {0}")]
+    KafkaAccess(String),
     #[error("Kafka producer configuration: {0}; check [kafka] brokers and properties")]
     ProducerConfig(KafkaError),
     #[error("Kafka producer fatal error: {0}")]
@@ -173,6 +176,7 @@ impl PipelineError {
             PipelineError::Route { .. }
             | PipelineError::ProducerConfig(_)
             | PipelineError::NotAuthorized(_)
+            | PipelineError::KafkaAccess(_)
             | PipelineError::Watermark(_)
             | PipelineError::UnknownReport { .. }
             | PipelineError::DrainTimeout { .. }

@@ -86,6 +86,7 @@ struct Context {
 
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        crate::kafka_access::observe(None, log_message);
         match level {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
@@ -102,6 +103,7 @@ impl ClientContext for Context {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        crate::kafka_access::observe(error.rdkafka_error_code(), reason);
         let fatal = matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal));
         if fatal {
             tracing::error!(error = %error, "Kafka producer fatal error: {reason}");
