@@ -453,18 +453,16 @@ pub async fn ensure_topic(
         .set("segment.ms", &segment_ms);
     let opts = AdminOptions::new().operation_timeout(Some(timeout));
     let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
+    let mut create_refused = None;
     match result.into_iter().next() {
         Some(Ok(_)) => {
             tracing::info!(topic, "created the progress topic (1 partition, compacted)");
         }
         Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {}
+        // Kafka refuses CreateTopics without Create even when the topic exists: whether it
+        // does is for the metadata below to say (an admin may have created it).
         Some(Err((_, code))) if crate::authz::is_authorization(code) => {
-            return Err(kafka_error(
-                topic,
-                "creating the progress topic",
-                properties,
-                KafkaError::AdminOp(code),
-            ))
+            create_refused = Some(code);
         }
         Some(Err((_, code))) => {
             return Err(ProgressTopicError::Create {
@@ -497,6 +495,14 @@ pub async fn ensure_topic(
     .await
     .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?
     .map_err(kafka)?;
+    if let (0, Some(code)) = (partitions, create_refused) {
+        return Err(kafka_error(
+            topic,
+            "creating the progress topic",
+            properties,
+            KafkaError::AdminOp(code),
+        ));
+    }
     if partitions != 1 {
         return Err(ProgressTopicError::Partitions {
             topic: topic.to_string(),
