@@ -595,6 +595,22 @@ impl LocalBroker {
         &self.dir
     }
 
+    /// The authorizations every node's authorizer denied so far (the `kafka.authorizer.logger`
+    /// lines, which name the principal, the operation and the resource).
+    pub fn denials(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .flat_map(|n| {
+                std::fs::read_to_string(n.dir.join("server.log"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("kafka.authorizer.logger") && l.contains("Denied"))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// The last `lines` lines of node `i`'s log.
     pub fn log_tail(&self, i: usize, lines: usize) -> String {
         tail(&self.nodes[i].dir.join("server.log"), lines)
@@ -733,6 +749,10 @@ logger.state.name = state.change.logger
 logger.state.level = WARN
 logger.request.name = kafka.request.logger
 logger.request.level = WARN
+# Every authorization the StandardAuthorizer denies (INFO; DEBUG would add every one allowed),
+# so that a test of least privilege can read what was refused: see LocalBroker::denials.
+logger.authorizer.name = kafka.authorizer.logger
+logger.authorizer.level = INFO
 ";
 
 /// The last `lines` lines of a file, or a note that it cannot be read.

@@ -4,11 +4,14 @@
 //!   one database per test.
 //! - [`kafka`] (feature `kafka`): a Kafka-protocol broker (or `FERRY_TEST_KAFKA_BROKERS`), topic
 //!   creation, and reading records back.
+//! - [`acl`] (feature `kafka`): ACLs for the `SASL_SSL` listener of a secured local broker.
 //! - [`proxy`]: a TCP fault proxy (reset, blackhole, delay, throttle) in front of PostgreSQL or
 //!   a broker; [`faults`]: fault schedules from a seed, for chaos runs.
 //! - [`process`]: children that die with the test process, free ports, condition waits with
 //!   deadlines.
 
+#[cfg(feature = "kafka")]
+pub mod acl;
 pub mod faults;
 #[cfg(feature = "kafka")]
 pub mod kafka;

@@ -590,14 +590,16 @@ async fn kafka_topics(
     for (k, v) in &settings.producer_properties {
         cc.set(k, v);
     }
-    let producer: BaseProducer = cc.create().map_err(|e| {
-        error(
-            format!("invalid Kafka client configuration: {e}"),
-            "check [kafka] properties",
-        )
-    })?;
+    let producer: BaseProducer<crate::kafka_access::Observer> = cc
+        .create_with_context(crate::kafka_access::Observer)
+        .map_err(|e| {
+            error(
+                format!("invalid Kafka client configuration: {e}"),
+                "check [kafka] properties",
+            )
+        })?;
     let md = tokio::task::spawn_blocking(move || {
-        producer
+        let md = producer
             .client()
             .fetch_metadata(None, KAFKA_TIMEOUT)
             .map(|md| {
@@ -605,15 +607,33 @@ async fn kafka_topics(
                     md.topics().iter().map(|t| t.name().to_string()).collect::<Vec<_>>(),
                     md.brokers().first().map(|b| b.id()),
                 )
-            })
+            });
+        // The client's errors and log lines (why no broker answered) reach the context only
+        // when polled.
+        if md.is_err() {
+            // One event per poll (rust-rdkafka), a few dozen queued at most.
+            producer.poll(Duration::from_millis(100));
+            for _ in 0..100 {
+                producer.poll(Duration::ZERO);
+            }
+        }
+        md
     })
     .await
     .map_err(|e| error(format!("metadata task failed: {e}"), "retry"))?
-    .map_err(|e| {
-        error(
+    .map_err(|e| match crate::kafka_access::take() {
+        // Why, when a client said: the message carries its own fix.
+        Some(d) => {
+            let (what, fix) = d
+                .message
+                .split_once(" Fix: ")
+                .unwrap_or((d.message.as_str(), "see the error"));
+            error(format!("cannot use the Kafka brokers ({e}): {what}"), fix)
+        }
+        None => error(
             format!("cannot reach the Kafka brokers: {e}"),
             "check kafka.brokers, network access, and the security settings in [kafka.properties] (security.protocol, sasl.*, ssl.*)",
-        )
+        ),
     })?;
     let (topics, broker) = md;
     let mut auto_create = None;

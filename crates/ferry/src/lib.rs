@@ -1,8 +1,10 @@
 //! Ferry: the pipeline from the replication slot to Kafka.
+pub mod authz;
 pub mod check;
 pub mod cli;
 pub mod config;
 pub mod debezium;
+pub mod kafka_access;
 pub mod malloc;
 pub mod pipeline;
 pub mod producer;

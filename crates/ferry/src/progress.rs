@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 
 use ferry_core::progress::{ProgressError, ProgressKey, ProgressRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::ClientContext;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// How often the progress topic's segments roll, so that compaction can drop old records.
@@ -67,6 +67,32 @@ pub enum ProgressTopicError {
         "the progress topic {topic} does not exist and Ferry may not create it: {error}. Create it with 1 partition and cleanup.policy=compact, or grant Ferry CREATE on the cluster"
     )]
     Create { topic: String, error: String },
+    /// The broker refused Ferry's principal an operation on the topic (an ACL is missing): the
+    /// message names it and the grant (`crate::authz`).
+    #[error("{0}")]
+    Denied(String),
+}
+
+/// `error` from a request about `topic`, as a [`ProgressTopicError`]: an authorization failure
+/// is [`ProgressTopicError::Denied`] (permanent), anything else [`ProgressTopicError::Kafka`].
+fn kafka_error(
+    topic: &str,
+    doing: &str,
+    properties: &[(String, String)],
+    error: KafkaError,
+) -> ProgressTopicError {
+    match crate::authz::authorization_code(&error) {
+        Some(code) => ProgressTopicError::Denied(crate::authz::denied(
+            code,
+            doing,
+            &crate::authz::Resource::ProgressTopic(topic.to_string()),
+            properties,
+        )),
+        None => ProgressTopicError::Kafka {
+            topic: topic.to_string(),
+            error,
+        },
+    }
 }
 
 impl ProgressTopicError {
@@ -233,10 +259,7 @@ fn scan(
     wanted: impl Fn(&[u8]) -> bool,
 ) -> Result<Option<Vec<(Vec<u8>, i64, Option<Vec<u8>>)>>, ProgressTopicError> {
     let deadline = Instant::now() + timeout;
-    let kafka = |error| ProgressTopicError::Kafka {
-        topic: topic.to_string(),
-        error,
-    };
+    let kafka = |error| kafka_error(topic, "reading the progress topic", properties, error);
     let mut cc = consumer_config(properties);
     cc.set("allow.auto.create.topics", "false")
         .set("enable.auto.commit", "false")
@@ -248,7 +271,10 @@ fn scan(
     if cc.get("group.id").is_none() {
         cc.set("group.id", "ferry-progress-reader");
     }
-    let consumer = Disposed::new(cc.create::<BaseConsumer>().map_err(kafka)?);
+    let consumer = Disposed::new(
+        cc.create_with_context::<_, BaseConsumer<Reader>>(Reader)
+            .map_err(kafka)?,
+    );
     let metadata = until_deadline(deadline, || {
         consumer.fetch_metadata(Some(topic), remaining(deadline))
     })
@@ -278,7 +304,10 @@ fn scan(
     if until == Until::End {
         end.set("isolation.level", "read_uncommitted");
     }
-    let end = Disposed::new(end.create::<BaseConsumer>().map_err(kafka)?);
+    let end = Disposed::new(
+        end.create_with_context::<_, BaseConsumer<Reader>>(Reader)
+            .map_err(kafka)?,
+    );
     let (low, high) = until_deadline(deadline, || {
         end.fetch_watermarks(topic, 0, remaining(deadline))
     })
@@ -298,6 +327,13 @@ fn scan(
             // One broker of several unreachable is news, not a failure: the client goes on
             // with the others (and the deadline below bounds the wait for all of them).
             Some(Err(e)) if connection_trouble(&e) => None,
+            // The coordinator lookup of a group the reader does not use (see `Reader`) is no
+            // error of the read.
+            Some(Err(e))
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) =>
+            {
+                None
+            }
             other => other,
         };
         if let Some(m) = polled {
@@ -356,6 +392,33 @@ fn until_deadline<T>(
     }
 }
 
+/// The context of the progress reader. It reads by `assign`, which librdkafka allows only to a
+/// client with a `group.id`, and such a client looks up the group's coordinator although it
+/// joins no group and commits nothing: a principal without Describe on that group gets
+/// GROUP_AUTHORIZATION_FAILED, which changes nothing for the read. It is logged at debug
+/// level, so that the least-privilege ACLs need no group (README, "Kafka ACLs").
+struct Reader;
+
+impl ClientContext for Reader {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        crate::kafka_access::observe(None, message);
+        tracing::debug!(
+            ?level,
+            facility = fac,
+            "librdkafka (progress reader): {message}"
+        );
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        crate::kafka_access::observe(error.rdkafka_error_code(), reason);
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
+            tracing::debug!(%error, "progress reader: {reason} (it uses no group; harmless)");
+        } else {
+            tracing::error!(%error, "librdkafka (progress reader): {reason}");
+        }
+    }
+}
+
 /// What a metadata answer says of a topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TopicShape {
@@ -382,13 +445,15 @@ impl TopicShape {
     }
 }
 
+impl ConsumerContext for Reader {}
+
 /// Another encoding of the same key (written by another serializer): compared decoded.
 fn same_key(bytes: &[u8], key: &ProgressKey) -> bool {
     ProgressKey::decode(bytes).is_ok_and(|k| k == *key)
 }
 
 /// The consumer's next offset on partition 0 (`-1001`, invalid, before the first fetch).
-fn position(consumer: &BaseConsumer, topic: &str) -> Result<i64, KafkaError> {
+fn position(consumer: &BaseConsumer<Reader>, topic: &str) -> Result<i64, KafkaError> {
     let tpl = consumer.position()?;
     Ok(tpl
         .find_partition(topic, 0)
@@ -450,13 +515,10 @@ pub async fn ensure_topic(
     replication_factor: i32,
     timeout: Duration,
 ) -> Result<(), ProgressTopicError> {
-    let kafka = |error| ProgressTopicError::Kafka {
-        topic: topic.to_string(),
-        error,
-    };
+    let kafka = |error| kafka_error(topic, "checking the progress topic", properties, error);
     let cc = consumer_config(properties);
     let admin = Disposed::new(
-        cc.create::<AdminClient<DefaultClientContext>>()
+        cc.create_with_context::<_, AdminClient<Reader>>(Reader)
             .map_err(kafka)?,
     );
     let segment_ms = SEGMENT_MS.to_string();
@@ -465,11 +527,17 @@ pub async fn ensure_topic(
         .set("segment.ms", &segment_ms);
     let opts = AdminOptions::new().operation_timeout(Some(timeout));
     let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
+    let mut create_refused = None;
     match result.into_iter().next() {
         Some(Ok(_)) => {
             tracing::info!(topic, "created the progress topic (1 partition, compacted)");
         }
         Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {}
+        // Kafka refuses CreateTopics without Create even when the topic exists: whether it
+        // does is for the metadata below to say (an admin may have created it).
+        Some(Err((_, code))) if crate::authz::is_authorization(code) => {
+            create_refused = Some(code);
+        }
         Some(Err((_, code))) => {
             return Err(ProgressTopicError::Create {
                 topic: topic.to_string(),
@@ -489,17 +557,20 @@ pub async fn ensure_topic(
     // does; measured right after CreateTopics on a single KRaft node). Wait for the answer
     // that settles it, until the deadline.
     let deadline = Instant::now() + timeout;
+    // A topic Ferry was not allowed to create and no broker knows is not coming.
+    let expected = create_refused.is_none();
     let shape = tokio::task::spawn_blocking(move || loop {
-        let shape = consumer
-            .fetch_metadata(Some(&topic_owned), remaining(deadline))
-            .map(|m| {
-                m.topics()
-                    .iter()
-                    .find(|t| t.name() == topic_owned)
-                    .map_or(TopicShape::Settling, |t| {
-                        TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
-                    })
-            });
+        let shape = until_deadline(deadline, || {
+            consumer.fetch_metadata(Some(&topic_owned), remaining(deadline))
+        })
+        .map(|m| {
+            m.topics()
+                .iter()
+                .find(|t| t.name() == topic_owned)
+                .map_or(TopicShape::Settling, |t| {
+                    TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
+                })
+        });
         // librdkafka answers a request for one topic whose metadata has an error with that
         // error for the whole request: the same settling, said another way.
         let shape = match shape {
@@ -512,7 +583,10 @@ pub async fn ensure_topic(
         match shape {
             // Created (or found existing) a moment ago: a broker that does not know it yet
             // will.
-            Ok(TopicShape::Settling | TopicShape::Missing) if Instant::now() < deadline => {
+            Ok(TopicShape::Settling) if Instant::now() < deadline => {
+                std::thread::sleep(METADATA_RETRY);
+            }
+            Ok(TopicShape::Missing) if expected && Instant::now() < deadline => {
                 std::thread::sleep(METADATA_RETRY);
             }
             other => return other,
@@ -530,9 +604,18 @@ pub async fn ensure_topic(
             })
         }
         TopicShape::Missing | TopicShape::Settling => {
-            return Err(kafka(KafkaError::MetadataFetch(
-                RDKafkaErrorCode::LeaderNotAvailable,
-            )))
+            return Err(match create_refused {
+                // Not there, and Ferry may not create it.
+                Some(code) => kafka_error(
+                    topic,
+                    "creating the progress topic",
+                    properties,
+                    KafkaError::AdminOp(code),
+                ),
+                None => kafka(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::LeaderNotAvailable,
+                )),
+            });
         }
         TopicShape::Failed(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
     }

@@ -7,6 +7,7 @@ use ferry_wal::slot::SetupError;
 use ferry_wal::Lsn;
 use rdkafka::error::KafkaError;
 
+use crate::authz;
 use crate::producer;
 use crate::progress::ProgressTopicError;
 use ferry_core::watermark::WatermarkError;
@@ -32,6 +33,13 @@ pub enum PipelineError {
         fix: &'static str,
         transient: bool,
     },
+    /// The broker refused Ferry's principal an operation (an ACL is missing): the message names
+    /// the resource, the operation and the grant (`crate::authz`).
+    #[error("{0}")]
+    NotAuthorized(String),
+    /// The brokers cannot be reached for a reason retrying does not fix (`crate::kafka_access`).
+    #[error("cannot use the Kafka brokers: {0}")]
+    KafkaAccess(String),
     #[error("Kafka producer configuration: {0}; check [kafka] brokers and properties")]
     ProducerConfig(KafkaError),
     #[error("Kafka producer fatal error: {0}")]
@@ -130,6 +138,28 @@ fn route_failure(error: &RouteError, commit_lsn: Lsn, table: Option<&(usize, Str
 }
 
 impl PipelineError {
+    /// The broker refused a record for `topic` (or, with CLUSTER_AUTHORIZATION_FAILED, the
+    /// producer id it needs).
+    pub(crate) fn not_authorized(
+        code: rdkafka::error::RDKafkaErrorCode,
+        topic: &str,
+        progress: bool,
+        properties: &[(String, String)],
+    ) -> PipelineError {
+        use rdkafka::error::RDKafkaErrorCode as C;
+        let resource = match code {
+            C::ClusterAuthorizationFailed => authz::Resource::Cluster,
+            _ if progress => authz::Resource::ProgressTopic(topic.to_string()),
+            _ => authz::Resource::Topic(topic.to_string()),
+        };
+        let doing = if progress {
+            "a progress record".to_string()
+        } else {
+            format!("a record for topic {topic:?}")
+        };
+        PipelineError::NotAuthorized(authz::denied(code, &doing, &resource, properties))
+    }
+
     /// Whether a new session may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -145,6 +175,8 @@ impl PipelineError {
             PipelineError::Gap(_) | PipelineError::Fenced { .. } => false,
             PipelineError::Route { .. }
             | PipelineError::ProducerConfig(_)
+            | PipelineError::NotAuthorized(_)
+            | PipelineError::KafkaAccess(_)
             | PipelineError::Watermark(_)
             | PipelineError::UnknownReport { .. }
             | PipelineError::DrainTimeout { .. }
@@ -157,7 +189,17 @@ impl PipelineError {
         matches!(self, PipelineError::Reader(ReaderError::SlotInUse { .. }))
     }
 
-    pub(crate) fn delivery(topic: &str, error: KafkaError) -> PipelineError {
+    /// A record for `topic` failed; `progress` when `topic` is the progress topic. An
+    /// authorization failure becomes [`PipelineError::NotAuthorized`] with its grant.
+    pub(crate) fn delivery(
+        topic: &str,
+        error: KafkaError,
+        progress: bool,
+        properties: &[(String, String)],
+    ) -> PipelineError {
+        if let Some(code) = authz::authorization_code(&error) {
+            return PipelineError::not_authorized(code, topic, progress, properties);
+        }
         PipelineError::Delivery {
             topic: topic.to_string(),
             transient: producer::is_transient(&error),

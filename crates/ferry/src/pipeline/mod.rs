@@ -151,27 +151,58 @@ impl<'a> Supervisor<'a> {
                 self.metrics.standby.set_flag(true);
                 return Ok(!sleep_or_shutdown(s.standby_poll_interval, shutdown).await);
             }
-            Err(e) if e.is_transient() => {
-                self.metrics.reconnects.inc(e.component());
-                let next = if s.exactly_once.is_some() {
-                    "starting over from the progress topic"
-                } else {
-                    "reconnecting"
-                };
-                tracing::warn!(error = %e, retry_in_ms = self.backoff.as_millis() as u64, "session ended; {next}");
-                if sleep_or_shutdown(self.backoff, shutdown).await {
-                    return Ok(false);
+            Err(e) if e.is_transient() && e.component() == Component::Kafka => {
+                // Why the brokers cannot be reached at all, if a client said (a refused
+                // password, an untrusted certificate: permanent; see `kafka_access`).
+                match crate::kafka_access::take() {
+                    Some(d) if d.permanent => {
+                        return Err(PipelineError::KafkaAccess(d.message));
+                    }
+                    Some(d) => {
+                        tracing::warn!(error = %e, "Kafka: {}", d.message);
+                    }
+                    None => {}
                 }
-                self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
+                return self.retry(e, shutdown).await;
+            }
+            Err(e) if e.is_transient() => {
+                return self.retry(e, shutdown).await;
             }
             Err(e) => return Err(e),
         }
+        Ok(self.resumed())
+    }
+
+    /// The backoff after a transient error; Ok(false) when `shutdown` resolved meanwhile.
+    async fn retry(
+        &mut self,
+        e: PipelineError,
+        shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<bool, PipelineError> {
+        let s = self.settings;
+        self.metrics.reconnects.inc(e.component());
+        let next = if s.exactly_once.is_some() {
+            "starting over from the progress topic"
+        } else {
+            "reconnecting"
+        };
+        tracing::warn!(error = %e, retry_in_ms = self.backoff.as_millis() as u64, "session ended; {next}");
+        if sleep_or_shutdown(self.backoff, shutdown).await {
+            return Ok(false);
+        }
+        self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
+        Ok(self.resumed())
+    }
+
+    /// A session starts again (after a transient error or a clean end): a standby takes over.
+    fn resumed(&mut self) -> bool {
+        let s = self.settings;
         if self.standing_by {
             tracing::info!(slot = %s.stream.slot, "slot is free; taking over");
             self.standing_by = false;
             self.metrics.standby.set_flag(false);
         }
-        Ok(true)
+        true
     }
 }
 
@@ -191,6 +222,8 @@ impl PipelineError {
         match self {
             PipelineError::Delivery { .. }
             | PipelineError::ProducerFatal(_)
+            | PipelineError::NotAuthorized(_)
+            | PipelineError::KafkaAccess(_)
             | PipelineError::ProgressTopic(_)
             | PipelineError::Transaction { .. }
             | PipelineError::Fenced { .. } => Component::Kafka,

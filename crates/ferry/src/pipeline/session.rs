@@ -958,11 +958,18 @@ fn pipeline_error(e: CoreError<KafkaError>, s: &PipelineSettings) -> PipelineErr
                 .filter(|_| s.routers.len() > 1)
                 .and_then(|i| Some((i, s.routers.get(i)?.table().to_string()))),
         },
-        CoreError::Delivery { topic, error } => PipelineError::delivery(&topic, error),
+        CoreError::Delivery { topic, error } => PipelineError::delivery(
+            &topic,
+            error,
+            &*topic == progress_topic,
+            &s.producer_properties,
+        ),
         // At-least-once: a progress record failed outside an outbox record. Exactly-once: a
         // Kafka transaction failed (begin, commit, the progress record in it).
         CoreError::Sink(error) if exactly_once => PipelineError::Transaction { error },
-        CoreError::Sink(error) => PipelineError::delivery(progress_topic, error),
+        CoreError::Sink(error) => {
+            PipelineError::delivery(progress_topic, error, true, &s.producer_properties)
+        }
         CoreError::TextNeeded {
             column,
             type_oid,

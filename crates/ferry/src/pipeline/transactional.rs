@@ -80,6 +80,10 @@ pub(super) struct Txn {
     since: Option<Instant>,
     /// Why the open transaction may never commit.
     poisoned: Option<KafkaError>,
+    /// The topic of the record whose report poisoned it, if one did.
+    poisoned_topic: Option<Box<str>>,
+    /// The producer's client properties (for the grant in an authorization failure's message).
+    properties: Vec<(String, String)>,
     /// The newest committed position.
     committed: Option<Position>,
     metrics: std::sync::Arc<Metrics>,
@@ -101,12 +105,15 @@ impl Txn {
         topics.set_transactional_id(&transactional_id);
         let (producer, rx) =
             Producer::new(&props, topics).map_err(PipelineError::ProducerConfig)?;
-        let fail = |error| match transaction_error(&error) {
-            TransactionFailure::Fenced => PipelineError::Fenced {
-                transactional_id: transactional_id.clone(),
-                error,
+        let fail = |error| match denied_txn(&error, &transactional_id, properties) {
+            Some(e) => e,
+            None => match transaction_error(&error) {
+                TransactionFailure::Fenced => PipelineError::Fenced {
+                    transactional_id: transactional_id.clone(),
+                    error,
+                },
+                _ => PipelineError::Transaction { error },
             },
-            _ => PipelineError::Transaction { error },
         };
         producer
             .init_transactions(settings.call_timeout)
@@ -133,8 +140,10 @@ impl Txn {
                 position: None,
                 since: None,
                 poisoned: None,
+                poisoned_topic: None,
                 committed: None,
                 metrics,
+                properties: properties.to_vec(),
             },
             rx,
         ))
@@ -195,6 +204,9 @@ impl Txn {
     pub fn report(&mut self, d: Delivery) {
         if let Err(e) = d.result {
             tracing::warn!(error = %e, "a record of the open Kafka transaction failed; it will be aborted");
+            if self.poisoned.is_none() {
+                self.poisoned_topic = d.topic;
+            }
             self.poison(e);
         }
     }
@@ -357,6 +369,18 @@ impl Txn {
         };
         self.open = false;
         self.release_failed(relay, &why, now);
+        let topic = self.poisoned_topic.take();
+        if let Some(code) = crate::authz::authorization_code(&why) {
+            // The broker refuses the records (or the progress record) for good: stop.
+            let topic = topic.as_deref().unwrap_or(&self.settings.progress_topic);
+            let progress = topic == self.settings.progress_topic;
+            return Err(PipelineError::not_authorized(
+                code,
+                topic,
+                progress,
+                &self.properties,
+            ));
+        }
         if let Err(e) = aborted {
             return Err(self.failure(e));
         }
@@ -402,6 +426,9 @@ impl Txn {
     }
 
     fn failure(&self, error: KafkaError) -> PipelineError {
+        if let Some(e) = denied_txn(&error, &self.transactional_id, &self.properties) {
+            return e;
+        }
         match transaction_error(&error) {
             TransactionFailure::Fenced => PipelineError::Fenced {
                 transactional_id: self.transactional_id.clone(),
@@ -410,6 +437,33 @@ impl Txn {
             _ => PipelineError::Transaction { error },
         }
     }
+}
+
+/// A transaction call the broker refused Ferry's principal: its transactional id
+/// (TRANSACTIONAL_ID_AUTHORIZATION_FAILED), or an idempotent producer id for it
+/// (CLUSTER_AUTHORIZATION_FAILED). librdkafka raises both as fatal errors, which would otherwise
+/// read as fencing.
+fn denied_txn(
+    error: &KafkaError,
+    transactional_id: &str,
+    properties: &[(String, String)],
+) -> Option<PipelineError> {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    let code = crate::authz::authorization_code(error)?;
+    let resource = match code {
+        C::ClusterAuthorizationFailed => crate::authz::Resource::Cluster,
+        C::TransactionalIdAuthorizationFailed => {
+            crate::authz::Resource::TransactionalId(transactional_id.to_string())
+        }
+        // A record's topic: its report says which (see `Txn::abort`).
+        _ => return None,
+    };
+    Some(PipelineError::NotAuthorized(crate::authz::denied(
+        code,
+        "the exactly-once producer's transactions",
+        &resource,
+        properties,
+    )))
 }
 
 fn send_error(e: SendError) -> KafkaError {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::bindings as rd;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, Producer as _, PurgeConfig};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
@@ -110,14 +110,19 @@ impl Client {
                 }
                 wait_ms = 0;
                 match rd::rd_kafka_event_type(event) {
-                    rd::RD_KAFKA_EVENT_DR => deliveries(context, event),
+                    rd::RD_KAFKA_EVENT_DR => {
+                        deliveries(context, event, self.producer.client().native_ptr())
+                    }
                     rd::RD_KAFKA_EVENT_ERROR => {
-                        let code = rd::rd_kafka_event_error(event);
+                        // A fatal error comes as its cause's code with the fatal flag: the
+                        // context is told it is fatal (the producer must be replaced).
+                        let code = if rd::rd_kafka_event_error_is_fatal(event) != 0 {
+                            RDKafkaErrorCode::Fatal
+                        } else {
+                            rd::rd_kafka_event_error(event).into()
+                        };
                         let reason = CStr::from_ptr(rd::rd_kafka_event_error_string(event));
-                        context.error(
-                            KafkaError::Global(code.into()),
-                            reason.to_string_lossy().trim(),
-                        );
+                        context.error(KafkaError::Global(code), reason.to_string_lossy().trim());
                     }
                     // rust-rdkafka sends librdkafka's log to this queue (`log.queue`).
                     rd::RD_KAFKA_EVENT_LOG => {
@@ -216,7 +221,7 @@ async fn serve(client: Weak<Client>, wake: Arc<Notify>) {
 /// # Safety
 /// `event` is a live delivery-report event.
 #[allow(unsafe_code)]
-unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t) {
+unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *mut rd::rd_kafka_t) {
     let mut run: (*mut rd::rd_kafka_topic_t, u64) = (std::ptr::null_mut(), 0);
     loop {
         // SAFETY: the caller's event; each message lives as long as the event.
@@ -235,15 +240,44 @@ unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t) {
                 partition: m.partition,
                 offset: m.offset,
             })
+        } else if m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__FATAL {
+            // SAFETY: the client of this event, live while its queue is served.
+            Err(KafkaError::MessageProduction(unsafe { fatal_cause(rk) }))
         } else {
             Err(KafkaError::MessageProduction(m.err.into()))
         };
         // The record's key travels as librdkafka's per-message opaque (see `Producer::send`).
         let key = m._private as usize;
-        context.hand_over(Delivery { key, result });
+        let topic = match &result {
+            // SAFETY: a live topic handle's name, a NUL-terminated string it owns.
+            Err(_) if !m.rkt.is_null() => Some(
+                unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(m.rkt)) }
+                    .to_string_lossy()
+                    .into(),
+            ),
+            _ => None,
+        };
+        context.hand_over(Delivery { key, result, topic });
     }
     // SAFETY: as above.
     unsafe { tally(context, run) };
+}
+
+/// What made the client's error fatal (librdkafka fails every record with `_FATAL` after it):
+/// a record failed because of it is reported with the cause, so that one the broker will never
+/// accept (an authorization failure) is not retried as a generic fatal error.
+///
+/// # Safety
+/// `rk` is a live client.
+#[allow(unsafe_code)]
+pub(super) unsafe fn fatal_cause(rk: *mut rd::rd_kafka_t) -> RDKafkaErrorCode {
+    let mut errstr = [0 as std::os::raw::c_char; 256];
+    // SAFETY: the caller's live client; librdkafka writes at most `errstr.len()` bytes.
+    let code = unsafe { rd::rd_kafka_fatal_error(rk, errstr.as_mut_ptr(), errstr.len()) };
+    match code {
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => RDKafkaErrorCode::Fatal,
+        c => c.into(),
+    }
 }
 
 /// Tells the topic watch that `run.1` records of topic `run.0` were reported.

@@ -62,6 +62,8 @@ pub type Reports = mpsc::UnboundedReceiver<Delivery>;
 pub struct Delivery {
     pub key: usize,
     pub result: Result<Delivered, KafkaError>,
+    /// The record's topic, when it failed (for the error's message).
+    pub topic: Option<Box<str>>,
 }
 
 /// Where a durable record landed.
@@ -84,6 +86,7 @@ struct Context {
 
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        crate::kafka_access::observe(None, log_message);
         match level {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
@@ -100,6 +103,7 @@ impl ClientContext for Context {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        crate::kafka_access::observe(error.rdkafka_error_code(), reason);
         let fatal = matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal));
         if fatal {
             tracing::error!(error = %error, "Kafka producer fatal error: {reason}");
@@ -136,14 +140,17 @@ impl ProducerContext for Context {
             Ok(m) | Err((_, m)) => m.topic(),
         };
         self.topics.reported(topic, 1);
-        let result = match result {
-            Ok(m) => Ok(Delivered {
-                partition: m.partition(),
-                offset: m.offset(),
-            }),
-            Err((e, _)) => Err(e.clone()),
+        let (result, topic) = match result {
+            Ok(m) => (
+                Ok(Delivered {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                }),
+                None,
+            ),
+            Err((e, m)) => (Err(e.clone()), Some(m.topic().into())),
         };
-        self.hand_over(Delivery { key, result });
+        self.hand_over(Delivery { key, result, topic });
     }
 }
 
@@ -237,8 +244,19 @@ impl Producer {
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 Err(SendError::QueueFull)
             }
-            Err((e, _)) => Err(SendError::Refused(e)),
+            Err((e, _)) => Err(SendError::Refused(self.cause(e))),
         }
+    }
+
+    /// `e`, or after a fatal error its cause (see [`client::fatal_cause`]).
+    #[allow(unsafe_code)]
+    fn cause(&self, e: KafkaError) -> KafkaError {
+        if e.rdkafka_error_code() != Some(RDKafkaErrorCode::Fatal) {
+            return e;
+        }
+        // SAFETY: the client is live while `self.inner` is.
+        let cause = unsafe { client::fatal_cause(self.inner.producer.client().native_ptr()) };
+        KafkaError::MessageProduction(cause)
     }
 
     /// Hands a progress record to librdkafka (partition 0 of the progress topic); its report
@@ -260,7 +278,7 @@ impl Producer {
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 Err(SendError::QueueFull)
             }
-            Err((e, _)) => Err(SendError::Refused(e)),
+            Err((e, _)) => Err(SendError::Refused(self.cause(e))),
         }
     }
 
