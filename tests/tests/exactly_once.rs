@@ -177,9 +177,16 @@ async fn killed_at(failpoint: &str, hit: u32) {
     // More rows while it is down, then the second life.
     let total = insert(&w, total, 10, 10).await;
     let second = w.start_ferry();
+    all_in_once_and_confirmed(&w, &topic, total).await;
+    drop(second);
+}
+
+/// Waits until `total` rows are committed in `topic` and the slot is confirmed past the WAL
+/// written so far, then checks that each row is there exactly once, in order per key.
+async fn all_in_once_and_confirmed(w: &World, topic: &str, total: usize) {
     let brokers = w.brokers.clone();
     wait_until("every row committed", Duration::from_secs(120), || {
-        let (b, t) = (brokers.clone(), topic.clone());
+        let (b, t) = (brokers.clone(), topic.to_string());
         async move { read(&b, &t, "read_committed").await.len() >= total }
     })
     .await;
@@ -188,9 +195,7 @@ async fn killed_at(failpoint: &str, hit: u32) {
         w.confirmed_lsn().await.is_some_and(|l| l >= end)
     })
     .await;
-    let committed = read(&w.brokers, &topic, "read_committed").await;
-    assert_exactly_once(&committed, total);
-    drop(second);
+    assert_exactly_once(&read(&w.brokers, topic, "read_committed").await, total);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,17 +555,7 @@ async fn broker_restart_mid_transaction(sigkill: bool) {
     tokio::task::block_in_place(|| broker.start_again());
     writer.wait_rows(writer.rows() + 100).await;
     let total = writer.stop().await;
-    wait_until("every row committed", Duration::from_secs(120), || {
-        let (b, t) = (brokers.clone(), topic.clone());
-        async move { read(&b, &t, "read_committed").await.len() >= total }
-    })
-    .await;
-    let end = w.current_wal_lsn().await;
-    wait_until("the slot confirmed", Duration::from_secs(60), || async {
-        w.confirmed_lsn().await.is_some_and(|l| l >= end)
-    })
-    .await;
-    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+    all_in_once_and_confirmed(&w, &topic, total).await;
     let log = ferry.log_text();
     assert!(
         !log.contains("permanent error"),

@@ -490,11 +490,7 @@ impl LocalBroker {
 
     /// Stops node `i` (0-based) with SIGTERM and waits for it to exit.
     pub fn stop_node(&self, i: usize) {
-        let taken = self.nodes[i]
-            .child
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let taken = self.child(i).take();
         if let Some(mut c) = taken {
             process::signal(&c, libc::SIGCONT);
             process::signal(&c, libc::SIGTERM);
@@ -504,11 +500,7 @@ impl LocalBroker {
 
     /// Kills node `i` (0-based) with SIGKILL.
     pub fn kill_node(&self, i: usize) {
-        let taken = self.nodes[i]
-            .child
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let taken = self.child(i).take();
         if let Some(mut c) = taken {
             let _ = c.kill();
             let _ = c.wait();
@@ -518,34 +510,30 @@ impl LocalBroker {
     /// Starts node `i` (0-based) again with its data. Does not wait: see
     /// [`LocalBroker::wait_brokers`].
     pub fn start_node(&self, i: usize) {
-        let running = self.nodes[i]
-            .child
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
+        let running = self.child(i).is_some();
         if !running {
             self.spawn_node(i);
         }
     }
 
-    /// Pauses node `i` (SIGSTOP): its connections stay open and nothing answers.
-    pub fn pause_node(&self, i: usize) {
-        if let Some(c) = &*self.nodes[i]
+    /// Node `i`'s process, if it runs (a poisoned lock is still a valid slot).
+    fn child(&self, i: usize) -> std::sync::MutexGuard<'_, Option<Child>> {
+        self.nodes[i]
             .child
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-        {
+    }
+
+    /// Pauses node `i` (SIGSTOP): its connections stay open and nothing answers.
+    pub fn pause_node(&self, i: usize) {
+        if let Some(c) = &*self.child(i) {
             process::signal(c, libc::SIGSTOP);
         }
     }
 
     /// Resumes node `i` after [`LocalBroker::pause_node`].
     pub fn resume_node(&self, i: usize) {
-        if let Some(c) = &*self.nodes[i]
-            .child
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-        {
+        if let Some(c) = &*self.child(i) {
             process::signal(c, libc::SIGCONT);
         }
     }
@@ -618,11 +606,7 @@ impl LocalBroker {
 
     /// Whether node `i`'s process is running (not killed or stopped by the harness).
     pub fn is_running(&self, i: usize) -> bool {
-        self.nodes[i]
-            .child
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        self.child(i).is_some()
     }
 
     /// The node id of the active controller (the KRaft quorum's leader), asked of a running
