@@ -11,6 +11,7 @@
 //! could be a broker going down, so it is retried, with the hint in the warning.
 
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::RDKafkaErrorCode;
 
@@ -22,7 +23,24 @@ pub struct Diagnosis {
     pub permanent: bool,
 }
 
-static NEWEST: Mutex<Option<Diagnosis>> = Mutex::new(None);
+/// The newest diagnosis, when it was first seen, and how often it was seen since.
+static NEWEST: Mutex<Option<Seen>> = Mutex::new(None);
+
+#[derive(Debug)]
+struct Seen {
+    diagnosis: Diagnosis,
+    at: Instant,
+    times: u32,
+}
+
+/// How recent a diagnosis must be for [`take`] to give it.
+const FRESH: Duration = Duration::from_secs(60);
+
+/// How often a permanent diagnosis must have been seen before [`take`] calls it permanent: a
+/// wrong password or CA is refused at every reconnect, to every broker (librdkafka reconnects
+/// within milliseconds at first), while one broker in the middle of a credential or certificate
+/// change may refuse once or twice and then let Ferry in.
+const CONFIRMATIONS: u32 = 3;
 
 /// The diagnosis of a client error or log line (`code` for errors, `None` for log lines), if it
 /// is one of the access problems this module knows.
@@ -80,13 +98,43 @@ pub fn diagnose(code: Option<RDKafkaErrorCode>, text: &str) -> Option<Diagnosis>
 /// Keeps the diagnosis of a client error or log line, if it has one.
 pub fn observe(code: Option<RDKafkaErrorCode>, text: &str) {
     if let Some(d) = diagnose(code, text) {
-        *NEWEST.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+        let mut newest = NEWEST.lock().unwrap_or_else(|e| e.into_inner());
+        match newest.as_mut() {
+            Some(seen) if seen.diagnosis.permanent == d.permanent => {
+                seen.times = seen.times.saturating_add(1);
+                seen.diagnosis = d;
+            }
+            _ => {
+                *newest = Some(Seen {
+                    diagnosis: d,
+                    at: Instant::now(),
+                    times: 1,
+                })
+            }
+        }
     }
 }
 
-/// The newest diagnosis since the last `take`, if any.
+/// Forgets what was seen: a session starts afresh, so a refusal an earlier one saw (one broker
+/// in a credential change, hours ago) is never mistaken for why this one failed.
+pub fn reset() {
+    *NEWEST.lock().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
+/// The newest diagnosis since the last `take` or [`reset`], if it is fresh. A permanent one
+/// seen fewer than [`CONFIRMATIONS`] times is given as transient (a hint, retried).
 pub fn take() -> Option<Diagnosis> {
-    NEWEST.lock().unwrap_or_else(|e| e.into_inner()).take()
+    let seen = NEWEST.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    judge(seen, Instant::now())
+}
+
+fn judge(seen: Seen, now: Instant) -> Option<Diagnosis> {
+    if now.saturating_duration_since(seen.at) > FRESH && seen.times < CONFIRMATIONS {
+        return None;
+    }
+    let mut d = seen.diagnosis;
+    d.permanent &= seen.times >= CONFIRMATIONS;
+    Some(d)
 }
 
 /// A client context that only [`observe`]s (for `ferry check`'s short-lived clients); librdkafka's
@@ -121,6 +169,29 @@ fn trim(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn seen(permanent: bool, times: u32, at: Instant) -> Seen {
+        Seen {
+            diagnosis: Diagnosis {
+                message: "m".into(),
+                permanent,
+            },
+            at,
+            times,
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_permanent_only_when_repeated() {
+        let now = Instant::now();
+        assert!(!judge(seen(true, 1, now), now).unwrap().permanent);
+        assert!(!judge(seen(true, 2, now), now).unwrap().permanent);
+        assert!(judge(seen(true, 3, now), now).unwrap().permanent);
+        assert!(!judge(seen(false, 9, now), now).unwrap().permanent);
+        // One old refusal says nothing of now.
+        let later = now + FRESH + Duration::from_secs(1);
+        assert_eq!(judge(seen(true, 1, now), later), None);
+    }
 
     #[test]
     fn a_refused_password_is_permanent_and_names_the_settings() {

@@ -413,6 +413,9 @@ impl ClientContext for Reader {
         crate::kafka_access::observe(error.rdkafka_error_code(), reason);
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
             tracing::debug!(%error, "progress reader: {reason} (it uses no group; harmless)");
+        } else if connection_trouble(&error) {
+            // One broker of several away: the read goes on with the others (see `scan`).
+            tracing::warn!(%error, "librdkafka (progress reader): {reason}");
         } else {
             tracing::error!(%error, "librdkafka (progress reader): {reason}");
         }

@@ -250,8 +250,13 @@ impl Drop for TopicWatch {
     fn drop(&mut self) {
         self.topics.0.lock().stop = true;
         self.topics.0.wake.notify_all();
+        // Joined only when it is already done: in the middle of its lookups (several blocking
+        // requests of up to 10 s each while brokers are away) it would hold this thread, a
+        // worker of the runtime, through a shutdown's grace period. It sees `stop` after them.
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            if t.is_finished() {
+                let _ = t.join();
+            }
         }
     }
 }

@@ -70,6 +70,8 @@ pub async fn run(
     )
     .map_err(PipelineError::ProducerConfig)?;
     loop {
+        // What a client said of the brokers before this session no longer speaks for it.
+        crate::kafka_access::reset();
         let result = if settings.exactly_once.is_some() {
             session::Session::exactly_once(
                 &settings,

@@ -371,8 +371,14 @@ impl Txn {
         self.release_failed(relay, &why, now);
         let topic = self.poisoned_topic.take();
         if let Some(code) = crate::authz::authorization_code(&why) {
-            // The broker refuses the records (or the progress record) for good: stop.
-            let topic = topic.as_deref().unwrap_or(&self.settings.progress_topic);
+            // The broker refuses the records (or the progress record) for good: stop. The
+            // refused record's report may not have come in yet (the commit failed first): then
+            // the topic is the one librdkafka's error quotes, if it does, and never a guess.
+            let quoted = quoted_topic(&why.to_string());
+            let topic = topic
+                .as_deref()
+                .or(quoted.as_deref())
+                .unwrap_or("<the outbox topic or progress topic named in the error>");
             let progress = topic == self.settings.progress_topic;
             return Err(PipelineError::not_authorized(
                 code,
@@ -466,6 +472,14 @@ fn denied_txn(
     )))
 }
 
+/// The first double-quoted name in a librdkafka error (`Failed to add partition "orders" [0]
+/// to transaction: ...`).
+fn quoted_topic(text: &str) -> Option<String> {
+    let (_, rest) = text.split_once('"')?;
+    let (name, _) = rest.split_once('"')?;
+    (!name.is_empty()).then(|| name.to_string())
+}
+
 fn send_error(e: SendError) -> KafkaError {
     match e {
         SendError::QueueFull => {
@@ -502,5 +516,24 @@ pub fn failpoint(point: &str) {
             .args(["-9", &std::process::id().to_string()])
             .status();
         std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quoted_topic;
+
+    #[test]
+    fn the_refused_topic_is_read_from_librdkafkas_error_or_not_at_all() {
+        assert_eq!(
+            quoted_topic(
+                "Transaction error: Failed to add partition \"orders\" [0] to transaction: \
+                 Broker: Topic authorization failed"
+            )
+            .as_deref(),
+            Some("orders")
+        );
+        assert_eq!(quoted_topic("Broker: Topic authorization failed"), None);
+        assert_eq!(quoted_topic("an \"\" empty name"), None);
     }
 }
