@@ -358,7 +358,8 @@ impl Txn {
         why: KafkaError,
         now: Instant,
     ) -> Result<(), PipelineError> {
-        tracing::warn!(error = %why, records = self.held.len(), "aborting the Kafka transaction");
+        let held = self.held.len();
+        tracing::warn!(error = %why, records = held, "aborting the Kafka transaction");
         let aborted = if self.open {
             self.metrics.kafka_transactions_aborted.inc();
             self.producer
@@ -373,11 +374,13 @@ impl Txn {
         if let Some(code) = crate::authz::authorization_code(&why) {
             // The broker refuses the records (or the progress record) for good: stop. The
             // refused record's report may not have come in yet (the commit failed first): then
-            // the topic is the one librdkafka's error quotes, if it does, and never a guess.
+            // the topic is the one librdkafka's error quotes, if it does; the progress topic if
+            // the transaction held nothing else; never a guess among several.
             let quoted = quoted_topic(&why.to_string());
             let topic = topic
                 .as_deref()
                 .or(quoted.as_deref())
+                .or((held == 0).then_some(self.settings.progress_topic.as_str()))
                 .unwrap_or("<the outbox topic or progress topic named in the error>");
             let progress = topic == self.settings.progress_topic;
             return Err(PipelineError::not_authorized(
