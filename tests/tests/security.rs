@@ -151,11 +151,8 @@ fn denials_of(user: &str) -> Vec<String> {
         .collect()
 }
 
-/// Relays with exactly the least-privilege ACLs, restarts (reading its progress records back),
-/// relays again, and `ferry check` passes; the broker denied nothing but the harmless group
-/// lookup of the progress reader.
-async fn relays_with_the_minimal_acls(user: &str, exactly_once: bool) {
-    let started = Instant::now();
+/// [`world_as`] in exactly-once mode (50 ms transactions) or not.
+async fn world_in_mode(user: &str, exactly_once: bool) -> World {
     let mut w = world_as(user).await;
     if exactly_once {
         w.env
@@ -163,6 +160,15 @@ async fn relays_with_the_minimal_acls(user: &str, exactly_once: bool) {
         w.env
             .push(("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), "50ms".into()));
     }
+    w
+}
+
+/// Relays with exactly the least-privilege ACLs, restarts (reading its progress records back),
+/// relays again, and `ferry check` passes; the broker denied nothing but the harmless group
+/// lookup of the progress reader.
+async fn relays_with_the_minimal_acls(user: &str, exactly_once: bool) {
+    let started = Instant::now();
+    let w = world_in_mode(user, exactly_once).await;
     let topic = w.create_topic("order", 1).await;
     let mut acls = minimal_acls(&w, user, &topic, exactly_once).await;
     if exactly_once {
@@ -268,13 +274,7 @@ async fn an_existing_progress_topic_needs_no_create_acl() {
 /// One least-privilege ACL left out: Ferry must stop (exit non-zero) within the deadline with
 /// a message that names the resource, the authorization error and the grant.
 async fn stops_without(user: String, exactly_once: bool, left_out: usize) -> String {
-    let mut w = world_as(&user).await;
-    if exactly_once {
-        w.env
-            .push(("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()));
-        w.env
-            .push(("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), "50ms".into()));
-    }
+    let w = world_in_mode(&user, exactly_once).await;
     let topic = w.create_topic("order", 1).await;
     let mut acls = minimal_acls(&w, &user, &topic, exactly_once).await;
     let missing = if left_out < acls.len() {

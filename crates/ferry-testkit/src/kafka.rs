@@ -219,7 +219,8 @@ impl LocalBroker {
             nodes,
             ca,
         };
-        b.cluster_id = b.random_uuid();
+        std::fs::write(b.dir.join("log4j2.properties"), LOG4J2).expect("write log4j2");
+        b.cluster_id = cluster_id();
         for n in &b.nodes {
             b.write_config(n);
         }
@@ -256,29 +257,6 @@ impl LocalBroker {
             .arg(format!("{}/*", kafka_libs().display()))
             .stdin(Stdio::null());
         c
-    }
-
-    fn random_uuid(&self) -> String {
-        std::fs::write(self.dir.join("log4j2.properties"), LOG4J2).expect("write log4j2");
-        let out = self
-            .java_command()
-            .args(["kafka.tools.StorageTool", "random-uuid"])
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}")
-            });
-        assert!(
-            out.status.success(),
-            "Kafka's StorageTool random-uuid failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_string()
     }
 
     fn voters(&self) -> String {
@@ -739,6 +717,40 @@ logger.authorizer.name = kafka.authorizer.logger
 logger.authorizer.level = INFO
 ";
 
+/// A new cluster id, as Kafka's `StorageTool random-uuid` makes it (16 random bytes in
+/// URL-safe base64 without padding, never starting with `-`), without a JVM start for it.
+fn cluster_id() -> String {
+    use std::io::Read;
+    let mut urandom = std::fs::File::open("/dev/urandom").expect("open /dev/urandom");
+    loop {
+        let mut bytes = [0u8; 16];
+        urandom.read_exact(&mut bytes).expect("read /dev/urandom");
+        let bits = u128::from_be_bytes(bytes);
+        let id = uuid_string(bits);
+        // Kafka reserves the all-zero and the one-bit ids.
+        if !id.starts_with('-') && bits > 1 {
+            return id;
+        }
+    }
+}
+
+/// A 128-bit id in URL-safe base64 without padding (Kafka's `Uuid.toString`): 22 characters of
+/// 6 bits, the last 4 bits padding zeros.
+fn uuid_string(bits: u128) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    (0..22)
+        .map(|i| {
+            let shift = 128i32 - 6 * (i + 1);
+            let v = if shift >= 0 {
+                (bits >> shift) & 63
+            } else {
+                (bits << -shift) & 63
+            };
+            ALPHABET[v as usize] as char
+        })
+        .collect()
+}
+
 /// The last `lines` lines of a file, or a note that it cannot be read.
 fn tail(path: &Path, lines: usize) -> String {
     match std::fs::read_to_string(path) {
@@ -858,23 +870,26 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
 
 /// The number of partitions the broker reports for `topic`, if it knows the topic.
 pub fn partition_count(brokers: &str, topic: &str) -> Option<i32> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("allow.auto.create.topics", "false")
-        .create()
-        .ok()?;
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(5))
-        .ok()?;
-    let t = md.topics().iter().find(|t| t.name() == topic)?;
-    if t.error().is_some() || t.partitions().is_empty() {
-        return None;
-    }
-    Some(t.partitions().len() as i32)
+    with_topic_metadata(brokers, topic, |t| {
+        (t.error().is_none() && !t.partitions().is_empty()).then_some(t.partitions().len() as i32)
+    })
 }
 
 /// The broker id leading `topic`'s `partition`, if the metadata names one.
 pub fn leader_of(brokers: &str, topic: &str, partition: i32) -> Option<i32> {
+    with_topic_metadata(brokers, topic, |t| {
+        let p = t.partitions().iter().find(|p| p.id() == partition)?;
+        (p.leader() >= 0).then_some(p.leader())
+    })
+}
+
+/// `read` of `topic`'s metadata, asked of `brokers` without creating the topic; `None` when no
+/// broker answers or the answer does not name the topic.
+fn with_topic_metadata<T>(
+    brokers: &str,
+    topic: &str,
+    read: impl FnOnce(&rdkafka::metadata::MetadataTopic) -> Option<T>,
+) -> Option<T> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("allow.auto.create.topics", "false")
@@ -883,9 +898,10 @@ pub fn leader_of(brokers: &str, topic: &str, partition: i32) -> Option<i32> {
     let md = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(5))
         .ok()?;
-    let t = md.topics().iter().find(|t| t.name() == topic)?;
-    let p = t.partitions().iter().find(|p| p.id() == partition)?;
-    (p.leader() >= 0).then_some(p.leader())
+    md.topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .and_then(read)
 }
 
 /// One record read back from a topic.
@@ -985,6 +1001,17 @@ fn consume_blocking(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Kafka's `Uuid.toString` (URL-safe base64, no padding) of known ids: all ones, and
+    /// `new Uuid(1, 2)` ("AAAAAAAAAAEAAAAAAAAAAg").
+    #[test]
+    fn a_cluster_id_is_spelled_as_kafka_spells_it() {
+        assert_eq!(uuid_string(u128::MAX), "_____________________w");
+        assert_eq!(uuid_string((1u128 << 64) | 2), "AAAAAAAAAAEAAAAAAAAAAg");
+        let id = cluster_id();
+        assert_eq!(id.len(), 22);
+        assert!(!id.starts_with('-'));
+    }
 
     /// Java's `String.hashCode`: "hello" is 99162322; "polygenelubricants" is
     /// `Integer.MIN_VALUE`, which Kafka's `Utils.abs` maps to 0; a negative hash is made

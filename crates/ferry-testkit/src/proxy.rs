@@ -11,8 +11,9 @@
 //!
 //! **Kafka.** A client reaches a broker through the addresses the broker *advertises* in its
 //! Metadata and FindCoordinator responses, not through its bootstrap address: a plain proxy
-//! would be bypassed after the first metadata request. noida-db advertises the address it binds
-//! and has no option to advertise another, so in [`Proxy::kafka`] mode the proxy frames the
+//! would be bypassed after the first metadata request. The proxy sits in front of a broker
+//! that advertises its own address (a shared test broker cannot advertise one proxy per test),
+//! so in [`Proxy::kafka`] mode it frames the
 //! Kafka protocol (a 4-byte length, then the message), remembers which correlation ids were
 //! Metadata (api key 3) or FindCoordinator (10) requests, and in their responses replaces the
 //! upstream's port after its host string with the proxy's own port. Host strings keep their
