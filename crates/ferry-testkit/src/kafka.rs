@@ -78,6 +78,15 @@ pub fn shared() -> &'static Broker {
     })
 }
 
+/// The `java` to run Kafka and Kafka Connect with: `FERRY_TEST_JAVA`, else `$JAVA_HOME/bin/java`,
+/// else `java` on the PATH.
+pub fn java() -> PathBuf {
+    std::env::var_os(JAVA_ENV)
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("JAVA_HOME").map(|h| PathBuf::from(h).join("bin/java")))
+        .unwrap_or_else(|| PathBuf::from("java"))
+}
+
 /// Keeps `dir` (marks it so that [`process::sweep_stale_dirs`] leaves it) and prints where its
 /// logs are as soon as any thread of this process panics: a shared broker lives in a static and
 /// is never dropped, so its logs would otherwise go with the next sweep.
@@ -238,11 +247,7 @@ impl LocalBroker {
     }
 
     fn java_command(&self) -> Command {
-        let java = std::env::var_os(JAVA_ENV)
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("JAVA_HOME").map(|h| PathBuf::from(h).join("bin/java")))
-            .unwrap_or_else(|| PathBuf::from("java"));
-        let mut c = Command::new(java);
+        let mut c = Command::new(java());
         let opts = std::env::var(JVM_OPTS_ENV)
             .ok()
             .or_else(|| self.opts.jvm_opts.clone())
