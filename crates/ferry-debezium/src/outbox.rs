@@ -196,18 +196,34 @@ pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, smt: &str) -> Facts
         }),
     );
     let tombstone_key = key("route.tombstone.on.empty.payload");
-    match src.take(&tombstone_key).map(|v| parse_bool(&v)) {
-        Some(Some(b)) => doc.set(
+    let tombstone = match src.take(&tombstone_key).map(|v| parse_bool(&v)) {
+        Some(Some(b)) => {
+            doc.set(
+                ROUTE,
+                "tombstone_on_null_payload",
+                Value::Bool(b),
+                Some(&tombstone_key),
+            );
+            b
+        }
+        Some(None) => {
+            src.note(
+                &tombstone_key,
+                "not true or false; Debezium would refuse it too",
+            );
+            false
+        }
+        None => false,
+    };
+    if !tombstone {
+        // Without it, Debezium's router still sends a row whose payload is NULL: a record with
+        // a null value and its headers (found by the parity test against Debezium 3.6.1).
+        doc.set(
             ROUTE,
-            "tombstone_on_null_payload",
-            Value::Bool(b),
-            Some(&tombstone_key),
-        ),
-        Some(None) => src.note(
-            &tombstone_key,
-            "not true or false; Debezium would refuse it too",
-        ),
-        None => {}
+            "send_null_payload",
+            Value::Bool(true),
+            Some("Debezium sends a NULL payload as a null value"),
+        );
     }
     tracing(src, doc, smt);
     facts.expand_json = the_rest(src, smt);

@@ -164,6 +164,12 @@ pub struct RouteConfig {
     pub additional_placement: Option<String>,
     /// A NULL payload becomes a tombstone (null value) instead of a routing error.
     pub tombstone_on_null_payload: bool,
+    /// A NULL payload is sent as a record with a null value and its headers, as Debezium's
+    /// router sends it without `route.tombstone.on.empty.payload` (unlike a tombstone, blank
+    /// text stays a payload); off, a NULL payload is a routing error unless
+    /// `tombstone_on_null_payload`. Only the `as_stored` format refuses NULL: the JSON formats
+    /// write it as `JsonConverter` does.
+    pub send_null_payload: bool,
     /// Largest record value accepted, in bytes (a number or a size like `"960KiB"`, see
     /// [`crate::size`]); a larger one is a routing error.
     #[serde(deserialize_with = "crate::size::deserialize_usize")]
@@ -286,6 +292,7 @@ impl Default for RouteConfig {
             envelope_fields: Vec::new(),
             additional_placement: None,
             tombstone_on_null_payload: false,
+            send_null_payload: false,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             on_error: DEFAULT_ON_ERROR,
             dead_letter_topic: None,

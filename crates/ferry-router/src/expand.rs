@@ -27,6 +27,9 @@
 //!   order that depends on Java hash codes when the elements differ in shape: Ferry reproduces
 //!   arrays of objects of one shape and reports a routing error for the others rather than
 //!   guess.
+//! - A member named `""` with a value that has a schema makes Connect's `SchemaBuilder.field`
+//!   throw ("fieldName cannot be null."), at any depth: the payload went out unexpanded, a JSON
+//!   string (found by the parity test against Debezium 3.6.1).
 //! - A payload that does not start with `{` or `[` (a JSON scalar, text, leading whitespace) or
 //!   does not parse is not expanded: a JSON string with the column's schema.
 //! - A top-level array: `[]` has no schema at all (`toConnectSchema` returns null), so the
@@ -282,6 +285,11 @@ fn schema_of<'n>(
             let mut fields: Vec<(&'n str, Schema<'n>)> = Vec::with_capacity(members.len());
             for (k, v) in members {
                 if let Some(s) = schema_of(v, nulls)? {
+                    if k.is_empty() {
+                        // Connect's `SchemaBuilder.field` refuses an empty name ("fieldName
+                        // cannot be null."): Debezium then sent the payload unexpanded.
+                        return Err(NotExpanded::AsString);
+                    }
                     if !fields.iter().any(|(f, _)| f == k) {
                         fields.push((k.as_ref(), s));
                     }
@@ -773,7 +781,7 @@ mod tests {
         // Escapes decoded, then written the way Jackson escapes.
         assert_eq!(
             exp(r#"{"t": "\u00e9\/\u0001\ud83d\ude00"}"#).unwrap(),
-            "{\"t\":\"é/\\u0001😀\"}"
+            "{\"t\":\"é/\\u0001\\uD83D\\uDE00\"}"
         );
     }
 
@@ -909,6 +917,9 @@ mod tests {
             " {\"a\": 1}",
             r#"{"mixed": [1, "a"]}"#,
             r#"{"broken": "#,
+            // An empty member name, at the top or deeper (Connect refuses the field).
+            r#"{"": 0, "a": "b"}"#,
+            r#"{"a": {"b": [{"": true}]}}"#,
         ] {
             assert_eq!(
                 exp_schema(payload, "payload").unwrap(),
@@ -923,6 +934,8 @@ mod tests {
     /// Where Debezium's expansion failed, it sent the payload as a JSON string.
     #[test]
     fn what_debezium_did_not_expand_is_a_json_string() {
+        // An empty name whose value has no schema (null, ignored) is left out like any other.
+        assert_eq!(exp(r#"{"": null, "a": 1}"#).unwrap(), r#"{"a":1}"#);
         for payload in [
             r#"[1, "a"]"#,
             r#""text""#,

@@ -31,8 +31,11 @@
 //!
 //! Jackson writes compactly (no spaces) and escapes only `"`, `\` and the control characters
 //! below U+0020: `\b \t \n \f \r` by their short forms, the rest as `\u00XX` with upper-case
-//! hex digits (`CharTypes`); it leaves `/`, DEL and non-ASCII text as they are. serde_json
-//! writes lower-case hex, so the escaping here is Ferry's own.
+//! hex digits (`CharTypes`); it leaves `/`, DEL and the rest of the BMP as they are. A character
+//! beyond the BMP is written as its two UTF-16 surrogates, each escaped (`\uD83D\uDE00`): Java
+//! strings hold surrogates and Jackson's UTF-8 generator does not combine them by default (seen
+//! against Debezium 3.6.1 in the parity test). serde_json writes lower-case hex, so the escaping
+//! here is Ferry's own.
 //!
 //! `optional` is the column's nullability (Debezium reads it from the table), which pgoutput
 //! does not carry: `route.key_schema_optional` and `route.value_schema_optional` say it, with
@@ -306,6 +309,20 @@ pub(crate) fn jackson_string(buf: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
+        if b >= 0xf0 {
+            // A character beyond the BMP: Java holds it as two UTF-16 surrogates, and Jackson's
+            // UTF-8 generator escapes each (COMBINE_UNICODE_SURROGATES_IN_UTF8 is off by default).
+            let c = s[i..].chars().next().map_or(0, u32::from) - 0x1_0000;
+            buf.extend_from_slice(&bytes[start..i]);
+            start = i + 4;
+            for unit in [0xd800 + (c >> 10), 0xdc00 + (c & 0x3ff)] {
+                buf.extend_from_slice(b"\\u");
+                for shift in [12, 8, 4, 0] {
+                    buf.push(HEX[((unit >> shift) & 15) as usize]);
+                }
+            }
+            continue;
+        }
         let short = match b {
             b'"' => b'"',
             b'\\' => b'\\',
@@ -364,8 +381,11 @@ mod tests {
             assert_eq!(got, want, "byte {b:#04x}");
         }
         let mut buf = Vec::new();
-        jackson_string(&mut buf, "é/€ \u{2028}😀\u{1f}");
-        assert_eq!(String::from_utf8(buf).unwrap(), "\"é/€ \u{2028}😀\\u001F\"");
+        jackson_string(&mut buf, "é/€ \u{2028}😀\u{1f}𝄞\u{10ffff}\u{ffff}x");
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "\"é/€ \u{2028}\\uD83D\\uDE00\\u001F\\uD834\\uDD1E\\uDBFF\\uDFFF\u{ffff}x\""
+        );
     }
 
     /// A jsonb payload with `JsonConverter`, `schemas.enable=false` (Debezium's outbox

@@ -74,6 +74,7 @@ pub struct Router {
     envelope: Option<Vec<(String, String)>>,
     topic: TopicPlan,
     tombstone_on_null_payload: bool,
+    send_null_payload: bool,
     max_payload_bytes: usize,
     on_error: OnError,
     dead_letter_topic: Option<Arc<str>>,
@@ -298,6 +299,7 @@ impl Router {
             topic: plan,
             requirements,
             tombstone_on_null_payload: route.tombstone_on_null_payload,
+            send_null_payload: route.send_null_payload,
             max_payload_bytes: route.max_payload_bytes,
             on_error: route.on_error,
             dead_letter_topic: route.dead_letter_topic.as_deref().map(Arc::from),
@@ -642,6 +644,12 @@ impl Router {
         let (format, optional) = self.value_format;
         let payload = match value(&c, col, FieldRole::Payload)? {
             None if self.tombstone_on_null_payload => return Ok((None, c.type_oid)),
+            None if format == RecordFormat::AsStored && self.send_null_payload => {
+                if self.envelope.is_none() {
+                    return Ok((None, c.type_oid));
+                }
+                None
+            }
             None if format == RecordFormat::AsStored => {
                 return Err(RouteErrorReason::NullPayload {
                     column: col.clone(),

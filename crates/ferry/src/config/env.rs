@@ -98,6 +98,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     route.envelope = boolean;
     route.additional_placement = optional;
     route.tombstone_on_null_payload = boolean;
+    route.send_null_payload = boolean;
     route.max_payload_bytes = size_usize;
     route.on_error = parsed;
     route.dead_letter_topic = optional;
