@@ -24,7 +24,8 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::{binary, Ferry, World};
+use common::debezium::CONTEXT_HEADER_PREFIX;
+use common::{Ferry, World};
 use ferry_testkit::debezium::{self, Connect, ConnectOptions};
 use ferry_testkit::kafka::{self, Consumed, LocalBroker};
 use ferry_testkit::pg;
@@ -93,14 +94,7 @@ async fn run_case(case: Case) {
     }
 
     // Debezium: the connector JSON a user would POST.
-    let (host, port) = host_port(&world.db.url);
-    let mut config = debezium::outbox_connector(
-        (&host, port, &world.db.name, "postgres"),
-        &dbz_slot,
-        &world.publication,
-        "public.outbox",
-    );
-    config.insert("database.password".into(), pg::SUPERUSER_PASSWORD.into());
+    let mut config = common::debezium::connector(&world.db, &dbz_slot, &world.publication);
     for (k, v) in &case.connector {
         config.insert(k.to_string(), v.to_string());
     }
@@ -114,34 +108,10 @@ async fn run_case(case: Case) {
 
     // Ferry: what `from-debezium` makes of the same JSON and worker file.
     let dir = std::env::temp_dir().join(pg::unique_name("ferry-parity"));
-    std::fs::create_dir_all(&dir).expect("create case dir");
-    let json = serde_json::json!({ "name": tag, "config": config });
-    std::fs::write(dir.join("connector.json"), json.to_string()).expect("write connector.json");
-    let mut worker = format!("bootstrap.servers={}\n", world.brokers);
-    for (k, v) in &case.worker {
-        writeln!(worker, "{k}={v}").unwrap();
-    }
-    std::fs::write(dir.join("worker.properties"), worker).expect("write worker");
-    let out = std::process::Command::new(binary())
-        .args(["config", "from-debezium"])
-        .arg(dir.join("connector.json"))
-        .arg("--worker")
-        .arg(dir.join("worker.properties"))
-        .arg("--output")
-        .arg(dir.join("ferry.toml"))
-        .output()
-        .expect("run from-debezium");
-    let notes = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "{}: from-debezium failed: {notes}",
-        case.name
-    );
+    let (toml, notes) =
+        common::debezium::translate(&dir, &tag, &config, &case.worker, &world.brokers);
     world.env.extend([
-        (
-            "FERRY_CONFIG".to_string(),
-            dir.join("ferry.toml").display().to_string(),
-        ),
+        ("FERRY_CONFIG".to_string(), toml.display().to_string()),
         // The translation names Debezium's slot: Ferry gets one of its own beside it.
         ("FERRY_POSTGRES_SLOT".into(), world.slot.clone()),
     ]);
@@ -205,17 +175,6 @@ async fn read(brokers: &str, topic: &str, n: usize) -> Vec<Consumed> {
     }
     kafka::consume(brokers, topic, n, Duration::from_secs(120)).await
 }
-
-fn host_port(url: &str) -> (String, u16) {
-    let rest = url.split_once('@').map(|(_, r)| r).unwrap_or(url);
-    let hp = rest.split('/').next().unwrap_or(rest);
-    let (h, p) = hp.rsplit_once(':').expect("host:port in the test URL");
-    (h.to_string(), p.parse().expect("port"))
-}
-
-/// Debezium 3's context headers (`extended.headers.enabled`, on by default): connector name,
-/// logical name, task id and run id. Ferry does not send them (README: a known difference).
-const CONTEXT_HEADER_PREFIX: &str = "__debezium.context.";
 
 /// Compares the two outputs per topic and partition, in offset order.
 fn compare(case: &str, dbz: &[Consumed], fer: &[Consumed], notes: &str) {

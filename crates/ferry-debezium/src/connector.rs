@@ -262,7 +262,10 @@ fn slot(src: &mut Source<'_>, doc: &mut Doc) {
             "The connector's own slot (plugin.name = pgoutput): Ferry continues from its confirmed \
              position, so nothing is lost and the records since the connector's last offset commit \
              are sent again (consumers deduplicate on the id header). Start Ferry, then stop the \
-             connector: Ferry stands by while the slot is in use and takes over when it is free.",
+             connector: Ferry stands by while the slot is in use and takes over when it is free. \
+             With kafka.exactly_once, the first start is `ferry run --initialize-progress`: Ferry \
+             has no progress record for a slot it did not create (README, \"Migrating from \
+             Debezium\").",
         );
     } else {
         let new = if slot == "ferry" {

@@ -67,6 +67,8 @@ pub struct Connect {
     rest_port: u16,
     child: Mutex<Option<Child>>,
     started: Instant,
+    /// The directory was made here (not given by the caller), so it goes when the worker does.
+    owned_dir: bool,
 }
 
 /// How to start a worker.
@@ -78,7 +80,9 @@ pub struct ConnectOptions {
     pub worker: Vec<String>,
     /// The JVM's options (default [`TEST_JVM_OPTS`]; `FERRY_TEST_CONNECT_JVM_OPTS` overrides).
     pub jvm_opts: Option<String>,
-    /// Where the worker keeps its files (default: a fresh temporary directory).
+    /// Where the worker keeps its files (default: a fresh temporary directory, removed with the
+    /// worker). A given directory stays, with the offsets: a worker started again on it resumes
+    /// its connectors where they stopped.
     pub dir: Option<PathBuf>,
 }
 
@@ -182,6 +186,7 @@ impl Connect {
             rest_port,
             child: Mutex::new(Some(child)),
             started,
+            owned_dir: opts.dir.is_none(),
         };
         c.wait_rest(Duration::from_secs(120));
         c
@@ -258,6 +263,46 @@ impl Connect {
         assert!(
             code == 200 || code == 201,
             "Kafka Connect refused connector {name} ({code}): {text}\nconfig: {body}"
+        );
+    }
+
+    /// Creates connector `name` in the `STOPPED` state (KIP-875: `POST /connectors` with
+    /// `initial_state`), so that its offsets can be changed before it first runs.
+    pub fn create_connector_stopped(&self, name: &str, config: &BTreeMap<String, String>) {
+        let mut config = config.clone();
+        config.insert("name".into(), name.into());
+        let body =
+            serde_json::json!({ "name": name, "config": config, "initial_state": "STOPPED" })
+                .to_string();
+        let (code, text) = self
+            .http("POST", "/connectors", Some(&body))
+            .unwrap_or_else(|e| panic!("POST connector {name}: {e}"));
+        assert!(
+            code == 201 || code == 200,
+            "Kafka Connect refused connector {name} ({code}): {text}"
+        );
+    }
+
+    /// Forgets the offsets of stopped connector `name` (`DELETE /connectors/NAME/offsets`): a
+    /// Debezium connector then starts from its slot's confirmed position.
+    pub fn reset_offsets(&self, name: &str) {
+        let (code, text) = self
+            .http("DELETE", &format!("/connectors/{name}/offsets"), None)
+            .unwrap_or_else(|e| panic!("DELETE offsets of {name}: {e}"));
+        assert!(
+            code == 200,
+            "Kafka Connect did not reset the offsets of {name} ({code}): {text}"
+        );
+    }
+
+    /// Resumes a stopped or paused connector (`PUT /connectors/NAME/resume`).
+    pub fn resume(&self, name: &str) {
+        let (code, text) = self
+            .http("PUT", &format!("/connectors/{name}/resume"), None)
+            .unwrap_or_else(|e| panic!("resume {name}: {e}"));
+        assert!(
+            code == 202 || code == 200,
+            "Kafka Connect did not resume {name} ({code}): {text}"
         );
     }
 
@@ -374,7 +419,7 @@ impl Drop for Connect {
         if std::thread::panicking() {
             let _ = std::fs::write(self.dir.join(process::KEEP_MARKER), b"a test panicked\n");
             eprintln!("Kafka Connect's logs are kept in {}", self.dir.display());
-        } else if std::env::var_os("FERRY_TEST_KEEP_BROKER_DATA").is_none() {
+        } else if self.owned_dir && std::env::var_os("FERRY_TEST_KEEP_BROKER_DATA").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }

@@ -948,11 +948,48 @@ pub async fn consume(
         .expect("consume task")
 }
 
+/// Reads every partition of `topic` from the beginning (`read_committed`) until `done` holds for
+/// what has arrived, then on to the end of every partition (its high watermark when `done` first
+/// held), or panics at the deadline with `what` and how many came. For tests whose expectation is
+/// not a count: every row of a writer at least once, duplicates included.
+pub async fn consume_until(
+    brokers: &str,
+    topic: &str,
+    what: &str,
+    deadline: Duration,
+    done: impl FnMut(&[Consumed]) -> bool + Send + 'static,
+) -> Vec<Consumed> {
+    let (brokers, topic, what) = (brokers.to_string(), topic.to_string(), what.to_string());
+    tokio::task::spawn_blocking(move || {
+        read_blocking(&brokers, &topic, deadline, &what, done, true)
+    })
+    .await
+    .expect("consume task")
+}
+
 fn consume_blocking(
     brokers: &str,
     topic: &str,
     expected: usize,
     deadline: Duration,
+) -> Vec<Consumed> {
+    read_blocking(
+        brokers,
+        topic,
+        deadline,
+        &format!("{expected} records"),
+        |got| got.len() >= expected,
+        false,
+    )
+}
+
+fn read_blocking(
+    brokers: &str,
+    topic: &str,
+    deadline: Duration,
+    what: &str,
+    mut done: impl FnMut(&[Consumed]) -> bool,
+    to_end: bool,
 ) -> Vec<Consumed> {
     let parts = partition_count(brokers, topic)
         .unwrap_or_else(|| panic!("topic {topic} does not exist on {brokers}"));
@@ -973,11 +1010,42 @@ fn consume_blocking(
     consumer.assign(&tpl).expect("assign");
     let start = Instant::now();
     let mut out = Vec::new();
-    while out.len() < expected {
+    // The high watermarks to read up to, once `done` held (with `to_end`).
+    let mut ends: Option<Vec<i64>> = None;
+    loop {
+        if ends.is_none() && done(&out) {
+            if !to_end {
+                break;
+            }
+            ends = Some(
+                (0..parts)
+                    .map(|p| {
+                        consumer
+                            .fetch_watermarks(topic, p, Duration::from_secs(10))
+                            .expect("fetch watermarks")
+                            .1
+                    })
+                    .collect(),
+            );
+        }
+        if let Some(ends) = &ends {
+            let positions = consumer.position().expect("position");
+            let at_end = (0..parts).all(|p| {
+                let pos = positions
+                    .find_partition(topic, p)
+                    .and_then(|e| e.offset().to_raw())
+                    .unwrap_or(0);
+                pos >= ends[p as usize]
+            });
+            if at_end {
+                break;
+            }
+        }
         assert!(
             start.elapsed() < deadline,
-            "timed out after {deadline:?} reading {topic}: {} of {expected} records arrived",
-            out.len()
+            "timed out after {deadline:?} reading {topic}: waiting for {what}, {} records arrived{}",
+            out.len(),
+            if ends.is_some() { " (reading on to the end)" } else { "" }
         );
         match consumer.poll(Duration::from_millis(100)) {
             None => {}

@@ -8,6 +8,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub mod debezium;
+
 use ferry_testkit::kafka::{self, Consumed};
 use ferry_testkit::pg::{self, TestDb};
 use ferry_testkit::process::{free_port, signal, spawn_owned};
