@@ -61,6 +61,9 @@ struct Case {
     rows: Vec<Row>,
     /// Topics the rows route to.
     topics: Vec<String>,
+    /// Headers only Ferry sends (a known, documented difference): left out of the comparison,
+    /// and required on at least one of Ferry's records.
+    ferry_only_headers: &'static [&'static str],
 }
 
 /// One outbox row: column name → SQL expression; `__topic` names the topic the row routes to
@@ -151,7 +154,7 @@ async fn run_case(case: Case) {
     let _ = ferry.terminate().await;
     oracle.connect.delete_connector(&tag);
     assert_eq!(dbz.len(), n, "{}: Debezium's record count", case.name);
-    compare(case.name, &dbz, &fer, &notes);
+    compare(case.name, &dbz, &fer, &notes, case.ferry_only_headers);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -177,7 +180,16 @@ async fn read(brokers: &str, topic: &str, n: usize) -> Vec<Consumed> {
 }
 
 /// Compares the two outputs per topic and partition, in offset order.
-fn compare(case: &str, dbz: &[Consumed], fer: &[Consumed], notes: &str) {
+fn compare(case: &str, dbz: &[Consumed], fer: &[Consumed], notes: &str, ferry_only: &[&str]) {
+    if !ferry_only.is_empty() {
+        assert!(
+            fer.iter().any(|r| r
+                .headers
+                .iter()
+                .any(|(n, _)| ferry_only.contains(&n.as_str()))),
+            "{case}: Ferry sent none of {ferry_only:?}"
+        );
+    }
     type Parts<'a> = BTreeMap<(String, i32), Vec<&'a Consumed>>;
     fn parts(rs: &[Consumed]) -> Parts<'_> {
         let mut m: Parts<'_> = BTreeMap::new();
@@ -204,14 +216,20 @@ fn compare(case: &str, dbz: &[Consumed], fer: &[Consumed], notes: &str) {
                 .filter(|(n, _)| !n.starts_with(CONTEXT_HEADER_PREFIX))
                 .cloned()
                 .collect();
-            if a.key != b.key || a.value != b.value || ah != b.headers {
+            let bh: Vec<_> = b
+                .headers
+                .iter()
+                .filter(|(n, _)| !ferry_only.contains(&n.as_str()))
+                .cloned()
+                .collect();
+            if a.key != b.key || a.value != b.value || ah != bh {
                 panic!(
                     "{case}: record {i} of {}/{} differs\n  Debezium: {}\n  Ferry:    {}\n\
                      from-debezium said:\n{notes}",
                     k.0,
                     k.1,
                     show(a, &ah),
-                    show(b, &b.headers)
+                    show(b, &bh)
                 );
             }
         }
@@ -549,6 +567,7 @@ async fn string_converters_jsonb_payload() {
         worker: vec![],
         rows: default_rows(&at, &all_docs(true, false, 1), "jsonb"),
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -570,6 +589,7 @@ async fn json_converter_without_schemas_from_the_worker() {
         ],
         rows: default_rows(&at, &all_docs(false, false, 2), "json"),
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -585,6 +605,7 @@ async fn json_converter_with_schemas_text_payload() {
         worker: vec![],
         rows: default_rows(&at, &all_docs(false, false, 3), "text"),
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -617,6 +638,7 @@ async fn expanded_payload_without_schemas() {
         worker: vec![],
         rows: default_rows(&at, &expandable_documents(), "jsonb"),
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -639,6 +661,7 @@ async fn expanded_payload_with_schemas_optional_bytes() {
         worker: vec![("value.converter", JSON), ("key.converter", STRING)],
         rows: default_rows(&at, &expandable_documents(), "jsonb"),
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -687,6 +710,7 @@ async fn custom_columns_and_topic_replacement() {
         worker: vec![],
         rows,
         topics: vec![format!("events.{dest}.v1")],
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -738,6 +762,7 @@ async fn topic_regex_and_replacement() {
         worker: vec![],
         rows,
         topics,
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -784,6 +809,7 @@ async fn placement_as_headers_and_partition() {
         worker: vec![],
         rows,
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -820,11 +846,13 @@ async fn placement_in_the_envelope() {
         ],
         rows,
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }
 
-/// The tracing span context column (Debezium's outbox extension writes a Properties text).
+/// The tracing span context column (Debezium's outbox extension writes a Properties text),
+/// named in the router's config.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tracing_span_context() {
     let at = unique_type("trace");
@@ -853,10 +881,21 @@ async fn tracing_span_context() {
         name: "tracing_span_context",
         columns: "aggregatetype text NOT NULL, aggregateid text NOT NULL, type text NOT NULL, \
                   payload jsonb, tracingspancontext varchar(512)",
-        connector: vec![("key.converter", STRING), ("value.converter", STRING)],
+        connector: vec![
+            (
+                "transforms.outbox.tracing.span.context.field",
+                "tracingspancontext",
+            ),
+            ("key.converter", STRING),
+            ("value.converter", STRING),
+        ],
         worker: vec![],
         rows,
         topics: vec![topic_default(&at)],
+        // Debezium as Maven Central serves it has no OpenTelemetry on Connect's classpath and
+        // sends no trace headers; with it, it starts a span of its own (a new span id, so no
+        // bytes to match). Ferry passes the stored context on (README: a known difference).
+        ferry_only_headers: &["traceparent", "tracestate"],
     })
     .await;
 }
@@ -911,6 +950,7 @@ async fn bytea_payload_byte_array_converter() {
         worker: vec![],
         rows: bytea_rows(&at),
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }
@@ -929,6 +969,7 @@ async fn bytea_payload_binary_data_converter() {
         worker: vec![],
         rows: bytea_rows(&at),
         topics: vec![topic_default(&at)],
+        ferry_only_headers: &[],
     })
     .await;
 }

@@ -95,7 +95,26 @@ pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc) {
         // The PostgreSQL connector always runs one task; Ferry is one process per slot.
         src.take("tasks.max");
     }
+    // Debezium 3 adds four context headers to every record unless this is false (seen on
+    // Debezium 3.6.1 by the parity test); Ferry sends none of them.
+    match src.peek("extended.headers.enabled").map(parse_bool) {
+        Some(Some(false)) => {
+            src.take("extended.headers.enabled");
+        }
+        Some(_) => src.note("extended.headers.enabled", CONTEXT_HEADERS),
+        None => src.note_value(
+            "extended.headers.enabled",
+            "(unset: Debezium's default is true)",
+            CONTEXT_HEADERS,
+        ),
+    }
 }
+
+/// What Ferry does instead of Debezium's context headers.
+const CONTEXT_HEADERS: &str = "Debezium 3 adds the headers __debezium.context.connectorName, \
+     .connectorLogicalName, .taskId and .runId (a new UUID per task start) to every record; Ferry \
+     sends none of them: a consumer that reads them needs another source (every other header and \
+     byte is the same)";
 
 /// `database.*` to `postgres.url` (without the password).
 fn url(src: &mut Source<'_>, doc: &mut Doc) {

@@ -182,12 +182,16 @@ fn defaults_only_outbox_becomes_debeziums_defaults() {
         BTreeSet::from([
             "bootstrap.servers",
             "database.password",
+            "extended.headers.enabled",
             "key.converter",
             "value.converter",
             "tombstones.on.delete",
             "topic.prefix"
         ])
     );
+    assert!(note(&t, "extended.headers.enabled").contains("__debezium.context.connectorName"));
+    // A NULL payload goes out as a null value, as Debezium's router sends it.
+    assert!(c.route.send_null_payload);
     assert!(note(&t, "database.password")
         .contains("FERRY_POSTGRES_URL=postgres://debezium:<password>@postgres:5432/orderdb"));
     // Debezium's record for a row: topic from the aggregate type, key the aggregate id, the id
