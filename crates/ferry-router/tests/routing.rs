@@ -320,6 +320,24 @@ mod options {
             row: |r| r.with("payload", oid::TEXT, ""),
             want: &[Want::Value(Some(b""))],
         },
+        send_null_payload_as_a_null_value: Case {
+            name: "send_null_payload: a NULL payload is a null value with its key (Debezium parity)",
+            config: "[route]\nsend_null_payload = true",
+            row: |r| r.null("payload", oid::JSONB),
+            want: &[Want::Value(None), Want::Key(Some(b"42"))],
+        },
+        send_null_payload_keeps_a_blank_payload: Case {
+            name: "send_null_payload keeps blank text a payload (unlike a tombstone)",
+            config: "[route]\nsend_null_payload = true",
+            row: |r| r.with("payload", oid::TEXT, " \n"),
+            want: &[Want::Value(Some(b" \n"))],
+        },
+        send_null_payload_in_an_envelope: Case {
+            name: "send_null_payload in an envelope: the payload field is null",
+            config: "[route]\nsend_null_payload = true\nenvelope = true",
+            row: |r| r.null("payload", oid::JSONB),
+            want: &[Want::JsonValue(r#"{"payload": null}"#)],
+        },
         envelope_keeps_a_tombstone_a_tombstone: Case {
             name: "envelope keeps a tombstone a tombstone",
             config: "[route]\ntombstone_on_null_payload = true\nenvelope = true",

@@ -131,6 +131,7 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_ROUTE_ENVELOPE", "true", |c| c.route.envelope.to_string(), "true"),
         ("FERRY_ROUTE_ADDITIONAL_PLACEMENT", "x:header", |c| format!("{:?}", c.route.additional_placement), "Some(\"x:header\")"),
         ("FERRY_ROUTE_TOMBSTONE_ON_NULL_PAYLOAD", "true", |c| c.route.tombstone_on_null_payload.to_string(), "true"),
+        ("FERRY_ROUTE_SEND_NULL_PAYLOAD", "true", |c| c.route.send_null_payload.to_string(), "true"),
         ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "1000", |c| c.route.max_payload_bytes.to_string(), "1000"),
         ("FERRY_ROUTE_ON_ERROR", "skip", |c| c.route.on_error.to_string(), "skip"),
         ("FERRY_ROUTE_DEAD_LETTER_TOPIC", "dlq", |c| format!("{:?}", c.route.dead_letter_topic), "Some(\"dlq\")"),
