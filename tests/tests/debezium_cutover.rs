@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::debezium::{connector, translate, CONTEXT_HEADER_PREFIX};
+use common::debezium::{connector, translate, without_context_headers, CONTEXT_HEADER_PREFIX};
 use common::{wait_until, Ferry, World};
 use ferry_testkit::debezium::{self, Connect, ConnectOptions};
 use ferry_testkit::kafka::{self, Consumed};
@@ -182,12 +182,7 @@ fn check(records: &[Consumed], rows: u64, mode: &str) -> Vec<(u64, bool)> {
         let fer: Vec<_> = rs.iter().filter(|r| !from_debezium(r)).collect();
         if let (Some(d), Some(f)) = (dbz.first(), fer.first()) {
             both.push((*seq, d.offset < f.offset));
-            let dh: Vec<_> = d
-                .headers
-                .iter()
-                .filter(|(n, _)| !n.starts_with(CONTEXT_HEADER_PREFIX))
-                .cloned()
-                .collect();
+            let dh = without_context_headers(&d.headers);
             assert_eq!(
                 (&d.key, &d.value, &dh, d.partition),
                 (&f.key, &f.value, &f.headers, f.partition),

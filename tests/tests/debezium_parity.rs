@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::debezium::CONTEXT_HEADER_PREFIX;
+use common::debezium::without_context_headers;
 use common::{Ferry, World};
 use ferry_testkit::debezium::{self, Connect, ConnectOptions};
 use ferry_testkit::kafka::{self, Consumed, LocalBroker};
@@ -210,12 +210,7 @@ fn compare(case: &str, dbz: &[Consumed], fer: &[Consumed], notes: &str, ferry_on
         );
         for (i, pair) in dv.iter().zip(fv.iter()).enumerate() {
             let (a, b) = pair;
-            let ah: Vec<_> = a
-                .headers
-                .iter()
-                .filter(|(n, _)| !n.starts_with(CONTEXT_HEADER_PREFIX))
-                .cloned()
-                .collect();
+            let ah = without_context_headers(&a.headers);
             let bh: Vec<_> = b
                 .headers
                 .iter()

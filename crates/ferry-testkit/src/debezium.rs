@@ -22,6 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::kafka::tail;
 use crate::pg::unique_name;
 use crate::process::{self, spawn_owned};
 
@@ -459,16 +460,6 @@ fn parse_status(text: &str) -> Option<Status> {
     Some(Status { connector, tasks })
 }
 
-fn tail(path: &Path, lines: usize) -> String {
-    match std::fs::read_to_string(path) {
-        Ok(s) => {
-            let all: Vec<&str> = s.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("(cannot read {}: {e})", path.display()),
-    }
-}
-
 /// A Debezium outbox connector's configuration for the PostgreSQL database at `host:port/dbname`:
 /// pgoutput, an existing publication (never created by Debezium), no snapshot, no tombstones,
 /// the Outbox Event Router as transform `outbox`. Callers add or replace keys: the router's
@@ -531,23 +522,8 @@ pub async fn wait_slot_active(client: &tokio_postgres::Client, slot: &str, deadl
 /// Panics with what to do when there are none.
 pub fn debezium_libs() -> PathBuf {
     static LIBS: OnceLock<PathBuf> = OnceLock::new();
-    LIBS.get_or_init(|| {
-        let env = std::env::var_os(DEBEZIUM_LIBS_ENV).map(PathBuf::from);
-        let cache = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/root"))
-            .join(".cache/ferry");
-        find_debezium_libs(env.clone(), &cache)
-            .or_else(|e| {
-                if env.is_some() {
-                    return Err(e);
-                }
-                process::install_deps_once().map_err(|i| format!("{e}\n{i}"))?;
-                find_debezium_libs(None, &cache)
-            })
-            .unwrap_or_else(|e| panic!("{e}"))
-    })
-    .clone()
+    LIBS.get_or_init(|| process::jars(DEBEZIUM_LIBS_ENV, find_debezium_libs))
+        .clone()
 }
 
 fn find_debezium_libs(env_dir: Option<PathBuf>, cache: &Path) -> Result<PathBuf, String> {

@@ -757,7 +757,7 @@ fn uuid_string(bits: u128) -> String {
 }
 
 /// The last `lines` lines of a file, or a note that it cannot be read.
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     match std::fs::read_to_string(path) {
         Ok(s) => {
             let all: Vec<&str> = s.lines().collect();
@@ -781,23 +781,8 @@ pub const BROKER_SETUP_HINT: &str = "run `bash .ci/install-deps` once (resolves 
 /// step before the tests.
 pub fn kafka_libs() -> PathBuf {
     static LIBS: OnceLock<PathBuf> = OnceLock::new();
-    LIBS.get_or_init(|| {
-        let env = std::env::var_os(KAFKA_LIBS_ENV).map(PathBuf::from);
-        let cache = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/root"))
-            .join(".cache/ferry");
-        find_kafka_libs(env.clone(), &cache)
-            .or_else(|e| {
-                if env.is_some() {
-                    return Err(e);
-                }
-                process::install_deps_once().map_err(|i| format!("{e}\n{i}"))?;
-                find_kafka_libs(None, &cache)
-            })
-            .unwrap_or_else(|e| panic!("{e}"))
-    })
-    .clone()
+    LIBS.get_or_init(|| process::jars(KAFKA_LIBS_ENV, find_kafka_libs))
+        .clone()
 }
 
 /// [`kafka_libs`] with its inputs as arguments: the `FERRY_TEST_KAFKA_LIBS` value and the cache

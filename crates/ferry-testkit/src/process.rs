@@ -194,3 +194,26 @@ pub fn install_deps_once() -> Result<(), String> {
     })
     .clone()
 }
+
+/// A directory of jars for a JVM server of the tests: the one `env_var` names, else the one
+/// `find` finds under `~/.cache/ferry`; when neither has them and `env_var` is unset, runs
+/// `.ci/install-deps` once ([`install_deps_once`]) and looks again. Panics with what to do.
+pub fn jars(
+    env_var: &str,
+    find: fn(Option<std::path::PathBuf>, &std::path::Path) -> Result<std::path::PathBuf, String>,
+) -> std::path::PathBuf {
+    let env = std::env::var_os(env_var).map(std::path::PathBuf::from);
+    let cache = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("/root"))
+        .join(".cache/ferry");
+    find(env.clone(), &cache)
+        .or_else(|e| {
+            if env.is_some() {
+                return Err(e);
+            }
+            install_deps_once().map_err(|i| format!("{e}\n{i}"))?;
+            find(None, &cache)
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+}

@@ -14,6 +14,17 @@ use super::binary;
 /// logical name, task id and run id. Ferry does not send them (README: a known difference).
 pub const CONTEXT_HEADER_PREFIX: &str = "__debezium.context.";
 
+/// `headers` without Debezium's context headers.
+pub fn without_context_headers(
+    headers: &[(String, Option<Vec<u8>>)],
+) -> Vec<(String, Option<Vec<u8>>)> {
+    headers
+        .iter()
+        .filter(|(n, _)| !n.starts_with(CONTEXT_HEADER_PREFIX))
+        .cloned()
+        .collect()
+}
+
 /// An outbox connector's configuration for `db` (the superuser, its password included, as a
 /// user's JSON holds it): `slot` of `publication`, table `public.outbox`, no snapshot.
 pub fn connector(db: &TestDb, slot: &str, publication: &str) -> BTreeMap<String, String> {
