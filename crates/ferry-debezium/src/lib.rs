@@ -210,7 +210,7 @@ pub fn translate(
             return Err(DebeziumError::NotPostgres(class));
         }
     }
-    let smt = outbox::find(&mut src)?;
+    let (smt, decode_messages) = outbox::find(&mut src)?;
     let mut doc = Doc::new();
     let what = match &name {
         Some(n) => format!("the Debezium connector {}", render::quote(n)),
@@ -233,6 +233,9 @@ pub fn translate(
     );
     connector::translate(&mut src, &mut doc);
     let facts = outbox::translate(&mut src, &mut doc, &smt);
+    if let Some(decode) = &decode_messages {
+        outbox::messages(&mut src, &mut doc, decode);
+    }
     producer::translate(&mut src, &mut doc, options);
     if let Some(b) = worker_brokers.filter(|b| !b.is_empty()) {
         doc.set(

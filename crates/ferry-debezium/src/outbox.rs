@@ -22,6 +22,9 @@ use super::{DebeziumError, Source, EVENT_ROUTER_CLASS};
 
 /// Debezium's tracing SMT, whose `tracing.span.context.field` Ferry translates too.
 pub(super) const TRACING_SMT_CLASS: &str = "io.debezium.transforms.tracing.ActivateTracingSpan";
+/// Debezium's SMT that turns a logical decoding message's JSON content into a row for the router.
+pub(super) const DECODE_MESSAGE_CLASS: &str =
+    "io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent";
 /// The option naming the trace-context column (the SMT's, or the connector's).
 const TRACING_FIELD: &str = "tracing.span.context.field";
 
@@ -42,8 +45,10 @@ pub(super) struct Facts {
     pub(super) envelope: bool,
 }
 
-/// Finds the Outbox Event Router among `transforms` and notes every other transform's options.
-pub(super) fn find(src: &mut Source<'_>) -> Result<String, DebeziumError> {
+/// Finds the Outbox Event Router among `transforms` and notes every other transform's options;
+/// also returns the name of a `DecodeLogicalDecodingMessageContent` transform, which
+/// [`messages`] translates.
+pub(super) fn find(src: &mut Source<'_>) -> Result<(String, Option<String>), DebeziumError> {
     let names: Vec<String> = src
         .take("transforms")
         .unwrap_or_default()
@@ -59,9 +64,14 @@ pub(super) fn find(src: &mut Source<'_>) -> Result<String, DebeziumError> {
         .find(|n| is_router(src, n))
         .cloned()
         .ok_or(DebeziumError::NoOutboxRouter)?;
+    let mut decode = None;
     for other in names.iter().filter(|n| **n != smt) {
         let prefix = format!("transforms.{other}.");
         let type_key = format!("{prefix}type");
+        if src.peek(&type_key) == Some(DECODE_MESSAGE_CLASS) && decode.is_none() {
+            decode = Some(other.clone());
+            continue;
+        }
         if src.peek(&type_key) == Some(TRACING_SMT_CLASS) {
             // Its options are read by `tracing`.
             src.note(
@@ -91,7 +101,7 @@ pub(super) fn find(src: &mut Source<'_>) -> Result<String, DebeziumError> {
             );
         }
     }
-    Ok(smt)
+    Ok((smt, decode))
 }
 
 /// Translates the SMT's options.
@@ -521,5 +531,56 @@ mod tests {
             "type:header:eventType,tenant:envelope,p:partition"
         );
         assert_eq!(lowercase_locations("odd:nowhere"), "odd:nowhere");
+    }
+}
+
+/// Logical decoding messages: Debezium routes them when `DecodeLogicalDecodingMessageContent`
+/// (transform `decode`) turns their JSON content into a row before the router; Ferry relays the
+/// messages of one prefix (`outbox.message_prefix`) with the same content format.
+pub(super) fn messages(src: &mut Source<'_>, doc: &mut Doc, decode: &str) {
+    let type_key = format!("transforms.{decode}.type");
+    src.take(&type_key);
+    let nulls = format!("transforms.{decode}.fields.null.include");
+    // Null members dropped or kept as null fields: the router reads a missing field and a null
+    // one alike, and so does Ferry.
+    src.take(&nulls);
+    const LIST: &str = "message.prefix.include.list";
+    let why_one = "Ferry relays the messages of one prefix (outbox.message_prefix): set it to the \
+                   prefix your application passes to pg_logical_emit_message";
+    match src.peek(LIST).map(str::to_owned) {
+        None => src.note_value(LIST, "(unset: Debezium took every prefix)", why_one),
+        Some(list) => {
+            let entries: Vec<&str> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .collect();
+            // A prefix that is a plain name (a regex matching only itself, `\.` for a dot).
+            let literal = |e: &str| {
+                let plain = e.replace("\\.", "");
+                !plain.is_empty()
+                    && plain
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            };
+            match entries.as_slice() {
+                [one] if literal(one) => {
+                    let prefix = one.replace("\\.", ".");
+                    src.take(LIST);
+                    doc.set(OUTBOX, "message_prefix", Value::str(&prefix), Some(LIST));
+                    doc.caveat(
+                        OUTBOX,
+                        "message_prefix",
+                        "Messages emitted with pg_logical_emit_message(true, prefix, content) are \
+                         routed like rows, the content one JSON object keyed by the column names (as \
+                         Debezium's DecodeLogicalDecodingMessageContent read it). A payload given as \
+                         a JSON string is sent as that string's contents, as Debezium sent it; a \
+                         payload given as an object is sent as its JSON text, where Debezium sent \
+                         the struct it decoded (StringConverter wrote Struct{...}).",
+                    );
+                }
+                _ => src.note(LIST, why_one),
+            }
+        }
     }
 }

@@ -555,6 +555,49 @@ fn debezium_1x_option_names_are_read() {
     );
 }
 
+/// Debezium routes logical decoding messages through `DecodeLogicalDecodingMessageContent`
+/// before the router: one literal prefix becomes `outbox.message_prefix`; a list or a pattern, or
+/// no list (every prefix), is noted.
+#[test]
+fn decoded_logical_decoding_messages_become_the_message_prefix() {
+    let with = |extra: &str| {
+        let json = format!(
+            r#"{{"connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+                "plugin.name": "pgoutput", "table.include.list": "public.outbox",
+                "transforms": "decode,outbox",
+                "transforms.decode.type": "io.debezium.connector.postgresql.transforms.DecodeLogicalDecodingMessageContent",
+                "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter"{extra}}}"#
+        );
+        let o = Options {
+            brokers: Some("k:9092".into()),
+            source: None,
+            worker: None,
+        };
+        translate(&json, &o).unwrap()
+    };
+    let t = with(r#", "message.prefix.include.list": "outbox""#);
+    assert_eq!(load(&t).outbox.message_prefix.as_deref(), Some("outbox"));
+    assert!(!noted(&t).contains("transforms.decode.type"));
+    assert!(!noted(&t).contains("message.prefix.include.list"));
+    let t = with(r#", "message.prefix.include.list": "app\\.events""#);
+    assert_eq!(
+        load(&t).outbox.message_prefix.as_deref(),
+        Some("app.events")
+    );
+    for extra in [
+        r#", "message.prefix.include.list": "a,b""#,
+        r#", "message.prefix.include.list": "out.*""#,
+        "",
+    ] {
+        let t = with(extra);
+        assert_eq!(load(&t).outbox.message_prefix, None, "{extra}");
+        assert!(
+            note(&t, "message.prefix.include.list").contains("one prefix"),
+            "{extra}"
+        );
+    }
+}
+
 /// An outbox row of the reference DDL (`aggregateid` "42") with `payload` as jsonb.
 fn order_row(payload: &str) -> SimpleRow {
     SimpleRow::new()
