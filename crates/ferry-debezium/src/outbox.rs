@@ -496,44 +496,6 @@ fn the_rest(src: &mut Source<'_>, smt: &str) -> bool {
     expand
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn catch_all_regexes_become_templates() {
-        let t = |re: &str, rep: &str| {
-            catch_all_group(re).and_then(|refs| as_template(rep, &refs, "{aggregatetype}"))
-        };
-        assert_eq!(
-            t(DEFAULT_TOPIC_REGEX, DEFAULT_TOPIC_REPLACEMENT).as_deref(),
-            Some("outbox.event.{aggregatetype}")
-        );
-        assert_eq!(
-            t("(.*)", "events.$1.v1").as_deref(),
-            Some("events.{aggregatetype}.v1")
-        );
-        assert_eq!(t(".*", "x.$0").as_deref(), Some("x.{aggregatetype}"));
-        assert_eq!(t("(?<v>.*)", "fixed").as_deref(), Some("fixed"));
-        // A reference the catch-all regex does not define, a group number that is not 1, a
-        // Java escape, a regex that selects: rules.
-        assert_eq!(t("(?<v>.*)", "x.${other}"), None);
-        assert_eq!(t("(.*)", "x.$12"), None);
-        assert_eq!(t("(.*)", "x\\$"), None);
-        assert_eq!(t("(?<v>.*)Aggregate", "x.${v}"), None);
-        assert_eq!(t("(?<v>[a-z]+)", "x.${v}"), None);
-    }
-
-    #[test]
-    fn placement_locations_are_lowercased_and_the_rest_kept() {
-        assert_eq!(
-            lowercase_locations("type:HEADER:eventType,tenant:Envelope,p:partition"),
-            "type:header:eventType,tenant:envelope,p:partition"
-        );
-        assert_eq!(lowercase_locations("odd:nowhere"), "odd:nowhere");
-    }
-}
-
 /// Logical decoding messages: Debezium routes them when `DecodeLogicalDecodingMessageContent`
 /// (transform `decode`) turns their JSON content into a row before the router; Ferry relays the
 /// messages of one prefix (`outbox.message_prefix`) with the same content format.
@@ -582,5 +544,43 @@ pub(super) fn messages(src: &mut Source<'_>, doc: &mut Doc, decode: &str) {
                 _ => src.note(LIST, why_one),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catch_all_regexes_become_templates() {
+        let t = |re: &str, rep: &str| {
+            catch_all_group(re).and_then(|refs| as_template(rep, &refs, "{aggregatetype}"))
+        };
+        assert_eq!(
+            t(DEFAULT_TOPIC_REGEX, DEFAULT_TOPIC_REPLACEMENT).as_deref(),
+            Some("outbox.event.{aggregatetype}")
+        );
+        assert_eq!(
+            t("(.*)", "events.$1.v1").as_deref(),
+            Some("events.{aggregatetype}.v1")
+        );
+        assert_eq!(t(".*", "x.$0").as_deref(), Some("x.{aggregatetype}"));
+        assert_eq!(t("(?<v>.*)", "fixed").as_deref(), Some("fixed"));
+        // A reference the catch-all regex does not define, a group number that is not 1, a
+        // Java escape, a regex that selects: rules.
+        assert_eq!(t("(?<v>.*)", "x.${other}"), None);
+        assert_eq!(t("(.*)", "x.$12"), None);
+        assert_eq!(t("(.*)", "x\\$"), None);
+        assert_eq!(t("(?<v>.*)Aggregate", "x.${v}"), None);
+        assert_eq!(t("(?<v>[a-z]+)", "x.${v}"), None);
+    }
+
+    #[test]
+    fn placement_locations_are_lowercased_and_the_rest_kept() {
+        assert_eq!(
+            lowercase_locations("type:HEADER:eventType,tenant:Envelope,p:partition"),
+            "type:header:eventType,tenant:envelope,p:partition"
+        );
+        assert_eq!(lowercase_locations("odd:nowhere"), "odd:nowhere");
     }
 }
