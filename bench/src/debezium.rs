@@ -30,6 +30,7 @@ use ferry_testkit::debezium::{
 };
 
 use crate::kafka::{self, Watch};
+use crate::workload::Kind;
 use crate::{procfs, Res, Sample, PUBLICATION};
 
 /// The connector's name (and its properties file's).
@@ -82,8 +83,15 @@ pub fn worker_properties() -> Vec<String> {
 }
 
 /// The outbox connector on `slot` of the database at `db_url`, routing to
-/// `order.<suffix>` (the rows' `aggregatetype` is `order`).
-pub fn connector(db_url: &str, slot: &str, suffix: &str) -> Res<BTreeMap<String, String>> {
+/// `order.<suffix>` (the rows' `aggregatetype` is `order`). The value is the payload as stored:
+/// a jsonb payload's text (`StringConverter`), a bytea payload's bytes (`ByteArrayConverter`;
+/// the `StringConverter` would write Java's `[B@...` for them).
+pub fn connector(
+    db_url: &str,
+    slot: &str,
+    suffix: &str,
+    kind: Kind,
+) -> Res<BTreeMap<String, String>> {
     let cfg: tokio_postgres::Config = db_url.parse()?;
     let host = match cfg.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
@@ -108,12 +116,13 @@ pub fn connector(db_url: &str, slot: &str, suffix: &str) -> Res<BTreeMap<String,
         "transforms.outbox.route.topic.replacement".into(),
         format!("${{routedByValue}}.{suffix}"),
     );
-    for k in ["key.converter", "value.converter"] {
-        c.insert(
-            k.into(),
-            "org.apache.kafka.connect.storage.StringConverter".into(),
-        );
-    }
+    let string = "org.apache.kafka.connect.storage.StringConverter";
+    c.insert("key.converter".into(), string.into());
+    let value = match kind {
+        Kind::Jsonb => string,
+        Kind::Bytea => "org.apache.kafka.connect.converters.ByteArrayConverter",
+    };
+    c.insert("value.converter".into(), value.into());
     Ok(c)
 }
 
@@ -171,10 +180,11 @@ pub async fn drain(
     brokers: &str,
     slot: &str,
     workload: &str,
+    kind: Kind,
     rows: u64,
 ) -> Res<Sample> {
     let topic = kafka::topic(workload, "debezium");
-    let config = connector(db_url, slot, &format!("{workload}.debezium"))?;
+    let config = connector(db_url, slot, &format!("{workload}.debezium"), kind)?;
     let mut watch = Watch::start(brokers, &topic, rows as i64)?;
     if watch.base != 0 {
         return Err(format!("{topic} already holds {} records", watch.base).into());
@@ -215,6 +225,7 @@ mod tests {
             "postgres://postgres:secret@127.0.0.1:5433/bench_x",
             "bench_debezium_0",
             "backlog-1k.debezium",
+            Kind::Jsonb,
         )
         .unwrap();
         let get = |k: &str| c.get(k).map(String::as_str);
@@ -236,7 +247,12 @@ mod tests {
         );
         // Debezium's default, not set.
         assert_eq!(get("extended.headers.enabled"), None);
-        assert!(connector("postgres://u@%2Ftmp/db", "s", "x").is_err());
+        assert!(connector("postgres://u@%2Ftmp/db", "s", "x", Kind::Jsonb).is_err());
+        let b = connector("postgres://u@h/db", "s", "x", Kind::Bytea).unwrap();
+        assert_eq!(
+            b.get("value.converter").map(String::as_str),
+            Some("org.apache.kafka.connect.converters.ByteArrayConverter")
+        );
     }
 
     #[test]

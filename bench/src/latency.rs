@@ -171,7 +171,7 @@ pub async fn run(
             "{aggregatetype}.steady.ferry",
         )?),
         Relay::Debezium => {
-            let config = crate::debezium::connector(db_url, slot, "steady.debezium")?;
+            let config = crate::debezium::connector(db_url, slot, "steady.debezium", w.kind)?;
             Proc::Debezium(crate::debezium::start(brokers, None, config).await)
         }
     };

@@ -7,16 +7,18 @@
 //! (`--help` lists the flags; `bench/README.md` explains the method and how to read the
 //! results.) Starts a private PostgreSQL cluster and a local broker, or uses
 //! `FERRY_TEST_PG_URL` / `FERRY_TEST_KAFKA_BROKERS`. For each workload (a database of its own)
-//! and each run it creates two identical slots, writes the backlog, then lets the contenders
+//! and each run it creates identical slots (one per WAL reader), writes the backlog, then lets the contenders
 //! drain it one after the other, taking turns at going first:
 //!
 //! 1. `pg_recvlogical -P pgoutput` from one slot ([`recv`]), the physical read limit;
 //! 2. the same records produced by rdkafka from memory ([`raw`]), the broker/client limit;
 //! 3. the `ferry` binary from the other slot until the slot confirms the backlog's end
 //!    ([`ferry`]);
-//! 4. a polling relay over the same table ([`relay`]).
+//! 4. a polling relay over the same table ([`relay`]);
+//! 5. Debezium (Kafka Connect standalone and the Outbox Event Router) from its own slot until
+//!    Kafka holds every record ([`debezium`]).
 //!
-//! Then a steady writer at each `--rates` value while Ferry relays ([`latency`]). Figures are
+//! Then a steady writer at each `--rates` value while Ferry (and Debezium) relay ([`latency`]). Figures are
 //! medians ([`report`]); the table is printed, and a full run writes `bench/results.md` and
 //! the plot `bench/results.svg` ([`svg`]). Benchmarks print figures; they assert nothing about
 //! speed. `--smoke` runs everything tiny, as CI does, so the harness cannot rot.
@@ -390,7 +392,7 @@ async fn run_workload(
                     relay::publish_all(&url, &brokers, w.kind, &suffix, rows).await?
                 }
                 Contender::Debezium => {
-                    debezium::drain(&url, &brokers, &slots[3], w.name, rows).await?
+                    debezium::drain(&url, &brokers, &slots[3], w.name, w.kind, rows).await?
                 }
             };
             if s.secs.is_nan() || s.secs <= 0.0 {

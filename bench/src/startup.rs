@@ -209,7 +209,7 @@ pub async fn run_debezium(url: &str, brokers: &str, run: u32, out: &mut Startup)
         &[&slot],
     )
     .await?;
-    let config = crate::debezium::connector(url, &slot, "startup.debezium")?;
+    let config = crate::debezium::connector(url, &slot, "startup.debezium", w.kind)?;
     let dir = std::env::temp_dir().join(pg::unique_name("ferry-bench-connect"));
 
     w.insert_one_txn(&sql, 0, w.rows).await?;
