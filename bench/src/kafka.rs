@@ -81,12 +81,27 @@ fn consumer(brokers: &str) -> Res<BaseConsumer> {
         .create()?)
 }
 
+/// `topic`'s `partition`'s high watermark. A topic created a moment ago may still answer that
+/// its partitions have no leader: asked again for up to 30 s.
+fn high_watermark(c: &BaseConsumer, topic: &str, partition: i32) -> Res<i64> {
+    let start = Instant::now();
+    loop {
+        match c.fetch_watermarks(topic, partition, Duration::from_secs(5)) {
+            Ok((_, high)) => return Ok(high),
+            Err(_) if start.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(format!("{topic} [{partition}] high watermark: {e}").into()),
+        }
+    }
+}
+
 /// The sum of `topic`'s partitions' high watermarks: how many records it holds (a fresh topic
 /// of a producer that sends no duplicate).
 fn high_watermarks(c: &BaseConsumer, topic: &str) -> Res<i64> {
     let mut sum = 0;
     for p in 0..PARTITIONS {
-        sum += c.fetch_watermarks(topic, p, Duration::from_secs(5))?.1;
+        sum += high_watermark(c, topic, p)?;
     }
     Ok(sum)
 }
@@ -223,7 +238,7 @@ impl FirstOf {
         let c = consumer(brokers)?;
         let mut tpl = TopicPartitionList::new();
         for p in 0..PARTITIONS {
-            let end = c.fetch_watermarks(topic, p, Duration::from_secs(5))?.1;
+            let end = high_watermark(&c, topic, p)?;
             tpl.add_partition_offset(topic, p, Offset::Offset(end))?;
         }
         c.assign(&tpl)?;
@@ -277,7 +292,7 @@ pub async fn append_times(
     let mut tpl = TopicPartitionList::new();
     let mut ends = Vec::new();
     for p in 0..PARTITIONS {
-        ends.push(c.fetch_watermarks(topic, p, Duration::from_secs(5))?.1);
+        ends.push(high_watermark(&c, topic, p)?);
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     c.assign(&tpl)?;
