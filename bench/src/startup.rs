@@ -135,16 +135,38 @@ pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Star
 
     // Cold start (its Ferry is then killed for the restart).
     let kafka_topic = topic.replace("{aggregatetype}", "order");
+    let before = current_lsn(&sql).await?;
     w.insert_one_txn(&sql, 0, w.rows).await?;
+    let end = current_lsn(&sql).await?;
     let seen = FirstOf::start(brokers, &kafka_topic, 0..w.rows, DEADLINE)?;
     let spawned = Instant::now();
     let mut ferry = Running::spawn(url, brokers, &slot("cold"), topic)?;
     out.cold.push(first_ack(&mut ferry, spawned).await?);
     out.cold_kafka
         .push((seen.wait().await? - spawned).as_secs_f64());
-    let end = current_lsn(&sql).await?;
-    while confirmed(&sql, &slot("cold")).await? < end {
+    // The transaction confirmed before the kill. `end` may lie past its commit (a standby
+    // snapshot record the server logged meanwhile), and with `wal_sender_timeout = 0` no
+    // keepalive need report that WAL: a confirmed LSN past `before` that stays put for 2 s
+    // with every row acknowledged is the transaction's end.
+    let (mut last, mut since) = (before, Instant::now());
+    loop {
+        let c = confirmed(&sql, &slot("cold")).await?;
+        if c >= end {
+            break;
+        }
+        if c != last {
+            (last, since) = (c, Instant::now());
+        }
+        if c > before
+            && since.elapsed() > Duration::from_secs(2)
+            && ferry.produced().await == Some(w.rows as f64)
+        {
+            break;
+        }
         ferry.check_alive()?;
+        if spawned.elapsed() > DEADLINE {
+            return Err(format!("ferry did not confirm {end} within {DEADLINE:?}").into());
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
