@@ -13,7 +13,7 @@ usage: ferry-bench [flags]
   --runs N              runs per workload; figures are medians (default 3)
   --workloads a,b       workloads to run, or `none` (default: all):
                         backlog-1k, backlog-100b, backlog-16k, bytea-1k, single-row-txns, one-1m-txn
-  --contenders a,b      recv, raw, ferry, relay (default: all)
+  --contenders a,b      recv, raw, ferry, ferry-cold, relay, debezium (default: all)
   --scale F             multiply every workload's rows by F (default 1)
   --rates a,b           steady rates for the latency runs, rows/s, or `none` (default 2000,10000)
   --latency-secs S      length of each latency run (default 30)

@@ -12,7 +12,8 @@
 //! `confirmed_flush_lsn` reaches the backlog's end, so it includes Ferry noticing the free slot
 //! (it polls every 50 ms), connecting and starting replication, and every record being
 //! acknowledged and confirmed. CPU seconds are Ferry's from the release on; peak RSS
-//! (`VmHWM`) is its whole life's.
+//! (`VmHWM`) is its whole life's. Beside the slot's end, the end Debezium is held to is taken
+//! too: the topic's high watermarks reaching the backlog ([`crate::kafka::Watch`]).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -23,6 +24,7 @@ use ferry_wal::conn::replication::ReplicationConnection;
 use ferry_wal::conn::ConnectConfig;
 use ferry_wal::Lsn;
 
+use crate::kafka::Watch;
 use crate::{confirmed, procfs, Res, Sample, PUBLICATION};
 
 /// The `ferry` binary: `FERRY_BIN`, else beside this executable.
@@ -167,6 +169,12 @@ pub async fn drain(
     end: Lsn,
     holder: Option<Holder>,
 ) -> Res<Sample> {
+    // The same end as Debezium's, beside the slot's: Kafka holding every record.
+    let mut watch = Watch::start(
+        brokers,
+        &topic.replace("{aggregatetype}", "order"),
+        rows as i64,
+    )?;
     let spawned = Instant::now();
     let mut ferry = Running::spawn(db_url, brokers, slot, topic)?;
     let pid = ferry.child.id();
@@ -236,6 +244,10 @@ pub async fn drain(
     };
     let cpu = procfs::cpu_seconds(pid)? - cpu;
     let peak_rss_kib = procfs::peak_rss_kib(pid)?;
+    let seen = watch
+        .wait_all(Duration::from_secs(60), || ferry.check_alive())
+        .await?;
+    let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(start).as_secs_f64());
     let wire_bytes = procfs::tcp_bytes_acked(pid, brokers).map(|b| b - wire_before);
     let produced = ferry.produced().await.unwrap_or(f64::NAN);
     ferry.stop().await;
@@ -252,5 +264,7 @@ pub async fn drain(
         first_ack: Some(first_ack.unwrap_or(secs)),
         last_ack: all_acked.map(|t| (t - start).as_secs_f64().min(secs)),
         wire_bytes,
+        kafka_first: since(seen.first),
+        kafka_all: since(seen.all),
     })
 }

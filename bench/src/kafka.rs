@@ -3,12 +3,16 @@
 //! `acks=all`, lz4, `linger.ms=5`, `murmur2_random`, Ferry's queue limits), so the raw producer
 //! and the polling relay cannot drift from what Ferry runs with.
 
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use ferry::config::{Brokers, KafkaConfig};
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, Timestamp, TopicPartitionList};
 
 use crate::Res;
 
@@ -62,6 +66,260 @@ pub async fn warm_up(p: &FutureProducer) -> Res<()> {
         .await
         .map_err(|(e, _)| format!("warm-up record: {e}"))?;
     Ok(())
+}
+
+/// How often a [`Watch`] asks for the high watermarks.
+const WATCH_EVERY: Duration = Duration::from_millis(5);
+
+fn consumer(brokers: &str) -> Res<BaseConsumer> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", ferry_testkit::pg::unique_name("ferry-bench"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("allow.auto.create.topics", "false")
+        .create()?)
+}
+
+/// `topic`'s `partition`'s high watermark. A topic created a moment ago may still answer that
+/// its partitions have no leader: asked again for up to 30 s.
+fn high_watermark(c: &BaseConsumer, topic: &str, partition: i32) -> Res<i64> {
+    let start = Instant::now();
+    loop {
+        match c.fetch_watermarks(topic, partition, Duration::from_secs(5)) {
+            Ok((_, high)) => return Ok(high),
+            Err(_) if start.elapsed() < Duration::from_secs(30) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(format!("{topic} [{partition}] high watermark: {e}").into()),
+        }
+    }
+}
+
+/// The sum of `topic`'s partitions' high watermarks: how many records it holds (a fresh topic
+/// of a producer that sends no duplicate).
+fn high_watermarks(c: &BaseConsumer, topic: &str) -> Res<i64> {
+    let mut sum = 0;
+    for p in 0..PARTITIONS {
+        sum += high_watermark(c, topic, p)?;
+    }
+    Ok(sum)
+}
+
+/// What a [`Watch`] saw: when the topic first held more than it did at the start, and when it
+/// first held the target.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen {
+    pub first: Option<Instant>,
+    pub all: Option<Instant>,
+    pub count: i64,
+}
+
+/// Watches a topic's high watermarks (summed over its partitions) from a thread of its own,
+/// every 5 ms, until they reach a target: "Kafka holds all N records", the end condition every
+/// contender can be held to, whatever it tells its source.
+pub struct Watch {
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Res<()>>>,
+    pub base: i64,
+    more: i64,
+}
+
+impl Watch {
+    /// Starts watching `topic` for `more` records beyond what it holds now.
+    pub fn start(brokers: &str, topic: &str, more: i64) -> Res<Watch> {
+        Watch::begin(brokers, topic, |_| more)
+    }
+
+    /// Starts watching `topic` until it holds `total` records.
+    pub fn until(brokers: &str, topic: &str, total: i64) -> Res<Watch> {
+        Watch::begin(brokers, topic, |base| total - base)
+    }
+
+    fn begin(brokers: &str, topic: &str, more: impl FnOnce(i64) -> i64) -> Res<Watch> {
+        let c = consumer(brokers)?;
+        let base = high_watermarks(&c, topic)?;
+        let more = more(base);
+        let seen = Arc::new(Mutex::new(Seen {
+            count: base,
+            ..Seen::default()
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st, topic) = (seen.clone(), stop.clone(), topic.to_string());
+        let thread = std::thread::Builder::new()
+            .name("bench-watch".into())
+            .spawn(move || -> Res<()> {
+                while !st.load(Ordering::Relaxed) {
+                    let n = high_watermarks(&c, &topic)?;
+                    let now = Instant::now();
+                    let mut seen = s.lock().unwrap_or_else(|e| e.into_inner());
+                    seen.count = n;
+                    if n > base {
+                        seen.first.get_or_insert(now);
+                    }
+                    if n >= base + more {
+                        seen.all.get_or_insert(now);
+                        return Ok(());
+                    }
+                    drop(seen);
+                    std::thread::sleep(WATCH_EVERY);
+                }
+                Ok(())
+            })?;
+        Ok(Watch {
+            seen,
+            stop,
+            thread: Some(thread),
+            base,
+            more,
+        })
+    }
+
+    pub fn seen(&self) -> Seen {
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the target is reached, `alive` failing meanwhile, or `deadline` passes.
+    pub async fn wait_all(
+        &mut self,
+        deadline: Duration,
+        mut alive: impl FnMut() -> Res<()>,
+    ) -> Res<Seen> {
+        let start = Instant::now();
+        loop {
+            let seen = self.seen();
+            if seen.all.is_some() {
+                return Ok(seen);
+            }
+            if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                let t = self.thread.take().ok_or("watch")?;
+                t.join().map_err(|_| "the watch thread panicked")??;
+                return Err("the watch stopped before the target".into());
+            }
+            alive()?;
+            if start.elapsed() > deadline {
+                return Err(format!(
+                    "Kafka held {} of {} records after {deadline:?}",
+                    seen.count - self.base,
+                    self.more
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A consumer positioned at `topic`'s current end, waiting for the first record of a given
+/// transaction (its payload's `seq` in `seqs`): "the first *new* record in Kafka" even when a
+/// restarted relay replays what it had sent before. Assigned at the end offsets before it is
+/// handed back, so that nothing sent after this returns is missed.
+pub struct FirstOf {
+    thread: std::thread::JoinHandle<Res<Instant>>,
+}
+
+impl FirstOf {
+    pub fn start(
+        brokers: &str,
+        topic: &str,
+        seqs: std::ops::Range<u64>,
+        deadline: Duration,
+    ) -> Res<FirstOf> {
+        let c = consumer(brokers)?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            let end = high_watermark(&c, topic, p)?;
+            tpl.add_partition_offset(topic, p, Offset::Offset(end))?;
+        }
+        c.assign(&tpl)?;
+        let topic = topic.to_string();
+        let thread = std::thread::Builder::new()
+            .name("bench-first-of".into())
+            .spawn(move || -> Res<Instant> {
+                let start = Instant::now();
+                while start.elapsed() < deadline {
+                    let Some(m) = c.poll(Duration::from_millis(1)) else {
+                        continue;
+                    };
+                    let m = m?;
+                    let now = Instant::now();
+                    let seq = m
+                        .payload()
+                        .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+                        .and_then(|v| v["seq"].as_u64());
+                    if seq.is_some_and(|s| seqs.contains(&s)) {
+                        return Ok(now);
+                    }
+                }
+                Err(format!("no new record in {topic} within {deadline:?}").into())
+            })?;
+        Ok(FirstOf { thread })
+    }
+
+    pub async fn wait(self) -> Res<Instant> {
+        tokio::task::spawn_blocking(move || self.thread.join())
+            .await?
+            .map_err(|_| "the consumer thread panicked")?
+    }
+}
+
+fn header<M: Message>(m: &M, name: &str) -> Option<String> {
+    m.headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// Every record `topic` holds now: its `id` header and the time the broker appended it (the
+/// topic must have `message.timestamp.type=LogAppendTime`), milliseconds.
+pub async fn append_times(
+    brokers: &str,
+    topic: &str,
+    deadline: Duration,
+) -> Res<Vec<(String, i64)>> {
+    let c = consumer(brokers)?;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for p in 0..PARTITIONS {
+        ends.push(high_watermark(&c, topic, p)?);
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    c.assign(&tpl)?;
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || -> Res<Vec<(String, i64)>> {
+        let start = Instant::now();
+        let mut out = Vec::new();
+        let mut next = vec![0i64; ends.len()];
+        while next.iter().zip(&ends).any(|(n, e)| n < e) {
+            if start.elapsed() > deadline {
+                return Err(format!("{topic}: {} records read in {deadline:?}", out.len()).into());
+            }
+            let Some(m) = c.poll(Duration::from_millis(100)) else {
+                continue;
+            };
+            let m = m?;
+            next[m.partition() as usize] = m.offset() + 1;
+            let Timestamp::LogAppendTime(t) = m.timestamp() else {
+                return Err(format!("{topic}: a record without its log append time").into());
+            };
+            let id = header(&m, "id")
+                .ok_or_else(|| format!("{topic}: a record without an id header"))?;
+            out.push((id, t));
+        }
+        Ok(out)
+    })
+    .await?
 }
 
 #[cfg(test)]

@@ -9,6 +9,11 @@
 //! - Lag growth: `pg_current_wal_lsn() - confirmed_flush_lsn` of Ferry's slot, sampled every
 //!   250 ms; the median of the first and of the last quarter of the run, the maximum, and how
 //!   long Ferry needs after the writer stops to confirm everything.
+//! - Commit → appended in Kafka, for every relay alike: each row's commit timestamp
+//!   (`pg_xact_commit_timestamp`, the server has `track_commit_timestamp = on`) against its
+//!   record's `LogAppendTime` (the topic's timestamp type: the broker's clock, same machine),
+//!   joined on the `id` header; exact quantiles over every record, to the millisecond the broker
+//!   stamps. Debezium has no histogram of its own, so this is its only latency figure.
 //! - The writer pipelines its transactions over a few connections and reports the rate it
 //!   actually achieved, so a writer that cannot keep up is visible rather than hidden.
 
@@ -19,6 +24,7 @@ use std::time::{Duration, Instant};
 use ferry_testkit::pg;
 
 use crate::ferry::Running;
+use crate::kafka::Watch;
 use crate::workload::{Kind, Workload};
 use crate::{confirmed, current_lsn, procfs, Res};
 
@@ -39,26 +45,61 @@ pub fn workload() -> Workload {
     }
 }
 
+/// Which relay a steady-rate run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Relay {
+    #[default]
+    Ferry,
+    Debezium,
+}
+
+impl Relay {
+    pub fn label(self) -> &'static str {
+        match self {
+            Relay::Ferry => "Ferry",
+            Relay::Debezium => "Debezium",
+        }
+    }
+
+    /// The contender key in the topic name: `order.steady.<key>`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Relay::Ferry => "ferry",
+            Relay::Debezium => "debezium",
+        }
+    }
+}
+
 /// What one steady-rate run measured.
 #[derive(Debug, Clone, Default)]
 pub struct Latency {
+    pub relay: Relay,
     pub rate: u64,
     pub achieved: f64,
     pub rows: u64,
-    /// Seconds.
+    /// Seconds, from Ferry's histogram (NaN for Debezium, which has none).
     pub p50: f64,
     pub p99: f64,
     pub p999: f64,
     pub samples: u64,
+    /// Seconds from the commit (`pg_xact_commit_timestamp`) to the broker appending the record
+    /// (its `LogAppendTime`), over every record of the run: the same measure for every relay.
+    /// NaN when the server does not track commit timestamps.
+    pub kafka_p50: f64,
+    pub kafka_p99: f64,
+    pub kafka_p999: f64,
+    pub kafka_samples: u64,
     /// WAL bytes between the server's position and the slot's confirmed LSN.
     pub lag_first_quarter: u64,
     pub lag_last_quarter: u64,
     pub lag_max: u64,
-    /// Seconds from the writer's last commit until Ferry confirmed it.
+    /// Seconds from the writer's last commit until Ferry confirmed it (Debezium: until Kafka
+    /// held every record; it confirms its slot lazily).
     pub catch_up: f64,
     pub cpu_per_100k: f64,
     pub peak_rss_mib: f64,
-    /// Seconds from spawning a cold `ferry run` until its first transaction was confirmed.
+    /// Seconds from spawning the relay until its warm-up transaction was relayed (Ferry:
+    /// confirmed in the slot; Debezium: in Kafka).
     pub cold_start: f64,
 }
 
@@ -70,11 +111,44 @@ impl Latency {
     }
 }
 
-/// One steady-rate run at `rate` rows/s for `secs` seconds on a fresh slot.
+/// The relay process of a steady-rate run.
+enum Proc {
+    Ferry(Running),
+    Debezium(ferry_testkit::debezium::Connect),
+}
+
+impl Proc {
+    fn pid(&self) -> Res<u32> {
+        match self {
+            Proc::Ferry(f) => Ok(f.child.id()),
+            Proc::Debezium(c) => c.pid().ok_or_else(|| "Debezium's worker is gone".into()),
+        }
+    }
+
+    fn check_alive(&mut self) -> Res<()> {
+        match self {
+            Proc::Ferry(f) => f.check_alive(),
+            Proc::Debezium(c) => Ok(c.check_alive()?),
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Proc::Ferry(f) => f.stop().await,
+            Proc::Debezium(c) => c.kill(),
+        }
+    }
+}
+
+/// Rows of the warm-up transaction.
+const WARM_UP_ROWS: u64 = 100;
+
+/// One steady-rate run at `rate` rows/s for `secs` seconds on a fresh slot, relayed by `relay`
+/// to `order.steady.<relay>` (a topic with `message.timestamp.type=LogAppendTime`).
 pub async fn run(
     db_url: &str,
     brokers: &str,
-    topic: &str,
+    relay: Relay,
     slot: &str,
     rate: u64,
     secs: f64,
@@ -82,23 +156,46 @@ pub async fn run(
 ) -> Res<Latency> {
     let sql = Arc::new(pg::connect(db_url).await);
     let w = workload();
+    let topic = crate::kafka::topic("steady", relay.key());
     sql.execute(
         "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
         &[&slot],
     )
     .await?;
     let spawned = Instant::now();
-    let mut ferry = Running::spawn(db_url, brokers, slot, topic)?;
+    let mut proc = match relay {
+        Relay::Ferry => Proc::Ferry(Running::spawn(
+            db_url,
+            brokers,
+            slot,
+            "{aggregatetype}.steady.ferry",
+        )?),
+        Relay::Debezium => {
+            let config = crate::debezium::connector(db_url, slot, "steady.debezium", w.kind)?;
+            Proc::Debezium(crate::debezium::start(brokers, None, config).await)
+        }
+    };
     // Warm up: the idempotent producer's first send waits for its producer id.
-    w.insert_one_txn(&sql, 0, 100).await?;
+    let mut watch = Watch::start(brokers, &topic, WARM_UP_ROWS as i64)?;
+    let base = watch.base;
+    w.insert_one_txn(&sql, 0, WARM_UP_ROWS).await?;
     let warm = current_lsn(&sql).await?;
-    while confirmed(&sql, slot).await? < warm {
-        ferry.check_alive()?;
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    watch
+        .wait_all(Duration::from_secs(120), || proc.check_alive())
+        .await?;
+    drop(watch);
+    if matches!(proc, Proc::Ferry(_)) {
+        while confirmed(&sql, slot).await? < warm {
+            proc.check_alive()?;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
     let cold_start = spawned.elapsed().as_secs_f64();
-    let before = procfs::histogram(ferry.port, "ferry_replication_lag_seconds").await?;
-    let cpu_before = procfs::cpu_seconds(ferry.child.id())?;
+    let before = match &proc {
+        Proc::Ferry(f) => Some(procfs::histogram(f.port, "ferry_replication_lag_seconds").await?),
+        Proc::Debezium(_) => None,
+    };
+    let cpu_before = procfs::cpu_seconds(proc.pid()?)?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = tokio::spawn(sample_lag(
@@ -106,29 +203,48 @@ pub async fn run(
         slot.to_string(),
         stop.clone(),
     ));
+    let writer_start = std::time::SystemTime::now();
     let (rows, elapsed) = write_load(db_url, rate, secs, pinned).await?;
     let last_commit = Instant::now();
     stop.store(true, Ordering::Relaxed);
     let end = current_lsn(&sql).await?;
-    while confirmed(&sql, slot).await? < end {
-        ferry.check_alive()?;
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    if matches!(proc, Proc::Ferry(_)) {
+        while confirmed(&sql, slot).await? < end {
+            proc.check_alive()?;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    } else {
+        let total = base + (WARM_UP_ROWS + rows) as i64;
+        let mut watch = Watch::until(brokers, &topic, total)?;
+        watch
+            .wait_all(Duration::from_secs(300), || proc.check_alive())
+            .await?;
     }
     let catch_up = last_commit.elapsed().as_secs_f64();
     let lags = sampler.await??;
 
-    let h = procfs::diff(
-        &procfs::histogram(ferry.port, "ferry_replication_lag_seconds").await?,
-        &before,
-    );
-    let cpu = procfs::cpu_seconds(ferry.child.id())? - cpu_before;
-    let rss = procfs::peak_rss_kib(ferry.child.id())?;
-    ferry.stop().await;
-    sql.execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-        .await?;
+    let h = match (&proc, before) {
+        (Proc::Ferry(f), Some(before)) => procfs::diff(
+            &procfs::histogram(f.port, "ferry_replication_lag_seconds").await?,
+            &before,
+        ),
+        _ => Vec::new(),
+    };
+    let cpu = procfs::cpu_seconds(proc.pid()?)? - cpu_before;
+    let rss = procfs::peak_rss_kib(proc.pid()?)?;
+    proc.stop().await;
+    let kafka = commit_to_kafka(&sql, brokers, &topic, writer_start, rows).await?;
+    crate::drop_slot(&sql, slot).await?;
     sql.batch_execute("TRUNCATE outbox").await?;
     let q = lags.len() / 4;
+    let exact = |q: f64| {
+        kafka
+            .get(((kafka.len() as f64 * q).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
     Ok(Latency {
+        relay,
         rate,
         achieved: rows as f64 / elapsed,
         rows,
@@ -136,6 +252,10 @@ pub async fn run(
         p99: procfs::quantile(&h, 0.99),
         p999: procfs::quantile(&h, 0.999),
         samples: h.last().map(|b| b.1).unwrap_or(0),
+        kafka_p50: exact(0.50),
+        kafka_p99: exact(0.99),
+        kafka_p999: exact(0.999),
+        kafka_samples: kafka.len() as u64,
         lag_first_quarter: median_u64(&lags[..q.max(1).min(lags.len())]),
         lag_last_quarter: median_u64(&lags[lags.len().saturating_sub(q.max(1))..]),
         lag_max: lags.iter().copied().max().unwrap_or(0),
@@ -144,6 +264,59 @@ pub async fn run(
         peak_rss_mib: rss as f64 / 1024.0,
         cold_start,
     })
+}
+
+/// Commit → appended in Kafka, seconds, sorted, for every row committed after `since`: the
+/// row's commit timestamp (`pg_xact_commit_timestamp`, microseconds) against its record's
+/// `LogAppendTime` (milliseconds, so half a millisecond is added: the expected truncation).
+/// Empty when the server does not track commit timestamps.
+async fn commit_to_kafka(
+    sql: &tokio_postgres::Client,
+    brokers: &str,
+    topic: &str,
+    since: std::time::SystemTime,
+    rows: u64,
+) -> Res<Vec<f64>> {
+    let on: String = sql
+        .query_one("SHOW track_commit_timestamp", &[])
+        .await?
+        .get(0);
+    if on != "on" {
+        eprintln!("  (track_commit_timestamp is off: no commit → Kafka latency)");
+        return Ok(Vec::new());
+    }
+    let since_us = since.duration_since(std::time::UNIX_EPOCH)?.as_micros() as i64;
+    let commits: std::collections::HashMap<String, i64> = sql
+        .query(
+            "SELECT id::text, (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1e6)::bigint \
+             FROM outbox",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .filter(|(_, t): &(String, i64)| *t >= since_us)
+        .collect();
+    if commits.len() as u64 != rows {
+        return Err(format!(
+            "{} rows committed during the run, the writer counted {rows}",
+            commits.len()
+        )
+        .into());
+    }
+    let appended = crate::kafka::append_times(brokers, topic, Duration::from_secs(300)).await?;
+    let mut out: Vec<f64> = appended
+        .iter()
+        .filter_map(|(id, ms)| {
+            let c = commits.get(id)?;
+            Some(((*ms as f64 + 0.5) * 1e3 - *c as f64) / 1e6)
+        })
+        .collect();
+    if out.len() as u64 != rows {
+        return Err(format!("{topic}: {} of the run's {rows} rows found", out.len()).into());
+    }
+    out.sort_by(f64::total_cmp);
+    Ok(out)
 }
 
 /// The steady writer's statement: `TXN_ROWS` rows per transaction, the ~1 KB jsonb payload a

@@ -16,6 +16,8 @@ pub struct Machine {
     pub librdkafka: String,
     pub ferry: String,
     pub commit: String,
+    /// Debezium, Kafka Connect, the JVM and its options, when the `debezium` contender ran.
+    pub debezium: String,
     /// 1-minute load averages seen during the run (start, between workloads, end).
     pub loads: Vec<f64>,
     /// `--pinned`: PostgreSQL on CPU 0, everything else on CPU 1.
@@ -123,4 +125,21 @@ pub fn output(cmd: &str, args: &[&str]) -> String {
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The first line `java -version` prints (to stderr), e.g. `openjdk version "17.0.15"`.
+pub fn java_version() -> String {
+    Command::new(ferry_testkit::kafka::java())
+        .arg("-version")
+        .output()
+        .ok()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
 }

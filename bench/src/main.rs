@@ -7,22 +7,25 @@
 //! (`--help` lists the flags; `bench/README.md` explains the method and how to read the
 //! results.) Starts a private PostgreSQL cluster and a local broker, or uses
 //! `FERRY_TEST_PG_URL` / `FERRY_TEST_KAFKA_BROKERS`. For each workload (a database of its own)
-//! and each run it creates two identical slots, writes the backlog, then lets the contenders
+//! and each run it creates identical slots (one per WAL reader), writes the backlog, then lets the contenders
 //! drain it one after the other, taking turns at going first:
 //!
 //! 1. `pg_recvlogical -P pgoutput` from one slot ([`recv`]), the physical read limit;
 //! 2. the same records produced by rdkafka from memory ([`raw`]), the broker/client limit;
 //! 3. the `ferry` binary from the other slot until the slot confirms the backlog's end
 //!    ([`ferry`]);
-//! 4. a polling relay over the same table ([`relay`]).
+//! 4. a polling relay over the same table ([`relay`]);
+//! 5. Debezium (Kafka Connect standalone and the Outbox Event Router) from its own slot until
+//!    Kafka holds every record ([`debezium`]).
 //!
-//! Then a steady writer at each `--rates` value while Ferry relays ([`latency`]). Figures are
+//! Then a steady writer at each `--rates` value while Ferry (and Debezium) relay ([`latency`]). Figures are
 //! medians ([`report`]); the table is printed, and a full run writes `bench/results.md` and
 //! the plot `bench/results.svg` ([`svg`]). Benchmarks print figures; they assert nothing about
 //! speed. `--smoke` runs everything tiny, as CI does, so the harness cannot rot.
 
 mod args;
 mod chaos;
+mod debezium;
 mod ferry;
 mod kafka;
 mod latency;
@@ -56,7 +59,7 @@ pub type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 /// The publication every contender reads through.
 pub const PUBLICATION: &str = "ferry_outbox";
 
-/// The four contenders.
+/// The contenders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contender {
     Recv,
@@ -64,15 +67,17 @@ pub enum Contender {
     Ferry,
     FerryCold,
     Relay,
+    Debezium,
 }
 
 impl Contender {
-    pub const ALL: [Contender; 5] = [
+    pub const ALL: [Contender; 6] = [
         Contender::Recv,
         Contender::Raw,
         Contender::Ferry,
         Contender::FerryCold,
         Contender::Relay,
+        Contender::Debezium,
     ];
 
     /// Whether this contender runs the `ferry` binary.
@@ -88,6 +93,7 @@ impl Contender {
             Contender::Ferry => "ferry",
             Contender::FerryCold => "ferry-cold",
             Contender::Relay => "relay",
+            Contender::Debezium => "debezium",
         }
     }
 
@@ -98,6 +104,18 @@ impl Contender {
             Contender::Ferry => "Ferry end to end",
             Contender::FerryCold => "Ferry from process start",
             Contender::Relay => "polling relay (SKIP LOCKED)",
+            Contender::Debezium => "Debezium from process start",
+        }
+    }
+
+    /// When this contender's clock stops.
+    pub fn ends_when(self) -> &'static str {
+        match self {
+            Contender::Recv => "it exits at the end LSN",
+            Contender::Raw => "last ack",
+            Contender::Ferry | Contender::FerryCold => "slot confirmed the end",
+            Contender::Relay => "a poll finds nothing",
+            Contender::Debezium => "Kafka holds all N",
         }
     }
 }
@@ -118,6 +136,11 @@ pub struct Sample {
     pub last_ack: Option<f64>,
     /// Bytes Ferry's sockets to the broker sent, as TCP acknowledged them (Ferry only).
     pub wire_bytes: Option<u64>,
+    /// Seconds from the start until the topic first held a record (Ferry and Debezium).
+    pub kafka_first: Option<f64>,
+    /// Seconds from the start until the topic held every record (Ferry and Debezium): the end
+    /// condition all relays can be held to.
+    pub kafka_all: Option<f64>,
 }
 
 pub async fn current_lsn(sql: &tokio_postgres::Client) -> Res<Lsn> {
@@ -126,6 +149,23 @@ pub async fn current_lsn(sql: &tokio_postgres::Client) -> Res<Lsn> {
         .await?
         .get(0);
     Ok(s.parse()?)
+}
+
+/// Drops `slot`, waiting (up to 30 s) for the walsender of a killed or stopped relay to go.
+pub async fn drop_slot(sql: &tokio_postgres::Client, slot: &str) -> Res<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match sql
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 pub async fn confirmed(sql: &tokio_postgres::Client, slot: &str) -> Res<Lsn> {
@@ -164,6 +204,7 @@ async fn main() {
 
 async fn run(args: Args) -> Res<()> {
     kafka::set_compression(&args.compression);
+    debezium::set_smoke(args.smoke);
     let started = std::time::Instant::now();
     let mut report = Report {
         machine: Machine::probe(),
@@ -175,6 +216,9 @@ async fn run(args: Args) -> Res<()> {
         args.contenders.iter().any(|c| c.is_ferry()) || !args.rates.is_empty() || args.startup > 0;
     if needs_ferry {
         report.machine.ferry = machine::output(&ferry::bin()?.to_string_lossy(), &["--version"]);
+    }
+    if args.contenders.contains(&Contender::Debezium) {
+        report.machine.debezium = debezium::version();
     }
     if args.pinned {
         if pin::cpus_available() < 2 {
@@ -214,8 +258,8 @@ async fn run(args: Args) -> Res<()> {
         args.contenders.iter().map(|c| c.key()).collect::<Vec<_>>().join(","),
         args.rates
     );
-    for w in &args.workloads {
-        let r = run_workload(&args, &mut world, &admin, w).await?;
+    for (i, w) in args.workloads.iter().enumerate() {
+        let r = run_workload(&args, &mut world, &admin, w, i == 0).await?;
         report.workloads.push(r);
         report.machine.loads.push(machine::load_average());
     }
@@ -243,8 +287,16 @@ async fn run_workload(
     world: &mut World,
     admin: &tokio_postgres::Client,
     w: &Workload,
+    first: bool,
 ) -> Res<WorkloadResult> {
     println!("\n[{}] {}", w.name, w.describe());
+    // A smoke run starts Debezium's JVM (~7 s) on the first workload only.
+    let contenders: Vec<Contender> = args
+        .contenders
+        .iter()
+        .copied()
+        .filter(|c| !(args.smoke && *c == Contender::Debezium && !first))
+        .collect();
     let (db, url) = create_db(admin, world, w).await?;
     let sql = pg::connect(&url).await;
     let mut result = WorkloadResult {
@@ -260,12 +312,13 @@ async fn run_workload(
         // measured run gives each contender that produces a fresh broker (below).
         let mut brokers = world.brokers();
         if args.smoke {
-            create_topics(&brokers, w.name, &args.contenders).await;
+            create_topics(&brokers, w.name, &contenders).await;
         }
         let slots = [
             format!("bench_recv_{run}"),
             format!("bench_ferry_{run}"),
             format!("bench_ferrycold_{run}"),
+            format!("bench_debezium_{run}"),
         ];
         for s in &slots {
             sql.execute(
@@ -274,7 +327,7 @@ async fn run_workload(
             )
             .await?;
         }
-        let mut holder = match args.contenders.contains(&Contender::Ferry) {
+        let mut holder = match contenders.contains(&Contender::Ferry) {
             true => Some(ferry::Holder::hold(&url, &slots[1]).await?),
             false => None,
         };
@@ -295,9 +348,9 @@ async fn run_workload(
             machine::load_average()
         );
         // Take turns at going first.
-        let n = args.contenders.len();
+        let n = contenders.len();
         for i in 0..n {
-            let c = args.contenders[(i + run as usize) % n];
+            let c = contenders[(i + run as usize) % n];
             let topic = kafka::topic(w.name, c.key());
             if !args.smoke && c != Contender::Recv {
                 // The local broker keeps every record in memory and slows as it fills: a
@@ -338,6 +391,9 @@ async fn run_workload(
                     let suffix = format!("{}.relay", w.name);
                     relay::publish_all(&url, &brokers, w.kind, &suffix, rows).await?
                 }
+                Contender::Debezium => {
+                    debezium::drain(&url, &brokers, &slots[3], w.name, w.kind, rows).await?
+                }
             };
             if s.secs.is_nan() || s.secs <= 0.0 {
                 return Err(format!("{tag}: {} took no time: a measurement bug", c.label()).into());
@@ -346,12 +402,11 @@ async fn run_workload(
             result.samples.push((c, s));
         }
         for s in &slots {
-            sql.execute("SELECT pg_drop_replication_slot($1)", &[s])
-                .await?;
+            drop_slot(&sql, s).await?;
         }
         sql.batch_execute("TRUNCATE outbox").await?;
         if args.smoke {
-            verify_topics(&brokers, w.name, &args.contenders, rows).await;
+            verify_topics(&brokers, w.name, &contenders, rows).await;
         }
     }
     drop(sql);
@@ -373,8 +428,14 @@ fn print_sample(tag: &str, c: Contender, s: &Sample, rows: u64, bytes: u64) {
     if let Some(rss) = s.peak_rss_kib {
         line += &format!(", peak RSS {} MiB", rss / 1024);
     }
-    if let Some(f) = s.first_ack {
+    if let Some(f) = s.first_ack.filter(|_| c != Contender::Debezium) {
         line += &format!(", first ack at {f:.2} s");
+    }
+    if let (Some(f), Some(a)) = (s.kafka_first, s.kafka_all) {
+        line += &format!(
+            ", Kafka: first record at {f:.2} s, all at {a:.2} s ({} rows/s from the first)",
+            thousands((rows as f64 / (a - f)).round() as u64)
+        );
     }
     if let Some(l) = s.last_ack {
         line += &format!(
@@ -415,36 +476,56 @@ async fn run_latency(
     );
     let (db, url) = create_db(admin, world, &w).await?;
     let mut out = Vec::new();
-    for &rate in &args.rates {
-        if !args.smoke {
-            world.fresh_broker().await;
+    for (i, &rate) in args.rates.iter().enumerate() {
+        let mut relays = vec![latency::Relay::Ferry];
+        // A smoke run starts Debezium's JVM at the first rate only.
+        if args.contenders.contains(&Contender::Debezium) && !(args.smoke && i > 0) {
+            relays.push(latency::Relay::Debezium);
         }
-        let brokers = world.brokers();
-        create_topics(&brokers, "steady", &[Contender::Ferry]).await;
-        let l = latency::run(
-            &url,
-            &brokers,
-            "{aggregatetype}.steady.ferry",
-            &format!("bench_latency_{rate}"),
-            rate,
-            args.latency_secs,
-            args.pinned,
-        )
-        .await?;
-        println!(
-            "[latency] {} rows/s (achieved {}): p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} records; slot lag {} → {} (max {}), caught up {:.2} s after the last commit",
-            thousands(rate),
-            thousands(l.achieved.round() as u64),
-            l.p50 * 1e3,
-            l.p99 * 1e3,
-            l.p999 * 1e3,
-            thousands(l.samples),
-            report::kib(l.lag_first_quarter),
-            report::kib(l.lag_last_quarter),
-            report::kib(l.lag_max),
-            l.catch_up
-        );
-        out.push(l);
+        for relay in relays {
+            if !args.smoke {
+                world.fresh_broker().await;
+            }
+            let brokers = world.brokers();
+            testkafka::create_topic_with(
+                &brokers,
+                &kafka::topic("steady", relay.key()),
+                kafka::PARTITIONS,
+                &[("message.timestamp.type", "LogAppendTime")],
+            )
+            .await;
+            let l = latency::run(
+                &url,
+                &brokers,
+                relay,
+                &format!("bench_latency_{}_{rate}", relay.key()),
+                rate,
+                args.latency_secs,
+                args.pinned,
+            )
+            .await?;
+            println!(
+                "[latency] {} {} rows/s (achieved {}): commit → ack p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} records; commit → in Kafka p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {}; slot lag {} → {} (max {}), caught up {:.2} s after the last commit; {:.2} CPU s / 100k rows, peak RSS {:.0} MiB",
+                relay.label(),
+                thousands(rate),
+                thousands(l.achieved.round() as u64),
+                l.p50 * 1e3,
+                l.p99 * 1e3,
+                l.p999 * 1e3,
+                thousands(l.samples),
+                l.kafka_p50 * 1e3,
+                l.kafka_p99 * 1e3,
+                l.kafka_p999 * 1e3,
+                thousands(l.kafka_samples),
+                report::kib(l.lag_first_quarter),
+                report::kib(l.lag_last_quarter),
+                report::kib(l.lag_max),
+                l.catch_up,
+                l.cpu_per_100k,
+                l.peak_rss_mib,
+            );
+            out.push(l);
+        }
     }
     admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
     Ok(out)
@@ -462,6 +543,11 @@ async fn run_startup(
     let (db, url) = create_db(admin, world, &latency::workload()).await?;
     let brokers = world.brokers();
     create_topics(&brokers, "steady", &[Contender::Ferry]).await;
+    let debezium = args.contenders.contains(&Contender::Debezium);
+    if debezium {
+        create_topics(&brokers, "startup", &[Contender::Debezium]).await;
+    }
+    let last = |v: &Vec<f64>| v.last().copied().unwrap_or(f64::NAN) * 1e3;
     let mut out = startup::Startup::default();
     for run in 0..args.startup {
         startup::run(
@@ -473,13 +559,25 @@ async fn run_startup(
         )
         .await?;
         println!(
-            "[startup] run {}/{}: cold {:.0} ms, restart after kill -9 {:.0} ms, takeover {:.0} ms",
+            "[startup] run {}/{}: Ferry cold {:.0} ms (in Kafka {:.0} ms), restart after kill -9 {:.0} ms (in Kafka {:.0} ms), takeover {:.0} ms",
             run + 1,
             args.startup,
-            out.cold.last().copied().unwrap_or(f64::NAN) * 1e3,
-            out.restart.last().copied().unwrap_or(f64::NAN) * 1e3,
-            out.takeover.last().copied().unwrap_or(f64::NAN) * 1e3,
+            last(&out.cold),
+            last(&out.cold_kafka),
+            last(&out.restart),
+            last(&out.restart_kafka),
+            last(&out.takeover),
         );
+        if debezium {
+            startup::run_debezium(&url, &brokers, run, &mut out).await?;
+            println!(
+                "[startup] run {}/{}: Debezium cold {:.0} ms, restart after kill -9 {:.0} ms (first record in Kafka)",
+                run + 1,
+                args.startup,
+                last(&out.debezium_cold),
+                last(&out.debezium_restart),
+            );
+        }
     }
     admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
     Ok(out)

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::latency::Latency;
+use crate::latency::{Latency, Relay};
 use crate::machine::Machine;
 use crate::workload::{thousands, Workload};
 use crate::{Contender, Sample};
@@ -32,6 +32,12 @@ pub struct Stats {
     pub cpu_per_100k: Option<f64>,
     pub peak_rss_mib: Option<f64>,
     pub first_ack: Option<f64>,
+    /// Rows/s until Kafka held every record, from the start (Ferry, Debezium).
+    pub kafka_rate: Option<f64>,
+    /// Rows/s from the first record in Kafka until Kafka held every record.
+    pub kafka_rate_from_first: Option<f64>,
+    /// Seconds from the start to the first record in Kafka.
+    pub kafka_first: Option<f64>,
 }
 
 impl WorkloadResult {
@@ -58,6 +64,13 @@ impl WorkloadResult {
             .max()
             .map(|k| k as f64 / 1024.0);
         let first: Vec<f64> = s.iter().filter_map(|s| s.first_ack).collect();
+        let kafka: Vec<f64> = s.iter().filter_map(|s| Some(rows / s.kafka_all?)).collect();
+        let kafka_from_first: Vec<f64> = s
+            .iter()
+            .filter_map(|s| Some(rows / (s.kafka_all? - s.kafka_first?)))
+            .collect();
+        let kafka_first: Vec<f64> = s.iter().filter_map(|s| s.kafka_first).collect();
+        let med = |v: &[f64]| (!v.is_empty()).then(|| median(v));
         Some(Stats {
             rate,
             rate_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
@@ -66,6 +79,9 @@ impl WorkloadResult {
             cpu_per_100k: (!cpus.is_empty()).then(|| median(&cpus)),
             peak_rss_mib: rss,
             first_ack: (!first.is_empty()).then(|| median(&first)),
+            kafka_rate: med(&kafka),
+            kafka_rate_from_first: med(&kafka_from_first),
+            kafka_first: med(&kafka_first),
         })
     }
 }
@@ -100,8 +116,8 @@ impl Report {
     /// The throughput table.
     pub fn throughput_table(&self) -> String {
         let mut o = String::new();
-        o.push_str("| workload | contender | rows/s | MB/s | % of pg_recvlogical | CPU s / 100k rows | peak RSS MiB | rows/s min–max |\n");
-        o.push_str("|---|---|--:|--:|--:|--:|--:|--:|\n");
+        o.push_str("| workload | contender | ends when | rows/s | MB/s | % of pg_recvlogical | CPU s / 100k rows | peak RSS MiB | rows/s min–max |\n");
+        o.push_str("|---|---|---|--:|--:|--:|--:|--:|--:|\n");
         for w in &self.workloads {
             let base = w.stats(Contender::Recv).map(|s| s.rate);
             for c in Contender::ALL {
@@ -111,9 +127,10 @@ impl Report {
                 let rss = s.peak_rss_mib.map_or("–".into(), |v| format!("{v:.0}"));
                 let _ = writeln!(
                     o,
-                    "| {} | {} | {} | {:.1} | {pct} | {cpu} | {rss} | {}–{} |",
+                    "| {} | {} | {} | {} | {:.1} | {pct} | {cpu} | {rss} | {}–{} |",
                     w.workload.name,
                     c.label(),
+                    c.ends_when(),
                     thousands(s.rate.round() as u64),
                     s.mb_s,
                     thousands(s.rate_min.round() as u64),
@@ -124,22 +141,65 @@ impl Report {
         o
     }
 
+    /// The table of the end every relay can be held to: Kafka holding all N records (the topic's
+    /// high watermarks), from the start and from the first record in Kafka.
+    pub fn kafka_end_table(&self) -> String {
+        let mut o = String::new();
+        o.push_str("| workload | contender | clock starts | rows/s to Kafka holding all N | rows/s from its first record in Kafka | first record in Kafka after | CPU s / 100k rows | peak RSS MiB |\n");
+        o.push_str("|---|---|---|--:|--:|--:|--:|--:|\n");
+        for w in &self.workloads {
+            for c in [Contender::Ferry, Contender::FerryCold, Contender::Debezium] {
+                let Some(s) = w.stats(c) else { continue };
+                let Some(rate) = s.kafka_rate else { continue };
+                let from = match c {
+                    Contender::Ferry => "slot freed (warm standby)",
+                    _ => "process start",
+                };
+                let f = |v: Option<f64>, d: usize| v.map_or("–".into(), |v| format!("{v:.d$}"));
+                let _ = writeln!(
+                    o,
+                    "| {} | {} | {from} | {} | {} | {} s | {} | {} |",
+                    w.workload.name,
+                    c.label(),
+                    thousands(rate.round() as u64),
+                    s.kafka_rate_from_first
+                        .map_or("–".into(), |v| thousands(v.round() as u64)),
+                    f(s.kafka_first, 2),
+                    f(s.cpu_per_100k, 2),
+                    f(s.peak_rss_mib, 0),
+                );
+            }
+        }
+        o
+    }
+
     /// The latency table.
     pub fn latency_table(&self) -> String {
         let mut o = String::new();
-        o.push_str("| rate rows/s | achieved (rows) | p50 | p99 | p999 | records | slot lag: first ¼ → last ¼ (max) | catch-up | Ferry CPU s / 100k | peak RSS MiB |\n");
-        o.push_str("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        o.push_str("| relay | rate rows/s | achieved (rows) | commit → ack p50 / p99 / p999 (Ferry's histogram) | commit → in Kafka p50 / p99 / p999 (all relays) | records | slot lag: first ¼ → last ¼ (max) | catch-up | CPU s / 100k | peak RSS MiB |\n");
+        o.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        let ms = |v: f64| {
+            if v.is_nan() {
+                "–".to_string()
+            } else {
+                format!("{:.1}", v * 1e3)
+            }
+        };
         for l in &self.latency {
             let _ = writeln!(
                 o,
-                "| {} | {} ({}) | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} → {} ({}) | {:.2} s | {:.2} | {:.0} |",
+                "| {} | {} | {} ({}) | {} / {} / {} ms | {} / {} / {} ms | {} | {} → {} ({}) | {:.2} s | {:.2} | {:.0} |",
+                l.relay.label(),
                 thousands(l.rate),
                 thousands(l.achieved.round() as u64),
                 thousands(l.rows),
-                l.p50 * 1e3,
-                l.p99 * 1e3,
-                l.p999 * 1e3,
-                thousands(l.samples),
+                ms(l.p50),
+                ms(l.p99),
+                ms(l.p999),
+                ms(l.kafka_p50),
+                ms(l.kafka_p99),
+                ms(l.kafka_p999),
+                thousands(l.samples.max(l.kafka_samples)),
                 kib(l.lag_first_quarter),
                 kib(l.lag_last_quarter),
                 kib(l.lag_max),
@@ -259,7 +319,12 @@ impl Report {
                     .into_iter()
                     .filter_map(|c| Some((w.workload.name, w.stats(c)?.peak_rss_mib?)))
             })
-            .chain(self.latency.iter().map(|l| ("latency", l.peak_rss_mib)))
+            .chain(
+                self.latency
+                    .iter()
+                    .filter(|l| l.relay == Relay::Ferry)
+                    .map(|l| ("latency", l.peak_rss_mib)),
+            )
             .max_by(|a, b| a.1.total_cmp(&b.1));
         if let Some((name, v)) = worst {
             t.push(Target {
@@ -268,7 +333,7 @@ impl Report {
                 met: v <= 64.0,
             });
         }
-        for l in &self.latency {
+        for l in self.latency.iter().filter(|l| l.relay == Relay::Ferry) {
             if l.rate == 10_000 {
                 t.push(Target {
                     what: "p99 commit → ack ≤ 10 ms at 10,000 rows/s".into(),
@@ -302,6 +367,78 @@ impl Report {
                 what: "cold start → first record acknowledged ≤ 100 ms (median)".into(),
                 measured: format!("{:.0} ms", cold * 1e3),
                 met: cold <= 0.100,
+            });
+        }
+        t.extend(self.debezium_targets());
+        t
+    }
+
+    /// Ferry against Debezium, both from process start and both until Kafka holds every record
+    /// (`ferry-cold` and `debezium` on `backlog-1k`); latency: both commit → in Kafka.
+    pub fn debezium_targets(&self) -> Vec<Target> {
+        let mut t = Vec::new();
+        let both = self
+            .workloads
+            .iter()
+            .find(|w| w.workload.name == "backlog-1k")
+            .and_then(|w| {
+                Some((
+                    w.stats(Contender::FerryCold)?,
+                    w.stats(Contender::Debezium)?,
+                ))
+            });
+        if let Some((f, d)) = both {
+            if let (Some(fr), Some(dr)) = (f.kafka_rate, d.kafka_rate) {
+                t.push(Target {
+                    what: "Ferry drains backlog-1k from process start at ≥ 3× Debezium's rows/s (both: until Kafka holds all N)".into(),
+                    measured: format!(
+                        "{:.1}× ({} vs {} rows/s)",
+                        fr / dr,
+                        thousands(fr.round() as u64),
+                        thousands(dr.round() as u64)
+                    ),
+                    met: fr >= 3.0 * dr,
+                });
+            }
+            if let (Some(fc), Some(dc)) = (f.cpu_per_100k, d.cpu_per_100k) {
+                t.push(Target {
+                    what: "Ferry ≤ 1/10 of Debezium's CPU per row (backlog-1k, from process start)"
+                        .into(),
+                    measured: format!("{:.2} vs {:.2} CPU-s / 100k rows: 1/{:.1}", fc, dc, dc / fc),
+                    met: fc * 10.0 <= dc,
+                });
+            }
+            if let (Some(fm), Some(dm)) = (f.peak_rss_mib, d.peak_rss_mib) {
+                t.push(Target {
+                    what: "Ferry ≤ 1/20 of Debezium's peak RSS (backlog-1k)".into(),
+                    measured: format!("{fm:.0} vs {dm:.0} MiB: 1/{:.1}", dm / fm),
+                    met: fm * 20.0 <= dm,
+                });
+            }
+        }
+        for d in self.latency.iter().filter(|l| l.relay == Relay::Debezium) {
+            let Some(f) = self
+                .latency
+                .iter()
+                .find(|l| l.relay == Relay::Ferry && l.rate == d.rate)
+            else {
+                continue;
+            };
+            if f.kafka_p99.is_nan() || d.kafka_p99.is_nan() {
+                continue;
+            }
+            t.push(Target {
+                what: format!(
+                    "Ferry ≤ 1/10 of Debezium's p99 commit → in Kafka at {} rows/s",
+                    thousands(d.rate)
+                ),
+                measured: format!(
+                    "{:.1} vs {:.1} ms: 1/{:.1}",
+                    f.kafka_p99 * 1e3,
+                    d.kafka_p99 * 1e3,
+                    d.kafka_p99 / f.kafka_p99
+                ),
+                met: f.kafka_p99 * 10.0 <= d.kafka_p99,
             });
         }
         t
@@ -342,6 +479,14 @@ impl Report {
             "- Ferry {} (commit {}), librdkafka {}",
             m.ferry, m.commit, m.librdkafka
         );
+        if !m.debezium.is_empty() {
+            let _ = writeln!(
+                o,
+                "- {}; worker producer settings: {}",
+                m.debezium,
+                crate::debezium::worker_properties().join(", ")
+            );
+        }
         let _ = writeln!(
             o,
             "- {} run(s) per workload; each figure is the median; contenders take turns going first\n",
@@ -360,7 +505,18 @@ impl Report {
             }
             o.push('\n');
             o.push_str(&self.throughput_table());
-            o.push_str("\nCPU is the contender's own process: `ferry`, `pg_recvlogical`, or the benchmark process for the raw producer and the relay (their client side only, not PostgreSQL's work). Peak RSS is Ferry's `VmHWM`, the largest over runs.\n\n");
+            o.push_str("\nCPU is the contender's own process: `ferry`, `pg_recvlogical`, or the benchmark process for the raw producer and the relay (their client side only, not PostgreSQL's work). Debezium's is its JVM's (all threads), from its spawn. Peak RSS is `VmHWM` of Ferry or Debezium's JVM, the largest over runs. Debezium confirms its slot lazily (an offset flush, then the next message), so its clock stops when Kafka holds all N records (the topic's high watermarks summed, polled every 5 ms); the next table holds Ferry to the same end.\n\n");
+            if self
+                .workloads
+                .iter()
+                .any(|w| w.samples.iter().any(|(_, s)| s.kafka_all.is_some()))
+            {
+                o.push_str(
+                    "### The same end for Ferry and Debezium: Kafka holds all N records\n\n",
+                );
+                o.push_str(&self.kafka_end_table());
+                o.push_str("\nCPU and peak RSS as above (Ferry's CPU runs to its slot confirmation, a few ms past Kafka holding everything).\n\n");
+            }
             o.push_str("![rows/s per workload and contender](results.svg)\n\n");
             for (c, what) in [
                 (
@@ -390,21 +546,21 @@ impl Report {
             }
         }
         if !self.latency.is_empty() {
-            o.push_str("## Latency at a steady rate\n\nCommit in PostgreSQL → acknowledgement by Kafka, from Ferry's `ferry_replication_lag_seconds` histogram (quantiles interpolated within its buckets: 1, 2.5, 5, 10, 25 ms, ...). 10-row transactions of ~1 KB jsonb rows. Slot lag is `pg_current_wal_lsn() - confirmed_flush_lsn` sampled every 250 ms; catch-up is the time from the writer's last commit to Ferry confirming it.\n\n");
+            o.push_str("## Latency at a steady rate\n\nCommit in PostgreSQL → acknowledgement by Kafka, from Ferry's `ferry_replication_lag_seconds` histogram (quantiles interpolated within its buckets: 1, 2.5, 5, 10, 25 ms, ...). 10-row transactions of ~1 KB jsonb rows. Commit → in Kafka, for every relay alike: each row's commit timestamp (`pg_xact_commit_timestamp`) against its record's `LogAppendTime` on the broker (same machine, same clock), exact quantiles over every record of the run, to the broker's millisecond (half a millisecond added for its truncation). Slot lag is `pg_current_wal_lsn() - confirmed_flush_lsn` sampled every 250 ms (Debezium confirms lazily: its lag is its offset flush, not its delivery); catch-up is the time from the writer's last commit to Ferry confirming it, or to Kafka holding every record for Debezium. CPU and peak RSS are the relay's process (Debezium: its JVM).\n\n");
             o.push_str(&self.latency_table());
             let colds: Vec<String> = self
                 .latency
                 .iter()
-                .map(|l| format!("{:.2} s", l.cold_start))
+                .map(|l| format!("{} {:.2} s", l.relay.label(), l.cold_start))
                 .collect();
             let _ = writeln!(
                 o,
-                "\nCold start (spawning `ferry run` until its first transaction is confirmed): {}.\n",
+                "\nCold start (spawning the relay until its warm-up transaction is confirmed, for Ferry, or in Kafka, for Debezium): {}.\n",
                 colds.join(", ")
             );
         }
         if let Some(st) = &self.startup {
-            o.push_str("## Start-up\n\nTime until Ferry's first record is acknowledged (`ferry_records_produced_total` above zero, polled every 2 ms; a 10-row transaction of ~1 KB jsonb waiting): from spawning a cold `ferry run`; from the kill of a running Ferry with SIGKILL, a new one spawned at once; from another connection freeing the slot a warm standby waits for (see `bench/README.md`).\n\n");
+            o.push_str("## Start-up\n\nTime until Ferry's first record is acknowledged (`ferry_records_produced_total` above zero, polled every 2 ms; a 10-row transaction of ~1 KB jsonb waiting): from spawning a cold `ferry run`; from the kill of a running Ferry with SIGKILL, a new one spawned at once; from another connection freeing the slot a warm standby waits for (see `bench/README.md`). For Ferry and Debezium alike: until a consumer at the topic's end sees the waiting transaction's first record (Debezium: the connector named on the worker's command line; its restart resumes from the killed worker's offsets, written after it relayed the previous transaction).\n\n");
             o.push_str(&st.table());
             o.push('\n');
         }
@@ -441,6 +597,8 @@ mod tests {
             first_ack: Some(0.5),
             last_ack: None,
             wire_bytes: None,
+            kafka_first: None,
+            kafka_all: None,
         }
     }
 
@@ -475,7 +633,53 @@ mod tests {
         assert!(!t[0].met);
         assert!(t[1].met, "0.5 CPU-s per 100k rows");
         assert!(!t[2].met, "80 MiB is over 64");
-        assert!(r.markdown().contains("| backlog-1k | Ferry end to end | 160,000 | 160.0 | 80% | 0.50 | 80 | 100,000–200,000 |"));
+        assert!(r.markdown().contains("| backlog-1k | Ferry end to end | slot confirmed the end | 160,000 | 160.0 | 80% | 0.50 | 80 | 100,000–200,000 |"));
+    }
+
+    #[test]
+    fn ferry_is_held_to_debeziums_end_against_debezium() {
+        let kafka = |secs: f64, cpu: f64, rss: u64, first: f64| Sample {
+            secs,
+            cpu: Some(cpu),
+            peak_rss_kib: Some(rss),
+            kafka_first: Some(first),
+            kafka_all: Some(secs),
+            ..Sample::default()
+        };
+        let w = WorkloadResult {
+            workload: matrix()[0].clone(),
+            rows: 200_000,
+            payload_bytes: 200_000_000,
+            insert_secs: vec![1.0],
+            samples: vec![
+                (Contender::FerryCold, kafka(2.0, 1.4, 40 * 1024, 0.5)),
+                (Contender::Debezium, kafka(20.0, 40.0, 1000 * 1024, 10.0)),
+            ],
+        };
+        let d = w.stats(Contender::Debezium).unwrap();
+        assert_eq!(d.kafka_rate, Some(10_000.0));
+        assert_eq!(d.kafka_rate_from_first, Some(20_000.0));
+        let lat = |relay, p99| Latency {
+            relay,
+            rate: 2000,
+            kafka_p99: p99,
+            ..Latency::default()
+        };
+        let r = Report {
+            workloads: vec![w],
+            latency: vec![lat(Relay::Ferry, 0.02), lat(Relay::Debezium, 0.1)],
+            ..Report::default()
+        };
+        let t = r.debezium_targets();
+        assert_eq!(t.len(), 4);
+        assert!(t[0].met, "10x the rows/s: {}", t[0].measured);
+        assert!(t[1].met, "0.70 vs 20 CPU-s");
+        assert!(t[2].met, "40 vs 1000 MiB is 1/25");
+        assert!(!t[3].met, "20 ms vs 100 ms is 1/5");
+        let md = r.markdown();
+        assert!(md
+            .contains("| backlog-1k | Debezium from process start | Kafka holds all N | 10,000 |"));
+        assert!(md.contains("| backlog-1k | Debezium from process start | process start | 10,000 | 20,000 | 10.00 s | 20.00 | 1000 |"));
     }
 
     #[test]

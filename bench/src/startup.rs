@@ -13,6 +13,10 @@
 //!   has to notice the dead connection first: until then the slot is active and the new Ferry
 //!   stands by).
 //!
+//! Beside Ferry's own count, a consumer positioned at the topic's end times the first record of
+//! the waiting transaction in Kafka, the figure Debezium is measured by ([`run_debezium`]: cold
+//! start and restart after kill -9; a standby takeover has no Debezium counterpart).
+//!
 //! The first acknowledgement is observed by polling Ferry's `/metrics` every 2 ms, so each
 //! figure is late by up to that (and by the HTTP listener's own start for a cold start, which
 //! comes before the pipeline). Figures are medians over `--startup N` runs of each kind.
@@ -23,27 +27,56 @@ use ferry_testkit::pg;
 use ferry_testkit::process::signal;
 
 use crate::ferry::{Holder, Running};
+use crate::kafka::{FirstOf, Watch};
 use crate::workload::{Kind, Workload};
 use crate::{confirmed, current_lsn, Res};
 
 /// What the start-up runs measured, seconds per run.
 #[derive(Debug, Clone, Default)]
 pub struct Startup {
+    /// Ferry, to its first acknowledgement (its metric).
     pub cold: Vec<f64>,
     pub takeover: Vec<f64>,
     pub restart: Vec<f64>,
+    /// Ferry, to the first record of the waiting transaction seen in Kafka (a consumer).
+    pub cold_kafka: Vec<f64>,
+    pub restart_kafka: Vec<f64>,
+    /// Debezium, to the first record of the waiting transaction seen in Kafka.
+    pub debezium_cold: Vec<f64>,
+    pub debezium_restart: Vec<f64>,
 }
 
 impl Startup {
     /// The markdown table: median and min–max per kind, milliseconds.
     pub fn table(&self) -> String {
         let mut o = String::from(
-            "| from → first acknowledgement | runs | median | min–max |\n|---|--:|--:|--:|\n",
+            "| relay | from → to | runs | median | min–max |\n|---|---|--:|--:|--:|\n",
         );
-        for (what, v) in [
-            ("process start (cold)", &self.cold),
-            ("kill -9 → restarted process", &self.restart),
-            ("slot freed → warm standby", &self.takeover),
+        let ack = "first record acknowledged (Ferry's metric)";
+        let seen = "first record of the waiting transaction in Kafka (a consumer)";
+        for (who, from, to, v) in [
+            ("Ferry", "process start (cold)", ack, &self.cold),
+            ("Ferry", "process start (cold)", seen, &self.cold_kafka),
+            (
+                "Debezium",
+                "process start (cold)",
+                seen,
+                &self.debezium_cold,
+            ),
+            ("Ferry", "kill -9 → restarted process", ack, &self.restart),
+            (
+                "Ferry",
+                "kill -9 → restarted process",
+                seen,
+                &self.restart_kafka,
+            ),
+            (
+                "Debezium",
+                "kill -9 → restarted process",
+                seen,
+                &self.debezium_restart,
+            ),
+            ("Ferry", "slot freed → warm standby", ack, &self.takeover),
         ] {
             if v.is_empty() {
                 continue;
@@ -51,7 +84,7 @@ impl Startup {
             let min = v.iter().copied().fold(f64::INFINITY, f64::min);
             let max = v.iter().copied().fold(0.0, f64::max);
             o += &format!(
-                "| {what} | {} | {:.0} ms | {:.0}–{:.0} ms |\n",
+                "| {who} | {from} → {to} | {} | {:.0} ms | {:.0}–{:.0} ms |\n",
                 v.len(),
                 crate::report::median(v) * 1e3,
                 min * 1e3,
@@ -101,24 +134,54 @@ pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Star
     }
 
     // Cold start (its Ferry is then killed for the restart).
+    let kafka_topic = topic.replace("{aggregatetype}", "order");
+    let before = current_lsn(&sql).await?;
     w.insert_one_txn(&sql, 0, w.rows).await?;
+    let end = current_lsn(&sql).await?;
+    let seen = FirstOf::start(brokers, &kafka_topic, 0..w.rows, DEADLINE)?;
     let spawned = Instant::now();
     let mut ferry = Running::spawn(url, brokers, &slot("cold"), topic)?;
     out.cold.push(first_ack(&mut ferry, spawned).await?);
-    let end = current_lsn(&sql).await?;
-    while confirmed(&sql, &slot("cold")).await? < end {
+    out.cold_kafka
+        .push((seen.wait().await? - spawned).as_secs_f64());
+    // The transaction confirmed before the kill. `end` may lie past its commit (a standby
+    // snapshot record the server logged meanwhile), and with `wal_sender_timeout = 0` no
+    // keepalive need report that WAL: a confirmed LSN past `before` that stays put for 2 s
+    // with every row acknowledged is the transaction's end.
+    let (mut last, mut since) = (before, Instant::now());
+    loop {
+        let c = confirmed(&sql, &slot("cold")).await?;
+        if c >= end {
+            break;
+        }
+        if c != last {
+            (last, since) = (c, Instant::now());
+        }
+        if c > before
+            && since.elapsed() > Duration::from_secs(2)
+            && ferry.produced().await == Some(w.rows as f64)
+        {
+            break;
+        }
         ferry.check_alive()?;
+        if spawned.elapsed() > DEADLINE {
+            return Err(format!("ferry did not confirm {end} within {DEADLINE:?}").into());
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
-    // Restart after kill -9: the new transaction is written before the kill, so that what the
-    // replacement acknowledges first is new work, not only a replay.
-    w.insert_one_txn(&sql, 100, w.rows).await?;
+    // Restart after kill -9: a new transaction is written as the replacement starts, so that
+    // what it acknowledges first is new work, not only a replay (and not, as when it was
+    // written before the kill, work the killed Ferry may have relayed already).
+    let seen = FirstOf::start(brokers, &kafka_topic, 100..100 + w.rows, DEADLINE)?;
     signal(&ferry.child, libc::SIGKILL);
     let killed = Instant::now();
     let _ = ferry.child.wait();
     let mut again = Running::spawn(url, brokers, &slot("cold"), topic)?;
+    w.insert_one_txn(&sql, 100, w.rows).await?;
     out.restart.push(first_ack(&mut again, killed).await?);
+    out.restart_kafka
+        .push((seen.wait().await? - killed).as_secs_f64());
     again.stop().await;
 
     // Standby takeover: the holder has the slot while Ferry starts and warms up.
@@ -141,21 +204,80 @@ pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Star
     standby.stop().await;
 
     for s in ["cold", "takeover"] {
-        // The walsender of a killed or stopped Ferry may take a moment to go.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match sql
-                .execute("SELECT pg_drop_replication_slot($1)", &[&slot(s)])
-                .await
-            {
-                Ok(_) => break,
-                Err(_) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        crate::drop_slot(&sql, &slot(s)).await?;
     }
+    sql.batch_execute("TRUNCATE outbox").await?;
+    Ok(())
+}
+
+/// How long a first record may take.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Debezium's cold start and restart after kill -9, into `order.startup.debezium` (which
+/// exists): a 10-row transaction waits in a fresh slot; the clock runs from spawning the worker
+/// (the connector named on its command line) until a consumer sees the transaction's first
+/// record in Kafka. Then, once Kafka holds the whole transaction and the worker has written its
+/// offsets after that (as Ferry's slot confirmed its transaction before the kill), the worker
+/// is killed with SIGKILL, a new one spawned at once on the same offsets, a new transaction
+/// written meanwhile; the clock runs from the kill until the new transaction's first record is
+/// in Kafka (records replayed before it do not stop it).
+pub async fn run_debezium(url: &str, brokers: &str, run: u32, out: &mut Startup) -> Res<()> {
+    let sql = pg::connect(url).await;
+    let w = workload();
+    let slot = format!("bench_start_debezium_{run}");
+    let topic = crate::kafka::topic("startup", "debezium");
+    sql.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&slot],
+    )
+    .await?;
+    let config = crate::debezium::connector(url, &slot, "startup.debezium", w.kind)?;
+    let dir = std::env::temp_dir().join(pg::unique_name("ferry-bench-connect"));
+
+    w.insert_one_txn(&sql, 0, w.rows).await?;
+    let mut whole = Watch::start(brokers, &topic, w.rows as i64)?;
+    let seen = FirstOf::start(brokers, &topic, 0..w.rows, DEADLINE)?;
+    let connect = crate::debezium::start(brokers, Some(dir.clone()), config.clone()).await;
+    let mut health = crate::debezium::Health::new(&connect);
+    let first = seen
+        .wait()
+        .await
+        .map_err(|e| format!("{e}; {:?}", health.check()))?;
+    out.debezium_cold
+        .push((first - connect.started()).as_secs_f64());
+    whole.wait_all(DEADLINE, || health.check()).await?;
+    let relayed = std::time::SystemTime::now();
+    let start = Instant::now();
+    while connect.offsets_written().is_none_or(|t| t <= relayed) {
+        health.check()?;
+        if start.elapsed() > DEADLINE {
+            return Err("Debezium wrote no offsets after relaying the transaction".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let seen = FirstOf::start(brokers, &topic, 100..100 + w.rows, DEADLINE)?;
+    let killed = Instant::now();
+    connect.kill();
+    let again = tokio::spawn(crate::debezium::start(
+        brokers.to_string(),
+        Some(dir.clone()),
+        config,
+    ));
+    w.insert_one_txn(&sql, 100, w.rows).await?;
+    let again = again.await?;
+    let first = seen.wait().await.map_err(|e| {
+        format!(
+            "{e}; worker log ({}):\n{}",
+            again.dir().display(),
+            again.log_tail(40)
+        )
+    })?;
+    out.debezium_restart.push((first - killed).as_secs_f64());
+    again.kill();
+    drop((connect, again));
+    let _ = std::fs::remove_dir_all(&dir);
+    crate::drop_slot(&sql, &slot).await?;
     sql.batch_execute("TRUNCATE outbox").await?;
     Ok(())
 }

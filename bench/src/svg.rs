@@ -21,6 +21,7 @@ fn colour(c: Contender) -> &'static str {
         Contender::Ferry => "#59a14f",
         Contender::FerryCold => "#8cd17d",
         Contender::Relay => "#e15759",
+        Contender::Debezium => "#b07aa1",
     }
 }
 

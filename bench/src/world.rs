@@ -32,6 +32,8 @@ impl World {
                         "checkpoint_timeout = '30min'".into(),
                         // The slot holder (see `ferry`) never answers keepalives.
                         "wal_sender_timeout = 0".into(),
+                        // Commit → in Kafka, for every relay alike (see `latency`).
+                        "track_commit_timestamp = on".into(),
                     ],
                 })
                 .await;

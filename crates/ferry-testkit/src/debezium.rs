@@ -11,8 +11,14 @@
 //! A running task has created its replication slot (Debezium creates it before it streams), so a
 //! row committed after that is captured; [`wait_slot_active`] waits for the stream itself.
 //!
+//! A benchmark passes its connector in [`ConnectOptions::connectors`] instead: standalone mode
+//! reads it from a file named on the command line, as `connect-standalone.sh worker.properties
+//! connector.properties` does, so the connector starts with the worker and nothing waits on the
+//! REST API in between.
+//!
 //! The worker's log is in [`Connect::dir`]`/connect.log`, kept (with the directory) when the
-//! worker is dropped while its thread panics.
+//! worker is dropped while its thread panics. A directory the caller named is the caller's: it
+//! stays, so that a second worker can resume from the first one's offsets.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -68,8 +74,8 @@ pub struct Connect {
     rest_port: u16,
     child: Mutex<Option<Child>>,
     started: Instant,
-    /// The directory was made here (not given by the caller), so it goes when the worker does.
-    owned_dir: bool,
+    /// Whether the directory is a temporary one this worker made (and removes).
+    owns_dir: bool,
 }
 
 /// How to start a worker.
@@ -85,6 +91,9 @@ pub struct ConnectOptions {
     /// worker). A given directory stays, with the offsets: a worker started again on it resumes
     /// its connectors where they stopped.
     pub dir: Option<PathBuf>,
+    /// Connectors to start with the worker: each `(name, config)` is written to
+    /// `<name>.properties` and named on the command line.
+    pub connectors: Vec<(String, BTreeMap<String, String>)>,
 }
 
 impl ConnectOptions {
@@ -94,6 +103,7 @@ impl ConnectOptions {
             worker: Vec::new(),
             jvm_opts: None,
             dir: None,
+            connectors: Vec::new(),
         }
     }
 }
@@ -112,7 +122,8 @@ impl Status {
             && !self.tasks.is_empty()
             && self.tasks.iter().all(|t| t.0 == "RUNNING")
     }
-    fn failure(&self) -> Option<String> {
+    /// What failed, when the connector or a task says `FAILED`.
+    pub fn failure(&self) -> Option<String> {
         if self.connector == "FAILED" {
             return Some("the connector FAILED".into());
         }
@@ -127,6 +138,7 @@ impl Connect {
     /// Starts a worker and waits until its REST API answers. Blocking.
     pub fn start_blocking(opts: ConnectOptions) -> Connect {
         let libs = debezium_libs();
+        let owns_dir = opts.dir.is_none();
         let dir = opts.dir.clone().unwrap_or_else(|| {
             process::sweep_stale_dirs("ferry-connect");
             std::env::temp_dir().join(unique_name("ferry-connect"))
@@ -152,6 +164,13 @@ impl Connect {
         std::fs::write(dir.join("worker.properties"), props.join("\n") + "\n")
             .expect("write worker.properties");
         std::fs::write(dir.join("log4j2.properties"), LOG4J2).expect("write log4j2");
+        let mut connector_files = Vec::new();
+        for (name, config) in &opts.connectors {
+            let path = dir.join(format!("{name}.properties"));
+            std::fs::write(&path, connector_properties(name, config))
+                .expect("write connector properties");
+            connector_files.push(path);
+        }
         let jvm = std::env::var(CONNECT_JVM_OPTS_ENV)
             .ok()
             .or(opts.jvm_opts.clone())
@@ -176,6 +195,7 @@ impl Connect {
             .arg(format!("{}/*", libs.display()))
             .arg("org.apache.kafka.connect.cli.ConnectStandalone")
             .arg(dir.join("worker.properties"))
+            .args(&connector_files)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup"))
             .stderr(log);
@@ -187,7 +207,7 @@ impl Connect {
             rest_port,
             child: Mutex::new(Some(child)),
             started,
-            owned_dir: opts.dir.is_none(),
+            owns_dir,
         };
         c.wait_rest(Duration::from_secs(120));
         c
@@ -224,6 +244,14 @@ impl Connect {
         self.started
     }
 
+    /// When the worker last wrote its offsets file (every `offset.flush.interval.ms` that has
+    /// new offsets), `None` before the first write.
+    pub fn offsets_written(&self) -> Option<std::time::SystemTime> {
+        std::fs::metadata(self.dir.join("offsets"))
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
     fn wait_rest(&self, deadline: Duration) {
         let start = Instant::now();
         loop {
@@ -242,15 +270,23 @@ impl Connect {
     }
 
     fn assert_alive(&self, doing: &str) {
+        if let Err(e) = self.check_alive() {
+            panic!("{e} while {doing}");
+        }
+    }
+
+    /// An error with the worker's output and log when it has exited on its own.
+    pub fn check_alive(&self) -> Result<(), String> {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
             *child = None;
-            panic!(
-                "Kafka Connect exited ({status}) while {doing}; its output:\n{}\nits log:\n{}",
+            return Err(format!(
+                "Kafka Connect exited ({status}); its output:\n{}\nits log:\n{}",
                 tail(&self.dir.join("connect.out"), 30),
                 self.log_tail(60)
-            );
+            ));
         }
+        Ok(())
     }
 
     /// Creates or replaces connector `name` with `config` (`name` is added to it).
@@ -420,10 +456,26 @@ impl Drop for Connect {
         if std::thread::panicking() {
             let _ = std::fs::write(self.dir.join(process::KEEP_MARKER), b"a test panicked\n");
             eprintln!("Kafka Connect's logs are kept in {}", self.dir.display());
-        } else if self.owned_dir && std::env::var_os("FERRY_TEST_KEEP_BROKER_DATA").is_none() {
+        } else if self.owns_dir && std::env::var_os("FERRY_TEST_KEEP_BROKER_DATA").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A connector's configuration as a standalone worker reads it from a file: `name` first, then
+/// the keys in order (`\`, `=`, `:` and line breaks escaped as `java.util.Properties` wants).
+fn connector_properties(name: &str, config: &BTreeMap<String, String>) -> String {
+    let esc = |s: &str| {
+        s.replace('\\', "\\\\")
+            .replace('\n', "\\n")
+            .replace('=', "\\=")
+            .replace(':', "\\:")
+    };
+    let mut out = format!("name={}\n", esc(name));
+    for (k, v) in config.iter().filter(|(k, _)| *k != "name") {
+        out += &format!("{}={}\n", esc(k), esc(v));
+    }
+    out
 }
 
 fn dechunk(mut s: &str) -> String {
@@ -568,6 +620,17 @@ mod tests {
         // A connector without tasks yet is not running.
         let s = parse_status(r#"{"connector":{"state":"RUNNING"},"tasks":[]}"#).unwrap();
         assert!(!s.running());
+    }
+
+    #[test]
+    fn a_connector_file_escapes_what_properties_would_read_otherwise() {
+        let mut c = BTreeMap::new();
+        c.insert("a.b".to_string(), "${routedByValue}.x".to_string());
+        c.insert("url".to_string(), "host:5432=y\\z".to_string());
+        assert_eq!(
+            connector_properties("o", &c),
+            "name=o\na.b=${routedByValue}.x\nurl=host\\:5432\\=y\\\\z\n"
+        );
     }
 
     #[test]

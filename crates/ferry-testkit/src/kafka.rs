@@ -829,11 +829,24 @@ fn metadata_brokers(brokers: &str) -> Option<usize> {
 /// Creates `topic` with `partitions` partitions (the cluster's default replication factor:
 /// 1 on one node, 3 on three) and waits until its metadata shows every partition.
 pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    create_topic_with(brokers, topic, partitions, &[]).await
+}
+
+/// [`create_topic`] with topic configurations (`("message.timestamp.type", "LogAppendTime")`).
+pub async fn create_topic_with(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
         .expect("admin client");
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+    for (k, v) in configs {
+        new = new.set(k, v);
+    }
     let res = admin
         .create_topics([&new], &AdminOptions::new())
         .await
