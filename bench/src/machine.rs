@@ -112,15 +112,18 @@ pub fn output(cmd: &str, args: &[&str]) -> String {
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string()
-        })
+        .map(|o| first_line(&o.stdout))
         .unwrap_or_default()
+}
+
+/// The first line of a command's output, trimmed.
+fn first_line(out: &[u8]) -> String {
+    String::from_utf8_lossy(out)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string()
 }
 
 fn read(path: &str) -> String {
@@ -133,13 +136,6 @@ pub fn java_version() -> String {
         .arg("-version")
         .output()
         .ok()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string()
-        })
+        .map(|o| first_line(&o.stderr))
         .unwrap_or_default()
 }

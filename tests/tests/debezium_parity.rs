@@ -75,6 +75,11 @@ fn lit(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
+/// `v` as a literal of SQL type `cast`, or NULL.
+fn typed(v: Option<&str>, cast: &str) -> String {
+    v.map_or_else(|| "NULL".into(), |v| format!("{}::{cast}", lit(v)))
+}
+
 /// Runs a case: both relays over the same rows, then the comparison.
 async fn run_case(case: Case) {
     let oracle = oracle();
@@ -527,12 +532,7 @@ fn default_rows(at: &str, docs: &[Option<String>], cast: &str) -> Vec<Row> {
                 ("aggregatetype", lit(at)),
                 ("aggregateid", lit(&format!("key-{}", i % 7))),
                 ("type", lit(&format!("Type{}", i % 3))),
-                (
-                    "payload",
-                    d.as_ref()
-                        .map(|d| format!("{}::{cast}", lit(d)))
-                        .unwrap_or_else(|| "NULL".into()),
-                ),
+                ("payload", typed(d.as_deref(), cast)),
             ]
         })
         .collect()
@@ -685,12 +685,7 @@ async fn custom_columns_and_topic_replacement() {
                 ("destination", lit(&dest)),
                 ("partkey", lit(&format!("customer/{}", i % 11))),
                 ("kind", lit("Billed")),
-                (
-                    "body",
-                    d.as_ref()
-                        .map(|d| format!("{}::jsonb", lit(d)))
-                        .unwrap_or_else(|| "NULL".into()),
-                ),
+                ("body", typed(d.as_deref(), "jsonb")),
             ]
         })
         .collect();
@@ -1000,12 +995,7 @@ async fn logical_decoding_messages() {
                     ("aggregatetype", lit(&at)),
                     ("aggregateid", lit(&key)),
                     ("type", lit("Row")),
-                    (
-                        "payload",
-                        d.as_ref()
-                            .map(|d| format!("{}::json", lit(d)))
-                            .unwrap_or_else(|| "NULL".into()),
-                    ),
+                    ("payload", typed(d.as_deref(), "json")),
                 ];
             }
             let content = serde_json::json!({
