@@ -331,7 +331,11 @@ async fn cutover(exactly_once: bool) {
     );
     drop(connect);
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = notes;
+    // The translation told the user what Ferry does not send.
+    assert!(
+        notes.contains("extended.headers.enabled"),
+        "{mode}: from-debezium did not name Debezium's context headers:\n{notes}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

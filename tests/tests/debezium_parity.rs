@@ -186,11 +186,19 @@ fn expected_per_topic(case: &Case) -> BTreeMap<String, usize> {
     m
 }
 
+/// Reads `n` records of `topic`, then on to its end: a record too many is seen too.
 async fn read(brokers: &str, topic: &str, n: usize) -> Vec<Consumed> {
     if n == 0 {
         return Vec::new();
     }
-    kafka::consume(brokers, topic, n, Duration::from_secs(120)).await
+    kafka::consume_until(
+        brokers,
+        topic,
+        &format!("{n} records"),
+        Duration::from_secs(120),
+        move |got| got.len() >= n,
+    )
+    .await
 }
 
 /// Compares the two outputs per topic and partition, in offset order.
