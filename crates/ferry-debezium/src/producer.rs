@@ -11,7 +11,7 @@
 //! `enable.idempotence`, the partitioner) are dropped when they already agree, noted otherwise.
 
 use super::outbox::parse_bool;
-use super::render::{Doc, Value, KAFKA, KAFKA_PROPERTIES};
+use super::render::{Doc, Value, KAFKA, KAFKA_PROPERTIES, ROUTE};
 use super::Target;
 use super::{is_provider_ref, Options, Source, CHANGE_ME};
 
@@ -35,6 +35,10 @@ pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, options: &Options) 
             continue;
         }
         match java_property(src.target, &key[OVERRIDE.len()..], &value) {
+            Action::Property("message.max.bytes", v) => {
+                payload_limit(doc, &key, &v);
+                property(src, doc, &key, "message.max.bytes", v);
+            }
             Action::Property(librdkafka, v) => property(src, doc, &key, librdkafka, v),
             Action::Key(ferry_key, v) => {
                 src.take(&key);
@@ -53,6 +57,32 @@ pub(super) fn translate(src: &mut Source<'_>, doc: &mut Doc, options: &Options) 
              Connect ignored it here",
         );
     }
+}
+
+/// `max.request.size` raised the largest record Debezium's producer sent: Ferry's payload limit
+/// follows it, with the margin its default keeps under librdkafka's default `message.max.bytes`
+/// (for the key, headers and batch overhead), so no event Debezium delivered is refused as too
+/// large. A value the margin does not fit leaves the default (and `ferry` says what it refuses).
+fn payload_limit(doc: &mut Doc, key: &str, value: &str) {
+    use ferry_router::config::{DEFAULT_MAX_PAYLOAD_BYTES, LIBRDKAFKA_MESSAGE_MAX_BYTES};
+    let margin = LIBRDKAFKA_MESSAGE_MAX_BYTES - DEFAULT_MAX_PAYLOAD_BYTES;
+    let Some(limit) = value
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_sub(margin))
+        .filter(|l| *l > 0)
+    else {
+        return;
+    };
+    doc.set(
+        ROUTE,
+        "max_payload_bytes",
+        Value::Int(limit as u64),
+        Some(&format!(
+            "{key} less {margin} bytes for the key, headers and batch"
+        )),
+    );
 }
 
 /// Writes a librdkafka property, or its commented line and a note when it is a secret, or a

@@ -555,6 +555,39 @@ fn debezium_1x_option_names_are_read() {
     );
 }
 
+/// `producer.override.max.request.size` raises librdkafka's `message.max.bytes` and the payload
+/// limit with it: a 1.2 MB event that Debezium's producer sent is routed, not refused as too
+/// large (and so never skipped under `errors.tolerance = all`); one past the raised limit still is.
+#[test]
+fn a_raised_request_size_raises_the_payload_limit() {
+    let json = r#"{"connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "plugin.name": "pgoutput", "table.include.list": "public.outbox",
+        "errors.tolerance": "all",
+        "producer.override.max.request.size": "2097152",
+        "transforms": "outbox",
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter"}"#;
+    let o = Options {
+        brokers: Some("k:9092".into()),
+        source: None,
+        worker: None,
+    };
+    let t = translate(json, &o).unwrap();
+    let c = load(&t);
+    assert_eq!(c.kafka.properties.0["message.max.bytes"], "2097152");
+    assert_eq!(c.route.max_payload_bytes, 2_097_152 - 16_960);
+    let big = format!(r#"{{"blob": "{}"}}"#, "x".repeat(1_200_000));
+    let r = router(&c).route_row(&order_row(&big), 0).unwrap();
+    assert_eq!(r.value.as_deref().map(<[u8]>::len), Some(big.len()));
+    let too_big = format!(r#"{{"blob": "{}"}}"#, "x".repeat(2_100_000));
+    assert!(router(&c).route_row(&order_row(&too_big), 0).is_err());
+    // Without the override, the default limit stays.
+    let t = translate(&json.replace("2097152", "x"), &o).unwrap();
+    assert_eq!(
+        load(&t).route.max_payload_bytes,
+        ferry_router::config::DEFAULT_MAX_PAYLOAD_BYTES
+    );
+}
+
 /// Debezium routes logical decoding messages through `DecodeLogicalDecodingMessageContent`
 /// before the router: one literal prefix becomes `outbox.message_prefix`; a list or a pattern, or
 /// no list (every prefix), is noted.
