@@ -84,6 +84,8 @@ RUN apt-get update \
         --shell /usr/sbin/nologin ferry
 
 COPY --from=build /usr/local/bin/ferry /usr/local/bin/ferry
+# Every configuration key with its default, as `ferry --help` says.
+COPY crates/ferry/ferry.example.toml /usr/share/doc/ferry/ferry.example.toml
 
 USER 10001:10001
 EXPOSE 9187

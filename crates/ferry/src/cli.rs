@@ -30,7 +30,8 @@ on the `id` header), never loss, never reordering within a key.
 
 Configuration comes from a TOML file (--config, or FERRY_CONFIG) and environment variables
 FERRY_<SECTION>_<KEY> that override it (FERRY_POSTGRES_URL, FERRY_KAFKA_BROKERS, ...); with no
-file, the environment alone configures Ferry. See ferry.example.toml for every key.
+file, the environment alone configures Ferry. Every key, with its default:
+crates/ferry/ferry.example.toml in the source, /usr/share/doc/ferry/ferry.example.toml in the image.
 
 Typical use:
   ferry check --config ferry.toml     # verify PostgreSQL, Kafka and the outbox first
