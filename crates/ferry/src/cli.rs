@@ -101,8 +101,9 @@ enum Command {
     ///
     /// PostgreSQL connectivity, wal_level, the REPLICATION privilege, the outbox table and its
     /// columns, the publication, the slot's state; Kafka connectivity and the topics that the
-    /// outbox's current rows route to; the slot against the position Ferry remembers in
-    /// kafka.progress_topic (a gap `ferry run` would stop at is an error).
+    /// outbox's current rows route to (rows committed before the slot exists are never relayed: a
+    /// first start sees only what commits after it); the slot against the position Ferry
+    /// remembers in kafka.progress_topic (a gap `ferry run` would stop at is an error).
     Check(ConfigArg),
     /// Show the slot's position, its lag behind the server, and the WAL it retains.
     ///
