@@ -163,6 +163,26 @@ async fn status_json_gives_scripts_stable_fields() {
     assert!(ferry.terminate().await.success());
 }
 
+/// PostgreSQL unreachable: `status --json` still prints one JSON object, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_says_why_when_postgres_cannot_be_asked() {
+    let mut w = World::new().await;
+    let closed = ferry_testkit::process::free_port();
+    w.env.push((
+        "FERRY_POSTGRES_URL".into(),
+        format!("postgres://postgres:postgres@127.0.0.1:{closed}/postgres"),
+    ));
+    let (code, v) = status_json(&w).await;
+    assert_eq!(code, Some(1), "{v}");
+    assert_eq!(v["slot"], w.slot.as_str());
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot connect to PostgreSQL")),
+        "{v}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_compressed_with_zstd_are_delivered() {
     let mut w = World::new().await;

@@ -702,20 +702,25 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
         errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })?;
-    let sql = slot::connect_sql(&settings.postgres).await.map_err(|e| {
-        errln!("ferry: cannot connect to PostgreSQL: {e}");
+    // PostgreSQL cannot be asked: the reason on stderr, and with --json also as one object on
+    // stdout (`{"slot": ..., "error": ...}`), so a script always reads JSON.
+    let failed = |what: String| {
+        errln!("ferry: {what}");
+        if json {
+            let report = serde_json::json!({ "slot": settings.slot.slot, "error": what });
+            outln!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+        }
         ExitCode::from(1)
-    })?;
+    };
+    let sql = slot::connect_sql(&settings.postgres)
+        .await
+        .map_err(|e| failed(format!("cannot connect to PostgreSQL: {e}")))?;
     let state = slot::slot_state(&sql, &settings.slot.slot)
         .await
-        .map_err(|e| {
-            errln!("ferry: {e}");
-            ExitCode::from(1)
-        })?;
-    let current = slot::current_wal_lsn(&sql).await.map_err(|e| {
-        errln!("ferry: {e}");
-        ExitCode::from(1)
-    })?;
+        .map_err(|e| failed(e.to_string()))?;
+    let current = slot::current_wal_lsn(&sql)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
     // Kafka unreachable leaves the progress fields empty; status is about the slot first.
     let inspection = inspect(&settings, &sql).await.ok();
     let progress_lsn = inspection
