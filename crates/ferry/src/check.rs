@@ -708,7 +708,10 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
         errln!("ferry: {what}");
         if json {
             let report = serde_json::json!({ "slot": settings.slot.slot, "error": what });
-            outln!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            outln!(
+                "{}",
+                serde_json::to_string_pretty(&report).unwrap_or_default()
+            );
         }
         ExitCode::from(1)
     };
