@@ -312,7 +312,12 @@ pub(crate) fn jackson_string(buf: &mut Vec<u8>, s: &str) {
         if b >= 0xf0 {
             // A character beyond the BMP: Java holds it as two UTF-16 surrogates, and Jackson's
             // UTF-8 generator escapes each (COMBINE_UNICODE_SURROGATES_IN_UTF8 is off by default).
-            let c = s[i..].chars().next().map_or(0, u32::from) - 0x1_0000;
+            let c = s[i..]
+                .chars()
+                .next()
+                .map(u32::from)
+                .expect("a lead byte of 0xF0 or more starts a 4-byte character")
+                - 0x1_0000;
             buf.extend_from_slice(&bytes[start..i]);
             start = i + 4;
             for unit in [0xd800 + (c >> 10), 0xdc00 + (c & 0x3ff)] {

@@ -291,67 +291,75 @@ impl Connect {
 
     /// Creates or replaces connector `name` with `config` (`name` is added to it).
     pub fn put_connector(&self, name: &str, config: &BTreeMap<String, String>) {
-        let mut config = config.clone();
-        config.insert("name".into(), name.into());
-        let body = serde_json::to_string(&config).expect("connector json");
-        let (code, text) = self
-            .http("PUT", &format!("/connectors/{name}/config"), Some(&body))
-            .unwrap_or_else(|e| panic!("PUT connector {name}: {e}"));
-        assert!(
-            code == 200 || code == 201,
-            "Kafka Connect refused connector {name} ({code}): {text}\nconfig: {body}"
+        let body = serde_json::to_string(&named(name, config)).expect("connector json");
+        self.call(
+            "PUT",
+            &format!("/connectors/{name}/config"),
+            Some(&body),
+            &[200, 201],
+            &format!("Kafka Connect refused connector {name} (config: {body})"),
         );
     }
 
     /// Creates connector `name` in the `STOPPED` state (KIP-875: `POST /connectors` with
     /// `initial_state`), so that its offsets can be changed before it first runs.
     pub fn create_connector_stopped(&self, name: &str, config: &BTreeMap<String, String>) {
-        let mut config = config.clone();
-        config.insert("name".into(), name.into());
-        let body =
-            serde_json::json!({ "name": name, "config": config, "initial_state": "STOPPED" })
-                .to_string();
-        let (code, text) = self
-            .http("POST", "/connectors", Some(&body))
-            .unwrap_or_else(|e| panic!("POST connector {name}: {e}"));
-        assert!(
-            code == 201 || code == 200,
-            "Kafka Connect refused connector {name} ({code}): {text}"
+        let body = serde_json::json!({
+            "name": name,
+            "config": named(name, config),
+            "initial_state": "STOPPED",
+        })
+        .to_string();
+        self.call(
+            "POST",
+            "/connectors",
+            Some(&body),
+            &[200, 201],
+            &format!("Kafka Connect refused connector {name}"),
         );
     }
 
     /// Forgets the offsets of stopped connector `name` (`DELETE /connectors/NAME/offsets`): a
     /// Debezium connector then starts from its slot's confirmed position.
     pub fn reset_offsets(&self, name: &str) {
-        let (code, text) = self
-            .http("DELETE", &format!("/connectors/{name}/offsets"), None)
-            .unwrap_or_else(|e| panic!("DELETE offsets of {name}: {e}"));
-        assert!(
-            code == 200,
-            "Kafka Connect did not reset the offsets of {name} ({code}): {text}"
+        self.call(
+            "DELETE",
+            &format!("/connectors/{name}/offsets"),
+            None,
+            &[200],
+            &format!("Kafka Connect did not reset the offsets of {name}"),
         );
     }
 
     /// Resumes a stopped or paused connector (`PUT /connectors/NAME/resume`).
     pub fn resume(&self, name: &str) {
-        let (code, text) = self
-            .http("PUT", &format!("/connectors/{name}/resume"), None)
-            .unwrap_or_else(|e| panic!("resume {name}: {e}"));
-        assert!(
-            code == 202 || code == 200,
-            "Kafka Connect did not resume {name} ({code}): {text}"
+        self.call(
+            "PUT",
+            &format!("/connectors/{name}/resume"),
+            None,
+            &[200, 202],
+            &format!("Kafka Connect did not resume {name}"),
         );
     }
 
     /// Deletes connector `name` (its task stops; its slot and offsets stay).
     pub fn delete_connector(&self, name: &str) {
-        let (code, text) = self
-            .http("DELETE", &format!("/connectors/{name}"), None)
-            .unwrap_or_else(|e| panic!("DELETE connector {name}: {e}"));
-        assert!(
-            code == 204 || code == 200 || code == 404,
-            "Kafka Connect did not delete connector {name} ({code}): {text}"
+        self.call(
+            "DELETE",
+            &format!("/connectors/{name}"),
+            None,
+            &[200, 204, 404],
+            &format!("Kafka Connect did not delete connector {name}"),
         );
+    }
+
+    /// One REST call that must answer with one of `accepted`; panics with `what`, the status
+    /// code and Connect's answer otherwise, or with the transport error.
+    fn call(&self, method: &str, path: &str, body: Option<&str>, accepted: &[u16], what: &str) {
+        let (code, text) = self
+            .http(method, path, body)
+            .unwrap_or_else(|e| panic!("{what}: {method} {path}: {e}"));
+        assert!(accepted.contains(&code), "{what} ({code}): {text}");
     }
 
     /// Connector `name`'s status, `None` when the worker does not know it (yet).
@@ -476,6 +484,13 @@ fn connector_properties(name: &str, config: &BTreeMap<String, String>) -> String
         out += &format!("{}={}\n", esc(k), esc(v));
     }
     out
+}
+
+/// `config` with its `name` key, as Connect's REST API takes a connector's configuration.
+fn named(name: &str, config: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut config = config.clone();
+    config.insert("name".into(), name.into());
+    config
 }
 
 fn dechunk(mut s: &str) -> String {
