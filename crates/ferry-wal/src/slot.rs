@@ -95,6 +95,7 @@ impl SlotSpec {
                 })
                 .collect(),
             message_prefix,
+            other_tables: crate::assembly::OtherTables::default(),
         }
     }
 
@@ -725,6 +726,87 @@ pub(crate) fn invalidated_slot_fix(slot: &str) -> String {
     )
 }
 
+/// The problem of a table the publication lists by name that no outbox table entry relays: the
+/// same words at `ferry check`, at start and when the stream meets one of its rows.
+pub fn unrelayed_table(publication: &str, table: &str) -> Problem {
+    let name = table.replace('"', "");
+    Problem {
+        severity: Severity::Error,
+        what: format!(
+            "publication {publication:?} includes table {table}, which no [outbox] or [[tables]] entry \
+             relays: Ferry would skip its rows and confirm the slot past them, so they would never reach Kafka"
+        ),
+        fix: format!(
+            "relay it: add a [[tables]] entry with outbox.table = {name:?} (then restart Ferry); or, if Ferry \
+             should not relay it, take it out: ALTER PUBLICATION {} DROP TABLE {table} (or give Ferry a \
+             publication of its own: postgres.publication = \"ferry_outbox\" with postgres.create_publication = true)",
+            quote_ident(publication)
+        ),
+    }
+}
+
+/// The tables the publication lists by name (`FOR TABLE`) that are none of `spec`'s tables nor
+/// a partition of one, quoted and schema-qualified: each is an [`unrelayed_table`] problem.
+pub async fn unrelayed_tables(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+) -> Result<Vec<String>, ReaderError> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text, rn.nspname::text, r.relname::text \
+             FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+             JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             JOIN pg_class r ON r.oid = COALESCE(pg_partition_root(c.oid), c.oid) JOIN pg_namespace rn ON rn.oid = r.relnamespace \
+             WHERE p.pubname = $1 ORDER BY 1, 2",
+            &[&spec.publication],
+        )
+        .await
+        .map_err(sql_error)?;
+    let ours = |schema: &str, table: &str| {
+        spec.tables
+            .iter()
+            .any(|t| t.schema == schema && t.table == table)
+    };
+    Ok(rows
+        .iter()
+        .filter(|r| !ours(r.get(0), r.get(1)) && !ours(r.get(2), r.get(3)))
+        .map(|r| format!("{}.{}", quote_ident(r.get(0)), quote_ident(r.get(1))))
+        .collect())
+}
+
+/// Which other tables' INSERTs the publication carries by design, so the reader skips them
+/// rather than stop ([`OtherTables`](crate::assembly::OtherTables)): all of them for `FOR ALL
+/// TABLES`, those of its schemas for `FOR TABLES IN SCHEMA` (15+), none otherwise.
+pub async fn other_tables(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+) -> Result<crate::assembly::OtherTables, ReaderError> {
+    let mut other = crate::assembly::OtherTables::default();
+    let all: Option<bool> = client
+        .query_opt(
+            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            &[&spec.publication],
+        )
+        .await
+        .map_err(sql_error)?
+        .map(|r| r.get(0));
+    other.all = all == Some(true);
+    if !other.all && server_version_num(client).await? >= 150000 {
+        other.schemas = client
+            .query(
+                "SELECT n.nspname::text FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid \
+                 JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 ORDER BY 1",
+                &[&spec.publication],
+            )
+            .await
+            .map_err(sql_error)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+    }
+    Ok(other)
+}
+
 /// Whether the publication lists the table, or its schema (`FOR TABLES IN SCHEMA`, 15+). A
 /// publication `FOR ALL TABLES` is the caller's to check (`pg_publication.puballtables`).
 async fn covers(
@@ -901,6 +983,23 @@ pub async fn check(
                         ),
                     );
                 }
+            }
+            for table in unrelayed_tables(client, spec).await? {
+                let Problem { what, fix, .. } = unrelayed_table(&spec.publication, &table);
+                error(what, fix);
+            }
+            if all {
+                notes.push(Problem {
+                    severity: Severity::Note,
+                    what: format!(
+                        "publication {:?} is FOR ALL TABLES: PostgreSQL decodes every table's inserts for Ferry, \
+                         which relays the outbox tables' and skips the rest",
+                        spec.publication
+                    ),
+                    fix: format!(
+                        "none needed; a publication of the outbox tables only saves that work: `{create_pub_sql}`"
+                    ),
+                });
             }
         }
     }

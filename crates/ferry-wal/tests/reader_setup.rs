@@ -330,12 +330,26 @@ async fn a_publication_without_the_outbox_table_is_reported() {
     let spec = spec();
     // An existing publication is never altered by ensure(): the operator owns it.
     let err = slot::ensure(&sql, &spec).await.unwrap_err();
-    the_error(
-        &problems_of(err),
-        "publication \"ferry_outbox\" does not include table \"public\".\"outbox\"",
-        &["ALTER PUBLICATION \"ferry_outbox\" ADD TABLE \"public\".\"outbox\""],
+    let problems = problems_of(err);
+    let whats: Vec<&str> = errors(&problems).iter().map(|p| p.what.as_str()).collect();
+    assert_eq!(whats.len(), 2, "{problems:#?}");
+    assert!(
+        whats[0].starts_with(
+            "publication \"ferry_outbox\" does not include table \"public\".\"outbox\""
+        ) && whats[1]
+            .starts_with("publication \"ferry_outbox\" includes table \"public\".\"other\""),
+        "{problems:#?}"
     );
     sql.batch_execute("ALTER PUBLICATION ferry_outbox ADD TABLE outbox")
+        .await
+        .unwrap();
+    // `other` is still listed, and no entry relays it: its rows would be skipped.
+    the_error(
+        &slot::check(&sql, &spec).await.unwrap(),
+        "publication \"ferry_outbox\" includes table \"public\".\"other\", which no [outbox] or [[tables]] entry relays",
+        &["ALTER PUBLICATION \"ferry_outbox\" DROP TABLE \"public\".\"other\""],
+    );
+    sql.batch_execute("ALTER PUBLICATION ferry_outbox DROP TABLE other")
         .await
         .unwrap();
     assert!(errors(&slot::check(&sql, &spec).await.unwrap()).is_empty());

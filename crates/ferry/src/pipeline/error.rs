@@ -106,6 +106,36 @@ pub enum PipelineError {
         /// What the session saw: out of the publication, or back in with another identity.
         what: String,
     },
+    /// The publication lists a table no entry relays, found while streaming: by the reader at
+    /// one of its rows (`at`), or by the publication watch. At start the same problem is a
+    /// [`PipelineError::Setup`] error, in the same words (`slot::unrelayed_table`).
+    #[error("{}", unrelayed_message(publication, table, at.as_deref()))]
+    UnrelayedTable {
+        publication: String,
+        table: String,
+        /// The row the reader stopped at: its xid and LSN.
+        at: Option<String>,
+    },
+    #[error(
+        "the stream met rows of table {table}, which no entry relays and which has been taken out of the \
+         publication since they were committed: skipping them; reconnecting"
+    )]
+    TableTakenOut { table: String },
+}
+
+fn unrelayed_message(publication: &str, table: &str, at: Option<&str>) -> String {
+    let problem = ferry_wal::slot::unrelayed_table(publication, table);
+    match at {
+        Some(at) => format!(
+            "the stream met a row of table {table} ({at}), which joined publication {publication:?} while \
+             Ferry streamed. Ferry stopped before that transaction's commit, so nothing from it on is \
+             confirmed, and the row is relayed once the table has an entry. {problem}"
+        ),
+        None => format!(
+            "table {table} joined publication {publication:?} while Ferry streamed; Ferry stopped after the \
+             records in flight, before any of its rows. {problem}"
+        ),
+    }
 }
 
 /// The message of [`PipelineError::Route`]: the row's problem, then what stopping means and what
@@ -170,6 +200,7 @@ impl PipelineError {
             | PipelineError::TextNeeded { .. }
             | PipelineError::TwoServers { .. }
             | PipelineError::SlotChanged { .. }
+            | PipelineError::TableTakenOut { .. }
             | PipelineError::Transaction { .. } => true,
             PipelineError::ProgressTopic(e) => e.is_transient(),
             PipelineError::Gap(_) | PipelineError::Fenced { .. } => false,
@@ -180,7 +211,8 @@ impl PipelineError {
             | PipelineError::Watermark(_)
             | PipelineError::UnknownReport { .. }
             | PipelineError::DrainTimeout { .. }
-            | PipelineError::PublicationChanged { .. } => false,
+            | PipelineError::PublicationChanged { .. }
+            | PipelineError::UnrelayedTable { .. } => false,
         }
     }
 
