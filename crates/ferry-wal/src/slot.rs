@@ -482,6 +482,13 @@ pub async fn ensure(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
 ) -> Result<SlotState, SetupError> {
+    // Validate before creating anything: a start that fails anyway must not leave a new slot
+    // behind (it would retain WAL until someone drops it). What is missing and may be created is
+    // a note here, not an error.
+    let errors = errors_of(check(client, spec).await?);
+    if !errors.is_empty() {
+        return Err(SetupError::Problems(errors));
+    }
     let exists: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
@@ -548,17 +555,20 @@ pub async fn ensure(
         create_publication: false,
         ..spec.clone()
     };
-    let problems = check(client, &created).await?;
-    let errors: Vec<Problem> = problems
-        .into_iter()
-        .filter(|p| p.severity == Severity::Error)
-        .collect();
+    let errors = errors_of(check(client, &created).await?);
     if !errors.is_empty() {
         return Err(SetupError::Problems(errors));
     }
     Ok(slot_state(client, &spec.slot)
         .await?
         .expect("check() reports a missing slot"))
+}
+
+fn errors_of(problems: Vec<Problem>) -> Vec<Problem> {
+    problems
+        .into_iter()
+        .filter(|p| p.severity == Severity::Error)
+        .collect()
 }
 
 async fn table_kind(

@@ -105,15 +105,21 @@ async fn wal_level_replica_is_reported_with_the_alter_system_fix() {
     assert!(errs[0].fix.contains("ALTER SYSTEM SET wal_level = logical"));
     assert!(errs[0].fix.contains("restart"));
 
+    // ensure() checks before it creates: the same error, and no slot.
     let err = slot::ensure(&sql, &spec).await.unwrap_err();
     assert!(!err.is_transient());
     let problems = problems_of(err);
     assert!(
-        problems[0].what.contains("cannot create replication slot")
-            && problems[0].what.contains("wal_level"),
+        problems[0].what.contains("wal_level is \"replica\""),
         "{problems:#?}"
     );
-    assert!(problems[0].fix.contains("wal_level"), "{problems:#?}");
+    assert!(
+        problems[0]
+            .fix
+            .contains("ALTER SYSTEM SET wal_level = logical"),
+        "{problems:#?}"
+    );
+    assert!(slot::slot_state(&sql, &spec.slot).await.unwrap().is_none());
 }
 
 #[tokio::test]
@@ -445,15 +451,25 @@ async fn a_missing_table_is_reported_with_its_key() {
     let err = slot::ensure(&sql, &spec).await.unwrap_err();
     let problems = problems_of(err);
     let errs = errors(&problems);
-    // Without the table the publication is not created either.
-    assert_eq!(errs.len(), 2, "{problems:#?}");
+    assert_eq!(errs.len(), 1, "{problems:#?}");
     assert!(errs[0]
         .what
         .contains("table \"public\".\"outbox\" does not exist"));
     assert!(errs[0].fix.contains("outbox.table"));
-    assert!(errs[1]
-        .what
-        .contains("publication \"ferry_outbox\" does not exist"));
+    // Checked before anything is created: neither the publication nor the slot (which would
+    // retain WAL for a Ferry that never started).
+    let (slots, publications): (i64, i64) = {
+        let r = sql
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1), \
+                        (SELECT count(*) FROM pg_publication)",
+                &[&spec.slot],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((slots, publications), (0, 0));
 }
 
 #[tokio::test]
