@@ -162,6 +162,38 @@ async fn a_role_without_replication_is_reported_and_cannot_stream() {
     drop_role(&s.sql, &role).await;
 }
 
+/// Without CONNECT on the database the server refuses both connections, the SQL one and the
+/// replication one, with no hint of its own: each error carries the GRANT.
+#[tokio::test]
+async fn a_role_without_connect_is_refused_with_the_grant() {
+    let s = setup().await;
+    let role = pg::unique_name("noconnect");
+    s.sql
+        .batch_execute(&format!(
+            "REVOKE CONNECT ON DATABASE {db} FROM PUBLIC; CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'pw'",
+            db = s.db.name
+        ))
+        .await
+        .unwrap();
+    let cfg = ConnectConfig::parse(&s.db.url_as(&role, "pw")).unwrap();
+    let grant = format!(
+        "run GRANT CONNECT ON DATABASE \"{}\" TO \"{role}\"",
+        s.db.name
+    );
+    let err = slot::connect_sql(&cfg).await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    let ReaderError::Server(ref e) = err else {
+        panic!("expected the server's refusal, got {err:?}")
+    };
+    assert_eq!(e.code, "42501", "{err}");
+    assert!(e.hint.as_deref().unwrap_or("").starts_with(&grant), "{err}");
+    // The replication connection (the slot is looked at over the superuser's SQL connection).
+    let err = start_err(&cfg, &s.sql, &s.spec).await;
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains(&grant), "{err}");
+    drop_role(&s.sql, &role).await;
+}
+
 async fn drop_role(sql: &tokio_postgres::Client, role: &str) {
     // The role's sessions may still be closing.
     ferry_testkit::wait_until(
