@@ -26,6 +26,9 @@
 
 use std::time::Duration;
 
+pub mod privileges;
+pub use privileges::{RoleGrants, TableGrants};
+
 use crate::conn::config::{ConnectConfig, Host, SslMode, TargetSessionAttrs};
 use crate::conn::error::ReaderError;
 use crate::conn::tls;
@@ -351,7 +354,19 @@ fn connect_error(e: tokio_postgres::Error, cfg: &ConnectConfig) -> ReaderError {
                 reason: format!("{server}{fix}"),
             };
         }
-        return sql_error(e);
+        let mut err = sql_error(e);
+        if let ReaderError::Server(s) = &mut err {
+            if s.hint.is_none() {
+                s.hint = privileges::connect_refusal_hint(
+                    &s.code,
+                    &s.message,
+                    s.detail.as_deref(),
+                    &cfg.user,
+                    &cfg.dbname,
+                );
+            }
+        }
+        return err;
     }
     let text = e.to_string();
     if text == "invalid configuration" && cfg.password.is_none() {
@@ -483,6 +498,13 @@ pub async fn ensure(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
 ) -> Result<SlotState, SetupError> {
+    // Validate before creating anything: a start that fails anyway must not leave a new slot
+    // behind (it would retain WAL until someone drops it). What is missing and may be created is
+    // a note here, not an error.
+    let errors = errors_of(check(client, spec).await?);
+    if !errors.is_empty() {
+        return Err(SetupError::Problems(errors));
+    }
     let exists: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
@@ -549,17 +571,68 @@ pub async fn ensure(
         create_publication: false,
         ..spec.clone()
     };
-    let problems = check(client, &created).await?;
-    let errors: Vec<Problem> = problems
-        .into_iter()
-        .filter(|p| p.severity == Severity::Error)
-        .collect();
+    let errors = errors_of(check(client, &created).await?);
     if !errors.is_empty() {
         return Err(SetupError::Problems(errors));
     }
     Ok(slot_state(client, &spec.slot)
         .await?
         .expect("check() reports a missing slot"))
+}
+
+fn errors_of(problems: Vec<Problem>) -> Vec<Problem> {
+    problems
+        .into_iter()
+        .filter(|p| p.severity == Severity::Error)
+        .collect()
+}
+
+/// What the current role may do with the outbox tables ([`privileges`] judges it).
+pub async fn role_grants(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+) -> Result<RoleGrants, ReaderError> {
+    let row = client
+        .query_one(
+            "SELECT current_user::text, current_database()::text, \
+                    has_database_privilege(current_database(), 'CREATE')",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    let mut tables = Vec::with_capacity(spec.tables.len());
+    for t in &spec.tables {
+        // By OID, never by name: a name lookup itself needs USAGE on the schema.
+        let row = client
+            .query_opt(
+                "SELECT has_schema_privilege(n.oid, 'USAGE'), pg_get_userbyid(c.relowner)::text, \
+                        pg_has_role(c.relowner, 'USAGE') \
+                 FROM pg_namespace n LEFT JOIN pg_class c \
+                   ON c.relnamespace = n.oid AND c.relname = $2 AND c.relkind IN ('r', 'p') \
+                 WHERE n.nspname = $1",
+                &[&t.schema, &t.table],
+            )
+            .await
+            .map_err(sql_error)?;
+        tables.push(match row {
+            None => TableGrants {
+                schema_usage: true,
+                owner: None,
+            },
+            Some(r) => TableGrants {
+                schema_usage: r.get(0),
+                owner: r
+                    .get::<_, Option<String>>(1)
+                    .map(|o| (o, r.get::<_, Option<bool>>(2).unwrap_or(false))),
+            },
+        });
+    }
+    Ok(RoleGrants {
+        role: row.get(0),
+        database: row.get(1),
+        create_on_database: row.get(2),
+        tables,
+    })
 }
 
 async fn table_kind(
@@ -928,6 +1001,12 @@ pub async fn check(
         }
     }
 
+    // The privileges `run` needs (see `privileges` for the list and why each).
+    let grants = role_grants(client, spec).await?;
+    for p in privileges::lookup_problems(spec, &grants) {
+        error(p.what, p.fix);
+    }
+
     let publication = client
         .query_opt(
             "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
@@ -937,11 +1016,19 @@ pub async fn check(
         .map_err(sql_error)?;
     let create_pub_sql = spec.create_publication_sql();
     match publication {
-        None if spec.create_publication => notes.push(Problem {
-            severity: Severity::Note,
-            what: format!("publication {:?} does not exist", spec.publication),
-            fix: format!("none needed: Ferry creates it (`{create_pub_sql}`; its role must own the table)"),
-        }),
+        None if spec.create_publication => {
+            let cannot = privileges::publication_problems(spec, &grants);
+            if cannot.is_empty() {
+                notes.push(Problem {
+                    severity: Severity::Note,
+                    what: format!("publication {:?} does not exist", spec.publication),
+                    fix: format!("none needed: Ferry creates it (`{create_pub_sql}`)"),
+                });
+            }
+            for p in cannot {
+                error(p.what, p.fix);
+            }
+        }
         None => error(
             format!("publication {:?} does not exist", spec.publication),
             format!("run `{create_pub_sql}` as the table's owner, or set postgres.create_publication = true"),
@@ -957,9 +1044,10 @@ pub async fn check(
                     ),
                 );
             }
-            for (t, kind) in spec.tables.iter().zip(&kinds) {
+            for ((t, kind), g) in spec.tables.iter().zip(&kinds).zip(&grants.tables) {
                 let table = t.qualified();
-                if kind.is_some() && !all && !covers(client, spec, t).await? {
+                // covers() looks the table up by name, which needs USAGE (reported above).
+                if kind.is_some() && g.schema_usage && !all && !covers(client, spec, t).await? {
                     error(
                         format!(
                             "publication {:?} does not include table {table}",

@@ -46,7 +46,12 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     match slot::connect_sql(&settings.postgres).await {
         Err(e) => found.push(error(
             format!("cannot connect to PostgreSQL: {e}"),
-            "check postgres.url (host, port, user, password, sslmode) and that the server accepts the connection (pg_hba.conf)",
+            match &e {
+                // A privilege the role lacks (CONNECT): the server's refusal carries the GRANT.
+                ferry_wal::conn::ReaderError::Server(s) if s.code == "42501" => s.hint.as_deref(),
+                _ => None,
+            }
+            .unwrap_or("check postgres.url (host, port, user, password, sslmode) and that the server accepts the connection (pg_hba.conf)"),
         )),
         Ok(sql) => {
             match slot::check(&sql, &settings.slot).await {

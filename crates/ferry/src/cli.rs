@@ -99,8 +99,9 @@ enum Command {
     Run(RunArgs),
     /// Check everything Ferry needs and list every problem with its fix (exit 1 if any).
     ///
-    /// PostgreSQL connectivity, wal_level, the REPLICATION privilege, the outbox table and its
-    /// columns, the publication, the slot's state; Kafka connectivity and the topics that the
+    /// PostgreSQL connectivity, wal_level, every privilege `run` needs (REPLICATION; USAGE on the
+    /// schema; CREATE on the database and table ownership to create the publication), the outbox
+    /// table and its columns, the publication, the slot's state; Kafka connectivity and the topics that the
     /// outbox's current rows route to (rows committed before the slot exists are never relayed: a
     /// first start sees only what commits after it); the slot against the position Ferry
     /// remembers in kafka.progress_topic (a gap `ferry run` would stop at is an error).

@@ -653,7 +653,7 @@ impl<'a> Session<'a> {
         };
         match verdict {
             Verdict::CreateSlot => {
-                tracing::info!(slot = %name, "first start: no progress record and no slot; creating the slot");
+                tracing::info!(slot = %name, "first start: no progress record and no slot; the slot is created once the set-up checks pass");
                 Ok(start(true, None, false))
             }
             Verdict::Stream {
