@@ -274,3 +274,25 @@ async fn exactly_once_passes_the_printed_poison_event_once() {
     .await;
     assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
 }
+
+/// A position that does not parse, or a dead letter with nowhere to go, is refused at once (exit
+/// 2) with what to give instead; nothing is streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flag_that_cannot_work_is_refused_before_streaming() {
+    let w = World::new().await;
+    let mut bad = Ferry::spawn(&w, &["run", "--skip-event", "0/1D4ABB8"]);
+    let status = bad.wait_exit(Duration::from_secs(30)).await;
+    let log = bad.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(log.contains("expected <commit LSN>:<n>"), "{log}");
+
+    let mut nowhere = Ferry::spawn(&w, &["run", "--dead-letter-event", "0/1D4ABB8:1"]);
+    let status = nowhere.wait_exit(Duration::from_secs(30)).await;
+    let log = nowhere.log_text();
+    assert_eq!(status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("no dead-letter topic to send the event to; set route.dead_letter_topic"),
+        "{log}"
+    );
+    assert_eq!(w.confirmed_lsn().await, None, "no slot was created");
+}
