@@ -735,6 +735,39 @@ pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, 
         .map_err(|_| ReaderError::ServerVersion { shown: v.clone() })
 }
 
+/// The column of `columns` a mistyped `name` most likely meant: the nearest by edit distance
+/// (case and `_` ignored), when it is near enough to be a typo (fewer edits than a quarter of
+/// its length: `aggregatid` names `aggregateid`, `nope` does not name `note`); `None` otherwise.
+pub fn nearest_column<'a>(name: &str, columns: &[&'a str]) -> Option<&'a str> {
+    let fold = |s: &str| -> Vec<u8> {
+        s.bytes()
+            .filter(|b| *b != b'_')
+            .map(|b| b.to_ascii_lowercase())
+            .collect()
+    };
+    let want = fold(name);
+    let (distance, column) = columns
+        .iter()
+        .map(|c| (edit_distance(&want, &fold(c)), *c))
+        .min_by_key(|(d, _)| *d)?;
+    (distance * 4 < column.len()).then_some(column)
+}
+
+/// Levenshtein distance in bytes.
+fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = substitute.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
 /// A column of a table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableColumn {
@@ -970,15 +1003,21 @@ pub async fn check(
                         "table {table} has no column {:?} (named by {})",
                         req.name, req.config_key
                     ),
-                    format!(
-                        "set {} to one of its columns ({}) or add the column",
-                        req.config_key,
-                        columns
-                            .iter()
-                            .map(|c| c.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
+                    {
+                        let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+                        match nearest_column(&req.name, &names) {
+                            Some(near) => format!(
+                                "set {} = {near:?} (the nearest of its columns: {}) or add the column",
+                                req.config_key.split(' ').next().unwrap_or(&req.config_key),
+                                names.join(", ")
+                            ),
+                            None => format!(
+                                "set {} to one of its columns ({}) or add the column",
+                                req.config_key,
+                                names.join(", ")
+                            ),
+                        }
+                    },
                 ),
                 Some(TableColumn {
                     type_oid: ty,
@@ -1349,4 +1388,24 @@ pub async fn capacity(client: &tokio_postgres::Client) -> Result<Capacity, Reade
         max_senders: row.get(2),
         senders_used: row.get(3),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nearest_column;
+
+    #[test]
+    fn the_nearest_column_is_named_only_when_it_is_a_likely_typo() {
+        let columns = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+        assert_eq!(
+            nearest_column("aggregate_id", &columns),
+            Some("aggregateid")
+        );
+        assert_eq!(nearest_column("AggregateId", &columns), Some("aggregateid"));
+        assert_eq!(nearest_column("aggregatid", &columns), Some("aggregateid"));
+        assert_eq!(nearest_column("payloads", &columns), Some("payload"));
+        assert_eq!(nearest_column("event_body", &columns), None);
+        assert_eq!(nearest_column("nope", &["payload", "note"]), None);
+        assert_eq!(nearest_column("x", &[]), None);
+    }
 }

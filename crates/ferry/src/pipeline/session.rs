@@ -32,6 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ferry_core::pass::Pass;
 use ferry_core::progress::{self as record, ProgressKey, ProgressRecord};
 use ferry_core::remember::Remember;
 use ferry_core::verdict::{self, Acceptance, Notice, Refusal, SlotSeen, StartInput, Verdict};
@@ -109,23 +110,31 @@ pub(super) struct Core {
 }
 
 impl Core {
-    pub fn new(rx: Reports, s: &PipelineSettings) -> Self {
+    /// `pass`: the one-shot pass still armed (`--skip-event`), carried from core to core.
+    pub fn new(rx: Reports, s: &PipelineSettings, pass: Option<Pass>) -> Self {
+        let mut relay = Relay::new(RelayConfig {
+            routers: s.routers.clone(),
+            max_in_flight_records: s.max_in_flight_records as u64,
+            max_in_flight_bytes: s.max_in_flight_bytes as u64,
+            drain_timeout: s.drain_timeout,
+            session_drain_timeout: s.session_drain_timeout,
+            exactly_once: s.exactly_once.is_some(),
+        });
+        relay.set_pass(pass);
         Core {
             rx,
-            relay: Relay::new(RelayConfig {
-                routers: s.routers.clone(),
-                max_in_flight_records: s.max_in_flight_records as u64,
-                max_in_flight_bytes: s.max_in_flight_bytes as u64,
-                drain_timeout: s.drain_timeout,
-                session_drain_timeout: s.session_drain_timeout,
-                exactly_once: s.exactly_once.is_some(),
-            }),
+            relay,
             remember: Remember::default(),
             progress_topic_ready: false,
             progress_warned: None,
             tables_taken_out: Vec::new(),
             table_rows_seen: vec![[0; 4]; s.routers.len()],
         }
+    }
+
+    /// The one-shot pass still armed, for the core of the next session.
+    pub fn pass(&self) -> Option<Pass> {
+        self.relay.pass()
     }
 }
 
@@ -194,6 +203,7 @@ impl<'a> Session<'a> {
         metrics: &'a Arc<Metrics>,
         topics: Topics,
         acceptance: &'a mut Acceptance,
+        pass: Option<Pass>,
     ) -> Self {
         let (_, rx) = mpsc::unbounded_channel();
         Session {
@@ -202,7 +212,7 @@ impl<'a> Session<'a> {
             producer: None,
             txn: None,
             topics: Some(topics),
-            core: Core::new(rx, settings),
+            core: Core::new(rx, settings, pass),
             status_updates_seen: 0,
             other_inserts_seen: 0,
             other_inserts_log: Repeats::default(),
@@ -329,7 +339,7 @@ impl<'a> Session<'a> {
                 );
                 let fresh = remembered.is_none();
                 self.txn = Some(txn);
-                self.core = Core::new(rx, s);
+                self.core = Core::new(rx, s, self.core.pass());
                 self.core
                     .relay
                     .start_from(reader.resume_lsn, binary_read, remembered);
@@ -1001,14 +1011,24 @@ fn pipeline_error(e: CoreError<KafkaError>, s: &PipelineSettings) -> PipelineErr
         CoreError::Route {
             error,
             commit_lsn,
+            event,
+            lsn,
             table,
+            pass,
         } => PipelineError::Route {
             error,
-            commit_lsn,
+            at: ferry_core::pass::EventPosition { commit_lsn, event },
+            lsn,
             // With one table there is nothing to tell apart.
             table: table
                 .filter(|_| s.routers.len() > 1)
                 .and_then(|i| Some((i, s.routers.get(i)?.table().to_string()))),
+            dead_letter_topic: s
+                .routers
+                .get(table.unwrap_or(0))
+                .and_then(|r| r.dead_letter_topic())
+                .map(str::to_string),
+            pass,
         },
         CoreError::Delivery { topic, error } => PipelineError::delivery(
             &topic,
