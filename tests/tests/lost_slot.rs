@@ -14,6 +14,7 @@ use std::time::Duration;
 use common::*;
 use ferry::progress::{self, Remembered};
 use ferry_core::progress::{Mode, ProgressKey, ProgressRecord};
+use ferry_testkit::kafka;
 use ferry_wal::Lsn;
 
 const AGGREGATE: &str = "order";
@@ -117,6 +118,15 @@ async fn drop_slot_under_ferry(w: &World) {
     .await;
 }
 
+/// The time the refusal names in `ferry replay --since <TIME>`.
+fn replay_since(log: &str) -> String {
+    let at = log
+        .find("ferry replay --since ")
+        .unwrap_or_else(|| panic!("no ferry replay --since in the log:\n{log}"));
+    let rest = &log[at + "ferry replay --since ".len()..];
+    rest[..rest.find('`').expect("the command ends")].to_string()
+}
+
 /// The LSN the refusal names in `ferry run --accept-gap <LSN>`.
 fn accept_gap_lsn(log: &str) -> Lsn {
     let at = log
@@ -175,8 +185,16 @@ async fn first_start_creates_the_slot_and_the_slot_never_passes_its_progress_rec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_continues() {
+async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_then_replay_recover_it() {
     let mut w = World::new().await;
+    // sql/outbox.sql's time column: `ferry replay` reads when rows were committed from it when
+    // track_commit_timestamp is off.
+    w.sql
+        .batch_execute(
+            "ALTER TABLE outbox ADD COLUMN created_at timestamptz NOT NULL DEFAULT now()",
+        )
+        .await
+        .unwrap();
     w.env.push((
         "FERRY_POSTGRES_RECONNECT_BACKOFF_MIN".into(),
         "100ms".into(),
@@ -200,6 +218,12 @@ async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_continu
     assert!(log.contains("bytes of WAL"), "{log}");
     let remembered_at = accept_gap_lsn(&log);
     assert!(remembered_at >= before.end_lsn && remembered_at >= end);
+    // The same procedure everywhere: accept the gap, then replay from the time it names.
+    let since = replay_since(&log);
+    assert!(
+        log.find("--accept-gap") < log.find("ferry replay --since"),
+        "{log}"
+    );
     assert_eq!(
         w.confirmed_lsn().await,
         None,
@@ -260,6 +284,35 @@ async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_continu
     }
     let renewed = wait_remembered(&w, end).await;
     assert!(renewed.end_lsn > remembered_at);
+
+    // Then the events of the gap, sent again from the outbox table with their own ids, while
+    // Ferry runs.
+    let mut replay = Ferry::spawn(&w, &["replay", "--since", &since]);
+    let status = replay.wait_exit(EXIT).await;
+    let out = replay.log_text();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("public.outbox: "), "{out}");
+    let ids: std::collections::HashMap<String, String> = w
+        .sql
+        .query("SELECT aggregateid, id::text FROM outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let got = kafka::consume_until(&w.brokers, &topic, "the gap's rows", EXIT, |records| {
+        let keys: Vec<&[u8]> = records.iter().filter_map(|r| r.key.as_deref()).collect();
+        (10..15).all(|i| keys.contains(&format!("k{i}").as_bytes()))
+    })
+    .await;
+    for r in &got {
+        let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+        assert_eq!(
+            r.header("id").as_ref(),
+            ids.get(&key),
+            "record {key} carries its row's own id"
+        );
+    }
     assert!(accepted.terminate().await.success());
     // The acceptance was for that start: a plain start now finds slot and record in step.
     let mut plain = w.start_ferry();

@@ -69,6 +69,22 @@ pub struct Remembered {
     pub other_systems: Vec<(u64, ProgressRecord)>,
 }
 
+impl Remembered {
+    /// When the record that names the remembered position was written (Unix milliseconds): this
+    /// server's, else the newest of the other servers'. Events committed from then on may be
+    /// missing from Kafka when there is a gap; `ferry replay --since` takes it.
+    pub fn written_unix_millis(&self) -> Option<i64> {
+        match &self.this_system {
+            Some(r) => Some(r.written_unix_millis),
+            None => self
+                .other_systems
+                .iter()
+                .map(|(_, r)| r.written_unix_millis)
+                .max(),
+        }
+    }
+}
+
 /// What the operator accepted for this start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Acceptance {
@@ -360,6 +376,9 @@ pub struct Refusal {
     pub slot: String,
     pub gap: Gap,
     pub offered: Option<Lsn>,
+    /// When the remembered position was recorded ([`Remembered::written_unix_millis`]): the
+    /// `--since` of the `ferry replay` that sends the gap's events again.
+    pub written_unix_millis: Option<i64>,
 }
 
 impl Refusal {
@@ -371,22 +390,40 @@ impl Refusal {
                  events may be lost\")"
                 .to_string(),
             Gap::SlotInvalidated { remembered, .. } => format!(
-                "Recover the lost events from the outbox table if it still holds them, then drop the slot \
-                 (SELECT pg_drop_replication_slot('{}')) and {}; raise max_slot_wal_keep_size so it does not happen \
-                 again (see README, \"When Ferry says events may be lost\")",
+                "1. Drop the slot (SELECT pg_drop_replication_slot('{}')) and {}; raise max_slot_wal_keep_size so it \
+                 does not happen again. 2. {}",
                 self.slot.replace('\'', "''"),
                 match remembered {
                     Some(lsn) => format!("run once with `ferry run --accept-gap {lsn}` to continue from a new slot"),
                     None => "start Ferry again: it creates a new slot".to_string(),
-                }
+                },
+                self.replay()
             ),
             gap => format!(
-                "Recover the missing events from the outbox table if it still holds them; to continue, accepting the \
-                 gap, run once with `ferry run --accept-gap {}` (it accepts this gap only, is logged, and writes a new \
-                 progress record; see README, \"When Ferry says events may be lost\")",
-                gap.accept_with().expect("every other gap names its position")
+                "1. Continue, accepting the gap: run once with `ferry run --accept-gap {}` (it accepts this gap only, \
+                 is logged, and writes a new progress record). 2. {}",
+                gap.accept_with().expect("every other gap names its position"),
+                self.replay()
             ),
         }
+    }
+
+    /// Step 2 of the action: send again what the outbox table still holds of the gap.
+    fn replay(&self) -> String {
+        let since = self
+            .written_unix_millis
+            .and_then(ferry_router::cloudevents::rfc3339_millis);
+        let command = match &since {
+            Some(t) => {
+                format!("`ferry replay --since {t}` (when Ferry last recorded its position)")
+            }
+            None => "`ferry replay --since <the time of the last event known to be in Kafka>`"
+                .to_string(),
+        };
+        format!(
+            "Then send again the events the outbox table still holds from the gap, with their original ids \
+             (consumers deduplicate on the id header): {command}. See README, \"When Ferry says events may be lost\""
+        )
     }
 }
 
@@ -858,6 +895,7 @@ mod tests {
                                         slot: "ferry".into(),
                                         gap: gap.clone(),
                                         offered: None,
+                                        written_unix_millis: r.written_unix_millis(),
                                     }
                                     .to_string();
                                     assert!(shown.contains("README"), "{shown}");
@@ -885,8 +923,15 @@ mod tests {
                 current_wal_lsn: Some(Lsn(0x1_0000_1500)),
             },
             offered: None,
+            written_unix_millis: Some(1_795_000_000_123),
         };
         let s = r.to_string();
+        // The procedure: accept the gap, then replay from when the position was recorded.
+        assert!(s.contains("`ferry replay --since 2026-11-18T"), "{s}");
+        assert!(
+            s.find("--accept-gap") < s.find("ferry replay"),
+            "accept first, then replay: {s}"
+        );
         assert!(s.contains("slot \"ferry\""), "{s}");
         assert!(s.contains("1/500"), "{s}");
         assert!(s.contains("4096 bytes of WAL"), "{s}");

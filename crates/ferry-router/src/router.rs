@@ -364,6 +364,11 @@ impl Router {
         self.on_error
     }
 
+    /// `outbox.timestamp_column`, if mapped.
+    pub fn timestamp_column(&self) -> Option<&str> {
+        self.timestamp_col.as_deref()
+    }
+
     /// The dead-letter topic (`on_error = "dead_letter"`, or `"fail"` with a topic for
     /// `ferry run --dead-letter-event`).
     pub fn dead_letter_topic(&self) -> Option<&str> {

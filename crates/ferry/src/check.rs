@@ -385,6 +385,8 @@ async fn sample_table(
 /// What the progress topic remembers of the slot, compared with the slot as `ferry run` would.
 struct Inspection {
     remembered: Option<ferry_wal::Lsn>,
+    /// When that position was recorded (Unix milliseconds).
+    written_unix_millis: Option<i64>,
     verdict: verdict::Verdict,
     topic_exists: bool,
 }
@@ -454,6 +456,7 @@ async fn inspect(
     });
     Ok(Inspection {
         remembered: remembered.this_system.as_ref().map(|r| r.end_lsn),
+        written_unix_millis: remembered.written_unix_millis(),
         verdict: v,
         topic_exists: history.topic_exists,
     })
@@ -546,6 +549,7 @@ async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
                 slot: slot.clone(),
                 gap,
                 offered: None,
+                written_unix_millis: inspection.written_unix_millis,
             };
             (Severity::Error, what, refusal.action())
         }
@@ -742,6 +746,8 @@ struct StatusJson {
     /// The position Ferry remembers for this slot on this server (its progress record in
     /// `kafka.progress_topic`); null when there is none or Kafka cannot be read.
     progress_lsn: Option<String>,
+    /// When that record was written (RFC 3339): with a gap, the `--since` of `ferry replay`.
+    progress_written_at: Option<String>,
     /// What `ferry run` would refuse at its start, if anything: `slot_lost`, `slot_ahead`,
     /// `slot_invalidated`, `server_changed` (see README, "When Ferry says events may be lost").
     gap: Option<&'static str>,
@@ -784,6 +790,10 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
         .as_ref()
         .and_then(|i| i.remembered)
         .map(|l| l.to_string());
+    let progress_written_at = inspection
+        .as_ref()
+        .and_then(|i| i.written_unix_millis)
+        .and_then(ferry_router::cloudevents::rfc3339_millis);
     let gap = inspection.as_ref().and_then(|i| match &i.verdict {
         verdict::Verdict::Refuse { gap, .. } => Some(gap.clone()),
         _ => None,
@@ -807,6 +817,7 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
                 wal_status: None,
                 invalidated: None,
                 progress_lsn: progress_lsn.clone(),
+                progress_written_at: progress_written_at.clone(),
                 gap: gap.as_ref().map(|g| g.kind()),
                 gap_bytes: gap.as_ref().and_then(|g| g.bytes()),
             },
@@ -823,6 +834,7 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
                 wal_status: s.wal_status.clone(),
                 invalidated: Some(lost),
                 progress_lsn: progress_lsn.clone(),
+                progress_written_at: progress_written_at.clone(),
                 gap: gap.as_ref().map(|g| g.kind()),
                 gap_bytes: gap.as_ref().and_then(|g| g.bytes()),
             },
@@ -870,7 +882,12 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
         "progress record      {}",
         match (&inspection, &progress_lsn) {
             (None, _) => "unknown (cannot read kafka.progress_topic)".to_string(),
-            (Some(_), Some(l)) => format!("{l} (the slot is never confirmed past it)"),
+            (Some(_), Some(l)) => format!(
+                "{l} (written {}; the slot is never confirmed past it)",
+                progress_written_at
+                    .as_deref()
+                    .unwrap_or("at an unknown time")
+            ),
             (Some(_), None) => "none".to_string(),
         }
     );

@@ -85,6 +85,34 @@ struct RunArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct ReplayCli {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Rows committed at or after this time, with its zone (2026-11-26T07:12:03Z): for a gap,
+    /// the time its refusal names.
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Rows committed before this time.
+    #[arg(long, value_name = "TIME")]
+    until: Option<String>,
+    /// An SQL condition on the table's columns, ANDed with the times (`--where "aggregatetype =
+    /// 'order'"`; `--where true` for every row).
+    #[arg(long = "where", value_name = "SQL")]
+    predicate: Option<String>,
+    /// Only this outbox table (schema.table); default: every configured one, in order.
+    #[arg(long, value_name = "TABLE")]
+    table: Option<String>,
+    /// The timestamptz column that says when a row was committed (default: the commit
+    /// timestamp when track_commit_timestamp is on, else outbox.timestamp_column, else
+    /// created_at).
+    #[arg(long, value_name = "COLUMN")]
+    time_column: Option<String>,
+    /// Route and count per topic, send nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Debug, clap::Args)]
 struct StatusArgs {
     #[command(flatten)]
     config: ConfigArg,
@@ -120,6 +148,18 @@ enum Command {
     /// first start sees only what commits after it); the slot against the position Ferry
     /// remembers in kafka.progress_topic (a gap `ferry run` would stop at is an error).
     Check(ConfigArg),
+    /// Send again the outbox rows the table still holds, chosen by commit time or SQL, with
+    /// their original ids.
+    ///
+    /// For the events of a gap accepted with --accept-gap (the refusal names the --since to
+    /// give), a backfill after a consumer bug, or rows committed before Ferry's first start.
+    /// Routes each row as `ferry run` would and waits until Kafka acknowledged every record
+    /// (exit 0), or stops at the first it refuses (exit 1). Consumers deduplicate on the `id`
+    /// header. Touches neither the slot nor the progress record, so it runs beside `ferry run`.
+    /// Rows are sent in commit order (the commit timestamp when track_commit_timestamp is on,
+    /// else the table's time column); table-less messages (outbox.message_prefix) are not in a
+    /// table and cannot be replayed.
+    Replay(ReplayCli),
     /// Show the slot's position, its lag behind the server, and the WAL it retains.
     ///
     /// With --json, one JSON object with stable field names for scripts (see the README).
@@ -185,6 +225,17 @@ async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
         Command::Run(c) => run(c).await,
         Command::Check(c) => crate::check::check(load(&c)?).await,
         Command::Status(s) => crate::check::status(load(&s.config)?, s.json).await,
+        Command::Replay(r) => {
+            let args = crate::replay::ReplayArgs {
+                since: r.since,
+                until: r.until,
+                predicate: r.predicate,
+                table: r.table,
+                time_column: r.time_column,
+                dry_run: r.dry_run,
+            };
+            crate::replay::replay(load(&r.config)?, args).await
+        }
         Command::Config(ConfigCommand::Show(c)) => {
             let config = load(&c)?;
             match config.to_toml() {

@@ -9,6 +9,7 @@ pub mod malloc;
 pub mod pipeline;
 pub mod producer;
 pub mod progress;
+pub mod replay;
 pub mod stdio;
 pub mod telemetry;
 pub mod topics;

@@ -707,6 +707,7 @@ impl<'a> Session<'a> {
                 slot: name.clone(),
                 gap,
                 offered,
+                written_unix_millis: remembered.written_unix_millis(),
             })),
         }
     }
