@@ -220,6 +220,11 @@ async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_then_re
     assert!(remembered_at >= before.end_lsn && remembered_at >= end);
     // The same procedure everywhere: accept the gap, then replay from the time it names.
     let since = replay_since(&log);
+    // From the record's bound on when later transactions committed, not when it was written.
+    assert!(
+        log.contains("(every event after the remembered position committed after it)"),
+        "{log}"
+    );
     assert!(
         log.find("--accept-gap") < log.find("ferry replay --since"),
         "{log}"

@@ -297,6 +297,7 @@ mod tests {
                 events: e,
             }),
             written_unix_millis: 0,
+            since_unix_millis: None,
         };
         // Exactly-once: the slot may lag what Kafka holds.
         assert!(!p.behind(Lsn(50), Some(&record(90, Some((100, 1))))));

@@ -87,6 +87,13 @@ pub struct ProgressRecord {
     pub partial: Option<Partial>,
     /// When it was written (Unix milliseconds; for operators).
     pub written_unix_millis: i64,
+    /// Every transaction after `end_lsn` (and after `partial`'s events) was committed at or
+    /// after about this time (Unix milliseconds): the commit time of the transaction at
+    /// `end_lsn`, or when the server reported its WAL end there. Should events after the record
+    /// go missing, `ferry replay --since` starts here. Absent in records of older Ferry
+    /// versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_unix_millis: Option<i64>,
 }
 
 /// Why a key or value could not be read.
@@ -126,6 +133,7 @@ impl ProgressRecord {
             end_lsn,
             partial: None,
             written_unix_millis,
+            since_unix_millis: None,
         }
     }
 

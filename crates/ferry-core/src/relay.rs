@@ -214,6 +214,11 @@ pub struct Position {
     pub end_lsn: Lsn,
     /// A transaction after it partly handled: its commit LSN and how many events of it.
     pub partial: Option<Partial>,
+    /// Every event after this position was committed at or after about this time (Unix
+    /// microseconds): the commit time of the transaction at the position, or when the server
+    /// reported its WAL end there. `ferry replay --since` starts from it when events after the
+    /// position may be missing. `None` when unknown.
+    pub since_unix_micros: Option<i64>,
 }
 
 /// The transaction whose events are streaming through.
@@ -261,6 +266,14 @@ pub struct Relay<E> {
     table_rows: Vec<[u64; 4]>,
     /// The one-shot pass (`--skip-event` / `--dead-letter-event`) while it is armed.
     pass: Option<Pass>,
+    /// Transactions seen whole and not yet confirmed: their end LSN and commit time.
+    commit_times: VecDeque<(Lsn, i64)>,
+    /// The commit time of the newest transaction seen whole.
+    last_commit_micros: Option<i64>,
+    /// An idle keepalive moved the watermark to this WAL end, seen at this wall-clock time.
+    idle_at: Option<(Lsn, i64)>,
+    /// Every transaction after the confirmed LSN committed at or after about this time.
+    confirmed_since_micros: Option<i64>,
 }
 
 impl<E> Relay<E> {
@@ -285,7 +298,19 @@ impl<E> Relay<E> {
             whole_end: Lsn(0),
             table_rows: vec![[0; 4]; tables],
             pass: None,
+            commit_times: VecDeque::new(),
+            last_commit_micros: None,
+            idle_at: None,
+            confirmed_since_micros: None,
         }
+    }
+
+    /// Every transaction after the confirmed LSN ([`Action::Confirm`]) was committed at or after
+    /// about this time (Unix microseconds): the commit time of the confirmed transaction, or when
+    /// an idle keepalive reported the WAL end it confirmed. A progress record keeps it, so that
+    /// the refusal of a gap can say from when to replay. `None` until known.
+    pub fn confirmed_since_micros(&self) -> Option<i64> {
+        self.confirmed_since_micros
     }
 
     /// Arms a one-shot pass for a poison event ([`crate::pass`]); checked against the resume
@@ -459,7 +484,11 @@ impl<E> Relay<E> {
                 if let Err(e) = self.wm.commit(c.end_lsn) {
                     return self.bookkeeping(e);
                 }
-                self.current = None;
+                let committed = self.current.take().map(|cur| cur.commit_unix_micros);
+                if let Some(t) = committed.filter(|t| *t > 0) {
+                    self.commit_times.push_back((c.end_lsn, t));
+                    self.last_commit_micros = Some(t);
+                }
                 self.pass_moved(Moved::Commit(c.commit_lsn));
                 self.whole_end = self.whole_end.max(c.end_lsn);
                 self.actions
@@ -467,6 +496,7 @@ impl<E> Relay<E> {
                 self.position(Position {
                     end_lsn: c.end_lsn,
                     partial: None,
+                    since_unix_micros: self.last_commit_micros,
                 });
             }
         }
@@ -475,11 +505,23 @@ impl<E> Relay<E> {
 
     /// The server's WAL end from an idle keepalive: confirmed if nothing is pending.
     pub fn handle_keepalive(&mut self, wal_end: Lsn) {
+        self.handle_keepalive_at(wal_end, None);
+    }
+
+    /// [`Relay::handle_keepalive`], with the wall clock when it arrived (Unix microseconds):
+    /// what commits after an idle WAL end commits after about then
+    /// ([`Relay::confirmed_since_micros`]).
+    pub fn handle_keepalive_at(&mut self, wal_end: Lsn, unix_micros: Option<i64>) {
         if self.stopped {
             return;
         }
         let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
         self.wm.idle_advance(wal_end);
+        if self.wm.confirmed() > lsn {
+            if let Some(t) = unix_micros {
+                self.idle_at = Some((self.wm.confirmed(), t));
+            }
+        }
         if self.current.is_none() {
             self.pass_moved(Moved::Idle(wal_end));
         }
@@ -487,9 +529,15 @@ impl<E> Relay<E> {
             // Idle: the sink may commit a progress record at the WAL end, so that an idle
             // outbox does not pin WAL in exactly-once mode either.
             self.whole_end = self.whole_end.max(self.wm.confirmed());
+            let since = self
+                .idle_at
+                .filter(|(at, _)| *at == self.whole_end)
+                .map(|(_, t)| t)
+                .or(self.last_commit_micros);
             self.position(Position {
                 end_lsn: self.whole_end,
                 partial: None,
+                since_unix_micros: since,
             });
         }
         self.progress(lsn, open);
@@ -682,6 +730,23 @@ impl<E> Relay<E> {
         }
         if confirmed > self.sent_confirm {
             self.sent_confirm = confirmed;
+            // Later transactions committed after the newest one confirmed (less the skew of
+            // concurrent commits, which the reader of the bound allows for), or after the
+            // keepalive that reported the WAL end confirmed.
+            while let Some(&(end, t)) = self.commit_times.front() {
+                if end > confirmed {
+                    break;
+                }
+                self.commit_times.pop_front();
+                self.confirmed_since_micros = Some(t);
+            }
+            if let Some((at, t)) = self.idle_at {
+                if at <= confirmed {
+                    self.confirmed_since_micros =
+                        Some(self.confirmed_since_micros.map_or(t, |s| s.max(t)));
+                    self.idle_at = None;
+                }
+            }
             self.actions.push_back(Action::Confirm(confirmed));
             self.pass_moved(Moved::Confirmed(confirmed));
         }
@@ -727,6 +792,7 @@ impl<E> Relay<E> {
                 commit_lsn: cur.commit_lsn,
                 events: cur.events,
             }),
+            since_unix_micros: (cur.commit_unix_micros > 0).then_some(cur.commit_unix_micros),
         });
     }
 

@@ -69,20 +69,44 @@ pub struct Remembered {
     pub other_systems: Vec<(u64, ProgressRecord)>,
 }
 
+/// How much earlier than the bound a record keeps a replay starts: concurrent transactions
+/// take their commit timestamps before they write their commit records, so one committed
+/// just after the recorded position may carry a slightly earlier time. Duplicates cost
+/// nothing (consumers deduplicate on the id header), a missed event everything.
+pub const REPLAY_MARGIN_MILLIS: i64 = 1_000;
+
 impl Remembered {
-    /// When the record that names the remembered position was written (Unix milliseconds): this
-    /// server's, else the newest of the other servers'. Events committed from then on may be
-    /// missing from Kafka when there is a gap; `ferry replay --since` takes it.
-    pub fn written_unix_millis(&self) -> Option<i64> {
-        match &self.this_system {
-            Some(r) => Some(r.written_unix_millis),
-            None => self
-                .other_systems
+    /// The record that names the remembered position: this server's, else the newest of the
+    /// other servers'.
+    fn naming(&self) -> Option<&ProgressRecord> {
+        self.this_system.as_ref().or_else(|| {
+            self.other_systems
                 .iter()
-                .map(|(_, r)| r.written_unix_millis)
-                .max(),
-        }
+                .map(|(_, r)| r)
+                .max_by_key(|r| r.written_unix_millis)
+        })
     }
+
+    /// From when to replay (Unix milliseconds) when events after the remembered position may
+    /// be missing: the record's bound on what committed after its position, less
+    /// [`REPLAY_MARGIN_MILLIS`]; for a record of an older Ferry, which has none, when it was
+    /// written, which can be later than events still in flight then ([`Refusal`] says so).
+    pub fn replay_since(&self) -> Option<ReplaySince> {
+        let r = self.naming()?;
+        Some(match r.since_unix_millis {
+            Some(t) => ReplaySince::Bound(t - REPLAY_MARGIN_MILLIS),
+            None => ReplaySince::Written(r.written_unix_millis),
+        })
+    }
+}
+
+/// From when to replay the events of a gap ([`Remembered::replay_since`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplaySince {
+    /// Every event after the position committed at or after this time (Unix milliseconds).
+    Bound(i64),
+    /// Only when the record was written is known (a record of an older Ferry).
+    Written(i64),
 }
 
 /// What the operator accepted for this start.
@@ -376,9 +400,9 @@ pub struct Refusal {
     pub slot: String,
     pub gap: Gap,
     pub offered: Option<Lsn>,
-    /// When the remembered position was recorded ([`Remembered::written_unix_millis`]): the
-    /// `--since` of the `ferry replay` that sends the gap's events again.
-    pub written_unix_millis: Option<i64>,
+    /// The `--since` of the `ferry replay` that sends the gap's events again
+    /// ([`Remembered::replay_since`]).
+    pub replay_since: Option<ReplaySince>,
 }
 
 impl Refusal {
@@ -410,15 +434,19 @@ impl Refusal {
 
     /// Step 2 of the action: send again what the outbox table still holds of the gap.
     fn replay(&self) -> String {
-        let since = self
-            .written_unix_millis
-            .and_then(ferry_router::cloudevents::rfc3339_millis);
-        let command = match &since {
-            Some(t) => {
-                format!("`ferry replay --since {t}` (when Ferry last recorded its position)")
-            }
-            None => "`ferry replay --since <the time of the last event known to be in Kafka>`"
-                .to_string(),
+        let time =
+            |t: i64| ferry_router::cloudevents::rfc3339_millis(t).unwrap_or_else(|| t.to_string());
+        let command = match self.replay_since {
+            Some(ReplaySince::Bound(t)) => format!(
+                "`ferry replay --since {}` (every event after the remembered position committed after it)",
+                time(t)
+            ),
+            Some(ReplaySince::Written(t)) => format!(
+                "`ferry replay --since {}` (when the position was recorded, by a Ferry that did not keep the \
+                 commit time: give it a margin as long as Ferry's replication lag then)",
+                time(t)
+            ),
+            None => "`ferry replay --since <the time of the last event known to be in Kafka>`".to_string(),
         };
         format!(
             "Then send again the events the outbox table still holds from the gap, with their original ids \
@@ -895,7 +923,7 @@ mod tests {
                                         slot: "ferry".into(),
                                         gap: gap.clone(),
                                         offered: None,
-                                        written_unix_millis: r.written_unix_millis(),
+                                        replay_since: r.replay_since(),
                                     }
                                     .to_string();
                                     assert!(shown.contains("README"), "{shown}");
@@ -923,7 +951,7 @@ mod tests {
                 current_wal_lsn: Some(Lsn(0x1_0000_1500)),
             },
             offered: None,
-            written_unix_millis: Some(1_795_000_000_123),
+            replay_since: Some(ReplaySince::Bound(1_795_000_000_123)),
         };
         let s = r.to_string();
         // The procedure: accept the gap, then replay from when the position was recorded.

@@ -257,6 +257,7 @@ fn exactly_once_counts_the_same_positions() {
             events: 1,
         }),
         written_unix_millis: 0,
+        since_unix_millis: None,
     };
     let mut r: R = Relay::new(c.clone());
     r.set_pass(Some(Pass::new(at(110, 1), PassAction::Skip)));

@@ -513,3 +513,40 @@ fn each_row_is_routed_by_its_tables_router_and_counted_per_table() {
     r.handle_outbox(row(&relation(16_400), 1, 102, 2, "k", Some("{}")), now);
     assert_text_needed(actions(&mut r), 0);
 }
+
+/// What a progress record keeps for `ferry replay --since`: every transaction after the
+/// confirmed LSN committed at or after the confirmed transaction's commit time, or after the
+/// idle keepalive that confirmed a WAL end.
+#[test]
+fn the_confirmed_position_carries_when_later_transactions_committed() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    let at = |xid: u32, commit_lsn: u64, micros: i64| {
+        ferry_wal::assembly::OutboxEvent::Begin(ferry_wal::assembly::TxnBegin {
+            xid,
+            commit_lsn: Lsn(commit_lsn),
+            commit_time: ferry_wal::PgTimestamp::from_unix_micros(micros).unwrap(),
+        })
+    };
+    assert_eq!(r.confirmed_since_micros(), None);
+    let (t1, t2) = (1_795_000_000_000_000, 1_795_000_001_000_000);
+    r.handle_outbox(at(1, 110, t1), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "a", Some("{}")), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    r.handle_outbox(at(2, 130, t2), now);
+    r.handle_outbox(row(&rel, 2, 125, 2, "b", Some("{}")), now);
+    r.handle_outbox(commit(2, 130, 140), now);
+    let p = produced(&actions(&mut r));
+    r.handle_report(p[0].0, Ok(()), now);
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(120)]);
+    assert_eq!(r.confirmed_since_micros(), Some(t1));
+    r.handle_report(p[1].0, Ok(()), now);
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(140)]);
+    assert_eq!(r.confirmed_since_micros(), Some(t2));
+    // Idle: the keepalive's WAL end is confirmed, and what commits later commits after it came.
+    let t3 = t2 + 5_000_000;
+    r.handle_keepalive_at(Lsn(200), Some(t3));
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(200)]);
+    assert_eq!(r.confirmed_since_micros(), Some(t3));
+}

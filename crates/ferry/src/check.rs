@@ -387,6 +387,8 @@ struct Inspection {
     remembered: Option<ferry_wal::Lsn>,
     /// When that position was recorded (Unix milliseconds).
     written_unix_millis: Option<i64>,
+    /// From when to replay should events after it be missing.
+    replay_since: Option<verdict::ReplaySince>,
     verdict: verdict::Verdict,
     topic_exists: bool,
 }
@@ -456,7 +458,11 @@ async fn inspect(
     });
     Ok(Inspection {
         remembered: remembered.this_system.as_ref().map(|r| r.end_lsn),
-        written_unix_millis: remembered.written_unix_millis(),
+        written_unix_millis: remembered
+            .this_system
+            .as_ref()
+            .map(|r| r.written_unix_millis),
+        replay_since: remembered.replay_since(),
         verdict: v,
         topic_exists: history.topic_exists,
     })
@@ -549,7 +555,7 @@ async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
                 slot: slot.clone(),
                 gap,
                 offered: None,
-                written_unix_millis: inspection.written_unix_millis,
+                replay_since: inspection.replay_since,
             };
             (Severity::Error, what, refusal.action())
         }

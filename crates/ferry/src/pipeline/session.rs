@@ -162,6 +162,9 @@ pub(super) struct Session<'a> {
     /// INSERTs into published tables Ferry does not relay: how many the last warning covered,
     /// and the warning's repeats.
     other_inserts_seen: u64,
+    /// The last LSN confirmed to the progress record's writer, with the core's bound on when
+    /// later transactions committed ([`Relay::confirmed_since_micros`]).
+    confirmed_since: (Lsn, Option<i64>),
     other_inserts_log: Repeats,
     acceptance: &'a mut Acceptance,
     /// This session's progress key and timeline (from the streaming server's IDENTIFY_SYSTEM).
@@ -188,6 +191,7 @@ impl<'a> Session<'a> {
             core,
             status_updates_seen: 0,
             other_inserts_seen: 0,
+            confirmed_since: (Lsn(0), None),
             other_inserts_log: Repeats::default(),
             acceptance,
             progress_key: Vec::new(),
@@ -215,6 +219,7 @@ impl<'a> Session<'a> {
             core: Core::new(rx, settings, pass),
             status_updates_seen: 0,
             other_inserts_seen: 0,
+            confirmed_since: (Lsn(0), None),
             other_inserts_log: Repeats::default(),
             acceptance,
             progress_key: Vec::new(),
@@ -353,6 +358,7 @@ impl<'a> Session<'a> {
                             ferry_core::Position {
                                 end_lsn: reader.resume_lsn,
                                 partial: None,
+                                since_unix_micros: None,
                             },
                         );
                         if let Err(e) = initial.await {
@@ -707,7 +713,7 @@ impl<'a> Session<'a> {
                 slot: name.clone(),
                 gap,
                 offered,
-                written_unix_millis: remembered.written_unix_millis(),
+                replay_since: remembered.replay_since(),
             })),
         }
     }
@@ -771,9 +777,20 @@ impl<'a> Session<'a> {
         let settled = self.core.relay.in_flight().0 == 0;
         self.core.remember.settled(settled, now);
         if let Some(lsn) = self.core.remember.poll_write(now) {
-            let value =
-                ProgressRecord::whole(record::Mode::AtLeastOnce, self.timeline, lsn, unix_millis())
-                    .encode();
+            let since = match self.confirmed_since {
+                (at, since) if at == lsn => since.map(|t| t.div_euclid(1000)),
+                _ => None,
+            };
+            let value = ProgressRecord {
+                since_unix_millis: since,
+                ..ProgressRecord::whole(
+                    record::Mode::AtLeastOnce,
+                    self.timeline,
+                    lsn,
+                    unix_millis(),
+                )
+            }
+            .encode();
             let Some(producer) = self.producer else {
                 return;
             };
@@ -838,7 +855,14 @@ impl<'a> Session<'a> {
 
     fn feed(&mut self, ev: ReaderEvent, now: Instant) {
         match ev {
-            ReaderEvent::Keepalive { wal_end } => self.core.relay.handle_keepalive(wal_end),
+            ReaderEvent::Keepalive { wal_end } => {
+                // What commits after an idle WAL end commits after about now.
+                let wall = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_micros() as i64);
+                self.core.relay.handle_keepalive_at(wal_end, wall)
+            }
             ReaderEvent::Outbox(ev) => self.core.relay.handle_outbox(ev, now),
         }
     }
@@ -920,6 +944,7 @@ impl<'a> Session<'a> {
             self.metrics.progress_lsn.set(lsn.0);
         } else {
             self.core.remember.confirmed(lsn);
+            self.confirmed_since = (lsn, self.core.relay.confirmed_since_micros());
         }
     }
 

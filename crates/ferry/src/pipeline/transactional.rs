@@ -282,6 +282,7 @@ impl Txn {
             .map_or(0, |d| d.as_millis() as i64);
         let record = ProgressRecord {
             partial: position.partial,
+            since_unix_millis: position.since_unix_micros.map(|t| t.div_euclid(1000)),
             ..ProgressRecord::whole(
                 Mode::ExactlyOnce,
                 self.timeline,
