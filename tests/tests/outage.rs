@@ -1,0 +1,143 @@
+//! A broker outage is visible at once: with the brokers gone and records waiting for them,
+//! `/readyz` answers 503 within the bound the README states (10 s) and says why,
+//! `ferry_kafka_brokers_up` drops to 0, and the age of the oldest record in flight and the
+//! replication lag grow while nothing is confirmed. With the broker back, Ferry is ready again,
+//! the connection it re-established is counted, and every record arrives.
+//!
+//! The test has a broker of its own, which it stops (SIGTERM) and starts again on the same
+//! port. Waits are conditions with deadlines; the one duration asserted is the stated bound.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferry_testkit::kafka::LocalBroker;
+use ferry_testkit::pg;
+
+/// What the README promises: `/readyz` answers 503 this soon after the brokers went away while
+/// records wait for them.
+const READINESS_BOUND: Duration = Duration::from_secs(10);
+const ROWS: usize = 50;
+
+async fn metric(ferry: &Ferry, name: &str) -> f64 {
+    ferry.metric(name).await.unwrap_or(f64::NAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_turns_readyz_503_within_the_bound_and_the_lag_grows() {
+    let broker = LocalBroker::start().await;
+    let mut w = World::on(pg::shared().create_db().await, broker.brokers()).await;
+    for (k, v) in [
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "100ms"),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1s"),
+    ] {
+        w.env.push((k.into(), v.into()));
+    }
+    let topic = w.create_topic("order", 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    w.insert("order", "o-0", "Created", "{}").await;
+    w.consume(&topic, 1).await;
+
+    tokio::task::block_in_place(|| broker.stop());
+    let stopped = Instant::now();
+    let confirmed_before = metric(&ferry, "ferry_confirmed_lsn").await;
+    for i in 1..=ROWS {
+        w.insert("order", &format!("o-{i}"), "Created", "{}").await;
+    }
+
+    // Not ready, with the reason, within the bound.
+    let wanted = format!("{ROWS} records wait for acknowledgement");
+    let body = loop {
+        let last = ferry.http_get("/readyz").await;
+        if let Some((503, b)) = &last {
+            if b.contains("no Kafka broker has answered") && b.contains(&wanted) {
+                break b.clone();
+            }
+        }
+        assert!(
+            stopped.elapsed() <= READINESS_BOUND,
+            "/readyz did not answer 503 naming the brokers and the {ROWS} records within \
+             {READINESS_BOUND:?} of the broker's stop; last: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let not_ready_after = stopped.elapsed();
+    assert!(not_ready_after <= READINESS_BOUND, "{not_ready_after:?}");
+    assert!(body.contains("kafka.brokers"), "says what to check: {body}");
+
+    // The metrics say the same: no broker up, records waiting longer and longer, the lag
+    // growing, nothing confirmed.
+    assert_eq!(metric(&ferry, "ferry_kafka_brokers_up").await, 0.0);
+    assert!(metric(&ferry, "ferry_kafka_brokers").await >= 1.0);
+    assert_eq!(metric(&ferry, "ferry_in_flight_records").await, ROWS as f64);
+    let age = metric(&ferry, "ferry_in_flight_oldest_age_seconds").await;
+    let lag = metric(&ferry, "ferry_replication_lag_latest_seconds").await;
+    assert!(age > 0.0, "oldest in flight: {age}");
+    assert!(
+        lag >= age,
+        "lag {lag} covers the oldest record's wait {age}"
+    );
+    wait_until(
+        "the oldest record's age and the lag grow by 2 s",
+        Duration::from_secs(10),
+        || async {
+            metric(&ferry, "ferry_in_flight_oldest_age_seconds").await >= age + 2.0
+                && metric(&ferry, "ferry_replication_lag_latest_seconds").await >= lag + 2.0
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(&ferry, "ferry_confirmed_lsn").await,
+        confirmed_before,
+        "nothing is confirmed while the broker is away"
+    );
+    let reconnects_before = ferry
+        .metric_labeled("ferry_reconnects_total", "component", "kafka")
+        .await
+        .unwrap_or(0.0);
+    assert!(ferry.is_running(), "an outage is waited out, not fatal");
+
+    // Back: ready again, the reconnection counted, every record delivered and confirmed.
+    tokio::task::block_in_place(|| broker.start_again());
+    wait_until("/readyz 200 again", Duration::from_secs(60), || async {
+        matches!(ferry.http_get("/readyz").await, Some((200, _)))
+    })
+    .await;
+    let records = w.consume(&topic, ROWS + 1).await;
+    let keys: std::collections::BTreeSet<String> = records
+        .iter()
+        .filter_map(|r| {
+            r.key
+                .as_deref()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+        })
+        .collect();
+    assert_eq!(keys.len(), ROWS + 1, "every record arrives: {keys:?}");
+    wait_until(
+        "nothing in flight, a broker up, the reconnection counted",
+        Duration::from_secs(30),
+        || async {
+            metric(&ferry, "ferry_in_flight_records").await == 0.0
+                && metric(&ferry, "ferry_in_flight_oldest_age_seconds").await == 0.0
+                && metric(&ferry, "ferry_kafka_brokers_up").await >= 1.0
+                && ferry
+                    .metric_labeled("ferry_reconnects_total", "component", "kafka")
+                    .await
+                    .is_some_and(|n| n > reconnects_before)
+        },
+    )
+    .await;
+    let end = w.current_wal_lsn().await;
+    wait_until(
+        "the slot confirmed past the outage",
+        Duration::from_secs(30),
+        || async { w.confirmed_lsn().await.is_some_and(|l| l >= end) },
+    )
+    .await;
+    let log = ferry.log_text();
+    assert!(log.contains("no Kafka broker is up"), "{log}");
+    assert!(log.contains("a Kafka broker is up again"), "{log}");
+    eprintln!("/readyz 503 {not_ready_after:?} after the broker stopped: {body}");
+}
