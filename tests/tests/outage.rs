@@ -46,6 +46,7 @@ async fn a_broker_outage_turns_readyz_503_within_the_bound_and_the_lag_grows() {
     for i in 1..=ROWS {
         w.insert("order", &format!("o-{i}"), "Created", "{}").await;
     }
+    let end = w.current_wal_lsn().await;
 
     // Not ready, with the reason, within the bound.
     let wanted = format!("{ROWS} records wait for acknowledgement");
@@ -115,24 +116,29 @@ async fn a_broker_outage_turns_readyz_503_within_the_bound_and_the_lag_grows() {
         })
         .collect();
     assert_eq!(keys.len(), ROWS + 1, "every record arrives: {keys:?}");
+    wait_until("nothing in flight", Duration::from_secs(30), || async {
+        metric(&ferry, "ferry_in_flight_records").await == 0.0
+            && metric(&ferry, "ferry_in_flight_oldest_age_seconds").await == 0.0
+    })
+    .await;
+    wait_until("a broker up", Duration::from_secs(30), || async {
+        metric(&ferry, "ferry_kafka_brokers_up").await >= 1.0
+    })
+    .await;
     wait_until(
-        "nothing in flight, a broker up, the reconnection counted",
+        "the re-established connection counted",
         Duration::from_secs(30),
         || async {
-            metric(&ferry, "ferry_in_flight_records").await == 0.0
-                && metric(&ferry, "ferry_in_flight_oldest_age_seconds").await == 0.0
-                && metric(&ferry, "ferry_kafka_brokers_up").await >= 1.0
-                && ferry
-                    .metric_labeled("ferry_reconnects_total", "component", "kafka")
-                    .await
-                    .is_some_and(|n| n > reconnects_before)
+            ferry
+                .metric_labeled("ferry_reconnects_total", "component", "kafka")
+                .await
+                .is_some_and(|n| n > reconnects_before)
         },
     )
     .await;
-    let end = w.current_wal_lsn().await;
     wait_until(
-        "the slot confirmed past the outage",
-        Duration::from_secs(30),
+        "the slot confirmed past the rows written during the outage",
+        Duration::from_secs(60),
         || async { w.confirmed_lsn().await.is_some_and(|l| l >= end) },
     )
     .await;
