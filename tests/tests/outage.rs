@@ -147,3 +147,77 @@ async fn a_broker_outage_turns_readyz_503_within_the_bound_and_the_lag_grows() {
     assert!(log.contains("a Kafka broker is up again"), "{log}");
     eprintln!("/readyz 503 {not_ready_after:?} after the broker stopped: {body}");
 }
+
+/// Exactly-once mode: its producer lives as long as its session, and a session whose Kafka
+/// transaction cannot commit ends (and starts over from what Kafka holds once it can). Either
+/// way `/readyz` answers 503 within the same bound, with the brokers or the stream as the
+/// reason; once the broker is back every row arrives, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_exactly_once_mode_a_broker_outage_turns_readyz_503_within_the_bound() {
+    let broker = LocalBroker::start().await;
+    let mut w = World::on(pg::shared().create_db().await, broker.brokers()).await;
+    let progress = format!("{}.progress", w.topic_prefix);
+    w.env.extend([
+        ("FERRY_KAFKA_EXACTLY_ONCE".to_string(), "true".to_string()),
+        ("FERRY_KAFKA_PROGRESS_TOPIC".into(), progress),
+        ("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), "100ms".into()),
+        (
+            "FERRY_POSTGRES_RECONNECT_BACKOFF_MIN".into(),
+            "100ms".into(),
+        ),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX".into(), "1s".into()),
+    ]);
+    let topic = w.create_topic("order", 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    w.insert("order", "o-0", "Created", "{}").await;
+    w.consume(&topic, 1).await;
+
+    tokio::task::block_in_place(|| broker.stop());
+    let stopped = Instant::now();
+    for i in 1..=ROWS {
+        w.insert("order", &format!("o-{i}"), "Created", "{}").await;
+    }
+    let body = loop {
+        let last = ferry.http_get("/readyz").await;
+        if let Some((503, b)) = &last {
+            break b.clone();
+        }
+        assert!(
+            stopped.elapsed() <= READINESS_BOUND,
+            "/readyz did not answer 503 within {READINESS_BOUND:?} of the broker's stop; last: \
+             {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let not_ready_after = stopped.elapsed();
+    assert!(
+        body.contains("no Kafka broker has answered") || body.contains("not streaming"),
+        "{body}"
+    );
+    assert!(ferry.is_running(), "an outage is waited out, not fatal");
+
+    tokio::task::block_in_place(|| broker.start_again());
+    wait_until("/readyz 200 again", Duration::from_secs(90), || async {
+        matches!(ferry.http_get("/readyz").await, Some((200, _)))
+    })
+    .await;
+    let records = w.consume(&topic, ROWS + 1).await;
+    let mut keys: Vec<String> = records
+        .iter()
+        .filter_map(|r| {
+            r.key
+                .as_deref()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+        })
+        .collect();
+    keys.sort();
+    let total = keys.len();
+    keys.dedup();
+    assert_eq!(
+        (total, keys.len()),
+        (ROWS + 1, ROWS + 1),
+        "exactly once: {keys:?}"
+    );
+    eprintln!("exactly-once: /readyz 503 {not_ready_after:?} after the broker stopped: {body}");
+}
