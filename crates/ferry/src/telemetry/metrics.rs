@@ -35,7 +35,7 @@
 //! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
 //! | `ferry_reconnects_total` | counter | `component` | `postgres`: sessions restarted after a transient error. `kafka`: sessions restarted after a transient Kafka error, plus broker connections librdkafka re-established after losing them (each loss counted once the broker is up again; see [`super::brokers`]). |
 //! | `ferry_kafka_brokers` | gauge | | Brokers librdkafka knows (learned from metadata; the configured bootstrap ones until then), from its latest statistics (every `statistics.interval.ms`, 1 s). |
-//! | `ferry_kafka_brokers_up` | gauge | | Of those, the ones connected and answering (state `UP`, no request unanswered for 5 s). 0 for 5 s makes `/readyz` answer 503. |
+//! | `ferry_kafka_brokers_up` | gauge | | Of those, the ones connected and answering (state `UP`, no request unanswered for 5 s). librdkafka connects only to the brokers it needs (the leaders Ferry writes to, one for metadata), so fewer than known is normal; 0 for 5 s makes `/readyz` answer 503. In exactly-once mode both are 0 between sessions (the producer ends with its session). |
 //! | `ferry_topics_missing` | gauge | | Topics records were routed to that the brokers do not have (records wait for them). |
 //! | `ferry_partitions_refusing` | gauge | | Partitions records wait for that refuse writes: fewer in-sync replicas than `min.insync.replicas` (`NOT_ENOUGH_REPLICAS`), or no leader. |
 //! | `ferry_log_write_errors_total` | counter | | Log events dropped because stderr failed (closed pipe, full disk); process-wide. |
