@@ -221,3 +221,50 @@ async fn in_exactly_once_mode_a_broker_outage_turns_readyz_503_within_the_bound(
     );
     eprintln!("exactly-once: /readyz 503 {not_ready_after:?} after the broker stopped: {body}");
 }
+
+/// A broker that stops answering without closing its connections (SIGSTOP: what a network that
+/// drops packets looks like from here): librdkafka keeps the connection `UP`, but a request
+/// unanswered for 5 s makes the broker silent, not up, and `/readyz` answers 503 within the
+/// README's bound for that case (15 s). Resumed, everything arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_broker_turns_readyz_503_within_15_s() {
+    const SILENT_BOUND: Duration = Duration::from_secs(15);
+    let broker = LocalBroker::start().await;
+    let w = World::on(pg::shared().create_db().await, broker.brokers()).await;
+    let topic = w.create_topic("order", 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    w.insert("order", "o-0", "Created", "{}").await;
+    w.consume(&topic, 1).await;
+
+    broker.pause_node(0);
+    let paused = Instant::now();
+    for i in 1..=ROWS {
+        w.insert("order", &format!("o-{i}"), "Created", "{}").await;
+    }
+    let body = loop {
+        let last = ferry.http_get("/readyz").await;
+        if let Some((503, b)) = &last {
+            if b.contains("no Kafka broker has answered") {
+                break b.clone();
+            }
+        }
+        assert!(
+            paused.elapsed() <= SILENT_BOUND,
+            "/readyz did not answer 503 naming the brokers within {SILENT_BOUND:?} of the \
+             broker's pause; last: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let not_ready_after = paused.elapsed();
+    assert!(body.contains("SILENT"), "{body}");
+    assert_eq!(metric(&ferry, "ferry_kafka_brokers_up").await, 0.0);
+
+    broker.resume_node(0);
+    wait_until("/readyz 200 again", Duration::from_secs(60), || async {
+        matches!(ferry.http_get("/readyz").await, Some((200, _)))
+    })
+    .await;
+    w.consume(&topic, ROWS + 1).await;
+    eprintln!("silent: /readyz 503 {not_ready_after:?} after the broker's pause: {body}");
+}
