@@ -5,6 +5,7 @@
 --   * LOGIN and REPLICATION, to open a replication connection and create/stream its slot
 --     (on Amazon RDS/Aurora, REPLICATION cannot be granted: GRANT rds_replication TO ferry);
 --   * CONNECT on the database;
+--   * USAGE on the outbox's schema (Ferry looks the table up by name);
 --   * SELECT on the outbox only (`ferry check` samples it; logical decoding itself needs none).
 -- It does not own the outbox, so it cannot create the publication: the owner runs
 -- sql/publication.sql once and Ferry runs with postgres.create_publication = false.

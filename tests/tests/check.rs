@@ -82,6 +82,54 @@ async fn check_reports_a_missing_publication_it_may_not_create() {
     );
 }
 
+/// A table the publication lists by name that no entry relays: `run` would skip its rows, so
+/// `check` fails naming it, with both fixes. A publication FOR ALL TABLES carries every table by
+/// design: a note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fails_on_a_published_table_no_entry_relays_and_notes_a_publication_for_all_tables() {
+    let w = World::new().await;
+    w.create_topic("order", 1).await;
+    let publication = &w.publication;
+    w.sql
+        .batch_execute(&format!(
+            "CREATE SCHEMA shop; CREATE TABLE shop.events_json (id int PRIMARY KEY, body jsonb); \
+             CREATE PUBLICATION {publication} FOR TABLE outbox, shop.events_json WITH (publish = 'insert')"
+        ))
+        .await
+        .unwrap();
+    let (code, out) = check(&w).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert_problem(
+        &out,
+        &format!(
+            "publication {publication:?} includes table \"shop\".\"events_json\", which no [outbox] or \
+             [[tables]] entry relays"
+        ),
+        "add a [[tables]] entry with outbox.table = \"shop.events_json\"",
+    );
+    assert!(
+        out.contains(&format!(
+            "ALTER PUBLICATION \"{publication}\" DROP TABLE \"shop\".\"events_json\""
+        )),
+        "{out}"
+    );
+
+    w.sql
+        .batch_execute(&format!(
+            "DROP PUBLICATION {publication}; CREATE PUBLICATION {publication} FOR ALL TABLES WITH (publish = 'insert')"
+        ))
+        .await
+        .unwrap();
+    let (code, out) = check(&w).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains(&format!(
+            "note: publication {publication:?} is FOR ALL TABLES"
+        )),
+        "{out}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_a_role_without_replication() {
     let mut w = World::new().await;

@@ -828,3 +828,101 @@ async fn replication_revoked_under_load_exits_with_the_fix_and_resumes_once_rest
     assert_complete_in_key_order(&events, n, Keys::Text);
     assert!(ferry.is_running());
 }
+
+// 8. A published table no entry relays ----------------------------------------------------------
+
+/// A table the publication lists by name and no entry relays (issue 28, major 1). Before, its
+/// rows were skipped and the slot confirmed past them. Now:
+/// - `run` refuses to start, naming it, with both fixes (an entry, or out of the publication);
+/// - one listed while Ferry streams stops it before that transaction's commit (the reader, at
+///   its row) or as soon as it is listed (the publication watch), with the same fixes;
+/// - taken out of the publication, its rows still in the WAL are skipped (PostgreSQL decodes
+///   with the catalog as of each transaction), and the outbox row of that same transaction is
+///   delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_table_no_entry_relays_stops_ferry_until_it_is_relayed_or_taken_out() {
+    let w = World::new().await;
+    let topic = w.create_topic("ev", 1).await;
+    let publication = &w.publication;
+    let fixes = [
+        "which no [outbox] or [[tables]] entry relays",
+        "outbox.table = \"public.audit\"",
+        &format!("ALTER PUBLICATION \"{publication}\" DROP TABLE \"public\".\"audit\""),
+    ];
+    w.sql
+        .batch_execute(&format!(
+            "CREATE TABLE audit (id int PRIMARY KEY, what text); \
+             CREATE PUBLICATION {publication} FOR TABLE outbox, audit WITH (publish = 'insert')"
+        ))
+        .await
+        .unwrap();
+
+    // At start: refused.
+    let mut ferry = w.start_ferry();
+    exits_permanently(&mut ferry, &fixes).await;
+
+    // Taken out: Ferry runs; listed again while it streams: it stops, nothing of that
+    // transaction on confirmed.
+    w.sql
+        .batch_execute(&format!("ALTER PUBLICATION {publication} DROP TABLE audit"))
+        .await
+        .unwrap();
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    w.insert("ev", "k-1", "Happened", r#"{"seq": 1}"#).await;
+    w.consume(&topic, 1).await;
+    w.sql
+        .batch_execute(&format!(
+            "ALTER PUBLICATION {publication} ADD TABLE audit; \
+             BEGIN; INSERT INTO audit VALUES (1, 'a'); \
+             INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('ev', 'k-2', 'Happened', '{{\"seq\": 2}}'); \
+             COMMIT"
+        ))
+        .await
+        .unwrap();
+    let log = exits_permanently(&mut ferry, &fixes).await;
+    let at_the_row = log.contains("the stream met a row of table \"public\".\"audit\"");
+    assert!(
+        at_the_row || log.contains("joined publication"),
+        "neither the reader nor the watch stopped Ferry:\n{log}"
+    );
+    eprintln!(
+        "stopped by {}",
+        if at_the_row {
+            "the reader, at the row"
+        } else {
+            "the publication watch"
+        }
+    );
+
+    // Taken out again: the row of audit still in the WAL is skipped, the outbox row of its
+    // transaction and every later one delivered.
+    w.sql
+        .batch_execute(&format!("ALTER PUBLICATION {publication} DROP TABLE audit"))
+        .await
+        .unwrap();
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    w.insert("ev", "k-3", "Happened", r#"{"seq": 3}"#).await;
+    kafka::consume_until(
+        &w.brokers,
+        &topic,
+        "k-1, k-2 and k-3",
+        DEADLINE,
+        |records| {
+            let keys: HashSet<&[u8]> = records.iter().filter_map(|r| r.key.as_deref()).collect();
+            [&b"k-1"[..], b"k-2", b"k-3"]
+                .iter()
+                .all(|k| keys.contains(k))
+        },
+    )
+    .await;
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+    if at_the_row {
+        assert!(
+            ferry.log_text().contains("is no longer in publication"),
+            "{}",
+            ferry.log_text()
+        );
+    }
+}

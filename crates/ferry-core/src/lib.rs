@@ -24,7 +24,8 @@
 //!    registered or in flight.
 //! 4. **Memory is bounded by the window.** No WAL is taken while the in-flight records or bytes
 //!    are at their bound ([`window`]); the driver then stops reading, and PostgreSQL stops sending.
-//! 5. **Poison rows go by policy** (`route.on_error`, [`route`]), decided here with the real router.
+//! 5. **Poison rows go by policy** (`route.on_error`, [`route`]), decided here with the real router;
+//!    one named poison event may be passed once ([`pass`]: `ferry run --skip-event`).
 //!
 //! # Sinks
 //!
@@ -35,6 +36,7 @@
 
 pub mod guard;
 pub mod inflight;
+pub mod pass;
 pub mod progress;
 pub mod relay;
 pub mod remember;

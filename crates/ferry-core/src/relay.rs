@@ -58,6 +58,7 @@ use ferry_wal::Lsn;
 
 use crate::guard::BinaryGuard;
 use crate::inflight::{Entry, InFlight, Token};
+use crate::pass::{EventPosition, Fate, Meeting, Moved, Pass, PassAction};
 use crate::progress::{Partial, ProgressRecord};
 use crate::route::{self, RouteErrorKind, Routed};
 use crate::watermark::{Watermark, WatermarkError};
@@ -99,7 +100,15 @@ pub enum CoreError<E> {
     Route {
         error: RouteError,
         commit_lsn: Lsn,
+        /// The event's place among its transaction's outbox events, from 1: with `commit_lsn`,
+        /// the position `--skip-event` / `--dead-letter-event` name ([`crate::pass`]).
+        event: u64,
+        /// The row's (or message's) own LSN, for the log.
+        lsn: Lsn,
         table: Option<usize>,
+        /// The one-shot pass given for this run, if any (it names another event, or it names
+        /// this one and `route.dead_letter_topic` is unset).
+        pass: Option<Pass>,
     },
     /// Kafka failed or refused a record for `topic`.
     Delivery { topic: Arc<str>, error: E },
@@ -250,6 +259,8 @@ pub struct Relay<E> {
     /// the relay was made: read by the driver ([`Relay::table_rows`]) rather than sent as an
     /// action per row, which cost 5% of the core's time per row.
     table_rows: Vec<[u64; 4]>,
+    /// The one-shot pass (`--skip-event` / `--dead-letter-event`) while it is armed.
+    pass: Option<Pass>,
 }
 
 impl<E> Relay<E> {
@@ -273,7 +284,19 @@ impl<E> Relay<E> {
             sent_confirm: Lsn(0),
             whole_end: Lsn(0),
             table_rows: vec![[0; 4]; tables],
+            pass: None,
         }
+    }
+
+    /// Arms a one-shot pass for a poison event ([`crate::pass`]); checked against the resume
+    /// position at the next [`Relay::start`].
+    pub fn set_pass(&mut self, pass: Option<Pass>) {
+        self.pass = pass;
+    }
+
+    /// The one-shot pass while it is armed (a relay made for the next session takes it over).
+    pub fn pass(&self) -> Option<Pass> {
+        self.pass
     }
 
     /// Rows routed per outbox table, by [`RowOutcome`] (in [`RowOutcome::ALL`]'s order), since
@@ -298,6 +321,15 @@ impl<E> Relay<E> {
         self.committed_end = remembered
             .as_ref()
             .map_or(resume, |r| r.end_lsn.max(resume));
+        if let Some(pass) = self.pass {
+            if pass.behind(resume, remembered.as_ref()) {
+                self.pass = None;
+                if !pass.met {
+                    tracing::warn!(position = %pass.at, slot_lsn = %resume,
+                        "{pass} names an event the slot has already passed: it does nothing (remove the flag)");
+                }
+            }
+        }
         self.remembered = remembered;
         self.sent_confirm = resume;
         self.whole_end = self.committed_end;
@@ -379,6 +411,7 @@ impl<E> Relay<E> {
                     events: 0,
                 });
                 self.count(Count::TransactionReceived);
+                self.pass_moved(Moved::Begin(b.commit_lsn));
             }
             OutboxEvent::Row(row) => {
                 let Some(cur) = self.next_event() else {
@@ -401,9 +434,14 @@ impl<E> Relay<E> {
                 let Some(router) = self.config.routers.get(row.table) else {
                     return self.bookkeeping(WatermarkError::UnknownTable { table: row.table });
                 };
-                let routed = route::row(router, &row, cur.commit_unix_micros);
+                let mut routed = route::row(router, &row, cur.commit_unix_micros);
+                if let Some(action) = pass_meets(&mut self.pass, cur, row.lsn, &routed.0) {
+                    routed.0 = route::pass(routed.0, action, |e| {
+                        router.dead_letter(&route::WalRow(&row), e, cur.commit_unix_micros)
+                    });
+                }
                 self.table_rows[row.table][RowOutcome::of(&routed.0) as usize] += 1;
-                self.routed(cur, routed, Some(row.table), now);
+                self.routed(cur, routed, row.lsn, Some(row.table), now);
                 self.position_inside(cur);
             }
             OutboxEvent::Message(m) => {
@@ -413,12 +451,14 @@ impl<E> Relay<E> {
                 if self.covered(cur) {
                     return;
                 }
-                let routed = route::message(
-                    self.config.routers.primary(),
-                    &m.content,
-                    cur.commit_unix_micros,
-                );
-                self.routed(cur, routed, None, now);
+                let router = self.config.routers.primary();
+                let mut routed = route::message(router, &m.content, cur.commit_unix_micros);
+                if let Some(action) = pass_meets(&mut self.pass, cur, m.lsn, &routed.0) {
+                    routed.0 = route::pass(routed.0, action, |e| {
+                        router.dead_letter_message(&m.content, e, cur.commit_unix_micros)
+                    });
+                }
+                self.routed(cur, routed, m.lsn, None, now);
                 self.position_inside(cur);
             }
             OutboxEvent::Commit(c) => {
@@ -426,6 +466,7 @@ impl<E> Relay<E> {
                     return self.bookkeeping(e);
                 }
                 self.current = None;
+                self.pass_moved(Moved::Commit(c.commit_lsn));
                 self.whole_end = self.whole_end.max(c.end_lsn);
                 self.actions
                     .push_back(Action::CommitPoint { end_lsn: c.end_lsn });
@@ -445,6 +486,9 @@ impl<E> Relay<E> {
         }
         let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
         self.wm.idle_advance(wal_end);
+        if self.current.is_none() {
+            self.pass_moved(Moved::Idle(wal_end));
+        }
         if self.config.exactly_once && self.current.is_none() && self.wm.confirmed() > lsn {
             // Idle: the sink may commit a progress record at the WAL end, so that an idle
             // outbox does not pin WAL in exactly-once mode either.
@@ -577,6 +621,7 @@ impl<E> Relay<E> {
         &mut self,
         cur: Current,
         (routed, kind): (Routed, Option<RouteErrorKind>),
+        lsn: Lsn,
         table: Option<usize>,
         now: Instant,
     ) {
@@ -601,7 +646,10 @@ impl<E> Relay<E> {
                 CoreError::Route {
                     error,
                     commit_lsn: cur.commit_lsn,
+                    event: cur.events,
+                    lsn,
                     table,
+                    pass: self.pass,
                 },
                 now,
             ),
@@ -642,6 +690,25 @@ impl<E> Relay<E> {
         if confirmed > self.sent_confirm {
             self.sent_confirm = confirmed;
             self.actions.push_back(Action::Confirm(confirmed));
+            self.pass_moved(Moved::Confirmed(confirmed));
+        }
+    }
+
+    /// The stream moved: the one-shot pass may be used up, or passed without meeting its event.
+    fn pass_moved(&mut self, moved: Moved) {
+        let Some(pass) = self.pass else { return };
+        match pass.after(moved) {
+            Fate::Armed => {}
+            Fate::Used => {
+                self.pass = None;
+                tracing::info!(position = %pass.at, "{pass}: its transaction is confirmed; the flag is used up");
+            }
+            Fate::Unmet => {
+                self.pass = None;
+                tracing::warn!(position = %pass.at,
+                    "{pass}: the stream passed this position without meeting an event there that stops \
+                     Ferry: nothing was skipped or dead-lettered (check the position the error printed)");
+            }
         }
     }
 
@@ -747,5 +814,42 @@ impl<E> Relay<E> {
         self.config
             .session_drain_timeout
             .and_then(|t| now.checked_add(t))
+    }
+}
+
+/// The one-shot pass's decision for the event just routed (`routed`), counted in `cur`;
+/// `lsn` is the event's own LSN, for the log.
+fn pass_meets(
+    slot: &mut Option<Pass>,
+    cur: Current,
+    lsn: Lsn,
+    routed: &Routed,
+) -> Option<PassAction> {
+    let pass = slot.as_mut()?;
+    let at = EventPosition {
+        commit_lsn: cur.commit_lsn,
+        event: cur.events,
+    };
+    match pass.meet(at, matches!(routed, Routed::Fail(_))) {
+        Meeting::Other => None,
+        Meeting::Apply(action) => {
+            let Routed::Fail(e) = routed else { return None };
+            tracing::warn!(position = %at, lsn = %lsn, error = %e,
+            "{}: passing this one event that cannot be routed, as the flag asks ({})",
+            action.flag(),
+            match action {
+                PassAction::Skip => "skipped, counted in ferry_rows_skipped_total",
+                PassAction::DeadLetter => "sent to the dead-letter topic, counted in ferry_rows_dead_lettered_total",
+            });
+            Some(action)
+        }
+        Meeting::NotStopping => {
+            let flag = *pass;
+            *slot = None;
+            tracing::warn!(position = %at, lsn = %lsn,
+                "{flag} names an event that does not stop Ferry (it routes, or route.on_error handles it): \
+                 it is handled as usual, and the flag does nothing");
+            None
+        }
     }
 }

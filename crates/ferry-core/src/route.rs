@@ -18,6 +18,8 @@ use ferry_router::{ColumnRef, OnError, Record, RouteError, RouteErrorReason, Rou
 use ferry_wal::assembly::OutboxRow;
 use ferry_wal::pgoutput::TupleValue;
 
+use crate::pass::PassAction;
+
 /// Why the router rejected an event, as a closed set (a metric label; no data in it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouteErrorKind {
@@ -99,6 +101,29 @@ pub(crate) fn message(
         Err(e) => policy(router, None, e, |err| {
             router.dead_letter_message(content, err, commit_unix_micros)
         }),
+    }
+}
+
+/// The one-shot pass's `action` for an event whose outcome was `Routed::Fail` ([`crate::pass`]):
+/// left out, or produced as `dead_letter` renders it. Without a dead-letter topic there is
+/// nothing to produce, and the event still fails.
+pub(crate) fn pass(
+    routed: Routed,
+    action: PassAction,
+    dead_letter: impl FnOnce(&RouteError) -> Option<Record>,
+) -> Routed {
+    let Routed::Fail(error) = routed else {
+        return routed;
+    };
+    match action {
+        PassAction::Skip => Routed::Skip,
+        PassAction::DeadLetter => match dead_letter(&error) {
+            Some(record) => Routed::Produce {
+                record,
+                dead_letter: true,
+            },
+            None => Routed::Fail(error),
+        },
     }
 }
 

@@ -220,6 +220,7 @@ fn a_row_without_a_column_the_route_reads_stops_whatever_on_error_says() {
                 commit_lsn,
                 error,
                 table,
+                ..
             })) => {
                 assert_eq!((commit_lsn, table), (Lsn(110), Some(0)));
                 assert_eq!(error.code(), "missing_column");

@@ -172,7 +172,7 @@ impl fmt::Display for RouteErrorReason {
             ),
             RouteErrorReason::InvalidTopic { topic, problem } => write!(
                 f,
-                "the routed topic {topic:?} is not a legal Kafka topic name: {problem}; fix the row's value or the route.topic / route.rules template"
+                "the routed topic {topic:?} is not a legal Kafka topic name: {problem}; the value comes from the row (fix what the writer stores) or from the route.topic / route.rules template"
             ),
             RouteErrorReason::PayloadTooLarge { size, max } => write!(
                 f,

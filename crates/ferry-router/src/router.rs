@@ -364,7 +364,8 @@ impl Router {
         self.on_error
     }
 
-    /// The dead-letter topic, when `on_error = "dead_letter"`.
+    /// The dead-letter topic (`on_error = "dead_letter"`, or `"fail"` with a topic for
+    /// `ferry run --dead-letter-event`).
     pub fn dead_letter_topic(&self) -> Option<&str> {
         self.dead_letter_topic.as_deref()
     }
@@ -431,8 +432,9 @@ impl Router {
         }
     }
 
-    /// The dead-letter record for a row that failed with `error`, when `on_error = "dead_letter"`
-    /// (else `None`). Best effort, never failing: key and value are the row's aggregate id and
+    /// The dead-letter record for a row that failed with `error`, when `route.dead_letter_topic`
+    /// is set (`on_error = "dead_letter"`, or `"fail"` for `ferry run --dead-letter-event`; else
+    /// `None`). Best effort, never failing: key and value are the row's aggregate id and
     /// payload as far as they can be read (no value if the payload was too large), headers are the
     /// event id and [`DEAD_LETTER_REASON_HEADER`] / [`DEAD_LETTER_CODE_HEADER`].
     pub fn dead_letter<R: OutboxRow + ?Sized>(
@@ -484,10 +486,8 @@ impl Router {
         error: &RouteError,
         commit_time_micros: i64,
     ) -> Option<Record> {
-        let topic = match (self.on_error, &self.dead_letter_topic) {
-            (OnError::DeadLetter, Some(t)) => t.clone(),
-            _ => return None,
-        };
+        // Set only under `dead_letter`, or under `fail` for `ferry run --dead-letter-event`.
+        let topic = self.dead_letter_topic.clone()?;
         let mut headers = Vec::with_capacity(3);
         if let (Some(name), Some(id)) = (&self.id_header, &error.event_id) {
             headers.push((name.clone(), Some(Bytes::from(id.clone()))));

@@ -484,14 +484,15 @@ impl RouteConfig {
                 "route.dead_letter_topic",
                 "is required when route.on_error = \"dead_letter\"",
             )),
-            (crate::OnError::DeadLetter, Some(t)) => {
+            // Under `fail`, where `ferry run --dead-letter-event` sends the one event it names.
+            (crate::OnError::DeadLetter | crate::OnError::Fail, Some(t)) => {
                 if let Err(e) = validate_topic(t.as_bytes()) {
                     p.push(ConfigProblem::new("route.dead_letter_topic", e.to_string()));
                 }
             }
             (other, Some(_)) => p.push(ConfigProblem::new(
                 "route.dead_letter_topic",
-                format!("is only used when route.on_error = \"dead_letter\" (it is {other:?}); remove it or change on_error", other = other.as_str()),
+                format!("is only used when route.on_error = \"dead_letter\" (or \"fail\", by `ferry run --dead-letter-event`; it is {other:?}); remove it or change on_error", other = other.as_str()),
             )),
             (_, None) => {}
         }

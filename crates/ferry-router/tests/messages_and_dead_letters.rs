@@ -194,6 +194,18 @@ fn no_dead_letter_unless_configured() {
     }
 }
 
+/// Under `fail`, a dead-letter topic is where `ferry run --dead-letter-event` sends the one
+/// event it names: the router renders it (the policy still stops at every other event).
+#[test]
+fn a_dead_letter_topic_under_fail_renders_for_the_one_shot_flag() {
+    let r = router("[route]\non_error = \"fail\"\ndead_letter_topic = \"outbox.dlq\"");
+    assert_eq!(r.on_error(), ferry_router::OnError::Fail);
+    let row = base_row().without("payload");
+    let err = r.route_row(&row, COMMIT_MICROS).unwrap_err();
+    let dl = r.dead_letter(&row, &err, COMMIT_MICROS).unwrap();
+    assert_eq!(&*dl.topic, "outbox.dlq");
+}
+
 #[test]
 fn optional_members_may_be_absent_in_a_message() {
     let r = router(

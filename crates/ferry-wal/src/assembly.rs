@@ -16,8 +16,12 @@
 //! - **A Message per transactional logical decoding message** whose prefix is the configured
 //!   one (`pg_logical_emit_message(true, prefix, content)`), an alternative to the table.
 //!
-//! Everything else is counted in [`AssemblyStats`] and skipped: inserts into other tables,
-//! UPDATE/DELETE/TRUNCATE (on the outbox, which suggests someone edits it by hand, separately
+//! - **An error for an INSERT into a table the publication lists by name** that is none of the
+//!   outbox tables ([`OtherTables`]): skipping it would confirm the slot past a row someone
+//!   published to be relayed.
+//!
+//! Everything else is counted in [`AssemblyStats`] and skipped: inserts into other tables of a
+//! publication `FOR ALL TABLES` or `FOR TABLES IN SCHEMA`, UPDATE/DELETE/TRUNCATE (on the outbox, which suggests someone edits it by hand, separately
 //! from other tables), non-transactional messages (which are not atomic with anything, so
 //! relaying them would break the outbox contract), messages with other prefixes. Origin and Type
 //! messages are ignored.
@@ -61,6 +65,41 @@ pub struct OutboxSource {
     pub tables: Vec<SourceTable>,
     /// If set, transactional logical messages with exactly this prefix are outbox records too.
     pub message_prefix: Option<String>,
+    /// What an INSERT into a published table that is none of `tables` means.
+    pub other_tables: OtherTables,
+}
+
+/// What the reader does with an INSERT into a published table that is none of the outbox tables.
+///
+/// A table the publication lists by name is there to be relayed: skipping its rows would confirm
+/// the slot past them, and they would never reach Kafka. So such a row stops the reader
+/// ([`AssemblyError::UnrelayedInsert`], before its transaction commits, so nothing from that
+/// transaction on is confirmed) unless it is skipped by design:
+///
+/// - the publication covers tables wholesale: `FOR ALL TABLES` ([`OtherTables::all`]), or
+///   `FOR TABLES IN SCHEMA` (PostgreSQL 15+, [`OtherTables::schemas`]);
+/// - the operator took the table out of the publication ([`OtherTables::tables`]): PostgreSQL
+///   decodes with the catalog as of each transaction, so rows committed while it was in are
+///   still in the stream after `ALTER PUBLICATION ... DROP TABLE`.
+///
+/// The default skips nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OtherTables {
+    pub all: bool,
+    pub schemas: Vec<String>,
+    pub tables: Vec<SourceTable>,
+}
+
+impl OtherTables {
+    /// Whether an INSERT into this table, which is no outbox table, is skipped (else refused).
+    pub fn skips(&self, namespace: &str, name: &str) -> bool {
+        self.all
+            || self.schemas.iter().any(|s| s == namespace)
+            || self
+                .tables
+                .iter()
+                .any(|t| t.schema == namespace && t.table == name)
+    }
 }
 
 impl OutboxSource {
@@ -76,6 +115,7 @@ impl OutboxSource {
                 table: table.into(),
             }],
             message_prefix,
+            other_tables: OtherTables::default(),
         }
     }
 
@@ -250,6 +290,16 @@ pub enum AssemblyError {
         lsn: Lsn,
         oid: u32,
     },
+    #[error(
+        "INSERT into {namespace}.{name} (xid {xid}, at {lsn}): the table is in the publication, but no \
+         [outbox] or [[tables]] entry relays it"
+    )]
+    UnrelayedInsert {
+        xid: u32,
+        lsn: Lsn,
+        namespace: String,
+        name: String,
+    },
     #[error("outbox row of xid {xid} at {lsn} has {values} values but relation {namespace}.{name} has {columns} columns")]
     ColumnCountMismatch {
         xid: u32,
@@ -400,6 +450,18 @@ impl Assembler {
                 let xid = self.open("Insert", lsn)?.xid;
                 let rel = self.lookup("Insert", xid, lsn, i.relation_oid)?;
                 let Some(table) = rel.outbox else {
+                    if !self
+                        .source
+                        .other_tables
+                        .skips(&rel.info.namespace, &rel.info.name)
+                    {
+                        return Err(AssemblyError::UnrelayedInsert {
+                            xid,
+                            lsn,
+                            namespace: rel.info.namespace.clone(),
+                            name: rel.info.name.clone(),
+                        });
+                    }
                     self.stats.other_inserts += 1;
                     return Ok(None);
                 };

@@ -26,6 +26,9 @@
 
 use std::time::Duration;
 
+pub mod privileges;
+pub use privileges::{RoleGrants, TableGrants};
+
 use crate::conn::config::{ConnectConfig, Host, SslMode, TargetSessionAttrs};
 use crate::conn::error::ReaderError;
 use crate::conn::tls;
@@ -95,6 +98,7 @@ impl SlotSpec {
                 })
                 .collect(),
             message_prefix,
+            other_tables: crate::assembly::OtherTables::default(),
         }
     }
 
@@ -350,7 +354,19 @@ fn connect_error(e: tokio_postgres::Error, cfg: &ConnectConfig) -> ReaderError {
                 reason: format!("{server}{fix}"),
             };
         }
-        return sql_error(e);
+        let mut err = sql_error(e);
+        if let ReaderError::Server(s) = &mut err {
+            if s.hint.is_none() {
+                s.hint = privileges::connect_refusal_hint(
+                    &s.code,
+                    &s.message,
+                    s.detail.as_deref(),
+                    &cfg.user,
+                    &cfg.dbname,
+                );
+            }
+        }
+        return err;
     }
     let text = e.to_string();
     if text == "invalid configuration" && cfg.password.is_none() {
@@ -482,6 +498,13 @@ pub async fn ensure(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
 ) -> Result<SlotState, SetupError> {
+    // Validate before creating anything: a start that fails anyway must not leave a new slot
+    // behind (it would retain WAL until someone drops it). What is missing and may be created is
+    // a note here, not an error.
+    let errors = errors_of(check(client, spec).await?);
+    if !errors.is_empty() {
+        return Err(SetupError::Problems(errors));
+    }
     let exists: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
@@ -548,17 +571,68 @@ pub async fn ensure(
         create_publication: false,
         ..spec.clone()
     };
-    let problems = check(client, &created).await?;
-    let errors: Vec<Problem> = problems
-        .into_iter()
-        .filter(|p| p.severity == Severity::Error)
-        .collect();
+    let errors = errors_of(check(client, &created).await?);
     if !errors.is_empty() {
         return Err(SetupError::Problems(errors));
     }
     Ok(slot_state(client, &spec.slot)
         .await?
         .expect("check() reports a missing slot"))
+}
+
+fn errors_of(problems: Vec<Problem>) -> Vec<Problem> {
+    problems
+        .into_iter()
+        .filter(|p| p.severity == Severity::Error)
+        .collect()
+}
+
+/// What the current role may do with the outbox tables ([`privileges`] judges it).
+pub async fn role_grants(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+) -> Result<RoleGrants, ReaderError> {
+    let row = client
+        .query_one(
+            "SELECT current_user::text, current_database()::text, \
+                    has_database_privilege(current_database(), 'CREATE')",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    let mut tables = Vec::with_capacity(spec.tables.len());
+    for t in &spec.tables {
+        // By OID, never by name: a name lookup itself needs USAGE on the schema.
+        let row = client
+            .query_opt(
+                "SELECT has_schema_privilege(n.oid, 'USAGE'), pg_get_userbyid(c.relowner)::text, \
+                        pg_has_role(c.relowner, 'USAGE') \
+                 FROM pg_namespace n LEFT JOIN pg_class c \
+                   ON c.relnamespace = n.oid AND c.relname = $2 AND c.relkind IN ('r', 'p') \
+                 WHERE n.nspname = $1",
+                &[&t.schema, &t.table],
+            )
+            .await
+            .map_err(sql_error)?;
+        tables.push(match row {
+            None => TableGrants {
+                schema_usage: true,
+                owner: None,
+            },
+            Some(r) => TableGrants {
+                schema_usage: r.get(0),
+                owner: r
+                    .get::<_, Option<String>>(1)
+                    .map(|o| (o, r.get::<_, Option<bool>>(2).unwrap_or(false))),
+            },
+        });
+    }
+    Ok(RoleGrants {
+        role: row.get(0),
+        database: row.get(1),
+        create_on_database: row.get(2),
+        tables,
+    })
 }
 
 async fn table_kind(
@@ -661,6 +735,39 @@ pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, 
         .map_err(|_| ReaderError::ServerVersion { shown: v.clone() })
 }
 
+/// The column of `columns` a mistyped `name` most likely meant: the nearest by edit distance
+/// (case and `_` ignored), when it is near enough to be a typo (fewer edits than a quarter of
+/// its length: `aggregatid` names `aggregateid`, `nope` does not name `note`); `None` otherwise.
+pub fn nearest_column<'a>(name: &str, columns: &[&'a str]) -> Option<&'a str> {
+    let fold = |s: &str| -> Vec<u8> {
+        s.bytes()
+            .filter(|b| *b != b'_')
+            .map(|b| b.to_ascii_lowercase())
+            .collect()
+    };
+    let want = fold(name);
+    let (distance, column) = columns
+        .iter()
+        .map(|c| (edit_distance(&want, &fold(c)), *c))
+        .min_by_key(|(d, _)| *d)?;
+    (distance * 4 < column.len()).then_some(column)
+}
+
+/// Levenshtein distance in bytes.
+fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = substitute.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
 /// A column of a table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableColumn {
@@ -723,6 +830,87 @@ pub(crate) fn invalidated_slot_fix(slot: &str) -> String {
          outbox rows if the table still holds them, and raise max_slot_wal_keep_size",
         quote_literal(slot)
     )
+}
+
+/// The problem of a table the publication lists by name that no outbox table entry relays: the
+/// same words at `ferry check`, at start and when the stream meets one of its rows.
+pub fn unrelayed_table(publication: &str, table: &str) -> Problem {
+    let name = table.replace('"', "");
+    Problem {
+        severity: Severity::Error,
+        what: format!(
+            "publication {publication:?} includes table {table}, which no [outbox] or [[tables]] entry \
+             relays: Ferry would skip its rows and confirm the slot past them, so they would never reach Kafka"
+        ),
+        fix: format!(
+            "relay it: add a [[tables]] entry with outbox.table = {name:?} (then restart Ferry); or, if Ferry \
+             should not relay it, take it out: ALTER PUBLICATION {} DROP TABLE {table} (or give Ferry a \
+             publication of its own: postgres.publication = \"ferry_outbox\" with postgres.create_publication = true)",
+            quote_ident(publication)
+        ),
+    }
+}
+
+/// The tables the publication lists by name (`FOR TABLE`) that are none of `spec`'s tables nor
+/// a partition of one, quoted and schema-qualified: each is an [`unrelayed_table`] problem.
+pub async fn unrelayed_tables(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+) -> Result<Vec<String>, ReaderError> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text, rn.nspname::text, r.relname::text \
+             FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+             JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             JOIN pg_class r ON r.oid = COALESCE(pg_partition_root(c.oid), c.oid) JOIN pg_namespace rn ON rn.oid = r.relnamespace \
+             WHERE p.pubname = $1 ORDER BY 1, 2",
+            &[&spec.publication],
+        )
+        .await
+        .map_err(sql_error)?;
+    let ours = |schema: &str, table: &str| {
+        spec.tables
+            .iter()
+            .any(|t| t.schema == schema && t.table == table)
+    };
+    Ok(rows
+        .iter()
+        .filter(|r| !ours(r.get(0), r.get(1)) && !ours(r.get(2), r.get(3)))
+        .map(|r| format!("{}.{}", quote_ident(r.get(0)), quote_ident(r.get(1))))
+        .collect())
+}
+
+/// Which other tables' INSERTs the publication carries by design, so the reader skips them
+/// rather than stop ([`OtherTables`](crate::assembly::OtherTables)): all of them for `FOR ALL
+/// TABLES`, those of its schemas for `FOR TABLES IN SCHEMA` (15+), none otherwise.
+pub async fn other_tables(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+) -> Result<crate::assembly::OtherTables, ReaderError> {
+    let mut other = crate::assembly::OtherTables::default();
+    let all: Option<bool> = client
+        .query_opt(
+            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            &[&spec.publication],
+        )
+        .await
+        .map_err(sql_error)?
+        .map(|r| r.get(0));
+    other.all = all == Some(true);
+    if !other.all && server_version_num(client).await? >= 150000 {
+        other.schemas = client
+            .query(
+                "SELECT n.nspname::text FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid \
+                 JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = $1 ORDER BY 1",
+                &[&spec.publication],
+            )
+            .await
+            .map_err(sql_error)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+    }
+    Ok(other)
 }
 
 /// Whether the publication lists the table, or its schema (`FOR TABLES IN SCHEMA`, 15+). A
@@ -815,15 +1003,21 @@ pub async fn check(
                         "table {table} has no column {:?} (named by {})",
                         req.name, req.config_key
                     ),
-                    format!(
-                        "set {} to one of its columns ({}) or add the column",
-                        req.config_key,
-                        columns
-                            .iter()
-                            .map(|c| c.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
+                    {
+                        let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+                        match nearest_column(&req.name, &names) {
+                            Some(near) => format!(
+                                "set {} = {near:?} (the nearest of its columns: {}) or add the column",
+                                req.config_key.split(' ').next().unwrap_or(&req.config_key),
+                                names.join(", ")
+                            ),
+                            None => format!(
+                                "set {} to one of its columns ({}) or add the column",
+                                req.config_key,
+                                names.join(", ")
+                            ),
+                        }
+                    },
                 ),
                 Some(TableColumn {
                     type_oid: ty,
@@ -846,6 +1040,12 @@ pub async fn check(
         }
     }
 
+    // The privileges `run` needs (see `privileges` for the list and why each).
+    let grants = role_grants(client, spec).await?;
+    for p in privileges::lookup_problems(spec, &grants) {
+        error(p.what, p.fix);
+    }
+
     let publication = client
         .query_opt(
             "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
@@ -855,11 +1055,19 @@ pub async fn check(
         .map_err(sql_error)?;
     let create_pub_sql = spec.create_publication_sql();
     match publication {
-        None if spec.create_publication => notes.push(Problem {
-            severity: Severity::Note,
-            what: format!("publication {:?} does not exist", spec.publication),
-            fix: format!("none needed: Ferry creates it (`{create_pub_sql}`; its role must own the table)"),
-        }),
+        None if spec.create_publication => {
+            let cannot = privileges::publication_problems(spec, &grants);
+            if cannot.is_empty() {
+                notes.push(Problem {
+                    severity: Severity::Note,
+                    what: format!("publication {:?} does not exist", spec.publication),
+                    fix: format!("none needed: Ferry creates it (`{create_pub_sql}`)"),
+                });
+            }
+            for p in cannot {
+                error(p.what, p.fix);
+            }
+        }
         None => error(
             format!("publication {:?} does not exist", spec.publication),
             format!("run `{create_pub_sql}` as the table's owner, or set postgres.create_publication = true"),
@@ -875,9 +1083,10 @@ pub async fn check(
                     ),
                 );
             }
-            for (t, kind) in spec.tables.iter().zip(&kinds) {
+            for ((t, kind), g) in spec.tables.iter().zip(&kinds).zip(&grants.tables) {
                 let table = t.qualified();
-                if kind.is_some() && !all && !covers(client, spec, t).await? {
+                // covers() looks the table up by name, which needs USAGE (reported above).
+                if kind.is_some() && g.schema_usage && !all && !covers(client, spec, t).await? {
                     error(
                         format!(
                             "publication {:?} does not include table {table}",
@@ -901,6 +1110,23 @@ pub async fn check(
                         ),
                     );
                 }
+            }
+            for table in unrelayed_tables(client, spec).await? {
+                let Problem { what, fix, .. } = unrelayed_table(&spec.publication, &table);
+                error(what, fix);
+            }
+            if all {
+                notes.push(Problem {
+                    severity: Severity::Note,
+                    what: format!(
+                        "publication {:?} is FOR ALL TABLES: PostgreSQL decodes every table's inserts for Ferry, \
+                         which relays the outbox tables' and skips the rest",
+                        spec.publication
+                    ),
+                    fix: format!(
+                        "none needed; a publication of the outbox tables only saves that work: `{create_pub_sql}`"
+                    ),
+                });
             }
         }
     }
@@ -1162,4 +1388,24 @@ pub async fn capacity(client: &tokio_postgres::Client) -> Result<Capacity, Reade
         max_senders: row.get(2),
         senders_used: row.get(3),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nearest_column;
+
+    #[test]
+    fn the_nearest_column_is_named_only_when_it_is_a_likely_typo() {
+        let columns = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+        assert_eq!(
+            nearest_column("aggregate_id", &columns),
+            Some("aggregateid")
+        );
+        assert_eq!(nearest_column("AggregateId", &columns), Some("aggregateid"));
+        assert_eq!(nearest_column("aggregatid", &columns), Some("aggregateid"));
+        assert_eq!(nearest_column("payloads", &columns), Some("payload"));
+        assert_eq!(nearest_column("event_body", &columns), None);
+        assert_eq!(nearest_column("nope", &["payload", "note"]), None);
+        assert_eq!(nearest_column("x", &[]), None);
+    }
 }

@@ -14,8 +14,15 @@ const OUTBOX: u32 = 16385;
 const AUDIT: u32 = 16390;
 const OTHER: u32 = 16400;
 
+/// The outbox, under a publication `FOR ALL TABLES`: other tables' inserts are skipped by design.
 fn source(prefix: Option<&str>) -> OutboxSource {
-    OutboxSource::table("public", "outbox", prefix.map(Into::into))
+    OutboxSource {
+        other_tables: OtherTables {
+            all: true,
+            ..OtherTables::default()
+        },
+        ..OutboxSource::table("public", "outbox", prefix.map(Into::into))
+    }
 }
 
 fn relation(oid: u32, schema: &str, table: &str, columns: &[&str]) -> PgOutputMessage {
@@ -223,6 +230,10 @@ fn rows_of_several_outbox_tables_carry_their_table() {
             },
         ],
         message_prefix: None,
+        other_tables: OtherTables {
+            all: true,
+            ..OtherTables::default()
+        },
     });
     const BILLING: u32 = 16500;
     let mut msgs = relations();
@@ -259,6 +270,84 @@ fn rows_of_several_outbox_tables_carry_their_table() {
     assert_eq!(rows, want);
     let stats = asm.stats();
     assert_eq!((stats.outbox_rows, stats.other_inserts), (4, 2));
+}
+
+/// An INSERT into a table the publication lists by name and no outbox entry is stops the
+/// assembly before its transaction's commit (so nothing of it is confirmed), naming the table;
+/// one the publication covers by schema, or that was taken out of it, is skipped.
+#[test]
+fn an_insert_into_a_listed_table_no_entry_relays_is_refused_unless_skipped_by_design() {
+    let msgs = || {
+        let mut msgs = relations();
+        msgs.extend([
+            begin(10, 5000),
+            insert(OUTBOX, &["1", "orders", "{}"]),
+            insert(OTHER, &["3"]),
+            insert(OUTBOX, &["2", "orders", "{}"]),
+            commit(5000, 5040),
+        ]);
+        msgs
+    };
+    let refused = OutboxSource::table("public", "outbox", None);
+    let mut asm = Assembler::new(refused);
+    let mut events = Vec::new();
+    let mut error = None;
+    for (i, m) in msgs().into_iter().enumerate() {
+        match asm.push(Lsn(100 + i as u64), m) {
+            Ok(e) => events.extend(e),
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    match error {
+        Some(AssemblyError::UnrelayedInsert {
+            xid: 10,
+            namespace,
+            name,
+            ..
+        }) => assert_eq!((namespace.as_str(), name.as_str()), ("public", "orders")),
+        other => panic!("expected UnrelayedInsert, got {other:?}"),
+    }
+    assert!(
+        !events.iter().any(|e| matches!(e, OutboxEvent::Commit(_))),
+        "the transaction never commits: {events:?}"
+    );
+    let skipping = [
+        OtherTables {
+            schemas: vec!["public".into()],
+            ..OtherTables::default()
+        },
+        OtherTables {
+            tables: vec![SourceTable {
+                schema: "public".into(),
+                table: "orders".into(),
+            }],
+            ..OtherTables::default()
+        },
+    ];
+    for other_tables in skipping {
+        let mut asm = Assembler::new(OutboxSource {
+            other_tables: other_tables.clone(),
+            ..OutboxSource::table("public", "outbox", None)
+        });
+        let events = feed(&mut asm, msgs()).unwrap();
+        assert!(
+            matches!(
+                events.last(),
+                Some(OutboxEvent::Commit(TxnCommit { rows: 2, .. }))
+            ),
+            "{other_tables:?}: {events:?}"
+        );
+        assert_eq!(asm.stats().other_inserts, 1);
+    }
+    // Another schema's table is still refused under FOR TABLES IN SCHEMA.
+    assert!(!OtherTables {
+        schemas: vec!["billing".into()],
+        ..OtherTables::default()
+    }
+    .skips("public", "orders"));
 }
 
 #[test]

@@ -105,15 +105,21 @@ async fn wal_level_replica_is_reported_with_the_alter_system_fix() {
     assert!(errs[0].fix.contains("ALTER SYSTEM SET wal_level = logical"));
     assert!(errs[0].fix.contains("restart"));
 
+    // ensure() checks before it creates: the same error, and no slot.
     let err = slot::ensure(&sql, &spec).await.unwrap_err();
     assert!(!err.is_transient());
     let problems = problems_of(err);
     assert!(
-        problems[0].what.contains("cannot create replication slot")
-            && problems[0].what.contains("wal_level"),
+        problems[0].what.contains("wal_level is \"replica\""),
         "{problems:#?}"
     );
-    assert!(problems[0].fix.contains("wal_level"), "{problems:#?}");
+    assert!(
+        problems[0]
+            .fix
+            .contains("ALTER SYSTEM SET wal_level = logical"),
+        "{problems:#?}"
+    );
+    assert!(slot::slot_state(&sql, &spec.slot).await.unwrap().is_none());
 }
 
 #[tokio::test]
@@ -153,6 +159,38 @@ async fn a_role_without_replication_is_reported_and_cannot_stream() {
         .unwrap();
     r.shutdown().await.unwrap();
     drop(sql);
+    drop_role(&s.sql, &role).await;
+}
+
+/// Without CONNECT on the database the server refuses both connections, the SQL one and the
+/// replication one, with no hint of its own: each error carries the GRANT.
+#[tokio::test]
+async fn a_role_without_connect_is_refused_with_the_grant() {
+    let s = setup().await;
+    let role = pg::unique_name("noconnect");
+    s.sql
+        .batch_execute(&format!(
+            "REVOKE CONNECT ON DATABASE {db} FROM PUBLIC; CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'pw'",
+            db = s.db.name
+        ))
+        .await
+        .unwrap();
+    let cfg = ConnectConfig::parse(&s.db.url_as(&role, "pw")).unwrap();
+    let grant = format!(
+        "run GRANT CONNECT ON DATABASE \"{}\" TO \"{role}\"",
+        s.db.name
+    );
+    let err = slot::connect_sql(&cfg).await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    let ReaderError::Server(ref e) = err else {
+        panic!("expected the server's refusal, got {err:?}")
+    };
+    assert_eq!(e.code, "42501", "{err}");
+    assert!(e.hint.as_deref().unwrap_or("").starts_with(&grant), "{err}");
+    // The replication connection (the slot is looked at over the superuser's SQL connection).
+    let err = start_err(&cfg, &s.sql, &s.spec).await;
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains(&grant), "{err}");
     drop_role(&s.sql, &role).await;
 }
 
@@ -330,12 +368,26 @@ async fn a_publication_without_the_outbox_table_is_reported() {
     let spec = spec();
     // An existing publication is never altered by ensure(): the operator owns it.
     let err = slot::ensure(&sql, &spec).await.unwrap_err();
-    the_error(
-        &problems_of(err),
-        "publication \"ferry_outbox\" does not include table \"public\".\"outbox\"",
-        &["ALTER PUBLICATION \"ferry_outbox\" ADD TABLE \"public\".\"outbox\""],
+    let problems = problems_of(err);
+    let whats: Vec<&str> = errors(&problems).iter().map(|p| p.what.as_str()).collect();
+    assert_eq!(whats.len(), 2, "{problems:#?}");
+    assert!(
+        whats[0].starts_with(
+            "publication \"ferry_outbox\" does not include table \"public\".\"outbox\""
+        ) && whats[1]
+            .starts_with("publication \"ferry_outbox\" includes table \"public\".\"other\""),
+        "{problems:#?}"
     );
     sql.batch_execute("ALTER PUBLICATION ferry_outbox ADD TABLE outbox")
+        .await
+        .unwrap();
+    // `other` is still listed, and no entry relays it: its rows would be skipped.
+    the_error(
+        &slot::check(&sql, &spec).await.unwrap(),
+        "publication \"ferry_outbox\" includes table \"public\".\"other\", which no [outbox] or [[tables]] entry relays",
+        &["ALTER PUBLICATION \"ferry_outbox\" DROP TABLE \"public\".\"other\""],
+    );
+    sql.batch_execute("ALTER PUBLICATION ferry_outbox DROP TABLE other")
         .await
         .unwrap();
     assert!(errors(&slot::check(&sql, &spec).await.unwrap()).is_empty());
@@ -445,15 +497,25 @@ async fn a_missing_table_is_reported_with_its_key() {
     let err = slot::ensure(&sql, &spec).await.unwrap_err();
     let problems = problems_of(err);
     let errs = errors(&problems);
-    // Without the table the publication is not created either.
-    assert_eq!(errs.len(), 2, "{problems:#?}");
+    assert_eq!(errs.len(), 1, "{problems:#?}");
     assert!(errs[0]
         .what
         .contains("table \"public\".\"outbox\" does not exist"));
     assert!(errs[0].fix.contains("outbox.table"));
-    assert!(errs[1]
-        .what
-        .contains("publication \"ferry_outbox\" does not exist"));
+    // Checked before anything is created: neither the publication nor the slot (which would
+    // retain WAL for a Ferry that never started).
+    let (slots, publications): (i64, i64) = {
+        let r = sql
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1), \
+                        (SELECT count(*) FROM pg_publication)",
+                &[&spec.slot],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((slots, publications), (0, 0));
 }
 
 #[tokio::test]

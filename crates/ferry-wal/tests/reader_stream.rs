@@ -9,6 +9,7 @@ use common::*;
 use ferry_wal::assembly::OutboxEvent;
 use ferry_wal::conn::ReaderEvent;
 use ferry_wal::pgoutput::TupleValue;
+use ferry_wal::slot;
 
 #[tokio::test]
 async fn committed_rows_arrive_with_correct_values() {
@@ -200,13 +201,19 @@ async fn logical_messages_with_the_outbox_prefix_arrive() {
 }
 
 #[tokio::test]
-async fn updates_deletes_and_other_tables_are_skipped() {
+async fn updates_deletes_and_other_tables_of_a_publication_for_all_tables_are_skipped() {
     let s = setup().await;
     s.sql
-        .batch_execute("CREATE TABLE other (x int); ALTER PUBLICATION ferry_outbox ADD TABLE other; ALTER PUBLICATION ferry_outbox SET (publish = 'insert, update, delete, truncate')")
+        .batch_execute("CREATE TABLE other (x int); DROP PUBLICATION ferry_outbox; CREATE PUBLICATION ferry_outbox FOR ALL TABLES WITH (publish = 'insert, update, delete, truncate')")
         .await
         .unwrap();
-    let mut r = start(&s).await;
+    // FOR ALL TABLES carries other tables by design: the reader skips their inserts.
+    let mut options = options(&s.spec, Some("outbox"));
+    options.source.other_tables = slot::other_tables(&s.sql, &s.spec).await.unwrap();
+    assert!(options.source.other_tables.all);
+    let mut r = ferry_wal::conn::start(&s.cfg, &s.sql, options)
+        .await
+        .unwrap();
     s.sql
         .batch_execute(
             "INSERT INTO other VALUES (1);

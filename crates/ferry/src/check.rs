@@ -46,7 +46,12 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     match slot::connect_sql(&settings.postgres).await {
         Err(e) => found.push(error(
             format!("cannot connect to PostgreSQL: {e}"),
-            "check postgres.url (host, port, user, password, sslmode) and that the server accepts the connection (pg_hba.conf)",
+            match &e {
+                // A privilege the role lacks (CONNECT): the server's refusal carries the GRANT.
+                ferry_wal::conn::ReaderError::Server(s) if s.code == "42501" => s.hint.as_deref(),
+                _ => None,
+            }
+            .unwrap_or("check postgres.url (host, port, user, password, sslmode) and that the server accepts the connection (pg_hba.conf)"),
         )),
         Ok(sql) => {
             match slot::check(&sql, &settings.slot).await {
@@ -171,7 +176,17 @@ async fn sample_rows(
         .enumerate()
     {
         let prefix = ferry_router::tables::key_prefix(i);
-        match sample_table(sql, router, table, outbox, several, &prefix).await {
+        match sample_table(
+            sql,
+            router,
+            table,
+            outbox,
+            several,
+            &prefix,
+            &settings.slot.slot,
+        )
+        .await
+        {
             Ok(sample) => {
                 for t in sample.topics {
                     if !all.topics.contains(&t) {
@@ -188,7 +203,8 @@ async fn sample_rows(
 
 /// Routes one row per distinct aggregate type (and per distinct value of the other columns the
 /// topic depends on), at most [`SAMPLE_ROWS`], to learn the topics they need and whether each
-/// can be routed at all. `several`: name the table in messages; `prefix`: its keys'.
+/// can be routed at all. `several`: name the table in messages; `prefix`: its keys'. A row that
+/// cannot be routed is an error only if slot `slot_name` has not passed it (else a note).
 async fn sample_table(
     sql: &tokio_postgres::Client,
     router: &ferry_router::Router,
@@ -196,8 +212,10 @@ async fn sample_table(
     outbox: &ferry_router::OutboxConfig,
     several: bool,
     prefix: &str,
+    slot_name: &str,
 ) -> Result<Sample, Problem> {
     let table = spec.qualified();
+    let slot_name = slot_name.to_string();
     let Ok(columns) = slot::column_types(sql, &spec.schema, &spec.table).await else {
         return Ok(Sample {
             topics: Vec::new(),
@@ -223,15 +241,25 @@ async fn sample_table(
     distinct.sort_unstable();
     distinct.dedup();
     distinct.retain(|c| has(c));
+    // Whether the slot has passed the row: its transaction is older than the slot's
+    // catalog_xmin, so it finished before the slot's restart position and `run` never reads it
+    // again. Conservative: a row committed just before the slot's position may still count as
+    // not passed (catalog_xmin follows the confirmed position at the server's running-xacts
+    // records). Without a slot, no row is passed. Rows not passed are sampled first.
+    let passed = "age(xmin) > coalesce((SELECT age(catalog_xmin) FROM pg_replication_slots \
+                  WHERE slot_name = $1), 2147483647)";
     let query = if distinct.is_empty() {
-        format!("SELECT {select} FROM {table} LIMIT 1")
+        format!("SELECT {select}, {passed} AS passed FROM {table} ORDER BY passed LIMIT 1")
     } else {
         let on = distinct
             .iter()
             .map(|c| slot::quote_ident(c))
             .collect::<Vec<_>>()
             .join(", ");
-        format!("SELECT DISTINCT ON ({on}) {select} FROM {table} ORDER BY {on} LIMIT {SAMPLE_ROWS}")
+        format!(
+            "SELECT DISTINCT ON ({on}) {select}, {passed} AS passed FROM {table} \
+             ORDER BY {on}, passed LIMIT {SAMPLE_ROWS}"
+        )
     };
     let cannot_read = |e: tokio_postgres::Error| {
         let timed_out = e.code().is_some_and(|c| c.code() == "57014");
@@ -259,7 +287,7 @@ async fn sample_table(
         .await
     {
         Ok(_) => {
-            let rows = sql.query(&query, &[]).await;
+            let rows = sql.query(&query, &[&slot_name]).await;
             let _ = sql.simple_query("ROLLBACK").await;
             rows.map_err(cannot_read)?
         }
@@ -279,12 +307,20 @@ async fn sample_table(
             let v: Option<String> = r.get(i);
             row.push(&c.name, c.type_oid, v.map(Bytes::from));
         }
+        let passed: bool = r.get(columns.len());
         match router.route_row(&row, 0) {
             Ok(record) => {
                 if !sample.topics.iter().any(|t| **t == *record.topic) {
                     sample.topics.push(record.topic.to_string());
                 }
             }
+            // A column the configuration names that the table lacks: one configuration problem,
+            // reported by slot::check with the nearest column, not one per sampled row.
+            Err(e)
+                if matches!(
+                    e.reason,
+                    ferry_router::RouteErrorReason::MissingColumn { .. }
+                ) => {}
             Err(e) => {
                 let text = |i: Option<usize>| {
                     i.and_then(|i| r.get::<_, Option<String>>(i))
@@ -309,6 +345,19 @@ async fn sample_table(
                 } else {
                     String::new()
                 };
+                if passed {
+                    sample.problems.push(Problem {
+                        severity: Severity::Note,
+                        what: format!(
+                            "outbox row {} {of}(aggregate type {:?}) cannot be routed, but the slot has already passed it: {}",
+                            text(id_index),
+                            text(type_index),
+                            e.reason
+                        ),
+                        fix: "none needed: `ferry run` does not read it again (fix the writer if it still writes such rows)".into(),
+                    });
+                    continue;
+                }
                 sample.problems.push(Problem {
                     severity,
                     what: format!(
@@ -317,7 +366,12 @@ async fn sample_table(
                         text(type_index),
                         e.reason
                     ),
-                    fix: format!("fix the row's data or the route configuration; {consequence}"),
+                    fix: format!(
+                        "{consequence}; the row is committed, so changing it in the table changes nothing: \
+                         pass it with the `ferry run --skip-event` / `--dead-letter-event` command that run's \
+                         error prints, or change {prefix}route.on_error; then fix the writer (or the route \
+                         configuration, if it is wrong)"
+                    ),
                 });
             }
         }

@@ -66,6 +66,17 @@ struct RunArgs {
     /// Ferry says events may be lost").
     #[arg(long, value_name = "LSN")]
     accept_gap: Option<ferry_wal::Lsn>,
+    /// Skip the one outbox event that stopped Ferry with "cannot route outbox event": POSITION is
+    /// what that error prints (`--skip-event 16/B374D848:2`: the transaction's commit LSN and the
+    /// event's place in it, from 1). Only that event, and only if it cannot be routed; logged at
+    /// WARN and counted in ferry_rows_skipped_total. A position the slot has already passed, or
+    /// that the stream passes without meeting, is reported at WARN and does nothing.
+    #[arg(long, value_name = "POSITION", conflicts_with = "dead_letter_event")]
+    skip_event: Option<ferry_core::pass::EventPosition>,
+    /// Like --skip-event, but send the event to route.dead_letter_topic (set it, also under
+    /// on_error = "fail") instead of leaving it out; counted in ferry_rows_dead_lettered_total.
+    #[arg(long, value_name = "POSITION")]
+    dead_letter_event: Option<ferry_core::pass::EventPosition>,
     /// Exactly-once mode only: start from a slot that was used before but has no progress record
     /// (events before its position may be missing from Kafka or duplicated). Nothing to do in
     /// at-least-once mode, which starts from such a slot with a warning.
@@ -96,11 +107,15 @@ enum Command {
     /// A slot Ferry streamed before that is now gone, invalidated, ahead of where Ferry left it,
     /// or on another server (Ferry remembers its position in kafka.progress_topic) stops Ferry
     /// with "events may be lost" and the gap; --accept-gap continues past it.
+    ///
+    /// A row that cannot be routed stops Ferry under route.on_error = "fail" with its position;
+    /// --skip-event or --dead-letter-event passes that one event, once.
     Run(RunArgs),
     /// Check everything Ferry needs and list every problem with its fix (exit 1 if any).
     ///
-    /// PostgreSQL connectivity, wal_level, the REPLICATION privilege, the outbox table and its
-    /// columns, the publication, the slot's state; Kafka connectivity and the topics that the
+    /// PostgreSQL connectivity, wal_level, every privilege `run` needs (REPLICATION; USAGE on the
+    /// schema; CREATE on the database and table ownership to create the publication), the outbox
+    /// table and its columns, the publication, the slot's state; Kafka connectivity and the topics that the
     /// outbox's current rows route to (rows committed before the slot exists are never relayed: a
     /// first start sees only what commits after it); the slot against the position Ferry
     /// remembers in kafka.progress_topic (a gap `ferry run` would stop at is an error).
@@ -279,6 +294,7 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
         gap_from: arg.accept_gap,
         initialize_progress: arg.initialize_progress,
     };
+    settings.pass = one_shot_pass(&arg, &settings)?;
     let metrics = Metrics::new();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.http.listen.addr() {
@@ -322,6 +338,37 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
             Err(ExitCode::from(1))
         }
     }
+}
+
+/// `--skip-event` / `--dead-letter-event`, checked against the configuration: a dead letter
+/// needs a dead-letter topic to go to.
+fn one_shot_pass(
+    arg: &RunArgs,
+    settings: &PipelineSettings,
+) -> Result<Option<ferry_core::pass::Pass>, ExitCode> {
+    use ferry_core::pass::{Pass, PassAction};
+    let pass = match (arg.skip_event, arg.dead_letter_event) {
+        (Some(at), _) => Pass::new(at, PassAction::Skip),
+        (None, Some(at)) => Pass::new(at, PassAction::DeadLetter),
+        (None, None) => return Ok(None),
+    };
+    if pass.action == PassAction::DeadLetter
+        && settings
+            .routers
+            .iter()
+            .all(|r| r.dead_letter_topic().is_none())
+    {
+        tracing::error!(
+            "{pass}: no dead-letter topic to send the event to; set route.dead_letter_topic \
+             (FERRY_ROUTE_DEAD_LETTER_TOPIC; allowed under on_error = \"fail\" for this flag), or use \
+             --skip-event {}",
+            pass.at
+        );
+        return Err(ExitCode::from(2));
+    }
+    tracing::warn!(position = %pass.at,
+        "{pass}: the outbox event at {} will be passed once if it cannot be routed", pass.at);
+    Ok(Some(pass))
 }
 
 /// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves on either.

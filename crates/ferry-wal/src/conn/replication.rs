@@ -625,7 +625,8 @@ pub(crate) fn no_password(method: &str, cfg: &ConnectConfig) -> String {
 
 /// Adds the fix to a startup refusal that lacks one: a role without REPLICATION is refused a
 /// walsender with no hint, worded "must be superuser or replication role to start walsender" up
-/// to PostgreSQL 15 and "permission denied to start WAL sender" from 16 on.
+/// to PostgreSQL 15 and "permission denied to start WAL sender" from 16 on; a role without
+/// CONNECT on the database, "permission denied for database".
 fn startup_error(mut e: ServerError, cfg: &ConnectConfig) -> ServerError {
     let walsender = e.message.contains("walsender") || e.message.contains("WAL sender");
     if e.code == "42501" && e.hint.is_none() && walsender {
@@ -633,6 +634,15 @@ fn startup_error(mut e: ServerError, cfg: &ConnectConfig) -> ServerError {
         e.hint = Some(format!(
             "run ALTER ROLE {role} WITH REPLICATION as a superuser (on Amazon RDS: GRANT rds_replication TO {role})"
         ));
+    }
+    if e.hint.is_none() {
+        e.hint = crate::slot::privileges::connect_refusal_hint(
+            &e.code,
+            &e.message,
+            e.detail.as_deref(),
+            &cfg.user,
+            &cfg.dbname,
+        );
     }
     e
 }

@@ -1,6 +1,7 @@
 //! The pipeline's errors: each is transient (reconnect and resume) or permanent (stop, exit
 //! non-zero, confirm nothing past it), and each permanent one says how to fix it.
 
+use ferry_core::pass::{EventPosition, Pass, PassAction};
 use ferry_router::{RouteError, RouteErrorReason};
 use ferry_wal::conn::ReaderError;
 use ferry_wal::slot::SetupError;
@@ -19,12 +20,19 @@ pub enum PipelineError {
     Reader(#[from] ReaderError),
     #[error("PostgreSQL set-up:\n{0}")]
     Setup(#[from] SetupError),
-    #[error("{}", route_failure(error, *commit_lsn, table.as_ref()))]
+    #[error("{}", route_failure(self))]
     Route {
         error: RouteError,
-        commit_lsn: Lsn,
+        /// The event's position: what `--skip-event` / `--dead-letter-event` name.
+        at: EventPosition,
+        /// The row's (or message's) own LSN.
+        lsn: Lsn,
         /// With several outbox tables, which one the row is of: its position and name.
         table: Option<(usize, String)>,
+        /// The row's table's `route.dead_letter_topic`, if set.
+        dead_letter_topic: Option<String>,
+        /// The one-shot pass given for this run, if any.
+        pass: Option<Pass>,
     },
     #[error("Kafka did not accept a record for topic {topic:?}: {error}; fix: {fix}")]
     Delivery {
@@ -106,11 +114,57 @@ pub enum PipelineError {
         /// What the session saw: out of the publication, or back in with another identity.
         what: String,
     },
+    /// The publication lists a table no entry relays, found while streaming: by the reader at
+    /// one of its rows (`at`), or by the publication watch. At start the same problem is a
+    /// [`PipelineError::Setup`] error, in the same words (`slot::unrelayed_table`).
+    #[error("{}", unrelayed_message(publication, table, at.as_deref()))]
+    UnrelayedTable {
+        publication: String,
+        table: String,
+        /// The row the reader stopped at: its xid and LSN.
+        at: Option<String>,
+    },
+    #[error(
+        "the stream met rows of table {table}, which no entry relays and which has been taken out of the \
+         publication since they were committed: skipping them; reconnecting"
+    )]
+    TableTakenOut { table: String },
+}
+
+fn unrelayed_message(publication: &str, table: &str, at: Option<&str>) -> String {
+    let problem = ferry_wal::slot::unrelayed_table(publication, table);
+    match at {
+        Some(at) => format!(
+            "the stream met a row of table {table} ({at}), which joined publication {publication:?} while \
+             Ferry streamed. Ferry stopped before that transaction's commit, so nothing from it on is \
+             confirmed, and the row is relayed once the table has an entry. {problem}"
+        ),
+        None => format!(
+            "table {table} joined publication {publication:?} while Ferry streamed; Ferry stopped after the \
+             records in flight, before any of its rows. {problem}"
+        ),
+    }
 }
 
 /// The message of [`PipelineError::Route`]: the row's problem, then what stopping means and what
 /// to do, which differs for a table that no longer matches the configuration.
-fn route_failure(error: &RouteError, commit_lsn: Lsn, table: Option<&(usize, String)>) -> String {
+///
+/// The row is committed: Ferry reads it from the WAL, so changing it in the table changes
+/// nothing. The ways on are the one-shot flag for this event ([`ferry_core::pass`]) or a policy
+/// for every row; for the future, the writer.
+fn route_failure(e: &PipelineError) -> String {
+    let PipelineError::Route {
+        error,
+        at,
+        lsn,
+        table,
+        dead_letter_topic,
+        pass,
+    } = e
+    else {
+        return String::new();
+    };
+    let commit_lsn = at.commit_lsn;
     let of = match table {
         None => String::new(),
         Some((0, name)) => format!("outbox table {name} ([outbox] and [route]): "),
@@ -120,21 +174,46 @@ fn route_failure(error: &RouteError, commit_lsn: Lsn, table: Option<&(usize, Str
         }
     };
     if let RouteErrorReason::MissingColumn { .. } = error.reason {
-        format!(
+        return format!(
             "{of}{error} (transaction commit {commit_lsn}). The outbox table no longer has a column the \
              configuration reads (renamed or dropped?), so every later row would fail alike: Ferry stops \
              whatever route.on_error says and confirms nothing past this transaction. Map the new column \
              in the configuration (or restore the column) and start Ferry again; it resumes at this \
              transaction"
-        )
-    } else {
-        let prefix = table.map_or(String::new(), |(i, _)| ferry_router::tables::key_prefix(*i));
-        format!(
-            "{of}{error} (transaction commit {commit_lsn}). on_error = \"fail\" stops Ferry here and confirms \
-             nothing past it; fix the row's data or the route configuration, or set {prefix}route.on_error = \
-             \"skip\" or \"dead_letter\""
-        )
+        );
     }
+    let prefix = table
+        .as_ref()
+        .map_or(String::new(), |(i, _)| ferry_router::tables::key_prefix(*i));
+    let given = match pass {
+        Some(p) if p.at != *at => format!(
+            " ({p} was given, but this event is at {at}: the flag passes only the event it names, once.)"
+        ),
+        Some(p) if p.action == PassAction::DeadLetter => format!(
+            " ({p} was given, but {prefix}route.dead_letter_topic is not set, so there is nowhere to send \
+             it: set it, or use --skip-event {at}.)"
+        ),
+        _ => String::new(),
+    };
+    let dead_letter = match dead_letter_topic {
+        Some(topic) => format!(
+            "`ferry run --dead-letter-event {at}` sends it to the dead-letter topic {topic:?}"
+        ),
+        None => format!(
+            "`ferry run --dead-letter-event {at}` sends it to a dead-letter topic (set \
+             {prefix}route.dead_letter_topic first)"
+        ),
+    };
+    format!(
+        "{of}{error} (event {at}: transaction commit {commit_lsn}, event {} of it, row LSN {lsn}). \
+         on_error = \"fail\" stops Ferry here and confirms nothing past it.{given} The row is committed and \
+         Ferry reads it from the WAL, not from the table: updating or deleting it changes nothing. To go on, \
+         either (1) pass this one event, once: {dead_letter}, or `ferry run --skip-event {at}` leaves it \
+         out; either is logged and counted, and every later row still goes by on_error; or (2) set \
+         {prefix}route.on_error = \"dead_letter\" or \"skip\" for every row that cannot be routed. Then fix \
+         the writer so that it stops committing such rows (or the route configuration, if it is wrong)",
+        at.event
+    )
 }
 
 impl PipelineError {
@@ -170,6 +249,7 @@ impl PipelineError {
             | PipelineError::TextNeeded { .. }
             | PipelineError::TwoServers { .. }
             | PipelineError::SlotChanged { .. }
+            | PipelineError::TableTakenOut { .. }
             | PipelineError::Transaction { .. } => true,
             PipelineError::ProgressTopic(e) => e.is_transient(),
             PipelineError::Gap(_) | PipelineError::Fenced { .. } => false,
@@ -180,7 +260,8 @@ impl PipelineError {
             | PipelineError::Watermark(_)
             | PipelineError::UnknownReport { .. }
             | PipelineError::DrainTimeout { .. }
-            | PipelineError::PublicationChanged { .. } => false,
+            | PipelineError::PublicationChanged { .. }
+            | PipelineError::UnrelayedTable { .. } => false,
         }
     }
 
@@ -213,7 +294,11 @@ impl PipelineError {
 mod tests {
     use super::*;
 
-    fn route(table: Option<(usize, String)>) -> String {
+    fn route_with(
+        table: Option<(usize, String)>,
+        dead_letter_topic: Option<&str>,
+        pass: Option<Pass>,
+    ) -> String {
         PipelineError::Route {
             error: RouteError {
                 event_id: Some("7".into()),
@@ -221,10 +306,66 @@ mod tests {
                     column: "body".into(),
                 },
             },
-            commit_lsn: Lsn(0x10),
+            at: "0/10:2".parse().unwrap(),
+            lsn: Lsn(0x8),
             table,
+            dead_letter_topic: dead_letter_topic.map(str::to_string),
+            pass,
         }
         .to_string()
+    }
+
+    fn route(table: Option<(usize, String)>) -> String {
+        route_with(table, None, None)
+    }
+
+    /// The row is in the WAL already: the advice is the one-shot flag with its exact position,
+    /// or a policy, and the writer for the future; never "fix the row's data".
+    #[test]
+    fn a_route_failure_prints_the_commands_that_pass_this_one_event() {
+        let s = route(None);
+        assert!(!s.contains("fix the row"), "{s}");
+        assert!(
+            s.contains("event 0/10:2: transaction commit 0/10, event 2 of it, row LSN 0/8"),
+            "{s}"
+        );
+        assert!(
+            s.contains("Ferry reads it from the WAL, not from the table"),
+            "{s}"
+        );
+        assert!(s.contains("`ferry run --skip-event 0/10:2`"), "{s}");
+        assert!(
+            s.contains("`ferry run --dead-letter-event 0/10:2` sends it to a dead-letter topic (set route.dead_letter_topic first)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("route.on_error = \"dead_letter\" or \"skip\""),
+            "{s}"
+        );
+        assert!(s.contains("fix the writer"), "{s}");
+        let with_topic = route_with(None, Some("dlq"), None);
+        assert!(
+            with_topic.contains(
+                "`ferry run --dead-letter-event 0/10:2` sends it to the dead-letter topic \"dlq\""
+            ),
+            "{with_topic}"
+        );
+        let second = route_with(
+            None,
+            None,
+            Some(Pass::new("0/5:1".parse().unwrap(), PassAction::Skip)),
+        );
+        assert!(
+            second.contains("(--skip-event 0/5:1 was given, but this event is at 0/10:2: the flag passes only the event it names, once.)"),
+            "{second}"
+        );
+        let mut here = Pass::new("0/10:2".parse().unwrap(), PassAction::DeadLetter);
+        here.met = true;
+        let nowhere = route_with(Some((1, "public.b".into())), None, Some(here));
+        assert!(
+            nowhere.contains("(--dead-letter-event 0/10:2 was given, but tables[0].route.dead_letter_topic is not set"),
+            "{nowhere}"
+        );
     }
 
     /// With several outbox tables the error says which table's row it is, and under which keys.

@@ -60,6 +60,9 @@ pub async fn run(
     let mut producer: Option<(Producer, session::Core)> = None;
     // `--accept-gap`: good until the fresh progress record after the accepted gap is written.
     let mut acceptance = settings.acceptance;
+    // `--skip-event` / `--dead-letter-event`: armed until its transaction is confirmed (the core
+    // decides; a core made for a new session takes it over).
+    let mut pass = settings.pass;
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
@@ -73,15 +76,17 @@ pub async fn run(
         // What a client said of the brokers before this session no longer speaks for it.
         crate::kafka_access::reset();
         let result = if settings.exactly_once.is_some() {
-            session::Session::exactly_once(
+            let outcome = session::Session::exactly_once(
                 &settings,
                 &metrics,
                 topic_watch.topics(),
                 &mut acceptance,
+                pass,
             )
             .run(shutdown.as_mut())
-            .await
-            .result
+            .await;
+            pass = outcome.core.pass();
+            outcome.result
         } else {
             if producer
                 .as_ref()
@@ -96,12 +101,13 @@ pub async fn run(
                     topic_watch.topics(),
                     metrics.clone(),
                 )
-                .map(|(p, rx)| (p, session::Core::new(rx, &settings)))
+                .map(|(p, rx)| (p, session::Core::new(rx, &settings, pass)))
                 .map_err(PipelineError::ProducerConfig)?,
             };
             let outcome = session::Session::new(&settings, &metrics, &p, core, &mut acceptance)
                 .run(shutdown.as_mut())
                 .await;
+            pass = outcome.core.pass();
             producer = Some((p, outcome.core));
             outcome.result
         };

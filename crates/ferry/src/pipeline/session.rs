@@ -32,10 +32,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ferry_core::pass::Pass;
 use ferry_core::progress::{self as record, ProgressKey, ProgressRecord};
 use ferry_core::remember::Remember;
 use ferry_core::verdict::{self, Acceptance, Notice, Refusal, SlotSeen, StartInput, Verdict};
 use ferry_core::{Action, CoreError, Count, Relay, RelayConfig, RowOutcome, Sink, Token};
+use ferry_wal::assembly::{AssemblyError, SourceTable};
 use ferry_wal::conn::{ReaderError, ReaderEvent, ReaderHandle};
 use ferry_wal::slot::SlotSpec;
 use ferry_wal::{slot, Lsn};
@@ -102,25 +104,37 @@ pub(super) struct Core {
     progress_warned: Option<Instant>,
     /// The relay's per-table row counts as last added to the metrics.
     table_rows_seen: Vec<[u64; 4]>,
+    /// Tables no entry relays that were taken out of the publication while rows of theirs were
+    /// still ahead in the WAL: the next sessions skip those rows ([`ferry_wal::assembly::OtherTables`]).
+    tables_taken_out: Vec<SourceTable>,
 }
 
 impl Core {
-    pub fn new(rx: Reports, s: &PipelineSettings) -> Self {
+    /// `pass`: the one-shot pass still armed (`--skip-event`), carried from core to core.
+    pub fn new(rx: Reports, s: &PipelineSettings, pass: Option<Pass>) -> Self {
+        let mut relay = Relay::new(RelayConfig {
+            routers: s.routers.clone(),
+            max_in_flight_records: s.max_in_flight_records as u64,
+            max_in_flight_bytes: s.max_in_flight_bytes as u64,
+            drain_timeout: s.drain_timeout,
+            session_drain_timeout: s.session_drain_timeout,
+            exactly_once: s.exactly_once.is_some(),
+        });
+        relay.set_pass(pass);
         Core {
             rx,
-            relay: Relay::new(RelayConfig {
-                routers: s.routers.clone(),
-                max_in_flight_records: s.max_in_flight_records as u64,
-                max_in_flight_bytes: s.max_in_flight_bytes as u64,
-                drain_timeout: s.drain_timeout,
-                session_drain_timeout: s.session_drain_timeout,
-                exactly_once: s.exactly_once.is_some(),
-            }),
+            relay,
             remember: Remember::default(),
             progress_topic_ready: false,
             progress_warned: None,
+            tables_taken_out: Vec::new(),
             table_rows_seen: vec![[0; 4]; s.routers.len()],
         }
+    }
+
+    /// The one-shot pass still armed, for the core of the next session.
+    pub fn pass(&self) -> Option<Pass> {
+        self.relay.pass()
     }
 }
 
@@ -189,6 +203,7 @@ impl<'a> Session<'a> {
         metrics: &'a Arc<Metrics>,
         topics: Topics,
         acceptance: &'a mut Acceptance,
+        pass: Option<Pass>,
     ) -> Self {
         let (_, rx) = mpsc::unbounded_channel();
         Session {
@@ -197,7 +212,7 @@ impl<'a> Session<'a> {
             producer: None,
             txn: None,
             topics: Some(topics),
-            core: Core::new(rx, settings),
+            core: Core::new(rx, settings, pass),
             status_updates_seen: 0,
             other_inserts_seen: 0,
             other_inserts_log: Repeats::default(),
@@ -239,6 +254,10 @@ impl<'a> Session<'a> {
             let mode = binary::decide(&sql, s).await?;
             let mut options = s.stream.clone();
             options.binary = mode == Mode::Binary;
+            // ensure() refused tables the publication lists and no entry relays; one listed
+            // later stops the stream at its first row (or the watch below, whichever is first).
+            options.source.other_tables = slot::other_tables(&sql, &s.slot).await?;
+            options.source.other_tables.tables = self.core.tables_taken_out.clone();
             match &mode {
                 Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
                 Mode::Text(why) => tracing::info!("values stream as text: {why}"),
@@ -320,7 +339,7 @@ impl<'a> Session<'a> {
                 );
                 let fresh = remembered.is_none();
                 self.txn = Some(txn);
-                self.core = Core::new(rx, s);
+                self.core = Core::new(rx, s, self.core.pass());
                 self.core
                     .relay
                     .start_from(reader.resume_lsn, binary_read, remembered);
@@ -432,13 +451,9 @@ impl<'a> Session<'a> {
                 _ = publish_tick.tick() => {}
                 r = &mut left_rx, if watching => {
                     watching = false;
-                    if let Ok((table, what)) = r {
-                        tracing::error!(publication = %s.slot.publication, table = %table, "{what}: stopping after the records in flight");
-                        left_publication = Some(PipelineError::PublicationChanged {
-                            publication: s.slot.publication.clone(),
-                            table,
-                            what,
-                        });
+                    if let Ok(e) = r {
+                        tracing::error!(publication = %s.slot.publication, "{e}: stopping after the records in flight");
+                        left_publication = Some(e);
                         self.core.relay.shutdown(Instant::now());
                     }
                 }
@@ -495,9 +510,59 @@ impl<'a> Session<'a> {
                 tracing::info!(confirmed = %self.core.relay.confirmed(), "drained and confirmed");
                 Ok(End::Shutdown)
             }
-            Ok(ferry_core::End::ReaderEnded) => reader_result.map(|()| End::Streamed),
+            Ok(ferry_core::End::ReaderEnded) => match reader_result {
+                Ok(()) => Ok(End::Streamed),
+                Err(e) => Err(self.unrelayed(e, &sql).await),
+            },
             Err(e) => Err(pipeline_error(e, s)),
         }
+    }
+
+    /// The reader stopped at a row of a table the publication carries and no entry relays
+    /// ([`AssemblyError::UnrelayedInsert`]). Still listed: the operator decides (relay it or take
+    /// it out), a permanent error. Taken out since: the rows committed while it was in are
+    /// skipped from now on, and the next session resumes. Any other error is returned as it is.
+    async fn unrelayed(&mut self, e: PipelineError, sql: &tokio_postgres::Client) -> PipelineError {
+        let PipelineError::Reader(ReaderError::Assembly(AssemblyError::UnrelayedInsert {
+            xid,
+            lsn,
+            namespace,
+            name,
+        })) = &e
+        else {
+            return e;
+        };
+        let s = self.settings;
+        let table = format!(
+            "{}.{}",
+            slot::quote_ident(namespace),
+            slot::quote_ident(name)
+        );
+        let at = format!("an INSERT of transaction {xid} at {lsn}");
+        let listed = match slot::unrelayed_tables(sql, &s.slot).await {
+            Ok(listed) => listed.contains(&table),
+            // Asked again by the next session.
+            Err(e) => return e.into(),
+        };
+        if listed {
+            return PipelineError::UnrelayedTable {
+                publication: s.slot.publication.clone(),
+                table,
+                at: Some(at),
+            };
+        }
+        tracing::warn!(
+            table = %table,
+            publication = %s.slot.publication,
+            "table {table}, which no entry relays, is no longer in publication {:?}, but rows committed while \
+             it was (the first at {at}) are still in the WAL: they are skipped, as taking it out asked",
+            s.slot.publication
+        );
+        self.core.tables_taken_out.push(SourceTable {
+            schema: namespace.clone(),
+            table: name.clone(),
+        });
+        PipelineError::TableTakenOut { table }
     }
 
     /// The start-time verdict (see the module docs): may this session stream from the slot?
@@ -598,7 +663,7 @@ impl<'a> Session<'a> {
         };
         match verdict {
             Verdict::CreateSlot => {
-                tracing::info!(slot = %name, "first start: no progress record and no slot; creating the slot");
+                tracing::info!(slot = %name, "first start: no progress record and no slot; the slot is created once the set-up checks pass");
                 Ok(start(true, None, false))
             }
             Verdict::Stream {
@@ -921,10 +986,9 @@ impl<'a> Session<'a> {
                 .add(sent - self.status_updates_seen);
             self.status_updates_seen = sent;
         }
-        // Rows of a table the publication carries and no entry relays are skipped and confirmed
-        // past: right for a publication shared with other subscribers, a loss when the table was
-        // added for a newer configuration while this one still streams. Said once, then at most
-        // once a repeats window.
+        // Rows of tables no entry relays reach here only by design: a publication FOR ALL
+        // TABLES or FOR TABLES IN SCHEMA, or a table taken out of it (a table the publication
+        // lists stops the reader). Said once, then at most once a repeats window.
         let other = reader.stats.other_inserts_skipped.load(Ordering::Relaxed);
         if other > self.other_inserts_seen
             && self
@@ -932,14 +996,12 @@ impl<'a> Session<'a> {
                 .admit("other inserts", Instant::now())
                 .is_some()
         {
-            tracing::warn!(
+            tracing::info!(
                 skipped = other - self.other_inserts_seen,
                 publication = %self.settings.slot.publication,
-                "rows inserted into tables of the publication that no [outbox] or [[tables]] entry \
-                 relays were skipped, and the slot is confirmed past them. If a table was added to \
-                 the publication for a new [[tables]] entry, its rows since then are not relayed by \
-                 this instance: stop every Ferry running the old configuration before ALTER \
-                 PUBLICATION ... ADD TABLE, and re-insert the rows committed in between"
+                "skipped rows inserted into tables that publication {:?} covers wholesale (FOR ALL TABLES or \
+                 FOR TABLES IN SCHEMA) or no longer lists, and that no [outbox] or [[tables]] entry relays",
+                self.settings.slot.publication
             );
             self.other_inserts_seen = other;
         }
@@ -953,14 +1015,24 @@ fn pipeline_error(e: CoreError<KafkaError>, s: &PipelineSettings) -> PipelineErr
         CoreError::Route {
             error,
             commit_lsn,
+            event,
+            lsn,
             table,
+            pass,
         } => PipelineError::Route {
             error,
-            commit_lsn,
+            at: ferry_core::pass::EventPosition { commit_lsn, event },
+            lsn,
             // With one table there is nothing to tell apart.
             table: table
                 .filter(|_| s.routers.len() > 1)
                 .and_then(|i| Some((i, s.routers.get(i)?.table().to_string()))),
+            dead_letter_topic: s
+                .routers
+                .get(table.unwrap_or(0))
+                .and_then(|r| r.dead_letter_topic())
+                .map(str::to_string),
+            pass,
         },
         CoreError::Delivery { topic, error } => PipelineError::delivery(
             &topic,
@@ -1017,11 +1089,12 @@ async fn finish(reader: ReaderHandle) -> Result<(), PipelineError> {
 
 /// What [`watch_server`] watches the publication with: the tables' spec, how the publication
 /// covered each when the session started, and where to say which table's coverage changed, and
-/// how.
+/// how ([`PipelineError::PublicationChanged`]), or which table it lists that no entry relays
+/// ([`PipelineError::UnrelayedTable`]).
 type MembershipWatch = (
     slot::SlotSpec,
     Vec<Option<String>>,
-    tokio::sync::oneshot::Sender<(String, String)>,
+    tokio::sync::oneshot::Sender<PipelineError>,
 );
 
 /// Samples `pg_current_wal_lsn()` for the WAL lag metric, warns when the role loses the
@@ -1076,7 +1149,26 @@ async fn watch_server(
                 Some(_) => "it is in the publication again, but was dropped and recreated or taken out and added back since the session started".to_string(),
             };
             if let Some(tx) = left.take() {
-                let _ = tx.send((table.qualified(), what));
+                let _ = tx.send(PipelineError::PublicationChanged {
+                    publication: spec.publication.clone(),
+                    table: table.qualified(),
+                    what,
+                });
+            }
+            continue;
+        }
+        // A table listed since the start that no entry relays: its first row would stop the
+        // reader; this says so as soon as it is listed, rows or not.
+        if let Ok(Some(table)) = slot::unrelayed_tables(&sql, &spec)
+            .await
+            .map(|t| t.into_iter().next())
+        {
+            if let Some(tx) = left.take() {
+                let _ = tx.send(PipelineError::UnrelayedTable {
+                    publication: spec.publication.clone(),
+                    table,
+                    at: None,
+                });
             }
         }
     }

@@ -44,6 +44,9 @@ pub struct PipelineSettings {
     /// What the operator accepted for this start (`ferry run --accept-gap`); set by the command
     /// line, never by the configuration, so that it cannot outlive the start it was meant for.
     pub acceptance: ferry_core::verdict::Acceptance,
+    /// The poison event the operator passes once (`ferry run --skip-event` /
+    /// `--dead-letter-event`); set by the command line only, like `acceptance`.
+    pub pass: Option<ferry_core::pass::Pass>,
     /// `kafka.exactly_once`, with what it needs; `None` in at-least-once mode.
     pub exactly_once: Option<ExactlyOnce>,
 }
@@ -201,6 +204,7 @@ impl PipelineSettings {
             binary: config.postgres.binary,
             progress_topic: config.kafka.progress_topic.clone(),
             acceptance: ferry_core::verdict::Acceptance::default(),
+            pass: None,
             exactly_once: config.kafka.exactly_once.then(|| {
                 let (max_records, max_bytes) = config.kafka.transaction_caps();
                 ExactlyOnce {

@@ -1,0 +1,110 @@
+//! A first `ferry run` that fails validation creates nothing: the configuration and the table
+//! are checked before the slot is created, so a failed start leaves no slot retaining WAL. A
+//! slot from an earlier good run is never dropped by a failed start.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// Runs `ferry run`, which must stop (exit 1) at set-up; its output.
+async fn run_refuses(w: &World) -> String {
+    let mut ferry = w.start_ferry();
+    let status = ferry.wait_exit(Duration::from_secs(90)).await;
+    let log = ferry.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    log
+}
+
+async fn slot_exists(w: &World) -> bool {
+    w.sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+            &[&w.slot],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn a_first_run_stops_and_leaves_no_slot(w: &World, error: &str) {
+    let log = run_refuses(w).await;
+    assert!(
+        log.contains(error),
+        "run should stop with {error:?}:\n{log}"
+    );
+    assert!(
+        !slot_exists(w).await,
+        "the failed first start left slot {:?} behind:\n{log}",
+        w.slot
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_run_with_a_missing_table_leaves_no_slot() {
+    let mut w = World::new().await;
+    w.env
+        .push(("FERRY_OUTBOX_TABLE".into(), "public.no_such_outbox".into()));
+    a_first_run_stops_and_leaves_no_slot(&w, "table \"public\".\"no_such_outbox\" does not exist")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_run_with_a_wrong_column_leaves_no_slot() {
+    let mut w = World::new().await;
+    w.env.push((
+        "FERRY_OUTBOX_PAYLOAD_COLUMN".into(),
+        "no_such_column".into(),
+    ));
+    a_first_run_stops_and_leaves_no_slot(
+        &w,
+        "has no column \"no_such_column\" (named by outbox.payload_column)",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_run_with_a_payload_of_an_unsupported_type_leaves_no_slot() {
+    let mut w = World::new().await;
+    w.sql
+        .batch_execute("ALTER TABLE outbox ADD COLUMN span int4range")
+        .await
+        .unwrap();
+    w.env
+        .push(("FERRY_OUTBOX_PAYLOAD_COLUMN".into(), "span".into()));
+    a_first_run_stops_and_leaves_no_slot(&w, "(outbox.payload_column) is of type int4range").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_keeps_the_slot_of_an_earlier_good_run() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("order", 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    w.insert("order", "o-1", "OrderCreated", "{}").await;
+    w.consume(&topic, 1).await;
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+    let confirmed = w.confirmed_lsn().await.expect("the good run's slot");
+
+    // The next start is misconfigured: it stops, and the slot (with the WAL since) stays.
+    w.insert("order", "o-2", "OrderPaid", "{}").await;
+    w.env.push((
+        "FERRY_OUTBOX_PAYLOAD_COLUMN".into(),
+        "no_such_column".into(),
+    ));
+    let log = run_refuses(&w).await;
+    assert!(log.contains("has no column \"no_such_column\""), "{log}");
+    assert_eq!(w.confirmed_lsn().await, Some(confirmed), "{log}");
+
+    // Fixed, Ferry resumes from it: the row committed in between is delivered.
+    w.env.pop();
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let got = w.consume(&topic, 2).await;
+    assert!(
+        got.iter().any(|r| r.key.as_deref() == Some(&b"o-2"[..])),
+        "{got:?}"
+    );
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
