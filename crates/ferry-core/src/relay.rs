@@ -408,6 +408,12 @@ impl<E> Relay<E> {
         (self.in_flight.records(), self.in_flight.bytes())
     }
 
+    /// The oldest record in flight (all sessions): when it was handed to the sink, and its
+    /// transaction's commit time; `None` when nothing is in flight.
+    pub fn oldest_in_flight(&mut self) -> Option<crate::inflight::Oldest> {
+        self.in_flight.oldest()
+    }
+
     /// Whether a drain is under way.
     pub fn is_draining(&self) -> bool {
         self.drain.is_some()
@@ -681,7 +687,7 @@ impl<E> Relay<E> {
                 if let TraceOutcome::Malformed(problem) = record.trace_context {
                     self.count(Count::TraceContextMalformed(problem));
                 }
-                self.produce(cur, record);
+                self.produce(cur, record, now);
             }
             Routed::Skip => self.count(Count::RowSkipped),
             Routed::Fail(error) => self.fail(
@@ -698,7 +704,7 @@ impl<E> Relay<E> {
         }
     }
 
-    fn produce(&mut self, cur: Current, record: Record) {
+    fn produce(&mut self, cur: Current, record: Record, now: Instant) {
         let mark = match self.wm.add_record(record.size_bytes()) {
             Ok(mark) => mark,
             Err(e) => return self.bookkeeping(e),
@@ -708,6 +714,7 @@ impl<E> Relay<E> {
             session: self.session,
             commit_unix_micros: cur.commit_unix_micros,
             topic: record.topic.clone(),
+            handed_at: now,
         });
         self.actions.push_back(Action::Produce { token, record });
     }

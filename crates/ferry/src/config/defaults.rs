@@ -97,6 +97,9 @@ pub const CLIENT_ID: &str = "ferry";
 /// librdkafka's `reconnect.backoff.ms` unless `kafka.properties` sets it (or
 /// `reconnect.backoff.max.ms`): librdkafka's default is 100, the Java client's 50.
 pub const RECONNECT_BACKOFF_MS: u32 = 20;
+/// librdkafka's `statistics.interval.ms` for the relay's producers unless `kafka.properties`
+/// sets it: the brokers' view (`ferry_kafka_brokers_up`, `/readyz`) is this fresh.
+pub const STATISTICS_INTERVAL_MS: u32 = 1000;
 
 // [http]
 /// `http.listen`: loopback only; set `0.0.0.0:9187` (or `[::]:9187`) to expose it.

@@ -96,9 +96,13 @@ pub async fn run(
             }
             let (p, core) = match producer.take() {
                 Some(p) => p,
-                None => Producer::new(&settings.producer_properties, topic_watch.topics())
-                    .map(|(p, rx)| (p, session::Core::new(rx, &settings, pass)))
-                    .map_err(PipelineError::ProducerConfig)?,
+                None => Producer::new(
+                    &settings.producer_properties,
+                    topic_watch.topics(),
+                    metrics.clone(),
+                )
+                .map(|(p, rx)| (p, session::Core::new(rx, &settings, pass)))
+                .map_err(PipelineError::ProducerConfig)?,
             };
             let outcome = session::Session::new(&settings, &metrics, &p, core, &mut acceptance)
                 .run(shutdown.as_mut())

@@ -998,6 +998,10 @@ impl<'a> Session<'a> {
         let (records, bytes) = self.core.relay.in_flight();
         self.metrics.in_flight_records.set(records);
         self.metrics.in_flight_bytes.set(bytes);
+        let oldest = self.core.relay.oldest_in_flight();
+        self.metrics
+            .in_flight_oldest
+            .set(oldest.map(|o| (o.handed_at, o.commit_unix_micros)));
         self.metrics
             .received_lsn
             .set(reader.stats.received_lsn.load(Ordering::Relaxed));

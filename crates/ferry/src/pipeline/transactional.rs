@@ -103,8 +103,8 @@ impl Txn {
         let mut props = properties.to_vec();
         props.push(("transactional.id".into(), transactional_id.clone()));
         topics.set_transactional_id(&transactional_id);
-        let (producer, rx) =
-            Producer::new(&props, topics).map_err(PipelineError::ProducerConfig)?;
+        let (producer, rx) = Producer::new(&props, topics, metrics.clone())
+            .map_err(PipelineError::ProducerConfig)?;
         let fail = |error| match denied_txn(&error, &transactional_id, properties) {
             Some(e) => e,
             None => match transaction_error(&error) {

@@ -138,8 +138,13 @@ impl Client {
                             );
                         }
                     }
-                    // Statistics are not enabled; an OAUTHBEARER refresh is left alone, as
-                    // rust-rdkafka's own poll leaves it for a context without a token generator.
+                    // Every `statistics.interval.ms` (see `telemetry::brokers`).
+                    rd::RD_KAFKA_EVENT_STATS => {
+                        let json = CStr::from_ptr(rd::rd_kafka_event_stats(event));
+                        context.stats_raw(json.to_bytes());
+                    }
+                    // An OAUTHBEARER refresh is left alone, as rust-rdkafka's own poll leaves it
+                    // for a context without a token generator.
                     _ => {}
                 }
                 rd::rd_kafka_event_destroy(event);

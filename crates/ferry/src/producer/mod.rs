@@ -51,7 +51,9 @@ use tokio::sync::mpsc;
 
 use client::Client;
 
+use crate::telemetry::brokers::{BrokerView, BrokerWatch};
 use crate::telemetry::repeats::{self, Repeats};
+use crate::telemetry::{Component, Metrics};
 use crate::topics::Topics;
 
 /// The delivery reports of one producer, in the order librdkafka hands them over.
@@ -82,6 +84,18 @@ struct Context {
     topics: Topics,
     /// Client errors repeat for as long as their cause lasts; see `telemetry::repeats`.
     repeats: Repeats,
+    /// Where the brokers' view from librdkafka's statistics goes (see `telemetry::brokers`).
+    metrics: Arc<Metrics>,
+    /// The watch, and whether the log said that no broker is up (and not yet that one is).
+    brokers: Mutex<(BrokerWatch, bool)>,
+}
+
+impl Drop for Context {
+    /// A client gone says nothing more of the brokers (an exactly-once session's producer ends
+    /// with its session; the next one's statistics start afresh).
+    fn drop(&mut self) {
+        self.metrics.kafka_brokers.set(BrokerView::default());
+    }
 }
 
 impl ClientContext for Context {
@@ -102,6 +116,33 @@ impl ClientContext for Context {
         }
     }
 
+    /// librdkafka's statistics (every `statistics.interval.ms`): the brokers' view for the
+    /// registry, and the broker connections re-established since the last ones.
+    fn stats_raw(&self, statistics: &[u8]) {
+        let mut guard = self.brokers.lock().unwrap_or_else(|e| e.into_inner());
+        let (watch, said_down) = &mut *guard;
+        match watch.update(statistics, std::time::Instant::now()) {
+            Ok(update) => {
+                let up = update.view.up();
+                if up == 0 && !*said_down && self.metrics.kafka_brokers.get().up() > 0 {
+                    *said_down = true;
+                    tracing::warn!(
+                        brokers = %states(&update.view),
+                        "no Kafka broker is up; records wait until one answers"
+                    );
+                } else if up > 0 && *said_down {
+                    *said_down = false;
+                    tracing::info!(brokers = %states(&update.view), "a Kafka broker is up again");
+                }
+                self.metrics
+                    .reconnects
+                    .add(Component::Kafka, update.reconnects);
+                self.metrics.kafka_brokers.set(update.view);
+            }
+            Err(e) => tracing::debug!(error = %e, "librdkafka statistics not understood"),
+        }
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         crate::kafka_access::observe(error.rdkafka_error_code(), reason);
         let fatal = matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal));
@@ -119,6 +160,15 @@ impl ClientContext for Context {
             }
         }
     }
+}
+
+/// `host:port/id STATE, ...` for the log.
+fn states(view: &BrokerView) -> String {
+    view.brokers
+        .iter()
+        .map(|b| format!("{} {}", b.name, b.state))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Context {
@@ -188,8 +238,21 @@ impl Producer {
     pub fn new(
         properties: &[(String, String)],
         topics: Topics,
+        metrics: Arc<Metrics>,
     ) -> Result<(Producer, Reports), KafkaError> {
         let mut cc = ClientConfig::new();
+        // The brokers' view (`ferry_kafka_brokers_up`, readiness) comes from the statistics:
+        // Ferry's interval unless kafka.properties sets one. Only the relay's producers ask
+        // for them; Ferry's other clients (the topic watch, the progress reader) do not.
+        if !properties
+            .iter()
+            .any(|(k, _)| k == "statistics.interval.ms")
+        {
+            cc.set(
+                "statistics.interval.ms",
+                crate::config::defaults::STATISTICS_INTERVAL_MS.to_string(),
+            );
+        }
         for (k, v) in properties {
             cc.set(k, v);
         }
@@ -200,6 +263,8 @@ impl Producer {
             fatal: fatal.clone(),
             topics: topics.clone(),
             repeats: Repeats::default(),
+            metrics,
+            brokers: Mutex::new((BrokerWatch::default(), false)),
         })?;
         let inner = Client::new(producer);
         warm_up(Arc::downgrade(&inner));
@@ -531,7 +596,7 @@ mod tests {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let created = Producer::new(&props, crate::topics::Topics::default());
+        let created = Producer::new(&props, crate::topics::Topics::default(), Metrics::new());
         assert!(created.is_ok(), "{:?}", created.err());
     }
 
@@ -552,7 +617,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-            let created = Producer::new(&props, Topics::default());
+            let created = Producer::new(&props, Topics::default(), Metrics::new());
             assert!(created.is_ok(), "{mechanism}: {:?}", created.err());
         }
     }
@@ -568,7 +633,8 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let (producer, mut reports) = Producer::new(&props, Topics::default()).expect("producer");
+        let (producer, mut reports) =
+            Producer::new(&props, Topics::default(), Metrics::new()).expect("producer");
         let record = Record {
             topic: "t".into(),
             key: Some(bytes::Bytes::from_static(b"k")),
@@ -613,7 +679,8 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let (producer, _reports) = Producer::new(&props, Topics::default()).expect("producer");
+        let (producer, _reports) =
+            Producer::new(&props, Topics::default(), Metrics::new()).expect("producer");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let text = captured.text();

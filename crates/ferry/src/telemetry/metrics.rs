@@ -18,6 +18,7 @@
 //! | `ferry_delivery_errors_total` | counter | | Failed delivery reports (each freezes the checkpoint). |
 //! | `ferry_in_flight_records` | gauge | | Records handed to the producer and not yet acknowledged. |
 //! | `ferry_in_flight_bytes` | gauge | | Bytes of those records. |
+//! | `ferry_in_flight_oldest_age_seconds` | gauge | | Seconds since the oldest record in flight was handed to the producer (0 when none is): how long records have waited for Kafka. |
 //! | `ferry_transactions_received_total` | counter | | Outbox transactions assembled from the slot (commit messages). |
 //! | `ferry_transactions_confirmed_total` | counter | | Transactions whose `end_lsn` was confirmed to the server. |
 //! | `ferry_received_lsn` | gauge | | Highest WAL position received from the server, as a number. |
@@ -25,14 +26,16 @@
 //! | `ferry_server_wal_lsn` | gauge | | The server's `pg_current_wal_lsn()` at the last poll, as a number. |
 //! | `ferry_wal_lag_bytes` | gauge | | `pg_current_wal_lsn()` minus the confirmed LSN, at the last poll. |
 //! | `ferry_replication_lag_seconds` | histogram | | Commit time in Postgres to Kafka acknowledgement, per record (each acknowledged record is one observation). |
-//! | `ferry_replication_lag_latest_seconds` | gauge | | The latest observation of that histogram. |
+//! | `ferry_replication_lag_latest_seconds` | gauge | | The lag now: the latest observation of that histogram, or, when it is larger, the time since the commit of the oldest record still in flight, so it grows while Kafka acknowledges nothing. |
 //! | `ferry_rows_skipped_total` | counter | | Outbox rows skipped by policy (not produced). |
 //! | `ferry_rows_dead_lettered_total` | counter | | Outbox rows sent to the dead-letter topic. |
 //! | `ferry_routing_errors_total` | counter | `reason` | Rows the router rejected; `reason` is one of [`RoutingErrorReason`]. |
 //! | `ferry_outbox_rows_total` | counter | `table`, `outcome` | Outbox rows read from each table (`schema.table`), by what came of them: `routed`, `dead_lettered`, `skipped`, `failed` (the session stopped at it). Every configured table has its series from the start, so a table that stays at 0 is visible. |
 //! | `ferry_trace_context_malformed_total` | counter | `problem` | Records sent without their malformed trace context (`outbox.tracing_column`); `problem` is one of [`TraceProblem`]. |
 //! | `ferry_status_updates_sent_total` | counter | | Standby status updates sent to the server. |
-//! | `ferry_reconnects_total` | counter | `component` | Reconnects after transient errors: `postgres` or `kafka`. |
+//! | `ferry_reconnects_total` | counter | `component` | `postgres`: sessions restarted after a transient error. `kafka`: sessions restarted after a transient Kafka error, plus broker connections librdkafka re-established after losing them (each loss counted once the broker is up again; see [`super::brokers`]). |
+//! | `ferry_kafka_brokers` | gauge | | Brokers librdkafka knows (learned from metadata; the configured bootstrap ones until then), from its latest statistics (every `statistics.interval.ms`, 1 s). |
+//! | `ferry_kafka_brokers_up` | gauge | | Of those, the ones connected and answering (state `UP`, no request unanswered for 5 s). librdkafka connects only to the brokers it needs (the leaders Ferry writes to, one for metadata), so fewer than known is normal; 0 for 5 s makes `/readyz` answer 503. In exactly-once mode both are 0 between sessions (the producer ends with its session). |
 //! | `ferry_topics_missing` | gauge | | Topics records were routed to that the brokers do not have (records wait for them). |
 //! | `ferry_partitions_refusing` | gauge | | Partitions records wait for that refuse writes: fewer in-sync replicas than `min.insync.replicas` (`NOT_ENOUGH_REPLICAS`), or no leader. |
 //! | `ferry_log_write_errors_total` | counter | | Log events dropped because stderr failed (closed pipe, full disk); process-wide. |
@@ -53,7 +56,8 @@
 //! ones (clock skew between Postgres and Ferry) count as zero.
 //!
 //! Readiness (see the `http` module) reads [`Metrics::streaming`], [`Metrics::standby`],
-//! [`Metrics::in_flight_records`] and [`Metrics::confirmed_lsn`]; the two [`StampedGauge`]s
+//! [`Metrics::in_flight_records`], [`Metrics::in_flight_oldest`], [`Metrics::kafka_brokers`] and
+//! [`Metrics::confirmed_lsn`]; the two [`StampedGauge`]s
 //! remember when their value last rose, which is how "the confirmed LSN advanced recently" is known
 //! without a second source of truth.
 
@@ -71,6 +75,7 @@ pub const BYTES_PRODUCED_TOTAL: &str = "ferry_bytes_produced_total";
 pub const DELIVERY_ERRORS_TOTAL: &str = "ferry_delivery_errors_total";
 pub const IN_FLIGHT_RECORDS: &str = "ferry_in_flight_records";
 pub const IN_FLIGHT_BYTES: &str = "ferry_in_flight_bytes";
+pub const IN_FLIGHT_OLDEST_AGE_SECONDS: &str = "ferry_in_flight_oldest_age_seconds";
 pub const TRANSACTIONS_RECEIVED_TOTAL: &str = "ferry_transactions_received_total";
 pub const TRANSACTIONS_CONFIRMED_TOTAL: &str = "ferry_transactions_confirmed_total";
 pub const RECEIVED_LSN: &str = "ferry_received_lsn";
@@ -86,6 +91,8 @@ pub const OUTBOX_ROWS_TOTAL: &str = "ferry_outbox_rows_total";
 pub const TRACE_CONTEXT_MALFORMED_TOTAL: &str = "ferry_trace_context_malformed_total";
 pub const STATUS_UPDATES_SENT_TOTAL: &str = "ferry_status_updates_sent_total";
 pub const RECONNECTS_TOTAL: &str = "ferry_reconnects_total";
+pub const KAFKA_BROKERS: &str = "ferry_kafka_brokers";
+pub const KAFKA_BROKERS_UP: &str = "ferry_kafka_brokers_up";
 pub const TOPICS_MISSING: &str = "ferry_topics_missing";
 pub const PARTITIONS_REFUSING: &str = "ferry_partitions_refusing";
 pub const LOG_WRITE_ERRORS_TOTAL: &str = "ferry_log_write_errors_total";
@@ -128,7 +135,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 32] = {
+pub const SPEC: [MetricSpec; 35] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -139,6 +146,7 @@ pub const SPEC: [MetricSpec; 32] = {
         spec(DELIVERY_ERRORS_TOTAL, C, "Failed delivery reports."),
         spec(IN_FLIGHT_RECORDS, G, "Records handed to the producer and not yet acknowledged."),
         spec(IN_FLIGHT_BYTES, G, "Bytes of the records in flight."),
+        spec(IN_FLIGHT_OLDEST_AGE_SECONDS, G, "Seconds since the oldest record in flight was handed to the producer (0 when none is)."),
         spec(TRANSACTIONS_RECEIVED_TOTAL, C, "Outbox transactions assembled from the replication slot."),
         spec(TRANSACTIONS_CONFIRMED_TOTAL, C, "Transactions whose end LSN was confirmed to the server."),
         spec(RECEIVED_LSN, G, "Highest WAL position received from the server."),
@@ -146,14 +154,16 @@ pub const SPEC: [MetricSpec; 32] = {
         spec(SERVER_WAL_LSN, G, "The server's current WAL position at the last poll."),
         spec(WAL_LAG_BYTES, G, "Server WAL position minus the confirmed LSN."),
         spec(REPLICATION_LAG_SECONDS, H, "Seconds from commit in Postgres to acknowledgement by Kafka, per record."),
-        spec(REPLICATION_LAG_LATEST_SECONDS, G, "The latest replication lag observation."),
+        spec(REPLICATION_LAG_LATEST_SECONDS, G, "The replication lag now: the latest observation, or the age since commit of the oldest record in flight when larger."),
         spec(ROWS_SKIPPED_TOTAL, C, "Outbox rows skipped by policy."),
         spec(ROWS_DEAD_LETTERED_TOTAL, C, "Outbox rows sent to the dead-letter topic."),
         spec(ROUTING_ERRORS_TOTAL, C, "Rows the router rejected, by reason."),
         spec(OUTBOX_ROWS_TOTAL, C, "Outbox rows read, by table and what came of them."),
         spec(TRACE_CONTEXT_MALFORMED_TOTAL, C, "Records sent without their malformed trace context, by problem."),
         spec(STATUS_UPDATES_SENT_TOTAL, C, "Standby status updates sent to the server."),
-        spec(RECONNECTS_TOTAL, C, "Reconnects after transient errors, by component."),
+        spec(RECONNECTS_TOTAL, C, "Sessions restarted after transient errors, and Kafka broker connections re-established, by component."),
+        spec(KAFKA_BROKERS, G, "Kafka brokers librdkafka knows, from its latest statistics."),
+        spec(KAFKA_BROKERS_UP, G, "Kafka brokers connected and answering, from librdkafka's latest statistics."),
         spec(TOPICS_MISSING, G, "Topics records were routed to that the brokers do not have."),
         spec(PARTITIONS_REFUSING, G, "Partitions records wait for that refuse writes (too few in-sync replicas, no leader)."),
         spec(LOG_WRITE_ERRORS_TOTAL, C, "Log events dropped because the log sink (stderr) failed."),
@@ -367,6 +377,9 @@ impl<L: LabelSet> CounterVec<L> {
     pub fn inc(&self, label: L) {
         self.counters[label.index()].inc();
     }
+    pub fn add(&self, label: L, n: u64) {
+        self.counters[label.index()].add(n);
+    }
     pub fn get(&self, label: L) -> u64 {
         self.counters[label.index()].get()
     }
@@ -514,6 +527,9 @@ pub struct Metrics {
     pub delivery_errors: Counter,
     pub in_flight_records: Gauge,
     pub in_flight_bytes: Gauge,
+    /// The oldest record in flight (`ferry_in_flight_oldest_age_seconds`, and the pending part
+    /// of `ferry_replication_lag_latest_seconds`).
+    pub in_flight_oldest: OldestInFlight,
     pub transactions_received: Counter,
     pub transactions_confirmed: Counter,
     pub received_lsn: Gauge,
@@ -531,6 +547,9 @@ pub struct Metrics {
     pub trace_context_malformed: CounterVec<TraceProblem>,
     pub status_updates_sent: Counter,
     pub reconnects: CounterVec<Component>,
+    /// The brokers as librdkafka's latest statistics show them (`ferry_kafka_brokers`,
+    /// `ferry_kafka_brokers_up`; `/readyz` names them when none is up).
+    pub kafka_brokers: KafkaBrokers,
     /// The topics records wait for, as the topic watch last found them (`ferry_topics_missing`
     /// is their number; `/readyz` names them).
     pub topics_missing: MissingTopics,
@@ -618,6 +637,81 @@ impl RefusingPartitions {
     }
 }
 
+/// The oldest record in flight, as the session last published it: when it was handed to the
+/// producer and its transaction's commit time. Atomics: published after every wake-up of the
+/// session loop.
+#[derive(Debug)]
+pub struct OldestInFlight {
+    epoch: Instant,
+    /// Nanoseconds after `epoch` it was handed over; `u64::MAX`: nothing in flight.
+    handed_ns: AtomicU64,
+    commit_unix_micros: std::sync::atomic::AtomicI64,
+}
+
+impl OldestInFlight {
+    fn new() -> Self {
+        OldestInFlight {
+            epoch: Instant::now(),
+            handed_ns: AtomicU64::new(u64::MAX),
+            commit_unix_micros: std::sync::atomic::AtomicI64::new(0),
+        }
+    }
+
+    /// The oldest record in flight was handed over at `handed_at` and committed at
+    /// `commit_unix_micros` (0 if unknown); `None`: nothing is in flight.
+    pub fn set(&self, oldest: Option<(Instant, i64)>) {
+        match oldest {
+            Some((handed_at, commit)) => {
+                let ns = handed_at.saturating_duration_since(self.epoch).as_nanos();
+                self.commit_unix_micros.store(commit, Relaxed);
+                self.handed_ns
+                    .store(u64::try_from(ns).unwrap_or(u64::MAX - 1), Relaxed);
+            }
+            None => self.handed_ns.store(u64::MAX, Relaxed),
+        }
+    }
+
+    /// How long the oldest record in flight has waited at `now`; `None` when none is in flight.
+    pub fn age(&self, now: Instant) -> Option<std::time::Duration> {
+        match self.handed_ns.load(Relaxed) {
+            u64::MAX => None,
+            ns => Some(
+                now.saturating_duration_since(self.epoch + std::time::Duration::from_nanos(ns)),
+            ),
+        }
+    }
+
+    /// Its transaction's commit time, µs since the Unix epoch; `None` when none is in flight.
+    pub fn commit_unix_micros(&self) -> Option<i64> {
+        match self.handed_ns.load(Relaxed) {
+            u64::MAX => None,
+            _ => Some(self.commit_unix_micros.load(Relaxed)),
+        }
+    }
+}
+
+/// The brokers as librdkafka's latest statistics show them (written once per statistics
+/// interval, read per `/readyz` and scrape).
+#[derive(Debug, Default)]
+pub struct KafkaBrokers(std::sync::Mutex<super::brokers::BrokerView>);
+
+impl KafkaBrokers {
+    pub fn set(&self, view: super::brokers::BrokerView) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = view;
+    }
+    pub fn get(&self) -> super::brokers::BrokerView {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// The wall clock, µs since the Unix epoch (0 before it).
+pub fn unix_micros_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
 /// The missing topics (a lock, not an atomic: written by the topic watch every few seconds at
 /// most, read per `/readyz` and scrape).
 #[derive(Debug, Default)]
@@ -649,6 +743,7 @@ impl Metrics {
             delivery_errors: Counter::default(),
             in_flight_records: Gauge::default(),
             in_flight_bytes: Gauge::default(),
+            in_flight_oldest: OldestInFlight::new(),
             transactions_received: Counter::default(),
             transactions_confirmed: Counter::default(),
             received_lsn: Gauge::default(),
@@ -664,6 +759,7 @@ impl Metrics {
             trace_context_malformed: CounterVec::new(),
             status_updates_sent: Counter::default(),
             reconnects: CounterVec::new(),
+            kafka_brokers: KafkaBrokers::default(),
             topics_missing: MissingTopics::default(),
             partitions_refusing: RefusingPartitions::default(),
             progress_lsn: StampedGauge::new(),
@@ -699,14 +795,33 @@ impl Metrics {
 
     /// Appends the registry alone (the `ferry_*` families) in the Prometheus text format 0.0.4.
     pub fn render_registry(&self, out: &mut String) {
-        for (spec, sample) in SPEC.iter().zip(self.samples()) {
+        self.render_registry_at(out, Instant::now(), unix_micros_now());
+    }
+
+    /// [`Metrics::render_registry`] with the clocks read by the caller (the ages are computed
+    /// at these times).
+    pub fn render_registry_at(&self, out: &mut String, now: Instant, now_unix_micros: i64) {
+        for (spec, sample) in SPEC.iter().zip(self.samples(now, now_unix_micros)) {
             // Writing to a String cannot fail.
             let _ = render_family(out, spec, sample);
         }
     }
 
+    /// The replication lag at `now_unix_micros`: the latest observation, or the time since the
+    /// commit of the oldest record in flight if that is larger.
+    pub fn replication_lag_now(&self, now_unix_micros: i64) -> f64 {
+        let latest = self.replication_lag_latest.get();
+        match self.in_flight_oldest.commit_unix_micros() {
+            Some(commit) if commit > 0 => {
+                latest.max((now_unix_micros - commit).max(0) as f64 / 1e6)
+            }
+            _ => latest,
+        }
+    }
+
     /// The current values, in [`SPEC`] order.
-    fn samples(&self) -> [Sample<'_>; 32] {
+    fn samples(&self, now: Instant, now_unix_micros: i64) -> [Sample<'_>; 35] {
+        let brokers = self.kafka_brokers.get();
         [
             Sample::Info,
             Sample::Int(self.streaming.get()),
@@ -716,6 +831,11 @@ impl Metrics {
             Sample::Int(self.delivery_errors.get()),
             Sample::Int(self.in_flight_records.get()),
             Sample::Int(self.in_flight_bytes.get()),
+            Sample::Float(
+                self.in_flight_oldest
+                    .age(now)
+                    .map_or(0.0, |d| d.as_secs_f64()),
+            ),
             Sample::Int(self.transactions_received.get()),
             Sample::Int(self.transactions_confirmed.get()),
             Sample::Int(self.received_lsn.get()),
@@ -723,7 +843,7 @@ impl Metrics {
             Sample::Int(self.server_wal_lsn.get()),
             Sample::Int(self.wal_lag_bytes.get()),
             Sample::Histogram(&self.replication_lag),
-            Sample::Float(self.replication_lag_latest.get()),
+            Sample::Float(self.replication_lag_now(now_unix_micros)),
             Sample::Int(self.rows_skipped.get()),
             Sample::Int(self.rows_dead_lettered.get()),
             Sample::Labelled(labelled(&self.routing_errors)),
@@ -731,6 +851,8 @@ impl Metrics {
             Sample::Labelled(labelled(&self.trace_context_malformed)),
             Sample::Int(self.status_updates_sent.get()),
             Sample::Labelled(labelled(&self.reconnects)),
+            Sample::Int(brokers.known() as u64),
+            Sample::Int(brokers.up() as u64),
             Sample::Int(self.topics_missing.len() as u64),
             Sample::Int(self.partitions_refusing.len() as u64),
             Sample::Int(super::logging::write_errors()),

@@ -28,6 +28,9 @@ ferry_in_flight_records 2
 # HELP ferry_in_flight_bytes Bytes of the records in flight.
 # TYPE ferry_in_flight_bytes gauge
 ferry_in_flight_bytes 200
+# HELP ferry_in_flight_oldest_age_seconds Seconds since the oldest record in flight was handed to the producer (0 when none is).
+# TYPE ferry_in_flight_oldest_age_seconds gauge
+ferry_in_flight_oldest_age_seconds 2.5
 # HELP ferry_transactions_received_total Outbox transactions assembled from the replication slot.
 # TYPE ferry_transactions_received_total counter
 ferry_transactions_received_total 2
@@ -66,9 +69,9 @@ ferry_replication_lag_seconds_bucket{le="60"} 2
 ferry_replication_lag_seconds_bucket{le="+Inf"} 3
 ferry_replication_lag_seconds_sum 120.50390625
 ferry_replication_lag_seconds_count 3
-# HELP ferry_replication_lag_latest_seconds The latest replication lag observation.
+# HELP ferry_replication_lag_latest_seconds The replication lag now: the latest observation, or the age since commit of the oldest record in flight when larger.
 # TYPE ferry_replication_lag_latest_seconds gauge
-ferry_replication_lag_latest_seconds 120
+ferry_replication_lag_latest_seconds 200
 # HELP ferry_rows_skipped_total Outbox rows skipped by policy.
 # TYPE ferry_rows_skipped_total counter
 ferry_rows_skipped_total 0
@@ -108,10 +111,16 @@ ferry_trace_context_malformed_total{problem="invalid_tracestate"} 0
 # HELP ferry_status_updates_sent_total Standby status updates sent to the server.
 # TYPE ferry_status_updates_sent_total counter
 ferry_status_updates_sent_total 7
-# HELP ferry_reconnects_total Reconnects after transient errors, by component.
+# HELP ferry_reconnects_total Sessions restarted after transient errors, and Kafka broker connections re-established, by component.
 # TYPE ferry_reconnects_total counter
 ferry_reconnects_total{component="postgres"} 0
 ferry_reconnects_total{component="kafka"} 2
+# HELP ferry_kafka_brokers Kafka brokers librdkafka knows, from its latest statistics.
+# TYPE ferry_kafka_brokers gauge
+ferry_kafka_brokers 2
+# HELP ferry_kafka_brokers_up Kafka brokers connected and answering, from librdkafka's latest statistics.
+# TYPE ferry_kafka_brokers_up gauge
+ferry_kafka_brokers_up 1
 # HELP ferry_topics_missing Topics records were routed to that the brokers do not have.
 # TYPE ferry_topics_missing gauge
 ferry_topics_missing 1
@@ -203,9 +212,29 @@ fn renders_the_exposition_format_exactly() {
     // Binary-exact values, so the sum prints exactly.
     m.kafka_transaction_commit.observe(0.0625);
     m.kafka_transaction_commit.observe(2.0);
+    use crate::telemetry::brokers::{Broker, BrokerView};
+    m.kafka_brokers.set(BrokerView {
+        brokers: vec![
+            Broker {
+                name: "a:9092/1".into(),
+                state: "UP".into(),
+            },
+            Broker {
+                name: "b:9092/2".into(),
+                state: "TRY_CONNECT".into(),
+            },
+        ],
+        none_up_since: None,
+    });
+    // The oldest record in flight was handed over 2.5 s ago and committed 200 s ago: the lag
+    // now is 200 s, more than the latest observation (120 s).
+    let now = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let commit = 1_700_000_000_000_000;
+    m.in_flight_oldest
+        .set(Some((now - std::time::Duration::from_millis(2500), commit)));
 
     let mut out = String::new();
-    m.render_registry(&mut out);
+    m.render_registry_at(&mut out, now, commit + 200_000_000);
     let expected = GOLDEN.replace("VERSION", env!("CARGO_PKG_VERSION"));
     assert_eq!(out, expected, "rendered:\n{out}");
 }

@@ -4,6 +4,8 @@
 //!   text format. Its module docs hold the table of every metric: that table is the telemetry spec.
 //! - [`process`]: the standard `process_*` metrics, read from `/proc` at scrape time.
 //! - [`readiness`]: the rule `/readyz` applies to the registry.
+//! - [`brokers`]: what librdkafka's statistics say of the brokers (up, since when none is,
+//!   connections re-established), for the registry.
 //! - [`http`]: [`serve`] answers `/metrics`, `/healthz` and `/readyz` with hyper, within stated
 //!   limits (head size, timeouts, connection count).
 //! - [`catchup`]: the `catching up` log line (lag, rate, ETA every ~10 s while behind), computed
@@ -15,6 +17,7 @@
 //!
 //! The pipeline owns an `Arc<Metrics>` and updates it as it goes; the HTTP server only reads it.
 
+pub mod brokers;
 pub mod catchup;
 pub mod http;
 pub mod logging;

@@ -4,19 +4,28 @@
 //!
 //! 1. not standing by (another instance holds the replication slot: this one is healthy but idle,
 //!    and a load balancer or rollout should not count it as serving);
-//! 2. streaming from the replication slot (`ferry_streaming` is 1: connected, `START_REPLICATION`
+//! 2. some Kafka broker answers: librdkafka's statistics (every second) have shown no broker up
+//!    for less than [`BROKERS_DOWN_AFTER`] (see [`super::brokers`]: a broker is up when
+//!    connected and answering). This holds for an idle outbox too: librdkafka keeps at least one
+//!    broker connection, trying one every second while none is up, so no broker up for 5 s
+//!    means the cluster cannot be reached, and the next record would wait. With statistics every
+//!    second, `/readyz` answers 503 within about 6 s of librdkafka seeing the brokers refuse or
+//!    close connections (the README states 10 s); the reason names the brokers, their state, and
+//!    the records waiting and for how long. Before librdkafka's first statistics (or with
+//!    `statistics.interval.ms = 0`) this says nothing;
+//! 3. streaming from the replication slot (`ferry_streaming` is 1: connected, `START_REPLICATION`
 //!    accepted);
-//! 3. confirming: either nothing is in flight, or the confirmed LSN rose within the last
+//! 4. confirming: either nothing is in flight, or the confirmed LSN rose within the last
 //!    `stall_after`. Streaming start counts as a rise, so a fresh stream gets a full window before its
 //!    first confirmation is due. An idle outbox (nothing in flight, no new WAL) is ready: the keepalive
 //!    rules confirm the server's `wal_end` on their own schedule and there is nothing to be late for;
-//! 4. no topic records were routed to is missing on the brokers (the topic watch keeps that list
+//! 5. no topic records were routed to is missing on the brokers (the topic watch keeps that list
 //!    in the registry): such records wait, however recently something else was confirmed;
-//! 5. no partition records wait for refuses writes (the topic watch finds, for topics whose
+//! 6. no partition records wait for refuses writes (the topic watch finds, for topics whose
 //!    records stopped being acknowledged, partitions with fewer in-sync replicas than
 //!    `min.insync.replicas`, or no leader): librdkafka retries such writes without end and
 //!    without a word, so this is what says why nothing is confirmed;
-//! 6. the progress topic takes its records (`ferry_progress_failing` is 0): the slot is confirmed
+//! 7. the progress topic takes its records (`ferry_progress_failing` is 0): the slot is confirmed
 //!    only up to an acknowledged progress record, so while they fail nothing is confirmed and the
 //!    server keeps the WAL, however idle the outbox.
 //!
@@ -32,10 +41,21 @@ use super::metrics::Metrics;
 /// Default for how long records may be in flight without the confirmed LSN rising.
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(60);
 
+/// How long librdkafka may show no broker up before the instance is not ready.
+pub const BROKERS_DOWN_AFTER: Duration = Duration::from_secs(5);
+
 /// Why the instance is not ready; the `Display` text is the one-line `/readyz` 503 body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotReady {
     Standby,
+    BrokersDown {
+        /// How long no broker has been up.
+        since: Duration,
+        brokers: Vec<super::brokers::Broker>,
+        in_flight_records: u64,
+        /// How long the oldest record in flight has waited.
+        oldest: Option<Duration>,
+    },
     NotStreaming,
     Stalled {
         in_flight_records: u64,
@@ -51,6 +71,30 @@ impl fmt::Display for NotReady {
         match self {
             NotReady::Standby => {
                 f.write_str("standing by: another instance holds the replication slot")
+            }
+            NotReady::BrokersDown {
+                since,
+                brokers,
+                in_flight_records,
+                oldest,
+            } => {
+                write!(f, "no Kafka broker has answered for {}s (", since.as_secs())?;
+                for (i, b) in brokers.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}{} {}", b.name, b.state)?;
+                }
+                match (in_flight_records, oldest) {
+                    (0, _) | (_, None) => f.write_str("); no records wait")?,
+                    (n, Some(age)) => write!(
+                        f,
+                        "); {n} records wait for acknowledgement, the oldest for {}s",
+                        age.as_secs()
+                    )?,
+                }
+                f.write_str(
+                    "; nothing is confirmed until one answers: check that the brokers run and \
+                     that kafka.brokers reaches them from here",
+                )
             }
             NotReady::NotStreaming => f.write_str("not streaming from the replication slot"),
             NotReady::Stalled {
@@ -90,6 +134,18 @@ impl fmt::Display for NotReady {
 pub fn check(metrics: &Metrics, stall_after: Duration, now: Instant) -> Result<(), NotReady> {
     if metrics.standby.get() != 0 {
         return Err(NotReady::Standby);
+    }
+    let brokers = metrics.kafka_brokers.get();
+    if let Some(since) = brokers.none_up_since {
+        let since = now.saturating_duration_since(since);
+        if since >= BROKERS_DOWN_AFTER {
+            return Err(NotReady::BrokersDown {
+                since,
+                brokers: brokers.brokers,
+                in_flight_records: metrics.in_flight_records.get(),
+                oldest: metrics.in_flight_oldest.age(now),
+            });
+        }
     }
     if metrics.streaming.get() == 0 {
         return Err(NotReady::NotStreaming);
@@ -272,6 +328,84 @@ mod tests {
         m.confirmed_lsn.set(90);
         assert_eq!(m.confirmed_lsn.last_raised(), raised);
         assert!(check(&m, WINDOW, raised + WINDOW).is_err());
+    }
+
+    fn brokers(
+        states: &[&str],
+        none_up_since: Option<Instant>,
+    ) -> crate::telemetry::brokers::BrokerView {
+        use crate::telemetry::brokers::{Broker, BrokerView};
+        BrokerView {
+            brokers: states
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Broker {
+                    name: format!("kafka-{i}:9092/{i}"),
+                    state: s.to_string(),
+                })
+                .collect(),
+            none_up_since,
+        }
+    }
+
+    #[test]
+    fn no_broker_up_for_the_bound_is_not_ready_and_says_what_waits() {
+        let m = streaming();
+        // Later than the registry's making, as every hand-over is.
+        let t0 = Instant::now() + Duration::from_secs(10);
+        m.kafka_brokers.set(brokers(&["UP"], None));
+        assert_eq!(check(&m, WINDOW, t0), Ok(()));
+        // Stopped: the first statistics without a broker up.
+        m.kafka_brokers
+            .set(brokers(&["TRY_CONNECT", "CONNECT"], Some(t0)));
+        m.in_flight_records.set(50);
+        m.in_flight_oldest
+            .set(Some((t0 - Duration::from_secs(2), 1)));
+        assert_eq!(
+            check(&m, WINDOW, t0 + Duration::from_millis(4_999)),
+            Ok(()),
+            "a blip shorter than the bound"
+        );
+        let e = check(&m, WINDOW, t0 + BROKERS_DOWN_AFTER).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                NotReady::BrokersDown {
+                    in_flight_records: 50,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "no Kafka broker has answered for 5s (kafka-0:9092/0 TRY_CONNECT, kafka-1:9092/1 \
+             CONNECT); 50 records wait for acknowledgement, the oldest for 7s; nothing is \
+             confirmed until one answers: check that the brokers run and that kafka.brokers \
+             reaches them from here"
+        );
+        // A broker answers again.
+        m.kafka_brokers.set(brokers(&["UP", "CONNECT"], None));
+        assert_eq!(check(&m, WINDOW, t0 + Duration::from_secs(30)), Ok(()));
+    }
+
+    /// An idle outbox whose brokers are all down is not ready either: librdkafka tries to keep
+    /// one connection, so none up is an outage, not idleness (see the module docs).
+    #[test]
+    fn no_broker_up_is_not_ready_when_idle_too() {
+        let m = streaming();
+        let t0 = Instant::now();
+        m.kafka_brokers.set(brokers(&["DOWN"], Some(t0)));
+        let e = check(&m, WINDOW, t0 + Duration::from_secs(6)).unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "no Kafka broker has answered for 6s (kafka-0:9092/0 DOWN); no records wait"
+            ),
+            "{e}"
+        );
+        // Before any statistics, nothing is known: no verdict from the brokers.
+        m.kafka_brokers.set(brokers(&[], None));
+        assert_eq!(check(&m, WINDOW, t0 + Duration::from_secs(60)), Ok(()));
     }
 
     #[test]
