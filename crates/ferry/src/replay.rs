@@ -33,6 +33,7 @@ use crate::config::Config;
 use crate::pipeline::PipelineSettings;
 use crate::producer::{Producer, SendError};
 use crate::stdio::{errln, outln};
+use crate::telemetry::Metrics;
 use crate::topics::Topics;
 
 /// What `ferry replay` was asked for.
@@ -261,14 +262,16 @@ async fn run(settings: &PipelineSettings, args: &ReplayArgs) -> Result<(), Failu
         false => {
             // Plain idempotent produce: no transaction (exactly-once's transactional.id is
             // the running Ferry's, which this must never fence).
+            // No statistics either: the brokers' view is for a running relay's readiness.
             let properties: Vec<(String, String)> = settings
                 .producer_properties
                 .iter()
-                .filter(|(k, _)| k != "transactional.id")
+                .filter(|(k, _)| k != "transactional.id" && k != "statistics.interval.ms")
                 .cloned()
+                .chain([("statistics.interval.ms".to_string(), "0".to_string())])
                 .collect();
             Some(
-                Producer::new(&properties, Topics::default())
+                Producer::new(&properties, Topics::default(), Metrics::new())
                     .map_err(|e| fail(format!("cannot create the Kafka producer: {e}")))?,
             )
         }
