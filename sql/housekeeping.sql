@@ -12,7 +12,8 @@
 --      COMMIT;
 --
 -- 2. A time-partitioned outbox, whose old partitions are dropped once Kafka has them (Ferry
---    confirms within a second; keep a margin for replays, e.g. a day). The publication must
+--    confirms within a second; keep a margin for `ferry replay`, e.g. a day: what is dropped cannot
+--    be sent again after a gap or a consumer bug). The publication must
 --    publish via the partition root (sql/publication.sql does).
 --   psql "$DATABASE_URL" -f sql/housekeeping.sql
 CREATE TABLE IF NOT EXISTS public.outbox_partitioned (

@@ -601,3 +601,85 @@ async fn a_slot_remembered_only_on_another_server_stops_ferry() {
         accepted.log_text()
     );
 }
+
+/// `ferry replay` on its own: rows committed before Ferry ever ran, chosen by SQL, sent with
+/// their own ids; a dry run counts without sending; a bad choice is a clear error (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_sends_chosen_rows_again_with_their_ids_and_explains_a_bad_choice() {
+    let w = World::new().await;
+    w.sql
+        .batch_execute(
+            "ALTER TABLE outbox ADD COLUMN created_at timestamptz NOT NULL DEFAULT now()",
+        )
+        .await
+        .unwrap();
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    insert(&w, 0..5).await;
+    let replay = |args: &[&str]| {
+        let mut all = vec!["replay"];
+        all.extend_from_slice(args);
+        Ferry::spawn(&w, &all)
+    };
+
+    let mut dry = replay(&["--where", "true", "--dry-run"]);
+    let status = dry.wait_exit(EXIT).await;
+    let out = dry.log_text();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("public.outbox: 5 rows"), "{out}");
+    assert!(
+        out.contains(&format!("would send 5 records\n  {topic}: 5")),
+        "{out}"
+    );
+
+    for (args, says) in [
+        (vec![], "say which rows"),
+        (
+            vec!["--since", "yesterday-ish"],
+            "--since/--until take a time PostgreSQL can read",
+        ),
+        (
+            vec!["--since", "2026-01-01T00:00:00Z", "--time-column", "nope"],
+            "no such column",
+        ),
+        (
+            vec!["--where", "no_such_column = 1"],
+            "is ANDed to the query as SQL",
+        ),
+        (
+            vec!["--where", "true", "--table", "public.elsewhere"],
+            "none of the configured outbox tables",
+        ),
+    ] {
+        let mut bad = replay(&args);
+        let status = bad.wait_exit(EXIT).await;
+        let out = bad.log_text();
+        assert_eq!(status.code(), Some(2), "{args:?}: {out}");
+        assert!(out.contains(says), "{args:?} should say {says:?}: {out}");
+    }
+
+    let mut some = replay(&["--where", "aggregateid IN ('k1', 'k3')"]);
+    let status = some.wait_exit(EXIT).await;
+    assert!(status.success(), "{}", some.log_text());
+    let ids: std::collections::HashMap<String, String> = w
+        .sql
+        .query("SELECT aggregateid, id::text FROM outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let got = kafka::consume_until(&w.brokers, &topic, "k1 and k3", EXIT, |records| {
+        records.len() >= 2
+    })
+    .await;
+    let mut keys: Vec<String> = got
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["k1", "k3"], "only the chosen rows");
+    for r in &got {
+        let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
+        assert_eq!(r.header("id").as_ref(), ids.get(&key), "{key}");
+    }
+}

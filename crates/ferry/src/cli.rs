@@ -62,8 +62,9 @@ struct RunArgs {
     /// LSN is the remembered position that error names (`--accept-gap 16/B374D848`), so the flag
     /// accepts that one gap and never a later one. Logged at WARN with the gap; Ferry continues
     /// from the slot's position (creating the slot if it is gone) and writes a new progress
-    /// record. Recover the missing events from the outbox table first if you can (README, "When
-    /// Ferry says events may be lost").
+    /// record. Then send the gap's events again from the outbox table, while Ferry runs: `ferry
+    /// replay --since <TIME>` with the time the error names (README, "When Ferry says events may
+    /// be lost").
     #[arg(long, value_name = "LSN")]
     accept_gap: Option<ferry_wal::Lsn>,
     /// Skip the one outbox event that stopped Ferry with "cannot route outbox event": POSITION is
@@ -134,7 +135,8 @@ enum Command {
     ///
     /// A slot Ferry streamed before that is now gone, invalidated, ahead of where Ferry left it,
     /// or on another server (Ferry remembers its position in kafka.progress_topic) stops Ferry
-    /// with "events may be lost" and the gap; --accept-gap continues past it.
+    /// with "events may be lost" and the gap; --accept-gap continues past it, and `ferry replay`
+    /// then sends the gap's events again from the outbox table.
     ///
     /// A row that cannot be routed stops Ferry under route.on_error = "fail" with its position;
     /// --skip-event or --dead-letter-event passes that one event, once.
