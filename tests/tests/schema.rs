@@ -926,3 +926,47 @@ async fn a_published_table_no_entry_relays_stops_ferry_until_it_is_relayed_or_ta
         );
     }
 }
+
+/// A partitioned outbox whose publication is switched to publish per partition while Ferry
+/// streams (review of issue 28, major 1): the rows arrive under the partition's name, which no
+/// entry names, but the partition is the outbox's by oid, so they are relayed, never skipped as
+/// a table no entry relays. (A restart then refuses the setting, as `check` does.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_outbox_published_per_partition_mid_stream_loses_nothing() {
+    let ddl = "CREATE TABLE outbox (
+        id uuid NOT NULL DEFAULT gen_random_uuid(),
+        aggregatetype text NOT NULL DEFAULT 'ev',
+        aggregateid text NOT NULL,
+        type text NOT NULL DEFAULT 'Happened',
+        payload jsonb,
+        note text,
+        PRIMARY KEY (id, aggregatetype)
+    ) PARTITION BY LIST (aggregatetype);
+    CREATE TABLE outbox_ev PARTITION OF outbox FOR VALUES IN ('ev')";
+    let (w, topic) = world_on(
+        pg::shared().create_db().await,
+        kafka::shared().brokers(),
+        ddl,
+    )
+    .await;
+    w.sql
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)",
+            w.publication
+        ))
+        .await
+        .unwrap();
+    let mut ferry = continues_through(
+        &w,
+        &topic,
+        Keys::Text,
+        &format!(
+            "ALTER PUBLICATION {} SET (publish_via_partition_root = false)",
+            w.publication
+        ),
+    )
+    .await;
+    let log = ferry.log_text();
+    assert!(!log.contains("skipped"), "{log}");
+    assert!(ferry.is_running(), "{log}");
+}

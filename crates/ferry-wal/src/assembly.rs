@@ -67,6 +67,11 @@ pub struct OutboxSource {
     pub message_prefix: Option<String>,
     /// What an INSERT into a published table that is none of `tables` means.
     pub other_tables: OtherTables,
+    /// Relations that are outbox tables whatever their name says: each table's own oid and its
+    /// partitions', with the table's position in `tables`. A row committed before a rename, or
+    /// under a partition while the publication published per partition, carries the name and
+    /// relation it had then.
+    pub oids: Vec<(u32, usize)>,
 }
 
 /// What the reader does with an INSERT into a published table that is none of the outbox tables.
@@ -116,14 +121,17 @@ impl OutboxSource {
             }],
             message_prefix,
             other_tables: OtherTables::default(),
+            oids: Vec::new(),
         }
     }
 
-    /// The position of the table a relation is, if it is one of the outbox tables.
-    fn position(&self, namespace: &str, name: &str) -> Option<usize> {
+    /// The position of the table a relation is, if it is one of the outbox tables: by name, or
+    /// by oid ([`OutboxSource::oids`]).
+    fn position(&self, namespace: &str, name: &str, oid: u32) -> Option<usize> {
         self.tables
             .iter()
             .position(|t| t.schema == namespace && t.table == name)
+            .or_else(|| self.oids.iter().find(|(o, _)| *o == oid).map(|(_, i)| *i))
     }
 }
 
@@ -297,6 +305,8 @@ pub enum AssemblyError {
     UnrelayedInsert {
         xid: u32,
         lsn: Lsn,
+        /// The relation's oid, and its name when the row was committed.
+        oid: u32,
         namespace: String,
         name: String,
     },
@@ -439,7 +449,7 @@ impl Assembler {
             }
             PgOutputMessage::Origin(_) | PgOutputMessage::Type(_) => Ok(None),
             PgOutputMessage::Relation(r) => {
-                let outbox = self.source.position(&r.namespace, &r.name);
+                let outbox = self.source.position(&r.namespace, &r.name, r.oid);
                 let info = Arc::new(RelationInfo::from(r));
                 self.relations
                     .insert(info.oid, CachedRelation { info, outbox });
@@ -458,6 +468,7 @@ impl Assembler {
                         return Err(AssemblyError::UnrelayedInsert {
                             xid,
                             lsn,
+                            oid: rel.info.oid,
                             namespace: rel.info.namespace.clone(),
                             name: rel.info.name.clone(),
                         });

@@ -99,6 +99,7 @@ impl SlotSpec {
                 .collect(),
             message_prefix,
             other_tables: crate::assembly::OtherTables::default(),
+            oids: Vec::new(),
         }
     }
 
@@ -878,6 +879,79 @@ pub async fn unrelayed_tables(
         .filter(|r| !ours(r.get(0), r.get(1)) && !ours(r.get(2), r.get(3)))
         .map(|r| format!("{}.{}", quote_ident(r.get(0)), quote_ident(r.get(1))))
         .collect())
+}
+
+/// Each outbox table's oid and its partitions', with the table's position in `spec.tables`
+/// ([`OutboxSource::oids`](crate::assembly::OutboxSource::oids)).
+pub async fn outbox_oids(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+) -> Result<Vec<(u32, usize)>, ReaderError> {
+    let mut oids = Vec::new();
+    for (i, t) in spec.tables.iter().enumerate() {
+        let rows = client
+            .query(
+                "SELECT to_regclass($1)::oid WHERE to_regclass($1) IS NOT NULL \
+                 UNION SELECT relid::oid FROM pg_partition_tree(to_regclass($1))",
+                &[&t.qualified()],
+            )
+            .await
+            .map_err(sql_error)?;
+        oids.extend(rows.iter().map(|r| (r.get::<_, u32>(0), i)));
+    }
+    Ok(oids)
+}
+
+/// What a relation whose row the reader refused ([`AssemblyError::UnrelayedInsert`](crate::assembly::AssemblyError::UnrelayedInsert)) is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    /// An outbox table, or a partition of one, under another name than when the row was
+    /// committed: a new session maps it by oid.
+    Outbox { now: String },
+    /// In a schema the publication now covers wholesale: a new session skips it by design.
+    WholeSchema,
+    /// Listed in the publication by name, and no entry relays it.
+    Listed { now: String },
+    /// Not in the publication any more (taken out, or dropped).
+    Out,
+}
+
+/// What the relation `oid` is now, for the publication and the outbox tables of `spec`.
+pub async fn standing(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+    oid: u32,
+) -> Result<Standing, ReaderError> {
+    let row = client
+        .query_opt(
+            "SELECT n.nspname::text, c.relname::text, rn.nspname::text, r.relname::text, \
+               EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+                       WHERE p.pubname = $2 AND pr.prrelid = c.oid) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             JOIN pg_class r ON r.oid = COALESCE(pg_partition_root(c.oid), c.oid) \
+             JOIN pg_namespace rn ON rn.oid = r.relnamespace WHERE c.oid = $1",
+            &[&oid, &spec.publication],
+        )
+        .await
+        .map_err(sql_error)?;
+    let Some(row) = row else {
+        return Ok(Standing::Out);
+    };
+    let (schema, name, root_schema, root): (String, String, String, String) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let listed: bool = row.get(4);
+    let now = format!("{}.{}", quote_ident(&schema), quote_ident(&name));
+    let ours = |s: &str, t: &str| spec.tables.iter().any(|x| x.schema == s && x.table == t);
+    if ours(&schema, &name) || ours(&root_schema, &root) {
+        return Ok(Standing::Outbox { now });
+    }
+    if other_tables(client, spec).await?.skips(&schema, &name) {
+        return Ok(Standing::WholeSchema);
+    }
+    Ok(match listed {
+        true => Standing::Listed { now },
+        false => Standing::Out,
+    })
 }
 
 /// Which other tables' INSERTs the publication carries by design, so the reader skips them

@@ -234,6 +234,7 @@ fn rows_of_several_outbox_tables_carry_their_table() {
             all: true,
             ..OtherTables::default()
         },
+        oids: Vec::new(),
     });
     const BILLING: u32 = 16500;
     let mut msgs = relations();
@@ -342,6 +343,21 @@ fn an_insert_into_a_listed_table_no_entry_relays_is_refused_unless_skipped_by_de
         );
         assert_eq!(asm.stats().other_inserts, 1);
     }
+    // A relation under another name that is an outbox table by oid (a partition, a rename) is
+    // relayed, not refused.
+    let mut asm = Assembler::new(OutboxSource {
+        oids: vec![(OTHER, 0)],
+        ..OutboxSource::table("public", "outbox", None)
+    });
+    let mut by_oid = relations();
+    by_oid.extend([begin(11, 6000), insert(OTHER, &["9"]), commit(6000, 6040)]);
+    let events = feed(&mut asm, by_oid).unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, OutboxEvent::Row(r) if r.table == 0)),
+        "{events:?}"
+    );
     // Another schema's table is still refused under FOR TABLES IN SCHEMA.
     assert!(!OtherTables {
         schemas: vec!["billing".into()],

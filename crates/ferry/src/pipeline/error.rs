@@ -124,11 +124,10 @@ pub enum PipelineError {
         /// The row the reader stopped at: its xid and LSN.
         at: Option<String>,
     },
-    #[error(
-        "the stream met rows of table {table}, which no entry relays and which has been taken out of the \
-         publication since they were committed: skipping them; reconnecting"
-    )]
-    TableTakenOut { table: String },
+    /// A row the reader refused is relayed or skipped by a new session, which maps the
+    /// relations anew (`Session::unrelayed`).
+    #[error("{why}; reconnecting")]
+    Remap { why: String },
 }
 
 fn unrelayed_message(publication: &str, table: &str, at: Option<&str>) -> String {
@@ -249,7 +248,7 @@ impl PipelineError {
             | PipelineError::TextNeeded { .. }
             | PipelineError::TwoServers { .. }
             | PipelineError::SlotChanged { .. }
-            | PipelineError::TableTakenOut { .. }
+            | PipelineError::Remap { .. }
             | PipelineError::Transaction { .. } => true,
             PipelineError::ProgressTopic(e) => e.is_transient(),
             PipelineError::Gap(_) | PipelineError::Fenced { .. } => false,

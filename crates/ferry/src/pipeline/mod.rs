@@ -63,6 +63,9 @@ pub async fn run(
     // `--skip-event` / `--dead-letter-event`: armed until its transaction is confirmed (the core
     // decides; a core made for a new session takes it over).
     let mut pass = settings.pass;
+    // Tables taken out of the publication whose rows still in the WAL are skipped: learnt by a
+    // session, kept for every later one.
+    let mut taken_out = Vec::new();
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
@@ -82,10 +85,12 @@ pub async fn run(
                 topic_watch.topics(),
                 &mut acceptance,
                 pass,
+                taken_out.clone(),
             )
             .run(shutdown.as_mut())
             .await;
             pass = outcome.core.pass();
+            taken_out = outcome.core.tables_taken_out();
             outcome.result
         } else {
             if producer
@@ -101,13 +106,19 @@ pub async fn run(
                     topic_watch.topics(),
                     metrics.clone(),
                 )
-                .map(|(p, rx)| (p, session::Core::new(rx, &settings, pass)))
+                .map(|(p, rx)| {
+                    (
+                        p,
+                        session::Core::new(rx, &settings, pass, taken_out.clone()),
+                    )
+                })
                 .map_err(PipelineError::ProducerConfig)?,
             };
             let outcome = session::Session::new(&settings, &metrics, &p, core, &mut acceptance)
                 .run(shutdown.as_mut())
                 .await;
             pass = outcome.core.pass();
+            taken_out = outcome.core.tables_taken_out();
             producer = Some((p, outcome.core));
             outcome.result
         };

@@ -110,8 +110,14 @@ pub(super) struct Core {
 }
 
 impl Core {
-    /// `pass`: the one-shot pass still armed (`--skip-event`), carried from core to core.
-    pub fn new(rx: Reports, s: &PipelineSettings, pass: Option<Pass>) -> Self {
+    /// `pass`: the one-shot pass still armed (`--skip-event`), and `tables_taken_out`, carried
+    /// from core to core.
+    pub fn new(
+        rx: Reports,
+        s: &PipelineSettings,
+        pass: Option<Pass>,
+        tables_taken_out: Vec<SourceTable>,
+    ) -> Self {
         let mut relay = Relay::new(RelayConfig {
             routers: s.routers.clone(),
             max_in_flight_records: s.max_in_flight_records as u64,
@@ -127,7 +133,7 @@ impl Core {
             remember: Remember::default(),
             progress_topic_ready: false,
             progress_warned: None,
-            tables_taken_out: Vec::new(),
+            tables_taken_out,
             table_rows_seen: vec![[0; 4]; s.routers.len()],
         }
     }
@@ -135,6 +141,12 @@ impl Core {
     /// The one-shot pass still armed, for the core of the next session.
     pub fn pass(&self) -> Option<Pass> {
         self.relay.pass()
+    }
+
+    /// Tables taken out of the publication whose rows the next sessions skip, for the core of
+    /// the next session.
+    pub fn tables_taken_out(&self) -> Vec<SourceTable> {
+        self.tables_taken_out.clone()
     }
 }
 
@@ -208,6 +220,7 @@ impl<'a> Session<'a> {
         topics: Topics,
         acceptance: &'a mut Acceptance,
         pass: Option<Pass>,
+        tables_taken_out: Vec<SourceTable>,
     ) -> Self {
         let (_, rx) = mpsc::unbounded_channel();
         Session {
@@ -216,7 +229,7 @@ impl<'a> Session<'a> {
             producer: None,
             txn: None,
             topics: Some(topics),
-            core: Core::new(rx, settings, pass),
+            core: Core::new(rx, settings, pass, tables_taken_out),
             status_updates_seen: 0,
             other_inserts_seen: 0,
             confirmed_since: (Lsn(0), None),
@@ -263,6 +276,7 @@ impl<'a> Session<'a> {
             // later stops the stream at its first row (or the watch below, whichever is first).
             options.source.other_tables = slot::other_tables(&sql, &s.slot).await?;
             options.source.other_tables.tables = self.core.tables_taken_out.clone();
+            options.source.oids = slot::outbox_oids(&sql, &s.slot).await?;
             match &mode {
                 Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
                 Mode::Text(why) => tracing::info!("values stream as text: {why}"),
@@ -344,7 +358,7 @@ impl<'a> Session<'a> {
                 );
                 let fresh = remembered.is_none();
                 self.txn = Some(txn);
-                self.core = Core::new(rx, s, self.core.pass());
+                self.core = Core::new(rx, s, self.core.pass(), self.core.tables_taken_out());
                 self.core
                     .relay
                     .start_from(reader.resume_lsn, binary_read, remembered);
@@ -532,6 +546,7 @@ impl<'a> Session<'a> {
         let PipelineError::Reader(ReaderError::Assembly(AssemblyError::UnrelayedInsert {
             xid,
             lsn,
+            oid,
             namespace,
             name,
         })) = &e
@@ -545,30 +560,47 @@ impl<'a> Session<'a> {
             slot::quote_ident(name)
         );
         let at = format!("an INSERT of transaction {xid} at {lsn}");
-        let listed = match slot::unrelayed_tables(sql, &s.slot).await {
-            Ok(listed) => listed.contains(&table),
+        let standing = match slot::standing(sql, &s.slot, *oid).await {
+            Ok(standing) => standing,
             // Asked again by the next session.
             Err(e) => return e.into(),
         };
-        if listed {
-            return PipelineError::UnrelayedTable {
+        match standing {
+            // Relayed, by oid, once the next session maps it (never skipped).
+            slot::Standing::Outbox { now } => PipelineError::Remap {
+                why: format!(
+                    "rows of outbox table {now} arrive as {table}, the name or partition they were committed \
+                     under ({at})"
+                ),
+            },
+            slot::Standing::WholeSchema => PipelineError::Remap {
+                why: format!(
+                    "publication {:?} now covers the schema of table {table} wholesale ({at})",
+                    s.slot.publication
+                ),
+            },
+            slot::Standing::Listed { .. } => PipelineError::UnrelayedTable {
                 publication: s.slot.publication.clone(),
                 table,
                 at: Some(at),
-            };
+            },
+            slot::Standing::Out => {
+                tracing::warn!(
+                    table = %table,
+                    publication = %s.slot.publication,
+                    "table {table}, which no entry relays, is no longer in publication {:?}, but rows committed \
+                     while it was (the first at {at}) are still in the WAL: they are skipped, as taking it out asked",
+                    s.slot.publication
+                );
+                self.core.tables_taken_out.push(SourceTable {
+                    schema: namespace.clone(),
+                    table: name.clone(),
+                });
+                PipelineError::Remap {
+                    why: format!("skipping the rows of table {table}, which left the publication"),
+                }
+            }
         }
-        tracing::warn!(
-            table = %table,
-            publication = %s.slot.publication,
-            "table {table}, which no entry relays, is no longer in publication {:?}, but rows committed while \
-             it was (the first at {at}) are still in the WAL: they are skipped, as taking it out asked",
-            s.slot.publication
-        );
-        self.core.tables_taken_out.push(SourceTable {
-            schema: namespace.clone(),
-            table: name.clone(),
-        });
-        PipelineError::TableTakenOut { table }
     }
 
     /// The start-time verdict (see the module docs): may this session stream from the slot?
