@@ -323,7 +323,7 @@ impl<'a> Session<'a> {
                 // with what the progress topic held; this read follows the fencing, so a
                 // transaction a fenced producer left open is decided.
                 tracing::info!(
-                    remembered = ?remembered.as_ref().map(|r| (r.end_lsn, r.partial)),
+                    remembered = remembered.as_ref().map(|r| r.position()),
                     slot_lsn = %reader.resume_lsn,
                     "exactly-once: resuming from the progress topic"
                 );
@@ -686,8 +686,8 @@ impl<'a> Session<'a> {
                 tracing::warn!(
                     slot = %name,
                     gap = gap.kind(),
-                    remembered = ?gap.accept_with().map(|l| l.to_string()),
-                    bytes = ?gap.bytes(),
+                    remembered = gap.accept_with().map(tracing::field::display),
+                    bytes = gap.bytes(),
                     "accepting a gap (--accept-gap): {gap}; continuing from {}",
                     if create_slot { "a new slot" } else { "the slot's position" }
                 );
@@ -747,7 +747,7 @@ impl<'a> Session<'a> {
                 %topic,
                 error = %e,
                 confirmed = %self.core.relay.confirmed(),
-                remembered = ?self.core.remember.remembered().map(|l| l.to_string()),
+                remembered = self.core.remember.remembered().map(tracing::field::display),
                 "cannot write the progress record: nothing is confirmed to PostgreSQL until one is written \
                  (the server keeps the WAL); retrying"
             );
