@@ -504,7 +504,21 @@ impl<'a> Session<'a> {
                 Ok(()) => Ok(End::Streamed),
                 Err(e) => Err(self.unrelayed(e, &sql).await),
             },
-            Err(e) => Err(pipeline_error(e, s)),
+            Err(e) => {
+                let mut e = pipeline_error(e, s);
+                if let PipelineError::TextNeeded {
+                    type_oid,
+                    type_name,
+                    ..
+                } = &mut e
+                {
+                    // pgoutput's Relation names types by OID only: ask for the name.
+                    if let Ok(name) = slot::format_type(&sql, *type_oid).await {
+                        *type_name = name;
+                    }
+                }
+                Err(e)
+            }
         }
     }
 
@@ -1029,6 +1043,7 @@ fn pipeline_error(e: CoreError<KafkaError>, s: &PipelineSettings) -> PipelineErr
         } => PipelineError::TextNeeded {
             column,
             type_oid,
+            type_name: ferry_wal::slot::type_name(type_oid),
             table: s
                 .routers
                 .get(table)
