@@ -31,15 +31,28 @@ enum Step {
     Index(usize),
 }
 
-/// The configuration the file gives once every key with a problem is taken out, and the
-/// problems, each with its key path and line (`kafka.linger (line 7)`).
-pub(super) fn read(text: &str, mut root: Spanned<DeTable<'_>>) -> (Config, Vec<ConfigProblem>) {
+/// What [`read`] makes of a file.
+pub(super) struct FileRead {
+    /// The configuration the file gives once every key with a problem is taken out.
+    pub(super) config: Config,
+    /// The problems, in line order, each with its key path and line (`kafka.linger (line 7)`).
+    pub(super) problems: Vec<ConfigProblem>,
+    /// Key paths whose validation would mislead: the keys taken out (they have their defaults
+    /// now), and the arrays an entry was taken out of (the later entries moved up).
+    pub(super) taken_out: Vec<String>,
+}
+
+/// Reads the file's tree against the schema; see the [module documentation](self).
+pub(super) fn read(text: &str, mut root: Spanned<DeTable<'_>>) -> FileRead {
     // (line, problem), sorted by line at the end: serde meets keys in name order.
     let mut problems: Vec<(usize, ConfigProblem)> = Vec::new();
+    // Paths as the file has them: an array entry taken out shifts the later ones in the tree,
+    // not in the file (`removed`, the entries taken out, by their arrays' paths).
     let mut reported: Vec<Vec<Step>> = Vec::new();
+    let mut removed: Vec<(Vec<Step>, usize)> = Vec::new();
     loop {
         let e = match Config::deserialize(toml::de::Deserializer::from(root.clone())) {
-            Ok(config) => return (config, by_line(problems)),
+            Ok(config) => return done(config, problems, &reported, &removed),
             Err(e) => e,
         };
         let located = e
@@ -52,38 +65,76 @@ pub(super) fn read(text: &str, mut root: Spanned<DeTable<'_>>) -> (Config, Vec<C
                 line,
                 ConfigProblem {
                     path: "(file)".to_owned(),
-                    message: e.message().trim_end().to_owned(),
+                    message: plain(e.message().trim_end(), None),
                 },
             ));
-            return (Config::default(), by_line(problems));
+            return done(Config::default(), problems, &reported, &removed);
         };
         // A key inside one already reported (an entry of `[[route.rules]]` missing the `topic`
         // that was just taken out for a bad value) is a consequence, not a second problem.
+        let in_file = in_file(&path, &removed);
         let consequence = reported
             .iter()
-            .any(|r| r.len() > path.len() && r.starts_with(&path));
+            .any(|r| r.len() > in_file.len() && r.starts_with(&in_file));
         if !consequence {
             let value = get(root.get_ref(), &path);
             let line = line_of(text, span.start);
             problems.push((
                 line,
                 ConfigProblem {
-                    path: format!("{} (line {line})", path_string(&path)),
+                    path: format!("{} (line {line})", path_string(&in_file)),
                     message: plain(e.message().trim_end(), value),
                 },
             ));
-            reported.push(path.clone());
+            reported.push(in_file.clone());
         }
-        remove(root.get_mut(), &path);
-        if problems.len() >= MAX_PROBLEMS {
-            return (Config::default(), by_line(problems));
+        if let Some((Step::Index(i), array)) = in_file.split_last() {
+            removed.push((array.to_vec(), *i));
+        }
+        // Each round takes a key out, so the rounds end; one that cannot be taken out ends
+        // them too, with what was found.
+        if !remove(root.get_mut(), &path) || problems.len() >= MAX_PROBLEMS {
+            return done(Config::default(), problems, &reported, &removed);
         }
     }
 }
 
-fn by_line(mut problems: Vec<(usize, ConfigProblem)>) -> Vec<ConfigProblem> {
+/// `path` (in the tree) as the file has it: each array index counts the entries taken out before
+/// it.
+fn in_file(path: &[Step], removed: &[(Vec<Step>, usize)]) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::with_capacity(path.len());
+    for step in path {
+        let step = match step {
+            Step::Key(k) => Step::Key(k.clone()),
+            Step::Index(i) => {
+                let gone = |o: usize| removed.iter().any(|(a, r)| *a == out && *r == o);
+                // The i-th entry still there, counting from the file's first.
+                let original = (0..).filter(|o| !gone(*o)).nth(*i).unwrap_or(*i);
+                Step::Index(original)
+            }
+        };
+        out.push(step);
+    }
+    out
+}
+
+fn done(
+    config: Config,
+    mut problems: Vec<(usize, ConfigProblem)>,
+    reported: &[Vec<Step>],
+    removed: &[(Vec<Step>, usize)],
+) -> FileRead {
     problems.sort_by_key(|(line, _)| *line);
-    problems.into_iter().map(|(_, p)| p).collect()
+    let taken_out = reported
+        .iter()
+        .chain(removed.iter().map(|(array, _)| array))
+        .map(|p| path_string(p))
+        .collect();
+    FileRead {
+        config,
+        problems: problems.into_iter().map(|(_, p)| p).collect(),
+        taken_out,
+    }
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -150,37 +201,33 @@ fn get<'a, 'i>(table: &'a DeTable<'i>, path: &[Step]) -> Option<&'a DeValue<'i>>
     Some(value)
 }
 
-fn remove(table: &mut DeTable<'_>, path: &[Step]) {
+/// Takes the key or entry at `path` out; whether there was one.
+fn remove(table: &mut DeTable<'_>, path: &[Step]) -> bool {
     match path {
-        [Step::Key(k)] => {
-            table.remove(k.as_str());
-        }
-        [Step::Key(k), rest @ ..] => {
-            if let Some(v) = table.get_mut(k.as_str()) {
-                remove_in(v.get_mut(), rest);
-            }
-        }
-        _ => {}
+        [Step::Key(k)] => table.remove(k.as_str()).is_some(),
+        [Step::Key(k), rest @ ..] => table
+            .get_mut(k.as_str())
+            .is_some_and(|v| remove_in(v.get_mut(), rest)),
+        _ => false,
     }
 }
 
-fn remove_in(value: &mut DeValue<'_>, path: &[Step]) {
+fn remove_in(value: &mut DeValue<'_>, path: &[Step]) -> bool {
     match (value, path) {
         (DeValue::Table(t), _) => remove(t, path),
-        (DeValue::Array(a), [Step::Index(i)]) => {
+        (DeValue::Array(a), [Step::Index(i)]) if *i < a.len() => {
             let old = std::mem::replace(a, toml::de::DeArray::new());
             for (j, v) in old.into_iter().enumerate() {
                 if j != *i {
                     a.push(v);
                 }
             }
+            true
         }
         (DeValue::Array(a), [Step::Index(i), rest @ ..]) => {
-            if let Some(v) = a.get_mut(*i) {
-                remove_in(v.get_mut(), rest);
-            }
+            a.get_mut(*i).is_some_and(|v| remove_in(v.get_mut(), rest))
         }
-        _ => {}
+        _ => false,
     }
 }
 
@@ -209,7 +256,7 @@ fn path_string(path: &[Step]) -> String {
 }
 
 /// serde's message in plain words. `value` is the value at the key, when there is one.
-pub(super) fn plain(message: &str, value: Option<&DeValue<'_>>) -> String {
+fn plain(message: &str, value: Option<&DeValue<'_>>) -> String {
     let backticked =
         |s: &str| -> Vec<String> { s.split('`').skip(1).step_by(2).map(str::to_owned).collect() };
     if let Some(rest) = message.strip_prefix("unknown field `") {

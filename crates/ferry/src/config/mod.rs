@@ -141,11 +141,13 @@ pub fn load(
     // The file's problems do not stop loading either: a key with a problem keeps its default,
     // and the environment and validation look at everything else, so one run lists
     // everything to fix.
-    let (mut config, mut problems) = match file {
-        Some(text) => read_file(text)?,
-        None => (Config::default(), Vec::new()),
+    let (mut config, mut problems, taken_out) = match file {
+        Some(text) => {
+            let read = read_file(text)?;
+            (read.config, read.problems, read.taken_out)
+        }
+        None => (Config::default(), Vec::new(), Vec::new()),
     };
-    let in_file: Vec<String> = problems.iter().map(|p| key_path(&p.path)).collect();
     let env: Vec<(String, String)> = env.into_iter().collect();
     problems.extend(
         env::apply(&mut config, env.iter().cloned())
@@ -160,9 +162,10 @@ pub fn load(
         problems.extend(
             e.problems
                 .into_iter()
-                // A key whose file value was refused above has its default now: a rule about
-                // that default would only confuse.
-                .filter(|p| !in_file.iter().any(|k| under(&p.path, k)))
+                // A key whose file value was refused above has its default now (and an array
+                // an entry was taken out of has its later entries moved up): a rule about what
+                // is left there would only confuse.
+                .filter(|p| !taken_out.iter().any(|k| under(&p.path, k)))
                 // A value that came from the environment is named by its variable too.
                 .map(|mut p| {
                     if let Some((_, var)) = set_by.iter().find(|(key, _)| under(&p.path, key)) {
@@ -179,11 +182,6 @@ pub fn load(
     }
 }
 
-/// `kafka.linger` of a file problem's `kafka.linger (line 7)`.
-fn key_path(path: &str) -> String {
-    path.split(" (line ").next().unwrap_or(path).to_owned()
-}
-
 /// Whether `path` is `key` or a key inside it (`route.rules[2].topic` is under `route.rules`).
 fn under(path: &str, key: &str) -> bool {
     path.strip_prefix(key)
@@ -192,7 +190,7 @@ fn under(path: &str, key: &str) -> bool {
 
 /// The file as a configuration, and every problem of its keys and values ([`file`]). Only text
 /// that is not TOML at all stops here, with its position.
-fn read_file(text: &str) -> Result<(Config, Vec<ConfigProblem>), ConfigError> {
+fn read_file(text: &str) -> Result<file::FileRead, ConfigError> {
     let root =
         toml::de::DeTable::parse(text).map_err(|e| ConfigError::Toml(toml_error(text, &e)))?;
     Ok(file::read(text, root))
@@ -228,11 +226,13 @@ fn unnamed_tables(text: &str) -> Vec<ConfigProblem> {
 impl Config {
     /// Parses the file's text alone: no environment, no validation.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let (config, problems) = read_file(text)?;
-        if problems.is_empty() {
-            Ok(config)
+        let read = read_file(text)?;
+        if read.problems.is_empty() {
+            Ok(read.config)
         } else {
-            Err(ConfigError::Invalid(ConfigErrors { problems }))
+            Err(ConfigError::Invalid(ConfigErrors {
+                problems: read.problems,
+            }))
         }
     }
 

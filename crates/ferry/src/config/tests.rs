@@ -377,6 +377,39 @@ drain_timeout = 30
 }
 
 #[test]
+fn array_entries_taken_out_keep_their_file_index_and_hide_no_other() {
+    // Entry 0 and 2 are refused; 1 and 3 are named by their place in the file, not in what is left.
+    let file = "\
+[[route.rules]]
+column = \"a\"
+topic = 1
+[[route.rules]]
+column = \"b\"
+topicc = \"x\"
+[[route.rules]]
+column = \"c\"
+equals = 5
+topic = \"t\"
+[[route.rules]]
+column = 7
+equals = \"x\"
+topic = \"t\"
+";
+    let p = problems(load(Some(file), minimal_env()).unwrap_err());
+    let paths: Vec<&str> = p.iter().map(|p| p.split(": ").next().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "route.rules[0].topic (line 3)",
+            "route.rules[1].topicc (line 6)",
+            "route.rules[2].equals (line 9)",
+            "route.rules[3].column (line 12)",
+        ],
+        "{p:#?}"
+    );
+}
+
+#[test]
 fn a_file_that_is_not_toml_stops_at_its_position() {
     #[rustfmt::skip]
     let cases = [
