@@ -28,7 +28,7 @@
 //! against the schema ([`file`]: every unknown key and every value of the wrong type, not just
 //! the first), applies the overrides ([`env`]), and runs [`Config::validate`]; all their
 //! problems are reported together, each with its key path and line, or its variable
-//! (`kafka.lingr (line 7): unknown key; did you mean `linger`?`,
+//! (``kafka.lingr (line 7): unknown key `lingr`; did you mean `linger`?``,
 //! `FERRY_KAFKA_BROKER: unknown variable`, `FERRY_KAFKA_BROKERS: kafka.brokers: must not be
 //! empty`, `route.rules[2].topic: ...`), so one run lists everything to fix. Only a file that
 //! is not TOML at all stops before the rest is looked at.
