@@ -9,9 +9,20 @@
 #   bash demo/run-local.sh --check [N]  # exits 0 once N (default 30) events were read back, 1 if
 #                                       # they do not arrive within DEMO_TIMEOUT seconds (CI)
 #
-# Needs: cargo (Ferry is built with `cargo build`); the rest it installs. Environment (none
-# needed; all optional):
+# Needs: cargo, to build what is not given prebuilt (below); the rest it installs. Environment
+# (none needed; all optional):
 #
+#   FERRY_BIN            a prebuilt `ferry` binary to run instead of building one (a release, or
+#                        one copied out of the image)
+#   FERRY_DEMO_CONSUMER_BIN
+#                        a prebuilt `ferry-demo-consumer` (crates/ferry-testkit), the consumer that
+#                        creates the demo topics and prints the events read back
+#   FERRY_DEMO_KAFKA_BIN a prebuilt `ferry-test-kafka` (crates/ferry-testkit), which starts the local
+#                        broker; not needed with DEMO_KAFKA_BROKERS
+#                        What is not given is built with `cargo build` (debug, target/); with all
+#                        three given (or two and DEMO_KAFKA_BROKERS), no cargo is needed. These are
+#                        not Ferry's configuration: Ferry is started with FERRY_* variables of the
+#                        script's own only.
 #   DEMO_PG_URL          a superuser URL of a server with wal_level=logical to use instead of a
 #                        local cluster (the script creates the outbox table and the publication if
 #                        missing, and drops its slot `ferry_demo` on exit)
@@ -116,15 +127,45 @@ wait_for() {
 }
 
 # --- set-up and build ---------------------------------------------------------------------------
-command -v cargo >/dev/null || die "cargo is not on PATH (install the Rust toolchain: rustup.rs)"
+# Each binary: the prebuilt one given, else built here (cargo build, debug).
+built="${CARGO_TARGET_DIR:-target}/debug"
+ferry_bin=${FERRY_BIN:-}
+consumer_bin=${FERRY_DEMO_CONSUMER_BIN:-}
+kafka_bin=${FERRY_DEMO_KAFKA_BIN:-}
+[ -n "${DEMO_KAFKA_BROKERS:-}" ] && kafka_bin=none
+for given in FERRY_BIN:"$ferry_bin" FERRY_DEMO_CONSUMER_BIN:"$consumer_bin" \
+  FERRY_DEMO_KAFKA_BIN:"$kafka_bin"; do
+  var=${given%%:*} path=${given#*:}
+  case "$path" in
+    ""|none) ;;
+    *) [ -x "$path" ] && [ -f "$path" ] || die "$var=$path is not an executable file: point it at \
+a built binary, or leave $var unset to build one with cargo" ;;
+  esac
+done
+build=()
+[ -n "$ferry_bin" ] || build+=(-p ferry --bin ferry)
+[ -n "$consumer_bin" ] || build+=(--bin ferry-demo-consumer)
+[ -n "$kafka_bin" ] || build+=(--bin ferry-test-kafka)
+if [ -z "$consumer_bin" ] || [ -z "$kafka_bin" ]; then
+  build+=(-p ferry-testkit --features ferry-testkit/kafka)
+fi
+if [ ${#build[@]} -gt 0 ]; then
+  command -v cargo >/dev/null || die "cargo is not on PATH: install the Rust toolchain (rustup.rs), \
+or give prebuilt binaries (FERRY_BIN, FERRY_DEMO_CONSUMER_BIN, FERRY_DEMO_KAFKA_BIN; see the \
+script's header)"
+fi
 if [ -z "${DEMO_PG_URL:-}" ] || [ -z "${DEMO_KAFKA_BROKERS:-}" ]; then
   say "installing what is missing (bash .ci/install-deps; nothing when all is there)"
   bash .ci/install-deps >/dev/null || die "bash .ci/install-deps failed (it says why above)"
 fi
-say "building ferry, the demo consumer and the broker launcher (cargo build)"
-cargo build --quiet -p ferry -p ferry-testkit --features ferry-testkit/kafka \
-  --bin ferry --bin ferry-demo-consumer --bin ferry-test-kafka
-bin="${CARGO_TARGET_DIR:-target}/debug"
+if [ ${#build[@]} -gt 0 ]; then
+  say "building what was not given prebuilt (cargo build ${build[*]})"
+  cargo build --quiet "${build[@]}"
+fi
+ferry_bin=${ferry_bin:-$built/ferry}
+consumer_bin=${consumer_bin:-$built/ferry-demo-consumer}
+kafka_bin=${kafka_bin:-$built/ferry-test-kafka}
+say "ferry: $ferry_bin ($("$ferry_bin" --version 2>/dev/null || echo "version unknown"))"
 
 # --- PostgreSQL ------------------------------------------------------------------------------
 if [ -n "${DEMO_PG_URL:-}" ]; then
@@ -182,7 +223,7 @@ else
   say "Kafka: Apache Kafka (one KRaft node) on 127.0.0.1:$kafka_port (log: $work/broker.log)"
   # ferry-test-kafka formats fresh storage, starts the broker, prints the bootstrap list once the
   # metadata lists it, and stops it cleanly on SIGTERM.
-  "$bin/ferry-test-kafka" --port "$kafka_port" >"$work/broker.out" 2>"$work/broker.log" &
+  "$kafka_bin" --port "$kafka_port" >"$work/broker.out" 2>"$work/broker.log" &
   broker_pid=$!
   pids+=("$broker_pid")
   wait_for "Apache Kafka on port $kafka_port" "$broker_pid" test -s "$work/broker.out"
@@ -190,7 +231,7 @@ else
 fi
 # Waits until the broker answers metadata (up to DEMO_TIMEOUT), then creates the demo topics:
 # a broker need not auto-create them (managed Kafka does not).
-"$bin/ferry-demo-consumer" --brokers "$brokers" --topics "$topics" --create-topics --prepare-only \
+"$consumer_bin" --brokers "$brokers" --topics "$topics" --create-topics --prepare-only \
   --timeout "$timeout_s" || die "the broker at $brokers is not usable"
 
 # --- Ferry -----------------------------------------------------------------------------------
@@ -205,7 +246,7 @@ env "${unset_ferry[@]}" \
   FERRY_POSTGRES_URL="$pg_url" FERRY_POSTGRES_SLOT=$slot FERRY_POSTGRES_CREATE_PUBLICATION=false \
   FERRY_KAFKA_BROKERS="$brokers" FERRY_HTTP_LISTEN="127.0.0.1:$http_port" \
   FERRY_KAFKA_PROGRESS_TOPIC="$progress_topic" \
-  "$bin/ferry" run >"$work/ferry.log" 2>&1 &
+  "$ferry_bin" run >"$work/ferry.log" 2>&1 &
 ferry_pid=$!
 pids+=("$ferry_pid")
 wait_for "Ferry's /readyz (streaming from slot $slot)" "$ferry_pid" \
@@ -223,14 +264,14 @@ pids+=("$!")
 
 if $check; then
   say "reading $want events back from $topics (up to ${timeout_s}s)"
-  "$bin/ferry-demo-consumer" --brokers "$brokers" --topics "$topics" --count "$want" \
+  "$consumer_bin" --brokers "$brokers" --topics "$topics" --count "$want" \
     --timeout "$timeout_s" || die "fewer than $want events arrived"
   produced=$(http_get /metrics \
     | awk '/^ferry_records_produced_total/ {s += $2} END {print s + 0}')
   say "ok: $want events read back from Kafka (ferry_records_produced_total $produced)"
 else
   say "events as they arrive (Ctrl-C stops everything):"
-  "$bin/ferry-demo-consumer" --brokers "$brokers" --topics "$topics" --timeout "$timeout_s" &
+  "$consumer_bin" --brokers "$brokers" --topics "$topics" --timeout "$timeout_s" &
   pids+=("$!")
   wait "$!"
 fi

@@ -77,11 +77,46 @@ fn every_problem_is_listed_at_once_with_the_nearest_variable() {
     for line in [
         "3 configuration problems:",
         "  FERRY_KAFKA_BROKER: unknown variable (did you mean FERRY_KAFKA_BROKERS?)",
-        "  postgres.slot: invalid slot name \"Bad Slot\"",
+        // A bad value from a variable names the variable, then the key.
+        "  FERRY_POSTGRES_SLOT: postgres.slot: invalid slot name \"Bad Slot\"",
         "  kafka.brokers: must not be empty",
     ] {
         assert!(stderr.contains(line), "{line:?} in\n{stderr}");
     }
+}
+
+#[test]
+fn every_problem_of_the_file_is_listed_at_once_by_key_and_line() {
+    // Issue 28: two unknown keys and three bad values gave one error per run, in serde's words.
+    let file = std::env::temp_dir().join(format!("ferry-e2e-config-{}.toml", std::process::id()));
+    std::fs::write(
+        &file,
+        "[postgres]\n\
+         url = \"postgres://ferry@db.example.com/app\"\n\
+         slott = \"ferry\"\n\
+         \n\
+         [kafka]\n\
+         brokers = \"k1:9092\"\n\
+         max_in_flight_records = -5\n\
+         lingr = \"5ms\"\n\
+         exactly_once = \"yes\"\n\
+         \n\
+         [shutdown]\n\
+         drain_timeout = 30\n",
+    )
+    .unwrap();
+    let out = ferry(&["check", "--config", file.to_str().unwrap()], &[]);
+    std::fs::remove_file(&file).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let expected = "\
+5 configuration problems:
+  postgres.slott (line 3): unknown key `slott`; did you mean `slot`?
+  kafka.max_in_flight_records (line 7): must be a whole number ≥ 0, got -5
+  kafka.lingr (line 8): unknown key `lingr`; did you mean `linger`?
+  kafka.exactly_once (line 9): must be true or false, got the string \"yes\"
+  shutdown.drain_timeout (line 12): must be a duration string like";
+    assert!(stderr.contains(expected), "{expected}\nin\n{stderr}");
 }
 
 /// `ferry status` (which needs PostgreSQL only) against the shared test server with `url` and

@@ -500,6 +500,20 @@ async fn switching_from_at_least_once_to_exactly_once_and_back_loses_nothing() {
     let status = exactly.terminate().await;
     assert!(status.success(), "{status}:\n{}", exactly.log_text());
     assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+    // Its start-up log says where it resumes in words, not in Rust's Debug form
+    // (`Some((Lsn(0/…), None))`).
+    let log = exactly.log_text();
+    let resuming = log
+        .lines()
+        .find(|l| l.contains("exactly-once: resuming from the progress topic"))
+        .unwrap_or_else(|| panic!("no resume line in\n{log}"));
+    assert!(
+        resuming.contains("remembered=0/") || resuming.contains("remembered=\"0/"),
+        "{resuming}"
+    );
+    for debug in ["Some(", "None", "Lsn(", "Partial {"] {
+        assert!(!log.contains(debug), "{debug:?} in\n{log}");
+    }
     // Back to at-least-once: it resumes from the slot, which exactly-once confirmed only up to
     // what Kafka committed; after a graceful stop, again nothing twice.
     w.env

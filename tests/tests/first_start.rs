@@ -48,6 +48,29 @@ async fn a_first_run_with_a_missing_table_leaves_no_slot() {
         .push(("FERRY_OUTBOX_TABLE".into(), "public.no_such_outbox".into()));
     a_first_run_stops_and_leaves_no_slot(&w, "table \"public\".\"no_such_outbox\" does not exist")
         .await;
+    // The fatal error is printed once: one ERROR event (text or JSON as log.format says), not
+    // that and a plain copy.
+    let log = run_refuses(&w).await;
+    assert_eq!(
+        log.matches("table \"public\".\"no_such_outbox\" does not exist")
+            .count(),
+        1,
+        "{log}"
+    );
+    let mut w = w;
+    w.env.push(("FERRY_LOG_FORMAT".into(), "json".into()));
+    let log = run_refuses(&w).await;
+    for line in log.lines() {
+        let event: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("a line that is not JSON ({e}): {line:?} in\n{log}"));
+        assert!(event.is_object(), "{line}");
+    }
+    assert_eq!(log.matches("does not exist").count(), 1, "{log}");
+    // With logging off, the reason still comes with the exit code, once, as plain text.
+    w.env.push(("FERRY_LOG_LEVEL".into(), "off".into()));
+    let log = run_refuses(&w).await;
+    assert_eq!(log.matches("does not exist").count(), 1, "{log}");
+    assert!(log.starts_with("ferry: PostgreSQL set-up:"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -237,11 +237,19 @@ async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_then_re
     // `ferry check` and `ferry status` say the same.
     let mut check = Ferry::spawn(&w, &["check"]);
     assert_eq!(check.wait_exit(EXIT).await.code(), Some(1));
+    let out = check.log_text();
+    assert!(out.contains("events may be lost"), "{out}");
+    // The slot's line agrees with the Progress section: not "none needed: Ferry creates it".
+    assert!(!out.contains("none needed: Ferry creates it at"), "{out}");
     assert!(
-        check.log_text().contains("events may be lost"),
-        "{}",
-        check.log_text()
+        out.contains(&format!(
+            "warning: replication slot {:?} does not exist, but its progress record says Ferry streamed from it (to {remembered_at}): it was dropped\n    \
+             fix: do not create it by hand: `ferry run` refuses to start from a new slot",
+            w.slot
+        )),
+        "{out}"
     );
+    assert!(out.contains("1 problem(s) must be fixed"), "{out}");
 
     // Another gap's LSN accepts nothing.
     let wrong = Lsn(remembered_at.0 - 8).to_string();

@@ -542,6 +542,15 @@ async fn type_changes_in_binary_mode_switch_to_text_without_loss() {
             && log.contains("values stream as text"),
         "no switch to text mode in the log:\n{log}"
     );
+    // The type by its PostgreSQL name, in both messages, never by OID.
+    assert!(
+        log.contains("column \"type\" is now of type event_kind, which Ferry reads only as text")
+            && log.contains(
+                "values stream as text: column \"type\" is of type event_kind, which Ferry reads only as text"
+            )
+            && !log.contains("type OID"),
+        "a type not named by its name:\n{log}"
+    );
     assert!(ferry.is_running(), "Ferry exited; log:\n{log}");
 }
 

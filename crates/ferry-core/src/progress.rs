@@ -107,6 +107,28 @@ pub enum ProgressError {
     NewerFormat { found: u32 },
 }
 
+/// `3 event(s) of the transaction committed at 0/16B374D9`, for logs.
+impl fmt::Display for Partial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} event(s) of the transaction committed at {}",
+            self.events, self.commit_lsn
+        )
+    }
+}
+
+impl ProgressRecord {
+    /// The position in words, for logs: `0/16B374D8`, or `0/16B374D8, then 3 event(s) of the
+    /// transaction committed at 0/16B374D9`.
+    pub fn position(&self) -> String {
+        match &self.partial {
+            None => self.end_lsn.to_string(),
+            Some(p) => format!("{}, then {p}", self.end_lsn),
+        }
+    }
+}
+
 impl ProgressKey {
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a progress key always serializes")

@@ -104,7 +104,7 @@
 //! ```
 
 #[macro_use]
-mod spelling;
+pub mod spelling;
 pub mod cloudevents;
 pub mod config;
 pub mod error;

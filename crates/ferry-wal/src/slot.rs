@@ -804,7 +804,19 @@ pub async fn column_types(
         .collect())
 }
 
-/// The name of a built-in type, for messages.
+/// PostgreSQL's name for a type (`format_type`: `integer`, `public.event_kind` outside the
+/// search path, `event_kind` within it), for messages.
+pub async fn format_type(client: &tokio_postgres::Client, oid: u32) -> Result<String, ReaderError> {
+    let row = client
+        .query_one("SELECT format_type($1, NULL)", &[&oid])
+        .await
+        .map_err(sql_error)?;
+    let name: Option<String> = row.get(0);
+    Ok(name.unwrap_or_else(|| type_name(oid)))
+}
+
+/// The name of a built-in type, for messages where the server cannot be asked (the types Ferry
+/// accepts are all built in); [`format_type`] where it can.
 pub fn type_name(oid: u32) -> String {
     match oid {
         16 => "boolean".into(),

@@ -70,6 +70,11 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
             found.extend(sample.problems);
         }
     }
+    // Asked now, printed in its own section below: the slot's line must agree with it.
+    let progress = progress_problems(&settings).await;
+    if let Some(remembered) = progress.slot_lost {
+        slot_lost(&mut found, &settings.slot.slot, remembered);
+    }
     print_problems(&found);
     problems.append(&mut found);
 
@@ -102,7 +107,7 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
         "Progress (kafka.progress_topic {:?})",
         settings.progress_topic
     );
-    found.extend(progress_problems(&settings).await);
+    found.extend(progress.problems);
     print_problems(&found);
     problems.append(&mut found);
 
@@ -117,6 +122,25 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     } else {
         outln!("{errors} problem(s) must be fixed before Ferry can run");
         Err(ExitCode::from(1))
+    }
+}
+
+/// A missing slot whose progress record says Ferry streamed from it is not one to create: `run`
+/// refuses (events may be lost), so the slot's line says so and points at the Progress
+/// section's fix, instead of "none needed: Ferry creates it" (or creating it by hand, which
+/// `run` refuses too: a new slot is past the record).
+fn slot_lost(found: &mut [Problem], slot: &str, remembered: ferry_wal::Lsn) {
+    let missing = format!("replication slot {slot:?} does not exist");
+    for p in found.iter_mut().filter(|p| p.what == missing) {
+        if p.severity != Severity::Error {
+            p.severity = Severity::Warning;
+        }
+        p.what = format!(
+            "{missing}, but its progress record says Ferry streamed from it (to {remembered}): it was dropped"
+        );
+        p.fix = "do not create it by hand: `ferry run` refuses to start from a new slot until the gap is dealt with; \
+                 see the Progress section below (events may be lost) for what to do"
+            .into();
     }
 }
 
@@ -482,29 +506,47 @@ impl From<String> for InspectError {
     }
 }
 
+/// `check`'s findings about the progress record, and the remembered position when the slot is
+/// gone (for the slot's line in the PostgreSQL section).
+struct ProgressFindings {
+    problems: Vec<Problem>,
+    slot_lost: Option<ferry_wal::Lsn>,
+}
+
 /// `check`'s findings about the progress record: the remembered position against the slot.
-async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
+async fn progress_problems(settings: &PipelineSettings) -> ProgressFindings {
+    let only = |problems| ProgressFindings {
+        problems,
+        slot_lost: None,
+    };
     let sql = match slot::connect_sql(&settings.postgres).await {
         Ok(sql) => sql,
         // Reported in the PostgreSQL section.
-        Err(_) => return Vec::new(),
+        Err(_) => return only(Vec::new()),
     };
     let inspection = match inspect(settings, &sql).await {
         Ok(i) => i,
         Err(InspectError::Unknown(e)) => {
-            return vec![Problem {
+            return only(vec![Problem {
                 severity: Severity::Warning,
                 what: format!("cannot compare the slot with its progress record: {e}"),
                 fix: "see the error; `ferry run` makes the same comparison at every start".into(),
-            }]
+            }])
         }
         Err(InspectError::Unusable(e)) => {
-            return vec![Problem {
+            return only(vec![Problem {
                 severity: Severity::Error,
                 what: e,
                 fix: "`ferry run` stops at it too; see the message".into(),
-            }]
+            }])
         }
+    };
+    let slot_lost = match &inspection.verdict {
+        verdict::Verdict::Refuse {
+            gap: verdict::Gap::SlotLost { remembered, .. },
+            ..
+        } => Some(*remembered),
+        _ => None,
     };
     let mut found = Vec::new();
     if !inspection.topic_exists {
@@ -565,7 +607,10 @@ async fn progress_problems(settings: &PipelineSettings) -> Vec<Problem> {
         what,
         fix,
     });
-    found
+    ProgressFindings {
+        problems: found,
+        slot_lost,
+    }
 }
 
 /// What exactly-once mode needs from Kafka: transactions (a transactional producer can be

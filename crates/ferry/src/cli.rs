@@ -386,8 +386,14 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            tracing::error!(error = %e, "stopping: permanent error");
-            errln!("ferry: {e}");
+            // Printed once: the ERROR event (a text line, or a JSON object a log pipeline can
+            // parse, with the whole error in `error`), or plain text when logging is filtered
+            // below ERROR, so the exit code never comes without its reason.
+            if tracing::event_enabled!(tracing::Level::ERROR) {
+                tracing::error!(error = %e, "stopping: permanent error");
+            } else {
+                errln!("ferry: {e}");
+            }
             Err(ExitCode::from(1))
         }
     }

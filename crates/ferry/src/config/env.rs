@@ -114,14 +114,14 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     route.expand_null_behavior = parsed;
     kafka.brokers = parsed;
     kafka.compression = parsed;
-    kafka.max_in_flight_records = parsed;
+    kafka.max_in_flight_records = whole;
     kafka.max_in_flight_bytes = ferry_router::size::parse;
     kafka.delivery_timeout = duration::parse;
     kafka.linger = duration::parse;
     kafka.progress_topic = text;
     kafka.exactly_once = boolean;
     kafka.transaction_interval = duration::parse;
-    kafka.transaction_max_records = parsed;
+    kafka.transaction_max_records = whole;
     kafka.transaction_max_bytes = ferry_router::size::parse;
     http.listen = parsed;
     log.format = parsed;
@@ -140,6 +140,11 @@ fn optional(v: &str) -> Result<Option<String>, String> {
 fn size_usize(v: &str) -> Result<usize, String> {
     let n = ferry_router::size::parse(v)?;
     usize::try_from(n).map_err(|_| format!("size {v:?} is too large"))
+}
+
+fn whole(v: &str) -> Result<u64, String> {
+    v.parse()
+        .map_err(|_| format!("must be a whole number ≥ 0, got {v:?}"))
 }
 
 fn boolean(v: &str) -> Result<bool, String> {
@@ -162,6 +167,29 @@ where
             format!("invalid value {v:?}: {e}")
         }
     })
+}
+
+/// The key path each `FERRY_*` variable of `env` sets, with the variable
+/// (`("kafka.brokers", "FERRY_KAFKA_BROKERS")`, `("kafka.properties.\"sasl.mechanism\"",
+/// "FERRY_KAFKA_PROPERTIES_SASL_MECHANISM")`), so a problem with that value can name where it
+/// came from.
+pub(super) fn set_keys(env: &[(String, String)]) -> Vec<(String, String)> {
+    let mut set = Vec::new();
+    for (name, _) in env {
+        if let Some(k) = KEYS.iter().find(|k| var_name(k.section, k.key) == *name) {
+            set.push((format!("{}.{}", k.section, k.key), name.clone()));
+        }
+        for (prefix, key) in [
+            ("FERRY_KAFKA_PROPERTIES_", "properties"),
+            ("FERRY_KAFKA_PROPERTY_FILES_", "property_files"),
+        ] {
+            if let Some(property) = name.strip_prefix(prefix) {
+                let property = property.to_ascii_lowercase().replace('_', ".");
+                set.push((format!("kafka.{key}.{property:?}"), name.clone()));
+            }
+        }
+    }
+    set
 }
 
 /// The variable name of a key.
@@ -263,35 +291,13 @@ fn apply_one(config: &mut Config, name: &str, value: &str) -> Result<(), String>
 }
 
 /// `" (did you mean FERRY_X?)"` for the valid variable nearest to `name`, when one is near
-/// enough to be a likely typo; `""` otherwise.
+/// enough to be a likely typo ([`ferry_router::spelling::nearest`]); `""` otherwise.
 fn did_you_mean(name: &str) -> String {
-    let upper = name.to_ascii_uppercase();
-    let nearest = KEYS
-        .iter()
-        .map(|k| var_name(k.section, k.key))
-        .map(|v| (edit_distance(&upper, &v), v))
-        .min_by_key(|(d, _)| *d);
-    match nearest {
-        // Case alone, or up to a third of the name's length (at most 4 edits) away.
-        Some((d, v)) if d <= (v.len() / 3).clamp(1, 4) => format!(" (did you mean {v}?)"),
-        _ => String::new(),
+    let vars: Vec<String> = KEYS.iter().map(|k| var_name(k.section, k.key)).collect();
+    match ferry_router::spelling::nearest(name, vars.iter().map(String::as_str)) {
+        Some(v) => format!(" (did you mean {v}?)"),
+        None => String::new(),
     }
-}
-
-/// Levenshtein distance in bytes (variable names are ASCII).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.iter().enumerate() {
-        cur[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitute = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = substitute.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    prev[b.len()]
 }
 
 /// Whether `name=value` is a variable that Kubernetes injects for a Service (service links,

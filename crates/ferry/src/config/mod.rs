@@ -2,8 +2,8 @@
 //!
 //! # Shape
 //!
-//! Seven sections (and optional `[[tables]]`), each closed (`deny_unknown_fields`: a misspelt key is an error naming the key
-//! and the section's valid keys, with its line and column), each key with a default, except the
+//! Seven sections (and optional `[[tables]]`), each closed (`deny_unknown_fields`: a misspelt key is an error naming the key,
+//! its line and the nearest valid key), each key with a default, except the
 //! two without which nothing can run: `postgres.url` and `kafka.brokers`.
 //!
 //! | section | type | what |
@@ -24,12 +24,14 @@
 //! # Loading
 //!
 //! [`load`] takes the file's text (or none: a container can be configured by environment alone)
-//! and the environment as a map, so tests never touch the process environment. It parses, applies
-//! the overrides ([`env`]), and runs [`Config::validate`]; the environment's problems and the
-//! validation's are reported together, each with its variable or key path
-//! (`FERRY_KAFKA_BROKER: unknown variable`, `kafka.brokers: must not be empty`,
-//! `route.rules[2].topic: ...`), so one run lists everything to fix. Only a file that is not
-//! TOML (or does not fit the schema) stops before the rest is looked at.
+//! and the environment as a map, so tests never touch the process environment. It reads the file
+//! against the schema ([`file`]: every unknown key and every value of the wrong type, not just
+//! the first), applies the overrides ([`env`]), and runs [`Config::validate`]; all their
+//! problems are reported together, each with its key path and line, or its variable
+//! (``kafka.lingr (line 7): unknown key `lingr`; did you mean `linger`?``,
+//! `FERRY_KAFKA_BROKER: unknown variable`, `FERRY_KAFKA_BROKERS: kafka.brokers: must not be
+//! empty`, `route.rules[2].topic: ...`), so one run lists everything to fix. Only a file that
+//! is not TOML at all stops before the rest is looked at.
 //!
 //! # Values
 //!
@@ -43,6 +45,7 @@ mod connect;
 pub mod defaults;
 pub mod duration;
 pub mod env;
+mod file;
 mod kafka;
 pub mod secret;
 mod sections;
@@ -91,17 +94,20 @@ pub struct Config {
 /// Why a configuration cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    /// The file is not valid TOML, or a key or value does not fit (unknown key, wrong type).
+    /// The file is not TOML at all (a missing bracket or quote, a key given twice): its
+    /// position, and nothing else is looked at.
     #[error("{0}")]
     Toml(TomlError),
-    /// Every problem of the environment and of the values, at once: first the `FERRY_*`
-    /// variables that are unknown or have bad values (path = the variable), then the values that
-    /// do not work (path = the key).
+    /// Every problem of the file, the environment and the values, at once: first the file's
+    /// keys that are unknown or whose values do not fit their type (path = the key and its line,
+    /// `kafka.linger (line 7)`), then the `FERRY_*` variables that are unknown or have bad
+    /// values (path = the variable), then the values that do not work (path = the key, after
+    /// the variable that set it, if one did).
     #[error("{0}")]
     Invalid(ConfigErrors),
 }
 
-/// A TOML or schema error in the file, with its position.
+/// A TOML syntax error in the file, with its position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TomlError {
     /// 1-based line, when known.
@@ -110,7 +116,7 @@ pub struct TomlError {
     pub column: Option<usize>,
     /// The nearest `[section]` header above the error, when there is one.
     pub section: Option<String>,
-    /// What is wrong (for an unknown key: the key and the valid ones).
+    /// What is wrong.
     pub message: String,
 }
 
@@ -132,24 +138,62 @@ pub fn load(
     file: Option<&str>,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<Config, ConfigError> {
-    let mut config = match file {
-        Some(text) => Config::from_toml(text)?,
-        None => Config::default(),
+    // The file's problems do not stop loading either: a key with a problem keeps its default,
+    // and the environment and validation look at everything else, so one run lists
+    // everything to fix.
+    let (mut config, mut problems, taken_out) = match file {
+        Some(text) => {
+            let read = read_file(text)?;
+            (read.config, read.problems, read.taken_out)
+        }
+        None => (Config::default(), Vec::new(), Vec::new()),
     };
-    // The environment's problems do not stop loading: validation runs on what did apply, so
-    // one run lists everything to fix.
-    let mut problems = env::apply(&mut config, env).err().unwrap_or_default();
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    problems.extend(
+        env::apply(&mut config, env.iter().cloned())
+            .err()
+            .unwrap_or_default(),
+    );
     if let Some(text) = file {
         problems.extend(unnamed_tables(text));
     }
     if let Err(e) = config.validate() {
-        problems.extend(e.problems);
+        let set_by = env::set_keys(&env);
+        problems.extend(
+            e.problems
+                .into_iter()
+                // A key whose file value was refused above has its default now (and an array
+                // an entry was taken out of has its later entries moved up): a rule about what
+                // is left there would only confuse.
+                .filter(|p| !taken_out.iter().any(|k| under(&p.path, k)))
+                // A value that came from the environment is named by its variable too.
+                .map(|mut p| {
+                    if let Some((_, var)) = set_by.iter().find(|(key, _)| under(&p.path, key)) {
+                        p.path = format!("{var}: {}", p.path);
+                    }
+                    p
+                }),
+        );
     }
     if problems.is_empty() {
         Ok(config)
     } else {
         Err(ConfigError::Invalid(ConfigErrors { problems }))
     }
+}
+
+/// Whether `path` is `key` or a key inside it (`route.rules[2].topic` is under `route.rules`).
+fn under(path: &str, key: &str) -> bool {
+    path.strip_prefix(key)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.') || rest.starts_with('['))
+}
+
+/// The file as a configuration, and every problem of its keys and values ([`file`]). Only text
+/// that is not TOML at all stops here, with its position.
+fn read_file(text: &str) -> Result<file::FileRead, ConfigError> {
+    let root =
+        toml::de::DeTable::parse(text).map_err(|e| ConfigError::Toml(toml_error(text, &e)))?;
+    Ok(file::read(text, root))
 }
 
 /// Every `[[tables]]` entry names its table: without `outbox.table` an entry would take the
@@ -182,7 +226,14 @@ fn unnamed_tables(text: &str) -> Vec<ConfigProblem> {
 impl Config {
     /// Parses the file's text alone: no environment, no validation.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Toml(toml_error(text, &e)))
+        let read = read_file(text)?;
+        if read.problems.is_empty() {
+            Ok(read.config)
+        } else {
+            Err(ConfigError::Invalid(ConfigErrors {
+                problems: read.problems,
+            }))
+        }
     }
 
     /// The configuration as TOML that [`load`] reads back: every key, defaults included, with

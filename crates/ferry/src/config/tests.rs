@@ -204,14 +204,11 @@ fn every_key_of_every_section_is_either_overridable_or_file_only() {
     ];
     for section in SECTIONS {
         let err = Config::from_toml(&format!("[{section}]\nzzz_unknown = 1\n")).unwrap_err();
-        let ConfigError::Toml(e) = err else {
-            panic!("{err}")
-        };
-        let listed = e
-            .message
-            .split("expected")
+        let p = problems(err);
+        let listed = p[0]
+            .split("the known keys here are")
             .nth(1)
-            .unwrap_or_else(|| panic!("{}", e.message));
+            .unwrap_or_else(|| panic!("{}", p[0]));
         for key in listed.split('`').skip(1).step_by(2) {
             let path = format!("{section}.{key}");
             let env = KEYS.iter().any(|k| k.section == *section && k.key == key);
@@ -239,7 +236,7 @@ fn bad_environment_values_and_unknown_variables_name_the_variable() {
         ("FERRY_KAFKA_PROPERTIES_sasl", "x", "upper case"),
         ("FERRY_POSTGRES_CREATE_SLOT", "yes", "FERRY_POSTGRES_CREATE_SLOT: postgres.create_slot: invalid boolean \"yes\""),
         ("FERRY_POSTGRES_STATUS_INTERVAL", "5", "postgres.status_interval: invalid duration \"5\""),
-        ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS", "-1", "kafka.max_in_flight_records: invalid value \"-1\""),
+        ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS", "-1", "kafka.max_in_flight_records: must be a whole number ≥ 0, got \"-1\""),
         ("FERRY_ROUTE_MAX_PAYLOAD_BYTES", "1e6", "invalid size \"1e6\""),
         ("FERRY_ROUTE_ON_ERROR", "explode", "unknown value \"explode\""),
         ("FERRY_ROUTE_CLOUDEVENTS", "json", "route.cloudevents: unknown value \"json\"; expected \"none\", \"binary\" or \"structured\""),
@@ -281,35 +278,145 @@ fn all_environment_problems_are_reported_and_other_variables_ignored() {
     );
 }
 
-/// (file, line, column, section, expected substrings of the message)
-type FileCase = (
-    &'static str,
-    usize,
-    usize,
-    Option<&'static str>,
-    &'static [&'static str],
-);
+/// (file, the problem's key path and line, expected substrings of the message)
+type FileCase = (&'static str, &'static str, &'static [&'static str]);
 
 #[test]
-fn file_errors_have_a_position_and_unknown_keys_list_the_valid_ones() {
+fn file_problems_name_the_key_and_line_in_plain_words() {
     #[rustfmt::skip]
     let cases: &[FileCase] = &[
-        ("[postgres]\nurl = \"x\"\nslott = \"s\"\n", 3, 1, Some("[postgres]"), &["unknown field `slott`", "`slot`", "`standby_poll_interval`"]),
-        ("[kafak]\n", 1, 2, Some("[kafak]"), &["unknown field `kafak`", "`kafka`", "`shutdown`"]),
-        ("[kafka]\nbrokers = 5\n", 2, 11, Some("[kafka]"), &["comma-separated string or an array"]),
-        ("[kafka]\nlinger = 5\n", 2, 10, Some("[kafka]"), &["a duration string like"]),
-        ("[kafka]\nlinger = \"5 ms\"\n", 2, 10, Some("[kafka]"), &["invalid duration \"5 ms\""]),
-        ("[kafka]\ncompression = \"brotli\"\n", 2, 15, Some("[kafka]"), &["unknown variant `brotli`", "`lz4`"]),
-        ("[kafka.properties]\n\"a.b\" = 1.5\n", 2, 9, Some("[kafka.properties]"), &["a string, integer or boolean"]),
-        ("[http]\nlisten = \"nowhere\"\n", 2, 10, Some("[http]"), &["invalid listen address"]),
-        ("[log]\nformat = \"xml\"\n", 2, 10, Some("[log]"), &["unknown variant `xml`"]),
-        ("[outbox]\ntabel = \"x\"\n", 2, 1, Some("[outbox]"), &["unknown field `tabel`", "`table`"]),
-        ("[[route.rules]]\ncolumn = \"a\"\ntopic = \"t\"\nequal = \"x\"\n", 4, 1, Some("[[route.rules]]"), &["unknown field `equal`"]),
-        ("stray = 1\n", 1, 1, None, &["unknown field `stray`", "`postgres`"]),
-        ("[postgres\n", 1, 10, Some("[postgres"), &[""]),
-        ("[shutdown]\ndrain_timeout = \"30s\"\ndrain_timeout = \"1s\"\n", 3, 1, Some("[shutdown]"), &["duplicate key"]),
+        ("[postgres]\nurl = \"x\"\nslott = \"s\"\n", "postgres.slott (line 3)", &["unknown key `slott`; did you mean `slot`?"]),
+        ("[kafak]\n", "kafak (line 1)", &["unknown section `kafak`; did you mean `kafka`?"]),
+        ("[kafka]\nbrokers = 5\n", "kafka.brokers (line 2)", &["comma-separated string or an array"]),
+        ("[kafka]\nlinger = 5\n", "kafka.linger (line 2)", &["must be a duration string like", "got 5"]),
+        ("[kafka]\nlinger = \"5 ms\"\n", "kafka.linger (line 2)", &["invalid duration \"5 ms\""]),
+        ("[kafka]\nmax_in_flight_records = -5\n", "kafka.max_in_flight_records (line 2)", &["must be a whole number ≥ 0, got -5"]),
+        ("[kafka]\nexactly_once = \"yes\"\n", "kafka.exactly_once (line 2)", &["must be true or false, got the string \"yes\""]),
+        ("[kafka]\ncompression = \"brotli\"\n", "kafka.compression (line 2)", &["must be \"none\", \"gzip\"", "\"zstd\", got \"brotli\""]),
+        ("[kafka]\ncompression = \"zstdd\"\n", "kafka.compression (line 2)", &["got \"zstdd\" (did you mean \"zstd\"?)"]),
+        ("[kafka.properties]\n\"a.b\" = 1.5\n", "kafka.properties.\"a.b\" (line 2)", &["a string, integer or boolean"]),
+        ("[http]\nlisten = \"nowhere\"\n", "http.listen (line 2)", &["invalid listen address"]),
+        ("[log]\nformat = \"xml\"\n", "log.format (line 2)", &["got \"xml\""]),
+        ("[outbox]\ntabel = \"x\"\n", "outbox.tabel (line 2)", &["did you mean `table`?"]),
+        ("[[route.rules]]\ncolumn = \"a\"\ntopic = \"t\"\nequals = \"x\"\nequal = \"x\"\n", "route.rules[0].equal (line 5)", &["unknown key `equal`"]),
+        ("[[route.rules]]\ncolumn = \"a\"\nequals = \"x\"\ntopic = \"t\"\n[[route.rules]]\ncolumn = \"b\"\nequals = \"y\"\ntopic = [1]\n", "route.rules[1].topic (line 8)", &["must be a string, got an array"]),
+        ("stray = 1\n", "stray (line 1)", &["unknown key `stray`; the known keys here are `postgres`"]),
     ];
-    for &(file, line, column, section, expected) in cases {
+    for &(file, path, expected) in cases {
+        let p = problems(load(Some(file), minimal_env()).unwrap_err());
+        assert_eq!(p.len(), 1, "{file:?}: {p:?}");
+        assert!(p[0].starts_with(&format!("{path}: ")), "{file:?}: {p:?}");
+        for s in expected {
+            assert!(p[0].contains(s), "{file:?}: {:?} lacks {s:?}", p[0]);
+        }
+        // serde's and Rust's own wording stays inside.
+        for raw in [
+            "expected u64",
+            "invalid type",
+            "invalid value:",
+            "unknown field",
+            "unknown variant",
+            "invalid digit",
+        ] {
+            assert!(!p[0].contains(raw), "{file:?}: {:?} has {raw:?}", p[0]);
+        }
+    }
+}
+
+#[test]
+fn every_problem_of_a_file_is_reported_in_one_round() {
+    // Issue 28's file: two unknown keys and three bad values, all five reported at once, in
+    // line order, each naming its key and line; and the valid rest is still checked (the
+    // environment's unknown variable, validation's empty publication).
+    let file = "\
+[postgres]
+url = \"postgres://ferry@db/app\"
+slott = \"ferry\"
+publication = \"\"
+
+[kafka]
+brokers = \"k:9092\"
+max_in_flight_records = -5
+lingr = \"5ms\"
+exactly_once = \"yes\"
+
+[shutdown]
+drain_timeout = 30
+";
+    let mut vars = minimal_env();
+    vars.push(("FERRY_KAFKA_BROKER".to_owned(), "x".to_owned()));
+    let err = load(Some(file), vars).unwrap_err();
+    let shown = err.to_string();
+    let p = problems(err);
+    let paths: Vec<&str> = p.iter().map(|p| p.split(": ").next().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "postgres.slott (line 3)",
+            "kafka.max_in_flight_records (line 8)",
+            "kafka.lingr (line 9)",
+            "kafka.exactly_once (line 10)",
+            "shutdown.drain_timeout (line 13)",
+            "FERRY_KAFKA_BROKER",
+            "postgres.publication",
+        ],
+        "{shown}"
+    );
+    assert!(shown.starts_with("7 configuration problems:"), "{shown}");
+    assert!(p[0].ends_with("did you mean `slot`?"), "{shown}");
+    assert!(
+        p[1].ends_with("must be a whole number ≥ 0, got -5"),
+        "{shown}"
+    );
+    assert!(p[2].ends_with("did you mean `linger`?"), "{shown}");
+    // Config::from_toml, the file alone, reports the same five.
+    let Err(ConfigError::Invalid(e)) = Config::from_toml(file) else {
+        panic!("from_toml accepted {file}")
+    };
+    assert_eq!(e.problems.len(), 5, "{e}");
+}
+
+#[test]
+fn array_entries_taken_out_keep_their_file_index_and_hide_no_other() {
+    // Entry 0 and 2 are refused; 1 and 3 are named by their place in the file, not in what is left.
+    let file = "\
+[[route.rules]]
+column = \"a\"
+topic = 1
+[[route.rules]]
+column = \"b\"
+topicc = \"x\"
+[[route.rules]]
+column = \"c\"
+equals = 5
+topic = \"t\"
+[[route.rules]]
+column = 7
+equals = \"x\"
+topic = \"t\"
+";
+    let p = problems(load(Some(file), minimal_env()).unwrap_err());
+    let paths: Vec<&str> = p.iter().map(|p| p.split(": ").next().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "route.rules[0].topic (line 3)",
+            "route.rules[1].topicc (line 6)",
+            "route.rules[2].equals (line 9)",
+            "route.rules[3].column (line 12)",
+        ],
+        "{p:#?}"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_toml_stops_at_its_position() {
+    #[rustfmt::skip]
+    let cases = [
+        ("[postgres\n", 1, 10, Some("[postgres"), ""),
+        ("[shutdown]\ndrain_timeout = \"30s\"\ndrain_timeout = \"1s\"\n", 3, 1, Some("[shutdown]"), "duplicate key"),
+    ];
+    for (file, line, column, section, expected) in cases {
         let err = load(Some(file), minimal_env()).unwrap_err();
         let ConfigError::Toml(e) = &err else {
             panic!("{file:?}: {err}")
@@ -320,13 +427,7 @@ fn file_errors_have_a_position_and_unknown_keys_list_the_valid_ones() {
             "{file:?}: {err}"
         );
         assert_eq!(e.section.as_deref(), section, "{file:?}");
-        for s in expected {
-            assert!(
-                e.message.contains(s),
-                "{file:?}: {:?} lacks {s:?}",
-                e.message
-            );
-        }
+        assert!(e.message.contains(expected), "{file:?}: {err}");
         assert!(
             err.to_string()
                 .contains(&format!("line {line}, column {column}")),
@@ -833,10 +934,12 @@ fn environment_and_value_problems_are_reported_together() {
             "FERRY_POSTGRES_STATUS_INTERVAL",
             "postgres.url",
             "postgres.slot",
-            "log.level"
+            // A bad value from the environment is named by its variable, then its key.
+            "FERRY_LOG_LEVEL"
         ],
         "{shown}"
     );
+    assert!(p[4].starts_with("FERRY_LOG_LEVEL: log.level: "), "{shown}");
     assert!(shown.starts_with("5 configuration problems:"), "{shown}");
 }
 

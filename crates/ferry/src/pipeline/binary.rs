@@ -32,12 +32,12 @@ pub enum Mode {
 }
 
 /// Chooses the mode from the configuration, the server version, the columns the router reads
-/// and the table's columns with their type OIDs.
+/// and the table's columns with their type OIDs and names (`format_type`).
 pub fn choose(
     enabled: bool,
     server_version: i32,
     read: &[&str],
-    columns: &[(String, u32)],
+    columns: &[(String, u32, String)],
 ) -> Mode {
     if !enabled {
         return Mode::Text("postgres.binary = false".into());
@@ -47,14 +47,18 @@ pub fn choose(
             "PostgreSQL {server_version} has no binary mode (14 or later has)"
         ));
     }
-    if let Some((column, type_oid)) = unreadable(read, columns.iter().map(|(n, t)| (n, *t))) {
+    if let Some((column, type_oid)) = unreadable(read, columns.iter().map(|(n, t, _)| (n, *t))) {
+        let type_name = columns
+            .iter()
+            .find(|(n, t, _)| *n == column && *t == type_oid)
+            .map_or_else(|| slot::type_name(type_oid), |(_, _, name)| name.clone());
         return Mode::Text(format!(
-            "column {column:?} is of type OID {type_oid}, which Ferry reads only as text"
+            "column {column:?} is of type {type_name}, which Ferry reads only as text"
         ));
     }
     let bytea = read
         .iter()
-        .any(|r| columns.iter().any(|(n, t)| n == r && *t == oid::BYTEA));
+        .any(|r| columns.iter().any(|(n, t, _)| n == r && *t == oid::BYTEA));
     if !bytea {
         return Mode::Text(format!("{NO_GAIN}, and text costs the same"));
     }
@@ -70,11 +74,12 @@ pub async fn decide(
     let version = slot::server_version_num(sql).await?;
     let mut modes = Vec::with_capacity(s.slot.tables.len());
     for (table, router) in s.slot.tables.iter().zip(s.routers.iter()) {
-        let columns: Vec<(String, u32)> = slot::column_types(sql, &table.schema, &table.table)
-            .await?
-            .into_iter()
-            .map(|c| (c.name, c.type_oid))
-            .collect();
+        let columns: Vec<(String, u32, String)> =
+            slot::column_types(sql, &table.schema, &table.table)
+                .await?
+                .into_iter()
+                .map(|c| (c.name, c.type_oid, c.type_name))
+                .collect();
         modes.push((
             table,
             choose(s.binary, version, &router.columns(), &columns),
@@ -119,8 +124,14 @@ mod tests {
 
     const ENUM_OID: u32 = 16_400;
 
-    fn cols(c: &[(&str, u32)]) -> Vec<(String, u32)> {
-        c.iter().map(|(n, t)| (n.to_string(), *t)).collect()
+    fn cols(c: &[(&str, u32)]) -> Vec<(String, u32, String)> {
+        let name = |t: u32| match t {
+            ENUM_OID => "event_kind".to_string(),
+            t => slot::type_name(t),
+        };
+        c.iter()
+            .map(|(n, t)| (n.to_string(), *t, name(*t)))
+            .collect()
     }
 
     #[test]
@@ -151,10 +162,10 @@ mod tests {
             "no column Ferry reads is bytea",
         );
         let mut enum_type = bytea.clone();
-        enum_type[1].1 = ENUM_OID;
+        enum_type[1] = cols(&[("aggregatetype", ENUM_OID)]).remove(0);
         text(
             choose(true, 150_004, &read, &enum_type),
-            "\"aggregatetype\" is of type OID 16400",
+            "\"aggregatetype\" is of type event_kind, which Ferry reads only as text",
         );
         // A bytea column the router does not read does not count.
         let mut unread = jsonb.clone();
@@ -171,14 +182,14 @@ mod tests {
         let binary = Mode::Binary;
         let no_gain = Mode::Text(format!("{NO_GAIN}, and text costs the same"));
         let needs_text = Mode::Text(
-            "column \"kind\" is of type OID 16400, which Ferry reads only as text".into(),
+            "column \"kind\" is of type event_kind, which Ferry reads only as text".into(),
         );
         let of = |modes: &[(&str, &Mode)]| combine(modes.iter().map(|(t, m)| (t.to_string(), *m)));
         assert_eq!(of(&[("a", &binary), ("b", &no_gain)]), Mode::Binary);
         assert_eq!(
             of(&[("a", &binary), ("b", &needs_text)]),
             Mode::Text(
-                "b: column \"kind\" is of type OID 16400, which Ferry reads only as text".into()
+                "b: column \"kind\" is of type event_kind, which Ferry reads only as text".into()
             )
         );
         assert_eq!(
@@ -198,10 +209,13 @@ mod tests {
         let read = ["a", "b"];
         let layout = cols(&[("x", ENUM_OID), ("a", oid::TEXT), ("b", ENUM_OID)]);
         assert_eq!(
-            unreadable(&read, layout.iter().map(|(n, t)| (n, *t))),
+            unreadable(&read, layout.iter().map(|(n, t, _)| (n, *t))),
             Some(("b".to_string(), ENUM_OID))
         );
         let fine = cols(&[("a", oid::BYTEA), ("b", oid::TIMESTAMPTZ)]);
-        assert_eq!(unreadable(&read, fine.iter().map(|(n, t)| (n, *t))), None);
+        assert_eq!(
+            unreadable(&read, fine.iter().map(|(n, t, _)| (n, *t))),
+            None
+        );
     }
 }

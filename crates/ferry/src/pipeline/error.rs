@@ -77,11 +77,13 @@ pub enum PipelineError {
     Transaction { error: KafkaError },
     #[error(
         "the outbox table {table} changed while streaming in binary mode: column {column:?} is now of \
-         type OID {type_oid}, which Ferry reads only as text; reconnecting to stream text"
+         type {type_name}, which Ferry reads only as text; reconnecting to stream text"
     )]
     TextNeeded {
         column: String,
         type_oid: u32,
+        /// PostgreSQL's name for it (`format_type`), or `type OID n` where it could not be asked.
+        type_name: String,
         table: String,
     },
     /// The start-time verdict found a gap (`ferry_core::verdict`): the message says what

@@ -352,7 +352,7 @@ impl<'a> Session<'a> {
                 // with what the progress topic held; this read follows the fencing, so a
                 // transaction a fenced producer left open is decided.
                 tracing::info!(
-                    remembered = ?remembered.as_ref().map(|r| (r.end_lsn, r.partial)),
+                    remembered = remembered.as_ref().map(|r| r.position()),
                     slot_lsn = %reader.resume_lsn,
                     "exactly-once: resuming from the progress topic"
                 );
@@ -534,7 +534,21 @@ impl<'a> Session<'a> {
                 Ok(()) => Ok(End::Streamed),
                 Err(e) => Err(self.unrelayed(e, &sql).await),
             },
-            Err(e) => Err(pipeline_error(e, s)),
+            Err(e) => {
+                let mut e = pipeline_error(e, s);
+                if let PipelineError::TextNeeded {
+                    type_oid,
+                    type_name,
+                    ..
+                } = &mut e
+                {
+                    // pgoutput's Relation names types by OID only: ask for the name.
+                    if let Ok(name) = slot::format_type(&sql, *type_oid).await {
+                        *type_name = name;
+                    }
+                }
+                Err(e)
+            }
         }
     }
 
@@ -734,8 +748,8 @@ impl<'a> Session<'a> {
                 tracing::warn!(
                     slot = %name,
                     gap = gap.kind(),
-                    remembered = ?gap.accept_with().map(|l| l.to_string()),
-                    bytes = ?gap.bytes(),
+                    remembered = gap.accept_with().map(tracing::field::display),
+                    bytes = gap.bytes(),
                     "accepting a gap (--accept-gap): {gap}; continuing from {}",
                     if create_slot { "a new slot" } else { "the slot's position" }
                 );
@@ -796,7 +810,7 @@ impl<'a> Session<'a> {
                 %topic,
                 error = %e,
                 confirmed = %self.core.relay.confirmed(),
-                remembered = ?self.core.remember.remembered().map(|l| l.to_string()),
+                remembered = self.core.remember.remembered().map(tracing::field::display),
                 "cannot write the progress record: nothing is confirmed to PostgreSQL until one is written \
                  (the server keeps the WAL); retrying"
             );
@@ -1111,6 +1125,7 @@ fn pipeline_error(e: CoreError<KafkaError>, s: &PipelineSettings) -> PipelineErr
         } => PipelineError::TextNeeded {
             column,
             type_oid,
+            type_name: ferry_wal::slot::type_name(type_oid),
             table: s
                 .routers
                 .get(table)

@@ -341,7 +341,7 @@ impl Txn {
             }
             Err(e) => {
                 let failure = transaction_error(&e);
-                tracing::warn!(error = %e, ?failure, "Kafka transaction commit failed");
+                tracing::warn!(error = %e, failure = failure.as_str(), "Kafka transaction commit failed");
                 if failure == TransactionFailure::Abortable {
                     return self.abort(relay, e, Instant::now()).await;
                 }

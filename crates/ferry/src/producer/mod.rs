@@ -483,6 +483,17 @@ pub enum TransactionFailure {
     Uncertain,
 }
 
+impl TransactionFailure {
+    /// The name in logs: `fenced`, `abortable`, `uncertain`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransactionFailure::Fenced => "fenced",
+            TransactionFailure::Abortable => "abortable",
+            TransactionFailure::Uncertain => "uncertain",
+        }
+    }
+}
+
 /// Classifies a failed transaction call (librdkafka's `is_fatal` / `txn_requires_abort`).
 pub fn transaction_error(e: &KafkaError) -> TransactionFailure {
     use RDKafkaErrorCode::*;
