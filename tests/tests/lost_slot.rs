@@ -251,6 +251,17 @@ async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_then_re
     );
     assert!(out.contains("1 problem(s) must be fixed"), "{out}");
 
+    // `ferry status --json` names the same time to replay from.
+    let mut status = Ferry::spawn(&w, &["status", "--json"]);
+    assert_eq!(status.wait_exit(EXIT).await.code(), Some(1));
+    assert!(
+        status
+            .log_text()
+            .contains(&format!("\"replay_since\": \"{since}\"")),
+        "{}",
+        status.log_text()
+    );
+
     // Another gap's LSN accepts nothing.
     let wrong = Lsn(remembered_at.0 - 8).to_string();
     let mut refused = Ferry::spawn(&w, &["run", "--accept-gap", &wrong]);
@@ -690,4 +701,58 @@ async fn replay_sends_chosen_rows_again_with_their_ids_and_explains_a_bad_choice
         let key = String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()).into_owned();
         assert_eq!(r.header("id").as_ref(), ids.get(&key), "{key}");
     }
+}
+
+/// A replayed record is the record `ferry run` relayed, byte for byte: every value reads as
+/// pgoutput writes it (a boolean `t`, a padded `char(n)`, a time in ISO form and UTC), whatever
+/// the database's DateStyle and TimeZone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_record_is_the_relayed_record_byte_for_byte() {
+    let mut w = World::new().await;
+    let db: String = w
+        .sql
+        .query_one("SELECT current_database()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    w.sql
+        .batch_execute(&format!(
+            "ALTER TABLE outbox ADD COLUMN created_at timestamptz NOT NULL DEFAULT now(), \
+               ADD COLUMN flag boolean DEFAULT true, ADD COLUMN code char(4) DEFAULT 'ab'; \
+             ALTER DATABASE \"{db}\" SET DateStyle = 'SQL, DMY'; \
+             ALTER DATABASE \"{db}\" SET TimeZone = 'Asia/Tokyo'"
+        ))
+        .await
+        .unwrap();
+    w.env.extend([
+        (
+            "FERRY_ROUTE_ADDITIONAL_PLACEMENT".to_string(),
+            "flag:header,code:header,created_at:header".to_string(),
+        ),
+        ("FERRY_OUTBOX_TIMESTAMP_COLUMN".into(), "created_at".into()),
+    ]);
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert(&w, 0..3).await;
+    w.consume(&topic, 3).await;
+    assert!(ferry.terminate().await.success());
+    let mut replay = Ferry::spawn(&w, &["replay", "--where", "true"]);
+    let status = replay.wait_exit(EXIT).await;
+    assert!(status.success(), "{}", replay.log_text());
+    let got = w.consume(&topic, 6).await;
+    let (relayed, replayed) = got.split_at(3);
+    for (a, b) in relayed.iter().zip(replayed) {
+        assert_eq!(
+            (&a.key, &a.value, &a.headers, a.timestamp_ms),
+            (&b.key, &b.value, &b.headers, b.timestamp_ms),
+            "replayed differs from relayed"
+        );
+    }
+    assert_eq!(
+        relayed[0].header("flag").as_deref(),
+        Some("t"),
+        "{:?}",
+        relayed[0].headers
+    );
 }

@@ -38,8 +38,12 @@ use std::str::FromStr;
 use ferry_wal::Lsn;
 use serde::{Deserialize, Serialize};
 
-/// The format written; decoding refuses any other.
-pub const FORMAT: u32 = 1;
+/// The format written; decoding reads it and every older one, and refuses a newer one.
+///
+/// Format 2 added `since_unix_millis`; a Ferry that reads only format 1 refuses format 2 records
+/// as written by a newer Ferry (a downgrade past it needs the record rewritten: see the
+/// CHANGELOG).
+pub const FORMAT: u32 = 2;
 
 /// Whose progress a record is: one slot on one server.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -102,7 +106,7 @@ pub enum ProgressError {
     #[error("the progress record is not valid JSON of Ferry's progress format: {0}")]
     Malformed(String),
     #[error(
-        "the progress record has format {found}, this Ferry reads format {FORMAT}: it was written by a newer Ferry; run that version (or newer) against this slot"
+        "the progress record has format {found}, this Ferry reads formats 1 to {FORMAT}: it was written by a newer Ferry; run that version (or newer) against this slot"
     )]
     NewerFormat { found: u32 },
 }
@@ -171,10 +175,15 @@ impl ProgressRecord {
         }
         let f: Format =
             serde_json::from_slice(bytes).map_err(|e| ProgressError::Malformed(e.to_string()))?;
-        if f.format != FORMAT {
+        if f.format > FORMAT || f.format == 0 {
             return Err(ProgressError::NewerFormat { found: f.format });
         }
         serde_json::from_slice(bytes).map_err(|e| ProgressError::Malformed(e.to_string()))
+    }
+
+    #[cfg(test)]
+    fn with_format(self, format: u32) -> Self {
+        ProgressRecord { format, ..self }
     }
 
     /// Whether the event at `index` (0-based, in WAL order) of the transaction committed at
@@ -248,12 +257,26 @@ mod tests {
         let r = record(0x16_B374_D848, Some((0x16_B374_D900, 3)));
         assert_eq!(
             String::from_utf8(r.encode()).unwrap(),
-            r#"{"format":1,"mode":"exactly_once","timeline":1,"end_lsn":"16/B374D848","partial":{"commit_lsn":"16/B374D900","events":3},"written_unix_millis":1700000000000}"#
+            r#"{"format":2,"mode":"exactly_once","timeline":1,"end_lsn":"16/B374D848","partial":{"commit_lsn":"16/B374D900","events":3},"written_unix_millis":1700000000000}"#
+        );
+        let bounded = ProgressRecord {
+            since_unix_millis: Some(1_699_999_999_000),
+            ..ProgressRecord::whole(Mode::AtLeastOnce, 2, Lsn(0x10), 5)
+        };
+        assert_eq!(
+            String::from_utf8(bounded.encode()).unwrap(),
+            r#"{"format":2,"mode":"at_least_once","timeline":2,"end_lsn":"0/10","written_unix_millis":5,"since_unix_millis":1699999999000}"#
+        );
+        // Format 1 (before since_unix_millis) still reads.
+        let old = br#"{"format":1,"mode":"at_least_once","timeline":2,"end_lsn":"0/10","written_unix_millis":5}"#;
+        assert_eq!(
+            ProgressRecord::decode(old).unwrap(),
+            ProgressRecord::whole(Mode::AtLeastOnce, 2, Lsn(0x10), 5).with_format(1)
         );
         let whole = ProgressRecord::whole(Mode::AtLeastOnce, 2, Lsn(0x10), 5);
         assert_eq!(
             String::from_utf8(whole.encode()).unwrap(),
-            r#"{"format":1,"mode":"at_least_once","timeline":2,"end_lsn":"0/10","written_unix_millis":5}"#
+            r#"{"format":2,"mode":"at_least_once","timeline":2,"end_lsn":"0/10","written_unix_millis":5}"#
         );
     }
 
@@ -267,9 +290,9 @@ mod tests {
             ProgressRecord::decode(b"not json"),
             Err(ProgressError::Malformed(_))
         ));
-        let newer = br#"{"format":2,"something":"else"}"#;
+        let newer = br#"{"format":3,"something":"else"}"#;
         let e = ProgressRecord::decode(newer).unwrap_err();
-        assert_eq!(e, ProgressError::NewerFormat { found: 2 });
+        assert_eq!(e, ProgressError::NewerFormat { found: 3 });
         assert!(e.to_string().contains("newer Ferry"), "{e}");
         let bad_lsn = br#"{"format":1,"mode":"at_least_once","timeline":1,"end_lsn":"16-0","written_unix_millis":0}"#;
         assert!(matches!(

@@ -270,7 +270,8 @@ pub struct Relay<E> {
     commit_times: VecDeque<(Lsn, i64)>,
     /// The commit time of the newest transaction seen whole.
     last_commit_micros: Option<i64>,
-    /// An idle keepalive moved the watermark to this WAL end, seen at this wall-clock time.
+    /// An idle keepalive moved the watermark to this WAL end, with the time later commits are
+    /// at or after.
     idle_at: Option<(Lsn, i64)>,
     /// Every transaction after the confirmed LSN committed at or after about this time.
     confirmed_since_micros: Option<i64>,
@@ -362,6 +363,9 @@ impl<E> Relay<E> {
         self.wm = Watermark::new(resume);
         self.window.unpause();
         self.current = None;
+        // The server replays from `resume`: what the last session saw whole is seen again.
+        self.commit_times.clear();
+        self.idle_at = None;
         self.binary = binary.then(|| BinaryGuard::new(&self.config.routers));
         self.failure = None;
         self.drain = None;
@@ -514,9 +518,10 @@ impl<E> Relay<E> {
         self.handle_keepalive_at(wal_end, None);
     }
 
-    /// [`Relay::handle_keepalive`], with the wall clock when it arrived (Unix microseconds):
-    /// what commits after an idle WAL end commits after about then
-    /// ([`Relay::confirmed_since_micros`]).
+    /// [`Relay::handle_keepalive`], with a time every transaction committed past `wal_end` is at
+    /// or after (Unix microseconds; the server's clock read at a WAL position at or before
+    /// `wal_end`): the bound an idle confirmation carries ([`Relay::confirmed_since_micros`]).
+    /// Without one, the last confirmed transaction's commit time stays the bound.
     pub fn handle_keepalive_at(&mut self, wal_end: Lsn, unix_micros: Option<i64>) {
         if self.stopped {
             return;

@@ -73,7 +73,7 @@ pub struct Remembered {
 /// take their commit timestamps before they write their commit records, so one committed
 /// just after the recorded position may carry a slightly earlier time. Duplicates cost
 /// nothing (consumers deduplicate on the id header), a missed event everything.
-pub const REPLAY_MARGIN_MILLIS: i64 = 1_000;
+pub const REPLAY_MARGIN_MILLIS: i64 = 10_000;
 
 impl Remembered {
     /// The record that names the remembered position: this server's, else the newest of the

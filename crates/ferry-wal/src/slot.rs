@@ -724,6 +724,20 @@ pub async fn replication_privilege(
     Ok((role.get(0), role.get(1)))
 }
 
+/// The server's clock (Unix microseconds), then `pg_current_wal_lsn()`, read in that order: a
+/// transaction whose commit record lies past that LSN wrote it after that time, so its commit
+/// timestamp is at most the moment between taking it and writing the record earlier.
+pub async fn wal_clock(client: &tokio_postgres::Client) -> Result<(Lsn, i64), ReaderError> {
+    let row = client
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8, pg_current_wal_lsn()::text",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok((lsn_col(row.get(1)), row.get(0)))
+}
+
 /// The server's `server_version_num` (e.g. 150004).
 pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, ReaderError> {
     let v: String = client

@@ -797,8 +797,10 @@ struct StatusJson {
     /// The position Ferry remembers for this slot on this server (its progress record in
     /// `kafka.progress_topic`); null when there is none or Kafka cannot be read.
     progress_lsn: Option<String>,
-    /// When that record was written (RFC 3339): with a gap, the `--since` of `ferry replay`.
+    /// When that record was written (RFC 3339).
     progress_written_at: Option<String>,
+    /// With a gap, the `--since` of the `ferry replay` that sends its events again (RFC 3339).
+    replay_since: Option<String>,
     /// What `ferry run` would refuse at its start, if anything: `slot_lost`, `slot_ahead`,
     /// `slot_invalidated`, `server_changed` (see README, "When Ferry says events may be lost").
     gap: Option<&'static str>,
@@ -849,6 +851,14 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
         verdict::Verdict::Refuse { gap, .. } => Some(gap.clone()),
         _ => None,
     });
+    let replay_since = gap
+        .as_ref()
+        .and(inspection.as_ref())
+        .and_then(|i| match i.replay_since? {
+            verdict::ReplaySince::Bound(t) | verdict::ReplaySince::Written(t) => {
+                ferry_router::cloudevents::rfc3339_millis(t)
+            }
+        });
     let name = settings.slot.slot.clone();
     let lost = state
         .as_ref()
@@ -869,6 +879,7 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
                 invalidated: None,
                 progress_lsn: progress_lsn.clone(),
                 progress_written_at: progress_written_at.clone(),
+                replay_since: replay_since.clone(),
                 gap: gap.as_ref().map(|g| g.kind()),
                 gap_bytes: gap.as_ref().and_then(|g| g.bytes()),
             },
@@ -886,6 +897,7 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
                 invalidated: Some(lost),
                 progress_lsn: progress_lsn.clone(),
                 progress_written_at: progress_written_at.clone(),
+                replay_since: replay_since.clone(),
                 gap: gap.as_ref().map(|g| g.kind()),
                 gap_bytes: gap.as_ref().and_then(|g| g.bytes()),
             },
@@ -948,6 +960,11 @@ pub async fn status(config: Config, json: bool) -> Result<ExitCode, ExitCode> {
     }
     if let Some(g) = gap {
         outln!("events may be lost: {g}; run `ferry check` for what to do");
+        if let Some(t) = &replay_since {
+            outln!(
+                "replay from          {t} (ferry replay --since {t}, after ferry run --accept-gap)"
+            );
+        }
         return Err(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)

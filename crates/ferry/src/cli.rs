@@ -108,6 +108,10 @@ struct ReplayCli {
     /// created_at).
     #[arg(long, value_name = "COLUMN")]
     time_column: Option<String>,
+    /// With a time column rather than the commit timestamp, how far --since moves back: such a
+    /// column (created_at DEFAULT now()) holds when the transaction began, before its commit.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::config::duration::parse)]
+    margin: std::time::Duration,
     /// Route and count per topic, send nothing.
     #[arg(long)]
     dry_run: bool,
@@ -235,6 +239,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
                 table: r.table,
                 time_column: r.time_column,
                 dry_run: r.dry_run,
+                margin: r.margin,
             };
             crate::replay::replay(load(&r.config)?, args).await
         }

@@ -37,7 +37,7 @@ use crate::telemetry::Metrics;
 use crate::topics::Topics;
 
 /// What `ferry replay` was asked for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ReplayArgs {
     /// Rows committed at or after this time (PostgreSQL's `timestamptz` input, e.g. RFC 3339).
     pub since: Option<String>,
@@ -51,21 +51,45 @@ pub struct ReplayArgs {
     pub time_column: Option<String>,
     /// Route and count, produce nothing.
     pub dry_run: bool,
+    /// With a time column (not the commit timestamp), how far `--since` moves back: such a
+    /// column holds when the transaction began, earlier than its commit.
+    pub margin: std::time::Duration,
 }
+
+impl Default for ReplayArgs {
+    fn default() -> Self {
+        ReplayArgs {
+            since: None,
+            until: None,
+            predicate: None,
+            table: None,
+            time_column: None,
+            dry_run: false,
+            margin: DEFAULT_MARGIN,
+        }
+    }
+}
+
+/// `--margin`'s default: longer than any transaction an outbox writer should keep open.
+pub const DEFAULT_MARGIN: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// What says when a row was committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TimeSource {
-    /// `pg_xact_commit_timestamp(xmin)`: the commit time itself (`track_commit_timestamp`).
-    CommitTimestamp,
-    /// A `timestamptz` or `timestamp` column.
+    /// `pg_xact_commit_timestamp(xmin)`: the commit time itself (`track_commit_timestamp`);
+    /// for rows committed before it was on (no timestamp kept), the column named here if any.
+    CommitTimestamp { fallback: Option<String> },
+    /// A `timestamptz` column. `created_at DEFAULT now()` holds when the transaction began, so
+    /// `--since` moves back by `--margin` for it.
     Column(String),
     /// Nothing: rows only by `--where`, in table order.
     None,
 }
 
-/// The types a time column may have.
-const TIME_TYPES: [u32; 2] = [1184, 1114];
+/// `timestamptz`: a time column must say its zone (a `timestamp` would be read in the replay
+/// session's zone, which need not be the writer's).
+const TIMESTAMPTZ: u32 = 1184;
+const TIMESTAMP: u32 = 1114;
 
 impl TimeSource {
     /// The time of a row: `--time-column`, else the commit timestamp when PostgreSQL keeps it,
@@ -78,30 +102,29 @@ impl TimeSource {
         columns: &[TableColumn],
         times_given: bool,
     ) -> Result<TimeSource, String> {
-        let timed = |name: &str| {
-            columns
-                .iter()
-                .find(|c| c.name == name)
-                .map(|c| TIME_TYPES.contains(&c.type_oid))
-        };
+        let type_of = |name: &str| columns.iter().find(|c| c.name == name).map(|c| c.type_oid);
         if let Some(name) = asked {
-            return match timed(name) {
-                Some(true) => Ok(TimeSource::Column(name.to_string())),
-                Some(false) => Err(format!(
-                    "--time-column {name:?} is not a timestamptz or timestamp column"
+            return match type_of(name) {
+                Some(TIMESTAMPTZ) => Ok(TimeSource::Column(name.to_string())),
+                Some(TIMESTAMP) => Err(format!(
+                    "--time-column {name:?} is a timestamp without time zone: which instant it means depends on \
+                     the writer's time zone, which Ferry cannot know; choose rows with --where \
+                     (e.g. --where \"{name} >= '2026-11-26 07:00'\")"
                 )),
-                None => Err(format!(
-                    "--time-column {name:?}: the table has no such column"
-                )),
+                Some(_) => Err(format!("--time-column {name:?} is not a timestamptz column")),
+                None => Err(format!("--time-column {name:?}: the table has no such column")),
             };
         }
+        let column = configured
+            .into_iter()
+            .chain(["created_at"])
+            .find(|name| type_of(name) == Some(TIMESTAMPTZ))
+            .map(str::to_string);
         if track_commit_timestamp {
-            return Ok(TimeSource::CommitTimestamp);
+            return Ok(TimeSource::CommitTimestamp { fallback: column });
         }
-        for name in configured.into_iter().chain(["created_at"]) {
-            if timed(name) == Some(true) {
-                return Ok(TimeSource::Column(name.to_string()));
-            }
+        if let Some(c) = column {
+            return Ok(TimeSource::Column(c));
         }
         if times_given {
             return Err(
@@ -117,28 +140,51 @@ impl TimeSource {
     /// The SQL expression of a row's time (`timestamptz`).
     fn expr(&self) -> Option<String> {
         match self {
-            TimeSource::CommitTimestamp => Some("pg_xact_commit_timestamp(xmin)".into()),
-            TimeSource::Column(c) => Some(format!("{}::timestamptz", quote_ident(c))),
+            TimeSource::CommitTimestamp { fallback: None } => {
+                Some("pg_xact_commit_timestamp(xmin)".into())
+            }
+            TimeSource::CommitTimestamp { fallback: Some(c) } => Some(format!(
+                "COALESCE(pg_xact_commit_timestamp(xmin), {})",
+                quote_ident(c)
+            )),
+            TimeSource::Column(c) => Some(quote_ident(c)),
             TimeSource::None => None,
         }
+    }
+
+    /// Whether `--since` moves back by the margin: the time is not the commit's.
+    fn needs_margin(&self) -> bool {
+        matches!(self, TimeSource::Column(_))
     }
 }
 
 impl std::fmt::Display for TimeSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TimeSource::CommitTimestamp => {
+            TimeSource::CommitTimestamp { fallback: None } => {
                 f.write_str("the commit timestamp (track_commit_timestamp)")
             }
+            TimeSource::CommitTimestamp { fallback: Some(c) } => write!(
+                f,
+                "the commit timestamp (track_commit_timestamp), else column {c:?}"
+            ),
             TimeSource::Column(c) => write!(f, "column {c:?}"),
             TimeSource::None => f.write_str("none (table order)"),
         }
     }
 }
 
+/// A column's value as pgoutput sends it in text mode: its type's output function (`format`'s
+/// `%s`; a cast to text differs for some types, e.g. boolean `true` against `t`), NULL kept.
+fn as_text(column: &str) -> String {
+    let c = quote_ident(column);
+    format!("CASE WHEN {c} IS NULL THEN NULL ELSE format('%s', {c}) END")
+}
+
 /// The query that reads the chosen rows of `schema.table`: the row's time in Unix microseconds
 /// (NULL without a time source), then every column as text, in commit-time order. `$1` is
-/// `since` and `$2` `until`, when given, in that order.
+/// `since` and `$2` `until`, when given, in that order; with a time that is not the commit's,
+/// the last parameter is the margin `--since` moves back by (an interval).
 pub fn select_sql(
     schema: &str,
     table: &str,
@@ -152,21 +198,24 @@ pub fn select_sql(
         None => "NULL::int8".into(),
     };
     let mut select = vec![when];
-    select.extend(
-        columns
-            .iter()
-            .map(|c| format!("{}::text", quote_ident(&c.name))),
-    );
-    let mut conditions = Vec::new();
+    select.extend(columns.iter().map(|c| as_text(&c.name)));
+    // Parameters: $1 since, then until, then the margin, each when given (see [`params`]).
     let mut n = 0;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    let since = args.since.as_ref().map(|_| next());
+    let until = args.until.as_ref().map(|_| next());
+    let margin = (since.is_some() && time.needs_margin()).then(&mut next);
+    let mut conditions = Vec::new();
     if let Some(e) = &expr {
-        if args.since.is_some() {
-            n += 1;
-            conditions.push(format!("{e} >= ${n}::text::timestamptz"));
+        if let Some(i) = since {
+            let back = margin.map_or(String::new(), |m| format!(" - ${m}::text::interval"));
+            conditions.push(format!("{e} >= ${i}::text::timestamptz{back}"));
         }
-        if args.until.is_some() {
-            n += 1;
-            conditions.push(format!("{e} < ${n}::text::timestamptz"));
+        if let Some(i) = until {
+            conditions.push(format!("{e} < ${i}::text::timestamptz"));
         }
     }
     if let Some(p) = &args.predicate {
@@ -186,6 +235,20 @@ pub fn select_sql(
         quote_ident(schema),
         quote_ident(table)
     )
+}
+
+/// The query's parameters, in [`select_sql`]'s order: since, until, the margin.
+fn params(time: &TimeSource, args: &ReplayArgs) -> Vec<String> {
+    let mut p: Vec<String> = args
+        .since
+        .iter()
+        .chain(args.until.iter())
+        .cloned()
+        .collect();
+    if args.since.is_some() && time.needs_margin() {
+        p.push(format!("{} seconds", args.margin.as_secs()));
+    }
+    p
 }
 
 /// What one table's replay did.
@@ -252,6 +315,11 @@ async fn run(settings: &PipelineSettings, args: &ReplayArgs) -> Result<(), Failu
     let mut sql = slot::connect_sql(&settings.postgres)
         .await
         .map_err(|e| fail(format!("cannot connect to PostgreSQL: {e}")))?;
+    // The text of every value as the replication connection gets it (ISO times in UTC, hex
+    // bytea, round-tripping floats): the router reads what pgoutput would send.
+    sql.batch_execute(&ferry_wal::conn::session_settings_sql())
+        .await
+        .map_err(|e| fail(format!("PostgreSQL: {e}")))?;
     let track: String = sql
         .query_one("SELECT current_setting('track_commit_timestamp')", &[])
         .await
@@ -294,12 +362,17 @@ async fn run(settings: &PipelineSettings, args: &ReplayArgs) -> Result<(), Failu
             args.since.is_some() || args.until.is_some(),
         )
         .map_err(|e| (ExitCode::from(2), format!("table {name}: {e}")))?;
+        if let TimeSource::CommitTimestamp { fallback: None } = &time {
+            if args.since.is_some() || args.until.is_some() {
+                unstamped(&sql, &spec.schema, &spec.table, args).await?;
+            }
+        }
         let query = select_sql(&spec.schema, &spec.table, &columns, &time, args);
         let tally = replay_table(
             &mut sql,
             router,
             &columns,
-            &query,
+            (&query, &params(&time, args)),
             args,
             producer.as_mut(),
             settings.max_in_flight_records.max(1),
@@ -307,8 +380,15 @@ async fn run(settings: &PipelineSettings, args: &ReplayArgs) -> Result<(), Failu
         .await
         .map_err(|(code, e)| (code, format!("table {name}: {e}")))?;
         let verb = if args.dry_run { "would send" } else { "sent" };
+        let margin = match time.needs_margin() && args.since.is_some() {
+            true => format!(
+                ", which holds when a transaction began: --since moved back by --margin {}s",
+                args.margin.as_secs()
+            ),
+            false => String::new(),
+        };
         outln!(
-            "{name}: {} rows (time: {time}); {verb} {} records{}{}",
+            "{name}: {} rows (time: {time}{margin}); {verb} {} records{}{}",
             tally.rows,
             tally.topics.values().sum::<u64>(),
             match tally.skipped {
@@ -333,7 +413,7 @@ async fn replay_table(
     sql: &mut tokio_postgres::Client,
     router: &Router,
     columns: &[TableColumn],
-    query: &str,
+    (query, params): (&str, &[String]),
     args: &ReplayArgs,
     mut producer: Option<&mut (Producer, crate::producer::Reports)>,
     window: usize,
@@ -346,16 +426,10 @@ async fn replay_table(
         .start()
         .await
         .map_err(|e| fail(format!("PostgreSQL: {e}")))?;
-    let params: Vec<String> = args
-        .since
-        .iter()
-        .chain(args.until.iter())
-        .cloned()
-        .collect();
     let rows = txn
         .query_raw(query, params.iter())
         .await
-        .map_err(|e| (ExitCode::from(2), select_error(&e, args)))?;
+        .map_err(|e| select_error(&e, args))?;
     pin_mut!(rows);
     let mut tally = Tally::default();
     let mut topics_of: Vec<String> = Vec::new();
@@ -365,11 +439,7 @@ async fn replay_table(
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as i64)
     };
-    while let Some(row) = rows
-        .try_next()
-        .await
-        .map_err(|e| (ExitCode::from(2), select_error(&e, args)))?
-    {
+    while let Some(row) = rows.try_next().await.map_err(|e| select_error(&e, args))? {
         tally.rows += 1;
         let micros: Option<i64> = row.get(0);
         let mut outbox = SimpleRow::new();
@@ -459,8 +529,49 @@ async fn take_report(
     }
 }
 
-/// The query's error, as the operator who wrote `--since`/`--until`/`--where` reads it.
-fn select_error(e: &tokio_postgres::Error, args: &ReplayArgs) -> String {
+/// Rows of the chosen ones that have no commit timestamp (committed before
+/// `track_commit_timestamp` was on, or too long ago) are never chosen by time: said, counted.
+async fn unstamped(
+    sql: &tokio_postgres::Client,
+    schema: &str,
+    table: &str,
+    args: &ReplayArgs,
+) -> Result<(), Failure> {
+    let query = format!(
+        "SELECT count(*) FROM {}.{} WHERE pg_xact_commit_timestamp(xmin) IS NULL{}",
+        quote_ident(schema),
+        quote_ident(table),
+        args.predicate
+            .as_ref()
+            .map_or(String::new(), |p| format!(" AND ({p})"))
+    );
+    let n: i64 = sql
+        .query_one(&query, &[])
+        .await
+        .map_err(|e| select_error(&e, args))?
+        .get(0);
+    if n > 0 {
+        errln!(
+            "ferry replay: {n} rows of {schema}.{table} have no commit timestamp (committed before \
+             track_commit_timestamp was on, or so long ago that PostgreSQL no longer keeps it): --since/--until \
+             cannot choose them; name a timestamptz column with --time-column, or choose them with --where"
+        );
+    }
+    Ok(())
+}
+
+/// The query's error, as the operator who wrote `--since`/`--until`/`--where` reads it: exit 2
+/// for what they wrote (a value PostgreSQL cannot read, a condition it cannot run), 1 for
+/// anything else (the connection lost).
+fn select_error(e: &tokio_postgres::Error, args: &ReplayArgs) -> Failure {
+    let theirs = e
+        .code()
+        .is_some_and(|c| c.code().starts_with("22") || c.code().starts_with("42"));
+    let code = ExitCode::from(if theirs { 2 } else { 1 });
+    (code, select_message(e, args))
+}
+
+fn select_message(e: &tokio_postgres::Error, args: &ReplayArgs) -> String {
     let server = e
         .as_db_error()
         .map(|d| d.message().to_string())
@@ -509,6 +620,7 @@ mod tests {
             col("aggregateid", 25),
             col("payload", 3802),
             col("created_at", 1184),
+            col("local_time", 1114),
         ]
     }
 
@@ -520,7 +632,9 @@ mod tests {
         };
         assert_eq!(
             choose(None, true, None, true),
-            Ok(TimeSource::CommitTimestamp)
+            Ok(TimeSource::CommitTimestamp {
+                fallback: Some("created_at".into())
+            })
         );
         assert_eq!(
             choose(None, false, None, true),
@@ -533,10 +647,17 @@ mod tests {
         assert!(choose(Some("payload"), true, None, true)
             .unwrap_err()
             .contains("not a timestamptz"));
+        assert!(choose(Some("local_time"), true, None, true)
+            .unwrap_err()
+            .contains("without time zone"));
         assert!(choose(Some("nope"), true, None, true)
             .unwrap_err()
             .contains("no such column"));
         let bare = vec![col("id", 2950)];
+        assert_eq!(
+            TimeSource::choose(None, true, None, &bare, true),
+            Ok(TimeSource::CommitTimestamp { fallback: None })
+        );
         assert!(TimeSource::choose(None, false, None, &bare, true)
             .unwrap_err()
             .contains("--time-column"));
@@ -547,41 +668,47 @@ mod tests {
     }
 
     #[test]
-    fn the_query_reads_every_column_as_text_in_commit_order() {
+    fn the_query_reads_every_value_as_pgoutput_writes_it_in_commit_order() {
         let args = ReplayArgs {
             since: Some("2026-11-26T07:00:00Z".into()),
             until: Some("2026-11-26T08:00:00Z".into()),
             predicate: Some("aggregatetype = 'order'".into()),
             ..ReplayArgs::default()
         };
-        let q = select_sql(
-            "public",
-            "outbox",
-            &outbox(),
-            &TimeSource::CommitTimestamp,
-            &args,
-        );
+        let exact = TimeSource::CommitTimestamp { fallback: None };
+        let q = select_sql("public", "outbox", &outbox()[..2], &exact, &args);
         assert_eq!(
             q,
-            "SELECT (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::int8, \"id\"::text, \
-             \"aggregateid\"::text, \"payload\"::text, \"created_at\"::text FROM \"public\".\"outbox\" \
+            "SELECT (extract(epoch FROM pg_xact_commit_timestamp(xmin)) * 1000000)::int8, \
+             CASE WHEN \"id\" IS NULL THEN NULL ELSE format('%s', \"id\") END, \
+             CASE WHEN \"aggregateid\" IS NULL THEN NULL ELSE format('%s', \"aggregateid\") END \
+             FROM \"public\".\"outbox\" \
              WHERE pg_xact_commit_timestamp(xmin) >= $1::text::timestamptz AND \
              pg_xact_commit_timestamp(xmin) < $2::text::timestamptz AND (aggregatetype = 'order') \
              ORDER BY pg_xact_commit_timestamp(xmin), ctid"
         );
-        let until_only = ReplayArgs {
-            until: Some("x".into()),
-            ..ReplayArgs::default()
-        };
-        let q = select_sql(
-            "s",
-            "t",
-            &outbox(),
-            &TimeSource::Column("created_at".into()),
-            &until_only,
+        assert_eq!(
+            params(&exact, &args),
+            ["2026-11-26T07:00:00Z", "2026-11-26T08:00:00Z"]
         );
+        // A column holds when the transaction began: --since moves back by the margin ($3).
+        let column = TimeSource::Column("created_at".into());
+        let q = select_sql("s", "t", &outbox(), &column, &args);
         assert!(
-            q.contains("WHERE \"created_at\"::timestamptz < $1::text::timestamptz ORDER BY \"created_at\"::timestamptz, ctid"),
+            q.contains(
+                "WHERE \"created_at\" >= $1::text::timestamptz - $3::text::interval AND \"created_at\" < \
+                 $2::text::timestamptz AND"
+            ),
+            "{q}"
+        );
+        assert!(q.ends_with("ORDER BY \"created_at\", ctid"), "{q}");
+        assert_eq!(params(&column, &args)[2], "300 seconds");
+        let fallback = TimeSource::CommitTimestamp {
+            fallback: Some("created_at".into()),
+        };
+        let q = select_sql("s", "t", &outbox(), &fallback, &args);
+        assert!(
+            q.contains("COALESCE(pg_xact_commit_timestamp(xmin), \"created_at\") >= $1::text::timestamptz AND"),
             "{q}"
         );
         let by_where = ReplayArgs {
@@ -591,5 +718,6 @@ mod tests {
         let q = select_sql("s", "t", &outbox(), &TimeSource::None, &by_where);
         assert!(q.starts_with("SELECT NULL::int8, "), "{q}");
         assert!(q.ends_with("WHERE (true) ORDER BY ctid"), "{q}");
+        assert!(params(&TimeSource::None, &by_where).is_empty());
     }
 }

@@ -17,4 +17,5 @@ pub mod tls;
 
 pub use config::{ConnectConfig, SslMode, TargetSessionAttrs};
 pub use error::{ReaderError, ServerError};
+pub use replication::session_settings_sql;
 pub use stream::{start, ReaderEvent, ReaderHandle, ReaderStats, StreamOptions, SystemIdentity};

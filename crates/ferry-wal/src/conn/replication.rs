@@ -43,6 +43,16 @@ const SESSION_SETTINGS: &[(&str, &str)] = &[
     ("bytea_output", "hex"),
 ];
 
+/// [`SESSION_SETTINGS`] as SQL for an ordinary connection, so that what it reads as text reads
+/// as the output plugin sends it (`ferry replay`).
+pub fn session_settings_sql() -> String {
+    SESSION_SETTINGS
+        .iter()
+        .map(|(k, v)| format!("SET {k} = '{v}';"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// One frame read from the server.
 pub(crate) enum Frame {
     /// A CopyData payload (during COPY BOTH: a replication message).

@@ -177,6 +177,8 @@ pub(super) struct Session<'a> {
     /// The last LSN confirmed to the progress record's writer, with the core's bound on when
     /// later transactions committed ([`Relay::confirmed_since_micros`]).
     confirmed_since: (Lsn, Option<i64>),
+    /// The server's clock at sampled WAL positions, for the bound of an idle WAL end.
+    wal_clock: WalClock,
     other_inserts_log: Repeats,
     acceptance: &'a mut Acceptance,
     /// This session's progress key and timeline (from the streaming server's IDENTIFY_SYSTEM).
@@ -204,6 +206,7 @@ impl<'a> Session<'a> {
             status_updates_seen: 0,
             other_inserts_seen: 0,
             confirmed_since: (Lsn(0), None),
+            wal_clock: WalClock::default(),
             other_inserts_log: Repeats::default(),
             acceptance,
             progress_key: Vec::new(),
@@ -233,6 +236,7 @@ impl<'a> Session<'a> {
             status_updates_seen: 0,
             other_inserts_seen: 0,
             confirmed_since: (Lsn(0), None),
+            wal_clock: WalClock::default(),
             other_inserts_log: Repeats::default(),
             acceptance,
             progress_key: Vec::new(),
@@ -406,6 +410,7 @@ impl<'a> Session<'a> {
             self.metrics.clone(),
             s.lag_sample_interval,
             (s.slot.clone(), membership, left_tx),
+            self.wal_clock.clone(),
         ));
         // Set once the outbox table left the publication: the session drains, then ends with it.
         let mut left_publication: Option<PipelineError> = None;
@@ -902,12 +907,17 @@ impl<'a> Session<'a> {
     fn feed(&mut self, ev: ReaderEvent, now: Instant) {
         match ev {
             ReaderEvent::Keepalive { wal_end } => {
-                // What commits after an idle WAL end commits after about now.
-                let wall = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .ok()
-                    .map(|d| d.as_micros() as i64);
-                self.core.relay.handle_keepalive_at(wal_end, wall)
+                // What commits past an idle WAL end committed after the server's clock read at
+                // the newest WAL position sampled at or before it ([`slot::wal_clock`]).
+                let since = self
+                    .wal_clock
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .rev()
+                    .find(|(lsn, _)| *lsn <= wal_end)
+                    .map(|(_, t)| *t);
+                self.core.relay.handle_keepalive_at(wal_end, since)
             }
             ReaderEvent::Outbox(ev) => self.core.relay.handle_outbox(ev, now),
         }
@@ -1160,6 +1170,12 @@ async fn finish(reader: ReaderHandle) -> Result<(), PipelineError> {
     }
 }
 
+/// The server's clock sampled with its WAL position ([`slot::wal_clock`]), newest last.
+type WalClock = Arc<std::sync::Mutex<std::collections::VecDeque<(Lsn, i64)>>>;
+
+/// Samples kept: a minute's at the default lag sample interval.
+const WAL_CLOCK_SAMPLES: usize = 12;
+
 /// What [`watch_server`] watches the publication with: the tables' spec, how the publication
 /// covered each when the session started, and where to say which table's coverage changed, and
 /// how ([`PipelineError::PublicationChanged`]), or which table it lists that no entry relays
@@ -1182,14 +1198,21 @@ async fn watch_server(
     metrics: Arc<Metrics>,
     every: Duration,
     (spec, membership, left): MembershipWatch,
+    wal_clock: WalClock,
 ) {
     let mut left = Some(left);
     let mut could_replicate = true;
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
-        if let Ok(lsn) = slot::current_wal_lsn(&sql).await {
+        // On a standby there is no current WAL position (and no clock sample).
+        if let Ok((lsn, micros)) = slot::wal_clock(&sql).await {
             metrics.set_server_wal_lsn(lsn.0);
+            let mut samples = wal_clock.lock().unwrap_or_else(|p| p.into_inner());
+            if samples.len() == WAL_CLOCK_SAMPLES {
+                samples.pop_front();
+            }
+            samples.push_back((lsn, micros));
         }
         // Said once per loss: streaming goes on, but the next connection will be refused.
         if let Ok((role, can)) = slot::replication_privilege(&sql).await {
