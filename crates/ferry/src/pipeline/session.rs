@@ -1168,6 +1168,7 @@ async fn transactions_supported(s: &PipelineSettings) -> Result<(), PipelineErro
         return Ok(());
     }
     let properties = s.producer_properties.clone();
+    let started = Instant::now();
     let support =
         tokio::task::spawn_blocking(move || crate::txn_probe::probe(&properties, PROBE_TIMEOUT))
             .await
@@ -1175,7 +1176,13 @@ async fn transactions_supported(s: &PipelineSettings) -> Result<(), PipelineErro
                 PipelineError::ProducerFatal(format!("asking the brokers for their APIs: {e}"))
             })?;
     match support {
-        Ok(Support::Supported) => Ok(()),
+        Ok(Support::Supported) => {
+            tracing::info!(
+                probe_ms = started.elapsed().as_millis() as u64,
+                "exactly-once: the Kafka brokers serve the transaction APIs Ferry uses"
+            );
+            Ok(())
+        }
         Ok(Support::Missing(missing)) => Err(PipelineError::TransactionsUnsupported {
             what: crate::broker_apis::describe(&missing),
         }),
