@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::*;
 use ferry_testkit::kafka;
 use ferry_testkit::pg;
-use ferry_testkit::proxy::Proxy;
+use ferry_testkit::proxy::{Fault, Proxy};
 
 /// EndTxn's API key.
 const END_TXN: i16 = 26;
@@ -144,6 +144,53 @@ async fn a_refused_first_commit_is_permanent_and_drops_the_slot_it_created() {
     w.env.pop();
     w.brokers = kafka::shared().brokers();
     let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    w.insert("order", "o-1", "OrderCreated", "{}").await;
+    let got = w.consume(&topic, 1).await;
+    assert!(
+        got.iter().any(|r| r.key.as_deref() == Some(&b"o-1"[..])),
+        "{got:?}"
+    );
+    assert!(!ferry.log_text().contains("events may be lost"));
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
+
+/// Kafka goes away (a blackhole) just after a first exactly-once start created the slot, before
+/// its first progress record: the session fails with a transient error, and the next one, once
+/// Kafka is back, starts from the slot this process created (nothing was produced from it)
+/// instead of refusing it as a used slot without a record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_away_during_a_first_start_leaves_a_slot_the_retry_starts_from() {
+    let upstream: SocketAddr = kafka::shared().brokers().parse().expect("one address");
+    let proxy = Proxy::kafka(upstream).await.expect("proxy");
+    let mut w = World::on(pg::shared().create_db().await, proxy.addr().to_string()).await;
+    w.env
+        .push(("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()));
+    let topic = w.create_topic("order", 1).await;
+
+    let mut ferry = w.start_ferry();
+    // The check passed: the slot is created next, and the first record needs Kafka.
+    ferry
+        .wait_log(
+            "exactly-once: the Kafka brokers serve the transaction APIs",
+            Duration::from_secs(60),
+        )
+        .await;
+    proxy.inject(Fault::Blackhole);
+    ferry
+        .wait_log(
+            "session ended; starting over from the progress topic",
+            Duration::from_secs(150),
+        )
+        .await;
+    let log = ferry.log_text();
+    assert!(
+        !log.contains("session: streaming slot="),
+        "Kafka went away too late, after the first record: {log}"
+    );
+    assert!(slot_exists(&w).await, "{log}");
+    proxy.heal();
+
     ferry.wait_ready().await;
     w.insert("order", "o-1", "OrderCreated", "{}").await;
     let got = w.consume(&topic, 1).await;
