@@ -365,7 +365,9 @@ fn hide_apis(frame: &[u8], version: i16, hide: &[i16]) -> Option<Vec<u8>> {
                 let (_, used) = uvarint(frame.get(at..)?)?;
                 at += used;
                 let (size, used) = uvarint(frame.get(at..)?)?;
-                at += used + usize::try_from(size).ok()?;
+                at = at
+                    .checked_add(used)?
+                    .checked_add(usize::try_from(size).ok()?)?;
             }
         }
         let entry = frame.get(start..at)?;
@@ -643,6 +645,16 @@ mod tests {
             let out = take_frames(&mut pending, &Direction::Responses(ids, rw));
             assert_eq!(out, frame(&response(11, flexible, &[0, 18])), "v{version}");
             assert!(pending.is_empty());
+            // Cut short anywhere in the entries, a response is left alone (None); past them the
+            // rest is copied as it is. Never a panic.
+            let whole = response(11, flexible, &[0, 26, 18]);
+            let trailer = if flexible { 8 } else { 4 };
+            for end in 0..whole.len() {
+                let got = hide_apis(&whole[..end], version, &[26]);
+                if end < whole.len() - trailer {
+                    assert_eq!(got, None, "v{version} at {end}");
+                }
+            }
         }
     }
 }

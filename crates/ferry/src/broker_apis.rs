@@ -412,6 +412,23 @@ mod tests {
         assert_eq!(seen.support(), Support::Unknown);
     }
 
+    /// Every line of the fixture cut at every byte: parsed or ignored, never a panic, and
+    /// never an API entry with another key than the whole line's.
+    #[test]
+    fn cut_lines_never_panic() {
+        for line in KAFKA_4_4_LOG.lines() {
+            let whole = parse_line(line);
+            for end in (0..line.len()).filter(|&e| line.is_char_boundary(e)) {
+                if let Some(Line::Api { api, .. }) = parse_line(&line[..end]) {
+                    let Some(Line::Api { api: full, .. }) = whole else {
+                        panic!("{line:?} cut at {end}");
+                    };
+                    assert_eq!(api.key, full.key, "{line:?} cut at {end}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn lines_parse_with_and_without_the_thread_prefix() {
         assert_eq!(
