@@ -305,7 +305,8 @@ async fn check_reports_what_exactly_once_needs() {
     let out = ferry.log_text();
     assert_eq!(status.code(), Some(0), "{out}");
     for want in [
-        "note: exactly-once: the brokers support transactions",
+        "note: exactly-once: the brokers serve the transaction APIs Ferry uses (FindCoordinator, InitProducerId, AddPartitionsToTxn, EndTxn)",
+        "note: exactly-once: a transactional producer initialises",
         "exactly-once: the progress topic",
         "isolation.level=read_committed",
         "transaction.max.timeout.ms",

@@ -18,6 +18,11 @@
 //! Metadata (api key 3) or FindCoordinator (10) requests, and in their responses replaces the
 //! upstream's port after its host string with the proxy's own port. Host strings keep their
 //! length (the proxy listens on the upstream's IP), so no length field changes.
+//!
+//! [`Proxy::kafka_hiding`] also plays a broker that lacks some APIs (issue 30: a Kafka-protocol
+//! broker without transactions): it remembers the ApiVersions requests (api key 18) and removes
+//! the hidden keys from their responses, so the client believes the broker does not serve them,
+//! while everything else stays the real broker's.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -67,34 +72,45 @@ struct Rewrite {
     needle: Vec<u8>,
     /// The proxy's port, big-endian i32: what replaces the upstream's port.
     port: [u8; 4],
+    /// API keys removed from ApiVersions responses.
+    hide: Vec<i16>,
 }
 
 const CHUNK: usize = 16 * 1024;
 const API_METADATA: i16 = 3;
 const API_FIND_COORDINATOR: i16 = 10;
+const API_VERSIONS: i16 = 18;
 
 impl Proxy {
     /// A byte-level proxy to `upstream`, listening on a free port of the upstream's IP.
     pub async fn tcp(upstream: SocketAddr) -> std::io::Result<Proxy> {
-        Proxy::start(upstream, false).await
+        Proxy::start(upstream, None).await
     }
 
     /// A proxy to a Kafka-protocol broker at `upstream` that makes clients come back through
     /// it (see the module notes).
     pub async fn kafka(upstream: SocketAddr) -> std::io::Result<Proxy> {
-        Proxy::start(upstream, true).await
+        Proxy::start(upstream, Some(Vec::new())).await
     }
 
-    async fn start(upstream: SocketAddr, kafka: bool) -> std::io::Result<Proxy> {
+    /// [`Proxy::kafka`], and the broker behind it seems to lack the APIs `hide` (their keys:
+    /// 26 is EndTxn) in every ApiVersions answer.
+    pub async fn kafka_hiding(upstream: SocketAddr, hide: &[i16]) -> std::io::Result<Proxy> {
+        Proxy::start(upstream, Some(hide.to_vec())).await
+    }
+
+    /// `kafka`: the API keys to hide, for a Kafka proxy; `None` for a byte-level one.
+    async fn start(upstream: SocketAddr, kafka: Option<Vec<i16>>) -> std::io::Result<Proxy> {
         let listener = TcpListener::bind(SocketAddr::new(upstream.ip(), 0)).await?;
         let listen = listener.local_addr()?;
-        let rewrite = kafka.then(|| {
+        let rewrite = kafka.map(|hide| {
             let host = upstream.ip().to_string();
             let mut needle = host.into_bytes();
             needle.extend_from_slice(&i32::from(upstream.port()).to_be_bytes());
             Rewrite {
                 needle,
                 port: i32::from(listen.port()).to_be_bytes(),
+                hide,
             }
         });
         let (mode, _) = watch::channel(Mode::Pass);
@@ -178,7 +194,7 @@ async fn connection(
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (client, server) = (Arc::new(client), Arc::new(server));
-    let requests: Arc<Mutex<HashMap<i32, i16>>> = Arc::default();
+    let requests: Arc<Mutex<HashMap<i32, (i16, i16)>>> = Arc::default();
     let up = pump(
         client.clone(),
         server.clone(),
@@ -210,10 +226,12 @@ fn reset(s: &TcpStream) {
 
 /// What the Kafka mode does with the frames of one direction.
 enum Direction {
-    /// Client to broker: remember the Metadata and FindCoordinator correlation ids.
-    Requests(Arc<Mutex<HashMap<i32, i16>>>),
-    /// Broker to client: rewrite the advertised port in their responses.
-    Responses(Arc<Mutex<HashMap<i32, i16>>>, Rewrite),
+    /// Client to broker: remember the Metadata, FindCoordinator and ApiVersions correlation
+    /// ids (with the api key and version).
+    Requests(Arc<Mutex<HashMap<i32, (i16, i16)>>>),
+    /// Broker to client: rewrite the advertised port in their responses, and the hidden APIs
+    /// out of ApiVersions responses.
+    Responses(Arc<Mutex<HashMap<i32, (i16, i16)>>>, Rewrite),
 }
 
 /// Forwards `from` to `to` under the current mode until either side ends.
@@ -270,6 +288,7 @@ async fn pump(
 /// `dir`, and returns them.
 fn take_frames(pending: &mut Vec<u8>, dir: &Direction) -> Vec<u8> {
     let mut at = 0;
+    let mut out = Vec::new();
     while pending.len() - at >= 4 {
         let len = i32::from_be_bytes(pending[at..at + 4].try_into().expect("4 bytes"));
         let Ok(len) = usize::try_from(len) else {
@@ -279,32 +298,110 @@ fn take_frames(pending: &mut Vec<u8>, dir: &Direction) -> Vec<u8> {
             break;
         }
         let frame = &mut pending[at + 4..at + 4 + len];
+        let mut replaced = None;
         match dir {
             Direction::Requests(ids) if frame.len() >= 8 => {
                 let api = i16::from_be_bytes([frame[0], frame[1]]);
+                let version = i16::from_be_bytes([frame[2], frame[3]]);
                 let corr = i32::from_be_bytes(frame[4..8].try_into().expect("4 bytes"));
-                if api == API_METADATA || api == API_FIND_COORDINATOR {
+                if api == API_METADATA || api == API_FIND_COORDINATOR || api == API_VERSIONS {
                     ids.lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(corr, api);
+                        .insert(corr, (api, version));
                 }
             }
             Direction::Responses(ids, rw) if frame.len() >= 4 => {
                 let corr = i32::from_be_bytes(frame[0..4].try_into().expect("4 bytes"));
-                let tracked = ids
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&corr)
-                    .is_some();
-                if tracked {
-                    rewrite_port(frame, rw);
+                let tracked = ids.lock().unwrap_or_else(|e| e.into_inner()).remove(&corr);
+                match tracked {
+                    Some((API_VERSIONS, version)) if !rw.hide.is_empty() => {
+                        replaced = hide_apis(frame, version, &rw.hide);
+                    }
+                    Some((API_VERSIONS, _)) | None => {}
+                    Some(_) => rewrite_port(frame, rw),
                 }
             }
             _ => {}
         }
+        match replaced {
+            Some(body) => {
+                out.extend_from_slice(&(body.len() as i32).to_be_bytes());
+                out.extend_from_slice(&body);
+            }
+            None => out.extend_from_slice(&pending[at..at + 4 + len]),
+        }
         at += 4 + len;
     }
-    pending.drain(..at).collect()
+    pending.drain(..at);
+    out
+}
+
+/// An ApiVersions response (`frame`: correlation id, then the body; its header is v0 in every
+/// version) without the entries whose key is in `hide`; `None` if it does not parse (it is
+/// then passed on as it is). Body: error_code INT16, api_keys ARRAY (from v3 a COMPACT_ARRAY,
+/// each entry ending in a tag buffer) of api_key, min_version, max_version INT16, then fields
+/// copied unchanged (throttle_time_ms, tags).
+fn hide_apis(frame: &[u8], version: i16, hide: &[i16]) -> Option<Vec<u8>> {
+    let flexible = version >= 3;
+    let mut at = 6; // correlation id, error code
+    let (count, header_end) = if flexible {
+        let (n, used) = uvarint(frame.get(at..)?)?;
+        (usize::try_from(n.checked_sub(1)?).ok()?, at + used)
+    } else {
+        let n = i32::from_be_bytes(frame.get(at..at + 4)?.try_into().ok()?);
+        (usize::try_from(n).ok()?, at + 4)
+    };
+    at = header_end;
+    let mut kept = Vec::new();
+    let mut kept_count = 0usize;
+    for _ in 0..count {
+        let start = at;
+        let key = i16::from_be_bytes(frame.get(at..at + 2)?.try_into().ok()?);
+        at += 6;
+        if flexible {
+            let (tags, used) = uvarint(frame.get(at..)?)?;
+            at += used;
+            for _ in 0..tags {
+                let (_, used) = uvarint(frame.get(at..)?)?;
+                at += used;
+                let (size, used) = uvarint(frame.get(at..)?)?;
+                at = at
+                    .checked_add(used)?
+                    .checked_add(usize::try_from(size).ok()?)?;
+            }
+        }
+        let entry = frame.get(start..at)?;
+        if !hide.contains(&key) {
+            kept.extend_from_slice(entry);
+            kept_count += 1;
+        }
+    }
+    let mut body = frame[..6].to_vec();
+    if flexible {
+        let mut n = kept_count as u64 + 1;
+        while n >= 0x80 {
+            body.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        body.push(n as u8);
+    } else {
+        body.extend_from_slice(&(kept_count as i32).to_be_bytes());
+    }
+    body.extend_from_slice(&kept);
+    body.extend_from_slice(frame.get(at..)?);
+    Some(body)
+}
+
+/// An unsigned varint (Kafka's flexible versions): its value and its length in bytes.
+fn uvarint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    None
 }
 
 /// Replaces the port after every occurrence of the upstream's host string.
@@ -471,10 +568,11 @@ mod tests {
 
     #[test]
     fn kafka_frames_rewrite_the_advertised_port_of_metadata_responses_only() {
-        let ids: Arc<Mutex<HashMap<i32, i16>>> = Arc::default();
+        let ids: Arc<Mutex<HashMap<i32, (i16, i16)>>> = Arc::default();
         let rw = Rewrite {
             needle: [b"127.0.0.1".as_slice(), &9092i32.to_be_bytes()].concat(),
             port: 19092i32.to_be_bytes(),
+            hide: Vec::new(),
         };
         let frame = |body: &[u8]| [&(body.len() as i32).to_be_bytes()[..], body].concat();
         // Metadata request (api 3, v1, correlation 7) and a Produce request (api 0, corr 8),
@@ -503,5 +601,60 @@ mod tests {
             out.ends_with(&rewritten),
             "the metadata response names the proxy"
         );
+    }
+
+    /// An ApiVersions v3 response (flexible: compact array, tag buffers) and a v0 one, each
+    /// with Produce (0), EndTxn (26) and ApiVersions (18): hiding EndTxn removes its entry only.
+    #[test]
+    fn kafka_hiding_removes_the_hidden_apis_from_api_versions_responses() {
+        let entry = |key: i16, flexible: bool| {
+            let mut e = [key.to_be_bytes(), 0i16.to_be_bytes(), 5i16.to_be_bytes()].concat();
+            if flexible {
+                e.push(0); // no tags
+            }
+            e
+        };
+        let response = |corr: i32, flexible: bool, keys: &[i16]| {
+            let mut b = [&corr.to_be_bytes()[..], &[0, 0]].concat();
+            if flexible {
+                b.push(keys.len() as u8 + 1);
+            } else {
+                b.extend_from_slice(&(keys.len() as i32).to_be_bytes());
+            }
+            for k in keys {
+                b.extend_from_slice(&entry(*k, flexible));
+            }
+            b.extend_from_slice(&[0, 0, 0, 7]); // throttle_time_ms
+            if flexible {
+                b.extend_from_slice(&[1, 3, 1, 9]); // one tagged field (tag 3, 1 byte)
+            }
+            b
+        };
+        let frame = |body: &[u8]| [&(body.len() as i32).to_be_bytes()[..], body].concat();
+        for (version, flexible) in [(3i16, true), (0, false)] {
+            let ids: Arc<Mutex<HashMap<i32, (i16, i16)>>> = Arc::default();
+            let req = [&[0, 18][..], &version.to_be_bytes(), &11i32.to_be_bytes()].concat();
+            let mut pending = frame(&req);
+            take_frames(&mut pending, &Direction::Requests(ids.clone()));
+            let rw = Rewrite {
+                needle: b"no such host".to_vec(),
+                port: [0; 4],
+                hide: vec![26],
+            };
+            let mut pending = frame(&response(11, flexible, &[0, 26, 18]));
+            let out = take_frames(&mut pending, &Direction::Responses(ids, rw));
+            assert_eq!(out, frame(&response(11, flexible, &[0, 18])), "v{version}");
+            assert!(pending.is_empty());
+            // Cut short anywhere in the entries, a response is left alone (None); past them the
+            // rest is copied as it is. Never a panic.
+            let whole = response(11, flexible, &[0, 26, 18]);
+            let trailer = if flexible { 8 } else { 4 };
+            for end in 0..whole.len() {
+                let got = hide_apis(&whole[..end], version, &[26]);
+                if end < whole.len() - trailer {
+                    assert_eq!(got, None, "v{version} at {end}");
+                }
+            }
+        }
     }
 }

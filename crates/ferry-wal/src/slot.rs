@@ -440,6 +440,39 @@ pub async fn slot_state(
     }))
 }
 
+/// Drops `slot` once no process streams it (its walsender may take a moment to exit after the
+/// replication connection closed), waiting at most `timeout`. A slot already gone is fine.
+/// Only for a slot Ferry itself just created and never confirmed (a failed first start).
+pub async fn drop_inactive(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    timeout: std::time::Duration,
+) -> Result<(), ReaderError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let row = client
+            .query_opt(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NULL",
+                &[&slot],
+            )
+            .await
+            .map_err(sql_error)?;
+        let state = slot_state(client, slot).await?;
+        if state.is_none() {
+            return Ok(());
+        }
+        if row.is_some() || tokio::time::Instant::now() >= deadline {
+            // Dropped by the query above only if it is gone now; still active past the deadline.
+            return Err(ReaderError::SlotInUse {
+                slot: slot.to_string(),
+                pid: state.and_then(|st| st.active_pid).unwrap_or(0),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 fn lsn_col(v: Option<String>) -> Lsn {
     v.and_then(|s| s.parse().ok()).unwrap_or(Lsn::ZERO)
 }

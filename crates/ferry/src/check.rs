@@ -640,6 +640,40 @@ async fn exactly_once(
             fix: format!("make sure it is at least {asked} (Ferry's transaction.timeout.ms)"),
         }),
     }
+    // Which APIs the brokers serve (issue 30): a broker can initialise a transactional producer
+    // and still lack EndTxn, so initialising one proves too little.
+    let properties = settings.producer_properties.clone();
+    let probe =
+        tokio::task::spawn_blocking(move || crate::txn_probe::probe(&properties, KAFKA_TIMEOUT))
+            .await;
+    let names = crate::broker_apis::NEEDED.map(|n| n.name).join(", ");
+    match probe {
+        Ok(Ok(crate::broker_apis::Support::Supported)) => found.push(Problem {
+            severity: Severity::Note,
+            what: format!(
+                "exactly-once: the brokers serve the transaction APIs Ferry uses ({names})"
+            ),
+            fix: "none needed".into(),
+        }),
+        Ok(Ok(crate::broker_apis::Support::Missing(missing))) => {
+            found.push(error(
+                crate::broker_apis::describe(&missing),
+                crate::broker_apis::FIX,
+            ));
+            return found;
+        }
+        Ok(Ok(crate::broker_apis::Support::Unknown)) => found.push(Problem {
+            severity: Severity::Warning,
+            what: "exactly-once: could not read which APIs the brokers serve".into(),
+            fix: format!("make sure they support Kafka transactions ({names})"),
+        }),
+        Ok(Err(e)) => found.push(Problem {
+            severity: Severity::Warning,
+            what: format!("exactly-once: could not ask the brokers which APIs they serve: {e}"),
+            fix: format!("make sure they support Kafka transactions ({names})"),
+        }),
+        Err(e) => found.push(error(format!("API check failed: {e}"), "retry")),
+    }
     // A throwaway transactional.id: initialising it fences nothing Ferry runs.
     let mut props = settings.producer_properties.clone();
     props.push((
@@ -659,7 +693,7 @@ async fn exactly_once(
     match init {
         Ok(Ok(())) => found.push(Problem {
             severity: Severity::Note,
-            what: "exactly-once: the brokers support transactions".into(),
+            what: "exactly-once: a transactional producer initialises".into(),
             fix: "none needed".into(),
         }),
         Ok(Err(e)) => found.push(error(

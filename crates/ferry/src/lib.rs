@@ -1,5 +1,6 @@
 //! Ferry: the pipeline from the replication slot to Kafka.
 pub mod authz;
+pub mod broker_apis;
 pub mod check;
 pub mod cli;
 pub mod config;
@@ -13,3 +14,4 @@ pub mod replay;
 pub mod stdio;
 pub mod telemetry;
 pub mod topics;
+pub mod txn_probe;

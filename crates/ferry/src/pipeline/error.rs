@@ -75,6 +75,10 @@ pub enum PipelineError {
     },
     #[error("Kafka transaction failed ({error}); the producer is replaced and the events replayed from the last committed position")]
     Transaction { error: KafkaError },
+    /// Exactly-once mode on brokers without (usable) transactions (`crate::broker_apis`): what
+    /// is missing, then the fix. Permanent.
+    #[error("{what}. Fix: {}", crate::broker_apis::FIX)]
+    TransactionsUnsupported { what: String },
     #[error(
         "the outbox table {table} changed while streaming in binary mode: column {column:?} is now of \
          type {type_name}, which Ferry reads only as text; reconnecting to stream text"
@@ -253,7 +257,9 @@ impl PipelineError {
             | PipelineError::Remap { .. }
             | PipelineError::Transaction { .. } => true,
             PipelineError::ProgressTopic(e) => e.is_transient(),
-            PipelineError::Gap(_) | PipelineError::Fenced { .. } => false,
+            PipelineError::Gap(_)
+            | PipelineError::Fenced { .. }
+            | PipelineError::TransactionsUnsupported { .. } => false,
             PipelineError::Route { .. }
             | PipelineError::ProducerConfig(_)
             | PipelineError::NotAuthorized(_)

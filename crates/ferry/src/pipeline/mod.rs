@@ -249,7 +249,8 @@ impl PipelineError {
             | PipelineError::KafkaAccess(_)
             | PipelineError::ProgressTopic(_)
             | PipelineError::Transaction { .. }
-            | PipelineError::Fenced { .. } => Component::Kafka,
+            | PipelineError::Fenced { .. }
+            | PipelineError::TransactionsUnsupported { .. } => Component::Kafka,
             _ => Component::Postgres,
         }
     }

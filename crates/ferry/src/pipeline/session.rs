@@ -60,6 +60,17 @@ pub(crate) const PROGRESS_TOKEN: usize = usize::MAX;
 /// How long reading the progress topic, or creating it, may take at a session's start.
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Set (to anything), sessions skip [`transactions_supported`]: the end-to-end tests use it to
+/// reach the transaction calls of a broker without transactions. Nothing else reads it.
+pub const SKIP_API_CHECK_ENV: &str = "FERRY_TEST_SKIP_API_CHECK";
+
+/// How long asking the brokers for their API versions may take (exactly-once).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a failed first exactly-once start waits for its walsender to release the slot it
+/// created, to drop it.
+const SLOT_DROP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Longest a session that ended with an error waits for its last progress record.
 const LAST_RECORD_AFTER_ERROR: Duration = Duration::from_secs(5);
 
@@ -266,11 +277,28 @@ impl<'a> Session<'a> {
             let sql = slot::connect_sql(&s.postgres).await?;
             let sql = Arc::new(sql);
             let start = self.verdict(&sql).await?;
+            if s.exactly_once.is_some() {
+                // Before the slot is created or transactions initialised (issue 30).
+                transactions_supported(s).await?;
+            }
             let spec = SlotSpec {
                 create_slot: s.slot.create_slot && start.create_slot,
                 ..s.slot.clone()
             };
             slot::ensure(&sql, &spec).await?;
+            Ok::<_, PipelineError>((sql, start))
+        };
+        let (sql, start) = tokio::select! {
+            r = prepared => r?,
+            _ = shutdown.as_mut() => {
+                tracing::info!("stopped before streaming began: nothing to drain");
+                return Ok(End::Shutdown);
+            }
+        };
+        // An exactly-once session that created the slot: until its first record commits,
+        // nothing remembers it (see `first_start_failed`).
+        let created = s.exactly_once.is_some() && s.slot.create_slot && start.create_slot;
+        let opened = async {
             // ensure() checked the publication covers the table; how it does is watched below.
             let membership = slot::publication_membership(&sql, &s.slot).await?;
             let mode = binary::decide(&sql, s).await?;
@@ -286,22 +314,28 @@ impl<'a> Session<'a> {
                 Mode::Text(why) => tracing::info!("values stream as text: {why}"),
             }
             let reader = ferry_wal::conn::start(&s.postgres, &sql, options).await?;
-            Ok::<_, PipelineError>((sql, start, membership, mode, reader))
+            Ok::<_, PipelineError>((membership, mode, reader))
         };
-        let (sql, start, membership, mode, reader) = tokio::select! {
-            r = prepared => r?,
+        let opened = tokio::select! {
+            r = opened => r,
             _ = shutdown.as_mut() => {
                 tracing::info!("stopped before streaming began: nothing to drain");
+                self.drop_created_slot(&sql, created).await;
                 return Ok(End::Shutdown);
             }
+        };
+        let (membership, mode, reader) = match opened {
+            Ok(x) => x,
+            Err(e) => return Err(self.first_start_failed(&sql, created, e).await),
         };
         if reader.system.system_id != start.identity.system_id {
             let replication = reader.system.system_id;
             let _ = reader.shutdown().await;
-            return Err(PipelineError::TwoServers {
+            let e = PipelineError::TwoServers {
                 sql: start.identity.system_id,
                 replication,
-            });
+            };
+            return Err(self.first_start_failed(&sql, created, e).await);
         }
         let mut reader = reader;
         self.progress_key = ProgressKey {
@@ -342,6 +376,7 @@ impl<'a> Session<'a> {
                     r = started => r,
                     _ = shutdown.as_mut() => {
                         let _ = finish(reader).await;
+                        self.drop_created_slot(&sql, created).await;
                         return Ok(End::Shutdown);
                     }
                 };
@@ -349,7 +384,7 @@ impl<'a> Session<'a> {
                     Ok(x) => x,
                     Err(e) => {
                         let _ = finish(reader).await;
-                        return Err(e);
+                        return Err(self.first_start_failed(&sql, created, e).await);
                     }
                 };
                 // The start-time verdict (above, before the slot was taken) compared the slot
@@ -381,7 +416,7 @@ impl<'a> Session<'a> {
                         );
                         if let Err(e) = initial.await {
                             let _ = finish(reader).await;
-                            return Err(e);
+                            return Err(self.first_start_failed(&sql, created, e).await);
                         }
                     }
                     if self.accepting {
@@ -389,6 +424,9 @@ impl<'a> Session<'a> {
                         self.accepting = false;
                     }
                 }
+                // A committed record remembers the slot now: `--initialize-progress` (or the
+                // acceptance `first_start_failed` gave) is used up.
+                self.acceptance.initialize_progress = false;
             }
             _ => {
                 self.core
@@ -619,6 +657,58 @@ impl<'a> Session<'a> {
                     why: format!("skipping the rows of table {table}, which left the publication"),
                 }
             }
+        }
+    }
+
+    /// An exactly-once session failed between creating the slot (`created`) and committing its
+    /// first progress record, before anything was produced: nothing remembers the slot, and the
+    /// next start would refuse it as a used slot without a record (issue 30). So that it does
+    /// not:
+    /// - a transient failure leaves the slot to the next session of this process, which may
+    ///   start from it (the acceptance `--initialize-progress` gives, used up by the first
+    ///   record): this process made it and produced nothing from it;
+    /// - a permanent one (brokers without transactions, a missing ACL) drops it, as does a
+    ///   shutdown in that window: Ferry exits, and the next start, once the cause is fixed, is a
+    ///   first start again. A fenced session keeps it (another Ferry took over);
+    /// - a commit whose outcome is unknown is transient: kept, and the next session reads what
+    ///   Kafka holds (a `kill -9` in that moment still needs `--initialize-progress`: README).
+    async fn first_start_failed(
+        &mut self,
+        sql: &tokio_postgres::Client,
+        created: bool,
+        e: PipelineError,
+    ) -> PipelineError {
+        if !created || matches!(e, PipelineError::Fenced { .. }) {
+            return e;
+        }
+        if e.is_transient() {
+            self.acceptance.initialize_progress = true;
+            return e;
+        }
+        self.drop_created_slot(sql, true).await;
+        e
+    }
+
+    /// Drops the slot this session created (`created`) before any record remembered it; see
+    /// [`Session::first_start_failed`].
+    async fn drop_created_slot(&self, sql: &tokio_postgres::Client, created: bool) {
+        if !created {
+            return;
+        }
+        let name = &self.settings.slot.slot;
+        match slot::drop_inactive(sql, name, SLOT_DROP_TIMEOUT).await {
+            Ok(()) => tracing::warn!(
+                slot = %name,
+                "the first exactly-once start ended before its first progress record; dropped the slot it \
+                 created, so that the next start is a first start again"
+            ),
+            Err(drop) => tracing::warn!(
+                slot = %name,
+                error = %drop,
+                "the first exactly-once start ended before its first progress record, and the slot it created \
+                 could not be dropped: drop it (SELECT pg_drop_replication_slot('{name}')) before the next start, \
+                 or start once with `ferry run --initialize-progress`"
+            ),
         }
     }
 
@@ -1152,6 +1242,47 @@ fn unix_millis() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// Exactly-once: the brokers must serve Kafka transactions (issue 30; [`crate::broker_apis`]).
+/// A broker that lacks them is a permanent error; brokers that do not answer a transient one
+/// (no slot is created until they do); an answer Ferry cannot read is let through with a WARN
+/// (the transaction calls themselves then fail permanently).
+async fn transactions_supported(s: &PipelineSettings) -> Result<(), PipelineError> {
+    use crate::broker_apis::Support;
+    if std::env::var_os(SKIP_API_CHECK_ENV).is_some() {
+        // Tests only: the backstop behind this check (`first_start_failed`) is tested alone.
+        return Ok(());
+    }
+    let properties = s.producer_properties.clone();
+    let started = Instant::now();
+    let support =
+        tokio::task::spawn_blocking(move || crate::txn_probe::probe(&properties, PROBE_TIMEOUT))
+            .await
+            .map_err(|e| {
+                PipelineError::ProducerFatal(format!("asking the brokers for their APIs: {e}"))
+            })?;
+    match support {
+        Ok(Support::Supported) => {
+            tracing::info!(
+                probe_ms = started.elapsed().as_millis() as u64,
+                "exactly-once: the Kafka brokers serve the transaction APIs Ferry uses"
+            );
+            Ok(())
+        }
+        Ok(Support::Missing(missing)) => Err(PipelineError::TransactionsUnsupported {
+            what: crate::broker_apis::describe(&missing),
+        }),
+        Ok(Support::Unknown) => {
+            tracing::warn!(
+                "exactly-once: could not read which APIs the Kafka brokers serve; assuming they support transactions"
+            );
+            Ok(())
+        }
+        Err(e) => Err(PipelineError::ProducerFatal(format!(
+            "asking the Kafka brokers which APIs they serve: {e}"
+        ))),
+    }
 }
 
 /// Sleeps until `deadline` (for ever without one; the select arm is disabled then anyway).

@@ -26,6 +26,10 @@
 //!   error; the next session creates a new producer, fences this one, and re-reads progress.
 //! - A fenced or fatal error stops Ferry: another instance with the same `transactional.id`
 //!   took over ([`PipelineError::Fenced`] names it).
+//! - A call the brokers cannot serve ("EndTxnRequest (KIP-98) not supported by broker":
+//!   librdkafka refuses to send it) stops Ferry with [`PipelineError::TransactionsUnsupported`]:
+//!   retrying cannot change the brokers, and nothing was committed (issue 30). Sessions ask the
+//!   brokers first ([`crate::txn_probe`]), so this is the backstop.
 //!
 //! Records that can never be produced (a payload over `route.max_payload_bytes`, a routing
 //! error) are decided by `route.on_error` in the core before they reach a transaction; their
@@ -112,6 +116,7 @@ impl Txn {
                     transactional_id: transactional_id.clone(),
                     error,
                 },
+                TransactionFailure::Unsupported => unsupported(&error),
                 _ => PipelineError::Transaction { error },
             },
         };
@@ -444,8 +449,17 @@ impl Txn {
                 transactional_id: self.transactional_id.clone(),
                 error,
             },
+            TransactionFailure::Unsupported => unsupported(&error),
             _ => PipelineError::Transaction { error },
         }
+    }
+}
+
+/// A transaction call the brokers cannot serve (issue 30): permanent, never an uncertain
+/// outcome to retry. librdkafka refused to send the request, so nothing was committed.
+fn unsupported(error: &KafkaError) -> PipelineError {
+    PipelineError::TransactionsUnsupported {
+        what: format!("the Kafka brokers do not support transactions: {error}"),
     }
 }
 

@@ -481,6 +481,10 @@ pub enum TransactionFailure {
     Abortable,
     /// The outcome is unknown (a commit timed out): throw the producer away.
     Uncertain,
+    /// The brokers do not serve the transaction API the call needs, or not in a version the
+    /// client speaks (librdkafka refuses to send it: nothing was committed). Permanent: no
+    /// retry changes the brokers ([`crate::broker_apis`]).
+    Unsupported,
 }
 
 impl TransactionFailure {
@@ -497,6 +501,13 @@ impl TransactionFailure {
 /// Classifies a failed transaction call (librdkafka's `is_fatal` / `txn_requires_abort`).
 pub fn transaction_error(e: &KafkaError) -> TransactionFailure {
     use RDKafkaErrorCode::*;
+    if matches!(
+        e.rdkafka_error_code(),
+        Some(UnsupportedFeature | UnsupportedVersion)
+    ) || crate::broker_apis::is_unsupported_text(&e.to_string())
+    {
+        return TransactionFailure::Unsupported;
+    }
     if let KafkaError::Transaction(t) = e {
         if t.is_fatal() {
             return TransactionFailure::Fenced;
@@ -581,6 +592,32 @@ pub fn fix_for(e: &KafkaError) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transaction call the brokers cannot serve is permanent (issue 30), never an
+    /// uncertain outcome to retry: by librdkafka's code or the broker's, or by its text.
+    #[test]
+    fn an_unsupported_transaction_call_is_classified_unsupported() {
+        use RDKafkaErrorCode as C;
+        for e in [
+            KafkaError::Global(C::UnsupportedFeature),
+            KafkaError::Global(C::UnsupportedVersion),
+            KafkaError::MessageProduction(C::UnsupportedVersion),
+        ] {
+            assert_eq!(
+                transaction_error(&e),
+                TransactionFailure::Unsupported,
+                "{e}"
+            );
+        }
+        assert_eq!(
+            transaction_error(&KafkaError::Global(C::RequestTimedOut)),
+            TransactionFailure::Uncertain
+        );
+        assert_eq!(
+            transaction_error(&KafkaError::Global(C::ProducerFenced)),
+            TransactionFailure::Fenced
+        );
+    }
 
     /// Managed Kafka means TLS and SASL (PLAIN, SCRAM): the linked librdkafka must have them.
     #[test]
