@@ -488,12 +488,13 @@ pub enum TransactionFailure {
 }
 
 impl TransactionFailure {
-    /// The name in logs: `fenced`, `abortable`, `uncertain`.
+    /// The name in logs: `fenced`, `abortable`, `uncertain`, `unsupported`.
     pub fn as_str(self) -> &'static str {
         match self {
             TransactionFailure::Fenced => "fenced",
             TransactionFailure::Abortable => "abortable",
             TransactionFailure::Uncertain => "uncertain",
+            TransactionFailure::Unsupported => "unsupported",
         }
     }
 }
