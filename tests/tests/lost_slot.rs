@@ -118,6 +118,17 @@ async fn drop_slot_under_ferry(w: &World) {
     .await;
 }
 
+/// Each outbox row's event id, by its aggregate id (one row per key in these tests).
+async fn ids_by_key(w: &World) -> std::collections::HashMap<String, String> {
+    w.sql
+        .query("SELECT aggregateid, id::text FROM outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
 /// The time the refusal names in `ferry replay --since <TIME>`.
 fn replay_since(log: &str) -> String {
     let at = log
@@ -316,14 +327,7 @@ async fn a_slot_dropped_under_ferry_stops_it_with_the_gap_and_accept_gap_then_re
     let out = replay.log_text();
     assert!(status.success(), "{out}");
     assert!(out.contains("public.outbox: "), "{out}");
-    let ids: std::collections::HashMap<String, String> = w
-        .sql
-        .query("SELECT aggregateid, id::text FROM outbox", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let ids = ids_by_key(&w).await;
     let got = kafka::consume_until(&w.brokers, &topic, "the gap's rows", EXIT, |records| {
         let keys: Vec<&[u8]> = records.iter().filter_map(|r| r.key.as_deref()).collect();
         (10..15).all(|i| keys.contains(&format!("k{i}").as_bytes()))
@@ -679,14 +683,7 @@ async fn replay_sends_chosen_rows_again_with_their_ids_and_explains_a_bad_choice
     let mut some = replay(&["--where", "aggregateid IN ('k1', 'k3')"]);
     let status = some.wait_exit(EXIT).await;
     assert!(status.success(), "{}", some.log_text());
-    let ids: std::collections::HashMap<String, String> = w
-        .sql
-        .query("SELECT aggregateid, id::text FROM outbox", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let ids = ids_by_key(&w).await;
     let got = kafka::consume_until(&w.brokers, &topic, "k1 and k3", EXIT, |records| {
         records.len() >= 2
     })
