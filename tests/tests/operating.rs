@@ -133,7 +133,16 @@ async fn status_json_gives_scripts_stable_fields() {
     assert_eq!(s["invalidated"], false);
     // The slot is never confirmed past the remembered position, and there is no gap.
     assert!(lsn("progress_lsn") >= confirmed, "{s}");
-    assert!(s["gap"].is_null() && s["gap_bytes"].is_null(), "{s}");
+    assert!(
+        s["gap"].is_null() && s["gap_bytes"].is_null() && s["replay_since"].is_null(),
+        "{s}"
+    );
+    assert!(
+        s["progress_written_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{s}"
+    );
     assert!(
         missing["progress_lsn"].is_null() && missing["gap"].is_null(),
         "{missing}"
@@ -152,6 +161,8 @@ async fn status_json_gives_scripts_stable_fields() {
             "invalidated",
             "lag_bytes",
             "progress_lsn",
+            "progress_written_at",
+            "replay_since",
             "restart_lsn",
             "retained_wal_bytes",
             "server_wal_lsn",
