@@ -64,6 +64,10 @@ pub async fn run(
     // decides; a core made for a new session takes it over).
     let mut pass = settings.pass;
     let mut supervisor = Supervisor::new(&settings, &metrics);
+    // No client before a broker answers: a waiting client reconnects every few milliseconds.
+    if !supervisor.brokers_answer(shutdown.as_mut()).await {
+        return Ok(());
+    }
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -149,7 +153,7 @@ impl<'a> Supervisor<'a> {
     async fn after(
         &mut self,
         result: Result<session::End, PipelineError>,
-        shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
         match result {
@@ -175,7 +179,10 @@ impl<'a> Supervisor<'a> {
                     }
                     None => {}
                 }
-                return self.retry(e, shutdown).await;
+                if !self.retry(e, shutdown.as_mut()).await? {
+                    return Ok(false);
+                }
+                return Ok(self.brokers_answer(shutdown).await);
             }
             Err(e) if e.is_transient() => {
                 return self.retry(e, shutdown).await;
@@ -206,6 +213,46 @@ impl<'a> Supervisor<'a> {
         Ok(self.resumed())
     }
 
+    /// Waits until a Kafka broker answers (`kafka_access::probe`), saying why none does at WARN
+    /// after every attempt and backing off exponentially between attempts (the session
+    /// backoff: `postgres.reconnect_backoff_min` doubling up to `_max`, so at most one line per
+    /// attempt). False when `shutdown` resolved meanwhile.
+    async fn brokers_answer(
+        &mut self,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> bool {
+        let s = self.settings;
+        let mut failed = false;
+        loop {
+            let props = s.producer_properties.clone();
+            let probe = tokio::task::spawn_blocking(move || {
+                crate::kafka_access::probe(&props, BROKERS_DEADLINE)
+            });
+            let unusable = tokio::select! {
+                r = probe => match r {
+                    Ok(Err(unusable)) => unusable,
+                    // A probe that could not run says nothing: the session finds out.
+                    Ok(Ok(())) | Err(_) => break,
+                },
+                _ = shutdown.as_mut() => return false,
+            };
+            failed = true;
+            self.metrics.reconnects.inc(Component::Kafka);
+            tracing::warn!(
+                retry_in_ms = self.backoff.as_millis() as u64,
+                "the Kafka brokers cannot be used: {unusable}"
+            );
+            if sleep_or_shutdown(self.backoff, shutdown.as_mut()).await {
+                return false;
+            }
+            self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
+        }
+        if failed {
+            tracing::info!("a Kafka broker answers");
+        }
+        true
+    }
+
     /// A session starts again (after a transient error or a clean end): a standby takes over.
     fn resumed(&mut self) -> bool {
         let s = self.settings;
@@ -217,6 +264,10 @@ impl<'a> Supervisor<'a> {
         true
     }
 }
+
+/// How long a probe of the brokers waits for one to answer (a refused port, a name that does
+/// not resolve, a port that is not Kafka are said as soon as every bootstrap broker was tried).
+const BROKERS_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Sleeps for `d`; returns true if `shutdown` resolved first.
 async fn sleep_or_shutdown(
