@@ -100,6 +100,43 @@ async fn run_backs_off_from_a_broker_that_closes_every_connection() {
     ferry.terminate().await;
 }
 
+/// The same for a refused port, counted by librdkafka itself: with `debug=broker` every client
+/// logs each attempt ("Connecting to ipv4#127.0.0.1:<port>"), and before a broker answers the
+/// only clients Ferry has are its probes, which pass their lines to the log. (The old build's
+/// producer alone logged ~80 a second while its first metadata request waited.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_backs_off_from_a_refused_port() {
+    let port = free_port();
+    let mut w = world(&format!("127.0.0.1:{port}")).await;
+    w.env.push(("FERRY_LOG_LEVEL".into(), "debug".into()));
+    w.env
+        .push(("FERRY_KAFKA_PROPERTIES_DEBUG".into(), "broker".into()));
+    let mut ferry = w.start_ferry();
+    let attempt: &'static str =
+        Box::leak(format!("Connecting to ipv4#127.0.0.1:{port}").into_boxed_str());
+    ferry.wait_log(attempt, RUN_BOUND).await;
+    let count = |log: &str| log.lines().filter(|l| l.contains(attempt)).count();
+    let first = count(&ferry.log_text());
+    // A window to count in, not a synchronisation: the rate is what is measured.
+    let window = Duration::from_secs(10);
+    tokio::time::sleep(window).await;
+    let log = ferry.log_text();
+    let in_window = count(&log) - first;
+    eprintln!("refused connection attempts in the {window:?} after the first: {in_window}");
+    assert!(
+        in_window <= 10,
+        "{in_window} connection attempts in {window:?}: no backoff"
+    );
+    assert!(
+        log.contains(&format!(
+            "the Kafka brokers cannot be used: nothing listens at 127.0.0.1:{port}"
+        )),
+        "{log}"
+    );
+    assert!(ferry.is_running());
+    ferry.terminate().await;
+}
+
 /// `check` exits 1 with `what` and `fix` within [`CHECK_BOUND`]; `run` logs them within
 /// [`RUN_BOUND`] and keeps retrying.
 async fn names_the_cause(brokers: &str, what: &str, fix: &str) {
