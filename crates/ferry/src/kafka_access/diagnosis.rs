@@ -171,19 +171,42 @@ pub fn diagnose(code: Option<rdkafka::error::RDKafkaErrorCode>, text: &str) -> O
     })
 }
 
-/// A diagnosis for a broker that did not answer within `waited` (no text from librdkafka).
-pub fn silent(broker: &str, waited: std::time::Duration) -> Diagnosis {
-    Diagnosis {
-        message: format!(
+/// A diagnosis for a broker that did not answer within `waited` (no text from librdkafka said
+/// why): `connected` when its TCP connection was accepted (see [`connected`]).
+pub fn silent(broker: &str, waited: std::time::Duration, connected: bool) -> Diagnosis {
+    let message = if connected {
+        format!(
+            "{broker} accepted the connection but did not answer Ferry's first Kafka request \
+             within {}s: the listener most likely expects TLS or SASL, or the service is not \
+             Kafka. Fix: set kafka.properties security.protocol to the listener's (SASL_SSL, SSL \
+             or SASL_PLAINTEXT) with its sasl.* and ssl.* settings, or check the port in \
+             kafka.brokers",
+            waited.as_secs()
+        )
+    } else {
+        format!(
             "no answer from {broker} within {}s: a silent host, or a firewall dropping the \
              packets. Fix: check the address and port in kafka.brokers, and that the network \
              lets Ferry reach them (firewall, security group, routing)",
             waited.as_secs()
-        ),
+        )
+    };
+    Diagnosis {
+        message,
         permanent: false,
         cause: Cause::TimedOut,
         broker: Some(broker.to_owned()),
     }
+}
+
+/// The broker whose TCP connection was just accepted, if `text` is librdkafka's state change
+/// out of CONNECT to anything but DOWN (`debug=broker`: `k:9092/bootstrap: Broker changed state
+/// CONNECT -> APIVERSION_QUERY`, or `-> SSL_HANDSHAKE`).
+pub fn connected(text: &str) -> Option<&str> {
+    let (broker, detail) = split_broker(without_thread(text));
+    let to = detail.strip_prefix("Broker changed state CONNECT -> ")?;
+    let to = to.split_whitespace().next()?;
+    (!matches!(to, "DOWN" | "INIT")).then_some(broker?)
 }
 
 /// The message for a port that answered, but not in Kafka: what its first bytes look like.
@@ -192,8 +215,8 @@ fn not_kafka(at: &str, size: i64) -> String {
     if bytes[0] == 0x15 && bytes[1] == 0x03 {
         return format!(
             "the listener at {at} speaks TLS, and Ferry plaintext (its answer is a TLS alert). \
-             Fix: set kafka.properties security.protocol to SSL (or SASL_SSL, with sasl.*) and \
-             ssl.ca.location, or point kafka.brokers at a plaintext listener"
+             Fix: set kafka.properties security.protocol to the listener's (SSL, or SASL_SSL \
+             with sasl.*) and ssl.ca.location, or point kafka.brokers at a plaintext listener"
         );
     }
     let shown = if bytes.iter().all(|b| b.is_ascii_graphic() || *b == b' ') {
@@ -388,7 +411,10 @@ mod tests {
         assert_eq!(d.cause, Cause::NotKafka);
         let (what, fix) = d.what_and_fix();
         assert!(what.contains("speaks TLS"), "{what}");
-        assert!(fix.contains("security.protocol to SSL"), "{fix}");
+        assert!(
+            fix.contains("security.protocol to the listener's (SSL"),
+            "{fix}"
+        );
         // Other bytes: shown in hex, with the general guess.
         let d = diagnose(None, "k:1/bootstrap: Receive failed: Invalid response size -16777216 (0..100000000): increase receive.message.max.bytes").unwrap();
         assert!(d.message.contains("0xff000000"), "{}", d.message);
@@ -409,11 +435,41 @@ mod tests {
             assert!(!d.cause.certain());
             assert!(d.message.contains("firewall"), "{}", d.message);
         }
-        let d = silent("k:9092", std::time::Duration::from_secs(10));
+        let d = silent("k:9092", std::time::Duration::from_secs(10), false);
         assert!(
             d.message.starts_with("no answer from k:9092 within 10s"),
             "{}",
             d.message
+        );
+        let d = silent("k:9092", std::time::Duration::from_secs(10), true);
+        assert!(
+            d.message
+                .starts_with("k:9092 accepted the connection but did not answer"),
+            "{}",
+            d.message
+        );
+        assert!(
+            d.message.contains("security.protocol to the listener's"),
+            "{}",
+            d.message
+        );
+    }
+
+    #[test]
+    fn an_accepted_connection_is_told_from_the_state_change() {
+        let line = "[thrd:127.0.0.1:9093/bootstrap]: 127.0.0.1:9093/bootstrap: Broker changed state CONNECT -> APIVERSION_QUERY";
+        assert_eq!(connected(line), Some("127.0.0.1:9093"));
+        assert_eq!(
+            connected("sasl_ssl://k:9093/bootstrap: Broker changed state CONNECT -> SSL_HANDSHAKE"),
+            Some("sasl_ssl://k:9093")
+        );
+        assert_eq!(
+            connected("127.0.0.1:1/bootstrap: Broker changed state CONNECT -> DOWN"),
+            None
+        );
+        assert_eq!(
+            connected("127.0.0.1:1/bootstrap: Broker changed state TRY_CONNECT -> CONNECT"),
+            None
         );
     }
 

@@ -44,7 +44,7 @@ const FRESH: Duration = Duration::from_secs(60);
 /// wrong password or CA is refused at every reconnect, to every broker (librdkafka reconnects
 /// within milliseconds at first), while one broker in the middle of a credential or certificate
 /// change may refuse once or twice and then let Ferry in.
-const CONFIRMATIONS: u32 = 3;
+pub const CONFIRMATIONS: u32 = 3;
 
 /// Keeps the diagnosis of a client error or log line, if it has one.
 pub fn observe(code: Option<RDKafkaErrorCode>, text: &str) {

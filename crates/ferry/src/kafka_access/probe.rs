@@ -14,14 +14,14 @@
 //! add its own connection requests), and lives only as long as the probe. Its blocking: call it
 //! off the async runtime.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer};
 
-use super::{diagnose, silent, Diagnosis};
+use super::{diagnose, diagnosis::connected, silent, Diagnosis};
 
 /// librdkafka's `reconnect.backoff.ms` for the probe's client: attempts 250 ms apart.
 const PROBE_RECONNECT_BACKOFF_MS: &str = "500";
@@ -66,6 +66,22 @@ pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), 
     cc.set("enable.idempotence", "false");
     cc.set("reconnect.backoff.ms", PROBE_RECONNECT_BACKOFF_MS);
     cc.set("reconnect.backoff.max.ms", "10000");
+    // The state changes tell a connection accepted and then left unanswered (a TLS or SASL
+    // listener waiting for its handshake) from one never accepted (a firewall).
+    let debug = match cc.get("debug") {
+        Some(d)
+            if d.split(',')
+                .any(|c| c.trim() == "broker" || c.trim() == "all") =>
+        {
+            d.to_owned()
+        }
+        Some(d) if !d.trim().is_empty() => format!("{d},broker"),
+        _ => "broker".to_owned(),
+    };
+    cc.set("debug", debug);
+    // rust-rdkafka sets the client's log level from the `log` facade's (Error when nothing
+    // logs, as in `check`), which would drop these lines before they reach the context.
+    cc.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
     let client: BaseProducer<Collector> = match cc.create_with_context(Collector::default()) {
         Ok(c) => c,
         // An invalid configuration is reported by the first real client, with its property.
@@ -95,7 +111,13 @@ pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), 
                 .iter()
                 .all(|b| seen.get(b).is_some_and(|d| d.cause.certain()));
         if certain || start.elapsed() >= deadline {
-            return Err(verdict(&bootstrap, seen, deadline));
+            let connected = client
+                .context()
+                .connected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            return Err(verdict(&bootstrap, seen, &connected, deadline));
         }
     }
 }
@@ -105,11 +127,15 @@ pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), 
 fn verdict(
     bootstrap: &[String],
     mut seen: BTreeMap<String, Diagnosis>,
+    connected: &BTreeSet<String>,
     deadline: Duration,
 ) -> Unusable {
     let mut diagnoses: Vec<Diagnosis> = Vec::new();
     for b in bootstrap {
-        diagnoses.push(seen.remove(b).unwrap_or_else(|| silent(b, deadline)));
+        diagnoses.push(
+            seen.remove(b)
+                .unwrap_or_else(|| silent(b, deadline, connected.contains(b))),
+        );
     }
     diagnoses.extend(seen.into_values());
     let mut unique: Vec<Diagnosis> = Vec::new();
@@ -141,11 +167,19 @@ fn broker_name(s: &str) -> String {
 #[derive(Default)]
 struct Collector {
     seen: Mutex<BTreeMap<String, Diagnosis>>,
+    /// Brokers whose TCP connection was accepted.
+    connected: Mutex<BTreeSet<String>>,
 }
 
 impl Collector {
     fn keep(&self, code: Option<rdkafka::error::RDKafkaErrorCode>, text: &str) {
         super::observe(code, text);
+        if let Some(b) = connected(text) {
+            self.connected
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(broker_name(b));
+        }
         if let Some(d) = diagnose(code, text) {
             let key = d.broker.as_deref().map(broker_name).unwrap_or_default();
             self.seen
@@ -192,7 +226,12 @@ mod tests {
         )
         .unwrap();
         let seen = BTreeMap::from([("a:1".to_owned(), refused.clone())]);
-        let u = verdict(&["a:1".into(), "b:2".into()], seen, Duration::from_secs(10));
+        let u = verdict(
+            &["a:1".into(), "b:2".into()],
+            seen,
+            &BTreeSet::new(),
+            Duration::from_secs(10),
+        );
         assert_eq!(u.diagnoses.len(), 2);
         assert_eq!(u.diagnoses[0], refused);
         assert!(u.diagnoses[1]

@@ -65,7 +65,7 @@ pub async fn run(
     let mut pass = settings.pass;
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
-    if !supervisor.brokers_answer(shutdown.as_mut()).await {
+    if !supervisor.brokers_answer(shutdown.as_mut()).await? {
         return Ok(());
     }
     // Lives as long as the pipeline: every producer reports its topics to it.
@@ -182,7 +182,7 @@ impl<'a> Supervisor<'a> {
                 if !self.retry(e, shutdown.as_mut()).await? {
                     return Ok(false);
                 }
-                return Ok(self.brokers_answer(shutdown).await);
+                return self.brokers_answer(shutdown).await;
             }
             Err(e) if e.is_transient() => {
                 return self.retry(e, shutdown).await;
@@ -216,13 +216,18 @@ impl<'a> Supervisor<'a> {
     /// Waits until a Kafka broker answers (`kafka_access::probe`), saying why none does at WARN
     /// after every attempt and backing off exponentially between attempts (the session
     /// backoff: `postgres.reconnect_backoff_min` doubling up to `_max`, so at most one line per
-    /// attempt). False when `shutdown` resolved meanwhile.
+    /// attempt). Ok(false) when `shutdown` resolved meanwhile; Err when only causes retrying
+    /// does not fix were found, [`crate::kafka_access::CONFIRMATIONS`] probes in a row.
     async fn brokers_answer(
         &mut self,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
-    ) -> bool {
+    ) -> Result<bool, PipelineError> {
         let s = self.settings;
         let mut failed = false;
+        // Probes in a row that found only causes retrying does not fix (a refused password, an
+        // untrusted CA): stop at `CONFIRMATIONS` of them (one broker in the middle of a
+        // credential or certificate change may refuse once or twice).
+        let mut refusals = 0;
         loop {
             let props = s.producer_properties.clone();
             let probe = tokio::task::spawn_blocking(move || {
@@ -234,23 +239,31 @@ impl<'a> Supervisor<'a> {
                     // A probe that could not run says nothing: the session finds out.
                     Ok(Ok(())) | Err(_) => break,
                 },
-                _ = shutdown.as_mut() => return false,
+                _ = shutdown.as_mut() => return Ok(false),
             };
             failed = true;
+            if unusable.diagnoses.iter().all(|d| d.permanent) {
+                refusals += 1;
+                if refusals >= crate::kafka_access::CONFIRMATIONS {
+                    return Err(PipelineError::KafkaAccess(unusable.to_string()));
+                }
+            } else {
+                refusals = 0;
+            }
             self.metrics.reconnects.inc(Component::Kafka);
             tracing::warn!(
                 retry_in_ms = self.backoff.as_millis() as u64,
                 "the Kafka brokers cannot be used: {unusable}"
             );
             if sleep_or_shutdown(self.backoff, shutdown.as_mut()).await {
-                return false;
+                return Ok(false);
             }
             self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
         }
         if failed {
             tracing::info!("a Kafka broker answers");
         }
-        true
+        Ok(true)
     }
 
     /// A session starts again (after a transient error or a clean end): a standby takes over.
