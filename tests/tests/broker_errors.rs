@@ -56,6 +56,32 @@ async fn a_port_that_is_not_kafka_is_named_without_the_receive_size_advice() {
     .await;
 }
 
+/// A port that accepts and then says nothing (a TLS or SASL listener waiting for its
+/// handshake, a hung service): nothing is certain before the probe's deadline (10 s), and then
+/// the cause is the unanswered first request, told from a connection never accepted (a
+/// firewall) by librdkafka's state change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_accepts_and_stays_silent_is_named_after_the_probe_deadline() {
+    let at = listener(|| Some(b"")).await;
+    let w = world(&at).await;
+    let started = Instant::now();
+    let mut check = Ferry::spawn(&w, &["check"]);
+    let status = check.wait_exit(Duration::from_secs(60)).await;
+    let took = started.elapsed();
+    let out = check.log_text();
+    eprintln!("ferry check ({took:?}):\n{out}");
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert_problem(
+        &out,
+        &format!("cannot use the Kafka brokers: {at} accepted the connection but did not answer Ferry's first Kafka request within 10s"),
+        "set kafka.properties security.protocol to the listener's",
+    );
+    assert!(
+        took < Duration::from_secs(10) + CHECK_BOUND,
+        "check took {took:?}:\n{out}"
+    );
+}
+
 /// librdkafka alone reconnects to a broker nothing answers on every ~11 ms while a request
 /// waits (at Ferry's `reconnect.backoff.ms` of 20; see `kafka_access::probe`). Counted at a
 /// listener that accepts and closes at once (a cause one attempt shows, as a refused port),
@@ -181,7 +207,8 @@ async fn world(brokers: &str) -> World {
 }
 
 /// A TCP listener on 127.0.0.1 that, at each connection, calls `answer` and writes what it
-/// gives (then holds the connection a moment), or closes at once; its address.
+/// gives (then holds the connection until the client closes it, up to a minute), or closes at
+/// once; its address.
 async fn listener(answer: impl Fn() -> Option<&'static [u8]> + Send + Sync + 'static) -> String {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let at = l.local_addr().unwrap().to_string();
@@ -191,7 +218,7 @@ async fn listener(answer: impl Fn() -> Option<&'static [u8]> + Send + Sync + 'st
             if let Some(bytes) = answer() {
                 tokio::spawn(async move {
                     let _ = s.write_all(bytes).await;
-                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    let _ = tokio::time::timeout(Duration::from_secs(60), async {
                         use tokio::io::AsyncReadExt;
                         let mut sink = [0u8; 1024];
                         while s.read(&mut sink).await.is_ok_and(|n| n > 0) {}
