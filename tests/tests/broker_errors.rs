@@ -3,8 +3,8 @@
 //! (at WARN, while it retries) each name the cause and its fix, within a bound, and `run`
 //! backs off between attempts instead of reconnecting every few milliseconds.
 //!
-//! No broker is started: the "brokers" are a free port, a name under `.invalid` (RFC 6761: it
-//! never resolves), and listeners in the test.
+//! No broker is started but in the last test (a broker stopped mid-run): the "brokers" are a
+//! free port, a name under `.invalid` (RFC 6761: it never resolves), and listeners in the test.
 
 mod common;
 
@@ -160,6 +160,40 @@ async fn run_backs_off_from_a_refused_port() {
         "{log}"
     );
     assert!(ferry.is_running());
+    ferry.terminate().await;
+}
+
+/// A broker that stops while Ferry streams: the producer's client errors, which librdkafka
+/// repeats while it reconnects, name the cause and its fix (they relayed librdkafka's "Connect
+/// to ... failed: Connection refused" alone). librdkafka's own timers still ask for a
+/// connection about twice a second while the producer holds records; Ferry cannot drop that
+/// client without dropping them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_names_the_cause_while_it_retries_a_broker_stopped_mid_run() {
+    let broker = ferry_testkit::kafka::LocalBroker::start().await;
+    let w = World::on(
+        ferry_testkit::pg::shared().create_db().await,
+        broker.brokers(),
+    )
+    .await;
+    let topic = w.create_topic("order", 1).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    w.insert("order", "o-0", "Created", "{}").await;
+    w.consume(&topic, 1).await;
+    tokio::task::block_in_place(|| broker.stop());
+    w.insert("order", "o-1", "Created", "{}").await;
+    let said: &'static str = Box::leak(
+        format!(
+            "Kafka client error: nothing listens at {}: the connection was refused",
+            broker.brokers()
+        )
+        .into_boxed_str(),
+    );
+    ferry.wait_log(said, Duration::from_secs(30)).await;
+    let log = ferry.log_text();
+    assert!(log.contains("Fix: start the broker"), "{log}");
+    assert!(ferry.is_running(), "{log}");
     ferry.terminate().await;
 }
 

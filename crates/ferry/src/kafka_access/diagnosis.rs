@@ -209,6 +209,30 @@ pub fn connected(text: &str) -> Option<&str> {
     (!matches!(to, "DOWN" | "INIT")).then_some(broker?)
 }
 
+/// librdkafka's text as Ferry logs it: for an address that cannot be used (refused,
+/// unresolvable, not Kafka, silent), the diagnosis with its fix; otherwise the text, never with
+/// the advice that misleads ("increase receive.message.max.bytes").
+pub fn relayed(
+    code: Option<rdkafka::error::RDKafkaErrorCode>,
+    text: &str,
+) -> std::borrow::Cow<'_, str> {
+    match diagnose(code, text) {
+        Some(d)
+            if matches!(
+                d.cause,
+                Cause::Refused | Cause::Unresolvable | Cause::NotKafka | Cause::TimedOut
+            ) =>
+        {
+            std::borrow::Cow::Owned(d.message)
+        }
+        _ if text.contains(ADVICE) => std::borrow::Cow::Owned(trim(text)),
+        _ => std::borrow::Cow::Borrowed(text),
+    }
+}
+
+/// The advice librdkafka gives with "Invalid response size", wrong on a port that is not Kafka.
+const ADVICE: &str = ": increase receive.message.max.bytes";
+
 /// The message for a port that answered, but not in Kafka: what its first bytes look like.
 fn not_kafka(at: &str, size: i64) -> String {
     let bytes = (size as u32).to_be_bytes();
@@ -280,7 +304,7 @@ fn split_broker(text: &str) -> (Option<&str>, &str) {
 fn trim(text: &str) -> String {
     let t = text.trim();
     let t = t
-        .split_once(": increase receive.message.max.bytes")
+        .split_once(ADVICE)
         .map_or(t.to_owned(), |(a, b)| format!("{a}{b}"));
     t.chars().take(300).collect()
 }
@@ -471,6 +495,18 @@ mod tests {
             connected("127.0.0.1:1/bootstrap: Broker changed state TRY_CONNECT -> CONNECT"),
             None
         );
+    }
+
+    #[test]
+    fn relayed_texts_carry_the_cause_and_never_the_receive_size_advice() {
+        let http = "[thrd:k:9092/1]: k:9092/1: Receive failed: Invalid response size 1213486160 (0..100000000): increase receive.message.max.bytes (after 0ms in state APIVERSION_QUERY)";
+        let r = relayed(None, http);
+        assert!(!r.contains("receive.message.max.bytes"), "{r}");
+        assert!(r.contains("does not speak the Kafka protocol"), "{r}");
+        let refused = "k:9092/1: Connect to ipv4#127.0.0.1:9092 failed: Connection refused (after 0ms in state CONNECT)";
+        assert!(relayed(None, refused).starts_with("nothing listens at k:9092"));
+        let other = "k:9092/1: Disconnected (after 60000ms in state UP)";
+        assert_eq!(relayed(None, other), other);
     }
 
     #[test]

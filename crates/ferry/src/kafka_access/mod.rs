@@ -24,7 +24,7 @@ use rdkafka::error::RDKafkaErrorCode;
 mod diagnosis;
 mod probe;
 
-pub use diagnosis::{diagnose, silent, Cause, Diagnosis};
+pub use diagnosis::{diagnose, relayed, silent, Cause, Diagnosis};
 pub use probe::{probe, Unusable};
 
 /// The newest diagnosis, when it was first seen, and how often it was seen since.
