@@ -3,6 +3,11 @@
 //! [`run`] is what `ferry run` calls and what tests call with their own shutdown future. It runs
 //! streaming *sessions* ([`session`]) one after another:
 //!
+//! - before the first session, and before the next one after a session ended with a Kafka
+//!   error, the brokers are **probed** (`kafka_access::probe`) until one answers: no client
+//!   exists meanwhile (a librdkafka client with a request waiting reconnects every ~11 ms), the
+//!   cause and its fix are logged at WARN after every probe, and the probes back off like the
+//!   sessions; a refused password or an untrusted CA, three probes in a row, is permanent;
 //! - a session that ends with a **transient** error (Postgres restarted, network dropped, the
 //!   brokers unreachable past the delivery timeout) is followed by a new one after a backoff;
 //!   the new session resumes from the slot's `confirmed_flush_lsn`, so what was in flight is
