@@ -17,7 +17,9 @@
 //! "Invalid response size" is what a port that is not Kafka looks like: librdkafka reads the
 //! first four bytes of the answer as a Kafka response length. Its advice, "increase
 //! receive.message.max.bytes", is wrong there and is never relayed: the bytes themselves tell
-//! an HTTP server (`HTTP`) or a TLS listener (a TLS alert record, `0x15 0x03`) apart.
+//! an HTTP server (`HTTP`) or a TLS listener (a TLS alert record, `0x15 0x03`) apart. Every
+//! librdkafka text Ferry logs goes through [`relayed`], which puts the cause and fix in its
+//! place (or at least drops that advice).
 
 /// Why the brokers cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
