@@ -198,7 +198,7 @@ async fn run_names_the_cause_while_it_retries_a_broker_stopped_mid_run() {
 }
 
 /// `check` exits 1 with `what` and `fix` within [`CHECK_BOUND`]; `run` logs them within
-/// [`RUN_BOUND`] and keeps retrying.
+/// [`RUN_BOUND`], `/readyz` says them, and it keeps retrying.
 async fn names_the_cause(brokers: &str, what: &str, fix: &str) {
     let w = world(brokers).await;
     let started = Instant::now();
@@ -227,6 +227,11 @@ async fn names_the_cause(brokers: &str, what: &str, fix: &str) {
     eprintln!("ferry run ({:?}):\n{line}", started.elapsed());
     assert!(log.contains(&format!("Fix: {fix}")), "{log}");
     assert!(!log.contains("increase receive.message.max.bytes"), "{log}");
+    let ready = ferry.http_get("/readyz").await;
+    assert!(
+        matches!(&ready, Some((503, body)) if body.contains(said)),
+        "/readyz: {ready:?}"
+    );
     assert!(ferry.is_running(), "{log}");
     ferry.terminate().await;
 }

@@ -256,6 +256,7 @@ impl<'a> Supervisor<'a> {
                 refusals = 0;
             }
             self.metrics.reconnects.inc(Component::Kafka);
+            self.metrics.kafka_unusable.set(Some(unusable.to_string()));
             tracing::warn!(
                 retry_in_ms = self.backoff.as_millis() as u64,
                 "the Kafka brokers cannot be used: {unusable}"
@@ -266,6 +267,7 @@ impl<'a> Supervisor<'a> {
             self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
         }
         if failed {
+            self.metrics.kafka_unusable.set(None);
             tracing::info!("a Kafka broker answers");
         }
         Ok(true)
