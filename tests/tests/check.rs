@@ -180,20 +180,6 @@ async fn check_reports_a_wrong_password_without_printing_it() {
     assert!(!out.contains("not-the-password-42"), "{out}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_reports_an_unreachable_broker() {
-    let mut w = World::new().await;
-    w.env
-        .push(("FERRY_KAFKA_BROKERS".into(), "127.0.0.1:1".into()));
-    let (code, out) = check(&w).await;
-    assert_eq!(code, Some(1), "{out}");
-    assert_problem(
-        &out,
-        "cannot reach the Kafka brokers",
-        "check kafka.brokers",
-    );
-}
-
 /// The shared test broker has `auto.create.topics.enable = true` (Kafka's default), so a topic that current outbox rows route to but that does not exist yet is no
 /// problem: `check` passes without flagging it (with `false` it would be an error, with the
 /// setting unknown a warning; see `crates/ferry/src/check.rs`), and `run` proves it right.

@@ -70,8 +70,22 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
             found.extend(sample.problems);
         }
     }
-    // Asked now, printed in its own section below: the slot's line must agree with it.
-    let progress = progress_problems(&settings).await;
+    // Asked now, printed in their own sections below: the slot's line must agree with the
+    // progress record, which is read only from brokers that can be used.
+    let kafka = kafka_topics(&settings).await;
+    let progress = match kafka.is_ok() {
+        true => progress_problems(&settings).await,
+        false => ProgressFindings {
+            problems: vec![Problem {
+                severity: Severity::Note,
+                what: "not compared with the slot: the brokers cannot be used (see Kafka above)"
+                    .into(),
+                fix: "fix the brokers first; `ferry run` makes the comparison at every start"
+                    .into(),
+            }],
+            slot_lost: None,
+        },
+    };
     if let Some(remembered) = progress.slot_lost {
         slot_lost(&mut found, &settings.slot.slot, remembered);
     }
@@ -79,8 +93,8 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     problems.append(&mut found);
 
     outln!("Kafka {}", brokers(&settings));
-    match kafka_topics(&settings).await {
-        Err(p) => found.push(p),
+    match kafka {
+        Err(p) => found.extend(p),
         Ok((existing, auto_create, txn_max_timeout)) => {
             if let Some(eo) = &settings.exactly_once {
                 found.extend(exactly_once(&settings, eo, &existing, txn_max_timeout).await);
@@ -724,11 +738,32 @@ async fn exactly_once(
     found
 }
 
+/// How long `check` waits for a Kafka broker to answer at all (a broker that refuses, a name
+/// that does not resolve, a port that is not Kafka are said as soon as every bootstrap broker was
+/// tried once: see `kafka_access::probe`).
+const BROKERS_DEADLINE: Duration = Duration::from_secs(10);
+
 /// The topics the brokers know, whether they auto-create topics and their
-/// `transaction.max.timeout.ms` (if they say).
+/// `transaction.max.timeout.ms` (if they say); or why the brokers cannot be used, one problem
+/// per cause.
 async fn kafka_topics(
     settings: &PipelineSettings,
-) -> Result<(Vec<String>, Option<bool>, Option<u64>), Problem> {
+) -> Result<(Vec<String>, Option<bool>, Option<u64>), Vec<Problem>> {
+    let props = settings.producer_properties.clone();
+    let probe =
+        tokio::task::spawn_blocking(move || crate::kafka_access::probe(&props, BROKERS_DEADLINE))
+            .await
+            .map_err(|e| vec![error(format!("broker probe failed: {e}"), "retry")])?;
+    if let Err(unusable) = probe {
+        return Err(unusable
+            .diagnoses
+            .iter()
+            .map(|d| {
+                let (what, fix) = d.what_and_fix();
+                error(format!("cannot use the Kafka brokers: {what}"), fix)
+            })
+            .collect());
+    }
     let mut cc = ClientConfig::new();
     for (k, v) in &settings.producer_properties {
         cc.set(k, v);
@@ -736,10 +771,10 @@ async fn kafka_topics(
     let producer: BaseProducer<crate::kafka_access::Observer> = cc
         .create_with_context(crate::kafka_access::Observer)
         .map_err(|e| {
-            error(
+            vec![error(
                 format!("invalid Kafka client configuration: {e}"),
                 "check [kafka] properties",
-            )
+            )]
         })?;
     let md = tokio::task::spawn_blocking(move || {
         let md = producer
@@ -763,20 +798,17 @@ async fn kafka_topics(
         md
     })
     .await
-    .map_err(|e| error(format!("metadata task failed: {e}"), "retry"))?
+    .map_err(|e| vec![error(format!("metadata task failed: {e}"), "retry")])?
     .map_err(|e| match crate::kafka_access::take() {
         // Why, when a client said: the message carries its own fix.
         Some(d) => {
-            let (what, fix) = d
-                .message
-                .split_once(" Fix: ")
-                .unwrap_or((d.message.as_str(), "see the error"));
-            error(format!("cannot use the Kafka brokers ({e}): {what}"), fix)
+            let (what, fix) = d.what_and_fix();
+            vec![error(format!("cannot use the Kafka brokers ({e}): {what}"), fix)]
         }
-        None => error(
+        None => vec![error(
             format!("cannot reach the Kafka brokers: {e}"),
             "check kafka.brokers, network access, and the security settings in [kafka.properties] (security.protocol, sasl.*, ssl.*)",
-        ),
+        )],
     })?;
     let (topics, broker) = md;
     let mut auto_create = None;

@@ -402,6 +402,7 @@ struct Reader;
 impl ClientContext for Reader {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
         crate::kafka_access::observe(None, message);
+        let message = crate::kafka_access::relayed(None, message);
         tracing::debug!(
             ?level,
             facility = fac,
@@ -411,6 +412,7 @@ impl ClientContext for Reader {
 
     fn error(&self, error: KafkaError, reason: &str) {
         crate::kafka_access::observe(error.rdkafka_error_code(), reason);
+        let reason = crate::kafka_access::relayed(error.rdkafka_error_code(), reason);
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
             tracing::debug!(%error, "progress reader: {reason} (it uses no group; harmless)");
         } else if connection_trouble(&error) {

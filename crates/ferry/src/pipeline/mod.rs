@@ -3,6 +3,11 @@
 //! [`run`] is what `ferry run` calls and what tests call with their own shutdown future. It runs
 //! streaming *sessions* ([`session`]) one after another:
 //!
+//! - before the first session, and before the next one after a session ended with a Kafka
+//!   error, the brokers are **probed** (`kafka_access::probe`) until one answers: no client
+//!   exists meanwhile (a librdkafka client with a request waiting reconnects every ~11 ms), the
+//!   cause and its fix are logged at WARN after every probe, and the probes back off like the
+//!   sessions; a refused password or an untrusted CA, three probes in a row, is permanent;
 //! - a session that ends with a **transient** error (Postgres restarted, network dropped, the
 //!   brokers unreachable past the delivery timeout) is followed by a new one after a backoff;
 //!   the new session resumes from the slot's `confirmed_flush_lsn`, so what was in flight is
@@ -67,6 +72,10 @@ pub async fn run(
     // session, kept for every later one.
     let mut taken_out = Vec::new();
     let mut supervisor = Supervisor::new(&settings, &metrics);
+    // No client before a broker answers: a waiting client reconnects every few milliseconds.
+    if !supervisor.brokers_answer(shutdown.as_mut()).await? {
+        return Ok(());
+    }
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -160,7 +169,7 @@ impl<'a> Supervisor<'a> {
     async fn after(
         &mut self,
         result: Result<session::End, PipelineError>,
-        shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
         match result {
@@ -186,7 +195,10 @@ impl<'a> Supervisor<'a> {
                     }
                     None => {}
                 }
-                return self.retry(e, shutdown).await;
+                if !self.retry(e, shutdown.as_mut()).await? {
+                    return Ok(false);
+                }
+                return self.brokers_answer(shutdown).await;
             }
             Err(e) if e.is_transient() => {
                 return self.retry(e, shutdown).await;
@@ -217,6 +229,61 @@ impl<'a> Supervisor<'a> {
         Ok(self.resumed())
     }
 
+    /// Waits until a Kafka broker answers (`kafka_access::probe`), saying why none does at WARN
+    /// after every attempt and backing off exponentially between attempts (the session
+    /// backoff: `postgres.reconnect_backoff_min` doubling up to `_max`, so at most one line per
+    /// attempt). Ok(false) when `shutdown` resolved meanwhile; Err when only causes retrying
+    /// does not fix were found, [`crate::kafka_access::CONFIRMATIONS`] probes in a row.
+    async fn brokers_answer(
+        &mut self,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<bool, PipelineError> {
+        let s = self.settings;
+        let mut failed = false;
+        // Probes in a row that found only causes retrying does not fix (a refused password, an
+        // untrusted CA): stop at `CONFIRMATIONS` of them (one broker in the middle of a
+        // credential or certificate change may refuse once or twice).
+        let mut refusals = 0;
+        loop {
+            let props = s.producer_properties.clone();
+            let probe = tokio::task::spawn_blocking(move || {
+                crate::kafka_access::probe(&props, BROKERS_DEADLINE)
+            });
+            let unusable = tokio::select! {
+                r = probe => match r {
+                    Ok(Err(unusable)) => unusable,
+                    // A probe that could not run says nothing: the session finds out.
+                    Ok(Ok(())) | Err(_) => break,
+                },
+                _ = shutdown.as_mut() => return Ok(false),
+            };
+            failed = true;
+            if unusable.diagnoses.iter().all(|d| d.permanent) {
+                refusals += 1;
+                if refusals >= crate::kafka_access::CONFIRMATIONS {
+                    return Err(PipelineError::KafkaAccess(unusable.to_string()));
+                }
+            } else {
+                refusals = 0;
+            }
+            self.metrics.reconnects.inc(Component::Kafka);
+            self.metrics.kafka_unusable.set(Some(unusable.to_string()));
+            tracing::warn!(
+                retry_in_ms = self.backoff.as_millis() as u64,
+                "the Kafka brokers cannot be used: {unusable}"
+            );
+            if sleep_or_shutdown(self.backoff, shutdown.as_mut()).await {
+                return Ok(false);
+            }
+            self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
+        }
+        if failed {
+            self.metrics.kafka_unusable.set(None);
+            tracing::info!("a Kafka broker answers");
+        }
+        Ok(true)
+    }
+
     /// A session starts again (after a transient error or a clean end): a standby takes over.
     fn resumed(&mut self) -> bool {
         let s = self.settings;
@@ -228,6 +295,10 @@ impl<'a> Supervisor<'a> {
         true
     }
 }
+
+/// How long a probe of the brokers waits for one to answer (a refused port, a name that does
+/// not resolve, a port that is not Kafka are said as soon as every bootstrap broker was tried).
+const BROKERS_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Sleeps for `d`; returns true if `shutdown` resolved first.
 async fn sleep_or_shutdown(

@@ -101,6 +101,7 @@ impl Drop for Context {
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         crate::kafka_access::observe(None, log_message);
+        let log_message = crate::kafka_access::relayed(None, log_message);
         match level {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
@@ -153,6 +154,7 @@ impl ClientContext for Context {
             .repeats
             .admit(&repeats::kind_of(reason), std::time::Instant::now())
         {
+            let reason = crate::kafka_access::relayed(error.rdkafka_error_code(), reason);
             if repeated == 0 {
                 tracing::warn!(error = %error, "Kafka client error: {reason}");
             } else {

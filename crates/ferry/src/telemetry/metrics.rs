@@ -550,6 +550,9 @@ pub struct Metrics {
     /// The brokers as librdkafka's latest statistics show them (`ferry_kafka_brokers`,
     /// `ferry_kafka_brokers_up`; `/readyz` names them when none is up).
     pub kafka_brokers: KafkaBrokers,
+    /// Why no Kafka broker can be used, while `run` probes them before a session
+    /// (`kafka_access::probe`); `/readyz` says it.
+    pub kafka_unusable: Reason,
     /// The topics records wait for, as the topic watch last found them (`ferry_topics_missing`
     /// is their number; `/readyz` names them).
     pub topics_missing: MissingTopics,
@@ -615,6 +618,19 @@ impl std::fmt::Display for Refusal {
 impl std::fmt::Display for RefusingPartition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?} [{}] ({})", self.topic, self.partition, self.reason)
+    }
+}
+
+/// A reason that holds until cleared (written once per attempt at most).
+#[derive(Debug, Default)]
+pub struct Reason(std::sync::Mutex<Option<String>>);
+
+impl Reason {
+    pub fn set(&self, reason: Option<String>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+    }
+    pub fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -760,6 +776,7 @@ impl Metrics {
             status_updates_sent: Counter::default(),
             reconnects: CounterVec::new(),
             kafka_brokers: KafkaBrokers::default(),
+            kafka_unusable: Reason::default(),
             topics_missing: MissingTopics::default(),
             partitions_refusing: RefusingPartitions::default(),
             progress_lsn: StampedGauge::new(),

@@ -48,6 +48,8 @@ pub const BROKERS_DOWN_AFTER: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotReady {
     Standby,
+    /// No broker could be used at the last probe, and why.
+    BrokersUnusable(String),
     BrokersDown {
         /// How long no broker has been up.
         since: Duration,
@@ -72,6 +74,7 @@ impl fmt::Display for NotReady {
             NotReady::Standby => {
                 f.write_str("standing by: another instance holds the replication slot")
             }
+            NotReady::BrokersUnusable(why) => write!(f, "the Kafka brokers cannot be used: {why}"),
             NotReady::BrokersDown {
                 since,
                 brokers,
@@ -134,6 +137,9 @@ impl fmt::Display for NotReady {
 pub fn check(metrics: &Metrics, stall_after: Duration, now: Instant) -> Result<(), NotReady> {
     if metrics.standby.get() != 0 {
         return Err(NotReady::Standby);
+    }
+    if let Some(why) = metrics.kafka_unusable.get() {
+        return Err(NotReady::BrokersUnusable(why));
     }
     let brokers = metrics.kafka_brokers.get();
     if let Some(since) = brokers.none_up_since {
@@ -207,6 +213,24 @@ mod tests {
         assert_eq!(check(&m, WINDOW, Instant::now()), Err(NotReady::Standby));
         m.streaming.set_flag(false);
         assert_eq!(check(&m, WINDOW, Instant::now()), Err(NotReady::Standby));
+    }
+
+    #[test]
+    fn brokers_that_cannot_be_used_are_named_until_cleared() {
+        let m = Metrics::new();
+        m.kafka_unusable.set(Some(
+            "nothing listens at k:9092 ... Fix: start the broker".into(),
+        ));
+        let why = check(&m, WINDOW, Instant::now()).unwrap_err();
+        assert_eq!(
+            why.to_string(),
+            "the Kafka brokers cannot be used: nothing listens at k:9092 ... Fix: start the broker"
+        );
+        m.kafka_unusable.set(None);
+        assert_eq!(
+            check(&m, WINDOW, Instant::now()),
+            Err(NotReady::NotStreaming)
+        );
     }
 
     #[test]
