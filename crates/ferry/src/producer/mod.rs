@@ -125,7 +125,8 @@ impl ClientContext for Context {
         match watch.update(statistics, std::time::Instant::now()) {
             Ok(update) => {
                 let up = update.view.up();
-                if up == 0 && !*said_down && self.metrics.kafka_brokers.get().up() > 0 {
+                let was_up = update.was_up || self.metrics.kafka_brokers.get().up() > 0;
+                if up == 0 && !*said_down && was_up {
                     *said_down = true;
                     tracing::warn!(
                         brokers = %states(&update.view),

@@ -104,6 +104,9 @@ pub struct Update {
     pub view: BrokerView,
     /// Connections re-established since the previous statistics.
     pub reconnects: u64,
+    /// A connection that was up has been lost (`disconnects` > 0), whether or not any statistics
+    /// saw it up: a broker that goes away within the first interval was up all the same.
+    pub was_up: bool,
 }
 
 impl BrokerWatch {
@@ -113,6 +116,7 @@ impl BrokerWatch {
         let learned = stats.brokers.values().any(|b| b.source == "learned");
         let wanted = if learned { "learned" } else { "configured" };
         let mut reconnects = 0;
+        let mut was_up = false;
         let mut brokers: Vec<Broker> = stats
             .brokers
             .into_iter()
@@ -125,6 +129,7 @@ impl BrokerWatch {
                     "UP" if silent => "SILENT".to_string(),
                     _ => b.state,
                 };
+                was_up |= b.disconnects > 0;
                 if state == "UP" {
                     let counted = self.disconnects_counted.entry(name.clone()).or_insert(0);
                     reconnects += b.disconnects.saturating_sub(*counted);
@@ -146,6 +151,7 @@ impl BrokerWatch {
                 none_up_since: self.none_up_since,
             },
             reconnects,
+            was_up,
         })
     }
 }
@@ -176,6 +182,30 @@ mod tests {
     }
 
     const INTERNAL: (&str, &str, &str, i64, i64, u64) = (":0/internal", "internal", "UP", 0, -1, 0);
+
+    /// A broker that went away before any statistics saw it up still counts as having been up
+    /// (its connection was lost), so the log says the outage; a broker never reached does not.
+    #[test]
+    fn a_connection_lost_within_the_first_interval_was_up() {
+        let now = Instant::now();
+        let lost = BrokerWatch::default()
+            .update(
+                &stats(&[INTERNAL, ("b:9092/1", "learned", "TRY_CONNECT", 0, -1, 1)]),
+                now,
+            )
+            .unwrap();
+        assert!(lost.was_up && lost.view.up() == 0);
+        let never = BrokerWatch::default()
+            .update(
+                &stats(&[
+                    INTERNAL,
+                    ("b:9092/bootstrap", "configured", "CONNECT", 0, -1, 0),
+                ]),
+                now,
+            )
+            .unwrap();
+        assert!(!never.was_up);
+    }
 
     #[test]
     fn learned_brokers_count_once_learned_and_internal_never() {
