@@ -680,6 +680,18 @@ async fn replay_sends_chosen_rows_again_with_their_ids_and_explains_a_bad_choice
         assert!(out.contains(says), "{args:?} should say {says:?}: {out}");
     }
 
+    // Brokers that cannot be used are named before anything is read, not after a timeout.
+    let mut away = Ferry::spawn_with(&w, &["replay", "--where", "true"], |c| {
+        c.env("FERRY_KAFKA_BROKERS", "127.0.0.1:9");
+    });
+    let status = away.wait_exit(EXIT).await;
+    let out = away.log_text();
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("cannot use the Kafka brokers: nothing listens at 127.0.0.1:9"),
+        "{out}"
+    );
+
     let mut some = replay(&["--where", "aggregateid IN ('k1', 'k3')"]);
     let status = some.wait_exit(EXIT).await;
     assert!(status.success(), "{}", some.log_text());

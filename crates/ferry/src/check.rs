@@ -738,11 +738,6 @@ async fn exactly_once(
     found
 }
 
-/// How long `check` waits for a Kafka broker to answer at all (a broker that refuses, a name
-/// that does not resolve, a port that is not Kafka are said as soon as every bootstrap broker was
-/// tried once: see `kafka_access::probe`).
-const BROKERS_DEADLINE: Duration = Duration::from_secs(10);
-
 /// The topics the brokers know, whether they auto-create topics and their
 /// `transaction.max.timeout.ms` (if they say); or why the brokers cannot be used, one problem
 /// per cause.
@@ -750,10 +745,11 @@ async fn kafka_topics(
     settings: &PipelineSettings,
 ) -> Result<(Vec<String>, Option<bool>, Option<u64>), Vec<Problem>> {
     let props = settings.producer_properties.clone();
-    let probe =
-        tokio::task::spawn_blocking(move || crate::kafka_access::probe(&props, BROKERS_DEADLINE))
-            .await
-            .map_err(|e| vec![error(format!("broker probe failed: {e}"), "retry")])?;
+    let probe = tokio::task::spawn_blocking(move || {
+        crate::kafka_access::probe(&props, crate::kafka_access::PROBE_DEADLINE)
+    })
+    .await
+    .map_err(|e| vec![error(format!("broker probe failed: {e}"), "retry")])?;
     if let Err(unusable) = probe {
         return Err(unusable
             .diagnoses

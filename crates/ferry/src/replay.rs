@@ -338,6 +338,15 @@ async fn run(settings: &PipelineSettings, args: &ReplayArgs) -> Result<(), Failu
                 .cloned()
                 .chain([("statistics.interval.ms".to_string(), "0".to_string())])
                 .collect();
+            // Brokers that cannot be used are named now, with their fix, rather than after
+            // the first record's delivery timeout.
+            let probe_props = properties.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::kafka_access::probe(&probe_props, crate::kafka_access::PROBE_DEADLINE)
+            })
+            .await
+            .map_err(|e| fail(format!("the broker probe failed: {e}")))?
+            .map_err(|e| fail(format!("cannot use the Kafka brokers: {e}")))?;
             Some(
                 Producer::new(&properties, Topics::default(), Metrics::new())
                     .map_err(|e| fail(format!("cannot create the Kafka producer: {e}")))?,

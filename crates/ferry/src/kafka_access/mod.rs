@@ -27,6 +27,11 @@ mod probe;
 pub use diagnosis::{diagnose, relayed, silent, Cause, Diagnosis};
 pub use probe::{probe, Unusable};
 
+/// How long a probe of the brokers waits for one to answer (a refused port, a name that does
+/// not resolve, a port that is not Kafka are said as soon as every bootstrap broker was tried
+/// once): `check`, `run` between sessions, `replay` before it starts.
+pub const PROBE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The newest diagnosis, when it was first seen, and how often it was seen since.
 static NEWEST: Mutex<Option<Seen>> = Mutex::new(None);
 

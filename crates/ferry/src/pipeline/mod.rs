@@ -247,7 +247,7 @@ impl<'a> Supervisor<'a> {
         loop {
             let props = s.producer_properties.clone();
             let probe = tokio::task::spawn_blocking(move || {
-                crate::kafka_access::probe(&props, BROKERS_DEADLINE)
+                crate::kafka_access::probe(&props, crate::kafka_access::PROBE_DEADLINE)
             });
             let unusable = tokio::select! {
                 r = probe => match r {
@@ -295,10 +295,6 @@ impl<'a> Supervisor<'a> {
         true
     }
 }
-
-/// How long a probe of the brokers waits for one to answer (a refused port, a name that does
-/// not resolve, a port that is not Kafka are said as soon as every bootstrap broker was tried).
-const BROKERS_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Sleeps for `d`; returns true if `shutdown` resolved first.
 async fn sleep_or_shutdown(
