@@ -74,6 +74,7 @@ pub async fn run(
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
     if !supervisor.brokers_answer(shutdown.as_mut()).await? {
+        tracing::info!("stopped before streaming began: nothing to drain");
         return Ok(());
     }
     // Lives as long as the pipeline: every producer reports its topics to it.
