@@ -335,7 +335,7 @@ async fn stops_without(user: String, exactly_once: bool, left_out: usize) -> Str
     };
     let stop = log
         .lines()
-        .find(|l| l.starts_with("ferry: "))
+        .find(|l| l.contains("stopping: permanent error"))
         .unwrap_or_else(|| panic!("no final error line: {what}"));
     for needle in [
         code,
@@ -492,7 +492,7 @@ async fn run_says_what_is_wrong_with_a_wrong_password_a_wrong_ca_or_plaintext_on
                 assert_eq!(status.code(), Some(1), "{}: {log}", m.name);
                 let stop = log
                     .lines()
-                    .find(|l| l.starts_with("ferry: "))
+                    .find(|l| l.contains("stopping: permanent error"))
                     .unwrap_or_default();
                 assert!(
                     stop.contains("cannot use the Kafka brokers: "),
