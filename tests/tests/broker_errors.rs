@@ -269,17 +269,3 @@ async fn listener(answer: impl Fn() -> Option<&'static [u8]> + Send + Sync + 'st
     });
     at
 }
-
-/// `out` lists an error containing `what`, followed by a fix containing `fix`.
-fn assert_problem(out: &str, what: &str, fix: &str) {
-    let lines: Vec<&str> = out.lines().collect();
-    let at = lines
-        .iter()
-        .position(|l| l.trim_start().starts_with("error:") && l.contains(what))
-        .unwrap_or_else(|| panic!("no error line containing {what:?}:\n{out}"));
-    let next = lines.get(at + 1).copied().unwrap_or_default();
-    assert!(
-        next.trim_start().starts_with("fix:") && next.contains(fix),
-        "the fix for {what:?} should contain {fix:?}:\n{out}"
-    );
-}

@@ -269,18 +269,9 @@ async fn status_shows_the_slot_and_its_lag_after_a_run() {
     assert_eq!(lag, server.saturating_sub(confirmed), "{out}");
 }
 
-/// Asserts `out` lists a problem containing `what`, followed by a fix containing `fix`.
+/// [`common::assert_problem`], and `check`'s summary says that problems must be fixed.
 fn assert_problem(out: &str, what: &str, fix: &str) {
-    let lines: Vec<&str> = out.lines().collect();
-    let at = lines
-        .iter()
-        .position(|l| l.trim_start().starts_with("error:") && l.contains(what))
-        .unwrap_or_else(|| panic!("no error line containing {what:?}:\n{out}"));
-    let next = lines.get(at + 1).copied().unwrap_or_default();
-    assert!(
-        next.trim_start().starts_with("fix:") && next.contains(fix),
-        "the fix for {what:?} should contain {fix:?}:\n{out}"
-    );
+    common::assert_problem(out, what, fix);
     assert!(
         out.contains("problem(s) must be fixed before Ferry can run"),
         "{out}"

@@ -72,20 +72,6 @@ async fn created(w: &World) -> (bool, bool) {
     (row.get(0), row.get(1))
 }
 
-/// `out` has an error line containing `what`, and the next line is a fix containing `fix`.
-fn assert_problem(out: &str, what: &str, fix: &str) {
-    let lines: Vec<&str> = out.lines().collect();
-    let at = lines
-        .iter()
-        .position(|l| l.trim_start().starts_with("error:") && l.contains(what))
-        .unwrap_or_else(|| panic!("no error line containing {what:?}:\n{out}"));
-    let next = lines.get(at + 1).copied().unwrap_or_default();
-    assert!(
-        next.trim_start().starts_with("fix:") && next.contains(fix),
-        "the fix for {what:?} should contain {fix:?}:\n{out}"
-    );
-}
-
 /// `run`'s log names the problem and its fix on one line (`...; fix: ...`).
 fn assert_refused(log: &str, what: &str, fix: &str) {
     assert!(

@@ -401,3 +401,18 @@ impl Ferry {
             .and_then(|v| v.parse().ok())
     }
 }
+
+/// `ferry check`'s output `out` lists an error containing `what`, and the next line is a fix
+/// containing `fix`.
+pub fn assert_problem(out: &str, what: &str, fix: &str) {
+    let lines: Vec<&str> = out.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("error:") && l.contains(what))
+        .unwrap_or_else(|| panic!("no error line containing {what:?}:\n{out}"));
+    let next = lines.get(at + 1).copied().unwrap_or_default();
+    assert!(
+        next.trim_start().starts_with("fix:") && next.contains(fix),
+        "the fix for {what:?} should contain {fix:?}:\n{out}"
+    );
+}
