@@ -259,7 +259,7 @@ async fn a_poison_row_under_fail_stops_ferry_and_confirms_nothing_past_it() {
     assert_eq!(ids, [GOOD_1, GOOD_2], "the rows before it arrived");
     assert!(w.confirmed_lsn().await.unwrap() < after_poison);
     assert_eq!(
-        first_pending_xid(&w).await.as_deref(),
+        w.first_pending_xid().await.as_deref(),
         Some(poison_xid.as_str()),
         "the slot's next transaction is the poison one: nothing past it was confirmed"
     );
@@ -270,7 +270,7 @@ async fn a_poison_row_under_fail_stops_ferry_and_confirms_nothing_past_it() {
     assert_eq!(status.code(), Some(1), "{}", again.log_text());
     assert!(again.log_text().contains(POISON), "{}", again.log_text());
     assert_eq!(
-        first_pending_xid(&w).await.as_deref(),
+        w.first_pending_xid().await.as_deref(),
         Some(poison_xid.as_str())
     );
 }
@@ -400,7 +400,7 @@ async fn sigterm_drains_in_flight_records_confirms_and_exits_zero() {
     // Not `confirmed >= target`: other tests' WAL on the shared server may lie past the last
     // commit, and only a keepalive (none after shutdown) would confirm that.
     assert_eq!(
-        first_pending_xid(&w).await,
+        w.first_pending_xid().await,
         None,
         "the final status update confirmed every drained transaction: nothing is left to replay"
     );
@@ -422,34 +422,6 @@ async fn insert(w: &World, id: &str, aggregate_type: &str, payload: Option<&str>
         .await
         .expect("insert outbox row")
         .get(0)
-}
-
-/// The id of the first transaction the slot would still send (it must not be streamed: waits
-/// until no walsender holds it).
-async fn first_pending_xid(w: &World) -> Option<String> {
-    wait_until("the slot is released", Duration::from_secs(30), || async {
-        let active: bool = w
-            .sql
-            .query_one(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
-                &[&w.slot],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        !active
-    })
-    .await;
-    w.sql
-        .query(
-            "SELECT xid::text FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
-             'proto_version', '1', 'publication_names', $2)",
-            &[&w.slot, &w.publication],
-        )
-        .await
-        .unwrap()
-        .first()
-        .map(|r| r.get(0))
 }
 
 /// Reads `topic` from the beginning until every id in `ids` has arrived (duplicates allowed).

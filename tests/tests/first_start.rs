@@ -17,17 +17,6 @@ async fn run_refuses(w: &World) -> String {
     log
 }
 
-async fn slot_exists(w: &World) -> bool {
-    w.sql
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
-            &[&w.slot],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 async fn a_first_run_stops_and_leaves_no_slot(w: &World, error: &str) {
     let log = run_refuses(w).await;
     assert!(
@@ -35,7 +24,7 @@ async fn a_first_run_stops_and_leaves_no_slot(w: &World, error: &str) {
         "run should stop with {error:?}:\n{log}"
     );
     assert!(
-        !slot_exists(w).await,
+        !w.slot_exists().await,
         "the failed first start left slot {:?} behind:\n{log}",
         w.slot
     );

@@ -60,33 +60,6 @@ async fn ids_in(w: &World, topic: &str, want: &[&str]) -> Vec<String> {
     }
 }
 
-/// The id of the first transaction the slot would still send (once no walsender holds it).
-async fn first_pending_xid(w: &World) -> Option<String> {
-    wait_until("the slot is released", Duration::from_secs(30), || async {
-        let active: bool = w
-            .sql
-            .query_one(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
-                &[&w.slot],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        !active
-    })
-    .await;
-    w.sql
-        .query(
-            "SELECT xid::text FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
-             'proto_version', '1', 'publication_names', $2)",
-            &[&w.slot, &w.publication],
-        )
-        .await
-        .unwrap()
-        .first()
-        .map(|r| r.get(0))
-}
-
 /// Runs `ferry` with `args` until it exits 1 at a poison row; its log.
 async fn stops_at_a_poison_row(w: &World, args: &[&str]) -> String {
     let mut ferry = Ferry::spawn(w, args);
@@ -128,7 +101,7 @@ async fn the_printed_flag_passes_just_the_poison_event_and_a_later_one_still_sto
     );
     let at_1 = printed_position(&log, "--dead-letter-event");
     assert_eq!(printed_position(&log, "--skip-event"), at_1);
-    assert_eq!(first_pending_xid(&w).await, Some(poison_1));
+    assert_eq!(w.first_pending_xid().await, Some(poison_1));
 
     // 2. A position that names another event passes nothing: the same row stops Ferry, and the
     //    error says which position the flag named.
@@ -160,7 +133,7 @@ async fn the_printed_flag_passes_just_the_poison_event_and_a_later_one_still_sto
         dead[0].header("ferry.error.code").as_deref(),
         Some("null_payload")
     );
-    assert_eq!(first_pending_xid(&w).await, Some(poison_2));
+    assert_eq!(w.first_pending_xid().await, Some(poison_2));
 
     // 4. The second one, skipped; Ferry streams on, counting it.
     let mut skipping = Ferry::spawn(&w, &["run", "--skip-event", &at_2]);

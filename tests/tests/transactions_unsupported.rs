@@ -36,17 +36,6 @@ async fn world_without_end_txn() -> (World, Proxy) {
     (w, proxy)
 }
 
-async fn slot_exists(w: &World) -> bool {
-    w.sql
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
-            &[&w.slot],
-        )
-        .await
-        .unwrap()
-        .get(0)
-}
-
 /// What both `check` and `run` must say: the broker, the missing API, and the two fixes.
 fn assert_names_the_missing_api(out: &str) {
     for want in [
@@ -85,7 +74,7 @@ async fn run_stops_before_creating_the_slot_and_a_later_start_with_transactions_
     assert!(!log.contains("Kafka transaction commit failed"), "{log}");
     assert!(!log.contains("events may be lost"), "{log}");
     assert!(
-        !slot_exists(&w).await,
+        !w.slot_exists().await,
         "the failed start left slot {:?} behind:\n{log}",
         w.slot
     );
@@ -138,7 +127,7 @@ async fn a_refused_first_commit_is_permanent_and_drops_the_slot_it_created() {
     );
     assert!(log.contains("dropped the slot it created"), "{log}");
     assert!(!log.contains("events may be lost"), "{log}");
-    assert!(!slot_exists(&w).await, "{log}");
+    assert!(!w.slot_exists().await, "{log}");
 
     drop(proxy);
     w.env.pop();
@@ -188,7 +177,7 @@ async fn kafka_away_during_a_first_start_leaves_a_slot_the_retry_starts_from() {
         !log.contains("session: streaming slot="),
         "Kafka went away too late, after the first record: {log}"
     );
-    assert!(slot_exists(&w).await, "{log}");
+    assert!(w.slot_exists().await, "{log}");
     proxy.heal();
 
     ferry.wait_ready().await;

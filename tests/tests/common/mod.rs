@@ -118,6 +118,46 @@ impl World {
             .map(|s| s.parse().expect("lsn"))
     }
 
+    /// Whether the world's replication slot exists.
+    pub async fn slot_exists(&self) -> bool {
+        self.sql
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&self.slot],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// The id of the first transaction the slot would still send, once no walsender holds it
+    /// (it must not be streamed: waits until the slot is released).
+    pub async fn first_pending_xid(&self) -> Option<String> {
+        wait_until("the slot is released", Duration::from_secs(30), || async {
+            let active: bool = self
+                .sql
+                .query_one(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&self.slot],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            !active
+        })
+        .await;
+        self.sql
+            .query(
+                "SELECT xid::text FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
+                 'proto_version', '1', 'publication_names', $2)",
+                &[&self.slot, &self.publication],
+            )
+            .await
+            .unwrap()
+            .first()
+            .map(|r| r.get(0))
+    }
+
     /// `pg_current_wal_lsn()`.
     pub async fn current_wal_lsn(&self) -> ferry_wal::Lsn {
         let s: String = self
