@@ -118,6 +118,11 @@ impl InFlight {
         Some(entry)
     }
 
+    /// The entry of `token`, if it is in flight.
+    pub fn get(&self, token: Token) -> Option<&Entry> {
+        self.entries.get(token.0)?.as_ref().map(|(_, e)| e)
+    }
+
     /// Records in flight (all sessions).
     pub fn records(&self) -> u64 {
         self.records

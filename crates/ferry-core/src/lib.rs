@@ -39,8 +39,8 @@ pub mod inflight;
 pub mod pass;
 pub mod progress;
 pub mod relay;
-pub mod remember;
 pub mod route;
+pub mod session;
 pub mod sink;
 pub mod verdict;
 pub mod watermark;
@@ -51,5 +51,9 @@ pub use inflight::Token;
 pub use progress::{ProgressKey, ProgressRecord};
 pub use relay::{Action, CoreError, Count, End, Position, Relay, RelayConfig, RowOutcome};
 pub use route::RouteErrorKind;
+pub use session::{
+    Action as SessionAction, CommitOutcome, Session, SessionConfig, SinkError, TransactionLimits,
+    PROGRESS_TOKEN,
+};
 pub use sink::{Report, Sink};
 pub use watermark::Watermark;

@@ -127,6 +127,18 @@ pub enum CoreError<E> {
     UnknownReport { token: Token },
     /// Records were still unreported when the drain's deadline passed.
     DrainTimeout { records: u64 },
+    /// Exactly-once: a transaction call failed for good (begin, or a commit that cannot be
+    /// aborted: fenced, fatal, or its outcome unknown).
+    Transaction(E),
+    /// Exactly-once: the Kafka transaction was aborted because of `error` (a record's or the
+    /// progress record's, with its topic when known, or the commit's); it held `records`
+    /// records. `abort_error`: the abort failed too.
+    Aborted {
+        error: E,
+        topic: Option<Arc<str>>,
+        records: usize,
+        abort_error: Option<E>,
+    },
 }
 
 /// A counter change for the driver to apply to its metrics.
@@ -149,6 +161,11 @@ pub enum Count {
     /// A record's trace context (`outbox.tracing_column`) was malformed: it goes without the
     /// bad header ([`ferry_router::TraceOutcome::Malformed`]).
     TraceContextMalformed(TraceProblem),
+    /// A progress record holding this LSN is in Kafka, and the slot may follow it
+    /// (at-least-once: acknowledged; exactly-once: committed and confirmed).
+    ProgressRecorded(Lsn),
+    /// A progress record failed (at-least-once; retried).
+    ProgressFailed,
 }
 
 /// What came of an outbox row ([`Relay::table_rows`] counts them per table).
@@ -418,6 +435,16 @@ impl<E> Relay<E> {
         self.in_flight.oldest()
     }
 
+    /// The topic of the record in flight under `token`, if any (for errors).
+    pub fn topic_of(&self, token: Token) -> Option<Arc<str>> {
+        self.in_flight.get(token).map(|e| e.topic.clone())
+    }
+
+    /// How long a graceful shutdown waits for in-flight reports.
+    pub fn drain_timeout(&self) -> Duration {
+        self.config.drain_timeout
+    }
+
     /// Whether a drain is under way.
     pub fn is_draining(&self) -> bool {
         self.drain.is_some()
@@ -428,7 +455,7 @@ impl<E> Relay<E> {
         if self.stopped || self.failure.is_some() {
             return;
         }
-        let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
+        let open = self.wm.open_transactions();
         match event {
             OutboxEvent::Begin(b) => {
                 if let Err(e) = self.wm.begin(b.commit_lsn) {
@@ -510,7 +537,7 @@ impl<E> Relay<E> {
                 });
             }
         }
-        self.progress(lsn, open);
+        self.progress(open);
     }
 
     /// The server's WAL end from an idle keepalive: confirmed if nothing is pending.
@@ -526,9 +553,9 @@ impl<E> Relay<E> {
         if self.stopped {
             return;
         }
-        let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
+        let (before, open) = (self.wm.confirmed(), self.wm.open_transactions());
         self.wm.idle_advance(wal_end);
-        if self.wm.confirmed() > lsn {
+        if self.wm.confirmed() > before {
             if let Some(t) = unix_micros {
                 self.idle_at = Some((self.wm.confirmed(), t));
             }
@@ -536,7 +563,7 @@ impl<E> Relay<E> {
         if self.current.is_none() {
             self.pass_moved(Moved::Idle(wal_end));
         }
-        if self.config.exactly_once && self.current.is_none() && self.wm.confirmed() > lsn {
+        if self.config.exactly_once && self.current.is_none() && self.wm.confirmed() > before {
             // Idle: the sink may commit a progress record at the WAL end, so that an idle
             // outbox does not pin WAL in exactly-once mode either.
             self.whole_end = self.whole_end.max(self.wm.confirmed());
@@ -551,7 +578,7 @@ impl<E> Relay<E> {
                 since_unix_micros: since,
             });
         }
-        self.progress(lsn, open);
+        self.progress(open);
     }
 
     /// Exactly-once: a progress record holding `end_lsn` is committed in Kafka; the slot may be
@@ -562,8 +589,8 @@ impl<E> Relay<E> {
         }
         if end_lsn > self.committed_end {
             self.committed_end = end_lsn;
-            let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
-            self.progress(lsn, open);
+            let open = self.wm.open_transactions();
+            self.progress(open);
         }
     }
 
@@ -580,7 +607,7 @@ impl<E> Relay<E> {
             // replayed by a later session. Its report only frees its place in the window.
             return self.check_drained(now);
         }
-        let (lsn, open) = (self.wm.confirmed(), self.wm.open_transactions());
+        let open = self.wm.open_transactions();
         match result {
             Ok(()) => {
                 if let Err(e) = self.wm.delivered(entry.mark) {
@@ -590,7 +617,7 @@ impl<E> Relay<E> {
                     bytes: entry.mark.bytes(),
                     commit_unix_micros: entry.commit_unix_micros,
                 });
-                self.progress(lsn, open);
+                self.progress(open);
                 self.check_drained(now);
             }
             Err(error) => {
@@ -603,7 +630,7 @@ impl<E> Relay<E> {
                     // Nothing accepted behind the failed record may land before its replay.
                     self.actions.push_back(Action::Abandon);
                 }
-                self.progress(lsn, open);
+                self.progress(open);
                 self.fail(
                     CoreError::Delivery {
                         topic: entry.topic,
@@ -729,13 +756,12 @@ impl<E> Relay<E> {
     }
 
     /// After the watermark may have moved: confirm what advanced, count what was confirmed.
-    fn progress(&mut self, lsn_before: Lsn, open_before: usize) {
+    fn progress(&mut self, open_before: usize) {
         let open = self.wm.open_transactions();
         // Begin adds one; only confirming removes any.
         if open < open_before {
             self.count(Count::TransactionsConfirmed((open_before - open) as u64));
         }
-        let _ = lsn_before;
         let mut confirmed = self.wm.confirmed();
         if self.config.exactly_once {
             confirmed = confirmed.min(self.committed_end);
