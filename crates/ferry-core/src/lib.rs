@@ -52,8 +52,8 @@ pub use progress::{ProgressKey, ProgressRecord};
 pub use relay::{Action, CoreError, Count, End, Position, Relay, RelayConfig, RowOutcome};
 pub use route::RouteErrorKind;
 pub use session::{
-    Action as SessionAction, CommitOutcome, Session, SessionConfig, SinkError, TransactionLimits,
-    PROGRESS_TOKEN,
+    Action as SessionAction, CommitOutcome, Session, SessionConfig, SinkError, SinkErrors,
+    TransactionLimits, PROGRESS_TOKEN,
 };
 pub use sink::{Report, Sink};
 pub use watermark::Watermark;

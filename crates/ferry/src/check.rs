@@ -17,6 +17,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer as _};
 
 use crate::config::Config;
+use crate::pipeline::start::{FactsError, StartFacts};
 use crate::pipeline::{binary, PipelineSettings};
 use crate::stdio::{errln, outln};
 use ferry_core::verdict;
@@ -437,63 +438,27 @@ async fn inspect(
     settings: &PipelineSettings,
     sql: &tokio_postgres::Client,
 ) -> Result<Inspection, InspectError> {
-    let state = slot::slot_state(sql, &settings.slot.slot)
-        .await
-        .map_err(|e| e.to_string())?;
-    let identity = slot::system_identity(sql)
-        .await
-        .map_err(|e| e.to_string())?;
-    let current_wal_lsn = match slot::in_recovery(sql).await.map_err(|e| e.to_string())? {
-        true => None,
-        false => Some(
-            slot::current_wal_lsn(sql)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-    };
-    let (properties, topic, name) = (
-        settings.producer_properties.clone(),
-        settings.progress_topic.clone(),
-        settings.slot.slot.clone(),
-    );
-    let history = tokio::task::spawn_blocking(move || {
-        crate::progress::read_slot(
-            &properties,
-            &topic,
-            &name,
-            KAFKA_TIMEOUT,
-            crate::progress::Until::Stable,
-        )
-    })
+    let facts = StartFacts::read(
+        settings,
+        sql,
+        crate::progress::Until::Stable,
+        KAFKA_TIMEOUT,
+        false,
+    )
     .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| match e.is_transient() {
-        true => InspectError::Unknown(e.to_string()),
+    .map_err(|e| match e {
+        FactsError::Server(e) => InspectError::Unknown(e.to_string()),
+        FactsError::Join(e) => InspectError::Unknown(e),
+        FactsError::Topic(e) if e.is_transient() => InspectError::Unknown(e.to_string()),
         // A topic `ferry run` cannot use (more than one partition, an unreadable record).
-        false => InspectError::Unusable(e.to_string()),
+        FactsError::Topic(e) => InspectError::Unusable(e.to_string()),
     })?;
-    let remembered = history.remembered(identity.system_id);
-    let seen = match &state {
-        None => verdict::SlotSeen::Missing,
-        Some(st) if st.wal_status.as_deref() == Some("lost") => verdict::SlotSeen::Invalidated {
-            confirmed_flush_lsn: st.confirmed_flush_lsn,
-        },
-        Some(st) => verdict::SlotSeen::Present {
-            confirmed_flush_lsn: st.confirmed_flush_lsn,
-        },
-    };
-    let v = verdict::decide(&verdict::StartInput {
-        slot_name: &settings.slot.slot,
-        slot: seen,
-        server: verdict::Server {
-            system_id: identity.system_id,
-            timeline: identity.timeline,
-            current_wal_lsn,
-        },
-        remembered: &remembered,
-        mode: ferry_core::progress::Mode::AtLeastOnce,
-        acceptance: verdict::Acceptance::default(),
-    });
+    let remembered = &facts.remembered;
+    let v = verdict::decide(&facts.input(
+        &settings.slot.slot,
+        ferry_core::progress::Mode::AtLeastOnce,
+        verdict::Acceptance::default(),
+    ));
     Ok(Inspection {
         remembered: remembered.this_system.as_ref().map(|r| r.end_lsn),
         written_unix_millis: remembered
@@ -502,7 +467,7 @@ async fn inspect(
             .map(|r| r.written_unix_millis),
         replay_since: remembered.replay_since(),
         verdict: v,
-        topic_exists: history.topic_exists,
+        topic_exists: facts.history.topic_exists,
     })
 }
 

@@ -42,8 +42,8 @@ use crate::pass::Pass;
 use crate::progress::ProgressRecord;
 use crate::relay::{self, CoreError, Count, End, Position, Relay, RelayConfig};
 use remember::Remember;
-use transaction::{Poison, Stage, Transaction};
 pub use transaction::TransactionLimits;
+use transaction::{Poison, Stage, Transaction};
 
 /// The token progress records travel under: the in-flight table's tokens are slab indices from
 /// 0 up to the window, so this one is never one of them.
@@ -56,7 +56,8 @@ pub const LAST_RECORD_AFTER_ERROR: Duration = Duration::from_secs(5);
 /// Least time between two WARN lines about failing progress records.
 pub const PROGRESS_WARN_INTERVAL: Duration = Duration::from_secs(30);
 
-/// What the machine needs to know of the sink's errors.
+/// What the machine needs to know of the sink's errors. A driver whose error type is foreign to
+/// it (the orphan rule) gives the same two answers to [`Session::with_errors`] instead.
 pub trait SinkError: Clone + std::fmt::Display {
     /// Whether writing again may succeed (a broker away), rather than never (not authorized,
     /// an invalid topic).
@@ -147,10 +148,31 @@ pub struct Session<E> {
     progress_topic: Arc<str>,
     actions: VecDeque<Action<E>>,
     stopped: bool,
+    errors: SinkErrors<E>,
+}
+
+/// [`SinkError`]'s two answers, for an error type that cannot implement it.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkErrors<E> {
+    pub is_transient: fn(&E) -> bool,
+    pub abandoned: fn() -> E,
 }
 
 impl<E: SinkError> Session<E> {
     pub fn new(config: SessionConfig) -> Self {
+        Session::with_errors(
+            config,
+            SinkErrors {
+                is_transient: E::is_transient,
+                abandoned: E::abandoned,
+            },
+        )
+    }
+}
+
+impl<E: Clone + std::fmt::Display> Session<E> {
+    /// [`Session::new`], with what the machine needs to know of the sink's errors.
+    pub fn with_errors(config: SessionConfig, errors: SinkErrors<E>) -> Self {
         let mode = match config.transactions {
             Some(limits) => Mode::ExactlyOnce(Transaction::new(limits)),
             None => Mode::AtLeastOnce {
@@ -166,6 +188,7 @@ impl<E: SinkError> Session<E> {
             progress_topic: config.progress_topic,
             actions: VecDeque::new(),
             stopped: true,
+            errors,
         }
     }
 
@@ -473,7 +496,7 @@ impl<E: SinkError> Session<E> {
                 relay::Action::Abandon => match &mut self.mode {
                     Mode::AtLeastOnce { .. } => self.actions.push_back(Action::Abandon),
                     Mode::ExactlyOnce(txn) => txn.poison(Poison {
-                        error: E::abandoned(),
+                        error: (self.errors.abandoned)(),
                         topic: None,
                     }),
                 },
@@ -635,7 +658,7 @@ impl<E: SinkError> Session<E> {
         remember.acked(false, now);
         self.actions.push_back(Action::Count(Count::ProgressFailed));
         let topic = &self.progress_topic;
-        if !e.is_transient() {
+        if !(self.errors.is_transient)(&e) {
             tracing::error!(%topic, error = %e, "Kafka refuses progress records");
             self.relay.handle_sink_error(e, now);
             return;
@@ -709,7 +732,7 @@ impl<E: SinkError> Session<E> {
             return;
         };
         let why = why.unwrap_or(Poison {
-            error: E::abandoned(),
+            error: (self.errors.abandoned)(),
             topic: None,
         });
         let held = txn.failed();

@@ -23,7 +23,7 @@
 //! - the outbox table leaving the publication while a session streams (dropped and recreated,
 //!   `ALTER PUBLICATION ... DROP TABLE`, even if added back since) means rows the stream never
 //!   carried: the session drains and confirms what it streamed, then ends with a permanent
-//!   error saying so (watched every lag sample; see `session::watch_server`);
+//!   error saying so (watched every lag sample; see `watch::watch_server`);
 //! - the shutdown future ends the current session gracefully: stop reading, wait for in-flight
 //!   deliveries (up to the drain timeout), confirm, send a final status update.
 //!
@@ -32,10 +32,13 @@
 //! per-key order across reconnects.
 
 pub mod binary;
+mod driver;
 mod error;
-mod session;
 pub mod settings;
+mod sink;
+pub mod start;
 pub mod transactional;
+mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -46,6 +49,7 @@ pub use settings::PipelineSettings;
 
 use crate::producer::Producer;
 use crate::telemetry::{Component, Metrics};
+use driver::{Carry, Driver, Link, Producing};
 
 /// Runs sessions until `shutdown` resolves (Ok) or a permanent error (Err).
 ///
@@ -62,15 +66,17 @@ pub async fn run(
 ) -> Result<(), PipelineError> {
     let settings = Arc::new(settings);
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut producer: Option<(Producer, session::Core)> = None;
+    let mut producer: Option<(Producer, Link)> = None;
     // `--accept-gap`: good until the fresh progress record after the accepted gap is written.
     let mut acceptance = settings.acceptance;
-    // `--skip-event` / `--dead-letter-event`: armed until its transaction is confirmed (the core
-    // decides; a core made for a new session takes it over).
-    let mut pass = settings.pass;
-    // Tables taken out of the publication whose rows still in the WAL are skipped: learnt by a
-    // session, kept for every later one.
-    let mut taken_out = Vec::new();
+    // What outlives a session: `--skip-event` / `--dead-letter-event` while armed (the machine
+    // decides; a machine made for a new session takes it over), the tables taken out of the
+    // publication whose rows still in the WAL are skipped, the progress topic's check.
+    let mut carry = Carry {
+        pass: settings.pass,
+        tables_taken_out: Vec::new(),
+        progress_topic_ready: false,
+    };
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
     if !supervisor.brokers_answer(shutdown.as_mut()).await? {
@@ -89,50 +95,35 @@ pub async fn run(
         // What a client said of the brokers before this session no longer speaks for it.
         crate::kafka_access::reset();
         let result = if settings.exactly_once.is_some() {
-            let outcome = session::Session::exactly_once(
-                &settings,
-                &metrics,
-                topic_watch.topics(),
-                &mut acceptance,
-                pass,
-                taken_out.clone(),
-            )
-            .run(shutdown.as_mut())
-            .await;
-            pass = outcome.core.pass();
-            taken_out = outcome.core.tables_taken_out();
-            outcome.result
+            let producing = Producing::Transactional(topic_watch.topics());
+            Driver::new(&settings, &metrics, &mut acceptance, &mut carry)
+                .run(producing, shutdown.as_mut())
+                .await
         } else {
             if producer
                 .as_ref()
                 .is_some_and(|(p, _)| p.fatal_error().is_some())
             {
-                producer = None;
+                carry.pass = producer.take().and_then(|(_, link)| link.pass());
             }
-            let (p, core) = match producer.take() {
+            let (p, mut link) = match producer.take() {
                 Some(p) => p,
                 None => Producer::new(
                     &settings.producer_properties,
                     topic_watch.topics(),
                     metrics.clone(),
                 )
-                .map(|(p, rx)| {
-                    (
-                        p,
-                        session::Core::new(rx, &settings, pass, taken_out.clone()),
-                    )
-                })
+                .map(|(p, rx)| (p, Link::new(rx, &settings, carry.pass)))
                 .map_err(PipelineError::ProducerConfig)?,
             };
-            let outcome = session::Session::new(&settings, &metrics, &p, core, &mut acceptance)
-                .run(shutdown.as_mut())
+            let result = Driver::new(&settings, &metrics, &mut acceptance, &mut carry)
+                .run(Producing::Idempotent(&p, &mut link), shutdown.as_mut())
                 .await;
-            pass = outcome.core.pass();
-            taken_out = outcome.core.tables_taken_out();
-            producer = Some((p, outcome.core));
-            outcome.result
+            carry.pass = link.pass();
+            producer = Some((p, link));
+            result
         };
-        if matches!(result, Ok(session::End::Shutdown)) {
+        if matches!(result, Ok(driver::End::Shutdown)) {
             // Every report is in (the session drained), so this returns at once; it waits for
             // anything librdkafka itself still has to send. Blocking: off the runtime.
             if let Some((p, _)) = producer.take() {
@@ -169,13 +160,13 @@ impl<'a> Supervisor<'a> {
     /// `shutdown` resolved meanwhile, Err for a permanent error.
     async fn after(
         &mut self,
-        result: Result<session::End, PipelineError>,
+        result: Result<driver::End, PipelineError>,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
         match result {
-            Ok(session::End::Shutdown) => return Ok(false),
-            Ok(session::End::Streamed) => self.backoff = s.reconnect_backoff_min,
+            Ok(driver::End::Shutdown) => return Ok(false),
+            Ok(driver::End::Streamed) => self.backoff = s.reconnect_backoff_min,
             Err(e) if e.is_standby() => {
                 if !self.standing_by {
                     tracing::info!(slot = %s.stream.slot, "{e}; standing by");

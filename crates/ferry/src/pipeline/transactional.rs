@@ -45,51 +45,37 @@
 //! use them; nothing else reads the variable.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use ferry_core::progress::{Mode, ProgressKey, ProgressRecord};
-use ferry_core::{Position, Relay, Token};
+use ferry_core::{CommitOutcome, Position, Token};
 use ferry_router::Record;
 use ferry_wal::conn::SystemIdentity;
 use rdkafka::error::KafkaError;
 
 use super::settings::ExactlyOnce;
+use super::sink::{send_error, unix_millis};
 use super::PipelineError;
-use crate::producer::{
-    transaction_error, Delivery, Producer, Reports, SendError, TransactionFailure,
-};
+use crate::producer::{transaction_error, Producer, Reports, TransactionFailure};
 use crate::telemetry::Metrics;
 use crate::topics::Topics;
-
-/// The delivery-report key of the progress record (no core token is ever this large).
-pub const PROGRESS_TOKEN: usize = usize::MAX;
 
 /// The environment variable naming a failpoint (tests only).
 pub const FAILPOINT_ENV: &str = "FERRY_TEST_FAILPOINT";
 
-/// A Kafka transaction in the making, and the producer that runs it.
+/// The transactional producer of one session, and what its calls need to say why they failed.
+/// It carries out the session machine's transaction actions ([`ferry_core::session`] decides
+/// when to begin, commit or abort); it decides nothing.
 pub(super) struct Txn {
     pub producer: Producer,
     settings: ExactlyOnce,
     key: Vec<u8>,
     transactional_id: String,
     timeline: u32,
-    /// A transaction is begun.
-    open: bool,
-    /// Tokens of the records in the open transaction: their reports are held until it ends.
-    held: Vec<Token>,
-    held_bytes: u64,
-    /// The newest position the core gave, and when the first uncommitted one came.
-    position: Option<Position>,
-    since: Option<Instant>,
-    /// Why the open transaction may never commit.
-    poisoned: Option<KafkaError>,
-    /// The topic of the record whose report poisoned it, if one did.
-    poisoned_topic: Option<Box<str>>,
+    /// Records produced since the last commit or abort (for the failpoints).
+    sent: usize,
     /// The producer's client properties (for the grant in an authorization failure's message).
     properties: Vec<(String, String)>,
-    /// The newest committed position.
-    committed: Option<Position>,
     metrics: std::sync::Arc<Metrics>,
 }
 
@@ -139,14 +125,7 @@ impl Txn {
                 key: key.encode(),
                 transactional_id,
                 timeline: system.timeline,
-                open: false,
-                held: Vec::new(),
-                held_bytes: 0,
-                position: None,
-                since: None,
-                poisoned: None,
-                poisoned_topic: None,
-                committed: None,
+                sent: 0,
                 metrics,
                 properties: properties.to_vec(),
             },
@@ -182,109 +161,25 @@ impl Txn {
         })
     }
 
-    /// Hands a record to the open transaction (beginning one if needed); its report is held.
+    /// Hands a record to the open transaction; its report comes to the session machine.
     pub fn produce(&mut self, token: Token, record: &Record) -> Result<(), KafkaError> {
-        if !self.open {
-            self.producer.begin_transaction()?;
-            self.open = true;
-        }
         self.producer.send(record, token.0).map_err(send_error)?;
-        self.held.push(token);
-        self.held_bytes += record.size_bytes() as u64;
+        self.sent += 1;
         Ok(())
     }
 
-    /// The core's position after an event.
-    pub fn position(&mut self, p: Position, now: Instant) {
-        self.position = Some(p);
-        self.since.get_or_insert(now);
+    /// `begin_transaction`.
+    pub fn begin(&mut self) -> Result<(), KafkaError> {
+        self.producer.begin_transaction()
     }
 
-    /// A failure elsewhere (the core's `Abandon`): the open transaction may never commit.
-    pub fn poison(&mut self, why: KafkaError) {
-        self.poisoned.get_or_insert(why);
-    }
-
-    /// A delivery report: held (an `Ok` means nothing until the commit); a failure poisons.
-    pub fn report(&mut self, d: Delivery) {
-        if let Err(e) = d.result {
-            tracing::warn!(error = %e, "a record of the open Kafka transaction failed; it will be aborted");
-            if self.poisoned.is_none() {
-                self.poisoned_topic = d.topic;
-            }
-            self.poison(e);
-        }
-    }
-
-    /// When the open transaction must commit at the latest.
-    pub fn deadline(&self) -> Option<Instant> {
-        self.since.map(|s| s + self.settings.interval)
-    }
-
-    /// Whether the open transaction holds its cap of records or bytes: no more WAL until it
-    /// commits.
-    pub fn full(&self) -> bool {
-        self.held.len() as u64 >= self.settings.max_records
-            || self.held_bytes >= self.settings.max_bytes
-    }
-
-    fn uncommitted(&self) -> bool {
-        self.position.is_some() && self.position != self.committed
-    }
-
-    /// Commits or aborts when it is time to; see the [module documentation](self).
-    pub async fn settle(
-        &mut self,
-        relay: &mut Relay<KafkaError>,
-        now: Instant,
-    ) -> Result<(), PipelineError> {
-        if let Some(why) = self.poisoned.take() {
-            if self.open || !self.held.is_empty() {
-                return self.abort(relay, why, now).await;
-            }
-            return Ok(());
-        }
-        let full = self.full();
-        let late = self.deadline().is_some_and(|d| now >= d);
-        let draining = relay.is_draining() && !self.held.is_empty();
-        if !self.uncommitted() || !(full || late || draining) {
-            return Ok(());
-        }
-        let Some(position) = self.position else {
-            return Ok(());
-        };
-        self.commit(relay, position).await
-    }
-
-    /// Commits a transaction holding only a progress record at `position` (a fresh slot's).
-    pub async fn commit_position(
-        &mut self,
-        relay: &mut Relay<KafkaError>,
-        position: Position,
-    ) -> Result<(), PipelineError> {
-        self.position = Some(position);
-        self.commit(relay, position).await
-    }
-
-    async fn commit(
-        &mut self,
-        relay: &mut Relay<KafkaError>,
-        position: Position,
-    ) -> Result<(), PipelineError> {
-        if !self.open {
-            self.producer
-                .begin_transaction()
-                .map_err(|e| self.failure(e))?;
-            self.open = true;
-        }
+    /// The progress record holding `position`, into the open transaction after its records.
+    pub fn produce_progress(&mut self, token: Token, position: Position) -> Result<(), KafkaError> {
         // Failpoints count transactions that carry records (not progress-only ones).
-        let carrying = !self.held.is_empty();
+        let carrying = self.sent > 0;
         if carrying {
             failpoint("records_sent");
         }
-        let written_unix_millis = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
         let record = ProgressRecord {
             partial: position.partial,
             since_unix_millis: position.since_unix_micros.map(|t| t.div_euclid(1000)),
@@ -292,20 +187,30 @@ impl Txn {
                 Mode::ExactlyOnce,
                 self.timeline,
                 position.end_lsn,
-                written_unix_millis,
+                unix_millis(),
             )
         };
-        if let Err(e) = self.producer.send_progress(
-            &self.settings.progress_topic,
-            &self.key,
-            &record.encode(),
-            PROGRESS_TOKEN,
-        ) {
-            return self.abort(relay, send_error(e), Instant::now()).await;
-        }
+        self.producer
+            .send_progress(
+                &self.settings.progress_topic,
+                &self.key,
+                &record.encode(),
+                token.0,
+            )
+            .map_err(send_error)?;
         if carrying {
             failpoint("progress_sent");
         }
+        Ok(())
+    }
+
+    /// `commit_transaction`, and what its outcome means to the session machine.
+    pub async fn commit(
+        &mut self,
+        position: Position,
+        records: usize,
+    ) -> CommitOutcome<KafkaError> {
+        let carrying = self.sent > 0;
         if carrying && failpoint_armed("commit_sent") {
             // Killed while the commit is in flight: whether it lands is the broker's business.
             std::thread::spawn(|| {
@@ -328,78 +233,32 @@ impl Txn {
                     failpoint("committed");
                 }
                 tracing::debug!(
-                    records = self.held.len(),
+                    records,
                     end_lsn = %position.end_lsn,
                     commit_ms = started.elapsed().as_millis() as u64,
                     "Kafka transaction committed"
                 );
-                self.open = false;
-                self.committed = Some(position);
-                self.since = None;
-                self.held_bytes = 0;
-                let now = Instant::now();
-                for token in self.held.drain(..) {
-                    relay.handle_report(token, Ok(()), now);
-                }
-                relay.progress_committed(position.end_lsn);
-                Ok(())
+                self.sent = 0;
+                CommitOutcome::Committed
             }
             Err(e) => {
                 let failure = transaction_error(&e);
                 tracing::warn!(error = %e, failure = failure.as_str(), "Kafka transaction commit failed");
-                if failure == TransactionFailure::Abortable {
-                    return self.abort(relay, e, Instant::now()).await;
+                match failure {
+                    TransactionFailure::Abortable => CommitOutcome::Abortable(e),
+                    _ => CommitOutcome::Failed(e),
                 }
-                self.release_failed(relay, &e, Instant::now());
-                Err(self.failure(e))
             }
         }
     }
 
-    /// Aborts the open transaction; its records' reports are released failed, and the session
-    /// ends (the next one starts over from what Kafka holds).
-    async fn abort(
-        &mut self,
-        relay: &mut Relay<KafkaError>,
-        why: KafkaError,
-        now: Instant,
-    ) -> Result<(), PipelineError> {
-        let held = self.held.len();
-        tracing::warn!(error = %why, records = held, "aborting the Kafka transaction");
-        let aborted = if self.open {
-            self.metrics.kafka_transactions_aborted.inc();
-            self.producer
-                .abort_transaction(self.settings.call_timeout)
-                .await
-        } else {
-            Ok(())
-        };
-        self.open = false;
-        self.release_failed(relay, &why, now);
-        let topic = self.poisoned_topic.take();
-        if let Some(code) = crate::authz::authorization_code(&why) {
-            // The broker refuses the records (or the progress record) for good: stop. The
-            // refused record's report may not have come in yet (the commit failed first): then
-            // the topic is the one librdkafka's error quotes, if it does; the progress topic if
-            // the transaction held nothing else; never a guess among several.
-            let quoted = quoted_topic(&why.to_string());
-            let topic = topic
-                .as_deref()
-                .or(quoted.as_deref())
-                .or((held == 0).then_some(self.settings.progress_topic.as_str()))
-                .unwrap_or("<the outbox topic or progress topic named in the error>");
-            let progress = topic == self.settings.progress_topic;
-            return Err(PipelineError::not_authorized(
-                code,
-                topic,
-                progress,
-                &self.properties,
-            ));
-        }
-        if let Err(e) = aborted {
-            return Err(self.failure(e));
-        }
-        Err(PipelineError::Transaction { error: why })
+    /// `abort_transaction` (the session machine asked for it; it ends the session).
+    pub async fn abort(&mut self) -> Result<(), KafkaError> {
+        self.sent = 0;
+        self.metrics.kafka_transactions_aborted.inc();
+        self.producer
+            .abort_transaction(self.settings.call_timeout)
+            .await
     }
 
     /// A session that ends with its transaction open (the reader failed, PostgreSQL went
@@ -410,15 +269,8 @@ impl Txn {
     /// hold the restart); any other failure is left to the next session, whose
     /// `init_transactions` aborts what is still open.
     pub async fn end_open(&mut self, timeout: Duration) -> Result<(), PipelineError> {
-        if !self.open {
-            return Ok(());
-        }
-        self.open = false;
+        self.sent = 0;
         self.metrics.kafka_transactions_aborted.inc();
-        tracing::warn!(
-            records = self.held.len(),
-            "the session ends with a Kafka transaction open; aborting it"
-        );
         match self.producer.abort_transaction(timeout).await {
             Ok(()) => Ok(()),
             Err(e) => match self.failure(e) {
@@ -431,16 +283,37 @@ impl Txn {
         }
     }
 
-    fn release_failed(&mut self, relay: &mut Relay<KafkaError>, why: &KafkaError, now: Instant) {
-        self.held_bytes = 0;
-        self.position = self.committed;
-        self.since = None;
-        for token in self.held.drain(..) {
-            relay.handle_report(token, Err(why.clone()), now);
+    /// The pipeline's error for an aborted transaction ([`ferry_core::CoreError::Aborted`]): `error` caused
+    /// it (its record's `topic`, when known; the transaction held `records` outbox records),
+    /// `abort_error` is the abort's own failure.
+    pub fn aborted(
+        &self,
+        error: KafkaError,
+        topic: Option<&str>,
+        records: usize,
+        abort_error: Option<KafkaError>,
+    ) -> PipelineError {
+        if let Some(code) = crate::authz::authorization_code(&error) {
+            // The broker refuses the records (or the progress record) for good: stop. The
+            // refused record's report may not have come in yet (the commit failed first): then
+            // the topic is the one librdkafka's error quotes, if it does; the progress topic if
+            // the transaction held nothing else; never a guess among several.
+            let quoted = quoted_topic(&error.to_string());
+            let topic = topic
+                .or(quoted.as_deref())
+                .or((records == 0).then_some(self.settings.progress_topic.as_str()))
+                .unwrap_or("<the outbox topic or progress topic named in the error>");
+            let progress = topic == self.settings.progress_topic;
+            return PipelineError::not_authorized(code, topic, progress, &self.properties);
+        }
+        match abort_error {
+            Some(e) => self.failure(e),
+            None => PipelineError::Transaction { error },
         }
     }
 
-    fn failure(&self, error: KafkaError) -> PipelineError {
+    /// The pipeline's error for a transaction call that failed for good.
+    pub fn failure(&self, error: KafkaError) -> PipelineError {
         if let Some(e) = denied_txn(&error, &self.transactional_id, &self.properties) {
             return e;
         }
@@ -496,15 +369,6 @@ fn quoted_topic(text: &str) -> Option<String> {
     let (_, rest) = text.split_once('"')?;
     let (name, _) = rest.split_once('"')?;
     (!name.is_empty()).then(|| name.to_string())
-}
-
-fn send_error(e: SendError) -> KafkaError {
-    match e {
-        SendError::QueueFull => {
-            KafkaError::MessageProduction(rdkafka::error::RDKafkaErrorCode::QueueFull)
-        }
-        SendError::Refused(e) => e,
-    }
 }
 
 /// Times each failpoint was reached.

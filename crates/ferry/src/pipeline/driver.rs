@@ -1,0 +1,790 @@
+//! One streaming session's driver: connect, start the session machine, then carry its actions
+//! out until it says stop.
+//!
+//! Every decision (what to produce, what to confirm, when to write a progress record, when to
+//! begin, commit or abort a Kafka transaction, when to read, when to stop) is the session
+//! machine's ([`ferry_core::session`]). This loop only carries inputs to it (reader events,
+//! delivery reports of records and progress records alike, the outcome of each transaction call,
+//! the time, a shutdown) and its actions out, to the [`Sink`], the reader and the metrics.
+//!
+//! The loop prefers delivery reports over new WAL (`biased` select): acknowledgements free room
+//! in the in-flight window and advance the confirmed LSN, so they are never starved by a fast
+//! WAL stream. New events are read only while the machine wants them; when it does not (the
+//! window is full, a drain began, a Kafka transaction is at its cap) the reader task's bounded
+//! channel fills, it stops reading the socket, and the server stops sending. Memory therefore
+//! stays bounded by the window however long Kafka is away and however large a transaction is.
+//!
+//! Before it touches the slot a session asks the start-time verdict ([`super::start`]) whether
+//! streaming from it would hide lost events: it reads the slot, then the progress topic (in that
+//! order: a Ferry streaming the slot meanwhile writes its record before it confirms, so the
+//! record read after the slot is never behind it), and stops with a permanent error that names
+//! the gap unless the operator accepted it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ferry_core::pass::Pass;
+use ferry_core::progress::ProgressKey;
+use ferry_core::verdict::Acceptance;
+use ferry_core::{
+    CoreError, Count, RowOutcome, Session, SessionAction as Action, SessionConfig, SinkErrors,
+    Token, TransactionLimits,
+};
+use ferry_wal::assembly::SourceTable;
+use ferry_wal::conn::{ReaderEvent, ReaderHandle};
+use ferry_wal::slot;
+use ferry_wal::slot::SlotSpec;
+use rdkafka::error::KafkaError;
+
+use super::binary::{self, Mode};
+use super::sink::Sink;
+use super::start::transactions_supported;
+use super::transactional::{self, Txn};
+use super::watch::{watch_server, WalClock};
+use super::{PipelineError, PipelineSettings};
+use crate::producer::{self, Producer, Reports};
+use crate::telemetry::repeats::Repeats;
+use crate::telemetry::Metrics;
+use crate::topics::Topics;
+
+/// How long a session that ends with a Kafka transaction open waits for its abort.
+pub(super) const END_ABORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most delivery reports or WAL events handled in one wake-up of the session loop.
+const BURST: usize = 512;
+
+/// Longest interval between two metric publications of a session.
+const PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the session machine needs to know of Kafka's errors.
+const KAFKA_ERRORS: SinkErrors<KafkaError> = SinkErrors {
+    is_transient: producer::is_transient,
+    abandoned: || KafkaError::Canceled,
+};
+
+/// How a session ended without error.
+#[derive(Debug)]
+pub(super) enum End {
+    /// The shutdown future resolved; everything was drained and confirmed.
+    Shutdown,
+    /// Streaming stopped without an error (the server ended the stream cleanly).
+    Streamed,
+}
+
+/// The session machine and the delivery reports it takes: they live as long as the producer
+/// whose reports they are (at-least-once: across sessions, so that a late report finds its own
+/// record in the in-flight table; exactly-once: one session).
+pub(super) struct Link {
+    rx: Reports,
+    machine: Session<KafkaError>,
+    /// The relay's per-table row counts as last added to the metrics.
+    table_rows_seen: Vec<[u64; 4]>,
+}
+
+impl Link {
+    /// `pass`: the one-shot pass still armed (`--skip-event`), carried from machine to machine.
+    pub fn new(rx: Reports, s: &PipelineSettings, pass: Option<Pass>) -> Self {
+        let config = SessionConfig {
+            relay: ferry_core::RelayConfig {
+                routers: s.routers.clone(),
+                max_in_flight_records: s.max_in_flight_records as u64,
+                max_in_flight_bytes: s.max_in_flight_bytes as u64,
+                drain_timeout: s.drain_timeout,
+                session_drain_timeout: s.session_drain_timeout,
+                exactly_once: s.exactly_once.is_some(),
+            },
+            transactions: s.exactly_once.as_ref().map(|eo| TransactionLimits {
+                interval: eo.interval,
+                max_records: eo.max_records,
+                max_bytes: eo.max_bytes,
+            }),
+            progress_topic: s.progress_topic.as_str().into(),
+        };
+        let mut machine = Session::with_errors(config, KAFKA_ERRORS);
+        machine.set_pass(pass);
+        Link {
+            rx,
+            machine,
+            table_rows_seen: vec![[0; 4]; s.routers.len()],
+        }
+    }
+
+    /// The one-shot pass still armed, for the machine of the next session.
+    pub fn pass(&self) -> Option<Pass> {
+        self.machine.pass()
+    }
+}
+
+/// What outlives a session whatever the mode.
+pub(super) struct Carry {
+    /// `--skip-event` / `--dead-letter-event`, while armed (the machine decides).
+    pub pass: Option<Pass>,
+    /// Tables taken out of the publication while rows of theirs were still ahead in the WAL:
+    /// the next sessions skip those rows ([`ferry_wal::assembly::OtherTables`]).
+    pub tables_taken_out: Vec<SourceTable>,
+    /// The progress topic was created or found with one partition.
+    pub progress_topic_ready: bool,
+}
+
+/// What the session machine stopped with.
+type Stopped = Result<ferry_core::End, CoreError<KafkaError>>;
+
+pub(super) struct Driver<'a> {
+    pub(super) settings: &'a PipelineSettings,
+    pub(super) metrics: &'a Arc<Metrics>,
+    pub(super) acceptance: &'a mut Acceptance,
+    pub(super) carry: &'a mut Carry,
+    status_updates_seen: u64,
+    /// INSERTs into published tables Ferry does not relay: how many the last warning covered,
+    /// and the warning's repeats.
+    other_inserts_seen: u64,
+    other_inserts_log: Repeats,
+    /// The server's clock at sampled WAL positions, for the bound of an idle WAL end.
+    wal_clock: WalClock,
+    /// The session accepted a gap; the acceptance is used up by its first written record.
+    accepting: bool,
+    /// A transaction abort at the session's end found the producer fenced.
+    fenced: Option<PipelineError>,
+}
+
+/// How a session gets its producer.
+pub(super) enum Producing<'a, 'l> {
+    /// At-least-once: the idempotent producer shared across sessions, and its link.
+    Idempotent(&'a Producer, &'l mut Link),
+    /// Exactly-once: a transactional producer made once the slot is this session's.
+    Transactional(Topics),
+}
+
+impl<'a> Driver<'a> {
+    pub fn new(
+        settings: &'a PipelineSettings,
+        metrics: &'a Arc<Metrics>,
+        acceptance: &'a mut Acceptance,
+        carry: &'a mut Carry,
+    ) -> Self {
+        Driver {
+            settings,
+            metrics,
+            acceptance,
+            carry,
+            status_updates_seen: 0,
+            other_inserts_seen: 0,
+            other_inserts_log: Repeats::default(),
+            wal_clock: WalClock::default(),
+            accepting: false,
+            fenced: None,
+        }
+    }
+
+    pub async fn run(
+        mut self,
+        producing: Producing<'_, '_>,
+        shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<End, PipelineError> {
+        let result = self.stream(producing, shutdown).await;
+        self.metrics.streaming.set_flag(false);
+        result
+    }
+
+    async fn stream(
+        &mut self,
+        producing: Producing<'_, '_>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<End, PipelineError> {
+        let s = self.settings;
+        // Nothing is produced before the stream starts, so a shutdown during the set-up (a
+        // server slow to answer, a progress topic read waiting on a transaction) ends it at
+        // once: there is nothing to drain or confirm.
+        let (sql, start) = tokio::select! {
+            r = self.prepare() => r?,
+            _ = shutdown.as_mut() => {
+                tracing::info!("stopped before streaming began: nothing to drain");
+                return Ok(End::Shutdown);
+            }
+        };
+        // An exactly-once session that created the slot: until its first record commits,
+        // nothing remembers it (see `first_start_failed`).
+        let created = s.exactly_once.is_some() && s.slot.create_slot && start.create_slot;
+        let opened = tokio::select! {
+            r = self.open(&sql) => r,
+            _ = shutdown.as_mut() => {
+                tracing::info!("stopped before streaming began: nothing to drain");
+                self.drop_created_slot(&sql, created).await;
+                return Ok(End::Shutdown);
+            }
+        };
+        let (membership, binary_read, mut reader) = match opened {
+            Ok(x) => x,
+            Err(e) => return Err(self.first_start_failed(&sql, created, e).await),
+        };
+        if reader.system.system_id != start.identity.system_id {
+            let replication = reader.system.system_id;
+            let _ = reader.shutdown().await;
+            let e = PipelineError::TwoServers {
+                sql: start.identity.system_id,
+                replication,
+            };
+            return Err(self.first_start_failed(&sql, created, e).await);
+        }
+        self.accepting = start.accepted;
+        let key = ProgressKey {
+            system_id: reader.system.system_id,
+            slot: s.slot.slot.clone(),
+        }
+        .encode();
+        let now = Instant::now();
+        let mut own_link;
+        let (link, mut sink) = match producing {
+            Producing::Idempotent(producer, link) => {
+                link.machine.start_at_least_once(
+                    reader.resume_lsn,
+                    binary_read,
+                    start.remembered,
+                    now,
+                );
+                let sink = Sink::Idempotent {
+                    producer,
+                    progress_topic: &s.progress_topic,
+                    key,
+                    timeline: reader.system.timeline,
+                };
+                (link, sink)
+            }
+            Producing::Transactional(topics) => {
+                let started = tokio::select! {
+                    r = self.exactly_once(topics, &reader, binary_read) => r,
+                    // Honoured during the set-up too (init_transactions can take a while).
+                    _ = shutdown.as_mut() => {
+                        let _ = finish(reader).await;
+                        self.drop_created_slot(&sql, created).await;
+                        return Ok(End::Shutdown);
+                    }
+                };
+                match started {
+                    Ok((link, sink)) => {
+                        own_link = link;
+                        (&mut own_link, sink)
+                    }
+                    Err(e) => {
+                        let _ = finish(reader).await;
+                        return Err(self.first_start_failed(&sql, created, e).await);
+                    }
+                }
+            }
+        };
+        if self.metrics.standby.get() != 0 {
+            tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
+            self.metrics.standby.set_flag(false);
+        }
+        tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
+        self.metrics.streaming.set_flag(true);
+        self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
+        let (left_tx, left_rx) = tokio::sync::oneshot::channel();
+        let watch = tokio::spawn(watch_server(
+            sql.clone(),
+            self.metrics.clone(),
+            s.lag_sample_interval,
+            (s.slot.clone(), membership, left_tx),
+            self.wal_clock.clone(),
+        ));
+        let (stopped, left_publication) = self
+            .stream_loop(link, &mut sink, &mut reader, left_rx, shutdown)
+            .await;
+        watch.abort();
+        self.carry.pass = link.machine.pass();
+        self.publish_gauges(link, &reader);
+        let reader_result = finish(reader).await;
+        if let Some(fenced) = self.fenced.take() {
+            return Err(fenced);
+        }
+        if let Some(e) = left_publication {
+            // Drained and confirmed what was streamed; a drain failure is reported first.
+            stopped.map_err(|e| pipeline_error(e, s, sink.txn()))?;
+            return Err(e);
+        }
+        match stopped {
+            Ok(ferry_core::End::Shutdown) => {
+                tracing::info!(confirmed = %link.machine.relay().confirmed(), "drained and confirmed");
+                Ok(End::Shutdown)
+            }
+            Ok(ferry_core::End::ReaderEnded) => match reader_result {
+                Ok(()) => Ok(End::Streamed),
+                Err(e) => Err(self.unrelayed(e, &sql).await),
+            },
+            Err(e) => Err(self.named(pipeline_error(e, s, sink.txn()), &sql).await),
+        }
+    }
+
+    /// Connects, asks the start-time verdict, checks that the brokers serve transactions
+    /// (exactly-once), and makes sure of the slot and publication.
+    async fn prepare(
+        &mut self,
+    ) -> Result<(Arc<tokio_postgres::Client>, super::start::Start), PipelineError> {
+        let s = self.settings;
+        let sql = Arc::new(slot::connect_sql(&s.postgres).await?);
+        let start = self.verdict(&sql).await?;
+        if s.exactly_once.is_some() {
+            // Before the slot is created or transactions initialised (issue 30).
+            transactions_supported(s).await?;
+        }
+        let spec = SlotSpec {
+            create_slot: s.slot.create_slot && start.create_slot,
+            ..s.slot.clone()
+        };
+        slot::ensure(&sql, &spec).await?;
+        Ok((sql, start))
+    }
+
+    /// Starts replication: how the publication covers each table (watched while streaming),
+    /// whether values stream in binary, and the reader.
+    async fn open(
+        &mut self,
+        sql: &tokio_postgres::Client,
+    ) -> Result<(Vec<Option<String>>, bool, ReaderHandle), PipelineError> {
+        let s = self.settings;
+        // ensure() checked the publication covers the table; how it does is watched below.
+        let membership = slot::publication_membership(sql, &s.slot).await?;
+        let mode = binary::decide(sql, s).await?;
+        let mut options = s.stream.clone();
+        options.binary = mode == Mode::Binary;
+        // ensure() refused tables the publication lists and no entry relays; one listed
+        // later stops the stream at its first row (or the watch, whichever is first).
+        options.source.other_tables = slot::other_tables(sql, &s.slot).await?;
+        options.source.other_tables.tables = self.carry.tables_taken_out.clone();
+        options.source.oids = slot::outbox_oids(sql, &s.slot).await?;
+        match &mode {
+            Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
+            Mode::Text(why) => tracing::info!("values stream as text: {why}"),
+        }
+        let reader = ferry_wal::conn::start(&s.postgres, sql, options).await?;
+        Ok((membership, mode == Mode::Binary, reader))
+    }
+
+    /// Exactly-once: the slot is ours; fence older producers, read what Kafka holds, and start
+    /// the machine from it. A fresh slot's position is committed at once, in a transaction of
+    /// its own, before anything streams.
+    async fn exactly_once(
+        &mut self,
+        topics: Topics,
+        reader: &ReaderHandle,
+        binary_read: bool,
+    ) -> Result<(Link, Sink<'static>), PipelineError> {
+        let s = self.settings;
+        let Some(eo) = &s.exactly_once else {
+            unreachable!("an exactly-once session without exactly-once settings");
+        };
+        crate::progress::ensure_topic(
+            &s.producer_properties,
+            &eo.progress_topic,
+            s.create_topics.replication_factor,
+            eo.call_timeout,
+        )
+        .await?;
+        let slot = &s.stream.slot;
+        let (txn, rx) = Txn::start(
+            eo,
+            &s.producer_properties,
+            topics,
+            reader.system,
+            slot,
+            self.metrics.clone(),
+        )
+        .await?;
+        let remembered = txn
+            .remembered(&s.producer_properties, reader.system, slot)
+            .await?;
+        // The start-time verdict compared the slot with what the progress topic held before
+        // the slot was taken; this read follows the fencing, so a transaction a fenced producer
+        // left open is decided.
+        tracing::info!(
+            remembered = remembered.as_ref().map(|r| r.position()),
+            slot_lsn = %reader.resume_lsn,
+            "exactly-once: resuming from the progress topic"
+        );
+        let fresh = remembered.is_none();
+        let mut link = Link::new(rx, s, self.carry.pass);
+        let mut sink = Sink::Transactional(txn);
+        link.machine
+            .start_exactly_once(reader.resume_lsn, binary_read, remembered, Instant::now());
+        if let Some(Err(e)) = self.carry_out(&mut link, &mut sink, reader).await {
+            return Err(pipeline_error(e, s, sink.txn()));
+        }
+        if fresh && self.accepting {
+            *self.acceptance = Acceptance::default();
+            self.accepting = false;
+        }
+        // A committed record remembers the slot now: `--initialize-progress` (or the
+        // acceptance `first_start_failed` gave) is used up.
+        self.acceptance.initialize_progress = false;
+        Ok((link, sink))
+    }
+
+    /// Feeds the machine until it stops; returns what it stopped with, and the error the
+    /// publication watch raised, if it did (the session then drained first).
+    async fn stream_loop(
+        &mut self,
+        link: &mut Link,
+        sink: &mut Sink<'_>,
+        reader: &mut ReaderHandle,
+        mut left_rx: tokio::sync::oneshot::Receiver<PipelineError>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> (Stopped, Option<PipelineError>) {
+        let mut left_publication = None;
+        let mut watching = true;
+        // Metrics are published after every wake-up; this one guarantees wake-ups while the
+        // loop waits on nothing else (window full, Kafka away), so the reader's counters
+        // (status updates sent, received LSN) stay current through an outage.
+        let mut publish_tick = tokio::time::interval(PUBLISH_INTERVAL);
+        publish_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Only so that the shutdown future is not polled again once it resolved.
+        let mut shutdown_seen = false;
+        let mut stop = self.carry_out(link, sink, reader).await;
+        while stop.is_none() {
+            let wants_events = link.machine.wants_events();
+            let deadline = link.machine.poll_timeout();
+            tokio::select! {
+                biased;
+                Some(d) = link.rx.recv() => {
+                    let now = Instant::now();
+                    link.machine.handle_report(Token(d.key), d.result.map(drop), now);
+                    // Every report already queued, in one wake-up.
+                    for _ in 0..BURST {
+                        match link.rx.try_recv() {
+                            Ok(d) => link.machine.handle_report(Token(d.key), d.result.map(drop), now),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                _ = shutdown.as_mut(), if !shutdown_seen => {
+                    shutdown_seen = true;
+                    link.machine.shutdown(Instant::now());
+                }
+                ev = reader.recv(), if wants_events => match ev {
+                    Some(ev) => stop = self.feed(link, sink, reader, ev).await,
+                    // The reader task ended: its outcome comes from finish().
+                    None => link.machine.reader_ended(Instant::now()),
+                },
+                _ = sleep_until(deadline), if deadline.is_some() => {
+                    link.machine.handle_timeout(Instant::now());
+                }
+                _ = publish_tick.tick() => {}
+                r = &mut left_rx, if watching => {
+                    watching = false;
+                    if let Ok(e) = r {
+                        tracing::error!(publication = %self.settings.slot.publication, "{e}: stopping after the records in flight");
+                        left_publication = Some(e);
+                        link.machine.shutdown(Instant::now());
+                    }
+                }
+            }
+            if stop.is_none() {
+                stop = self.carry_out(link, sink, reader).await;
+            }
+            self.publish_gauges(link, reader);
+        }
+        (
+            stop.expect("the loop ends once the machine stopped"),
+            left_publication,
+        )
+    }
+
+    /// `ev` and the events already buffered, while the machine wants them, each carried out
+    /// before the next is read.
+    async fn feed(
+        &mut self,
+        link: &mut Link,
+        sink: &mut Sink<'_>,
+        reader: &mut ReaderHandle,
+        ev: ReaderEvent,
+    ) -> Option<Stopped> {
+        let now = Instant::now();
+        let mut next = Some(ev);
+        let mut taken = 0;
+        while let Some(ev) = next.take() {
+            match ev {
+                ReaderEvent::Keepalive { wal_end } => {
+                    // What commits past an idle WAL end committed after the server's clock read
+                    // at the newest WAL position sampled at or before it ([`slot::wal_clock`]).
+                    let since = self
+                        .wal_clock
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .rev()
+                        .find(|(lsn, _)| *lsn <= wal_end)
+                        .map(|(_, t)| *t);
+                    link.machine.handle_keepalive_at(wal_end, since, now);
+                }
+                ReaderEvent::Outbox(ev) => link.machine.handle_outbox(ev, now),
+            }
+            let stop = self.carry_out(link, sink, reader).await;
+            if stop.is_some() {
+                return stop;
+            }
+            taken += 1;
+            if taken < BURST && link.machine.wants_events() {
+                next = reader.try_recv();
+            }
+        }
+        None
+    }
+
+    /// Carries out the machine's actions, each call's outcome fed back before the next action;
+    /// returns what it stopped with, once it did.
+    async fn carry_out(
+        &mut self,
+        link: &mut Link,
+        sink: &mut Sink<'_>,
+        reader: &ReaderHandle,
+    ) -> Option<Stopped> {
+        let machine = &mut link.machine;
+        // The wall clock for the replication lag of the records made durable here: read once
+        // per call, not once per record (the reports of one produce response arrive together).
+        let mut now_unix_micros = None;
+        while let Some(action) = machine.poll_action() {
+            match action {
+                Action::Produce { token, record } => {
+                    if let Err(e) = sink.produce(token, &record) {
+                        machine.handle_refused(token, e, Instant::now());
+                    }
+                }
+                Action::ProduceProgress { token, position } => {
+                    if let Err(e) = sink.produce_progress(token, position) {
+                        machine.handle_refused(token, e, Instant::now());
+                    }
+                }
+                Action::BeginTransaction => machine.handle_begun(sink.begin(), Instant::now()),
+                Action::CommitTransaction { position, records } => {
+                    let outcome = sink.commit(position, records).await;
+                    machine.handle_commit(outcome, Instant::now());
+                }
+                Action::AbortTransaction { at_end: false, .. } => {
+                    let result = sink.abort().await;
+                    machine.handle_aborted(result, Instant::now());
+                }
+                Action::AbortTransaction { at_end: true, .. } => {
+                    if let Err(fenced) = sink.end_open().await {
+                        self.fenced = Some(fenced);
+                    }
+                }
+                Action::Abandon => sink.abandon(),
+                Action::Confirm(lsn) => {
+                    reader.confirm(lsn);
+                    self.metrics.confirmed_lsn.set(lsn.0);
+                    if sink.txn().is_some() {
+                        transactional::failpoint("confirmed");
+                    }
+                }
+                Action::Count(c) => self.count(c, &mut now_unix_micros),
+                Action::Stop(result) => return Some(result),
+            }
+        }
+        None
+    }
+
+    /// Counts `c`; `now_unix_micros` is the wall clock, read on first need and then reused.
+    fn count(&mut self, c: Count, now_unix_micros: &mut Option<i64>) {
+        let m = self.metrics;
+        match c {
+            Count::TransactionReceived => m.transactions_received.inc(),
+            Count::TransactionsConfirmed(n) => m.transactions_confirmed.add(n),
+            Count::RecordDurable {
+                bytes,
+                commit_unix_micros,
+            } => {
+                m.records_produced.inc();
+                m.bytes_produced.add(u64::from(bytes));
+                if commit_unix_micros > 0 {
+                    let now = *now_unix_micros.get_or_insert_with(|| {
+                        SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map(|d| d.as_micros() as i64)
+                            .unwrap_or(0)
+                    });
+                    let lag = (now - commit_unix_micros).max(0) as f64 / 1e6;
+                    m.observe_replication_lag(lag);
+                }
+            }
+            Count::DeliveryFailed => m.delivery_errors.inc(),
+            Count::RoutingError(kind) => m.routing_errors.inc(kind),
+            Count::RowSkipped => m.rows_skipped.inc(),
+            Count::RowDeadLettered => m.rows_dead_lettered.inc(),
+            Count::TraceContextMalformed(problem) => m.trace_context_malformed.inc(problem),
+            Count::ProgressRecorded(lsn) => {
+                m.progress_lsn.set(lsn.0);
+                m.progress_failing.set_flag(false);
+                if self.accepting {
+                    // The gap is accepted for good: the new record is the position from now on.
+                    *self.acceptance = Acceptance::default();
+                    self.accepting = false;
+                }
+            }
+            Count::ProgressFailed => {
+                m.progress_write_errors.inc();
+                m.progress_failing.set_flag(true);
+            }
+        }
+    }
+
+    /// Gauges: the core's in-flight window, the reader's counters.
+    fn publish_gauges(&mut self, link: &mut Link, reader: &ReaderHandle) {
+        let tables = link
+            .machine
+            .relay()
+            .table_rows()
+            .iter()
+            .zip(&mut link.table_rows_seen);
+        for (table, (now, seen)) in tables.enumerate() {
+            for (outcome, (n, s)) in RowOutcome::ALL.into_iter().zip(now.iter().zip(seen)) {
+                if n > s {
+                    self.metrics.outbox_rows.add(table, outcome, n - *s);
+                    *s = *n;
+                }
+            }
+        }
+        let (records, bytes) = link.machine.relay().in_flight();
+        self.metrics.in_flight_records.set(records);
+        self.metrics.in_flight_bytes.set(bytes);
+        let oldest = link.machine.oldest_in_flight();
+        self.metrics
+            .in_flight_oldest
+            .set(oldest.map(|o| (o.handed_at, o.commit_unix_micros)));
+        self.metrics
+            .received_lsn
+            .set(reader.stats.received_lsn.load(Ordering::Relaxed));
+        let sent = reader.stats.status_updates.load(Ordering::Relaxed);
+        if sent > self.status_updates_seen {
+            self.metrics
+                .status_updates_sent
+                .add(sent - self.status_updates_seen);
+            self.status_updates_seen = sent;
+        }
+        // Rows of tables no entry relays reach here only by design: a publication FOR ALL
+        // TABLES or FOR TABLES IN SCHEMA, or a table taken out of it (a table the publication
+        // lists stops the reader). Said once, then at most once a repeats window.
+        let other = reader.stats.other_inserts_skipped.load(Ordering::Relaxed);
+        if other > self.other_inserts_seen
+            && self
+                .other_inserts_log
+                .admit("other inserts", Instant::now())
+                .is_some()
+        {
+            tracing::info!(
+                skipped = other - self.other_inserts_seen,
+                publication = %self.settings.slot.publication,
+                "skipped rows inserted into tables that publication {:?} covers wholesale (FOR ALL TABLES or \
+                 FOR TABLES IN SCHEMA) or no longer lists, and that no [outbox] or [[tables]] entry relays",
+                self.settings.slot.publication
+            );
+            self.other_inserts_seen = other;
+        }
+    }
+
+    /// `e`, with what only the server can name: pgoutput's Relation names types by OID only.
+    async fn named(&self, mut e: PipelineError, sql: &tokio_postgres::Client) -> PipelineError {
+        if let PipelineError::TextNeeded {
+            type_oid,
+            type_name,
+            ..
+        } = &mut e
+        {
+            if let Ok(name) = slot::format_type(sql, *type_oid).await {
+                *type_name = name;
+            }
+        }
+        e
+    }
+}
+
+/// The pipeline's error for what the session machine stopped with.
+fn pipeline_error(
+    e: CoreError<KafkaError>,
+    s: &PipelineSettings,
+    txn: Option<&Txn>,
+) -> PipelineError {
+    let (progress_topic, exactly_once) = (s.progress_topic.as_str(), s.exactly_once.is_some());
+    match e {
+        CoreError::Route {
+            error,
+            commit_lsn,
+            event,
+            lsn,
+            table,
+            pass,
+        } => PipelineError::Route {
+            error,
+            at: ferry_core::pass::EventPosition { commit_lsn, event },
+            lsn,
+            // With one table there is nothing to tell apart.
+            table: table
+                .filter(|_| s.routers.len() > 1)
+                .and_then(|i| Some((i, s.routers.get(i)?.table().to_string()))),
+            dead_letter_topic: s
+                .routers
+                .get(table.unwrap_or(0))
+                .and_then(|r| r.dead_letter_topic())
+                .map(str::to_string),
+            pass,
+        },
+        CoreError::Delivery { topic, error } => PipelineError::delivery(
+            &topic,
+            error,
+            &*topic == progress_topic,
+            &s.producer_properties,
+        ),
+        // At-least-once: a progress record failed outside an outbox record. Exactly-once: a
+        // Kafka transaction failed (begin, commit, the progress record in it).
+        CoreError::Sink(error) if exactly_once => PipelineError::Transaction { error },
+        CoreError::Sink(error) => {
+            PipelineError::delivery(progress_topic, error, true, &s.producer_properties)
+        }
+        CoreError::TextNeeded {
+            column,
+            type_oid,
+            table,
+        } => PipelineError::TextNeeded {
+            column,
+            type_oid,
+            type_name: ferry_wal::slot::type_name(type_oid),
+            table: s
+                .routers
+                .get(table)
+                .map_or_else(|| format!("#{table}"), |r| r.table().to_string()),
+        },
+        CoreError::Bookkeeping(e) => PipelineError::Watermark(e),
+        CoreError::UnknownReport { token } => PipelineError::UnknownReport { key: token.0 },
+        CoreError::DrainTimeout { records } => PipelineError::DrainTimeout { records },
+        CoreError::Transaction(error) => match txn {
+            Some(txn) => txn.failure(error),
+            None => PipelineError::Transaction { error },
+        },
+        CoreError::Aborted {
+            error,
+            topic,
+            records,
+            abort_error,
+        } => match txn {
+            Some(txn) => txn.aborted(error, topic.as_deref(), records, abort_error),
+            None => PipelineError::Transaction { error },
+        },
+    }
+}
+
+/// Sleeps until `deadline` (for ever without one; the select arm is disabled then anyway).
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Ends the reader: a final status update with the confirmed LSN, then its outcome.
+async fn finish(reader: ReaderHandle) -> Result<(), PipelineError> {
+    match reader.shutdown().await {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

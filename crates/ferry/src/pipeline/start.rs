@@ -1,0 +1,438 @@
+//! Before a session streams: the start-time verdict (read the slot, then the progress topic,
+//! and ask [`ferry_core::verdict`] whether streaming from the slot would hide lost events), the
+//! checks of an exactly-once first start, and what a stop at a table no entry relays means.
+//!
+//! [`StartFacts`] is what the verdict is decided on; `ferry run` and `ferry check` both read it
+//! here, so the two never judge a slot differently.
+
+use std::time::{Duration, Instant};
+
+use ferry_core::progress as record;
+use ferry_core::verdict::{self, Acceptance, Notice, Refusal, SlotSeen, StartInput, Verdict};
+use ferry_wal::assembly::{AssemblyError, SourceTable};
+use ferry_wal::conn::{ReaderError, SystemIdentity};
+use ferry_wal::{slot, Lsn};
+
+use super::driver::Driver;
+use super::{PipelineError, PipelineSettings};
+use crate::progress;
+
+/// How long reading the progress topic, or creating it, may take at a session's start.
+const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Set (to anything), sessions skip [`transactions_supported`]: the end-to-end tests use it to
+/// reach the transaction calls of a broker without transactions. Nothing else reads it.
+pub const SKIP_API_CHECK_ENV: &str = "FERRY_TEST_SKIP_API_CHECK";
+
+/// How long asking the brokers for their API versions may take (exactly-once).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a failed first exactly-once start waits for its walsender to release the slot it
+/// created, to drop it.
+const SLOT_DROP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the start-time verdict is decided on: the slot, the server, and what the progress
+/// topic remembers of the slot, read in that order.
+pub(crate) struct StartFacts {
+    pub state: Option<slot::SlotState>,
+    pub identity: SystemIdentity,
+    /// `None` on a standby (no current WAL position there).
+    pub current_wal_lsn: Option<Lsn>,
+    pub history: progress::SlotHistory,
+    /// What the history says, seen from this server.
+    pub remembered: verdict::Remembered,
+}
+
+/// Why [`StartFacts`] could not be read.
+#[derive(Debug)]
+pub(crate) enum FactsError {
+    Server(ReaderError),
+    /// The progress topic could not be read (transient or not: [`crate::progress::ProgressTopicError`]).
+    Topic(progress::ProgressTopicError),
+    /// The blocking read was lost.
+    Join(String),
+}
+
+impl From<FactsError> for PipelineError {
+    fn from(e: FactsError) -> Self {
+        match e {
+            FactsError::Server(e) => e.into(),
+            FactsError::Topic(e) => e.into(),
+            FactsError::Join(e) => {
+                PipelineError::ProducerFatal(format!("reading the progress topic: {e}"))
+            }
+        }
+    }
+}
+
+impl StartFacts {
+    /// Reads the slot, the server, then the progress topic (to `until`, within `timeout`).
+    /// `refuse_active`: a slot another process streams is [`ReaderError::SlotInUse`].
+    pub async fn read(
+        s: &PipelineSettings,
+        sql: &tokio_postgres::Client,
+        until: progress::Until,
+        timeout: Duration,
+        refuse_active: bool,
+    ) -> Result<StartFacts, FactsError> {
+        let name = &s.slot.slot;
+        let state = slot::slot_state(sql, name)
+            .await
+            .map_err(FactsError::Server)?;
+        if let Some(pid) = state
+            .as_ref()
+            .and_then(|st| st.active_pid)
+            .filter(|_| refuse_active)
+        {
+            // Another process streams it (another Ferry, which keeps it and its record in step).
+            return Err(FactsError::Server(ReaderError::SlotInUse {
+                slot: name.clone(),
+                pid,
+            }));
+        }
+        let identity = slot::system_identity(sql)
+            .await
+            .map_err(FactsError::Server)?;
+        let current_wal_lsn = match slot::in_recovery(sql).await.map_err(FactsError::Server)? {
+            true => None,
+            false => Some(
+                slot::current_wal_lsn(sql)
+                    .await
+                    .map_err(FactsError::Server)?,
+            ),
+        };
+        let (properties, topic, slot_name) = (
+            s.producer_properties.clone(),
+            s.progress_topic.clone(),
+            name.clone(),
+        );
+        let history = tokio::task::spawn_blocking(move || {
+            progress::read_slot(&properties, &topic, &slot_name, timeout, until)
+        })
+        .await
+        .map_err(|e| FactsError::Join(e.to_string()))?
+        .map_err(FactsError::Topic)?;
+        let remembered = history.remembered(identity.system_id);
+        Ok(StartFacts {
+            state,
+            identity,
+            current_wal_lsn,
+            history,
+            remembered,
+        })
+    }
+
+    /// The verdict's input for slot `slot_name` in `mode`, with what the operator accepted.
+    pub fn input<'a>(
+        &'a self,
+        slot_name: &'a str,
+        mode: record::Mode,
+        acceptance: Acceptance,
+    ) -> StartInput<'a> {
+        let slot = match &self.state {
+            None => SlotSeen::Missing,
+            Some(st) if st.wal_status.as_deref() == Some("lost") => SlotSeen::Invalidated {
+                confirmed_flush_lsn: st.confirmed_flush_lsn,
+            },
+            Some(st) => SlotSeen::Present {
+                confirmed_flush_lsn: st.confirmed_flush_lsn,
+            },
+        };
+        StartInput {
+            slot_name,
+            slot,
+            server: verdict::Server {
+                system_id: self.identity.system_id,
+                timeline: self.identity.timeline,
+                current_wal_lsn: self.current_wal_lsn,
+            },
+            remembered: &self.remembered,
+            mode,
+            acceptance,
+        }
+    }
+}
+
+/// What the verdict let a session do.
+pub(super) struct Start {
+    /// The slot may be created (first start, or a lost slot the operator accepted).
+    pub create_slot: bool,
+    /// The progress record the slot was compared with; `None`: write a fresh one first.
+    pub remembered: Option<Lsn>,
+    pub identity: SystemIdentity,
+    /// An accepted gap: the acceptance is used up once the fresh record is written.
+    pub accepted: bool,
+}
+
+impl Driver<'_> {
+    /// The reader stopped at a row of a table the publication carries and no entry relays
+    /// ([`AssemblyError::UnrelayedInsert`]). Still listed: the operator decides (relay it or take
+    /// it out), a permanent error. Taken out since: the rows committed while it was in are
+    /// skipped from now on, and the next session resumes. Any other error is returned as it is.
+    pub(super) async fn unrelayed(
+        &mut self,
+        e: PipelineError,
+        sql: &tokio_postgres::Client,
+    ) -> PipelineError {
+        let PipelineError::Reader(ReaderError::Assembly(AssemblyError::UnrelayedInsert {
+            xid,
+            lsn,
+            oid,
+            namespace,
+            name,
+        })) = &e
+        else {
+            return e;
+        };
+        let s = self.settings;
+        let table = format!(
+            "{}.{}",
+            slot::quote_ident(namespace),
+            slot::quote_ident(name)
+        );
+        let at = format!("an INSERT of transaction {xid} at {lsn}");
+        let standing = match slot::standing(sql, &s.slot, *oid).await {
+            Ok(standing) => standing,
+            // Asked again by the next session.
+            Err(e) => return e.into(),
+        };
+        match standing {
+            // Relayed, by oid, once the next session maps it (never skipped).
+            slot::Standing::Outbox { now } => PipelineError::Remap {
+                why: format!(
+                    "rows of outbox table {now} arrive as {table}, the name or partition they were committed \
+                     under ({at})"
+                ),
+            },
+            slot::Standing::WholeSchema => PipelineError::Remap {
+                why: format!(
+                    "publication {:?} now covers the schema of table {table} wholesale ({at})",
+                    s.slot.publication
+                ),
+            },
+            slot::Standing::Listed { .. } => PipelineError::UnrelayedTable {
+                publication: s.slot.publication.clone(),
+                table,
+                at: Some(at),
+            },
+            slot::Standing::Out => {
+                tracing::warn!(
+                    table = %table,
+                    publication = %s.slot.publication,
+                    "table {table}, which no entry relays, is no longer in publication {:?}, but rows committed \
+                     while it was (the first at {at}) are still in the WAL: they are skipped, as taking it out asked",
+                    s.slot.publication
+                );
+                self.carry.tables_taken_out.push(SourceTable {
+                    schema: namespace.clone(),
+                    table: name.clone(),
+                });
+                PipelineError::Remap {
+                    why: format!("skipping the rows of table {table}, which left the publication"),
+                }
+            }
+        }
+    }
+
+    /// An exactly-once session failed between creating the slot (`created`) and committing its
+    /// first progress record, before anything was produced: nothing remembers the slot, and the
+    /// next start would refuse it as a used slot without a record (issue 30). So that it does
+    /// not:
+    /// - a transient failure leaves the slot to the next session of this process, which may
+    ///   start from it (the acceptance `--initialize-progress` gives, used up by the first
+    ///   record): this process made it and produced nothing from it;
+    /// - a permanent one (brokers without transactions, a missing ACL) drops it, as does a
+    ///   shutdown in that window: Ferry exits, and the next start, once the cause is fixed, is a
+    ///   first start again. A fenced session keeps it (another Ferry took over);
+    /// - a commit whose outcome is unknown is transient: kept, and the next session reads what
+    ///   Kafka holds (a `kill -9` in that moment still needs `--initialize-progress`: README).
+    pub(super) async fn first_start_failed(
+        &mut self,
+        sql: &tokio_postgres::Client,
+        created: bool,
+        e: PipelineError,
+    ) -> PipelineError {
+        if !created || matches!(e, PipelineError::Fenced { .. }) {
+            return e;
+        }
+        if e.is_transient() {
+            self.acceptance.initialize_progress = true;
+            return e;
+        }
+        self.drop_created_slot(sql, true).await;
+        e
+    }
+
+    /// Drops the slot this session created (`created`) before any record remembered it; see
+    /// [`Driver::first_start_failed`].
+    pub(super) async fn drop_created_slot(&self, sql: &tokio_postgres::Client, created: bool) {
+        if !created {
+            return;
+        }
+        let name = &self.settings.slot.slot;
+        match slot::drop_inactive(sql, name, SLOT_DROP_TIMEOUT).await {
+            Ok(()) => tracing::warn!(
+                slot = %name,
+                "the first exactly-once start ended before its first progress record; dropped the slot it \
+                 created, so that the next start is a first start again"
+            ),
+            Err(drop) => tracing::warn!(
+                slot = %name,
+                error = %drop,
+                "the first exactly-once start ended before its first progress record, and the slot it created \
+                 could not be dropped: drop it (SELECT pg_drop_replication_slot('{name}')) before the next start, \
+                 or start once with `ferry run --initialize-progress`"
+            ),
+        }
+    }
+
+    /// The start-time verdict (see the module docs): may this session stream from the slot?
+    pub(super) async fn verdict(
+        &mut self,
+        sql: &tokio_postgres::Client,
+    ) -> Result<Start, PipelineError> {
+        let s = self.settings;
+        let name = &s.slot.slot;
+        if !self.carry.progress_topic_ready {
+            progress::ensure_topic(
+                &s.producer_properties,
+                &s.progress_topic,
+                s.create_topics.replication_factor,
+                PROGRESS_TIMEOUT,
+            )
+            .await?;
+            self.carry.progress_topic_ready = true;
+        }
+        let until = match s.exactly_once {
+            Some(_) => progress::Until::Stable,
+            None => progress::Until::End,
+        };
+        // The slot first, then the progress topic (see the module docs for why this order).
+        let facts = StartFacts::read(s, sql, until, PROGRESS_TIMEOUT, true).await?;
+        // The slot again: another Ferry starting at the same moment may have created it (and
+        // written its first record) between the two reads, which would look like a lost slot.
+        // A slot that changed while Ferry looked is judged on the next attempt.
+        let again = slot::slot_state(sql, name).await?;
+        if let Some(pid) = again.as_ref().and_then(|st| st.active_pid) {
+            return Err(ReaderError::SlotInUse {
+                slot: name.clone(),
+                pid,
+            }
+            .into());
+        }
+        let position = |st: &Option<slot::SlotState>| {
+            st.as_ref()
+                .map(|st| (st.confirmed_flush_lsn, st.wal_status.clone()))
+        };
+        if position(&facts.state) != position(&again) {
+            return Err(PipelineError::SlotChanged { slot: name.clone() });
+        }
+        let remembered = &facts.remembered;
+        let mode = match s.exactly_once {
+            Some(_) => record::Mode::ExactlyOnce,
+            None => record::Mode::AtLeastOnce,
+        };
+        let verdict = verdict::decide(&facts.input(name, mode, *self.acceptance));
+        let record_lsn = remembered.this_system.as_ref().map(|r| r.end_lsn);
+        if let Some(r) = record_lsn {
+            self.metrics.progress_lsn.set(r.0);
+        }
+        let identity = facts.identity;
+        let start = |create_slot, remembered, accepted| Start {
+            create_slot,
+            remembered,
+            identity,
+            accepted,
+        };
+        match verdict {
+            Verdict::CreateSlot => {
+                tracing::info!(slot = %name, "first start: no progress record and no slot; the slot is created once the set-up checks pass");
+                Ok(start(true, None, false))
+            }
+            Verdict::Stream {
+                notice,
+                fresh_record,
+            } => {
+                match notice {
+                    Some(Notice::TimelineChanged { from, to }) => tracing::info!(
+                        slot = %name,
+                        from_timeline = from,
+                        to_timeline = to,
+                        "the server's timeline changed since the progress record (a promoted standby); the slot is not ahead of the record, continuing"
+                    ),
+                    Some(Notice::NoRecord { confirmed }) => tracing::warn!(
+                        slot = %name,
+                        lsn = %confirmed,
+                        topic = %s.progress_topic,
+                        "the slot exists but no progress record remembers it (created by hand, or used by a Ferry without progress records): \
+                         continuing from the slot's position and writing progress records from now on"
+                    ),
+                    None => {}
+                }
+                Ok(start(
+                    false,
+                    (!fresh_record).then_some(record_lsn).flatten(),
+                    false,
+                ))
+            }
+            Verdict::Accepted { gap, create_slot } => {
+                tracing::warn!(
+                    slot = %name,
+                    gap = gap.kind(),
+                    remembered = gap.accept_with().map(tracing::field::display),
+                    bytes = gap.bytes(),
+                    "accepting a gap (--accept-gap): {gap}; continuing from {}",
+                    if create_slot { "a new slot" } else { "the slot's position" }
+                );
+                Ok(start(create_slot, None, true))
+            }
+            Verdict::Refuse { gap, offered } => Err(PipelineError::Gap(Refusal {
+                slot: name.clone(),
+                gap,
+                offered,
+                replay_since: remembered.replay_since(),
+            })),
+        }
+    }
+}
+
+/// Exactly-once: the brokers must serve Kafka transactions (issue 30; [`crate::broker_apis`]).
+/// A broker that lacks them is a permanent error; brokers that do not answer a transient one
+/// (no slot is created until they do); an answer Ferry cannot read is let through with a WARN
+/// (the transaction calls themselves then fail permanently).
+pub(super) async fn transactions_supported(s: &PipelineSettings) -> Result<(), PipelineError> {
+    use crate::broker_apis::Support;
+    if std::env::var_os(SKIP_API_CHECK_ENV).is_some() {
+        // Tests only: the backstop behind this check (`first_start_failed`) is tested alone.
+        return Ok(());
+    }
+    let properties = s.producer_properties.clone();
+    let started = Instant::now();
+    let support =
+        tokio::task::spawn_blocking(move || crate::txn_probe::probe(&properties, PROBE_TIMEOUT))
+            .await
+            .map_err(|e| {
+                PipelineError::ProducerFatal(format!("asking the brokers for their APIs: {e}"))
+            })?;
+    match support {
+        Ok(Support::Supported) => {
+            tracing::info!(
+                probe_ms = started.elapsed().as_millis() as u64,
+                "exactly-once: the Kafka brokers serve the transaction APIs Ferry uses"
+            );
+            Ok(())
+        }
+        Ok(Support::Missing(missing)) => Err(PipelineError::TransactionsUnsupported {
+            what: crate::broker_apis::describe(&missing),
+        }),
+        Ok(Support::Unknown) => {
+            tracing::warn!(
+                "exactly-once: could not read which APIs the Kafka brokers serve; assuming they support transactions"
+            );
+            Ok(())
+        }
+        Err(e) => Err(PipelineError::ProducerFatal(format!(
+            "asking the Kafka brokers which APIs they serve: {e}"
+        ))),
+    }
+}
