@@ -1,38 +1,56 @@
-//! Ferry's relay core: the decisions of a streaming session, with no I/O.
+//! Ferry's core: every decision of a streaming session, with no I/O.
 //!
-//! The binary's session (`crates/ferry/src/pipeline/session.rs`) is a thin driver: it reads the
-//! replication stream and the sink's delivery reports, feeds them to a [`Relay`], and carries out
-//! the [`Action`]s it returns (produce, confirm, count, stop). Everything that decides what Kafka
-//! receives and what PostgreSQL may forget is here, where it can be tested without a server, a
-//! broker or a clock: the simulation test (`tests/simulation.rs`) drives it with a simulated
-//! reader and a simulated Kafka for thousands of seeds. This crate cannot reach tokio or rdkafka
-//! (`.ci/run` checks its dependency tree), the same way `ferry-wal --no-default-features` proves
-//! the reader's pure core.
+//! The binary's driver (`crates/ferry/src/pipeline/driver.rs`) reads the replication stream and
+//! the sink's delivery reports, feeds them to one [`Session`] machine, and carries out the
+//! [`SessionAction`]s it returns (produce, produce the progress record, begin, commit or abort a
+//! Kafka transaction, confirm the slot, count, stop) without deciding anything. Everything that
+//! decides what Kafka receives and what PostgreSQL may forget is here, where it can be tested
+//! without a server, a broker or a clock: the simulation (`tests/simulation.rs`) drives the
+//! machine, in both delivery modes, with a simulated PostgreSQL and a simulated Kafka for
+//! thousands of seeds. This crate cannot reach tokio or rdkafka (`.ci/run` checks its dependency
+//! tree), the same way `ferry-wal --no-default-features` proves the reader's pure core.
 //!
-//! # The rules
+//! # What is confirmed when
 //!
-//! 1. **Confirm only what is durable, in commit order.** The confirmed LSN is the `end_lsn` of the
-//!    newest transaction all of whose records, and all earlier transactions' records, the sink
-//!    reported durable ([`watermark`]). It is held in one place, the session's [`Watermark`]; the
-//!    core emits [`Action::Confirm`] whenever it advances, and the driver's only job is to pass it
-//!    on (to the reader, which reports it as `flush_lsn`, and to the metric). It never moves
-//!    backwards.
-//! 2. **A failure is never stepped over.** A failed record freezes the watermark: the session stops
-//!    reading, waits for what is in flight (so that nothing of it lands after its replay), and
-//!    ends; the next session resumes from the confirmed LSN and the server replays the rest.
-//! 3. **An idle stream does not pin WAL.** A keepalive's `wal_end` is confirmed when nothing is
-//!    registered or in flight.
-//! 4. **Memory is bounded by the window.** No WAL is taken while the in-flight records or bytes
-//!    are at their bound ([`window`]); the driver then stops reading, and PostgreSQL stops sending.
-//! 5. **Poison rows go by policy** (`route.on_error`, [`route`]), decided here with the real router;
-//!    one named poison event may be passed once ([`pass`]: `ferry run --skip-event`).
+//! *Confirming* an LSN tells PostgreSQL it may forget the WAL up to it: the reader reports it as
+//! `flush_lsn` and the slot's `confirmed_flush_lsn` moves there. After that the server will
+//! never send those transactions again, so an LSN may be confirmed only once Kafka holds every
+//! record at or below it, **and** a progress record saying Ferry got there: the progress record
+//! is how a restart tells a slot Ferry moved from one moved by someone else
+//! ([`verdict`]), and how exactly-once mode knows what it already delivered.
 //!
-//! # Sinks
+//! 1. **Durable, in commit order.** The [`watermark`] registers transactions in commit order and
+//!    records in any order; its confirmed LSN is the `end_lsn` of the newest transaction all of
+//!    whose records, and all earlier transactions' records, the sink reported durable. A
+//!    failure freezes it: it is never stepped over. The session drains what is in flight and
+//!    ends; the next one resumes from the confirmed LSN and the server replays the rest.
+//! 2. **At-least-once: remembered, then confirmed.** The watermark's LSN goes to
+//!    [`session::remember`], which writes it as a progress record (one in flight; one per
+//!    200 ms, the end of a burst sooner) through the same idempotent producer. The slot is
+//!    confirmed up to the LSN of the newest progress record Kafka *acknowledged*, never beyond
+//!    the watermark. A crash repeats what was acknowledged past the slot: duplicates, never loss.
+//! 3. **Exactly-once: committed together.** Each event's exact position (commit LSN and events
+//!    handled inside its transaction, or the end LSN after its commit) goes to
+//!    [`session::transaction`], which commits a Kafka transaction holding the records *and* a
+//!    progress record with that position, by time, size or drain. Its records' reports are held
+//!    until the commit, so the watermark moves only then, and the slot is confirmed up to the
+//!    lower of the watermark and the committed record's end LSN. A restart reads the record back
+//!    and skips every event it covers: nothing is repeated.
+//! 4. **Idle.** A keepalive's `wal_end` is confirmed when nothing is registered or in flight, so an
+//!    idle outbox pins no WAL (in both modes: through a progress record first).
+//! 5. **Never backwards**, in a session or across: the watermark never lowers its LSN, a session
+//!    starts at the slot's position, and a progress record is never written below the newest.
 //!
-//! What a sink promises, and when the core may confirm with each kind (the per-record idempotent
-//! sink of today, a transactional sink for exactly-once), is written in [`sink`]. The core's rules
-//! are the same for both: a transactional sink reports its records durable only once the Kafka
-//! transaction carrying them committed.
+//! And around those: memory is bounded by the window (no WAL is taken while the in-flight records
+//! or bytes are at their bound, [`window`]); poison rows go by policy (`route.on_error`,
+//! [`route`]), and one named poison event may be passed once ([`pass`]).
+//!
+//! # Where to change what
+//!
+//! - When the slot may move: [`relay`] (`Relay::progress`, the one place a confirm is queued)
+//!   and [`session`] (what each mode holds back). `cargo test -p ferry-core --test simulation`
+//!   says within seconds whether the guarantees still hold.
+//! - What a sink must promise: [`sink`].
 
 pub mod guard;
 pub mod inflight;
@@ -55,5 +73,4 @@ pub use session::{
     Action as SessionAction, CommitOutcome, Session, SessionConfig, SinkError, SinkErrors,
     TransactionLimits, PROGRESS_TOKEN,
 };
-pub use sink::{Report, Sink};
 pub use watermark::Watermark;

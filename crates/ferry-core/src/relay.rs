@@ -8,7 +8,8 @@
 //! reused (no allocation per event), the deadline the driver must wake up at
 //! ([`Relay::poll_timeout`]), and whether to read more WAL ([`Relay::wants_events`]).
 //!
-//! The relay lives as long as the sink (across sessions): its in-flight table must find the
+//! The relay is a part of the session machine ([`crate::session`]), which feeds it and carries its
+//! actions into the modes' parts. It lives as long as the sink (across sessions): its in-flight table must find the
 //! record of every report, including a late one from a session that already ended. Each session
 //! begins with [`Relay::start`] at the position the server resumes from.
 //!
@@ -40,9 +41,9 @@
 //!   is committed, and is never dead-lettered twice.
 //! - **Say where it is after every event** ([`Action::Position`]): after each row or message
 //!   the position is *(commit LSN, events handled)* inside the transaction, after its commit
-//!   the transaction's end LSN. The sink may end a Kafka transaction at any of them, so a Kafka
+//!   the transaction's end LSN. The session machine ([`crate::session::transaction`]) may end a Kafka transaction at any of them, so a Kafka
 //!   transaction is bounded by time and size, never by the size of a PostgreSQL transaction.
-//! - **Confirm only what a committed progress record holds.** The sink tells the core the end
+//! - **Confirm only what a committed progress record holds.** The session machine tells the core the end
 //!   LSN its last committed progress record holds ([`Relay::progress_committed`]); the core
 //!   confirms the lower of that and the watermark. A transaction without records (all skipped,
 //!   or all covered) would otherwise be confirmed ahead of any record that says Ferry got there,
@@ -209,7 +210,7 @@ impl RowOutcome {
 pub enum Action<E> {
     /// Hand `record` to the sink with `token`; if it is refused, tell [`Relay::handle_refused`].
     Produce { token: Token, record: Record },
-    /// A WAL transaction ended at `end_lsn` ([`crate::Sink::commit_point`]).
+    /// A WAL transaction ended at `end_lsn` (nothing to do with it today; tests read it).
     CommitPoint { end_lsn: Lsn },
     /// Exactly-once: every event up to here is handed to the sink (or skipped by policy); a
     /// Kafka transaction may end here with this position ([`crate::Sink::position`]).
@@ -564,7 +565,7 @@ impl<E> Relay<E> {
             self.pass_moved(Moved::Idle(wal_end));
         }
         if self.config.exactly_once && self.current.is_none() && self.wm.confirmed() > before {
-            // Idle: the sink may commit a progress record at the WAL end, so that an idle
+            // Idle: the session machine may commit a progress record at the WAL end, so that an idle
             // outbox does not pin WAL in exactly-once mode either.
             self.whole_end = self.whole_end.max(self.wm.confirmed());
             let since = self

@@ -73,13 +73,12 @@
 //! `confirmed_flush_lsn`), so the relay core starts a new watermark there; reports of records from
 //! an earlier session are recognised by the in-flight table and never reach the new one.
 //!
-//! # Towards exactly-once
+//! # In exactly-once mode
 //!
-//! A later exactly-once mode would write a batch of records and the LSN in one Kafka transaction
-//! and learn about the whole batch at once. Nothing here assumes one report per record arrives on
-//! its own: confirmation is derived from per-transaction counters after each report, never pushed
-//! per record, and tokens of a batch are a contiguous sequence range, so completing a batch as a
-//! unit is a loop over (or a range update of) those counters.
+//! The watermark is the same. The session machine ([`crate::session`]) holds a Kafka
+//! transaction's reports until it commits and then releases them all at once: confirmation is
+//! derived from per-transaction counters after each report, never pushed per record, so a batch
+//! completing as a unit needs nothing of its own here.
 
 use std::collections::VecDeque;
 

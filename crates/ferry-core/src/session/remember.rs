@@ -8,7 +8,8 @@
 //! progress record, and a start that finds it ahead knows that something other than Ferry moved
 //! it ([`crate::verdict`]).
 //!
-//! [`Remember`] is the sans-io state machine between the core's confirmations and the reader:
+//! [`Remember`] is the part of the session machine ([`crate::session`]) between the relay core's
+//! confirmations and the reader:
 //!
 //! - **one record in flight**, and one every [`INTERVAL`] at most while records are in flight:
 //!   always the newest confirmed LSN, so a busy stream writes about five small records a second

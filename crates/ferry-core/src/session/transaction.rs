@@ -100,8 +100,12 @@ impl<E> Transaction<E> {
         }
     }
 
-    /// When the open transaction must commit at the latest.
+    /// When the open transaction must commit at the latest; `None` while everything the core
+    /// gave is committed (a position it repeats starts no clock).
     pub fn deadline(&self) -> Option<Instant> {
+        if self.position == self.committed {
+            return None;
+        }
         self.since.map(|s| s + self.limits.interval)
     }
 

@@ -526,26 +526,6 @@ pub fn transaction_error(e: &KafkaError) -> TransactionFailure {
     }
 }
 
-/// The producer as the relay core's sink: idempotent, one report per record (see
-/// [`ferry_core::sink`] for what that promises and when the core may confirm).
-#[derive(Debug)]
-pub struct KafkaSink<'a>(pub &'a Producer);
-
-impl ferry_core::Sink for KafkaSink<'_> {
-    type Error = KafkaError;
-
-    fn produce(&mut self, token: ferry_core::Token, record: &Record) -> Result<(), KafkaError> {
-        self.0.send(record, token.0).map_err(|e| match e {
-            SendError::QueueFull => KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull),
-            SendError::Refused(e) => e,
-        })
-    }
-
-    fn abandon(&mut self) {
-        self.0.purge_queued();
-    }
-}
-
 /// Whether a failed delivery can succeed on a later attempt (after a reconnect).
 pub fn is_transient(e: &KafkaError) -> bool {
     use RDKafkaErrorCode::*;
