@@ -1,6 +1,6 @@
 //! Slot and publication management over an ordinary SQL connection (tokio-postgres).
 //!
-//! [`check`] inspects everything Ferry needs and returns every problem it finds, each with its
+//! [`check`](check()) inspects everything Ferry needs and returns every problem it finds, each with its
 //! fix; [`ensure`] first creates what is missing (the publication and the slot, when the
 //! configuration allows) and then checks. Identifiers are always quoted.
 //!
@@ -20,14 +20,16 @@
 //!   slot names are checked under a lock rather than in a catalog;
 //! - a slot the winner is still creating (a logical slot waits for running transactions to
 //!   finish before it has a consistent start point) is listed with the winner's pid, no
-//!   `confirmed_flush_lsn` yet and, for a moment, no plugin: [`check`] reports it as being
+//!   `confirmed_flush_lsn` yet and, for a moment, no plugin: [`check`](check()) reports it as being
 //!   created by that process (a warning), and `START_REPLICATION` on it fails with 55006
 //!   (object_in_use), which makes the loser a standby.
 
 mod capacity;
 mod check;
 mod connect;
+mod failover;
 pub mod privileges;
+mod problems;
 mod publication;
 mod server;
 mod setup;
@@ -36,10 +38,11 @@ mod state;
 mod tables;
 
 pub use capacity::{capacity, Capacity};
-pub(crate) use check::invalidated_slot_fix;
-pub use check::{check, role_grants, Problem, Severity};
+pub use check::{check, role_grants};
 pub use connect::{connect_sql, sql_error};
 pub use privileges::{RoleGrants, TableGrants};
+pub(crate) use problems::invalidated_slot_fix;
+pub use problems::{Problem, Severity};
 pub use publication::{
     other_tables, outbox_oids, publication_membership, standing, unrelayed_table, unrelayed_tables,
     Standing,

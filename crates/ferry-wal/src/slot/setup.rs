@@ -33,7 +33,7 @@ fn created_concurrently(e: &tokio_postgres::Error) -> bool {
     matches!(e.code().map(|c| c.code()), Some("42710") | Some("23505"))
 }
 
-/// Creates the publication, and the slot when `spec.create_slot` allows, then [`check`]s.
+/// Creates the publication, and the slot when `spec.create_slot` allows, then [`check`](check())s.
 /// Returns the slot's state when there is no error-level problem.
 ///
 /// A missing slot is not always Ferry's to create: a slot Ferry streamed before and that is now
