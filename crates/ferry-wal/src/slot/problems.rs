@@ -337,3 +337,6 @@ fn slot(spec: &SlotSpec, existing: Option<&SlotState>, db: &str, out: &mut Findi
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
