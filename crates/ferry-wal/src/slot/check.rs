@@ -6,11 +6,10 @@
 //! check reports, its words and its place in the list are unit-tested without a server
 //! (`problems/tests.rs`).
 //!
-//! The reader asks what the check has always asked, in the same order, and leaves out only what
-//! cannot be asked or cannot matter: a missing table has no columns; whether the publication
-//! covers a table is asked only of an existing table whose schema the role may use (the lookup
-//! is by name) and of a publication that is not `FOR ALL TABLES`; the failover facts only for a
-//! failover slot (see [`failover::read`]).
+//! The reader leaves out only what cannot be asked or cannot matter: a missing table has no
+//! columns; whether the publication covers a table is asked only of an existing table whose
+//! schema the role may use (the lookup is by name) and of a publication that is not `FOR ALL
+//! TABLES`; the failover facts are read only for a failover slot (see [`failover::read`]).
 
 use super::failover::{self, FailoverFacts};
 use super::privileges::{RoleGrants, TableGrants};

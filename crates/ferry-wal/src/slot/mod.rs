@@ -1,11 +1,31 @@
 //! Slot and publication management over an ordinary SQL connection (tokio-postgres).
 //!
-//! [`check`](check()) inspects everything Ferry needs and returns every problem it finds, each with its
-//! fix; [`ensure`] first creates what is missing (the publication and the slot, when the
-//! configuration allows) and then checks. Identifiers are always quoted.
+//! [`check`](check()) inspects everything Ferry needs and returns every problem it finds, each
+//! with its fix; [`ensure`] first creates what is missing (the publication and the slot, when
+//! the configuration allows) and then checks. Identifiers are always quoted.
 //!
 //! A partitioned outbox table is published with `publish_via_partition_root = true`, so changes
 //! arrive under the table's own name rather than each partition's.
+//!
+//! # Parts
+//!
+//! Everything is used through this module (`ferry_wal::slot::...`); the parts are private:
+//!
+//! - `spec`: what the outbox needs from the database ([`SlotSpec`], [`TableSpec`]), and the
+//!   quoting of identifiers and literals;
+//! - `connect`: the SQL connection ([`connect_sql`]) and its errors ([`sql_error`]);
+//! - `server`: what the server is and where its WAL stands ([`system_identity`],
+//!   [`server_version_num`], [`in_recovery`], [`current_wal_lsn`], [`wal_clock`]), and whether
+//!   the role may replicate ([`replication_privilege`]);
+//! - `state`: the slot's row ([`slot_state`]) and [`drop_inactive`];
+//! - `tables`: the outbox tables' kind, columns and types ([`column_types`], [`type_name`]);
+//! - `publication`: what the publication covers ([`publication_membership`],
+//!   [`unrelayed_tables`], [`other_tables`], [`standing`]);
+//! - `check`: reads the facts the check judges, deciding nothing; `problems` judges them into
+//!   the problem list without I/O ([`Problem`], [`Severity`]), with `capacity`, `failover` and
+//!   [`privileges`] judging their own facts; all of it unit-tested without a server;
+//! - `setup`: [`ensure`], whose decisions (what to create, with which SQL, what a failure means)
+//!   are pure functions too.
 //!
 //! # Two instances starting together
 //!
@@ -20,8 +40,8 @@
 //!   slot names are checked under a lock rather than in a catalog;
 //! - a slot the winner is still creating (a logical slot waits for running transactions to
 //!   finish before it has a consistent start point) is listed with the winner's pid, no
-//!   `confirmed_flush_lsn` yet and, for a moment, no plugin: [`check`](check()) reports it as being
-//!   created by that process (a warning), and `START_REPLICATION` on it fails with 55006
+//!   `confirmed_flush_lsn` yet and, for a moment, no plugin: [`check`](check()) reports it as
+//!   being created by that process (a warning), and `START_REPLICATION` on it fails with 55006
 //!   (object_in_use), which makes the loser a standby.
 
 mod capacity;
