@@ -19,7 +19,7 @@
 //!   never alters an existing publication, so it needs no ownership of one;
 //! - **creates, alters and streams the slot** (`pg_create_logical_replication_slot`,
 //!   `ALTER_REPLICATION_SLOT`, `START_REPLICATION`): the REPLICATION attribute or superuser
-//!   (`rds_replication` on Amazon RDS), which [`super::check`] tests;
+//!   (`rds_replication` on Amazon RDS), which [`super::check()`] tests;
 //! - **reads no outbox rows and deletes none**: logical decoding needs no SELECT (only a
 //!   subscriber's initial copy does, which Ferry does not make); `ferry check` samples rows,
 //!   and without SELECT only warns. Pruning the outbox is the application's

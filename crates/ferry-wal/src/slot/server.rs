@@ -1,0 +1,96 @@
+//! What the server is and where its WAL stands, read over SQL: its identity, version and recovery
+//! state, its WAL position with its clock, and whether the current role may replicate.
+
+use super::sql_error;
+use super::state::lsn_col;
+use crate::conn::error::ReaderError;
+use crate::Lsn;
+
+/// The server's current WAL insert position (`pg_current_wal_lsn()`).
+pub async fn current_wal_lsn(client: &tokio_postgres::Client) -> Result<Lsn, ReaderError> {
+    let row = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .map_err(sql_error)?;
+    Ok(lsn_col(row.get(0)))
+}
+
+/// The server's system identifier and timeline over SQL, so that Ferry knows which server it
+/// talks to before it touches the slot (every role may call these functions). The identifier is
+/// `pg_control_system()`'s. The timeline is that of the current WAL segment's name on a
+/// primary (exact at once after a promotion, when the latest checkpoint may still be on the old
+/// timeline); a standby has no current WAL position, so there it is the latest checkpoint's.
+pub async fn system_identity(
+    client: &tokio_postgres::Client,
+) -> Result<crate::conn::SystemIdentity, ReaderError> {
+    let row = client
+        .query_one(
+            "SELECT (SELECT system_identifier::text FROM pg_control_system()), \
+                    CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint()) \
+                         ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    let id: String = row.get(0);
+    Ok(crate::conn::SystemIdentity {
+        system_id: id
+            .parse()
+            .map_err(|_| ReaderError::ServerVersion { shown: id.clone() })?,
+        timeline: row.get::<_, i32>(1) as u32,
+    })
+}
+
+/// Whether the server is a standby (`pg_is_in_recovery()`).
+pub async fn in_recovery(client: &tokio_postgres::Client) -> Result<bool, ReaderError> {
+    Ok(client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0))
+}
+
+/// The current role, and whether it may start a walsender: the REPLICATION attribute,
+/// superuser, or (Amazon RDS) membership in `rds_replication`. PostgreSQL checks it only when a
+/// replication connection starts, so a role that loses it streams on until the next one.
+pub async fn replication_privilege(
+    client: &tokio_postgres::Client,
+) -> Result<(String, bool), ReaderError> {
+    let role = client
+        .query_one(
+            "SELECT current_user::text, r.rolreplication OR r.rolsuper OR \
+               (EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'rds_replication') \
+                AND pg_has_role(current_user, 'rds_replication', 'member')) \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok((role.get(0), role.get(1)))
+}
+
+/// The server's clock (Unix microseconds), then `pg_current_wal_lsn()`, read in that order: a
+/// transaction whose commit record lies past that LSN wrote it after that time, so its commit
+/// timestamp is at most the moment between taking it and writing the record earlier.
+pub async fn wal_clock(client: &tokio_postgres::Client) -> Result<(Lsn, i64), ReaderError> {
+    let row = client
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8, pg_current_wal_lsn()::text",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok((lsn_col(row.get(1)), row.get(0)))
+}
+
+/// The server's `server_version_num` (e.g. 150004).
+pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, ReaderError> {
+    let v: String = client
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .map_err(sql_error)?
+        .get(0);
+    v.trim()
+        .parse()
+        .map_err(|_| ReaderError::ServerVersion { shown: v.clone() })
+}
