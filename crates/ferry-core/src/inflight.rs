@@ -143,7 +143,7 @@ impl InFlight {
 mod tests {
     use super::*;
     use crate::watermark::Watermark;
-    use ferry_wal::Lsn;
+    use ferry_pgtypes::Lsn;
 
     /// Against a map model: every token finds its own entry exactly once, keys are reused only
     /// once free, unknown or repeated tokens find nothing, and the counts agree.

@@ -33,7 +33,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use ferry_wal::Lsn;
+use ferry_pgtypes::Lsn;
 
 use crate::progress::ProgressRecord;
 

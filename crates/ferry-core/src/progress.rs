@@ -35,7 +35,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use ferry_wal::Lsn;
+use ferry_pgtypes::Lsn;
 use serde::{Deserialize, Serialize};
 
 /// The format written; decoding reads it and every older one, and refuses a newer one.

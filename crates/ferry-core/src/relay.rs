@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use ferry_router::{Record, RouteError, Routers, TraceOutcome, TraceProblem};
 use ferry_wal::assembly::OutboxEvent;
-use ferry_wal::Lsn;
+use ferry_pgtypes::Lsn;
 
 use crate::guard::BinaryGuard;
 use crate::inflight::{Entry, InFlight, Token};

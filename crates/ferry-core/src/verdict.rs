@@ -34,7 +34,7 @@
 
 use std::fmt;
 
-use ferry_wal::Lsn;
+use ferry_pgtypes::Lsn;
 
 use crate::progress::{Mode, ProgressRecord};
 

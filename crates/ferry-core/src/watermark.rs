@@ -82,7 +82,7 @@
 
 use std::collections::VecDeque;
 
-use ferry_wal::Lsn;
+use ferry_pgtypes::Lsn;
 
 /// Identifies one record handed to the producer, within its transaction.
 ///

@@ -1,14 +1,21 @@
-//! PostgreSQL facts that both of Ferry's pure layers need, kept in one place: the reader
+//! PostgreSQL facts that Ferry's pure layers share, kept in one place: the reader
 //! (`ferry-wal`, which decodes commit times and status-update times off the replication stream)
 //! and the router (`ferry-router`, which reads binary `timestamp`/`timestamptz` columns) may not
 //! import each other, so what they share lives here.
+//!
+//! [`Lsn`] is the one log sequence number type: the reader reads it off the stream, the core
+//! (`ferry-core`) confirms it, and neither should need the other's crate for it.
 //!
 //! [`PgTimestamp`] is PostgreSQL's `TimestampTz` as sent on the wire: an Int64 of microseconds
 //! since 2000-01-01 00:00:00 UTC ([`PgTimestamp::POSTGRES_EPOCH_UNIX_MICROS`] after the Unix
 //! epoch; PostgreSQL's `POSTGRES_EPOCH_JDATE`). `infinity` and `-infinity` are `i64::MAX` and
 //! `i64::MIN`.
 
+pub mod lsn;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use lsn::Lsn;
 
 /// A PostgreSQL `TimestampTz` as sent on the wire: microseconds since 2000-01-01 00:00:00 UTC.
 ///

@@ -8,7 +8,7 @@
 
 pub mod assembly;
 pub mod frame;
-pub mod lsn;
+pub use ferry_pgtypes::lsn;
 pub mod pgoutput;
 pub mod progress;
 pub mod wire;

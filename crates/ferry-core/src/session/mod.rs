@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use ferry_router::Record;
 use ferry_wal::assembly::OutboxEvent;
-use ferry_wal::Lsn;
+use ferry_pgtypes::Lsn;
 
 use crate::inflight::Token;
 use crate::pass::Pass;

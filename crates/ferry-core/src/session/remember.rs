@@ -36,7 +36,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_wal::Lsn;
+use ferry_pgtypes::Lsn;
 
 /// Least time between a progress record and the next regular one (an early one may come
 /// sooner: see [`QUIET`]).
