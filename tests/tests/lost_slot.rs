@@ -12,8 +12,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use ferry::progress::{self, Remembered};
-use ferry_core::progress::{Mode, ProgressKey, ProgressRecord};
+use ferry::progress_topic::{self as progress, Remembered};
+use ferry_core::progress_record::{Mode, ProgressKey, ProgressRecord};
 use ferry_testkit::kafka;
 use ferry_wal::Lsn;
 

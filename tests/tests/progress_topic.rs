@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use ferry::progress::{self, ProgressTopicError, Remembered};
-use ferry_core::progress::{Mode, Partial, ProgressKey, ProgressRecord};
+use ferry::progress_topic::{self as progress, ProgressTopicError, Remembered};
+use ferry_core::progress_record::{Mode, Partial, ProgressKey, ProgressRecord};
 use ferry_wal::Lsn;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};

@@ -1,5 +1,5 @@
 //! The in-flight table: one entry per record handed to the sink and not yet reported, under the
-//! [`Token`] the record travels with (the producer's per-message opaque).
+//! [`DeliveryKey`] the record travels with (the producer's per-message opaque).
 //!
 //! It is the one place that decides whether a delivery report is genuine: a report finds its
 //! entry by token, and the entry is removed by that first report, so a second report, or one for
@@ -27,13 +27,13 @@ use crate::watermark;
 
 /// The key a record travels with through the sink; its delivery report carries it back.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct Token(pub usize);
+pub struct DeliveryKey(pub usize);
 
 /// What the core keeps per record until its report.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     /// The record's place in its transaction's watermark.
-    pub mark: watermark::Token,
+    pub mark: watermark::Mark,
     /// The session it was produced in.
     pub session: u64,
     /// Commit time of its transaction, µs since the Unix epoch (for the lag metric).
@@ -67,7 +67,7 @@ pub(crate) struct InFlight {
 
 impl InFlight {
     /// Stores the entry of a record handed to the sink; returns its token.
-    pub fn insert(&mut self, entry: Entry) -> Token {
+    pub fn insert(&mut self, entry: Entry) -> DeliveryKey {
         self.records += 1;
         self.bytes += u64::from(entry.mark.bytes());
         let seq = self.next_seq;
@@ -88,7 +88,7 @@ impl InFlight {
                 .retain(|&(s, k)| matches!(&entries[k], Some((live, _)) if *live == s));
         }
         self.order.push_back((seq, key));
-        Token(key)
+        DeliveryKey(key)
     }
 
     /// The oldest record in flight (the first handed over of those not yet reported).
@@ -110,7 +110,7 @@ impl InFlight {
     }
 
     /// Takes the entry of `token`: `None` for a token never handed out or already reported.
-    pub fn remove(&mut self, token: Token) -> Option<Entry> {
+    pub fn remove(&mut self, token: DeliveryKey) -> Option<Entry> {
         let (_, entry) = self.entries.get_mut(token.0)?.take()?;
         self.free.push(token.0);
         self.records -= 1;
@@ -119,7 +119,7 @@ impl InFlight {
     }
 
     /// The entry of `token`, if it is in flight.
-    pub fn get(&self, token: Token) -> Option<&Entry> {
+    pub fn get(&self, token: DeliveryKey) -> Option<&Entry> {
         self.entries.get(token.0)?.as_ref().map(|(_, e)| e)
     }
 
@@ -174,11 +174,11 @@ mod tests {
             } else {
                 let key = *model.keys().nth((x as usize / 3) % model.len()).unwrap();
                 let got = table
-                    .remove(Token(key))
+                    .remove(DeliveryKey(key))
                     .map(|e| (e.session, e.mark.bytes()));
                 assert_eq!(got, model.remove(&key));
                 assert!(
-                    table.remove(Token(key)).is_none(),
+                    table.remove(DeliveryKey(key)).is_none(),
                     "second report for {key}"
                 );
             }
@@ -186,7 +186,7 @@ mod tests {
             let bytes: u64 = model.values().map(|(_, b)| u64::from(*b)).sum();
             assert_eq!(table.bytes(), bytes);
         }
-        assert!(table.remove(Token(usize::MAX)).is_none());
+        assert!(table.remove(DeliveryKey(usize::MAX)).is_none());
         assert!(table.capacity() <= 20_000);
     }
 

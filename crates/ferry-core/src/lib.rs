@@ -55,7 +55,7 @@
 pub mod guard;
 pub mod inflight;
 pub mod pass;
-pub mod progress;
+pub mod progress_record;
 pub mod relay;
 pub mod route;
 pub mod session;
@@ -65,12 +65,12 @@ pub mod watermark;
 mod window;
 
 pub use guard::unreadable;
-pub use inflight::Token;
-pub use progress::{ProgressKey, ProgressRecord};
+pub use inflight::DeliveryKey;
+pub use progress_record::{ProgressKey, ProgressRecord};
 pub use relay::{Action, CoreError, Count, End, Position, Relay, RelayConfig, RowOutcome};
 pub use route::RouteErrorKind;
 pub use session::{
     Action as SessionAction, CommitOutcome, Session, SessionConfig, SinkError, SinkErrors,
-    TransactionLimits, PROGRESS_TOKEN,
+    TransactionLimits, PROGRESS_DELIVERY_KEY,
 };
 pub use watermark::Watermark;

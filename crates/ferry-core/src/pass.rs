@@ -35,7 +35,7 @@ use std::str::FromStr;
 
 use ferry_pgtypes::Lsn;
 
-use crate::progress::ProgressRecord;
+use crate::progress_record::ProgressRecord;
 
 /// An outbox event's position: its transaction's commit LSN and its place (from 1) among the
 /// transaction's outbox events. Written `16/B374D848:3`.
@@ -207,7 +207,7 @@ impl Pass {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::progress::{Mode, Partial};
+    use crate::progress_record::{Mode, Partial};
 
     fn pos(lsn: u64, event: u64) -> EventPosition {
         EventPosition {
@@ -288,7 +288,7 @@ mod tests {
         assert!(!p.behind(Lsn(50), None));
         assert!(p.behind(Lsn(101), None));
         let record = |end: u64, partial: Option<(u64, u64)>| ProgressRecord {
-            format: crate::progress::FORMAT,
+            format: crate::progress_record::FORMAT,
             mode: Mode::ExactlyOnce,
             timeline: 1,
             end_lsn: Lsn(end),

@@ -53,14 +53,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_pgtypes::Lsn;
 use ferry_router::{Record, RouteError, Routers, TraceOutcome, TraceProblem};
 use ferry_wal::assembly::OutboxEvent;
-use ferry_pgtypes::Lsn;
 
 use crate::guard::BinaryGuard;
-use crate::inflight::{Entry, InFlight, Token};
+use crate::inflight::{DeliveryKey, Entry, InFlight};
 use crate::pass::{EventPosition, Fate, Meeting, Moved, Pass, PassAction};
-use crate::progress::{Partial, ProgressRecord};
+use crate::progress_record::{Partial, ProgressRecord};
 use crate::route::{self, RouteErrorKind, Routed};
 use crate::watermark::{Watermark, WatermarkError};
 use crate::window::Window;
@@ -125,7 +125,7 @@ pub enum CoreError<E> {
     /// The watermark refused a call: the event stream or the core's bookkeeping is wrong.
     Bookkeeping(WatermarkError),
     /// A report for a token with no record in flight (never handed out, or reported twice).
-    UnknownReport { token: Token },
+    UnknownReport { token: DeliveryKey },
     /// Records were still unreported when the drain's deadline passed.
     DrainTimeout { records: u64 },
     /// Exactly-once: a transaction call failed for good (begin, or a commit that cannot be
@@ -209,7 +209,7 @@ impl RowOutcome {
 #[derive(Debug)]
 pub enum Action<E> {
     /// Hand `record` to the sink with `token`; if it is refused, tell [`Relay::handle_refused`].
-    Produce { token: Token, record: Record },
+    Produce { token: DeliveryKey, record: Record },
     /// A WAL transaction ended at `end_lsn` (nothing to do with it today; tests read it).
     CommitPoint { end_lsn: Lsn },
     /// Exactly-once: every event up to here is handed to the sink (or skipped by policy); a
@@ -437,7 +437,7 @@ impl<E> Relay<E> {
     }
 
     /// The topic of the record in flight under `token`, if any (for errors).
-    pub fn topic_of(&self, token: Token) -> Option<Arc<str>> {
+    pub fn topic_of(&self, token: DeliveryKey) -> Option<Arc<str>> {
         self.in_flight.get(token).map(|e| e.topic.clone())
     }
 
@@ -596,7 +596,7 @@ impl<E> Relay<E> {
     }
 
     /// A delivery report for `token`.
-    pub fn handle_report(&mut self, token: Token, result: Result<(), E>, now: Instant) {
+    pub fn handle_report(&mut self, token: DeliveryKey, result: Result<(), E>, now: Instant) {
         let Some(entry) = self.in_flight.remove(token) else {
             if !self.stopped {
                 self.stop(Err(CoreError::UnknownReport { token }));
@@ -644,7 +644,7 @@ impl<E> Relay<E> {
     }
 
     /// The sink refused the record of `token` (it was never accepted; no report will come).
-    pub fn handle_refused(&mut self, token: Token, error: E, now: Instant) {
+    pub fn handle_refused(&mut self, token: DeliveryKey, error: E, now: Instant) {
         let Some(entry) = self.in_flight.remove(token) else {
             return self.stop(Err(CoreError::UnknownReport { token }));
         };

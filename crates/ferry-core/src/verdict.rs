@@ -4,7 +4,7 @@
 //! (by hand, by a cleanup script, by a failover to a server without it) and is created again
 //! starts at the server's current position: every event in between is gone, and the new slot
 //! looks perfectly healthy. So at every session start Ferry compares the slot with what it
-//! remembers outside the slot (the progress record, [`crate::progress`]) and [`decide`] says
+//! remembers outside the slot (the progress record, [`crate::progress_record`]) and [`decide`] says
 //! what to do. It is a pure function of everything it needs, so every case is a table row in
 //! the tests below; both delivery modes use it.
 //!
@@ -36,7 +36,7 @@ use std::fmt;
 
 use ferry_pgtypes::Lsn;
 
-use crate::progress::{Mode, ProgressRecord};
+use crate::progress_record::{Mode, ProgressRecord};
 
 /// The slot as the server shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@
 //! 1. [`Watermark::begin`] registers a transaction, in commit order, with its `commit_lsn` (pgoutput
 //!    Begin's `final_lsn`). Call it when Begin arrives, before anything else of the transaction.
 //! 2. [`Watermark::add_record`] is called for each record as it is handed to the producer
-//!    (accepted); it returns a [`Token`], a small `Copy` value that the relay core keeps in its
+//!    (accepted); it returns a [`Mark`], a small `Copy` value that the relay core keeps in its
 //!    in-flight table (`crate::inflight`) under the key the record travels with.
 //! 3. [`Watermark::commit`] closes the transaction with its `end_lsn` (the end of the commit record).
 //! 4. Delivery reports arrive in any order: [`Watermark::delivered`] (durable) or
@@ -89,12 +89,12 @@ use ferry_pgtypes::Lsn;
 /// Small and `Copy` (a sequence number and the record's size); the relay core keeps it in the
 /// in-flight table entry of the record.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub struct Token {
+pub struct Mark {
     seq: u64,
     bytes: u32,
 }
 
-impl Token {
+impl Mark {
     /// The record's sequence number (unique for the life of the [`Watermark`]).
     pub const fn seq(self) -> u64 {
         self.seq
@@ -276,14 +276,14 @@ impl Watermark {
     }
 
     /// Adds a record of `bytes` bytes to the open transaction as it is handed to the producer.
-    pub fn add_record(&mut self, bytes: usize) -> Result<Token, WatermarkError> {
+    pub fn add_record(&mut self, bytes: usize) -> Result<Mark, WatermarkError> {
         let bytes32 = u32::try_from(bytes).map_err(|_| WatermarkError::RecordTooLarge { bytes })?;
         let seq = self.next_seq;
         let txn = match self.txns.back_mut() {
             Some(t) if t.end_lsn.is_none() => t,
             _ => return Err(WatermarkError::NoOpenTransaction { op: "add_record" }),
         };
-        let token = Token {
+        let token = Mark {
             seq,
             bytes: bytes32,
         };
@@ -314,16 +314,12 @@ impl Watermark {
     }
 
     /// Kafka acknowledged the record: it is durable.
-    pub fn delivered(&mut self, token: Token) -> Result<(), WatermarkError> {
+    pub fn delivered(&mut self, token: Mark) -> Result<(), WatermarkError> {
         self.report(token, None)
     }
 
     /// Kafka gave up on the record: the watermark freezes before its transaction.
-    pub fn failed(
-        &mut self,
-        token: Token,
-        reason: impl Into<String>,
-    ) -> Result<(), WatermarkError> {
+    pub fn failed(&mut self, token: Mark, reason: impl Into<String>) -> Result<(), WatermarkError> {
         self.report(token, Some(reason.into()))
     }
 
@@ -338,7 +334,7 @@ impl Watermark {
         true
     }
 
-    fn report(&mut self, token: Token, failure: Option<String>) -> Result<(), WatermarkError> {
+    fn report(&mut self, token: Mark, failure: Option<String>) -> Result<(), WatermarkError> {
         let seq = token.seq;
         if seq >= self.next_seq {
             return Err(WatermarkError::UnknownToken { seq });
@@ -641,7 +637,7 @@ mod tests {
         let mut w = Watermark::new(Lsn(100));
         w.begin(Lsn(110)).unwrap();
         let t = w.add_record(10).unwrap();
-        let never = Token { seq: 5, bytes: 1 };
+        let never = Mark { seq: 5, bytes: 1 };
         assert_eq!(
             w.delivered(never),
             Err(WatermarkError::UnknownToken { seq: 5 })
@@ -714,7 +710,7 @@ mod tests {
     fn a_large_transaction_is_a_counter() {
         let mut w = Watermark::new(Lsn(0));
         w.begin(Lsn(1)).unwrap();
-        let tokens: Vec<Token> = (0..1_000_000).map(|_| w.add_record(100).unwrap()).collect();
+        let tokens: Vec<Mark> = (0..1_000_000).map(|_| w.add_record(100).unwrap()).collect();
         w.commit(Lsn(2)).unwrap();
         assert_eq!(w.open_transactions(), 1);
         assert_eq!(w.in_flight_bytes(), 100_000_000);
@@ -722,7 +718,7 @@ mod tests {
             w.delivered(*t).unwrap();
         }
         assert_eq!(w.confirmed(), Lsn(2));
-        assert_eq!(std::mem::size_of::<Token>(), 16);
+        assert_eq!(std::mem::size_of::<Mark>(), 16);
     }
 
     /// Rough cost of one add + deliver; prints, asserts nothing about time.

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferry_core::progress::{Mode, ProgressRecord};
-use ferry_core::{Action, End, Position, Relay, RelayConfig, Token};
+use ferry_core::progress_record::{Mode, ProgressRecord};
+use ferry_core::{Action, DeliveryKey, End, Position, Relay, RelayConfig};
 use ferry_router::{oid, OnError};
 use ferry_wal::assembly::RelationInfo;
 use ferry_wal::Lsn;
@@ -103,7 +103,7 @@ fn generate(rng: &mut Rng) -> Vec<Txn> {
 /// A record in the open Kafka transaction.
 #[derive(Debug, Clone)]
 struct Open {
-    token: Token,
+    token: DeliveryKey,
     id: u64,
     key: u8,
     dead_letter: bool,

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use common::*;
 use ferry_core::pass::{EventPosition, Pass, PassAction};
-use ferry_core::progress::{Mode, Partial, ProgressRecord, FORMAT};
-use ferry_core::{Action, CoreError, Count, Relay, Token};
+use ferry_core::progress_record::{Mode, Partial, ProgressRecord, FORMAT};
+use ferry_core::{Action, CoreError, Count, DeliveryKey, Relay};
 use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Router, Routers};
 use ferry_wal::Lsn;
 
@@ -29,7 +29,7 @@ fn relay(config: ferry_core::RelayConfig, pass: Option<Pass>, resume: u64) -> R 
     r
 }
 
-fn produced(actions: &[Action<String>]) -> Vec<(Token, String)> {
+fn produced(actions: &[Action<String>]) -> Vec<(DeliveryKey, String)> {
     actions
         .iter()
         .filter_map(|a| match a {

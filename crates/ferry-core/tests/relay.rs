@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferry_core::{Action, CoreError, Count, End, Relay, RouteErrorKind, Token};
+use ferry_core::{Action, CoreError, Count, DeliveryKey, End, Relay, RouteErrorKind};
 use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Router, Routers, TraceProblem};
 use ferry_wal::Lsn;
 
@@ -19,7 +19,7 @@ fn started(on_error: OnError, records: u64, bytes: u64, resume: u64) -> R {
     r
 }
 
-fn produced(actions: &[Action<String>]) -> Vec<(Token, String)> {
+fn produced(actions: &[Action<String>]) -> Vec<(DeliveryKey, String)> {
     actions
         .iter()
         .filter_map(|a| match a {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::*;
-use ferry_core::{Action, End, Relay, Token};
+use ferry_core::{Action, DeliveryKey, End, Relay};
 use ferry_router::{oid, OnError};
 use ferry_wal::assembly::{OutboxEvent, OutboxMessage, RelationInfo};
 use ferry_wal::Lsn;
@@ -151,7 +151,7 @@ fn outbox_event(rel: &Arc<RelationInfo>, t: &Txn, e: &Event) -> OutboxEvent {
 /// A record in flight in the simulated Kafka.
 #[derive(Debug, Clone)]
 struct Flying {
-    token: Token,
+    token: DeliveryKey,
     session: u64,
     id: u64,
     key: u8,

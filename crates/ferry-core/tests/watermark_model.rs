@@ -3,7 +3,7 @@
 //! reference model that keeps every record's state and recomputes `confirmed` by scanning from the
 //! start (the obviously-correct, O(records) way).
 
-use ferry_core::watermark::{Gauges, Token, Watermark, WatermarkError};
+use ferry_core::watermark::{Gauges, Mark, Watermark, WatermarkError};
 use ferry_wal::Lsn;
 use proptest::prelude::*;
 
@@ -52,7 +52,7 @@ struct MTxn {
 
 #[derive(Debug)]
 struct MRecord {
-    token: Token,
+    token: Mark,
     state: State,
     /// Whether its transaction was discarded by a reset.
     discarded: bool,

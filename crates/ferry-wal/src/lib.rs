@@ -9,8 +9,8 @@
 pub mod assembly;
 pub mod frame;
 pub use ferry_pgtypes::lsn;
+pub mod feedback;
 pub mod pgoutput;
-pub mod progress;
 pub mod wire;
 
 #[cfg(feature = "io")]

@@ -441,7 +441,7 @@ async fn inspect(
     let facts = StartFacts::read(
         settings,
         sql,
-        crate::progress::Until::Stable,
+        crate::progress_topic::Until::Stable,
         KAFKA_TIMEOUT,
         false,
     )
@@ -456,7 +456,7 @@ async fn inspect(
     let remembered = &facts.remembered;
     let v = verdict::decide(&facts.input(
         &settings.slot.slot,
-        ferry_core::progress::Mode::AtLeastOnce,
+        ferry_core::progress_record::Mode::AtLeastOnce,
         verdict::Acceptance::default(),
     ));
     Ok(Inspection {

@@ -9,7 +9,7 @@ pub mod kafka_access;
 pub mod malloc;
 pub mod pipeline;
 pub mod producer;
-pub mod progress;
+pub mod progress_topic;
 pub mod replay;
 pub mod stdio;
 pub mod telemetry;

@@ -20,7 +20,7 @@
 //! deadline to wake up at ([`Session::poll_timeout`]) and whether to read WAL
 //! ([`Session::wants_events`]).
 //!
-//! Progress records travel under [`PROGRESS_TOKEN`], a token the in-flight table never hands
+//! Progress records travel under [`PROGRESS_DELIVERY_KEY`], a token the in-flight table never hands
 //! out; the machine tells their reports from its records' by it. The driver passes every report
 //! on unchanged.
 //!
@@ -33,13 +33,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_pgtypes::Lsn;
 use ferry_router::Record;
 use ferry_wal::assembly::OutboxEvent;
-use ferry_pgtypes::Lsn;
 
-use crate::inflight::Token;
+use crate::inflight::DeliveryKey;
 use crate::pass::Pass;
-use crate::progress::ProgressRecord;
+use crate::progress_record::ProgressRecord;
 use crate::relay::{self, CoreError, Count, End, Position, Relay, RelayConfig};
 use remember::Remember;
 pub use transaction::TransactionLimits;
@@ -47,7 +47,7 @@ use transaction::{Poison, Stage, Transaction};
 
 /// The token progress records travel under: the in-flight table's tokens are slab indices from
 /// 0 up to the window, so this one is never one of them.
-pub const PROGRESS_TOKEN: Token = Token(usize::MAX);
+pub const PROGRESS_DELIVERY_KEY: DeliveryKey = DeliveryKey(usize::MAX);
 
 /// Longest an at-least-once session that ended with an error waits for its last progress record
 /// (a shutdown waits up to its drain timeout).
@@ -82,11 +82,14 @@ pub struct SessionConfig {
 pub enum Action<E> {
     /// Hand `record` to the sink (in exactly-once mode, into the open transaction); its report
     /// carries `token`. A refusal goes to [`Session::handle_refused`].
-    Produce { token: Token, record: Record },
+    Produce { token: DeliveryKey, record: Record },
     /// Write the progress record holding `position` (at-least-once: on its own; exactly-once:
     /// into the open transaction, after its records); its report carries `token`. A refusal
     /// goes to [`Session::handle_refused`].
-    ProduceProgress { token: Token, position: Position },
+    ProduceProgress {
+        token: DeliveryKey,
+        position: Position,
+    },
     /// Begin a Kafka transaction; the outcome goes to [`Session::handle_begun`].
     BeginTransaction,
     /// Commit the open Kafka transaction (its progress record holds `position`; it carries
@@ -341,10 +344,10 @@ impl<E: Clone + std::fmt::Display> Session<E> {
         self.pump(now);
     }
 
-    /// A delivery report: of an outbox record, or of a progress record ([`PROGRESS_TOKEN`]).
-    pub fn handle_report(&mut self, token: Token, result: Result<(), E>, now: Instant) {
+    /// A delivery report: of an outbox record, or of a progress record ([`PROGRESS_DELIVERY_KEY`]).
+    pub fn handle_report(&mut self, token: DeliveryKey, result: Result<(), E>, now: Instant) {
         match &mut self.mode {
-            Mode::AtLeastOnce { .. } if token == PROGRESS_TOKEN => match result {
+            Mode::AtLeastOnce { .. } if token == PROGRESS_DELIVERY_KEY => match result {
                 Ok(()) => self.progress_written(now),
                 Err(e) => self.progress_failed(e, now),
             },
@@ -354,7 +357,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                 if let Err(error) = result {
                     tracing::warn!(error = %error, "a record of the open Kafka transaction failed; it will be aborted");
                     let topic = match token {
-                        PROGRESS_TOKEN => Some(self.progress_topic.clone()),
+                        PROGRESS_DELIVERY_KEY => Some(self.progress_topic.clone()),
                         _ => self.relay.topic_of(token),
                     };
                     txn.poison(Poison { error, topic });
@@ -365,12 +368,14 @@ impl<E: Clone + std::fmt::Display> Session<E> {
     }
 
     /// The sink refused the record of `token` (it was never accepted; no report will come).
-    pub fn handle_refused(&mut self, token: Token, error: E, now: Instant) {
+    pub fn handle_refused(&mut self, token: DeliveryKey, error: E, now: Instant) {
         match &mut self.mode {
-            Mode::AtLeastOnce { .. } if token == PROGRESS_TOKEN => self.progress_failed(error, now),
+            Mode::AtLeastOnce { .. } if token == PROGRESS_DELIVERY_KEY => {
+                self.progress_failed(error, now)
+            }
             Mode::AtLeastOnce { .. } => self.relay.handle_refused(token, error, now),
             Mode::ExactlyOnce(txn) => {
-                if token == PROGRESS_TOKEN {
+                if token == PROGRESS_DELIVERY_KEY {
                     // The commit that was to follow is not asked for: the transaction aborts.
                     txn.stage = Stage::Idle;
                     let topic = Some(self.progress_topic.clone());
@@ -595,7 +600,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                 _ => None,
             };
             self.actions.push_back(Action::ProduceProgress {
-                token: PROGRESS_TOKEN,
+                token: PROGRESS_DELIVERY_KEY,
                 position: Position {
                     end_lsn: lsn,
                     partial: None,
@@ -720,7 +725,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
         }
         txn.stage = Stage::ProgressHanded(position);
         self.actions.push_back(Action::ProduceProgress {
-            token: PROGRESS_TOKEN,
+            token: PROGRESS_DELIVERY_KEY,
             position,
         });
     }

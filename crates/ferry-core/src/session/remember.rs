@@ -3,7 +3,7 @@
 //!
 //! The relay core confirms an LSN once Kafka holds every record up to it ([`crate::relay`]).
 //! In at-least-once mode that LSN is not passed to the server at once: it is first written as
-//! a progress record ([`crate::progress`]), and only the LSN of an *acknowledged* record may be
+//! a progress record ([`crate::progress_record`]), and only the LSN of an *acknowledged* record may be
 //! reported as `flush_lsn`. So the slot's `confirmed_flush_lsn` is never ahead of the newest
 //! progress record, and a start that finds it ahead knows that something other than Ferry moved
 //! it ([`crate::verdict`]).

@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::inflight::Token;
+use crate::inflight::DeliveryKey;
 use crate::relay::Position;
 
 /// What bounds a Kafka transaction.
@@ -61,7 +61,7 @@ pub(crate) struct Transaction<E> {
     /// A transaction is begun.
     pub open: bool,
     /// Records in the open transaction: their reports are held until it ends.
-    pub held: Vec<Token>,
+    pub held: Vec<DeliveryKey>,
     pub held_bytes: u64,
     /// The newest position the core gave, and when the first uncommitted one came.
     pub position: Option<Position>,
@@ -128,7 +128,7 @@ impl<E> Transaction<E> {
     }
 
     /// The commit succeeded: the held records are durable.
-    pub fn committed(&mut self, position: Position) -> Vec<Token> {
+    pub fn committed(&mut self, position: Position) -> Vec<DeliveryKey> {
         self.open = false;
         self.committed = Some(position);
         self.since = None;
@@ -139,7 +139,7 @@ impl<E> Transaction<E> {
 
     /// The transaction ended without committing: the held records failed, and the position
     /// falls back to the newest committed one.
-    pub fn failed(&mut self) -> Vec<Token> {
+    pub fn failed(&mut self) -> Vec<DeliveryKey> {
         self.open = false;
         self.held_bytes = 0;
         self.position = self.committed;

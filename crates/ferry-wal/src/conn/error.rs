@@ -172,7 +172,7 @@ pub enum ReaderError {
     #[error("server_version_num is {shown:?}, not a number: Ferry talks to PostgreSQL itself, not to a proxy that answers SHOW differently")]
     ServerVersion { shown: String },
     #[error("bug in Ferry: {0}; please report it")]
-    Rewind(#[from] crate::progress::RewindError),
+    Rewind(#[from] crate::feedback::RewindError),
     #[error("bug in Ferry: the reader task failed ({reason}); please report it")]
     TaskFailed { reason: String },
     #[error(transparent)]
@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn protocol_violations_and_bugs_are_permanent_and_say_what_they_are() {
-        let rewind = crate::progress::RewindError {
+        let rewind = crate::feedback::RewindError {
             current: Lsn(0x20),
             requested: Lsn(0x10),
         };

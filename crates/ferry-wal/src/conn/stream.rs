@@ -1,6 +1,6 @@
 //! The reader task: streams a logical slot and hands outbox events to the pipeline.
 //!
-//! [`start`] connects, checks the resume point (see [`crate::progress`] rule 6) and spawns a task
+//! [`start`] connects, checks the resume point (see [`crate::feedback`] rule 6) and spawns a task
 //! that owns the replication connection. The task:
 //!
 //! - decodes each XLogData into pgoutput messages and assembles them into [`OutboxEvent`]s, sent
@@ -27,8 +27,8 @@ use super::config::ConnectConfig;
 use super::error::ReaderError;
 use super::replication::ReplicationConnection;
 use crate::assembly::{Assembler, AssemblyStats, OutboxEvent, OutboxSource};
+use crate::feedback::Progress;
 use crate::pgoutput::Decoder;
-use crate::progress::Progress;
 use crate::slot::{quote_ident, quote_literal, slot_state};
 use crate::wire::{PgTimestamp, ReplicationMessage};
 use crate::Lsn;
@@ -119,7 +119,7 @@ pub struct ReaderHandle {
 
 impl ReaderHandle {
     /// Hands over the LSN the relay core confirmed, to be reported as `flush_lsn`. The rule that
-    /// it never moves backwards is kept once, by [`crate::progress::Progress::confirm`].
+    /// it never moves backwards is kept once, by [`crate::feedback::Progress::confirm`].
     pub fn confirm(&self, lsn: Lsn) {
         self.confirm.send_replace(lsn);
     }

@@ -57,7 +57,7 @@ pub struct KafkaConfig {
     )]
     pub linger: Duration,
     /// Ferry's own topic where it remembers its position per slot and server, outside the slot
-    /// (see `ferry_core::progress`): one partition, compacted.
+    /// (see `ferry_core::progress_record`): one partition, compacted.
     pub progress_topic: String,
     /// Exactly-once delivery (issue 11): records go out in Kafka transactions, each carrying a
     /// progress record with the exact position, and a restart skips what a committed one covers.

@@ -27,11 +27,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_core::pass::Pass;
-use ferry_core::progress::ProgressKey;
+use ferry_core::progress_record::ProgressKey;
 use ferry_core::verdict::Acceptance;
 use ferry_core::{
-    CoreError, Count, RowOutcome, Session, SessionAction as Action, SessionConfig, SinkErrors,
-    Token, TransactionLimits,
+    CoreError, Count, DeliveryKey, RowOutcome, Session, SessionAction as Action, SessionConfig,
+    SinkErrors, TransactionLimits,
 };
 use ferry_wal::assembly::SourceTable;
 use ferry_wal::conn::{ReaderEvent, ReaderHandle};
@@ -376,7 +376,7 @@ impl<'a> Driver<'a> {
         let Some(eo) = &s.exactly_once else {
             unreachable!("an exactly-once session without exactly-once settings");
         };
-        crate::progress::ensure_topic(
+        crate::progress_topic::ensure_topic(
             &s.producer_properties,
             &eo.progress_topic,
             s.create_topics.replication_factor,
@@ -449,11 +449,11 @@ impl<'a> Driver<'a> {
                 biased;
                 Some(d) = link.rx.recv() => {
                     let now = Instant::now();
-                    link.machine.handle_report(Token(d.key), d.result.map(drop), now);
+                    link.machine.handle_report(DeliveryKey(d.key), d.result.map(drop), now);
                     // Every report already queued, in one wake-up.
                     for _ in 0..BURST {
                         match link.rx.try_recv() {
-                            Ok(d) => link.machine.handle_report(Token(d.key), d.result.map(drop), now),
+                            Ok(d) => link.machine.handle_report(DeliveryKey(d.key), d.result.map(drop), now),
                             Err(_) => break,
                         }
                     }

@@ -10,7 +10,7 @@ use rdkafka::error::KafkaError;
 
 use crate::authz;
 use crate::producer;
-use crate::progress::ProgressTopicError;
+use crate::progress_topic::ProgressTopicError;
 use ferry_core::watermark::WatermarkError;
 
 /// Why a session or the pipeline ended.

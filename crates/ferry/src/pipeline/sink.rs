@@ -9,8 +9,8 @@
 
 use std::time::SystemTime;
 
-use ferry_core::progress::{Mode, ProgressRecord};
-use ferry_core::{CommitOutcome, Position, Token};
+use ferry_core::progress_record::{Mode, ProgressRecord};
+use ferry_core::{CommitOutcome, DeliveryKey, Position};
 use ferry_router::Record;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
@@ -32,7 +32,7 @@ pub(super) enum Sink<'a> {
 
 impl Sink<'_> {
     /// Hands a record over (accepted, not durable); its report carries `token`.
-    pub fn produce(&mut self, token: Token, record: &Record) -> Result<(), KafkaError> {
+    pub fn produce(&mut self, token: DeliveryKey, record: &Record) -> Result<(), KafkaError> {
         match self {
             Sink::Idempotent { producer, .. } => producer.send(record, token.0).map_err(send_error),
             Sink::Transactional(txn) => txn.produce(token, record),
@@ -40,7 +40,11 @@ impl Sink<'_> {
     }
 
     /// Hands the progress record holding `position` over; its report carries `token`.
-    pub fn produce_progress(&mut self, token: Token, position: Position) -> Result<(), KafkaError> {
+    pub fn produce_progress(
+        &mut self,
+        token: DeliveryKey,
+        position: Position,
+    ) -> Result<(), KafkaError> {
         match self {
             Sink::Idempotent {
                 producer,

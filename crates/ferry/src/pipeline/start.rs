@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::progress as record;
+use ferry_core::progress_record as record;
 use ferry_core::verdict::{self, Acceptance, Notice, Refusal, SlotSeen, StartInput, Verdict};
 use ferry_wal::assembly::{AssemblyError, SourceTable};
 use ferry_wal::conn::{ReaderError, SystemIdentity};
@@ -15,7 +15,7 @@ use ferry_wal::{slot, Lsn};
 
 use super::driver::Driver;
 use super::{PipelineError, PipelineSettings};
-use crate::progress;
+use crate::progress_topic;
 
 /// How long reading the progress topic, or creating it, may take at a session's start.
 const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
@@ -38,7 +38,7 @@ pub(crate) struct StartFacts {
     pub identity: SystemIdentity,
     /// `None` on a standby (no current WAL position there).
     pub current_wal_lsn: Option<Lsn>,
-    pub history: progress::SlotHistory,
+    pub history: progress_topic::SlotHistory,
     /// What the history says, seen from this server.
     pub remembered: verdict::Remembered,
 }
@@ -47,8 +47,8 @@ pub(crate) struct StartFacts {
 #[derive(Debug)]
 pub(crate) enum FactsError {
     Server(ReaderError),
-    /// The progress topic could not be read (transient or not: [`crate::progress::ProgressTopicError`]).
-    Topic(progress::ProgressTopicError),
+    /// The progress topic could not be read (transient or not: [`crate::progress_topic::ProgressTopicError`]).
+    Topic(progress_topic::ProgressTopicError),
     /// The blocking read was lost.
     Join(String),
 }
@@ -71,7 +71,7 @@ impl StartFacts {
     pub async fn read(
         s: &PipelineSettings,
         sql: &tokio_postgres::Client,
-        until: progress::Until,
+        until: progress_topic::Until,
         timeout: Duration,
         refuse_active: bool,
     ) -> Result<StartFacts, FactsError> {
@@ -107,7 +107,7 @@ impl StartFacts {
             name.clone(),
         );
         let history = tokio::task::spawn_blocking(move || {
-            progress::read_slot(&properties, &topic, &slot_name, timeout, until)
+            progress_topic::read_slot(&properties, &topic, &slot_name, timeout, until)
         })
         .await
         .map_err(|e| FactsError::Join(e.to_string()))?
@@ -294,7 +294,7 @@ impl Driver<'_> {
         let s = self.settings;
         let name = &s.slot.slot;
         if !self.carry.progress_topic_ready {
-            progress::ensure_topic(
+            progress_topic::ensure_topic(
                 &s.producer_properties,
                 &s.progress_topic,
                 s.create_topics.replication_factor,
@@ -304,8 +304,8 @@ impl Driver<'_> {
             self.carry.progress_topic_ready = true;
         }
         let until = match s.exactly_once {
-            Some(_) => progress::Until::Stable,
-            None => progress::Until::End,
+            Some(_) => progress_topic::Until::Stable,
+            None => progress_topic::Until::End,
         };
         // The slot first, then the progress topic (see the module docs for why this order).
         let facts = StartFacts::read(s, sql, until, PROGRESS_TIMEOUT, true).await?;

@@ -7,7 +7,7 @@
 //!    server's system identifier and the slot, and calls `init_transactions`: every older
 //!    producer with that id is fenced (a zombie Ferry can never commit again) and whatever it
 //!    left open is aborted;
-//! 2. reads the progress topic to its end (`crate::progress::read`: high watermark first, then
+//! 2. reads the progress topic to its end (`crate::progress_topic::read`: high watermark first, then
 //!    read_committed up to it) for the newest committed record of this slot and server;
 //! 3. starts the relay core from it: every event it covers is skipped (`ferry_core::relay`);
 //! 4. produces into a Kafka transaction; after each event the core gives the exact position
@@ -47,8 +47,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ferry_core::progress::{Mode, ProgressKey, ProgressRecord};
-use ferry_core::{CommitOutcome, Position, Token};
+use ferry_core::progress_record::{Mode, ProgressKey, ProgressRecord};
+use ferry_core::{CommitOutcome, DeliveryKey, Position};
 use ferry_router::Record;
 use ferry_wal::conn::SystemIdentity;
 use rdkafka::error::KafkaError;
@@ -149,20 +149,20 @@ impl Txn {
             slot: slot.to_string(),
         };
         let read = tokio::task::spawn_blocking(move || {
-            crate::progress::read(&props, &topic, &key, timeout)
+            crate::progress_topic::read(&props, &topic, &key, timeout)
         })
         .await
         .map_err(|_| PipelineError::Transaction {
             error: KafkaError::Canceled,
         })??;
         Ok(match read {
-            crate::progress::Remembered::Record { record, .. } => Some(record),
+            crate::progress_topic::Remembered::Record { record, .. } => Some(record),
             _ => None,
         })
     }
 
     /// Hands a record to the open transaction; its report comes to the session machine.
-    pub fn produce(&mut self, token: Token, record: &Record) -> Result<(), KafkaError> {
+    pub fn produce(&mut self, token: DeliveryKey, record: &Record) -> Result<(), KafkaError> {
         self.producer.send(record, token.0).map_err(send_error)?;
         self.sent += 1;
         Ok(())
@@ -174,7 +174,11 @@ impl Txn {
     }
 
     /// The progress record holding `position`, into the open transaction after its records.
-    pub fn produce_progress(&mut self, token: Token, position: Position) -> Result<(), KafkaError> {
+    pub fn produce_progress(
+        &mut self,
+        token: DeliveryKey,
+        position: Position,
+    ) -> Result<(), KafkaError> {
         // Failpoints count transactions that carry records (not progress-only ones).
         let carrying = self.sent > 0;
         if carrying {

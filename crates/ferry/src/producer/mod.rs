@@ -6,7 +6,7 @@
 //! drain before it reconnects, so records of one key never overtake each other across sessions.
 //!
 //! A record travels through librdkafka with a `usize` key, not a boxed value: the relay core's
-//! token ([`ferry_core::Token`]), under which the core keeps what it needs per record in its
+//! token ([`ferry_core::DeliveryKey`]), under which the core keeps what it needs per record in its
 //! in-flight table (owned by one thread, no allocation per record, nothing freed across threads)
 //! and finds it again when the report comes. [`KafkaSink`] is this producer as the core's
 //! [`ferry_core::Sink`] (the per-record idempotent kind).

@@ -1,6 +1,6 @@
 //! The progress topic, seen from Kafka: reading back where Ferry was, and creating the topic.
 //!
-//! What a progress record holds and why it exists is written in [`ferry_core::progress`]. This
+//! What a progress record holds and why it exists is written in [`ferry_core::progress_record`]. This
 //! module does the I/O: [`read`] finds the newest committed record of one slot and server, and
 //! [`ensure_topic`] creates the topic (one partition, compacted) or checks the one that exists.
 //!
@@ -23,7 +23,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_core::progress::{ProgressError, ProgressKey, ProgressRecord};
+use ferry_core::progress_record::{ProgressError, ProgressKey, ProgressRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
