@@ -40,8 +40,8 @@ use bytes::Bytes;
 
 use crate::config::{CloudEventsMode, OutboxConfig, RouteConfig, TableName};
 use crate::error::{FieldRole, RouteErrorReason};
+use crate::read::{column, value};
 use crate::record::Header;
-use crate::router::{column, value};
 use crate::row::{oid, OutboxRow};
 use crate::template::{Segment, Template};
 use crate::timestamp::civil_from_days;

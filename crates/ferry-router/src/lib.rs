@@ -113,6 +113,7 @@ pub mod format;
 pub mod message;
 pub mod murmur2;
 pub mod properties;
+mod read;
 mod record;
 mod router;
 pub mod row;

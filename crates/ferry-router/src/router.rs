@@ -38,11 +38,12 @@ use crate::config::{
 use crate::error::{FieldRole, RouteError, RouteErrorReason};
 use crate::format::{write_formatted, write_payload, RecordFormat, JSON_FORMAT_TYPES};
 use crate::message::parse_message;
+use crate::read::{column, invalid, value};
 use crate::record::Record;
-use crate::row::{oid, ColumnRef, OutboxRow, SimpleRow};
+use crate::row::{oid, OutboxRow, SimpleRow};
 use crate::topic_plan::TopicPlan;
 use crate::trace::{read_trace_context, TraceOutcome, TRACEPARENT_HEADER, TRACESTATE_HEADER};
-use crate::validate::{validate, ConfigErrors, ConfigProblem};
+use crate::validate::{problem, validate, ConfigErrors, ConfigProblem};
 use crate::value::{natural_bytes, partition, timestamp_ms, write_json};
 
 /// Dead-letter header with the routing error, in words.
@@ -119,12 +120,6 @@ pub const PARTITION_TYPES: &[u32] = &[
     oid::TEXT,
     oid::VARCHAR,
 ];
-
-pub(crate) fn problem(path: &str, message: String) -> ConfigErrors {
-    ConfigErrors {
-        problems: vec![ConfigProblem::new(path, message)],
-    }
-}
 
 impl Router {
     /// Validates the configuration (every problem, with key paths) and compiles the router.
@@ -747,38 +742,5 @@ impl Router {
         } else {
             Ok(())
         }
-    }
-}
-
-pub(crate) fn column<'r, R: OutboxRow + ?Sized>(
-    row: &'r R,
-    name: &str,
-    role: FieldRole,
-) -> Result<ColumnRef<'r>, RouteErrorReason> {
-    row.column(name)
-        .ok_or_else(|| RouteErrorReason::MissingColumn {
-            role,
-            column: name.to_owned(),
-        })
-}
-
-pub(crate) fn value(
-    c: &ColumnRef<'_>,
-    name: &str,
-    role: FieldRole,
-) -> Result<Option<Bytes>, RouteErrorReason> {
-    match c.value {
-        None => Ok(None),
-        Some(v) => natural_bytes(c.type_oid, c.binary, v)
-            .map(Some)
-            .map_err(|problem| invalid(role, name, problem)),
-    }
-}
-
-fn invalid(role: FieldRole, column: &str, problem: String) -> RouteErrorReason {
-    RouteErrorReason::InvalidValue {
-        role,
-        column: column.to_owned(),
-        problem,
     }
 }

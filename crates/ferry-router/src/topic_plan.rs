@@ -15,11 +15,11 @@ use bytes::Bytes;
 
 use crate::config::{OutboxConfig, RouteConfig};
 use crate::error::{shown_topic, FieldRole, RouteErrorReason};
-use crate::router::{column, problem, value};
+use crate::read::{column, value};
 use crate::row::OutboxRow;
 use crate::template::{slot_of, GroupRef, Segment, Template};
 use crate::topic::validate_topic;
-use crate::validate::{compile_rule_regex, ConfigErrors};
+use crate::validate::{compile_rule_regex, problem, ConfigErrors};
 
 /// Most distinct topic-input combinations kept in the topic cache before it is cleared.
 pub const TOPIC_CACHE_CAPACITY: usize = 4096;

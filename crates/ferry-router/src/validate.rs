@@ -72,6 +72,13 @@ impl ConfigErrors {
     }
 }
 
+/// A single problem as [`ConfigErrors`].
+pub(crate) fn problem(path: &str, message: String) -> ConfigErrors {
+    ConfigErrors {
+        problems: vec![ConfigProblem::new(path, message)],
+    }
+}
+
 impl IntoIterator for ConfigErrors {
     type Item = ConfigProblem;
     type IntoIter = std::vec::IntoIter<ConfigProblem>;
