@@ -124,6 +124,7 @@ pub mod timestamp;
 pub mod topic;
 pub mod topic_plan;
 pub mod trace;
+mod trace_outcome;
 mod validate;
 pub mod value;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::murmur2::java_partition;
-use crate::trace::TraceOutcome;
+use crate::trace_outcome::TraceOutcome;
 
 /// A header: name and value (`None` = null value, from a NULL column).
 pub type Header = (Arc<str>, Option<Bytes>);
