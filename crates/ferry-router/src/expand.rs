@@ -47,13 +47,13 @@
 //! `type`, `items` or `fields`, `optional`, `name`, and `field` last in a field's schema;
 //! `float64` is written `"double"`. No version, doc or parameters.
 //!
-//! Strings are escaped as in [`crate::format`].
+//! Strings are escaped as Jackson escapes them (`jackson.rs`), as in [`crate::format`].
 
 use std::borrow::Cow;
 use std::io::Write as _;
 
 use crate::config::ExpandNullBehavior;
-use crate::format::jackson_string;
+use crate::jackson::jackson_string;
 
 /// A parsed JSON value, with numbers classified as Jackson's tree model classifies them.
 #[derive(Debug, Clone, PartialEq)]

@@ -110,6 +110,7 @@ pub mod config;
 pub mod error;
 mod expand;
 pub mod format;
+mod jackson;
 pub mod message;
 pub mod murmur2;
 pub mod properties;
