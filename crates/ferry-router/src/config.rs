@@ -11,6 +11,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::expand::ExpandNullBehavior;
 pub use crate::format::RecordFormat;
 
 /// Default outbox table: `public.outbox`, Debezium's conventional name.
@@ -210,23 +211,6 @@ pub struct RouteConfig {
     /// `table.json.payload.null.behavior`.
     pub expand_null_behavior: ExpandNullBehavior,
 }
-
-/// `route.expand_null_behavior`: Debezium's `table.json.payload.null.behavior`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ExpandNullBehavior {
-    /// A `null` member has no schema and is left out (Debezium's default).
-    #[default]
-    Ignore,
-    /// A `null` member is an optional `bytes` field written as `null`, and an array of nulls
-    /// only an array of optional bytes.
-    OptionalBytes,
-}
-
-spelling!(ExpandNullBehavior {
-    Ignore => "ignore",
-    OptionalBytes => "optional_bytes",
-});
 
 /// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

@@ -52,8 +52,26 @@
 use std::borrow::Cow;
 use std::io::Write as _;
 
-use crate::config::ExpandNullBehavior;
+use serde::{Deserialize, Serialize};
+
 use crate::jackson::jackson_string;
+
+/// `route.expand_null_behavior`: Debezium's `table.json.payload.null.behavior`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpandNullBehavior {
+    /// A `null` member has no schema and is left out (Debezium's default).
+    #[default]
+    Ignore,
+    /// A `null` member is an optional `bytes` field written as `null`, and an array of nulls
+    /// only an array of optional bytes.
+    OptionalBytes,
+}
+
+spelling!(ExpandNullBehavior {
+    Ignore => "ignore",
+    OptionalBytes => "optional_bytes",
+});
 
 /// A parsed JSON value, with numbers classified as Jackson's tree model classifies them.
 #[derive(Debug, Clone, PartialEq)]

@@ -37,7 +37,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ExpandNullBehavior;
+use crate::expand::ExpandNullBehavior;
 use crate::jackson::jackson_string;
 use crate::row::oid;
 use crate::value::base64;
