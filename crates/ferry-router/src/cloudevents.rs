@@ -40,12 +40,12 @@ use bytes::Bytes;
 
 use crate::config::{CloudEventsMode, OutboxConfig, RouteConfig, TableName};
 use crate::error::{FieldRole, RouteErrorReason};
+use crate::json::write_json;
 use crate::read::{column, value};
 use crate::record::Header;
 use crate::row::{oid, OutboxRow};
 use crate::template::{Segment, Template};
 use crate::timestamp::civil_from_days;
-use crate::value::write_json;
 
 /// The only `specversion` (CloudEvents 1.0 §3.1.1).
 pub const SPEC_VERSION: &str = "1.0";

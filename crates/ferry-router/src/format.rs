@@ -39,8 +39,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::expand::ExpandNullBehavior;
 use crate::jackson::jackson_string;
+use crate::json::base64;
 use crate::row::oid;
-use crate::value::base64;
 
 /// How a record's key or value is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

@@ -111,6 +111,7 @@ pub mod error;
 mod expand;
 pub mod format;
 mod jackson;
+mod json;
 pub mod message;
 pub mod murmur2;
 pub mod properties;

@@ -37,6 +37,7 @@ use crate::config::{
 };
 use crate::error::{FieldRole, RouteError, RouteErrorReason};
 use crate::format::{write_formatted, write_payload, RecordFormat, JSON_FORMAT_TYPES};
+use crate::json::write_json;
 use crate::message::parse_message;
 use crate::read::{column, invalid, value};
 use crate::record::Record;
@@ -44,7 +45,7 @@ use crate::row::{oid, OutboxRow, SimpleRow};
 use crate::topic_plan::TopicPlan;
 use crate::trace::{read_trace_context, TraceOutcome, TRACEPARENT_HEADER, TRACESTATE_HEADER};
 use crate::validate::{problem, validate, ConfigErrors, ConfigProblem};
-use crate::value::{natural_bytes, partition, timestamp_ms, write_json};
+use crate::value::{natural_bytes, partition, timestamp_ms};
 
 /// Dead-letter header with the routing error, in words.
 pub const DEAD_LETTER_REASON_HEADER: &str = "ferry.error";
