@@ -37,8 +37,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
-use crate::config::{CloudEventsMode, OutboxConfig, RouteConfig, TableName};
+use crate::config::{OutboxConfig, RouteConfig, TableName};
 use crate::error::{FieldRole, RouteErrorReason};
 use crate::json::write_json;
 use crate::read::{column, value};
@@ -46,6 +47,25 @@ use crate::record::Header;
 use crate::row::{oid, OutboxRow};
 use crate::template::{Segment, Template};
 use crate::timestamp::civil_from_days;
+
+/// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CloudEventsMode {
+    /// Plain records (the default).
+    #[default]
+    None,
+    /// Binary content mode: `ce_*` headers and `content-type`, the value untouched.
+    Binary,
+    /// Structured content mode: the value is one JSON event (`application/cloudevents+json`).
+    Structured,
+}
+
+spelling!(CloudEventsMode {
+    None => "none",
+    Binary => "binary",
+    Structured => "structured",
+});
 
 /// The only `specversion` (CloudEvents 1.0 §3.1.1).
 pub const SPEC_VERSION: &str = "1.0";

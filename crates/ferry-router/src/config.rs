@@ -11,6 +11,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::cloudevents::CloudEventsMode;
 pub use crate::expand::ExpandNullBehavior;
 pub use crate::format::RecordFormat;
 
@@ -211,25 +212,6 @@ pub struct RouteConfig {
     /// `table.json.payload.null.behavior`.
     pub expand_null_behavior: ExpandNullBehavior,
 }
-
-/// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum CloudEventsMode {
-    /// Plain records (the default).
-    #[default]
-    None,
-    /// Binary content mode: `ce_*` headers and `content-type`, the value untouched.
-    Binary,
-    /// Structured content mode: the value is one JSON event (`application/cloudevents+json`).
-    Structured,
-}
-
-spelling!(CloudEventsMode {
-    None => "none",
-    Binary => "binary",
-    Structured => "structured",
-});
 
 /// Default partition count of a topic Ferry creates.
 pub const DEFAULT_CREATE_TOPICS_PARTITIONS: i32 = 1;
