@@ -39,12 +39,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{OutboxConfig, RouteConfig, TableName};
+use crate::config::{OutboxConfig, RouteConfig};
 use crate::error::{FieldRole, RouteErrorReason};
 use crate::json::write_json;
 use crate::read::{column, value};
 use crate::record::Header;
 use crate::row::{oid, OutboxRow};
+use crate::table_name::TableName;
 use crate::template::{Segment, Template};
 use crate::timestamp::civil_from_days;
 

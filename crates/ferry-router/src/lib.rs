@@ -120,6 +120,7 @@ mod record;
 mod router;
 pub mod row;
 pub mod size;
+mod table_name;
 pub mod tables;
 pub mod template;
 pub mod timestamp;
