@@ -104,49 +104,33 @@
 //! ```
 
 #[macro_use]
-pub mod spelling;
-pub mod cloudevents;
-pub mod config;
-pub mod error;
-mod expand;
-pub mod format;
-mod jackson;
-mod json;
-pub mod message;
-pub mod murmur2;
-pub mod properties;
-mod read;
-mod record;
-mod router;
-pub mod row;
-pub mod size;
-mod table_name;
-pub mod tables;
-pub mod template;
-pub mod timestamp;
-pub mod topic;
-pub mod topic_plan;
-pub mod trace;
-mod trace_outcome;
-mod validate;
-pub mod value;
+mod base;
+mod compile;
+mod encode;
+mod route;
 
-pub use config::{
+// Each module under the path it had before the layers, for other crates.
+pub use base::{error, murmur2, row, size, spelling, template, timestamp, topic, value};
+pub use compile::{config, tables, topic_plan};
+pub use encode::{cloudevents, format, properties, trace};
+pub use route::message;
+
+pub use base::error::{FieldRole, RouteError, RouteErrorReason};
+pub use base::murmur2::{java_partition, murmur2, to_positive};
+pub use base::record::{Header, Record};
+pub use base::row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
+pub use base::topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
+pub use base::trace_outcome::{TraceOutcome, TraceProblem};
+pub use base::value::renders_binary;
+pub use compile::config::{
     CloudEventsMode, CreateTopicsConfig, ExpandNullBehavior, HeaderConfig, OnError, OutboxConfig,
     Placement, PlacementLocation, RecordFormat, RouteConfig, RuleConfig, TableName,
 };
-pub use error::{FieldRole, RouteError, RouteErrorReason};
+pub use compile::tables::{validate_tables, Routers, TableConfig};
+pub use compile::topic_plan::TOPIC_CACHE_CAPACITY;
+pub use compile::validate::{validate, ConfigErrors, ConfigProblem};
 pub use ferry_pgtypes::PgTimestamp;
-pub use murmur2::{java_partition, murmur2, to_positive};
-pub use record::{Header, Record};
-pub use router::{
+pub use route::router::{
     ColumnRequirement, Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER, PARTITION_TYPES,
     PAYLOAD_TYPES, TIMESTAMP_TYPES,
 };
-pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
-pub use tables::{validate_tables, Routers, TableConfig};
-pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
-pub use topic_plan::TOPIC_CACHE_CAPACITY;
-pub use trace::{TraceOutcome, TraceProblem};
-pub use validate::{validate, ConfigErrors, ConfigProblem};
-pub use value::renders_binary;

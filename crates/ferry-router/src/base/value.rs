@@ -9,8 +9,8 @@
 use bytes::Bytes;
 use ferry_pgtypes::PgTimestamp;
 
-use crate::row::oid;
-use crate::timestamp::{format_timestamp, parse_timestamp_micros};
+use crate::base::row::oid;
+use crate::base::timestamp::{format_timestamp, parse_timestamp_micros};
 
 /// Whether the router renders a value of this type from its binary (send function) format, as
 /// [`natural_bytes`] and the timestamp and partition readers do; any other type must arrive as

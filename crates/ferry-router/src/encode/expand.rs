@@ -54,7 +54,7 @@ use std::io::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::jackson::jackson_string;
+use crate::encode::jackson::jackson_string;
 
 /// `route.expand_null_behavior`: Debezium's `table.json.payload.null.behavior`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

@@ -27,9 +27,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{CreateTopicsConfig, OutboxConfig, RouteConfig, TableName};
-use crate::router::Router;
-use crate::validate::{validate, ConfigErrors, ConfigProblem};
+use crate::compile::config::{CreateTopicsConfig, OutboxConfig, RouteConfig, TableName};
+use crate::compile::validate::{validate, ConfigErrors, ConfigProblem};
+use crate::route::router::Router;
 
 /// One `[[tables]]` entry: another outbox table and how its rows become records.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,15 +39,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{OutboxConfig, RouteConfig};
-use crate::error::{FieldRole, RouteErrorReason};
-use crate::json::write_json;
-use crate::read::{column, value};
-use crate::record::Header;
-use crate::row::{oid, OutboxRow};
-use crate::table_name::TableName;
-use crate::template::{Segment, Template};
-use crate::timestamp::civil_from_days;
+use crate::base::error::{FieldRole, RouteErrorReason};
+use crate::base::read::{column, value};
+use crate::base::record::Header;
+use crate::base::row::{oid, OutboxRow};
+use crate::base::table_name::TableName;
+use crate::base::template::{Segment, Template};
+use crate::base::timestamp::civil_from_days;
+use crate::compile::config::{OutboxConfig, RouteConfig};
+use crate::encode::json::write_json;
 
 /// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]

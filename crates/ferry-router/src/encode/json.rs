@@ -3,7 +3,7 @@
 //! and base64, which Kafka Connect's formats use for `bytes` too (Jackson's default variant:
 //! standard alphabet, padded, no line feeds).
 
-use crate::row::oid;
+use crate::base::row::oid;
 
 /// Appends the JSON rendering of a value (its natural bytes `v`) for envelope mode: json/jsonb as
 /// is, integers and finite numbers as numbers, bool as `true`/`false`, bytea as a base64 string,

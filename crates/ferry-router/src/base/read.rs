@@ -4,9 +4,9 @@
 
 use bytes::Bytes;
 
-use crate::error::{FieldRole, RouteErrorReason};
-use crate::row::{ColumnRef, OutboxRow};
-use crate::value::natural_bytes;
+use crate::base::error::{FieldRole, RouteErrorReason};
+use crate::base::row::{ColumnRef, OutboxRow};
+use crate::base::value::natural_bytes;
 
 /// The column `name` of `row`, or [`RouteErrorReason::MissingColumn`] naming its `role`.
 pub(crate) fn column<'r, R: OutboxRow + ?Sized>(

@@ -7,7 +7,7 @@
 //! is checked against Kafka's topic characters when the configuration is validated, so a rendered
 //! topic can only be illegal because of a column value, and that is a routing error naming it.
 
-use crate::topic::is_legal_topic_byte;
+use crate::base::topic::is_legal_topic_byte;
 
 /// A capture-group reference inside a regex rule's topic.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,22 +30,24 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::cloudevents::{CloudEvents, Event};
-use crate::config::{
+use crate::base::error::{FieldRole, RouteError, RouteErrorReason};
+use crate::base::read::{column, invalid, value};
+use crate::base::record::Record;
+use crate::base::row::{oid, OutboxRow, SimpleRow};
+use crate::base::value::{natural_bytes, partition, timestamp_ms};
+use crate::compile::config::{
     parse_additional_placement, ExpandNullBehavior, OnError, OutboxConfig, PlacementLocation,
     RouteConfig, TableName, ENVELOPE_PAYLOAD_KEY,
 };
-use crate::error::{FieldRole, RouteError, RouteErrorReason};
-use crate::format::{write_formatted, write_payload, RecordFormat, JSON_FORMAT_TYPES};
-use crate::json::write_json;
-use crate::message::parse_message;
-use crate::read::{column, invalid, value};
-use crate::record::Record;
-use crate::row::{oid, OutboxRow, SimpleRow};
-use crate::topic_plan::TopicPlan;
-use crate::trace::{read_trace_context, TraceOutcome, TRACEPARENT_HEADER, TRACESTATE_HEADER};
-use crate::validate::{problem, validate, ConfigErrors, ConfigProblem};
-use crate::value::{natural_bytes, partition, timestamp_ms};
+use crate::compile::topic_plan::TopicPlan;
+use crate::compile::validate::{problem, validate, ConfigErrors, ConfigProblem};
+use crate::encode::cloudevents::{CloudEvents, Event};
+use crate::encode::format::{write_formatted, write_payload, RecordFormat, JSON_FORMAT_TYPES};
+use crate::encode::json::write_json;
+use crate::encode::trace::{
+    read_trace_context, TraceOutcome, TRACEPARENT_HEADER, TRACESTATE_HEADER,
+};
+use crate::route::message::parse_message;
 
 /// Dead-letter header with the routing error, in words.
 pub const DEAD_LETTER_REASON_HEADER: &str = "ferry.error";
@@ -283,7 +285,7 @@ impl Router {
                     0
                 }
                 + if cloudevents.is_some() {
-                    crate::cloudevents::HEADER_NAMES.len()
+                    crate::encode::cloudevents::HEADER_NAMES.len()
                 } else {
                     0
                 },
@@ -568,8 +570,10 @@ impl Router {
                 // Telemetry, never fatal: a value that cannot even be read is malformed too.
                 let t = match natural_bytes(c.type_oid, c.binary, v) {
                     Ok(text) => read_trace_context(&text),
-                    Err(_) => crate::trace::TraceContext {
-                        outcome: TraceOutcome::Malformed(crate::trace::TraceProblem::NotText),
+                    Err(_) => crate::encode::trace::TraceContext {
+                        outcome: TraceOutcome::Malformed(
+                            crate::encode::trace::TraceProblem::NotText,
+                        ),
                         ..Default::default()
                     },
                 };

@@ -37,10 +37,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::expand::ExpandNullBehavior;
-use crate::jackson::jackson_string;
-use crate::json::base64;
-use crate::row::oid;
+use crate::base::row::oid;
+use crate::encode::expand::ExpandNullBehavior;
+use crate::encode::jackson::jackson_string;
+use crate::encode::json::base64;
 
 /// How a record's key or value is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -55,10 +55,10 @@ pub enum RecordFormat {
     /// `{"schema":...,"payload":...}`: `JsonConverter` with `schemas.enable = true`.
     JsonWithSchema,
     /// The value only: Debezium's `table.expand.json.payload = true` written by `JsonConverter`
-    /// with `schemas.enable = false` (see [`crate::expand`]).
+    /// with `schemas.enable = false` (see `encode/expand.rs`).
     JsonExpanded,
     /// The value only: `table.expand.json.payload = true` written by `JsonConverter` with
-    /// `schemas.enable = true`, the schema inferred from each payload (see [`crate::expand`]).
+    /// `schemas.enable = true`, the schema inferred from each payload (see `encode/expand.rs`).
     JsonExpandedWithSchema,
 }
 
@@ -230,7 +230,7 @@ fn write_expanded(
     nulls: ExpandNullBehavior,
 ) -> Result<(), String> {
     match expandable(type_oid, v)? {
-        Some(s) => crate::expand::write_expanded(buf, s, nulls),
+        Some(s) => crate::encode::expand::write_expanded(buf, s, nulls),
         // Debezium warned "payload is not a string" and JsonConverter wrote the value.
         None => write_connect_json(buf, type_oid, Some(v)),
     }
@@ -256,7 +256,9 @@ fn write_expanded_with_schema(
         )
     };
     match expandable(type_oid, v)? {
-        Some(s) => crate::expand::write_expanded_with_schema(buf, s, name, nulls, unexpanded),
+        Some(s) => {
+            crate::encode::expand::write_expanded_with_schema(buf, s, name, nulls, unexpanded)
+        }
         None => unexpanded(buf),
     }
 }

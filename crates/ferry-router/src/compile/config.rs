@@ -10,10 +10,10 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::cloudevents::CloudEventsMode;
-pub use crate::expand::ExpandNullBehavior;
-pub use crate::format::RecordFormat;
-pub use crate::table_name::{TableName, DEFAULT_SCHEMA};
+pub use crate::base::table_name::{TableName, DEFAULT_SCHEMA};
+pub use crate::encode::cloudevents::CloudEventsMode;
+pub use crate::encode::expand::ExpandNullBehavior;
+pub use crate::encode::format::RecordFormat;
 
 /// Default outbox table: `public.outbox`, Debezium's conventional name.
 pub const DEFAULT_TABLE: &str = "public.outbox";
@@ -172,7 +172,7 @@ pub struct RouteConfig {
     pub send_null_payload: bool,
     /// Largest record value accepted, in bytes (a number or a size like `"960KiB"`, see
     /// [`crate::size`]); a larger one is a routing error.
-    #[serde(deserialize_with = "crate::size::deserialize_usize")]
+    #[serde(deserialize_with = "crate::base::size::deserialize_usize")]
     pub max_payload_bytes: usize,
     /// What the binary does about a row that cannot be routed.
     pub on_error: OnError,
@@ -199,7 +199,7 @@ pub struct RouteConfig {
     pub key_format: RecordFormat,
     /// How the value is written, as `key_format`, or `json_expanded` /
     /// `json_expanded_with_schema` (Debezium's `table.expand.json.payload`; see
-    /// [`crate::expand`]).
+    /// `encode/expand.rs`).
     pub value_format: RecordFormat,
     /// The key schema's `optional` in `json_with_schema` (the key column's nullability).
     pub key_schema_optional: bool,

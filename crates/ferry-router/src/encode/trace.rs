@@ -44,8 +44,8 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use crate::properties::for_each_property;
-pub use crate::trace_outcome::{TraceOutcome, TraceProblem};
+pub use crate::base::trace_outcome::{TraceOutcome, TraceProblem};
+use crate::encode::properties::for_each_property;
 
 /// Header carrying the W3C `traceparent`.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
