@@ -111,9 +111,10 @@ mod route;
 
 // Each module under the path it had before the layers, for other crates.
 pub use base::{error, murmur2, row, size, spelling, template, timestamp, topic, value};
-pub use compile::{config, tables, topic_plan};
+pub use compile::{config, topic_plan};
 pub use encode::{cloudevents, format, properties, trace};
 pub use route::message;
+pub mod tables;
 
 pub use base::error::{FieldRole, RouteError, RouteErrorReason};
 pub use base::murmur2::{java_partition, murmur2, to_positive};
@@ -126,7 +127,7 @@ pub use compile::config::{
     CloudEventsMode, CreateTopicsConfig, ExpandNullBehavior, HeaderConfig, OnError, OutboxConfig,
     Placement, PlacementLocation, RecordFormat, RouteConfig, RuleConfig, TableName,
 };
-pub use compile::tables::{validate_tables, Routers, TableConfig};
+pub use compile::tables::{validate_tables, TableConfig};
 pub use compile::topic_plan::TOPIC_CACHE_CAPACITY;
 pub use compile::validate::{validate, ConfigErrors, ConfigProblem};
 pub use ferry_pgtypes::PgTimestamp;
@@ -134,3 +135,4 @@ pub use route::router::{
     ColumnRequirement, Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER, PARTITION_TYPES,
     PAYLOAD_TYPES, TIMESTAMP_TYPES,
 };
+pub use route::routers::Routers;
