@@ -35,6 +35,7 @@ use crate::base::read::{column, invalid, value};
 use crate::base::record::Record;
 use crate::base::row::{oid, OutboxRow, SimpleRow};
 use crate::base::value::{natural_bytes, partition, timestamp_ms};
+use crate::compile::cloudevents::compile_cloudevents;
 use crate::compile::config::{
     parse_additional_placement, ExpandNullBehavior, OnError, OutboxConfig, PlacementLocation,
     RouteConfig, TableName, ENVELOPE_PAYLOAD_KEY,
@@ -203,8 +204,7 @@ impl Router {
                 None,
             );
         }
-        let cloudevents =
-            CloudEvents::compile(outbox, route, &table).map_err(|(path, e)| problem(&path, e))?;
+        let cloudevents = compile_cloudevents(outbox, route, &table)?;
         if let Some(ce) = &cloudevents {
             need(
                 &outbox.type_column,
