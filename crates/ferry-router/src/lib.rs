@@ -43,6 +43,31 @@
 //! Errors name the event id and the reason ([`RouteError`]); the binary applies `route.on_error`
 //! (`fail`, `skip`, `dead_letter`; [`Router::dead_letter`] builds the dead-letter record).
 //!
+//! # Layers
+//! Data flows compile → route → encode: the configuration is compiled once into a [`Router`],
+//! which turns each row into a [`Record`] and has the encoders write its bytes. The source is in
+//! four layers along that flow, and each imports only the layers below it:
+//!
+//! ```text
+//!  route    row or message -> Record    router, routers (one per table), message
+//!    |        uses the compiled plans and the encoders
+//!    v
+//!  compile  configuration -> plans      config, validate, tables, topic_plan, cloudevents
+//!    |        checks the configuration against what the encoders send (formats, headers)
+//!    v
+//!  encode   values -> bytes             format (Kafka Connect), jackson, expand, json,
+//!    |                                  cloudevents, trace, properties
+//!    v
+//!  base     shared vocabulary           row, value, read, record, error, topic, template,
+//!                                       table_name, trace_outcome, size, spelling, murmur2,
+//!                                       timestamp
+//! ```
+//!
+//! A layer is a directory of `src/`; its modules keep their public paths
+//! (`ferry_router::config`, `ferry_router::cloudevents`, ...) through re-exports here.
+//! `tests/layers.rs` fails, naming the file and line, on an import that goes up a layer or
+//! around the layers through the crate root, and on an import circle between modules.
+//!
 //! # Configuration
 //! The full reference is `config.md` beside this crate's `Cargo.toml`. An example:
 //!
