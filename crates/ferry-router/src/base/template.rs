@@ -6,6 +6,10 @@
 //! topic name, so they need no escape: a lone `{`, `}` or `$` is a configuration error. Literal text
 //! is checked against Kafka's topic characters when the configuration is validated, so a rendered
 //! topic can only be illegal because of a column value, and that is a routing error naming it.
+//!
+//! The CloudEvents `source` and `subject` are templates too, free text with `{column}`
+//! placeholders ([`Template::parse_text`]): the grammar serves the topic plan and the CloudEvents
+//! output alike.
 
 use crate::base::topic::is_legal_topic_byte;
 
