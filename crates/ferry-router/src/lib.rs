@@ -43,6 +43,31 @@
 //! Errors name the event id and the reason ([`RouteError`]); the binary applies `route.on_error`
 //! (`fail`, `skip`, `dead_letter`; [`Router::dead_letter`] builds the dead-letter record).
 //!
+//! # Layers
+//! Data flows compile → route → encode: the configuration is compiled once into a [`Router`],
+//! which turns each row into a [`Record`] and has the encoders write its bytes. The source is in
+//! four layers along that flow, and each imports only the layers below it:
+//!
+//! ```text
+//!  route    row or message -> Record    router, routers (one per table), message
+//!    |        uses the compiled plans and the encoders
+//!    v
+//!  compile  configuration -> plans      config, validate, tables, topic_plan, cloudevents
+//!    |        checks the configuration against what the encoders send (formats, headers)
+//!    v
+//!  encode   values -> bytes             format (Kafka Connect), jackson, expand, json,
+//!    |                                  cloudevents, trace, properties
+//!    v
+//!  base     shared vocabulary           row, value, read, record, error, topic, template,
+//!                                       table_name, trace_outcome, size, spelling, murmur2,
+//!                                       timestamp
+//! ```
+//!
+//! A layer is a directory of `src/`; its modules keep their public paths
+//! (`ferry_router::config`, `ferry_router::cloudevents`, ...) through re-exports here.
+//! `tests/layers.rs` fails, naming the file and line, on an import that goes up a layer or
+//! around the layers through the crate root, and on an import circle between modules.
+//!
 //! # Configuration
 //! The full reference is `config.md` beside this crate's `Cargo.toml`. An example:
 //!
@@ -104,44 +129,35 @@
 //! ```
 
 #[macro_use]
-pub mod spelling;
-pub mod cloudevents;
-pub mod config;
-pub mod error;
-mod expand;
-pub mod format;
-pub mod message;
-pub mod murmur2;
-pub mod properties;
-mod record;
-mod router;
-pub mod row;
-pub mod size;
-pub mod tables;
-pub mod template;
-pub mod timestamp;
-pub mod topic;
-pub mod topic_plan;
-pub mod trace;
-mod validate;
-pub mod value;
+mod base;
+mod compile;
+mod encode;
+mod route;
 
-pub use config::{
+// Each module under the path it had before the layers, for other crates.
+pub use base::{error, murmur2, row, size, spelling, template, timestamp, topic, value};
+pub use compile::{config, topic_plan};
+pub use encode::{cloudevents, format, properties, trace};
+pub use route::message;
+pub mod tables;
+
+pub use base::error::{FieldRole, RouteError, RouteErrorReason};
+pub use base::murmur2::{java_partition, murmur2, to_positive};
+pub use base::record::{Header, Record};
+pub use base::row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
+pub use base::topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
+pub use base::trace_outcome::{TraceOutcome, TraceProblem};
+pub use base::value::renders_binary;
+pub use compile::config::{
     CloudEventsMode, CreateTopicsConfig, ExpandNullBehavior, HeaderConfig, OnError, OutboxConfig,
     Placement, PlacementLocation, RecordFormat, RouteConfig, RuleConfig, TableName,
 };
-pub use error::{FieldRole, RouteError, RouteErrorReason};
+pub use compile::tables::{validate_tables, TableConfig};
+pub use compile::topic_plan::TOPIC_CACHE_CAPACITY;
+pub use compile::validate::{validate, ConfigErrors, ConfigProblem};
 pub use ferry_pgtypes::PgTimestamp;
-pub use murmur2::{java_partition, murmur2, to_positive};
-pub use record::{Header, Record};
-pub use router::{
+pub use route::router::{
     ColumnRequirement, Router, DEAD_LETTER_CODE_HEADER, DEAD_LETTER_REASON_HEADER, PARTITION_TYPES,
     PAYLOAD_TYPES, TIMESTAMP_TYPES,
 };
-pub use row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow};
-pub use tables::{validate_tables, Routers, TableConfig};
-pub use topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
-pub use topic_plan::TOPIC_CACHE_CAPACITY;
-pub use trace::{TraceOutcome, TraceProblem};
-pub use validate::{validate, ConfigErrors, ConfigProblem};
-pub use value::renders_binary;
+pub use route::routers::Routers;

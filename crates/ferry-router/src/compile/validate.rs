@@ -3,18 +3,18 @@
 
 use std::fmt;
 
-use crate::cloudevents::HEADER_NAMES as CLOUDEVENTS_HEADERS;
-use crate::config::{
+use crate::base::template::{GroupRef, Template};
+use crate::base::topic::{validate_topic, MAX_TOPIC_LENGTH};
+use crate::compile::config::{
     parse_additional_placement, OutboxConfig, PlacementLocation, RouteConfig, ENVELOPE_PAYLOAD_KEY,
     MAX_MAX_PAYLOAD_BYTES,
 };
-use crate::config::{
-    CloudEventsMode, ExpandNullBehavior, RecordFormat, DEFAULT_KEY_SCHEMA_OPTIONAL,
+use crate::compile::config::{
+    CloudEventsMode, ExpandNullBehavior, OnError, RecordFormat, DEFAULT_KEY_SCHEMA_OPTIONAL,
     DEFAULT_VALUE_SCHEMA_OPTIONAL,
 };
-use crate::template::{GroupRef, Template};
-use crate::topic::{validate_topic, MAX_TOPIC_LENGTH};
-use crate::trace::{TRACEPARENT_HEADER, TRACESTATE_HEADER};
+use crate::encode::cloudevents::HEADER_NAMES as CLOUDEVENTS_HEADERS;
+use crate::encode::trace::{TRACEPARENT_HEADER, TRACESTATE_HEADER};
 
 /// One configuration problem: the key path and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +69,13 @@ impl ConfigErrors {
         } else {
             Err(ConfigErrors { problems })
         }
+    }
+}
+
+/// A single problem as [`ConfigErrors`].
+pub(crate) fn problem(path: &str, message: String) -> ConfigErrors {
+    ConfigErrors {
+        problems: vec![ConfigProblem::new(path, message)],
     }
 }
 
@@ -230,8 +237,8 @@ impl RouteConfig {
         }
         if let Some(Ok(t)) = self.cloudevents_source.as_deref().map(Template::parse_text) {
             for seg in t.segments() {
-                if let crate::template::Segment::Literal(l) = seg {
-                    if !crate::cloudevents::is_uri_reference_text(l.as_bytes()) {
+                if let crate::base::template::Segment::Literal(l) = seg {
+                    if !crate::encode::cloudevents::is_uri_reference_text(l.as_bytes()) {
                         p.push(ConfigProblem::new(
                             "route.cloudevents_source",
                             format!("{l:?} is not URI text (CloudEvents 1.0 §3.1.1 wants a URI reference, RFC 3986): percent-encode spaces, quotes and non-ASCII characters"),
@@ -480,12 +487,12 @@ impl RouteConfig {
             ));
         }
         match (self.on_error, &self.dead_letter_topic) {
-            (crate::OnError::DeadLetter, None) => p.push(ConfigProblem::new(
+            (OnError::DeadLetter, None) => p.push(ConfigProblem::new(
                 "route.dead_letter_topic",
                 "is required when route.on_error = \"dead_letter\"",
             )),
             // Under `fail`, where `ferry run --dead-letter-event` sends the one event it names.
-            (crate::OnError::DeadLetter | crate::OnError::Fail, Some(t)) => {
+            (OnError::DeadLetter | OnError::Fail, Some(t)) => {
                 if let Err(e) = validate_topic(t.as_bytes()) {
                     p.push(ConfigProblem::new("route.dead_letter_topic", e.to_string()));
                 }

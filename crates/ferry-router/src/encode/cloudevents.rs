@@ -37,15 +37,35 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
-use crate::config::{CloudEventsMode, OutboxConfig, RouteConfig, TableName};
-use crate::error::{FieldRole, RouteErrorReason};
-use crate::record::Header;
-use crate::router::{column, value};
-use crate::row::{oid, OutboxRow};
-use crate::template::{Segment, Template};
-use crate::timestamp::civil_from_days;
-use crate::value::write_json;
+use crate::base::error::{FieldRole, RouteErrorReason};
+use crate::base::read::{column, value};
+use crate::base::record::Header;
+use crate::base::row::{oid, OutboxRow};
+use crate::base::table_name::TableName;
+use crate::base::template::{Segment, Template};
+use crate::base::timestamp::civil_from_days;
+use crate::encode::json::write_json;
+
+/// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CloudEventsMode {
+    /// Plain records (the default).
+    #[default]
+    None,
+    /// Binary content mode: `ce_*` headers and `content-type`, the value untouched.
+    Binary,
+    /// Structured content mode: the value is one JSON event (`application/cloudevents+json`).
+    Structured,
+}
+
+spelling!(CloudEventsMode {
+    None => "none",
+    Binary => "binary",
+    Structured => "structured",
+});
 
 /// The only `specversion` (CloudEvents 1.0 §3.1.1).
 pub const SPEC_VERSION: &str = "1.0";
@@ -141,13 +161,14 @@ fn rfc3339_bytes(unix_ms: i64) -> Option<[u8; 24]> {
 
 /// A `source` or `subject`: fixed text, or a template over columns.
 #[derive(Debug)]
-enum Text {
+pub(crate) enum Text {
     Fixed(Bytes),
     Template(Template),
 }
 
 impl Text {
-    fn parse(text: &str) -> Result<Text, String> {
+    /// Parses a free-text template ([`Template::parse_text`]); one without placeholders is fixed.
+    pub(crate) fn parse(text: &str) -> Result<Text, String> {
         let t = Template::parse_text(text)?;
         Ok(match t.segments() {
             [] => Text::Fixed(Bytes::new()),
@@ -231,35 +252,20 @@ pub(crate) struct Event<'a> {
 }
 
 impl CloudEvents {
-    /// Compiles the `route.cloudevents*` keys; `None` when `cloudevents = "none"`. Template
-    /// errors are reported by `validate`, so they cannot happen here.
-    pub(crate) fn compile(
-        outbox: &OutboxConfig,
-        route: &RouteConfig,
-        table: &TableName,
-    ) -> Result<Option<CloudEvents>, (String, String)> {
-        if route.cloudevents == CloudEventsMode::None {
-            return Ok(None);
-        }
-        let source = match &route.cloudevents_source {
-            Some(t) => Text::parse(t).map_err(|e| ("route.cloudevents_source".to_owned(), e))?,
-            None => Text::Fixed(Bytes::from(default_source(table))),
-        };
-        let subject = match &route.cloudevents_subject {
-            Some(t) if t.is_empty() => None,
-            Some(t) => {
-                Some(Text::parse(t).map_err(|e| ("route.cloudevents_subject".to_owned(), e))?)
-            }
-            None => Some(Text::Template(
-                Template::parse_text(&format!("{{{}}}", outbox.aggregate_id_column))
-                    .map_err(|e| ("outbox.aggregate_id_column".to_owned(), e))?,
-            )),
-        };
-        Ok(Some(CloudEvents {
-            mode: route.cloudevents,
+    /// The output in `mode` (not `none`) with these `source` and `subject` attributes and
+    /// `datacontenttype` (`None`: from the payload's type). Compiled from the configuration by
+    /// the compile layer (`compile/cloudevents.rs`).
+    pub(crate) fn new(
+        mode: CloudEventsMode,
+        source: Text,
+        subject: Option<Text>,
+        content_type: Option<Bytes>,
+    ) -> CloudEvents {
+        CloudEvents {
+            mode,
             source,
             subject,
-            content_type: route.cloudevents_data_content_type.clone().map(Bytes::from),
+            content_type,
             names: Names {
                 specversion: Arc::from(SPECVERSION_HEADER),
                 id: Arc::from(ID_HEADER),
@@ -269,7 +275,7 @@ impl CloudEvents {
                 subject: Arc::from(SUBJECT_HEADER),
                 content_type: Arc::from(CONTENT_TYPE_HEADER),
             },
-        }))
+        }
     }
 
     /// Columns read by the source and subject templates, with the key that names them.

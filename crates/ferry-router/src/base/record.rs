@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::murmur2::java_partition;
-use crate::trace::TraceOutcome;
+use crate::base::murmur2::java_partition;
+use crate::base::trace_outcome::TraceOutcome;
 
 /// A header: name and value (`None` = null value, from a NULL column).
 pub type Header = (Arc<str>, Option<Bytes>);

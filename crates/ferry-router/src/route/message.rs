@@ -29,7 +29,7 @@ use bytes::Bytes;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::row::{oid, SimpleRow};
+use crate::base::row::{oid, SimpleRow};
 
 /// Parses a table-less outbox message into a row.
 pub fn parse_message(content: &Bytes) -> Result<SimpleRow, String> {
@@ -104,7 +104,7 @@ impl<'de> serde::Deserialize<'de> for Fields<'de> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::row::OutboxRow;
+    use crate::base::row::OutboxRow;
 
     fn val(row: &SimpleRow, name: &str) -> (u32, Option<Vec<u8>>) {
         let c = row.column(name).unwrap();

@@ -47,13 +47,31 @@
 //! `type`, `items` or `fields`, `optional`, `name`, and `field` last in a field's schema;
 //! `float64` is written `"double"`. No version, doc or parameters.
 //!
-//! Strings are escaped as in [`crate::format`].
+//! Strings are escaped as Jackson escapes them (`jackson.rs`), as in [`crate::format`].
 
 use std::borrow::Cow;
 use std::io::Write as _;
 
-use crate::config::ExpandNullBehavior;
-use crate::format::jackson_string;
+use serde::{Deserialize, Serialize};
+
+use crate::encode::jackson::jackson_string;
+
+/// `route.expand_null_behavior`: Debezium's `table.json.payload.null.behavior`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpandNullBehavior {
+    /// A `null` member has no schema and is left out (Debezium's default).
+    #[default]
+    Ignore,
+    /// A `null` member is an optional `bytes` field written as `null`, and an array of nulls
+    /// only an array of optional bytes.
+    OptionalBytes,
+}
+
+spelling!(ExpandNullBehavior {
+    Ignore => "ignore",
+    OptionalBytes => "optional_bytes",
+});
 
 /// A parsed JSON value, with numbers classified as Jackson's tree model classifies them.
 #[derive(Debug, Clone, PartialEq)]

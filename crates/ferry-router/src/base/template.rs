@@ -6,8 +6,12 @@
 //! topic name, so they need no escape: a lone `{`, `}` or `$` is a configuration error. Literal text
 //! is checked against Kafka's topic characters when the configuration is validated, so a rendered
 //! topic can only be illegal because of a column value, and that is a routing error naming it.
+//!
+//! The CloudEvents `source` and `subject` are templates too, free text with `{column}`
+//! placeholders ([`Template::parse_text`]): the grammar serves the topic plan and the CloudEvents
+//! output alike.
 
-use crate::topic::is_legal_topic_byte;
+use crate::base::topic::is_legal_topic_byte;
 
 /// A capture-group reference inside a regex rule's topic.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,13 +13,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 
-use crate::config::{OutboxConfig, RouteConfig};
-use crate::error::{shown_topic, FieldRole, RouteErrorReason};
-use crate::router::{column, problem, value};
-use crate::row::OutboxRow;
-use crate::template::{slot_of, GroupRef, Segment, Template};
-use crate::topic::validate_topic;
-use crate::validate::{compile_rule_regex, ConfigErrors};
+use crate::base::error::{shown_topic, FieldRole, RouteErrorReason};
+use crate::base::read::{column, value};
+use crate::base::row::OutboxRow;
+use crate::base::template::{slot_of, GroupRef, Segment, Template};
+use crate::base::topic::validate_topic;
+use crate::compile::config::{OutboxConfig, RouteConfig};
+use crate::compile::validate::{compile_rule_regex, problem, ConfigErrors};
 
 /// Most distinct topic-input combinations kept in the topic cache before it is cleared.
 pub const TOPIC_CACHE_CAPACITY: usize = 4096;
@@ -242,7 +242,7 @@ impl TopicPlan {
         // validate_topic admits only ASCII, so this cannot fail.
         let s = String::from_utf8(buf).map_err(|e| RouteErrorReason::InvalidTopic {
             topic: shown_topic(e.as_bytes()),
-            problem: crate::topic::TopicProblem::Empty,
+            problem: crate::base::topic::TopicProblem::Empty,
         })?;
         Ok(Arc::from(s))
     }

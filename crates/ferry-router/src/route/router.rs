@@ -30,20 +30,25 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::cloudevents::{CloudEvents, Event};
-use crate::config::{
+use crate::base::error::{FieldRole, RouteError, RouteErrorReason};
+use crate::base::read::{column, invalid, value};
+use crate::base::record::Record;
+use crate::base::row::{oid, OutboxRow, SimpleRow};
+use crate::base::value::{natural_bytes, partition, timestamp_ms};
+use crate::compile::cloudevents::compile_cloudevents;
+use crate::compile::config::{
     parse_additional_placement, ExpandNullBehavior, OnError, OutboxConfig, PlacementLocation,
     RouteConfig, TableName, ENVELOPE_PAYLOAD_KEY,
 };
-use crate::error::{FieldRole, RouteError, RouteErrorReason};
-use crate::format::{write_formatted, write_payload, RecordFormat, JSON_FORMAT_TYPES};
-use crate::message::parse_message;
-use crate::record::Record;
-use crate::row::{oid, ColumnRef, OutboxRow, SimpleRow};
-use crate::topic_plan::TopicPlan;
-use crate::trace::{read_trace_context, TraceOutcome, TRACEPARENT_HEADER, TRACESTATE_HEADER};
-use crate::validate::{validate, ConfigErrors, ConfigProblem};
-use crate::value::{natural_bytes, partition, timestamp_ms, write_json};
+use crate::compile::topic_plan::TopicPlan;
+use crate::compile::validate::{problem, validate, ConfigErrors, ConfigProblem};
+use crate::encode::cloudevents::{CloudEvents, Event};
+use crate::encode::format::{write_formatted, write_payload, RecordFormat, JSON_FORMAT_TYPES};
+use crate::encode::json::write_json;
+use crate::encode::trace::{
+    read_trace_context, TraceOutcome, TRACEPARENT_HEADER, TRACESTATE_HEADER,
+};
+use crate::route::message::parse_message;
 
 /// Dead-letter header with the routing error, in words.
 pub const DEAD_LETTER_REASON_HEADER: &str = "ferry.error";
@@ -119,12 +124,6 @@ pub const PARTITION_TYPES: &[u32] = &[
     oid::TEXT,
     oid::VARCHAR,
 ];
-
-pub(crate) fn problem(path: &str, message: String) -> ConfigErrors {
-    ConfigErrors {
-        problems: vec![ConfigProblem::new(path, message)],
-    }
-}
 
 impl Router {
     /// Validates the configuration (every problem, with key paths) and compiles the router.
@@ -205,8 +204,7 @@ impl Router {
                 None,
             );
         }
-        let cloudevents =
-            CloudEvents::compile(outbox, route, &table).map_err(|(path, e)| problem(&path, e))?;
+        let cloudevents = compile_cloudevents(outbox, route, &table)?;
         if let Some(ce) = &cloudevents {
             need(
                 &outbox.type_column,
@@ -287,7 +285,7 @@ impl Router {
                     0
                 }
                 + if cloudevents.is_some() {
-                    crate::cloudevents::HEADER_NAMES.len()
+                    crate::encode::cloudevents::HEADER_NAMES.len()
                 } else {
                     0
                 },
@@ -572,8 +570,10 @@ impl Router {
                 // Telemetry, never fatal: a value that cannot even be read is malformed too.
                 let t = match natural_bytes(c.type_oid, c.binary, v) {
                     Ok(text) => read_trace_context(&text),
-                    Err(_) => crate::trace::TraceContext {
-                        outcome: TraceOutcome::Malformed(crate::trace::TraceProblem::NotText),
+                    Err(_) => crate::encode::trace::TraceContext {
+                        outcome: TraceOutcome::Malformed(
+                            crate::encode::trace::TraceProblem::NotText,
+                        ),
                         ..Default::default()
                     },
                 };
@@ -747,38 +747,5 @@ impl Router {
         } else {
             Ok(())
         }
-    }
-}
-
-pub(crate) fn column<'r, R: OutboxRow + ?Sized>(
-    row: &'r R,
-    name: &str,
-    role: FieldRole,
-) -> Result<ColumnRef<'r>, RouteErrorReason> {
-    row.column(name)
-        .ok_or_else(|| RouteErrorReason::MissingColumn {
-            role,
-            column: name.to_owned(),
-        })
-}
-
-pub(crate) fn value(
-    c: &ColumnRef<'_>,
-    name: &str,
-    role: FieldRole,
-) -> Result<Option<Bytes>, RouteErrorReason> {
-    match c.value {
-        None => Ok(None),
-        Some(v) => natural_bytes(c.type_oid, c.binary, v)
-            .map(Some)
-            .map_err(|problem| invalid(role, name, problem)),
-    }
-}
-
-fn invalid(role: FieldRole, column: &str, problem: String) -> RouteErrorReason {
-    RouteErrorReason::InvalidValue {
-        role,
-        column: column.to_owned(),
-        problem,
     }
 }

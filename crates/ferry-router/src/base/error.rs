@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::topic::TopicProblem;
+use crate::base::topic::TopicProblem;
 
 /// The role a column plays, for error messages and the config key that maps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

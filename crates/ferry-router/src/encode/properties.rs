@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use crate::trace::TraceProblem;
+use crate::base::trace_outcome::TraceProblem;
 
 /// Reads a `java.util.Properties` text as `Properties.load(Reader)` does, keeping every
 /// `(key, value)` pair in order; a key or value without escapes or continuation lines borrows

@@ -28,7 +28,7 @@ macro_rules! spelling {
                     $($spelling => Ok($ty::$variant),)+
                     other => Err(format!(
                         "unknown value {other:?}; expected {}",
-                        $crate::spelling::one_of(&[$($spelling),+])
+                        $crate::base::spelling::one_of(&[$($spelling),+])
                     )),
                 }
             }

@@ -29,13 +29,7 @@
 //!   written by `asJsonSchema` with its members in the order `type`, `optional`, `name`,
 //!   `version`.
 //!
-//! Jackson writes compactly (no spaces) and escapes only `"`, `\` and the control characters
-//! below U+0020: `\b \t \n \f \r` by their short forms, the rest as `\u00XX` with upper-case
-//! hex digits (`CharTypes`); it leaves `/`, DEL and the rest of the BMP as they are. A character
-//! beyond the BMP is written as its two UTF-16 surrogates, each escaped (`\uD83D\uDE00`): Java
-//! strings hold surrogates and Jackson's UTF-8 generator does not combine them by default (seen
-//! against Debezium 3.6.1 in the parity test). serde_json writes lower-case hex, so the escaping
-//! here is Ferry's own.
+//! Strings are escaped as Jackson escapes them (`jackson.rs`), not as serde_json does.
 //!
 //! `optional` is the column's nullability (Debezium reads it from the table), which pgoutput
 //! does not carry: `route.key_schema_optional` and `route.value_schema_optional` say it, with
@@ -43,9 +37,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ExpandNullBehavior;
-use crate::row::oid;
-use crate::value::base64;
+use crate::base::row::oid;
+use crate::encode::expand::ExpandNullBehavior;
+use crate::encode::jackson::jackson_string;
+use crate::encode::json::base64;
 
 /// How a record's key or value is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -60,10 +55,10 @@ pub enum RecordFormat {
     /// `{"schema":...,"payload":...}`: `JsonConverter` with `schemas.enable = true`.
     JsonWithSchema,
     /// The value only: Debezium's `table.expand.json.payload = true` written by `JsonConverter`
-    /// with `schemas.enable = false` (see [`crate::expand`]).
+    /// with `schemas.enable = false` (see `encode/expand.rs`).
     JsonExpanded,
     /// The value only: `table.expand.json.payload = true` written by `JsonConverter` with
-    /// `schemas.enable = true`, the schema inferred from each payload (see [`crate::expand`]).
+    /// `schemas.enable = true`, the schema inferred from each payload (see `encode/expand.rs`).
     JsonExpandedWithSchema,
 }
 
@@ -235,7 +230,7 @@ fn write_expanded(
     nulls: ExpandNullBehavior,
 ) -> Result<(), String> {
     match expandable(type_oid, v)? {
-        Some(s) => crate::expand::write_expanded(buf, s, nulls),
+        Some(s) => crate::encode::expand::write_expanded(buf, s, nulls),
         // Debezium warned "payload is not a string" and JsonConverter wrote the value.
         None => write_connect_json(buf, type_oid, Some(v)),
     }
@@ -261,7 +256,9 @@ fn write_expanded_with_schema(
         )
     };
     match expandable(type_oid, v)? {
-        Some(s) => crate::expand::write_expanded_with_schema(buf, s, name, nulls, unexpanded),
+        Some(s) => {
+            crate::encode::expand::write_expanded_with_schema(buf, s, name, nulls, unexpanded)
+        }
         None => unexpanded(buf),
     }
 }
@@ -301,58 +298,6 @@ fn write_connect_json(buf: &mut Vec<u8>, type_oid: u32, v: Option<&[u8]>) -> Res
     Ok(())
 }
 
-/// A JSON string as Jackson writes it (see the module documentation).
-pub(crate) fn jackson_string(buf: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    buf.reserve(s.len() + 2);
-    buf.push(b'"');
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        if b >= 0xf0 {
-            // A character beyond the BMP: Java holds it as two UTF-16 surrogates, and Jackson's
-            // UTF-8 generator escapes each (COMBINE_UNICODE_SURROGATES_IN_UTF8 is off by default).
-            let c = s[i..]
-                .chars()
-                .next()
-                .map(u32::from)
-                .expect("a lead byte of 0xF0 or more starts a 4-byte character")
-                - 0x1_0000;
-            buf.extend_from_slice(&bytes[start..i]);
-            start = i + 4;
-            for unit in [0xd800 + (c >> 10), 0xdc00 + (c & 0x3ff)] {
-                buf.extend_from_slice(b"\\u");
-                for shift in [12, 8, 4, 0] {
-                    buf.push(HEX[((unit >> shift) & 15) as usize]);
-                }
-            }
-            continue;
-        }
-        let short = match b {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            0x08 => b'b',
-            b'\t' => b't',
-            b'\n' => b'n',
-            0x0c => b'f',
-            b'\r' => b'r',
-            0..=0x1f => 0,
-            _ => continue,
-        };
-        buf.extend_from_slice(&bytes[start..i]);
-        start = i + 1;
-        if short != 0 {
-            buf.extend_from_slice(&[b'\\', short]);
-        } else {
-            buf.extend_from_slice(b"\\u00");
-            buf.push(HEX[usize::from(b >> 4)]);
-            buf.push(HEX[usize::from(b & 15)]);
-        }
-    }
-    buf.extend_from_slice(&bytes[start..]);
-    buf.push(b'"');
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,36 +306,6 @@ mod tests {
         let mut buf = Vec::new();
         write_formatted(&mut buf, format, ty, optional, v).unwrap();
         String::from_utf8(buf).unwrap()
-    }
-
-    /// Every byte below U+0020, `"` and `\` escaped as Jackson's `CharTypes.sOutputEscapes128`
-    /// says (short forms for \b \t \n \f \r, else `\u00XX` upper case); all else verbatim.
-    #[test]
-    fn jackson_escaping_of_every_ascii_byte() {
-        for b in 0u8..0x80 {
-            let s = char::from(b).to_string();
-            let mut buf = Vec::new();
-            jackson_string(&mut buf, &s);
-            let got = String::from_utf8(buf).unwrap();
-            let want = match b {
-                0x08 => "\"\\b\"".to_owned(),
-                0x09 => "\"\\t\"".to_owned(),
-                0x0a => "\"\\n\"".to_owned(),
-                0x0c => "\"\\f\"".to_owned(),
-                0x0d => "\"\\r\"".to_owned(),
-                b'"' => "\"\\\"\"".to_owned(),
-                b'\\' => "\"\\\\\"".to_owned(),
-                0..=0x1f => format!("\"\\u{:04X}\"", b),
-                _ => format!("\"{s}\""),
-            };
-            assert_eq!(got, want, "byte {b:#04x}");
-        }
-        let mut buf = Vec::new();
-        jackson_string(&mut buf, "é/€ \u{2028}😀\u{1f}𝄞\u{10ffff}\u{ffff}x");
-        assert_eq!(
-            String::from_utf8(buf).unwrap(),
-            "\"é/€ \u{2028}\\uD83D\\uDE00\\u001F\\uD834\\uDD1E\\uDBFF\\uDFFF\u{ffff}x\""
-        );
     }
 
     /// A jsonb payload with `JsonConverter`, `schemas.enable=false` (Debezium's outbox

@@ -1,22 +1,22 @@
-//! The `[outbox]` and `[route]` sections of Ferry's configuration: serde types, their defaults as named
-//! constants, and the parsed outbox table name.
+//! The `[outbox]` and `[route]` sections of Ferry's configuration: serde types and their defaults as
+//! named constants. The parsed outbox table name ([`TableName`]) and the options that select an
+//! encoding ([`RecordFormat`], [`ExpandNullBehavior`], [`CloudEventsMode`]) are defined beside the
+//! code that uses them and re-exported here.
 //!
 //! Both sections are closed (`deny_unknown_fields`): a misspelt key is an error, not a silently ignored
 //! line. Every scalar key is flat and snake_case so that the binary can also set it from the environment
 //! as `FERRY_<SECTION>_<KEY>` (e.g. `FERRY_OUTBOX_ID_COLUMN`, `FERRY_ROUTE_MAX_PAYLOAD_BYTES`). Validation
 //! lives in [`crate::validate`]; the full reference with an example is `config.md` in this crate.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
-pub use crate::format::RecordFormat;
+pub use crate::base::table_name::{TableName, DEFAULT_SCHEMA};
+pub use crate::encode::cloudevents::CloudEventsMode;
+pub use crate::encode::expand::ExpandNullBehavior;
+pub use crate::encode::format::RecordFormat;
 
 /// Default outbox table: `public.outbox`, Debezium's conventional name.
 pub const DEFAULT_TABLE: &str = "public.outbox";
-/// Schema assumed when `outbox.table` names no schema.
-pub const DEFAULT_SCHEMA: &str = "public";
 /// Default event id column (Debezium `table.field.event.id`).
 pub const DEFAULT_ID_COLUMN: &str = "id";
 /// Default aggregate type column (Debezium `route.by.field`).
@@ -172,7 +172,7 @@ pub struct RouteConfig {
     pub send_null_payload: bool,
     /// Largest record value accepted, in bytes (a number or a size like `"960KiB"`, see
     /// [`crate::size`]); a larger one is a routing error.
-    #[serde(deserialize_with = "crate::size::deserialize_usize")]
+    #[serde(deserialize_with = "crate::base::size::deserialize_usize")]
     pub max_payload_bytes: usize,
     /// What the binary does about a row that cannot be routed.
     pub on_error: OnError,
@@ -199,7 +199,7 @@ pub struct RouteConfig {
     pub key_format: RecordFormat,
     /// How the value is written, as `key_format`, or `json_expanded` /
     /// `json_expanded_with_schema` (Debezium's `table.expand.json.payload`; see
-    /// [`crate::expand`]).
+    /// `encode/expand.rs`).
     pub value_format: RecordFormat,
     /// The key schema's `optional` in `json_with_schema` (the key column's nullability).
     pub key_schema_optional: bool,
@@ -210,42 +210,6 @@ pub struct RouteConfig {
     /// `table.json.payload.null.behavior`.
     pub expand_null_behavior: ExpandNullBehavior,
 }
-
-/// `route.expand_null_behavior`: Debezium's `table.json.payload.null.behavior`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ExpandNullBehavior {
-    /// A `null` member has no schema and is left out (Debezium's default).
-    #[default]
-    Ignore,
-    /// A `null` member is an optional `bytes` field written as `null`, and an array of nulls
-    /// only an array of optional bytes.
-    OptionalBytes,
-}
-
-spelling!(ExpandNullBehavior {
-    Ignore => "ignore",
-    OptionalBytes => "optional_bytes",
-});
-
-/// `route.cloudevents`: whether and how records are CloudEvents (Kafka protocol binding 1.0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum CloudEventsMode {
-    /// Plain records (the default).
-    #[default]
-    None,
-    /// Binary content mode: `ce_*` headers and `content-type`, the value untouched.
-    Binary,
-    /// Structured content mode: the value is one JSON event (`application/cloudevents+json`).
-    Structured,
-}
-
-spelling!(CloudEventsMode {
-    None => "none",
-    Binary => "binary",
-    Structured => "structured",
-});
 
 /// Default partition count of a topic Ferry creates.
 pub const DEFAULT_CREATE_TOPICS_PARTITIONS: i32 = 1;
@@ -418,102 +382,5 @@ pub fn parse_additional_placement(spec: &str) -> Result<Vec<Placement>, Vec<(usi
         Ok(out)
     } else {
         Err(errors)
-    }
-}
-
-/// A parsed outbox table name, as PostgreSQL stores it (and pgoutput's Relation message reports it).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TableName {
-    /// Schema (namespace) name.
-    pub schema: String,
-    /// Relation name.
-    pub name: String,
-}
-
-impl FromStr for TableName {
-    type Err = String;
-
-    /// Parses `schema.table` or `table`; unquoted identifiers are folded to lower case, `"quoted"`
-    /// ones are kept as written (with `""` for a literal quote).
-    fn from_str(s: &str) -> Result<Self, String> {
-        let mut parts = Vec::new();
-        let mut chars = s.trim().chars().peekable();
-        loop {
-            let mut ident = String::new();
-            if chars.peek() == Some(&'"') {
-                chars.next();
-                loop {
-                    match chars.next() {
-                        Some('"') if chars.peek() == Some(&'"') => {
-                            chars.next();
-                            ident.push('"');
-                        }
-                        Some('"') => break,
-                        Some(c) => ident.push(c),
-                        None => return Err(format!("unterminated quoted identifier in {s:?}")),
-                    }
-                }
-            } else {
-                while let Some(&c) = chars.peek() {
-                    if c == '.' {
-                        break;
-                    }
-                    if c == '"' || c.is_whitespace() {
-                        return Err(format!(
-                            "unexpected {c:?} in {s:?}; quote identifiers that need it: \"My Schema\".\"Outbox\""
-                        ));
-                    }
-                    ident.extend(c.to_lowercase());
-                    chars.next();
-                }
-            }
-            if ident.is_empty() {
-                return Err(format!(
-                    "{s:?} is not a table name; expected \"schema.table\" or \"table\""
-                ));
-            }
-            parts.push(ident);
-            match chars.next() {
-                None => break,
-                Some('.') => continue,
-                Some(c) => return Err(format!("unexpected {c:?} after an identifier in {s:?}")),
-            }
-        }
-        match parts.len() {
-            1 => Ok(TableName {
-                schema: DEFAULT_SCHEMA.to_owned(),
-                name: parts.remove(0),
-            }),
-            2 => {
-                let name = parts.remove(1);
-                Ok(TableName {
-                    schema: parts.remove(0),
-                    name,
-                })
-            }
-            _ => Err(format!(
-                "{s:?} has too many parts; expected \"schema.table\" or \"table\""
-            )),
-        }
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_ident(f, &self.schema)?;
-        f.write_str(".")?;
-        write_ident(f, &self.name)
-    }
-}
-
-fn write_ident(f: &mut fmt::Formatter<'_>, ident: &str) -> fmt::Result {
-    let plain = ident
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        && !ident.starts_with(|c: char| c.is_ascii_digit());
-    if plain {
-        f.write_str(ident)
-    } else {
-        write!(f, "\"{}\"", ident.replace('"', "\"\""))
     }
 }
