@@ -300,7 +300,7 @@ impl Compression {
 
 /// The linked librdkafka's `builtin.features` (`gzip`, `snappy`, `lz4`, `ssl`, ...).
 pub fn builtin_features() -> Vec<String> {
-    rdkafka::ClientConfig::new()
+    crate::kafka_client::config(&[], crate::kafka_client::Role::Verbatim)
         .create_native_config()
         .and_then(|native| native.get("builtin.features"))
         .map(|list| list.split(',').map(|f| f.trim().to_owned()).collect())
