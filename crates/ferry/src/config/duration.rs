@@ -147,26 +147,6 @@ pub fn format(d: Duration) -> String {
     }
 }
 
-/// `#[serde(serialize_with = "duration::serialize")]`: as [`format`] writes it.
-pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format(*d))
-}
-
-/// `#[serde(deserialize_with = "duration::deserialize")]`: a duration string.
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    struct Text;
-    impl serde::de::Visitor<'_> for Text {
-        type Value = Duration;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a duration string like \"500ms\", \"5s\", \"2m\" or \"1h\"")
-        }
-        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Duration, E> {
-            parse(s).map_err(E::custom)
-        }
-    }
-    d.deserialize_str(Text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
