@@ -5,7 +5,7 @@
 //! largest unit that is exact.
 //!
 //! Every duration key of the configuration is a [`ConfigDuration`]: it reads ([`parse`]) and
-//! writes ([`format`]) this spelling itself, in the file (serde) and in `FERRY_*` variables
+//! writes ([`format()`]) this spelling itself, in the file (serde) and in `FERRY_*` variables
 //! ([`FromStr`]). What the configuration hands on (`PipelineSettings`, the connection
 //! settings) is a plain [`Duration`] ([`ConfigDuration::get`]).
 
@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A duration key of the configuration: a [`Duration`] that is read from and written as a
 /// duration string (`"5s"`, see the [module documentation](self)). `Debug` is the
-/// [`Duration`]'s (`5s`, `250ms`), `Display` the configuration's spelling ([`format`]).
+/// [`Duration`]'s (`5s`, `250ms`), `Display` the configuration's spelling ([`format()`]).
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ConfigDuration(Duration);
 
@@ -71,7 +71,7 @@ impl fmt::Debug for ConfigDuration {
     }
 }
 
-/// As [`format`] writes it.
+/// As [`format()`] writes it.
 impl fmt::Display for ConfigDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&format(self.0))
@@ -86,7 +86,7 @@ impl FromStr for ConfigDuration {
     }
 }
 
-/// As [`format`] writes it (`ferry config show`).
+/// As [`format()`] writes it (`ferry config show`).
 impl Serialize for ConfigDuration {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format(self.0))

@@ -1,5 +1,6 @@
 //! `[kafka]`: brokers, the producer settings Ferry exposes, the librdkafka passthrough, and
-//! [`KafkaConfig::producer_properties`], the one place that builds the producer's client config.
+//! [`KafkaConfig::producer_properties`], the one place that builds the producer's properties
+//! (from which [`crate::kafka_client`] builds every Kafka client's config).
 //!
 //! Ferry's guarantee rests on a few producer settings, so they are not left to the passthrough:
 //! `enable.idempotence=true` (retries neither duplicate nor reorder within a partition),
