@@ -13,10 +13,10 @@ use ferry_router::SimpleRow;
 use ferry_wal::slot::{self, Problem, Severity};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer as _};
 
 use crate::config::Config;
+use crate::kafka_client::{self, Role};
 use crate::pipeline::start::{FactsError, StartFacts};
 use crate::pipeline::{binary, PipelineSettings};
 use crate::stdio::{errln, outln};
@@ -661,11 +661,7 @@ async fn exactly_once(
     ));
     let timeout = KAFKA_TIMEOUT;
     let init = tokio::task::spawn_blocking(move || {
-        let mut cc = ClientConfig::new();
-        for (k, v) in &props {
-            cc.set(k, v);
-        }
-        let p: BaseProducer = cc.create()?;
+        let p: BaseProducer = kafka_client::config(&props, Role::Verbatim).create()?;
         p.init_transactions(timeout)
     })
     .await;
@@ -725,18 +721,15 @@ async fn kafka_topics(
             })
             .collect());
     }
-    let mut cc = ClientConfig::new();
-    for (k, v) in &settings.producer_properties {
-        cc.set(k, v);
-    }
-    let producer: BaseProducer<crate::kafka_access::Observer> = cc
-        .create_with_context(crate::kafka_access::Observer)
-        .map_err(|e| {
-            vec![error(
-                format!("invalid Kafka client configuration: {e}"),
-                "check [kafka] properties",
-            )]
-        })?;
+    let producer: BaseProducer<crate::kafka_access::Observer> =
+        kafka_client::config(&settings.producer_properties, Role::Verbatim)
+            .create_with_context(crate::kafka_access::Observer)
+            .map_err(|e| {
+                vec![error(
+                    format!("invalid Kafka client configuration: {e}"),
+                    "check [kafka] properties",
+                )]
+            })?;
     let md = tokio::task::spawn_blocking(move || {
         let md = producer
             .client()
@@ -775,10 +768,7 @@ async fn kafka_topics(
     let mut auto_create = None;
     let mut txn_max_timeout = None;
     if let Some(id) = broker {
-        let mut cc = ClientConfig::new();
-        for (k, v) in &settings.producer_properties {
-            cc.set(k, v);
-        }
+        let cc = kafka_client::config(&settings.producer_properties, Role::Verbatim);
         if let Ok(admin) = cc.create::<AdminClient<DefaultClientContext>>() {
             let opts = AdminOptions::new().request_timeout(Some(KAFKA_TIMEOUT));
             if let Ok(res) = admin

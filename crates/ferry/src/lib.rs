@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod debezium;
 pub mod kafka_access;
+pub mod kafka_client;
 pub mod malloc;
 pub mod pipeline;
 pub mod producer;

@@ -25,11 +25,12 @@ use std::time::{Duration, Instant};
 
 use ferry_core::progress_record::{ProgressError, ProgressKey, ProgressRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::ClientContext;
 use rdkafka::{Message, Offset, TopicPartitionList};
+
+use crate::kafka_client::{self, Isolation, Role};
 
 /// How often the progress topic's segments roll, so that compaction can drop old records.
 pub const SEGMENT_MS: u64 = 60 * 60 * 1000;
@@ -114,25 +115,6 @@ pub enum Remembered {
     Nothing,
     /// The newest committed record for the key, and its offset.
     Record { record: ProgressRecord, offset: i64 },
-}
-
-/// A client config for reading: the producer's connection properties without the producer-only
-/// ones (each would log a warning on a consumer).
-pub fn consumer_config(properties: &[(String, String)]) -> ClientConfig {
-    let mut cc = ClientConfig::new();
-    for (k, v) in properties {
-        cc.set(k, v);
-    }
-    for key in crate::topics::PRODUCER_ONLY {
-        cc.remove(key);
-    }
-    cc.remove("transactional.id");
-    cc.remove("transaction.timeout.ms");
-    // These clients live for one read: connecting to the brokers as soon as metadata names them
-    // (rather than when a request needs one, paced by reconnect.backoff.ms / 2) took the
-    // metadata check after creating the progress topic from 55 to 5 ms.
-    cc.set("enable.sparse.connections", "false");
-    cc
 }
 
 /// The newest committed record of `key` in `topic`; see the [module documentation](self).
@@ -260,17 +242,8 @@ fn scan(
 ) -> Result<Option<Vec<(Vec<u8>, i64, Option<Vec<u8>>)>>, ProgressTopicError> {
     let deadline = Instant::now() + timeout;
     let kafka = |error| kafka_error(topic, "reading the progress topic", properties, error);
-    let mut cc = consumer_config(properties);
-    cc.set("allow.auto.create.topics", "false")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "false")
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest");
-    // assign() needs no group; librdkafka wants the property for some code paths anyway.
-    if cc.get("group.id").is_none() {
-        cc.set("group.id", "ferry-progress-reader");
-    }
+    // Reads from the beginning with read_committed, commits nothing, creates no topic.
+    let cc = kafka_client::config(properties, Role::ProgressReader(Isolation::ReadCommitted));
     let consumer = Disposed::new(
         cc.create_with_context::<_, BaseConsumer<Reader>>(Reader)
             .map_err(kafka)?,
@@ -300,10 +273,13 @@ fn scan(
     }
     // The end of the log, open transactions included: asked by a read_uncommitted client, since a
     // read_committed one answers with the last stable offset, before any open transaction.
-    let mut end = cc.clone();
-    if until == Until::End {
-        end.set("isolation.level", "read_uncommitted");
-    }
+    let end = kafka_client::config(
+        properties,
+        Role::ProgressReader(match until {
+            Until::End => Isolation::ReadUncommitted,
+            Until::Stable => Isolation::ReadCommitted,
+        }),
+    );
     let end = Disposed::new(
         end.create_with_context::<_, BaseConsumer<Reader>>(Reader)
             .map_err(kafka)?,
@@ -521,7 +497,7 @@ pub async fn ensure_topic(
     timeout: Duration,
 ) -> Result<(), ProgressTopicError> {
     let kafka = |error| kafka_error(topic, "checking the progress topic", properties, error);
-    let cc = consumer_config(properties);
+    let cc = kafka_client::config(properties, Role::ProgressTopic);
     let admin = Disposed::new(
         cc.create_with_context::<_, AdminClient<Reader>>(Reader)
             .map_err(kafka)?,
@@ -552,7 +528,7 @@ pub async fn ensure_topic(
         None => {}
     }
     let consumer = Disposed::new(
-        consumer_config(properties)
+        kafka_client::config(properties, Role::ProgressTopic)
             .create::<BaseConsumer>()
             .map_err(kafka)?,
     );

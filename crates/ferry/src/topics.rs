@@ -52,10 +52,10 @@ use std::time::{Duration, Instant};
 use ferry_router::CreateTopicsConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
+use crate::kafka_client::{self, Role};
 use crate::telemetry::metrics::{MissingTopic, Refusal, RefusingPartition};
 use crate::telemetry::Metrics;
 
@@ -199,23 +199,15 @@ impl TopicWatch {
         if !progress_topic.is_empty() {
             internal.push((progress_topic.to_string(), Internal::Partition(0)));
         }
-        let mut cc = ClientConfig::new();
-        for (k, v) in properties {
-            cc.set(k, v);
-        }
         // An admin client is a producer inside librdkafka: without idempotence (a producer id
         // it would ask for) and without Ferry's transactional.id.
-        let mut admin_cc = cc.clone();
-        admin_cc.remove("enable.idempotence");
-        admin_cc.remove("transactional.id");
-        let admin: AdminClient<DefaultClientContext> = admin_cc.create()?;
+        let admin: AdminClient<DefaultClientContext> =
+            kafka_client::config(properties, Role::TopicWatchAdmin).create()?;
         let admin = (admin, tokio::runtime::Handle::current());
-        cc.set("allow.auto.create.topics", "false");
-        // Producer-only properties would each log a warning on a consumer.
-        for key in PRODUCER_ONLY {
-            cc.remove(key);
-        }
-        let consumer: BaseConsumer = cc.create()?;
+        // Without the producer-only properties (each would log a warning on a consumer), and
+        // creating no topic by asking for its metadata.
+        let consumer: BaseConsumer =
+            kafka_client::config(properties, Role::TopicWatchMetadata).create()?;
         let topics = Topics::default();
         let shared = topics.0.clone();
         let worker = Worker {
@@ -260,18 +252,6 @@ impl Drop for TopicWatch {
         }
     }
 }
-
-/// Properties Ferry sets on the producer that a consumer-type client does not know.
-pub(crate) const PRODUCER_ONLY: [&str; 8] = [
-    "enable.idempotence",
-    "acks",
-    "partitioner",
-    "compression.codec",
-    "linger.ms",
-    "message.timeout.ms",
-    "queue.buffering.max.messages",
-    "queue.buffering.max.kbytes",
-];
 
 struct Worker {
     shared: Arc<Shared>,

@@ -6,7 +6,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, Producer as _};
 
@@ -49,15 +49,9 @@ impl rdkafka::producer::ProducerContext for Probe {
 /// What the brokers Ferry reaches with `properties` say about transactions (blocking: run it
 /// off the runtime). `Err`: no broker answered the metadata request within `timeout`.
 pub fn probe(properties: &[(String, String)], timeout: Duration) -> Result<Support, KafkaError> {
-    let mut cc = ClientConfig::new();
-    for (k, v) in properties {
-        // The probe initialises nothing and must not print the operator's debug lines.
-        if k != "transactional.id" && k != "debug" {
-            cc.set(k, v);
-        }
-    }
-    cc.set("debug", "feature");
-    cc.set_log_level(RDKafkaLogLevel::Debug);
+    // Without the transactional.id (it initialises nothing) and the operator's debug
+    // contexts; `debug=feature`, logged at Debug.
+    let cc = crate::kafka_client::config(properties, crate::kafka_client::Role::ApiVersionsProbe);
     let producer: BaseProducer<Probe> = cc.create_with_context(Probe::default())?;
     let metadata = producer.client().fetch_metadata(None, timeout);
     // The log lines reach the context only when polled; the connection that answered logged

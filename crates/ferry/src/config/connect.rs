@@ -24,7 +24,7 @@ impl PostgresConfig {
         let mut c =
             ConnectConfig::parse(self.url.expose()).map_err(|e| format!("postgres.url: {e}"))?;
         if !c.connect_timeout_given {
-            c.connect_timeout = Some(self.connect_timeout);
+            c.connect_timeout = Some(self.connect_timeout.get());
         }
         if let Some(path) = &self.password_file {
             if c.password.is_some() {

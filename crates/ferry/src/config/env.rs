@@ -29,8 +29,9 @@ use std::str::FromStr;
 
 use ferry_router::ConfigProblem;
 
+use super::duration::ConfigDuration;
 use super::secret::PostgresUrl;
-use super::{duration, Config};
+use super::Config;
 
 /// `FERRY_*` variables that are not configuration keys: the config file path (read by `main`)
 /// and the `ferry` binary ferry-bench runs (`bench/README.md`).
@@ -76,11 +77,11 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     postgres.create_slot = boolean;
     postgres.create_publication = boolean;
     postgres.failover_slot = boolean;
-    postgres.status_interval = duration::parse;
-    postgres.connect_timeout = duration::parse;
-    postgres.reconnect_backoff_min = duration::parse;
-    postgres.reconnect_backoff_max = duration::parse;
-    postgres.standby_poll_interval = duration::parse;
+    postgres.status_interval = ConfigDuration::from_str;
+    postgres.connect_timeout = ConfigDuration::from_str;
+    postgres.reconnect_backoff_min = ConfigDuration::from_str;
+    postgres.reconnect_backoff_max = ConfigDuration::from_str;
+    postgres.standby_poll_interval = ConfigDuration::from_str;
     postgres.binary = boolean;
     outbox.table = text;
     outbox.id_column = text;
@@ -116,17 +117,17 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     kafka.compression = parsed;
     kafka.max_in_flight_records = whole;
     kafka.max_in_flight_bytes = ferry_router::size::parse;
-    kafka.delivery_timeout = duration::parse;
-    kafka.linger = duration::parse;
+    kafka.delivery_timeout = ConfigDuration::from_str;
+    kafka.linger = ConfigDuration::from_str;
     kafka.progress_topic = text;
     kafka.exactly_once = boolean;
-    kafka.transaction_interval = duration::parse;
+    kafka.transaction_interval = ConfigDuration::from_str;
     kafka.transaction_max_records = whole;
     kafka.transaction_max_bytes = ferry_router::size::parse;
     http.listen = parsed;
     log.format = parsed;
     log.level = text;
-    shutdown.drain_timeout = duration::parse;
+    shutdown.drain_timeout = ConfigDuration::from_str;
 };
 
 fn text(v: &str) -> Result<String, String> {

@@ -1,5 +1,6 @@
 //! `[kafka]`: brokers, the producer settings Ferry exposes, the librdkafka passthrough, and
-//! [`KafkaConfig::producer_properties`], the one place that builds the producer's client config.
+//! [`KafkaConfig::producer_properties`], the one place that builds the producer's properties
+//! (from which [`crate::kafka_client`] builds every Kafka client's config).
 //!
 //! Ferry's guarantee rests on a few producer settings, so they are not left to the passthrough:
 //! `enable.idempotence=true` (retries neither duplicate nor reorder within a partition),
@@ -12,11 +13,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{defaults, duration};
+use super::defaults;
+use super::duration::ConfigDuration;
 
 /// `[kafka]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -45,17 +46,9 @@ pub struct KafkaConfig {
     pub max_in_flight_bytes: u64,
     /// How long librdkafka keeps trying to deliver a record (`message.timeout.ms`). After it the
     /// record fails, nothing past it is checkpointed, and the pipeline restarts from the checkpoint.
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub delivery_timeout: Duration,
+    pub delivery_timeout: ConfigDuration,
     /// How long librdkafka waits to fill a batch (`linger.ms`).
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub linger: Duration,
+    pub linger: ConfigDuration,
     /// Ferry's own topic where it remembers its position per slot and server, outside the slot
     /// (see `ferry_core::progress_record`): one partition, compacted.
     pub progress_topic: String,
@@ -64,11 +57,7 @@ pub struct KafkaConfig {
     /// Needs brokers with transactions; consumers must read with `isolation.level=read_committed`.
     pub exactly_once: bool,
     /// Exactly-once: how long a Kafka transaction collects records before it commits.
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub transaction_interval: Duration,
+    pub transaction_interval: ConfigDuration,
     /// Exactly-once: a Kafka transaction commits at this many records even before the interval
     /// (at most half the in-flight window: see [`KafkaConfig::transaction_caps`]).
     pub transaction_max_records: u64,
@@ -89,11 +78,11 @@ impl Default for KafkaConfig {
             compression: defaults::COMPRESSION,
             max_in_flight_records: defaults::MAX_IN_FLIGHT_RECORDS,
             max_in_flight_bytes: defaults::MAX_IN_FLIGHT_BYTES,
-            delivery_timeout: defaults::DELIVERY_TIMEOUT,
-            linger: defaults::LINGER,
+            delivery_timeout: defaults::DELIVERY_TIMEOUT.into(),
+            linger: defaults::LINGER.into(),
             progress_topic: defaults::PROGRESS_TOPIC.to_string(),
             exactly_once: defaults::EXACTLY_ONCE,
-            transaction_interval: defaults::TRANSACTION_INTERVAL,
+            transaction_interval: defaults::TRANSACTION_INTERVAL.into(),
             transaction_max_records: defaults::TRANSACTION_MAX_RECORDS,
             transaction_max_bytes: defaults::TRANSACTION_MAX_BYTES,
         }
@@ -177,7 +166,7 @@ impl KafkaConfig {
             let message = if self.delivery_timeout.is_zero() {
                 txn
             } else {
-                self.delivery_timeout.min(txn)
+                self.delivery_timeout.get().min(txn)
             };
             out.push(("message.timeout.ms".into(), message.as_millis().to_string()));
             out.push(("transaction.timeout.ms".into(), txn.as_millis().to_string()));
@@ -300,7 +289,7 @@ impl Compression {
 
 /// The linked librdkafka's `builtin.features` (`gzip`, `snappy`, `lz4`, `ssl`, ...).
 pub fn builtin_features() -> Vec<String> {
-    rdkafka::ClientConfig::new()
+    crate::kafka_client::config(&[], crate::kafka_client::Role::Verbatim)
         .create_native_config()
         .and_then(|native| native.get("builtin.features"))
         .map(|list| list.split(',').map(|f| f.trim().to_owned()).collect())

@@ -59,6 +59,7 @@ use std::fmt;
 use ferry_router::{ConfigErrors, ConfigProblem, OutboxConfig, RouteConfig, TableConfig};
 use serde::{Deserialize, Serialize};
 
+pub use duration::ConfigDuration;
 pub use kafka::{
     builtin_features, is_secret_property, property_rule, transactional_id, Brokers, Compression,
     KafkaConfig, KafkaProperties,

@@ -5,12 +5,12 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::defaults;
+use super::duration::ConfigDuration;
 use super::secret::PostgresUrl;
-use super::{defaults, duration};
 use crate::telemetry::LogFormat;
 
 /// `[postgres]`: where the WAL comes from.
@@ -36,36 +36,16 @@ pub struct PostgresConfig {
     /// standbys with `sync_replication_slots = on` keep it and Ferry continues after a promotion.
     pub failover_slot: bool,
     /// How often a standby status update (the confirmed LSN) is sent, also when idle.
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub status_interval: Duration,
+    pub status_interval: ConfigDuration,
     /// Time allowed to establish a connection.
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub connect_timeout: Duration,
+    pub connect_timeout: ConfigDuration,
     /// First delay before reconnecting after a transient failure; it doubles up to
     /// `reconnect_backoff_max`.
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub reconnect_backoff_min: Duration,
+    pub reconnect_backoff_min: ConfigDuration,
     /// Longest delay between reconnect attempts.
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub reconnect_backoff_max: Duration,
+    pub reconnect_backoff_max: ConfigDuration,
     /// How often a server in recovery (a standby) is checked again for promotion.
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub standby_poll_interval: Duration,
+    pub standby_poll_interval: ConfigDuration,
     /// Let pgoutput send values in binary where that helps: a bytea column the router reads
     /// arrives raw instead of as hex text. Used only when every column the router reads has a
     /// type it renders from binary, on PostgreSQL 14 or later; `false` always streams text.
@@ -82,11 +62,11 @@ impl Default for PostgresConfig {
             create_slot: defaults::CREATE_SLOT,
             create_publication: defaults::CREATE_PUBLICATION,
             failover_slot: defaults::FAILOVER_SLOT,
-            status_interval: defaults::STATUS_INTERVAL,
-            connect_timeout: defaults::CONNECT_TIMEOUT,
-            reconnect_backoff_min: defaults::RECONNECT_BACKOFF_MIN,
-            reconnect_backoff_max: defaults::RECONNECT_BACKOFF_MAX,
-            standby_poll_interval: defaults::STANDBY_POLL_INTERVAL,
+            status_interval: defaults::STATUS_INTERVAL.into(),
+            connect_timeout: defaults::CONNECT_TIMEOUT.into(),
+            reconnect_backoff_min: defaults::RECONNECT_BACKOFF_MIN.into(),
+            reconnect_backoff_max: defaults::RECONNECT_BACKOFF_MAX.into(),
+            standby_poll_interval: defaults::STANDBY_POLL_INTERVAL.into(),
             binary: defaults::BINARY,
         }
     }
@@ -194,17 +174,13 @@ impl Default for LogConfig {
 pub struct ShutdownConfig {
     /// How long shutdown waits for in-flight records to be acknowledged before exiting; what is
     /// not acknowledged by then is not checkpointed and is sent again on the next start.
-    #[serde(
-        deserialize_with = "duration::deserialize",
-        serialize_with = "duration::serialize"
-    )]
-    pub drain_timeout: Duration,
+    pub drain_timeout: ConfigDuration,
 }
 
 impl Default for ShutdownConfig {
     fn default() -> Self {
         ShutdownConfig {
-            drain_timeout: defaults::DRAIN_TIMEOUT,
+            drain_timeout: defaults::DRAIN_TIMEOUT.into(),
         }
     }
 }

@@ -5,8 +5,9 @@ use std::time::Duration;
 use ferry_router::ConfigProblem;
 use ferry_wal::conn::ConnectConfig;
 
+use super::duration::{self, ConfigDuration};
 use super::secret::REDACTED;
-use super::{defaults, duration, property_rule, Compression, Config};
+use super::{defaults, property_rule, Compression, Config};
 
 /// Every problem, in file order: `[postgres]`, `[outbox]`/`[route]`/`[[tables]]` (the router's
 /// own rules),
@@ -35,14 +36,14 @@ impl Problems {
         });
     }
 
-    fn positive(&mut self, path: &str, d: Duration) {
+    fn positive(&mut self, path: &str, d: ConfigDuration) {
         if d.is_zero() {
             self.add(path, "must be greater than 0s");
         }
     }
 
-    fn at_most(&mut self, path: &str, d: Duration, max: Duration, why: &str) {
-        if d > max {
+    fn at_most(&mut self, path: &str, d: ConfigDuration, max: Duration, why: &str) {
+        if d.get() > max {
             let max = duration::format(max);
             self.add(path, format!("must be at most {max}: {why}"));
         }
@@ -119,7 +120,7 @@ fn postgres(c: &Config, p: &mut Problems) {
             "postgres.reconnect_backoff_max",
             format!(
                 "must be at least postgres.reconnect_backoff_min ({})",
-                duration::format(pg.reconnect_backoff_min)
+                pg.reconnect_backoff_min
             ),
         );
     }
@@ -237,7 +238,7 @@ fn kafka(c: &Config, p: &mut Problems) {
             "kafka.delivery_timeout",
             format!(
                 "must be 0 (never time out, the default) or longer than kafka.linger ({}): librdkafka refuses a message timeout that does not exceed linger.ms",
-                duration::format(k.linger)
+                k.linger
             ),
         );
     }
@@ -253,8 +254,8 @@ fn kafka(c: &Config, p: &mut Problems) {
 /// The exactly-once keys (checked whether or not the mode is on, so a later switch does not
 /// meet a surprise).
 fn exactly_once(k: &super::kafka::KafkaConfig, p: &mut Problems) {
-    if k.transaction_interval < defaults::MIN_TRANSACTION_INTERVAL
-        || k.transaction_interval > defaults::MAX_TRANSACTION_INTERVAL
+    if k.transaction_interval.get() < defaults::MIN_TRANSACTION_INTERVAL
+        || k.transaction_interval.get() > defaults::MAX_TRANSACTION_INTERVAL
     {
         p.add(
             "kafka.transaction_interval",
@@ -274,7 +275,7 @@ fn exactly_once(k: &super::kafka::KafkaConfig, p: &mut Problems) {
     }
     if k.exactly_once
         && !k.delivery_timeout.is_zero()
-        && k.delivery_timeout > defaults::TRANSACTION_TIMEOUT
+        && k.delivery_timeout.get() > defaults::TRANSACTION_TIMEOUT
     {
         p.add(
             "kafka.delivery_timeout",

@@ -18,13 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer};
 
 use super::{diagnose, diagnosis::connected, silent, Diagnosis};
-
-/// librdkafka's `reconnect.backoff.ms` for the probe's client: attempts 250 ms apart.
-const PROBE_RECONNECT_BACKOFF_MS: &str = "500";
 
 /// One metadata request's wait, between looks at what the client said.
 const SLICE: Duration = Duration::from_millis(200);
@@ -58,30 +54,11 @@ pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), 
                 .collect()
         })
         .unwrap_or_default();
-    let mut cc = ClientConfig::new();
-    for (k, v) in properties {
-        cc.set(k, v);
-    }
-    cc.remove("transactional.id");
-    cc.set("enable.idempotence", "false");
-    cc.set("reconnect.backoff.ms", PROBE_RECONNECT_BACKOFF_MS);
-    cc.set("reconnect.backoff.max.ms", "10000");
-    // The state changes tell a connection accepted and then left unanswered (a TLS or SASL
-    // listener waiting for its handshake) from one never accepted (a firewall).
-    let debug = match cc.get("debug") {
-        Some(d)
-            if d.split(',')
-                .any(|c| c.trim() == "broker" || c.trim() == "all") =>
-        {
-            d.to_owned()
-        }
-        Some(d) if !d.trim().is_empty() => format!("{d},broker"),
-        _ => "broker".to_owned(),
-    };
-    cc.set("debug", debug);
-    // rust-rdkafka sets the client's log level from the `log` facade's (Error when nothing
-    // logs, as in `check`), which would drop these lines before they reach the context.
-    cc.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+    // Not idempotent and without the transactional.id, reconnecting every 250 ms, with
+    // librdkafka's `broker` debug lines at Debug: the state changes tell a connection accepted
+    // and then left unanswered (a TLS or SASL listener waiting for its handshake) from one
+    // never accepted (a firewall).
+    let cc = crate::kafka_client::config(properties, crate::kafka_client::Role::BrokerProbe);
     let client: BaseProducer<Collector> = match cc.create_with_context(Collector::default()) {
         Ok(c) => c,
         // An invalid configuration is reported by the first real client, with its property.

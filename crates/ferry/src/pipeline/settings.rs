@@ -179,7 +179,7 @@ impl PipelineSettings {
         let stream = stream_options(
             &slot,
             &routers,
-            config.postgres.status_interval,
+            config.postgres.status_interval.get(),
             ferry_wal::conn::stream::DEFAULT_CHANNEL_CAPACITY,
         );
         Ok(PipelineSettings {
@@ -194,12 +194,12 @@ impl PipelineSettings {
             create_topics: config.route.create_topics.clone(),
             max_in_flight_records: config.kafka.max_in_flight_records as usize,
             max_in_flight_bytes: config.kafka.max_in_flight_bytes as usize,
-            drain_timeout: config.shutdown.drain_timeout,
+            drain_timeout: config.shutdown.drain_timeout.get(),
             session_drain_timeout: (!config.kafka.delivery_timeout.is_zero())
-                .then(|| config.kafka.delivery_timeout + SESSION_DRAIN_MARGIN),
-            reconnect_backoff_min: config.postgres.reconnect_backoff_min,
-            reconnect_backoff_max: config.postgres.reconnect_backoff_max,
-            standby_poll_interval: config.postgres.standby_poll_interval,
+                .then(|| config.kafka.delivery_timeout.get() + SESSION_DRAIN_MARGIN),
+            reconnect_backoff_min: config.postgres.reconnect_backoff_min.get(),
+            reconnect_backoff_max: config.postgres.reconnect_backoff_max.get(),
+            standby_poll_interval: config.postgres.standby_poll_interval.get(),
             lag_sample_interval: LAG_SAMPLE_INTERVAL,
             binary: config.postgres.binary,
             progress_topic: config.kafka.progress_topic.clone(),
@@ -209,7 +209,7 @@ impl PipelineSettings {
                 let (max_records, max_bytes) = config.kafka.transaction_caps();
                 ExactlyOnce {
                     progress_topic: config.kafka.progress_topic.clone(),
-                    interval: config.kafka.transaction_interval,
+                    interval: config.kafka.transaction_interval.get(),
                     max_records,
                     max_bytes,
                     call_timeout: crate::config::defaults::TRANSACTION_TIMEOUT,

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ferry_router::Record;
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
@@ -243,22 +243,10 @@ impl Producer {
         topics: Topics,
         metrics: Arc<Metrics>,
     ) -> Result<(Producer, Reports), KafkaError> {
-        let mut cc = ClientConfig::new();
         // The brokers' view (`ferry_kafka_brokers_up`, readiness) comes from the statistics:
         // Ferry's interval unless kafka.properties sets one. Only the relay's producers ask
         // for them; Ferry's other clients (the topic watch, the progress reader) do not.
-        if !properties
-            .iter()
-            .any(|(k, _)| k == "statistics.interval.ms")
-        {
-            cc.set(
-                "statistics.interval.ms",
-                crate::config::defaults::STATISTICS_INTERVAL_MS.to_string(),
-            );
-        }
-        for (k, v) in properties {
-            cc.set(k, v);
-        }
+        let cc = crate::kafka_client::config(properties, crate::kafka_client::Role::Producer);
         let (tx, rx) = mpsc::unbounded_channel();
         let fatal = Arc::new(Mutex::new(None));
         let producer: BaseProducer<Context> = cc.create_with_context(Context {
