@@ -47,7 +47,7 @@
 //!
 //! # Where to change what
 //!
-//! - When the slot may move: [`relay`] (`Relay::progress`, the one place a confirm is queued)
+//! - When the slot may move: [`relay`] (`Relay::confirm_advanced`, the one place a confirm is queued)
 //!   and [`session`] (what each mode holds back). `cargo test -p ferry-core --test simulation`
 //!   says within seconds whether the guarantees still hold.
 //! - What a sink must promise: [`sink`].

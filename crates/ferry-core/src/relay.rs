@@ -538,7 +538,7 @@ impl<E> Relay<E> {
                 });
             }
         }
-        self.progress(open);
+        self.confirm_advanced(open);
     }
 
     /// The server's WAL end from an idle keepalive: confirmed if nothing is pending.
@@ -579,7 +579,7 @@ impl<E> Relay<E> {
                 since_unix_micros: since,
             });
         }
-        self.progress(open);
+        self.confirm_advanced(open);
     }
 
     /// Exactly-once: a progress record holding `end_lsn` is committed in Kafka; the slot may be
@@ -591,7 +591,7 @@ impl<E> Relay<E> {
         if end_lsn > self.committed_end {
             self.committed_end = end_lsn;
             let open = self.wm.open_transactions();
-            self.progress(open);
+            self.confirm_advanced(open);
         }
     }
 
@@ -618,7 +618,7 @@ impl<E> Relay<E> {
                     bytes: entry.mark.bytes(),
                     commit_unix_micros: entry.commit_unix_micros,
                 });
-                self.progress(open);
+                self.confirm_advanced(open);
                 self.check_drained(now);
             }
             Err(error) => {
@@ -631,7 +631,7 @@ impl<E> Relay<E> {
                     // Nothing accepted behind the failed record may land before its replay.
                     self.actions.push_back(Action::Abandon);
                 }
-                self.progress(open);
+                self.confirm_advanced(open);
                 self.fail(
                     CoreError::Delivery {
                         topic: entry.topic,
@@ -757,7 +757,7 @@ impl<E> Relay<E> {
     }
 
     /// After the watermark may have moved: confirm what advanced, count what was confirmed.
-    fn progress(&mut self, open_before: usize) {
+    fn confirm_advanced(&mut self, open_before: usize) {
         let open = self.wm.open_transactions();
         // Begin adds one; only confirming removes any.
         if open < open_before {

@@ -230,27 +230,10 @@ impl<'a> Driver<'a> {
             return Err(self.first_start_failed(&sql, created, e).await);
         }
         self.accepting = start.accepted;
-        let key = ProgressKey {
-            system_id: reader.system.system_id,
-            slot: s.slot.slot.clone(),
-        }
-        .encode();
-        let now = Instant::now();
         let mut own_link;
         let (link, mut sink) = match producing {
             Producing::Idempotent(producer, link) => {
-                link.machine.start_at_least_once(
-                    reader.resume_lsn,
-                    binary_read,
-                    start.remembered,
-                    now,
-                );
-                let sink = Sink::Idempotent {
-                    producer,
-                    progress_topic: &s.progress_topic,
-                    key,
-                    timeline: reader.system.timeline,
-                };
+                let sink = self.at_least_once(producer, link, &reader, binary_read, &start);
                 (link, sink)
             }
             Producing::Transactional(topics) => {
@@ -275,6 +258,57 @@ impl<'a> Driver<'a> {
                 }
             }
         };
+        let (left_tx, left_rx) = tokio::sync::oneshot::channel();
+        let watch = self.streaming(&reader, &sql, membership, left_tx);
+        let (stopped, left_publication) = self
+            .stream_loop(link, &mut sink, &mut reader, left_rx, shutdown)
+            .await;
+        watch.abort();
+        self.ended(stopped, left_publication, link, &sink, reader, &sql)
+            .await
+    }
+
+    /// At-least-once: the machine starts from the slot and the record the verdict trusted;
+    /// the shared idempotent producer is the sink.
+    fn at_least_once<'p>(
+        &self,
+        producer: &'p Producer,
+        link: &mut Link,
+        reader: &ReaderHandle,
+        binary_read: bool,
+        start: &super::start::Start,
+    ) -> Sink<'p>
+    where
+        'a: 'p,
+    {
+        let s = self.settings;
+        link.machine.start_at_least_once(
+            reader.resume_lsn,
+            binary_read,
+            start.remembered,
+            Instant::now(),
+        );
+        Sink::Idempotent {
+            producer,
+            progress_topic: &s.progress_topic,
+            key: ProgressKey {
+                system_id: reader.system.system_id,
+                slot: s.slot.slot.clone(),
+            }
+            .encode(),
+            timeline: reader.system.timeline,
+        }
+    }
+
+    /// The session streams: said, counted, and the server watched (see [`watch_server`]).
+    fn streaming(
+        &mut self,
+        reader: &ReaderHandle,
+        sql: &Arc<tokio_postgres::Client>,
+        membership: Vec<Option<String>>,
+        left_tx: tokio::sync::oneshot::Sender<PipelineError>,
+    ) -> tokio::task::JoinHandle<()> {
+        let s = self.settings;
         if self.metrics.standby.get() != 0 {
             tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
             self.metrics.standby.set_flag(false);
@@ -282,18 +316,26 @@ impl<'a> Driver<'a> {
         tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
         self.metrics.streaming.set_flag(true);
         self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
-        let (left_tx, left_rx) = tokio::sync::oneshot::channel();
-        let watch = tokio::spawn(watch_server(
+        tokio::spawn(watch_server(
             sql.clone(),
             self.metrics.clone(),
             s.lag_sample_interval,
             (s.slot.clone(), membership, left_tx),
             self.wal_clock.clone(),
-        ));
-        let (stopped, left_publication) = self
-            .stream_loop(link, &mut sink, &mut reader, left_rx, shutdown)
-            .await;
-        watch.abort();
+        ))
+    }
+
+    /// After the loop: the reader's outcome, and the session's result (the first failure wins).
+    async fn ended(
+        &mut self,
+        stopped: Stopped,
+        left_publication: Option<PipelineError>,
+        link: &mut Link,
+        sink: &Sink<'_>,
+        reader: ReaderHandle,
+        sql: &tokio_postgres::Client,
+    ) -> Result<End, PipelineError> {
+        let s = self.settings;
         self.carry.pass = link.machine.pass();
         self.publish_gauges(link, &reader);
         let reader_result = finish(reader).await;
@@ -312,9 +354,9 @@ impl<'a> Driver<'a> {
             }
             Ok(ferry_core::End::ReaderEnded) => match reader_result {
                 Ok(()) => Ok(End::Streamed),
-                Err(e) => Err(self.unrelayed(e, &sql).await),
+                Err(e) => Err(self.unrelayed(e, sql).await),
             },
-            Err(e) => Err(self.named(pipeline_error(e, s, sink.txn()), &sql).await),
+            Err(e) => Err(self.named(pipeline_error(e, s, sink.txn()), sql).await),
         }
     }
 

@@ -337,7 +337,19 @@ impl Driver<'_> {
         if let Some(r) = record_lsn {
             self.metrics.progress_lsn.set(r.0);
         }
-        let identity = facts.identity;
+        self.start_of(verdict, facts.identity, record_lsn, &facts.remembered)
+    }
+
+    /// What the verdict lets this session do, said in the log.
+    fn start_of(
+        &self,
+        verdict: Verdict,
+        identity: SystemIdentity,
+        record_lsn: Option<Lsn>,
+        remembered: &verdict::Remembered,
+    ) -> Result<Start, PipelineError> {
+        let s = self.settings;
+        let name = &s.slot.slot;
         let start = |create_slot, remembered, accepted| Start {
             create_slot,
             remembered,
