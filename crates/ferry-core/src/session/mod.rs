@@ -421,7 +421,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
         };
         match outcome {
             CommitOutcome::Committed => {
-                for token in txn.committed(position) {
+                for token in txn.committed(position, now) {
                     self.relay.handle_report(token, Ok(()), now);
                 }
                 self.relay.progress_committed(position.end_lsn);

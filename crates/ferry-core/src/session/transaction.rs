@@ -66,8 +66,9 @@ pub(crate) struct Transaction<E> {
     /// The newest position the core gave, and when the first uncommitted one came.
     pub position: Option<Position>,
     pub since: Option<Instant>,
-    /// The newest committed position.
+    /// The newest committed position, and when its commit's outcome came.
     pub committed: Option<Position>,
+    pub committed_at: Option<Instant>,
     pub poisoned: Option<Poison<E>>,
     pub stage: Stage,
 }
@@ -82,6 +83,7 @@ impl<E> Transaction<E> {
             position: None,
             since: None,
             committed: None,
+            committed_at: None,
             poisoned: None,
             stage: Stage::Idle,
         }
@@ -90,7 +92,11 @@ impl<E> Transaction<E> {
     /// The core's position after an event.
     pub fn position(&mut self, p: Position, now: Instant) {
         self.position = Some(p);
-        self.since.get_or_insert(now);
+        // Never before the last commit: a driver that read the clock before a burst of events
+        // and carried out a slow commit inside it would otherwise start the next transaction
+        // already late, and commit after every event.
+        let since = self.committed_at.map_or(now, |c| c.max(now));
+        self.since.get_or_insert(since);
     }
 
     /// The first poison wins (its error is what the session ends with).
@@ -124,13 +130,25 @@ impl<E> Transaction<E> {
         }
         let late = self.deadline().is_some_and(|d| now >= d);
         let draining = draining && !self.held.is_empty();
-        (self.full() || late || draining).then_some(position)
+        let full = self.full();
+        if full || late || draining {
+            tracing::debug!(
+                full,
+                late,
+                draining,
+                records = self.held.len(),
+                end_lsn = %position.end_lsn,
+                "committing the Kafka transaction"
+            );
+        }
+        (full || late || draining).then_some(position)
     }
 
     /// The commit succeeded: the held records are durable.
-    pub fn committed(&mut self, position: Position) -> Vec<DeliveryKey> {
+    pub fn committed(&mut self, position: Position, now: Instant) -> Vec<DeliveryKey> {
         self.open = false;
         self.committed = Some(position);
+        self.committed_at = Some(now);
         self.since = None;
         self.held_bytes = 0;
         self.stage = Stage::Idle;

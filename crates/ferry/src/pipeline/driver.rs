@@ -148,6 +148,9 @@ pub(super) struct Driver<'a> {
     accepting: bool,
     /// A transaction abort at the session's end found the producer fenced.
     fenced: Option<PipelineError>,
+    /// A carried-out action waited for Kafka (a commit, an abort): the clock read before it
+    /// is stale.
+    waited: bool,
 }
 
 /// How a session gets its producer.
@@ -176,6 +179,7 @@ impl<'a> Driver<'a> {
             wal_clock: WalClock::default(),
             accepting: false,
             fenced: None,
+            waited: false,
         }
     }
 
@@ -542,7 +546,7 @@ impl<'a> Driver<'a> {
         reader: &mut ReaderHandle,
         ev: ReaderEvent,
     ) -> Option<Stopped> {
-        let now = Instant::now();
+        let mut now = Instant::now();
         let mut next = Some(ev);
         let mut taken = 0;
         while let Some(ev) = next.take() {
@@ -565,6 +569,9 @@ impl<'a> Driver<'a> {
             let stop = self.carry_out(link, sink, reader).await;
             if stop.is_some() {
                 return stop;
+            }
+            if std::mem::take(&mut self.waited) {
+                now = Instant::now();
             }
             taken += 1;
             if taken < BURST && link.machine.wants_events() {
@@ -600,10 +607,12 @@ impl<'a> Driver<'a> {
                 }
                 Action::BeginTransaction => machine.handle_begun(sink.begin(), Instant::now()),
                 Action::CommitTransaction { position, records } => {
+                    self.waited = true;
                     let outcome = sink.commit(position, records).await;
                     machine.handle_commit(outcome, Instant::now());
                 }
                 Action::AbortTransaction { at_end: false, .. } => {
+                    self.waited = true;
                     let result = sink.abort().await;
                     machine.handle_aborted(result, Instant::now());
                 }
