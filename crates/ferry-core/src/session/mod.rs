@@ -42,8 +42,8 @@ use crate::pass::Pass;
 use crate::progress::ProgressRecord;
 use crate::relay::{self, CoreError, Count, End, Position, Relay, RelayConfig};
 use remember::Remember;
-use transaction::{Poison, Stage, Transaction};
 pub use transaction::TransactionLimits;
+use transaction::{Poison, Stage, Transaction};
 
 /// The token progress records travel under: the in-flight table's tokens are slab indices from
 /// 0 up to the window, so this one is never one of them.
