@@ -77,6 +77,7 @@ seen!(
     dead_letters,
     route_passes,
     policy_changes,
+    policy_changes_across,
     failures,
     failed_landed,
     refusals,
@@ -101,6 +102,7 @@ seen!(
     abort_failures,
     skipped_on_restart,
     partial_restarts,
+    outside_transaction,
 );
 
 impl Seen {
@@ -549,11 +551,12 @@ impl Sim {
             Action::Produce { token, record } => self.produce(token, &record),
             Action::ProduceProgress { token, position } => {
                 assert_eq!(token, PROGRESS_TOKEN);
-                if self.exactly_once() {
-                    assert!(
-                        self.kafka.open,
-                        "the progress record at {position:?} is produced outside a transaction"
-                    );
+                if self.exactly_once() && !self.kafka.open {
+                    // What a transactional producer answers (librdkafka: _STATE).
+                    trace!(self, "refused the progress record: no transaction");
+                    self.seen.outside_transaction += 1;
+                    let e = SimError::permanent("operation not valid in state Ready");
+                    return self.session.handle_refused(token, e, now);
                 }
                 if self.fault(20) {
                     self.seen.progress_refused += 1;
@@ -650,8 +653,11 @@ impl Sim {
         let bytes = record.size_bytes() as u64;
         self.largest = self.largest.max(bytes);
         let txn_end = self.pg.txns[self.pg.current()].end_lsn;
-        if self.exactly_once() {
-            assert!(self.kafka.open, "event {id} produced outside a transaction");
+        if self.exactly_once() && !self.kafka.open {
+            trace!(self, "refused {token:?} id {id}: no transaction");
+            self.seen.outside_transaction += 1;
+            let e = SimError::permanent("operation not valid in state Ready");
+            return self.session.handle_refused(token, e, now);
         }
         if self.fault(5) {
             self.seen.refusals += 1;
@@ -729,6 +735,7 @@ impl Sim {
             self.kafka.written.len(),
             "records in the committed transaction"
         );
+        trace!(self, "commit at {position:?}");
         let now = self.now();
         let mut flush_failed = false;
         for p in 0..=PARTITIONS {
@@ -779,8 +786,9 @@ impl Sim {
             Outcome::Failed { landed } | Outcome::Crash { landed } => landed,
         };
         if landed {
+            // What the transaction holds is committed, whatever the machine believes it holds:
+            // the guarantees judge the consequences.
             let (written, held) = self.kafka.commit();
-            assert_eq!(held, Some(position), "the progress record committed");
             for w in written {
                 self.model.landed(w.id, w.key, w.dead_letter);
                 self.seen.dead_letters += u64::from(w.dead_letter);
@@ -831,6 +839,8 @@ impl Sim {
                     // Ferry. For the model it is the same: a poison row is never required.
                     trace!(self, "the operator sets on_error = skip");
                     self.seen.policy_changes += 1;
+                    let last = self.passed.last().map(|p| p.commit_lsn);
+                    self.seen.policy_changes_across += u64::from(last != Some(at.commit_lsn));
                     self.config.relay.routers = router(OnError::Skip);
                     self.pass = None;
                     self.session.set_pass(None);
@@ -997,6 +1007,10 @@ impl Sim {
     }
 
     fn finish(&mut self) {
+        assert_eq!(
+            self.seen.outside_transaction, 0,
+            "records produced outside a Kafka transaction"
+        );
         self.model.finish(&self.pg.txns);
         self.seen.duplicates = self.model.duplicates;
         let last = self.pg.last_end();
