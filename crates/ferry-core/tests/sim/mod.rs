@@ -68,6 +68,7 @@ macro_rules! seen {
 }
 
 seen!(
+    fed,
     sessions,
     processes,
     confirms,
@@ -491,6 +492,7 @@ impl Sim {
 
     /// The reader hands over its next message.
     fn feed(&mut self) {
+        self.seen.fed += 1;
         let now = self.now();
         match self.pg.next() {
             Next::Outbox(event) => {
@@ -646,8 +648,10 @@ impl Sim {
 
     fn produce(&mut self, token: ferry_core::Token, record: &Record) {
         let now = self.now();
-        let id = u64::from_str_radix(&record.event_id_text()[24..], 16)
-            .unwrap_or_else(|_| panic!("event id {:?}", record.event_id_text()));
+        let id = std::str::from_utf8(&record.event_id[24..])
+            .ok()
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .unwrap_or_else(|| panic!("event id {:?}", record.event_id_text()));
         let dead_letter = &*record.topic == DEAD_LETTER_TOPIC;
         let key: u8 = record.key.as_deref().expect("keyed")[4] - b'0';
         let bytes = record.size_bytes() as u64;

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferry_core::testing::Rng;
-use ferry_wal::assembly::{OutboxEvent, OutboxMessage, RelationInfo};
+use ferry_wal::assembly::{OutboxEvent, OutboxMessage, OutboxRow, RelationInfo};
+use ferry_wal::pgoutput::TupleValue;
 use ferry_wal::Lsn;
 
-use crate::common::{begin, commit, relation, row};
+use crate::common::{begin, commit, relation};
 
 /// Aggregate ids ("key-0" .. "key-4").
 pub const KEYS: usize = 5;
@@ -198,20 +199,70 @@ impl Pg {
     }
 }
 
+/// The longest pad a payload has.
+const MAX_PAD: usize = 200;
+
+/// Texts every seed reuses, made once per test process: the router reads them many times a
+/// second, and static bytes are shared without an allocation when it keeps them.
+struct Texts {
+    /// Event ids by number.
+    ids: Vec<&'static str>,
+    /// `{"pad": "xx…"}` by pad length.
+    payloads: Vec<&'static str>,
+    keys: [&'static str; KEYS],
+}
+
+fn texts() -> &'static Texts {
+    static TEXTS: std::sync::OnceLock<Texts> = std::sync::OnceLock::new();
+    TEXTS.get_or_init(|| {
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        Texts {
+            ids: (0..MAX_EVENTS as u64)
+                .map(|id| leak(event_id(id)))
+                .collect(),
+            payloads: (0..MAX_PAD)
+                .map(|n| leak(format!(r#"{{"pad": "{}"}}"#, "x".repeat(n))))
+                .collect(),
+            keys: std::array::from_fn(|k| leak(format!("key-{k}"))),
+        }
+    })
+}
+
+/// More events than a WAL of [`generate`] holds.
+const MAX_EVENTS: usize = 60 * 40 + 1;
+
 fn event_id(id: u64) -> String {
     format!("00000000-0000-4000-8000-{id:012x}")
 }
 
 fn outbox_event(rel: &Arc<RelationInfo>, t: &Txn, e: &Event) -> OutboxEvent {
-    let payload = format!(r#"{{"pad": "{}"}}"#, "x".repeat(e.payload_len));
-    let key = format!("key-{}", e.key);
+    let texts = texts();
+    let payload = texts.payloads[e.payload_len];
+    let key = texts.keys[e.key as usize];
     match e.kind {
-        Kind::Row => row(rel, t.xid, t.commit_lsn - 1, e.id, &key, Some(&payload)),
-        Kind::Poison => row(rel, t.xid, t.commit_lsn - 1, e.id, &key, None),
+        Kind::Row | Kind::Poison => {
+            let text = |s: &'static str| TupleValue::Text(Bytes::from_static(s.as_bytes()));
+            OutboxEvent::Row(OutboxRow {
+                xid: t.xid,
+                table: 0,
+                lsn: Lsn(t.commit_lsn - 1),
+                relation: rel.clone(),
+                values: vec![
+                    text(texts.ids[e.id as usize]),
+                    text("order"),
+                    text(key),
+                    text("OrderCreated"),
+                    match e.kind {
+                        Kind::Poison => TupleValue::Null,
+                        _ => text(payload),
+                    },
+                ],
+            })
+        }
         Kind::Message => {
             let doc = format!(
                 r#"{{"id": "{}", "aggregatetype": "order", "aggregateid": "{key}", "type": "OrderCreated", "payload": {payload}}}"#,
-                event_id(e.id)
+                texts.ids[e.id as usize]
             );
             OutboxEvent::Message(OutboxMessage {
                 xid: t.xid,
