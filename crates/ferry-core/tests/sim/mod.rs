@@ -281,7 +281,7 @@ impl Sim {
             trace: std::env::var_os("FERRY_SIM_TRACE").is_some(),
         };
         trace!(sim, "{mode}: {policy:?}, window {max_records} records {max_bytes} bytes, cap {cap} {cap_bytes}, {session_drain_timeout:?}");
-        for t in &sim.pg.txns {
+        for t in sim.pg.txns.iter().filter(|_| sim.trace) {
             let events: Vec<String> = t
                 .events
                 .iter()
