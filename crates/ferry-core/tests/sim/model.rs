@@ -6,9 +6,12 @@
 //!   progress record, nor the newest record of the progress topic. Exactly-once: it never passes
 //!   the end LSN of the newest committed progress record, and a committed progress record never
 //!   covers an event that is not committed.
+//! - **The slot is never ahead of the newest progress record** in Kafka (checked by the driver
+//!   after every step, and at every start as the start-time verdict does).
 //! - **Never backwards**: within a session each confirmed LSN is above the one before and above
 //!   where the session resumed. At-least-once: after a failed or refused record, nothing at or
-//!   past its transaction's end is confirmed in that session.
+//!   past its transaction's end is confirmed in that session. Exactly-once: each committed
+//!   progress record covers at least the events the one before covered.
 //! - **Order**: per key, first deliveries follow commit order (exactly-once: what read_committed
 //!   consumers see, per key, is a prefix of the key's events in commit order).
 //! - **Exactly-once**: what read_committed consumers see holds every event at most once, and at
