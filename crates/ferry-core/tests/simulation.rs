@@ -57,11 +57,16 @@ fn run(mode: Mode, default_seeds: u64, first_seed: u64) {
         seeds.len() as f64 / elapsed.as_secs_f64()
     );
     let counts = seen.counts();
-    let line: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let required = Seen::required(mode);
+    let line: Vec<String> = counts
+        .iter()
+        .filter(|(k, n)| *n > 0 || required.contains(k))
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
     eprintln!("{mode}: exercised: {}", line.join(", "));
     if seeds.len() > 100 {
         // The faults the simulation is about did happen.
-        for kind in Seen::required(mode) {
+        for kind in required {
             let n = counts.iter().find(|(k, _)| *k == kind).map_or(0, |c| c.1);
             assert!(n > 0, "{mode}: no seed exercised {kind}: {seen:?}");
         }
