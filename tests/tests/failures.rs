@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use ferry_core::testing::Rng;
 use ferry_testkit::kafka::{self, LocalBroker};
 use ferry_testkit::pg::{self, ClusterOptions, PgCluster, Postgres};
 use ferry_wal::Lsn;
@@ -300,7 +301,7 @@ async fn kill_9_after_produce_before_ack_then_restart_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_random_points_under_load_loses_nothing_and_keeps_key_order() {
     const KILLS: usize = 5;
-    let mut rng = SplitMix64(0x5eed_f00d);
+    let mut rng = Rng::new(0x5eed_f00d);
     let mut w = World::new().await;
     quick_reconnects(&mut w);
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
@@ -323,7 +324,7 @@ async fn kill_9_at_random_points_under_load_loses_nothing_and_keeps_key_order() 
     };
     for _ in 0..KILLS {
         // The moment to kill at: pseudo-random, reproducible; nothing waits on it.
-        tokio::time::sleep(Duration::from_millis(200 + rng.next() % 1300)).await;
+        tokio::time::sleep(Duration::from_millis(200 + rng.next_u64() % 1300)).await;
         ferry.kill9();
         ferry = w.start_ferry();
         ferry.wait_ready().await;
@@ -479,18 +480,5 @@ impl CommitProbe {
             .execute("SELECT pg_drop_replication_slot($1)", &[&self.0])
             .await
             .expect("drop probe slot");
-    }
-}
-
-/// A tiny seeded generator (SplitMix64), so kill moments are reproducible without a dependency.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
     }
 }

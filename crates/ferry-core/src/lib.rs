@@ -60,6 +60,8 @@ pub mod relay;
 pub mod route;
 pub mod session;
 pub mod sink;
+#[doc(hidden)]
+pub mod testing;
 pub mod verdict;
 pub mod watermark;
 mod window;

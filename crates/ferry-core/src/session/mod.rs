@@ -386,6 +386,15 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                     if let Some(i) = txn.held.iter().rposition(|t| *t == token) {
                         txn.held.remove(i);
                     }
+                    if let Stage::ProgressHanded(_) = txn.stage {
+                        // The commit was decided with this record in it (its event's position
+                        // filled the transaction): the progress record queued behind it is not
+                        // produced and the commit is not asked for, or the position would be
+                        // committed without the record. The transaction aborts.
+                        txn.stage = Stage::Idle;
+                        self.actions
+                            .retain(|a| !matches!(a, Action::ProduceProgress { .. }));
+                    }
                     let topic = self.relay.topic_of(token);
                     txn.poison(Poison {
                         error: error.clone(),
