@@ -410,12 +410,14 @@ impl<E: Clone + std::fmt::Display> Session<E> {
     /// The outcome of [`Action::BeginTransaction`].
     pub fn handle_begun(&mut self, result: Result<(), E>, now: Instant) {
         if let Err(e) = result {
+            let mut result = Err(CoreError::Transaction(e));
             if let Mode::ExactlyOnce(txn) = &mut self.mode {
                 txn.open = false;
                 txn.stage = Stage::Idle;
+                result = txn.finishing.take().unwrap_or(result);
             }
             self.actions.clear();
-            return self.stop(Err(CoreError::Transaction(e)));
+            return self.stop(result);
         }
         self.pump(now);
     }
@@ -434,6 +436,9 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                     self.relay.handle_report(token, Ok(()), now);
                 }
                 self.relay.progress_committed(position.end_lsn);
+                if let Some(result) = txn.finishing.take() {
+                    return self.stop(result);
+                }
             }
             CommitOutcome::Abortable(error) => {
                 txn.stage = Stage::Idle;
@@ -444,7 +449,12 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                     self.relay.handle_report(token, Err(e.clone()), now);
                 }
                 self.actions.clear();
-                return self.stop(Err(CoreError::Transaction(e)));
+                // A session's last commit failing does not hide why it ended.
+                let result = txn
+                    .finishing
+                    .take()
+                    .unwrap_or(Err(CoreError::Transaction(e)));
+                return self.stop(result);
             }
         }
         self.pump(now);
@@ -570,6 +580,27 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                 });
             }
             Mode::ExactlyOnce(txn) => {
+                // Events handled since the last commit without a record held (skipped, covered,
+                // passed with `--skip-event`): their position is committed before the session
+                // ends, or the next one meets them again (a pass used up, it would stop at the
+                // same poison row for ever). Only where the position is exact: the session
+                // ended cleanly or at an event the core refused.
+                let at_event = matches!(
+                    result,
+                    Ok(_) | Err(CoreError::Route { .. }) | Err(CoreError::TextNeeded { .. })
+                );
+                if at_event
+                    && txn.poisoned.is_none()
+                    && txn.stage == Stage::Idle
+                    && txn.held.is_empty()
+                    && txn.position.is_some()
+                    && txn.position != txn.committed
+                {
+                    if let Some(position) = txn.position {
+                        txn.finishing = Some(result);
+                        return self.commit(position);
+                    }
+                }
                 if txn.open {
                     txn.open = false;
                     tracing::warn!(
@@ -755,12 +786,13 @@ impl<E: Clone + std::fmt::Display> Session<E> {
             self.relay.handle_report(token, Err(why.error.clone()), now);
         }
         self.actions.clear();
-        self.stop(Err(CoreError::Aborted {
+        let result = txn.finishing.take().unwrap_or(Err(CoreError::Aborted {
             error: why.error,
             topic: why.topic,
             records,
             abort_error,
         }));
+        self.stop(result);
     }
 
     fn stop(&mut self, result: Result<End, CoreError<E>>) {

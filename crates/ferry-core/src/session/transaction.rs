@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::inflight::DeliveryKey;
-use crate::relay::Position;
+use crate::relay::{CoreError, End, Position};
 
 /// What bounds a Kafka transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +71,8 @@ pub(crate) struct Transaction<E> {
     pub committed_at: Option<Instant>,
     pub poisoned: Option<Poison<E>>,
     pub stage: Stage,
+    /// The session is over once its last position is committed; it ends with this.
+    pub finishing: Option<Result<End, CoreError<E>>>,
 }
 
 impl<E> Transaction<E> {
@@ -86,6 +88,7 @@ impl<E> Transaction<E> {
             committed_at: None,
             poisoned: None,
             stage: Stage::Idle,
+            finishing: None,
         }
     }
 

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use ferry_core::progress_record::{Mode as RecordMode, ProgressRecord};
-use ferry_core::{Position, SinkError, DeliveryKey};
+use ferry_core::{DeliveryKey, Position, SinkError};
 
 /// Outbox partitions; the progress topic's single partition comes after them.
 pub const PARTITIONS: usize = 3;
