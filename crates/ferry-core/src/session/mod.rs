@@ -280,6 +280,9 @@ impl<E: Clone + std::fmt::Display> Session<E> {
             return Some(a);
         }
         // The progress record is handed over: the commit follows (unless its refusal came in).
+        if self.stopped {
+            return None;
+        }
         if let Mode::ExactlyOnce(txn) = &mut self.mode {
             if let Stage::ProgressHanded(position) = txn.stage {
                 txn.stage = Stage::Committing(position);
