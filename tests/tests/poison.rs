@@ -248,6 +248,48 @@ async fn exactly_once_passes_the_printed_poison_event_once() {
     assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
 }
 
+/// Exactly-once: a skipped event produces nothing, so no Kafka transaction carries its position;
+/// the session that skipped it commits that position before it stops at the next poison row, or
+/// the next run, with the second flag, would meet the first row again (the two flags would
+/// alternate for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_skipped_event_is_not_met_again_when_a_later_poison_row_stops_ferry() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("order", 1).await;
+    let progress = format!("{}.progress", w.topic_prefix);
+    w.env.extend([
+        ("FERRY_KAFKA_EXACTLY_ONCE".to_string(), "true".to_string()),
+        ("FERRY_KAFKA_PROGRESS_TOPIC".into(), progress),
+        ("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), "100ms".into()),
+    ]);
+    let mut first = w.start_ferry();
+    first.wait_ready().await;
+    // Two poison rows, each alone in its transaction.
+    insert(&w, POISON_1, None).await;
+    insert(&w, POISON_2, None).await;
+    let status = first.wait_exit(Duration::from_secs(90)).await;
+    let log = first.log_text();
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains(POISON_1), "{log}");
+    let at_1 = printed_position(&log, "--skip-event");
+
+    let log = stops_at_a_poison_row(&w, &["run", "--skip-event", &at_1]).await;
+    assert!(log.contains(POISON_2), "{log}");
+    let at_2 = printed_position(&log, "--skip-event");
+
+    let mut ferry = Ferry::spawn(&w, &["run", "--skip-event", &at_2]);
+    ferry.wait_ready().await;
+    insert(&w, GOOD_1, Some("{\"n\": 1}")).await;
+    let ids = ids_in(&w, &topic, &[GOOD_1]).await;
+    assert_eq!(ids, [GOOD_1]);
+    assert!(
+        !ferry.log_text().contains(POISON_1),
+        "the first poison row was met again: {}",
+        ferry.log_text()
+    );
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
+
 /// A position that does not parse, or a dead letter with nowhere to go, is refused at once (exit
 /// 2) with what to give instead; nothing is streamed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
