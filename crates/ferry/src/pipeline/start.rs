@@ -338,6 +338,7 @@ impl Driver<'_> {
             self.metrics.progress_lsn.set(r.0);
         }
         self.start_of(verdict, facts.identity, record_lsn, &facts.remembered)
+            .map_err(|refusal| PipelineError::Gap(*refusal))
     }
 
     /// What the verdict lets this session do, said in the log.
@@ -347,7 +348,7 @@ impl Driver<'_> {
         identity: SystemIdentity,
         record_lsn: Option<Lsn>,
         remembered: &verdict::Remembered,
-    ) -> Result<Start, PipelineError> {
+    ) -> Result<Start, Box<Refusal>> {
         let s = self.settings;
         let name = &s.slot.slot;
         let start = |create_slot, remembered, accepted| Start {
@@ -398,7 +399,7 @@ impl Driver<'_> {
                 );
                 Ok(start(create_slot, None, true))
             }
-            Verdict::Refuse { gap, offered } => Err(PipelineError::Gap(Refusal {
+            Verdict::Refuse { gap, offered } => Err(Box::new(Refusal {
                 slot: name.clone(),
                 gap,
                 offered,
