@@ -7,7 +7,9 @@
 //! Each round feeds transactions of 100 rows through the real core and the real router (default
 //! mapping), drains every action and acknowledges every record, as the driver does; the best of
 //! several rounds is printed (the figure least disturbed by other work on the machine). With
-//! `tables = 2` every other row belongs to a second outbox table with its own router.
+//! `tables = 2` every other row belongs to a second outbox table with its own router. The same
+//! rows through the session machine (at-least-once, progress records acknowledged at once) say
+//! what the machine adds to the relay core, with 100 rows and with 1 row per transaction.
 
 mod common;
 
@@ -16,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use common::*;
-use ferry_core::{Action, Relay};
+use ferry_core::{Action, Relay, Session, SessionAction, SessionConfig, SinkError};
 use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Routers, TableConfig};
 use ferry_wal::assembly::OutboxEvent;
 use ferry_wal::Lsn;
@@ -88,9 +90,85 @@ fn run(tables: usize) -> f64 {
     best
 }
 
+#[derive(Debug, Clone)]
+struct Failure;
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failure")
+    }
+}
+
+impl SinkError for Failure {
+    fn is_transient(&self) -> bool {
+        true
+    }
+    fn abandoned() -> Self {
+        Failure
+    }
+}
+
+/// Nanoseconds per row of the best round, through the session machine.
+fn run_session(rows_per_txn: u64) -> f64 {
+    let rel = relation(oid::JSONB);
+    let payload = r#"{"orderId": 42, "total": 39.98, "items": [{"sku": "A-1", "qty": 2}]}"#;
+    let txns = TXNS * ROWS_PER_TXN / rows_per_txn;
+    let mut best = f64::MAX;
+    for _ in 0..ROUNDS {
+        let mut m: Session<Failure> = Session::new(SessionConfig {
+            relay: config(OnError::Fail, 10_000, 1 << 30),
+            transactions: None,
+            progress_topic: "progress".into(),
+        });
+        let now = Instant::now();
+        m.start_at_least_once(Lsn(1), false, Some(Lsn(1)), now);
+        let mut lsn = 100u64;
+        let mut tokens = Vec::with_capacity(rows_per_txn as usize + 1);
+        let start = Instant::now();
+        for txn in 0..txns {
+            let commit_lsn = lsn + rows_per_txn * 10 + 5;
+            m.handle_outbox(begin(txn as u32 + 1, commit_lsn), now);
+            for i in 0..rows_per_txn {
+                let ev = row(&rel, txn as u32 + 1, lsn, i, "order-42", Some(payload));
+                m.handle_outbox(ev, now);
+                lsn += 10;
+            }
+            m.handle_outbox(commit(txn as u32 + 1, commit_lsn, commit_lsn + 8), now);
+            lsn = commit_lsn + 16;
+            while let Some(a) = m.poll_action() {
+                match a {
+                    SessionAction::Produce { token, record } => {
+                        black_box(&record);
+                        tokens.push(token);
+                    }
+                    SessionAction::ProduceProgress { token, .. } => tokens.push(token),
+                    a => _ = black_box(a),
+                }
+            }
+            for t in tokens.drain(..) {
+                m.handle_report(t, Ok(()), now);
+            }
+            while let Some(a) = m.poll_action() {
+                if let SessionAction::ProduceProgress { token, .. } = a {
+                    m.handle_report(token, Ok(()), now);
+                }
+            }
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (txns * rows_per_txn) as f64;
+        best = best.min(ns);
+    }
+    best
+}
+
 #[test]
 #[ignore = "measurement, run by hand with --release --ignored --nocapture"]
 fn relay_core_cost_per_row() {
+    for rows in [ROWS_PER_TXN, 1] {
+        println!(
+            "session machine, at-least-once, {rows} row(s) per transaction: {:.0} ns/row (best of {ROUNDS} rounds)",
+            run_session(rows)
+        );
+    }
     for tables in [1, 2] {
         println!(
             "relay core, {tables} table(s): {:.0} ns/row (route, track, acknowledge, confirm; best of {ROUNDS} rounds of {} rows)",
