@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use common::*;
-use ferry_core::{Action, Relay, Session, SessionAction, SessionConfig, SinkError};
+use ferry_core::{Action, Relay, Session, SessionAction, SessionConfig};
 use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Routers, TableConfig};
 use ferry_wal::assembly::OutboxEvent;
 use ferry_wal::Lsn;
@@ -90,24 +90,6 @@ fn run(tables: usize) -> f64 {
     best
 }
 
-#[derive(Debug, Clone)]
-struct Failure;
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("failure")
-    }
-}
-
-impl SinkError for Failure {
-    fn is_transient(&self) -> bool {
-        true
-    }
-    fn abandoned() -> Self {
-        Failure
-    }
-}
-
 /// Nanoseconds per row of the best round, through the session machine.
 fn run_session(rows_per_txn: u64) -> f64 {
     let rel = relation(oid::JSONB);
@@ -115,7 +97,7 @@ fn run_session(rows_per_txn: u64) -> f64 {
     let txns = TXNS * ROWS_PER_TXN / rows_per_txn;
     let mut best = f64::MAX;
     for _ in 0..ROUNDS {
-        let mut m: Session<Failure> = Session::new(SessionConfig {
+        let mut m: Session<TestError> = Session::new(SessionConfig {
             relay: config(OnError::Fail, 10_000, 1 << 30),
             transactions: None,
             progress_topic: "progress".into(),

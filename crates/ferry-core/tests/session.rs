@@ -8,32 +8,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ferry_core::progress_record::{Mode, ProgressRecord};
-use ferry_core::{
-    RelayConfig, Session, SessionAction as Action, SessionConfig, SinkError, TransactionLimits,
-};
+use ferry_core::{RelayConfig, Session, SessionAction as Action, SessionConfig, TransactionLimits};
 use ferry_router::{oid, OnError};
 use ferry_wal::Lsn;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Refused(&'static str);
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-impl SinkError for Refused {
-    fn is_transient(&self) -> bool {
-        true
-    }
-    fn abandoned() -> Self {
-        Refused("abandoned")
-    }
-}
-
 /// The next action that is not a counter change.
-fn poll(s: &mut Session<Refused>) -> Option<Action<Refused>> {
+fn poll(s: &mut Session<TestError>) -> Option<Action<TestError>> {
     std::iter::from_fn(|| s.poll_action()).find(|a| !matches!(a, Action::Count(_)))
 }
 
@@ -56,7 +36,7 @@ fn a_record_refused_after_the_commit_was_decided_aborts_the_transaction() {
         progress_topic: Arc::from("ferry.progress"),
     };
     let now = Instant::now();
-    let mut s: Session<Refused> = Session::new(config);
+    let mut s: Session<TestError> = Session::new(config);
     let remembered = ProgressRecord::whole(Mode::ExactlyOnce, 1, Lsn(100), 0);
     s.start_exactly_once(Lsn(100), false, Some(remembered), now);
     assert!(poll(&mut s).is_none());
@@ -69,7 +49,7 @@ fn a_record_refused_after_the_commit_was_decided_aborts_the_transaction() {
         panic!("the record first");
     };
     // The producer refuses it; the progress record is already queued behind it.
-    s.handle_refused(token, Refused("queue full"), now);
+    s.handle_refused(token, TestError::transient("queue full"), now);
     let mut rest = Vec::new();
     while let Some(a) = poll(&mut s) {
         let abort = matches!(a, Action::AbortTransaction { at_end: false, .. });

@@ -8,32 +8,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use ferry_core::{
-    CommitOutcome, Session, SessionAction, SessionConfig, SinkError, TransactionLimits,
-};
+use ferry_core::{CommitOutcome, Session, SessionAction, SessionConfig, TransactionLimits};
 use ferry_router::{oid, OnError};
-
-#[derive(Debug, Clone)]
-struct Failure;
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("failure")
-    }
-}
-
-impl SinkError for Failure {
-    fn is_transient(&self) -> bool {
-        true
-    }
-    fn abandoned() -> Self {
-        Failure
-    }
-}
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
-fn machine() -> Session<Failure> {
+fn machine() -> Session<TestError> {
     let mut relay = config(OnError::Fail, 1_000, 1 << 20);
     relay.exactly_once = true;
     Session::new(SessionConfig {
@@ -48,7 +28,7 @@ fn machine() -> Session<Failure> {
 }
 
 /// Carries the actions out; returns how many commits were asked for. Commits take `slow`.
-fn carry_out(m: &mut Session<Failure>, clock: &mut Instant, slow: Duration) -> usize {
+fn carry_out(m: &mut Session<TestError>, clock: &mut Instant, slow: Duration) -> usize {
     let mut commits = 0;
     while let Some(a) = m.poll_action() {
         match a {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_core::{Action, Relay, RelayConfig};
+use ferry_core::{Action, Relay, RelayConfig, SinkError};
 use ferry_router::{oid, OnError, OutboxConfig, RouteConfig, Router, Routers};
 use ferry_wal::assembly::{OutboxEvent, OutboxRow, RelationInfo, TxnBegin, TxnCommit};
 use ferry_wal::pgoutput::{Column, ReplicaIdentity, TupleValue};
@@ -106,4 +106,43 @@ pub fn row(
 /// Every action queued now.
 pub fn actions<E>(relay: &mut Relay<E>) -> Vec<Action<E>> {
     std::iter::from_fn(|| relay.poll_action()).collect()
+}
+
+/// The sink's error in the core's tests: what failed, and whether writing again may succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestError {
+    pub what: &'static str,
+    pub transient: bool,
+}
+
+impl TestError {
+    pub const fn transient(what: &'static str) -> TestError {
+        TestError {
+            what,
+            transient: true,
+        }
+    }
+
+    pub const fn permanent(what: &'static str) -> TestError {
+        TestError {
+            what,
+            transient: false,
+        }
+    }
+}
+
+impl std::fmt::Display for TestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.what)
+    }
+}
+
+impl SinkError for TestError {
+    fn is_transient(&self) -> bool {
+        self.transient
+    }
+
+    fn abandoned() -> Self {
+        TestError::transient("abandoned by the core")
+    }
 }

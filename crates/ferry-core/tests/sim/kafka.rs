@@ -5,53 +5,13 @@
 //! transaction commits.
 
 use std::collections::VecDeque;
-use std::fmt;
 
 use ferry_core::progress_record::{Mode as RecordMode, ProgressRecord};
-use ferry_core::{DeliveryKey, Position, SinkError};
+use ferry_core::{DeliveryKey, Position};
 
 /// Outbox partitions; the progress topic's single partition comes after them.
 pub const PARTITIONS: usize = 3;
 pub const PROGRESS: usize = PARTITIONS;
-
-/// The sink's error in the simulation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SimError {
-    pub what: &'static str,
-    pub transient: bool,
-}
-
-impl SimError {
-    pub const fn transient(what: &'static str) -> SimError {
-        SimError {
-            what,
-            transient: true,
-        }
-    }
-
-    pub const fn permanent(what: &'static str) -> SimError {
-        SimError {
-            what,
-            transient: false,
-        }
-    }
-}
-
-impl fmt::Display for SimError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.what)
-    }
-}
-
-impl SinkError for SimError {
-    fn is_transient(&self) -> bool {
-        self.transient
-    }
-
-    fn abandoned() -> Self {
-        SimError::transient("abandoned by the core")
-    }
-}
 
 /// A record handed to the producer and not yet acknowledged.
 #[derive(Debug, Clone)]

@@ -27,8 +27,9 @@ use ferry_core::{
 use ferry_router::{OnError, Record};
 use ferry_wal::Lsn;
 
+use crate::common::TestError;
 use crate::common::{router, DEAD_LETTER_TOPIC};
-use kafka::{Flying, Kafka, SimError, Written, PARTITIONS, PROGRESS};
+use kafka::{Flying, Kafka, Written, PARTITIONS, PROGRESS};
 use model::Model;
 use wal::{Next, Pg};
 
@@ -164,7 +165,7 @@ pub struct Sim {
     kafka: Kafka,
     model: Model,
     config: SessionConfig,
-    session: Session<SimError>,
+    session: Session<TestError>,
     t0: Instant,
     /// Milliseconds since `t0`.
     tick: u64,
@@ -453,7 +454,7 @@ impl Sim {
     /// The records of partition `p` fail from index `from` on (a failed record fails those
     /// queued behind it); the first of them may have landed all the same (a timeout) if none is
     /// ahead of it.
-    fn fail(&mut self, p: usize, from: usize, why: SimError) {
+    fn fail(&mut self, p: usize, from: usize, why: TestError) {
         let failed: Vec<Flying> = self.kafka.queues[p].drain(from..).collect();
         // Only with nothing ahead of it in the partition: the idempotent producer never
         // reorders.
@@ -535,7 +536,7 @@ impl Sim {
         }
     }
 
-    fn carry(&mut self, action: Action<SimError>) {
+    fn carry(&mut self, action: Action<TestError>) {
         let now = self.now();
         if self.trace {
             match &action {
@@ -557,14 +558,14 @@ impl Sim {
                     // What a transactional producer answers (librdkafka: _STATE).
                     trace!(self, "refused the progress record: no transaction");
                     self.seen.outside_transaction += 1;
-                    let e = SimError::permanent("operation not valid in state Ready");
+                    let e = TestError::permanent("operation not valid in state Ready");
                     return self.session.handle_refused(token, e, now);
                 }
                 if self.fault(20) {
                     self.seen.progress_refused += 1;
                     let e = match self.rng.percent(70) {
-                        true => SimError::transient("progress: queue full"),
-                        false => SimError::permanent("progress: not authorized"),
+                        true => TestError::transient("progress: queue full"),
+                        false => TestError::permanent("progress: not authorized"),
                     };
                     self.seen.progress_permanent += u64::from(!e.transient);
                     trace!(self, "refused the progress record: {e:?}");
@@ -589,7 +590,7 @@ impl Sim {
                 assert!(!self.kafka.open, "BeginTransaction with one open");
                 if self.fault(10) {
                     self.seen.begin_failures += 1;
-                    let e = SimError::transient("begin: coordinator not available");
+                    let e = TestError::transient("begin: coordinator not available");
                     return self.session.handle_begun(Err(e), now);
                 }
                 self.kafka.open = true;
@@ -609,7 +610,7 @@ impl Sim {
                     let result = match self.fault(100) {
                         true => {
                             self.seen.abort_failures += 1;
-                            Err(SimError::transient("abort: timed out"))
+                            Err(TestError::transient("abort: timed out"))
                         }
                         false => Ok(()),
                     };
@@ -621,7 +622,7 @@ impl Sim {
                 // The producer purges what is queued, in some partitions.
                 for p in 0..=PARTITIONS {
                     if self.rng.percent(50) {
-                        self.fail(p, 0, SimError::transient("purged"));
+                        self.fail(p, 0, TestError::transient("purged"));
                     }
                 }
             }
@@ -660,14 +661,14 @@ impl Sim {
         if self.exactly_once() && !self.kafka.open {
             trace!(self, "refused {token:?} id {id}: no transaction");
             self.seen.outside_transaction += 1;
-            let e = SimError::permanent("operation not valid in state Ready");
+            let e = TestError::permanent("operation not valid in state Ready");
             return self.session.handle_refused(token, e, now);
         }
         if self.fault(5) {
             self.seen.refusals += 1;
             let e = match self.rng.percent(50) {
-                true => SimError::transient("queue full"),
-                false => SimError::permanent("message too large"),
+                true => TestError::transient("queue full"),
+                false => TestError::permanent("message too large"),
             };
             trace!(self, "refused {token:?} id {id}: {e:?}");
             if !self.exactly_once() {
@@ -748,7 +749,7 @@ impl Sim {
                     true => {
                         flush_failed = true;
                         self.seen.failures += 1;
-                        Err(SimError::transient("flush: request timed out"))
+                        Err(TestError::transient("flush: request timed out"))
                     }
                     false => Ok(()),
                 };
@@ -808,13 +809,13 @@ impl Sim {
             Outcome::Committed => self.session.handle_commit(CommitOutcome::Committed, now),
             Outcome::Abortable => {
                 self.seen.abortable_commits += 1;
-                let e = SimError::transient("commit: abortable");
+                let e = TestError::transient("commit: abortable");
                 self.session.handle_commit(CommitOutcome::Abortable(e), now);
             }
             Outcome::Failed { landed } => {
                 self.seen.failed_commits += 1;
                 self.seen.unseen_commits += u64::from(landed);
-                let e = SimError::permanent("commit: fenced or outcome unknown");
+                let e = TestError::permanent("commit: fenced or outcome unknown");
                 self.session.handle_commit(CommitOutcome::Failed(e), now);
             }
             Outcome::Crash { landed } => {
@@ -827,7 +828,7 @@ impl Sim {
 
     /// The session stopped: the last status update goes out, and the next session starts, or
     /// the run is over.
-    fn stopped(&mut self, result: Result<End, CoreError<SimError>>) {
+    fn stopped(&mut self, result: Result<End, CoreError<TestError>>) {
         self.pg.status_update();
         match &result {
             Err(CoreError::Route {
@@ -926,8 +927,8 @@ impl Sim {
                     self.faults_left -= 1;
                     let from = self.rng.below(n) as usize;
                     let why = match self.rng.percent(70) {
-                        true => SimError::transient("broker down"),
-                        false => SimError::permanent("not authorized"),
+                        true => TestError::transient("broker down"),
+                        false => TestError::permanent("not authorized"),
                     };
                     self.fail(p, from, why);
                 }
