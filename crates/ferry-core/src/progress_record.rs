@@ -163,6 +163,21 @@ impl ProgressRecord {
         }
     }
 
+    /// The record of `position` (whole transactions and, inside the next, the events handled;
+    /// its replay bound kept to the millisecond).
+    pub fn at(
+        mode: Mode,
+        timeline: u32,
+        position: &crate::relay::Position,
+        written_unix_millis: i64,
+    ) -> Self {
+        ProgressRecord {
+            partial: position.partial,
+            since_unix_millis: position.since_unix_micros.map(|t| t.div_euclid(1000)),
+            ..ProgressRecord::whole(mode, timeline, position.end_lsn, written_unix_millis)
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a progress record always serializes")
     }

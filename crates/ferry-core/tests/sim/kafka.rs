@@ -99,10 +99,7 @@ impl Kafka {
         let written = std::mem::take(&mut self.written);
         let position = self.written_progress.take();
         if let Some(p) = position {
-            self.progress = Some(ProgressRecord {
-                partial: p.partial,
-                ..ProgressRecord::whole(RecordMode::ExactlyOnce, 1, p.end_lsn, 0)
-            });
+            self.progress = Some(ProgressRecord::at(RecordMode::ExactlyOnce, 1, &p, 0));
         }
         (written, position)
     }

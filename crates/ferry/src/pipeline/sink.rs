@@ -52,17 +52,9 @@ impl Sink<'_> {
                 key,
                 timeline,
             } => {
-                let value = ProgressRecord {
-                    since_unix_millis: position.since_unix_micros.map(|t| t.div_euclid(1000)),
-                    partial: position.partial,
-                    ..ProgressRecord::whole(
-                        Mode::AtLeastOnce,
-                        *timeline,
-                        position.end_lsn,
-                        unix_millis(),
-                    )
-                }
-                .encode();
+                let value =
+                    ProgressRecord::at(Mode::AtLeastOnce, *timeline, &position, unix_millis())
+                        .encode();
                 producer
                     .send_progress(progress_topic, key, &value, token.0)
                     .map_err(send_error)

@@ -184,16 +184,7 @@ impl Txn {
         if carrying {
             failpoint("records_sent");
         }
-        let record = ProgressRecord {
-            partial: position.partial,
-            since_unix_millis: position.since_unix_micros.map(|t| t.div_euclid(1000)),
-            ..ProgressRecord::whole(
-                Mode::ExactlyOnce,
-                self.timeline,
-                position.end_lsn,
-                unix_millis(),
-            )
-        };
+        let record = ProgressRecord::at(Mode::ExactlyOnce, self.timeline, &position, unix_millis());
         self.producer
             .send_progress(
                 &self.settings.progress_topic,
