@@ -53,6 +53,7 @@
 //! - What a sink must promise: [`sink`].
 
 pub mod guard;
+pub mod inbox;
 pub mod inflight;
 pub mod pass;
 pub mod progress_record;
@@ -60,6 +61,7 @@ pub mod relay;
 pub mod route;
 pub mod session;
 pub mod sink;
+pub mod source_position;
 #[doc(hidden)]
 pub mod testing;
 pub mod verdict;
