@@ -166,6 +166,16 @@ enum Command {
     /// else the table's time column); table-less messages (outbox.message_prefix) are not in a
     /// table and cannot be replayed.
     Replay(ReplayCli),
+    /// Consume topics into an inbox table in the consuming service's PostgreSQL, exactly once.
+    ///
+    /// The other half of the outbox pattern: each record goes into [inbox].table (created from
+    /// sql/inbox.sql when missing, unless inbox.create_tables = false) in batched transactions
+    /// that also advance each partition's offset, kept in the same database; a zombie or a second
+    /// copy is fenced by that offset and stops. Duplicates are dropped by event id (the `id`
+    /// header, remembered for inbox.dedup_retention) and, with inbox.positions, by `ferry run`'s
+    /// position headers. A record that cannot be stored goes to the dead-letter table in the same
+    /// transaction. On SIGTERM or SIGINT it writes what it gathered and exits 0.
+    Inbox(ConfigArg),
     /// Show the slot's position, its lag behind the server, and the WAL it retains.
     ///
     /// With --json, one JSON object with stable field names for scripts (see the README).
@@ -229,6 +239,7 @@ pub fn main() -> ExitCode {
 async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
     match command {
         Command::Run(c) => run(c).await,
+        Command::Inbox(c) => inbox(c).await,
         Command::Check(c) => crate::check::check(load(&c)?).await,
         Command::Status(s) => crate::check::status(load(&s.config)?, s.json).await,
         Command::Replay(r) => {
@@ -394,6 +405,51 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
             // Printed once: the ERROR event (a text line, or a JSON object a log pipeline can
             // parse, with the whole error in `error`), or plain text when logging is filtered
             // below ERROR, so the exit code never comes without its reason.
+            if tracing::event_enabled!(tracing::Level::ERROR) {
+                tracing::error!(error = %e, "stopping: permanent error");
+            } else {
+                errln!("ferry: {e}");
+            }
+            Err(ExitCode::from(1))
+        }
+    }
+}
+
+async fn inbox(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
+    let shutdown = shutdown_signal();
+    let config = load(&arg)?;
+    if let Err(e) = telemetry::logging::init(config.log.format, &config.log.level) {
+        errln!("ferry: log.level: {e}");
+        return Err(ExitCode::from(2));
+    }
+    let settings = crate::inbox::InboxSettings::from_config(&config).map_err(|e| {
+        errln!("ferry: the configuration cannot be used:\n{e}");
+        ExitCode::from(2)
+    })?;
+    let metrics = Arc::new(crate::inbox::metrics::InboxMetrics::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(addr) = config.http.listen.addr() {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            tracing::error!(%addr, error = %e, "cannot listen for HTTP (http.listen); choose another address or \"off\"");
+            ExitCode::from(2)
+        })?;
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        let mut state = HttpState::new(Metrics::new());
+        state.inbox = Some(metrics.clone());
+        let mut rx = stop_rx.clone();
+        tokio::spawn(telemetry::serve(listener, Arc::new(state), async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+    }
+    tracing::info!(version = env!("CARGO_PKG_VERSION"), postgres = %settings.postgres, "starting the inbox");
+    let result = crate::inbox::run(settings, metrics, shutdown).await;
+    let _ = stop_tx.send(true);
+    match result {
+        Ok(()) => {
+            tracing::info!("stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
             if tracing::event_enabled!(tracing::Level::ERROR) {
                 tracing::error!(error = %e, "stopping: permanent error");
             } else {

@@ -26,6 +26,7 @@
 //! | [`Role::TopicWatchMetadata`] | the topic watch's metadata consumer (same) | drops [`PRODUCER_ONLY`] (each would log a warning on a consumer); `allow.auto.create.topics=false` (asking for a topic's metadata must not create it) |
 //! | [`Role::ProgressTopic`] | the progress topic's admin client and metadata consumer ([`crate::progress::ensure_topic`]) | drops [`PRODUCER_ONLY`], `transactional.id`, `transaction.timeout.ms`; `enable.sparse.connections=false` (a client that lives for one request connects to the brokers at once: 55 -> 5 ms) |
 //! | [`Role::ProgressReader`] | the progress topic's reader and its end-of-log client ([`crate::progress::read`], [`crate::progress::read_slot`]) | [`Role::ProgressTopic`]'s settings, and `allow.auto.create.topics=false`, `enable.auto.commit=false`, `enable.auto.offset.store=false`, `enable.partition.eof=false`, `auto.offset.reset=earliest` (it assigns the partition and reads it whole, committing nothing), `isolation.level` as asked ([`Isolation`]); `group.id=ferry-progress-reader` unless the properties set one (assign() needs no group, librdkafka wants one anyway) |
+//! | [`Role::InboxConsumer`] | `ferry inbox`'s group consumer ([`crate::inbox`]) | drops what [`Role::ProgressTopic`] drops; `allow.auto.create.topics=false`, `enable.auto.commit=false`, `enable.auto.offset.store=false` (the database holds the offsets; Kafka's are advice written after each commit), `enable.partition.eof=false`, `isolation.level=read_committed` (never an aborted record), `auto.offset.reset=earliest` (an offset lost to retention resumes at the oldest record left) |
 //! | [`Role::Verbatim`] | `ferry check`'s metadata producer, broker admin client and throwaway transactional producer ([`crate::check`]); [`crate::config::builtin_features`] (no properties: librdkafka's defaults) | nothing: the properties as given |
 //!
 //! # Precedence
@@ -87,6 +88,9 @@ pub enum Role {
     ProgressTopic,
     /// A consumer reading the progress topic from its beginning.
     ProgressReader(Isolation),
+    /// `ferry inbox`'s group consumer: it seeks to the offsets the database holds and commits
+    /// to Kafka only as advice.
+    InboxConsumer,
     /// The properties as given, nothing added or dropped.
     Verbatim,
 }
@@ -129,7 +133,7 @@ impl Role {
             Role::ApiVersionsProbe => vec!["transactional.id", "debug"],
             Role::TopicWatchAdmin => vec!["enable.idempotence", "transactional.id"],
             Role::TopicWatchMetadata => PRODUCER_ONLY.to_vec(),
-            Role::ProgressTopic | Role::ProgressReader(_) => {
+            Role::ProgressTopic | Role::ProgressReader(_) | Role::InboxConsumer => {
                 let mut dropped = PRODUCER_ONLY.to_vec();
                 dropped.extend(["transactional.id", "transaction.timeout.ms"]);
                 dropped
@@ -153,6 +157,16 @@ impl Role {
             // reconnect.backoff.ms / 2) took the metadata check after creating the progress
             // topic from 55 to 5 ms.
             Role::ProgressTopic => vec![("enable.sparse.connections", "false")],
+            // A position out of range (deleted by retention) resumes at the oldest record
+            // left, never past records still there.
+            Role::InboxConsumer => vec![
+                ("allow.auto.create.topics", "false"),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("enable.partition.eof", "false"),
+                ("isolation.level", "read_committed"),
+                ("auto.offset.reset", "earliest"),
+            ],
             Role::ProgressReader(isolation) => vec![
                 ("enable.sparse.connections", "false"),
                 ("allow.auto.create.topics", "false"),

@@ -5,6 +5,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod debezium;
+pub mod inbox;
 pub mod kafka_access;
 pub mod kafka_client;
 pub mod malloc;

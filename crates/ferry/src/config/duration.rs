@@ -114,7 +114,7 @@ impl<'de> Deserialize<'de> for ConfigDuration {
 /// Parses a configuration duration.
 pub fn parse(s: &str) -> Result<Duration, String> {
     let expected = || {
-        format!("invalid duration {s:?}: expected a whole number and a unit (ms, s, m, h), like \"500ms\", \"5s\", \"2m\" or \"1h\"")
+        format!("invalid duration {s:?}: expected a whole number and a unit (ms, s, m, h, d), like \"500ms\", \"5s\", \"2m\" or \"1h\"")
     };
     let digits = s.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = s.split_at(digits);
@@ -127,6 +127,7 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
+        "d" => 86_400_000,
         _ => return Err(expected()),
     };
     n.checked_mul(millis_per)
@@ -140,6 +141,7 @@ pub fn format(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
         0 => "0s".to_owned(),
+        _ if ms % 86_400_000 == 0 => format!("{}d", ms / 86_400_000),
         _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
         _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
         _ if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
@@ -184,7 +186,7 @@ mod tests {
             "5S",
             "5sec",
             "5us",
-            "1d",
+            "1w",
             "1m30s",
             "5ss",
             "99999999999999999999s",

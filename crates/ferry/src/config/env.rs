@@ -43,7 +43,7 @@ pub const RESERVED_PREFIXES: &[&str] = &["FERRY_TEST_", "FERRY_BENCH_", "FERRY_D
 const PREFIX: &str = "FERRY_";
 /// Sections in file order.
 pub(super) const SECTIONS: &[&str] = &[
-    "postgres", "outbox", "route", "kafka", "http", "log", "shutdown",
+    "postgres", "outbox", "route", "kafka", "http", "log", "shutdown", "inbox",
 ];
 
 type Setter = fn(&mut Config, &str) -> Result<(), String>;
@@ -128,6 +128,22 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     log.format = parsed;
     log.level = text;
     shutdown.drain_timeout = ConfigDuration::from_str;
+    inbox.topics = parsed;
+    inbox.group_id = text;
+    inbox.table = text;
+    inbox.create_tables = boolean;
+    inbox.payload_type = text;
+    inbox.event_id_header = text;
+    inbox.positions = boolean;
+    inbox.start = text;
+    inbox.dedup_retention = ConfigDuration::from_str;
+    inbox.processed_retention = ConfigDuration::from_str;
+    inbox.cleanup_interval = ConfigDuration::from_str;
+    inbox.cleanup_batch = whole;
+    inbox.max_batch_records = whole;
+    inbox.max_batch_delay = ConfigDuration::from_str;
+    inbox.max_buffered_bytes = ferry_router::size::parse;
+    inbox.notify_channel = text;
 };
 
 fn text(v: &str) -> Result<String, String> {

@@ -2,7 +2,7 @@
 //!
 //! # Shape
 //!
-//! Seven sections (and optional `[[tables]]`), each closed (`deny_unknown_fields`: a misspelt key is an error naming the key,
+//! Eight sections (and optional `[[tables]]`), each closed (`deny_unknown_fields`: a misspelt key is an error naming the key,
 //! its line and the nearest valid key), each key with a default, except the
 //! two without which nothing can run: `postgres.url` and `kafka.brokers`.
 //!
@@ -16,6 +16,7 @@
 //! | `[http]` | [`HttpConfig`] | the metrics and health endpoint |
 //! | `[log]` | [`LogConfig`] | log format and level |
 //! | `[shutdown]` | [`ShutdownConfig`] | the drain deadline |
+//! | `[inbox]` | [`inbox::InboxConfig`] | `ferry inbox`: the topics, the group, the inbox tables |
 //!
 //! `ferry.example.toml` beside this crate's `Cargo.toml` documents every key; a test loads it, so
 //! it cannot rot. Defaults are named constants in [`defaults`]; `[outbox]` and `[route]` keep
@@ -46,6 +47,7 @@ pub mod defaults;
 pub mod duration;
 pub mod env;
 mod file;
+pub mod inbox;
 mod kafka;
 pub mod secret;
 mod sections;
@@ -90,6 +92,8 @@ pub struct Config {
     pub log: LogConfig,
     /// `[shutdown]`.
     pub shutdown: ShutdownConfig,
+    /// `[inbox]`: `ferry inbox` only.
+    pub inbox: inbox::InboxConfig,
 }
 
 /// Why a configuration cannot be used.

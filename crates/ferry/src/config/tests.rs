@@ -160,6 +160,22 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_LOG_FORMAT", "json", |c| c.log.format.to_string(), "json"),
         ("FERRY_LOG_LEVEL", "debug", |c| c.log.level.clone(), "debug"),
         ("FERRY_SHUTDOWN_DRAIN_TIMEOUT", "1m", |c| format!("{:?}", c.shutdown.drain_timeout), "60s"),
+        ("FERRY_INBOX_TOPICS", "a, b", |c| c.inbox.topics.0.join("|"), "a|b"),
+        ("FERRY_INBOX_GROUP_ID", "orders", |c| c.inbox.group_id.clone(), "orders"),
+        ("FERRY_INBOX_TABLE", "app.inbox", |c| c.inbox.table.clone(), "app.inbox"),
+        ("FERRY_INBOX_CREATE_TABLES", "false", |c| c.inbox.create_tables.to_string(), "false"),
+        ("FERRY_INBOX_PAYLOAD_TYPE", "bytea", |c| c.inbox.payload_type.clone(), "bytea"),
+        ("FERRY_INBOX_EVENT_ID_HEADER", "event-id", |c| c.inbox.event_id_header.clone(), "event-id"),
+        ("FERRY_INBOX_POSITIONS", "true", |c| c.inbox.positions.to_string(), "true"),
+        ("FERRY_INBOX_START", "latest", |c| c.inbox.start.clone(), "latest"),
+        ("FERRY_INBOX_DEDUP_RETENTION", "2d", |c| format!("{:?}", c.inbox.dedup_retention), "172800s"),
+        ("FERRY_INBOX_PROCESSED_RETENTION", "0s", |c| format!("{:?}", c.inbox.processed_retention), "0ns"),
+        ("FERRY_INBOX_CLEANUP_INTERVAL", "5m", |c| format!("{:?}", c.inbox.cleanup_interval), "300s"),
+        ("FERRY_INBOX_CLEANUP_BATCH", "100", |c| c.inbox.cleanup_batch.to_string(), "100"),
+        ("FERRY_INBOX_MAX_BATCH_RECORDS", "10", |c| c.inbox.max_batch_records.to_string(), "10"),
+        ("FERRY_INBOX_MAX_BATCH_DELAY", "5ms", |c| format!("{:?}", c.inbox.max_batch_delay), "5ms"),
+        ("FERRY_INBOX_MAX_BUFFERED_BYTES", "64MiB", |c| c.inbox.max_buffered_bytes.to_string(), "67108864"),
+        ("FERRY_INBOX_NOTIFY_CHANNEL", "", |c| c.inbox.notify_channel.clone(), ""),
     ];
     for &(var, value, read, expected) in cases {
         let mut vars = minimal_env();

@@ -23,20 +23,21 @@ pub(super) fn problems(c: &Config) -> Vec<ConfigProblem> {
         p.add("log.level", e.to_string());
     }
     p.positive("shutdown.drain_timeout", c.shutdown.drain_timeout);
+    super::inbox::problems(&c.inbox, &mut p);
     p.0
 }
 
-struct Problems(Vec<ConfigProblem>);
+pub(super) struct Problems(Vec<ConfigProblem>);
 
 impl Problems {
-    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.0.push(ConfigProblem {
             path: path.into(),
             message: message.into(),
         });
     }
 
-    fn positive(&mut self, path: &str, d: ConfigDuration) {
+    pub(super) fn positive(&mut self, path: &str, d: ConfigDuration) {
         if d.is_zero() {
             self.add(path, "must be greater than 0s");
         }

@@ -83,6 +83,8 @@ pub struct HttpState {
     /// How long records may be in flight without the confirmed LSN rising before `/readyz` fails.
     pub stall_after: Duration,
     pub limits: Limits,
+    /// `ferry inbox`'s registry and readiness, which then answer instead of the relay's.
+    pub inbox: Option<Arc<crate::inbox::metrics::InboxMetrics>>,
 }
 
 impl HttpState {
@@ -92,6 +94,7 @@ impl HttpState {
             metrics,
             stall_after: DEFAULT_STALL_AFTER,
             limits: Limits::default(),
+            inbox: None,
         }
     }
 }
@@ -280,7 +283,10 @@ fn route(state: &HttpState, method: &Method, path: &str) -> Reply {
     match path {
         "/metrics" => {
             let mut body = String::with_capacity(8192);
-            state.metrics.render(&mut body);
+            match &state.inbox {
+                Some(inbox) => inbox.render(&mut body),
+                None => state.metrics.render(&mut body),
+            }
             Reply {
                 status: 200,
                 content_type: CONTENT_TYPE,
@@ -288,7 +294,13 @@ fn route(state: &HttpState, method: &Method, path: &str) -> Reply {
                 allow: false,
             }
         }
-        "/readyz" => match readiness::check(&state.metrics, state.stall_after, Instant::now()) {
+        "/readyz" => match state.inbox.as_ref().map_or_else(
+            || {
+                readiness::check(&state.metrics, state.stall_after, Instant::now())
+                    .map_err(|why| why.to_string())
+            },
+            |inbox| inbox.ready(),
+        ) {
             Ok(()) => Reply::text(200, "ready"),
             Err(why) => Reply::text(503, &format!("not ready: {why}")),
         },

@@ -1,0 +1,508 @@
+//! `ferry inbox`: Kafka into the consuming service's PostgreSQL, exactly once.
+//!
+//! The decisions are [`ferry_core::inbox::Inbox`]'s (read its module docs first). This driver
+//! carries them out:
+//!
+//! - [`consumer`]: the Kafka consumer on its own thread (records, assignments, revocations in
+//!   order; seeks and advisory commits);
+//! - [`store`]: the tables and statements (load offsets, write a batch, clean up);
+//! - [`metrics`]: what `/metrics` and `/readyz` say;
+//! - this module: three database connections (writes, loads, cleanup: a long cleanup never
+//!   delays a write or a rebalance), each reconnecting on its own, and the loop that feeds the
+//!   machine and does what it says.
+
+pub mod consumer;
+pub mod metrics;
+pub mod store;
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::inbox::{Inbox, InboxAction, InboxConfig, Loaded, Partition, Write, WriteOutcome};
+use ferry_wal::conn::ConnectConfig;
+use tokio::sync::mpsc;
+use tokio_postgres::Client;
+
+use crate::config::Config;
+use consumer::{Command, Event};
+use metrics::InboxMetrics;
+use store::{Cleaned, Statements, Tables};
+
+/// Everything `ferry inbox` needs, resolved from the configuration.
+pub struct InboxSettings {
+    pub postgres: ConnectConfig,
+    pub kafka: Vec<(String, String)>,
+    pub topics: Vec<String>,
+    pub group: String,
+    pub tables: Tables,
+    pub create_tables: bool,
+    pub machine: InboxConfig,
+    pub start: rdkafka::Offset,
+    pub dedup_retention: Duration,
+    pub processed_retention: Option<Duration>,
+    pub cleanup_batch: i64,
+    pub notify_channel: String,
+}
+
+/// Without the Kafka properties and the password: they hold secrets.
+impl std::fmt::Debug for InboxSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InboxSettings")
+            .field("postgres", &self.postgres.to_string())
+            .field("topics", &self.topics)
+            .field("group", &self.group)
+            .field("tables", &self.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InboxSettings {
+    /// The settings, or every reason they cannot be made (key path: what and how to fix).
+    pub fn from_config(c: &Config) -> Result<InboxSettings, String> {
+        let i = &c.inbox;
+        let mut problems = Vec::new();
+        if i.topics.0.is_empty() {
+            problems.push(
+                "inbox.topics: required by `ferry inbox`: the topics to consume \
+                 (FERRY_INBOX_TOPICS=outbox.event.order,outbox.event.customer, or \
+                 topics = [\"outbox.event.order\"] under [inbox])"
+                    .to_owned(),
+            );
+        }
+        let postgres = c
+            .postgres
+            .connect_config()
+            .map_err(|e| problems.push(e))
+            .ok();
+        let kafka = c
+            .kafka
+            .producer_properties()
+            .map_err(|e| problems.push(e))
+            .ok();
+        let table = i
+            .table_name()
+            .map_err(|e| problems.push(format!("inbox.table: {e}")))
+            .ok();
+        let (Some(postgres), Some(kafka), Some(table), true) =
+            (postgres, kafka, table, problems.is_empty())
+        else {
+            return Err(problems.join("\n"));
+        };
+        let payload = i.payload();
+        let event_id_header = (!i.event_id_header.is_empty()).then(|| i.event_id_header.clone());
+        let max_buffered = usize::try_from(i.max_buffered_bytes).unwrap_or(usize::MAX);
+        Ok(InboxSettings {
+            postgres,
+            kafka,
+            topics: i.topics.0.clone(),
+            group: i.group_id.clone(),
+            tables: Tables::new(&table, payload),
+            create_tables: i.create_tables,
+            machine: InboxConfig {
+                max_batch_records: usize::try_from(i.max_batch_records).unwrap_or(usize::MAX),
+                max_batch_bytes: (max_buffered / 4).max(1 << 20),
+                max_batch_delay: i.max_batch_delay.get(),
+                max_buffered_bytes: max_buffered,
+                event_id_header,
+                positions: i.positions,
+                payload,
+                cleanup_interval: Some(i.cleanup_interval.get()),
+                ..InboxConfig::default()
+            },
+            start: if i.start == "latest" {
+                rdkafka::Offset::End
+            } else {
+                rdkafka::Offset::Beginning
+            },
+            dedup_retention: i.dedup_retention.get(),
+            processed_retention: (!i.processed_retention.is_zero())
+                .then(|| i.processed_retention.get()),
+            cleanup_batch: i64::try_from(i.cleanup_batch).unwrap_or(i64::MAX),
+            notify_channel: i.notify_channel.clone(),
+        })
+    }
+}
+
+/// What the database tasks answer.
+enum Done {
+    Loaded(u64, Result<Vec<Loaded>, String>),
+    Written(Write, WriteOutcome, Duration),
+    Cleaned(Result<Cleaned, String>),
+}
+
+/// Runs until `shutdown` (Ok, after writing what was gathered) or a permanent error.
+pub async fn run(
+    s: InboxSettings,
+    metrics: Arc<InboxMetrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), String> {
+    let s = Arc::new(s);
+    let first = connect(&s.postgres).await?;
+    prepare_tables(&first, &s).await?;
+    let statements = Statements::prepare(&first, &s.tables, &s.notify_channel)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot prepare the inbox's statements on {}: {}; do the tables match sql/inbox.sql \
+                 (inbox.payload_type = \"{}\")?",
+                s.tables.inbox,
+                store::describe(&e),
+                s.tables.payload.sql()
+            )
+        })?;
+    let (done_tx, mut done) = mpsc::channel::<Done>(64);
+    let writer = spawn_writer(s.clone(), first, statements, done_tx.clone());
+    let loader = spawn_loader(s.clone(), done_tx.clone());
+    let cleaner = spawn_cleaner(s.clone(), done_tx);
+
+    let (events_tx, mut events) = mpsc::channel::<Event>(64);
+    let (commands, commands_rx) = std_mpsc::channel::<Command>();
+    let thread = consumer::spawn(
+        consumer::Settings {
+            properties: s.kafka.clone(),
+            group: s.group.clone(),
+            topics: s.topics.clone(),
+            start: s.start,
+            revoke_wait: Duration::from_secs(60),
+        },
+        events_tx,
+        commands_rx,
+    )?;
+    tracing::info!(
+        topics = %s.topics.join(", "),
+        group = %s.group,
+        table = %s.tables.inbox,
+        "consuming into the inbox"
+    );
+
+    let mut machine = Inbox::new(s.machine.clone(), Instant::now());
+    let mut revokes: Vec<(BTreeSet<Partition>, std_mpsc::Sender<()>)> = Vec::new();
+    let mut joined = false;
+    let mut failing: Option<String> = None;
+    tokio::pin!(shutdown);
+    let mut shutting = false;
+    let result = 'run: loop {
+        while let Some(action) = machine.poll_action() {
+            match action {
+                InboxAction::Load { load, partitions } => {
+                    let _ = loader.send((load, partitions)).await;
+                }
+                InboxAction::Seek {
+                    partition,
+                    to,
+                    epoch,
+                } => {
+                    let _ = commands.send(Command::Seek {
+                        partition,
+                        to,
+                        epoch,
+                    });
+                }
+                InboxAction::Write(w) => {
+                    let _ = writer.send(w).await;
+                }
+                InboxAction::CommitOffsets(o) => {
+                    let _ = commands.send(Command::Commit(o));
+                }
+                InboxAction::Revoked(ps) => {
+                    for (waiting, _) in &mut revokes {
+                        for p in &ps {
+                            waiting.remove(p);
+                        }
+                    }
+                    revokes.retain(|(waiting, done)| {
+                        let over = waiting.is_empty();
+                        if over {
+                            let _ = done.send(());
+                        }
+                        !over
+                    });
+                }
+                InboxAction::Cleanup => {
+                    let _ = cleaner.send(()).await;
+                }
+                InboxAction::Stop(r) => break 'run r.map_err(|e| e.to_string()),
+            }
+        }
+        metrics.set_stats(machine.stats());
+        metrics
+            .partitions
+            .store(machine.active_partitions().count() as u64, Relaxed);
+        metrics
+            .buffered_bytes
+            .store(machine.buffered_bytes() as u64, Relaxed);
+        metrics.set_not_ready(match (&failing, joined) {
+            (Some(why), _) => Some(format!("the inbox's database fails: {why}")),
+            (None, false) => Some("waiting for the consumer group to assign partitions".into()),
+            _ => None,
+        });
+        let deadline = machine.poll_timeout();
+        tokio::select! {
+            biased;
+            () = &mut shutdown, if !shutting => {
+                shutting = true;
+                tracing::info!("shutting down: writing what is gathered");
+                machine.shutdown(Instant::now());
+            }
+            Some(d) = done.recv() => {
+                let now = Instant::now();
+                match d {
+                    Done::Loaded(load, r) => {
+                        failing = r.as_ref().err().cloned();
+                        if let Err(e) = &r {
+                            tracing::warn!(error = %e, "cannot read the partitions' offsets from the database; trying again");
+                        }
+                        machine.handle_loaded(load, r, now);
+                    }
+                    Done::Written(w, outcome, took) => {
+                        match &outcome {
+                            WriteOutcome::Committed { .. } => {
+                                failing = None;
+                                metrics.write_seconds.observe(took.as_secs_f64());
+                            }
+                            WriteOutcome::Failed { error } => {
+                                tracing::warn!(%error, "a write to the inbox failed: nothing of it is assumed written; reading the offsets again");
+                                failing = Some(error.clone());
+                            }
+                            WriteOutcome::Rejected { error } => {
+                                tracing::warn!(%error, "the database refused a row of a batch: writing the batch again row by row, dead-lettering what it refuses");
+                            }
+                            WriteOutcome::Fenced { .. } => {}
+                        }
+                        machine.handle_written(w, outcome, now);
+                    }
+                    Done::Cleaned(r) => {
+                        match &r {
+                            Ok(c) => {
+                                metrics.cleanup_dedup.fetch_add(c.dedup_rows, Relaxed);
+                                metrics.cleanup_processed.fetch_add(c.processed_rows, Relaxed);
+                                metrics.cleanup_longest_micros.store(c.longest.as_micros() as u64, Relaxed);
+                                if c.dedup_rows + c.processed_rows > 0 {
+                                    tracing::info!(dedup_rows = c.dedup_rows, processed_rows = c.processed_rows, longest_delete_ms = c.longest.as_millis() as u64, "cleanup deleted expired rows");
+                                }
+                            }
+                            Err(e) => tracing::warn!(error = %e, "the inbox cleanup failed; it runs again at the next interval"),
+                        }
+                        machine.handle_cleaned(r.map(|_| ()), now);
+                    }
+                }
+            }
+            Some(ev) = events.recv(), if machine.wants_records() || shutting => {
+                let now = Instant::now();
+                match ev {
+                    Event::Records(records) => {
+                        for r in records {
+                            machine.handle_record(r, now);
+                        }
+                    }
+                    Event::Assigned(ps) => {
+                        joined = true;
+                        if !ps.is_empty() {
+                            tracing::info!(partitions = %names(&ps), "partitions assigned");
+                        }
+                        machine.handle_assigned(ps, now);
+                    }
+                    Event::Revoked { partitions, done } => {
+                        tracing::info!(partitions = %names(&partitions), "partitions revoked");
+                        revokes.push((partitions.iter().cloned().collect(), done));
+                        machine.handle_revoked(partitions, now);
+                    }
+                    Event::Failed(e) => break 'run Err(format!("the Kafka consumer failed: {e}")),
+                }
+            }
+            () = sleep_until(deadline) => machine.handle_timeout(Instant::now()),
+        }
+    };
+    // Let every revocation waiting on us go, then stop the consumer (its close commits nothing
+    // the database does not hold: the advisory commits were sent after each transaction).
+    for (_, done) in revokes {
+        let _ = done.send(());
+    }
+    let _ = commands.send(Command::Stop);
+    drop(events);
+    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    result
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn names(ps: &[Partition]) -> String {
+    ps.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn connect(cfg: &ConnectConfig) -> Result<Client, String> {
+    ferry_wal::slot::connect_sql(cfg)
+        .await
+        .map_err(|e| format!("cannot connect to the inbox's PostgreSQL: {e}"))
+}
+
+async fn prepare_tables(client: &Client, s: &InboxSettings) -> Result<(), String> {
+    if s.create_tables {
+        s.tables.create(client).await.map_err(|e| {
+            format!(
+                "cannot create the inbox's tables ({}): {}; create them from sql/inbox.sql as a role \
+                 that may, and set inbox.create_tables = false, or grant CREATE on the schema",
+                s.tables.inbox,
+                store::describe(&e)
+            )
+        })
+    } else {
+        let missing =
+            s.tables.missing(client).await.map_err(|e| {
+                format!("cannot look up the inbox's tables: {}", store::describe(&e))
+            })?;
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the inbox's tables {} do not exist; create them from sql/inbox.sql, or set \
+                 inbox.create_tables = true",
+                missing.join(", ")
+            ))
+        }
+    }
+}
+
+/// A connection that is made again after it failed, at the next request.
+struct Conn {
+    cfg: ConnectConfig,
+    client: Option<Client>,
+}
+
+impl Conn {
+    async fn get(&mut self) -> Result<&Client, String> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            self.client = Some(connect(&self.cfg).await?);
+        }
+        Ok(self.client.as_ref().expect("just connected"))
+    }
+}
+
+fn spawn_writer(
+    s: Arc<InboxSettings>,
+    first: Client,
+    statements: Statements,
+    done: mpsc::Sender<Done>,
+) -> mpsc::Sender<Write> {
+    let (tx, mut rx) = mpsc::channel::<Write>(1);
+    tokio::spawn(async move {
+        let mut client = Some((first, statements));
+        let dedup = s.machine.event_id_header.is_some();
+        while let Some(w) = rx.recv().await {
+            let started = Instant::now();
+            if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+                client = match connect(&s.postgres).await {
+                    Ok(c) => match Statements::prepare(&c, &s.tables, &s.notify_channel).await {
+                        Ok(st) => Some((c, st)),
+                        Err(e) => {
+                            let error = store::describe(&e);
+                            let _ = done
+                                .send(Done::Written(
+                                    w,
+                                    WriteOutcome::Failed { error },
+                                    started.elapsed(),
+                                ))
+                                .await;
+                            continue;
+                        }
+                    },
+                    Err(error) => {
+                        let _ = done
+                            .send(Done::Written(
+                                w,
+                                WriteOutcome::Failed { error },
+                                started.elapsed(),
+                            ))
+                            .await;
+                        continue;
+                    }
+                };
+            }
+            let (c, st) = client.as_mut().expect("connected");
+            let outcome = store::write(c, st, &s.tables, &s.group, &w, dedup).await;
+            if matches!(outcome, WriteOutcome::Failed { .. }) {
+                // Whatever the connection's state, the next write starts on a fresh one.
+                client = None;
+            }
+            if done
+                .send(Done::Written(w, outcome, started.elapsed()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    tx
+}
+
+fn spawn_loader(
+    s: Arc<InboxSettings>,
+    done: mpsc::Sender<Done>,
+) -> mpsc::Sender<(u64, Vec<Partition>)> {
+    let (tx, mut rx) = mpsc::channel::<(u64, Vec<Partition>)>(16);
+    tokio::spawn(async move {
+        let mut conn = Conn {
+            cfg: s.postgres.clone(),
+            client: None,
+        };
+        while let Some((load, partitions)) = rx.recv().await {
+            let r = match conn.get().await {
+                Ok(c) => store::load(c, &s.tables, &s.group, &partitions)
+                    .await
+                    .map_err(|e| store::describe(&e)),
+                Err(e) => Err(e),
+            };
+            if r.is_err() {
+                conn.client = None;
+            }
+            if done.send(Done::Loaded(load, r)).await.is_err() {
+                return;
+            }
+        }
+    });
+    tx
+}
+
+fn spawn_cleaner(s: Arc<InboxSettings>, done: mpsc::Sender<Done>) -> mpsc::Sender<()> {
+    let (tx, mut rx) = mpsc::channel::<()>(1);
+    tokio::spawn(async move {
+        let mut conn = Conn {
+            cfg: s.postgres.clone(),
+            client: None,
+        };
+        while rx.recv().await.is_some() {
+            let r = match conn.get().await {
+                Ok(c) => store::cleanup(
+                    c,
+                    &s.tables,
+                    s.dedup_retention,
+                    s.processed_retention,
+                    s.cleanup_batch,
+                )
+                .await
+                .map_err(|e| store::describe(&e)),
+                Err(e) => Err(e),
+            };
+            if r.is_err() {
+                conn.client = None;
+            }
+            if done.send(Done::Cleaned(r)).await.is_err() {
+                return;
+            }
+        }
+    });
+    tx
+}

@@ -1,0 +1,154 @@
+//! `ferry inbox` end to end: real Kafka into real PostgreSQL, exactly once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{wait_until, Ferry, World};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+/// What one test record is.
+struct Rec {
+    key: String,
+    id: Option<String>,
+    payload: Vec<u8>,
+}
+
+fn producer(brokers: &str) -> FutureProducer {
+    rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer")
+}
+
+async fn produce(p: &FutureProducer, topic: &str, recs: &[Rec]) {
+    let sends: Vec<_> = recs
+        .iter()
+        .map(|r| {
+            let mut headers = OwnedHeaders::new();
+            if let Some(id) = &r.id {
+                headers = headers.insert(Header {
+                    key: "id",
+                    value: Some(id.as_bytes()),
+                });
+            }
+            p.send(
+                FutureRecord::to(topic)
+                    .key(&r.key)
+                    .payload(&r.payload)
+                    .headers(headers),
+                Duration::from_secs(30),
+            )
+        })
+        .collect();
+    for s in sends {
+        s.await.expect("delivered");
+    }
+}
+
+fn inbox_env(world: &mut World, topic: &str, group: &str) {
+    world.env.extend([
+        ("FERRY_INBOX_TOPICS".to_string(), topic.to_string()),
+        ("FERRY_INBOX_GROUP_ID".into(), group.to_string()),
+        ("FERRY_INBOX_NOTIFY_CHANNEL".into(), "".into()),
+    ]);
+}
+
+async fn count(world: &World, sql: &str) -> i64 {
+    world
+        .sql
+        .query_one(sql, &[])
+        .await
+        .map(|r| r.get::<_, i64>(0))
+        .unwrap_or(-1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_land_once_duplicates_by_id_are_dropped_and_poison_goes_to_dead_letters() {
+    let mut world = World::new().await;
+    let topic = world.create_topic("inbox", 3).await;
+    inbox_env(&mut world, &topic, "g1");
+    let p = producer(&world.brokers);
+    let mut recs: Vec<Rec> = (0..300)
+        .map(|i| Rec {
+            key: format!("k{}", i % 17),
+            id: Some(format!("e{i}")),
+            payload: format!("{{\"n\":{i}}}").into_bytes(),
+        })
+        .collect();
+    // Upstream duplicates (another producer's retries): same ids again.
+    recs.extend((0..50).map(|i| Rec {
+        key: format!("k{}", i % 17),
+        id: Some(format!("e{i}")),
+        payload: format!("{{\"n\":{i}}}").into_bytes(),
+    }));
+    // A poison record: not JSON, for a jsonb inbox.
+    recs.push(Rec {
+        key: "k0".into(),
+        id: Some("poison".into()),
+        payload: b"not json".to_vec(),
+    });
+    // A record PostgreSQL refuses although it is JSON (jsonb has no \u0000).
+    recs.push(Rec {
+        key: "k1".into(),
+        id: Some("nul".into()),
+        payload: br#"{"s":"a\u0000b"}"#.to_vec(),
+    });
+    produce(&p, &topic, &recs).await;
+
+    let mut ferry = Ferry::spawn(&world, &["inbox"]);
+    wait_until("300 rows in the inbox", Duration::from_secs(60), || async {
+        count(&world, "SELECT count(*) FROM ferry_inbox").await >= 300
+    })
+    .await;
+    wait_until("2 dead letters", Duration::from_secs(30), || async {
+        count(&world, "SELECT count(*) FROM ferry_inbox_dead_letters").await >= 2
+    })
+    .await;
+    ferry.wait_ready().await;
+    assert_eq!(
+        count(&world, "SELECT count(*) FROM ferry_inbox").await,
+        300,
+        "{}",
+        ferry.log_text()
+    );
+    assert_eq!(
+        count(&world, "SELECT count(DISTINCT event_id) FROM ferry_inbox").await,
+        300
+    );
+    let offsets = count(
+        &world,
+        "SELECT coalesce(sum(next_offset), 0)::int8 FROM ferry_inbox_offsets WHERE consumer_group = 'g1'",
+    )
+    .await;
+    assert_eq!(
+        offsets,
+        recs.len() as i64,
+        "stored offsets cover every record"
+    );
+    let dups = ferry
+        .metric_labeled("ferry_inbox_duplicates_total", "by", "event_id")
+        .await;
+    assert_eq!(dups, Some(50.0));
+    let reasons: Vec<String> = world
+        .sql
+        .query(
+            "SELECT reason FROM ferry_inbox_dead_letters ORDER BY event_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        reasons[0].contains("the database refused it"),
+        "{reasons:?}"
+    );
+    assert!(reasons[1].contains("is not JSON"), "{reasons:?}");
+    let status = ferry.terminate().await;
+    assert!(status.success(), "{}", ferry.log_text());
+}
