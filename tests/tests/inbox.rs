@@ -152,3 +152,106 @@ async fn records_land_once_duplicates_by_id_are_dropped_and_poison_goes_to_dead_
     let status = ferry.terminate().await;
     assert!(status.success(), "{}", ferry.log_text());
 }
+
+async fn run_to_exit(world: &World, args: &[&str]) -> (Option<i32>, String) {
+    let mut ferry = Ferry::spawn(world, args);
+    let status = ferry.wait_exit(Duration::from_secs(60)).await;
+    (status.code(), ferry.log_text())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_what_is_missing_and_status_says_where_each_partition_is() {
+    let mut world = World::new().await;
+    let topic = world.create_topic("inbox", 2).await;
+    let absent = world.topic("absent");
+    inbox_env(&mut world, &format!("{topic},{absent}"), "g-check");
+    world
+        .env
+        .push(("FERRY_INBOX_CREATE_TABLES".into(), "false".into()));
+    let (code, out) = run_to_exit(&world, &["inbox", "check"]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("do not exist"), "{out}");
+    assert!(out.contains("psql -f sql/inbox.sql"), "{out}");
+    assert!(
+        out.contains(&format!("topic {absent:?} does not exist")),
+        "{out}"
+    );
+    // The same refusal from `ferry inbox` itself, before it consumes anything.
+    let (code, out) = run_to_exit(&world, &["inbox"]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("do not exist; create them from sql/inbox.sql"),
+        "{out}"
+    );
+
+    // The tables from the file, and only the existing topic: check passes.
+    let ddl =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../sql/inbox.sql")).unwrap();
+    world.sql.batch_execute(&ddl).await.unwrap();
+    world.env.retain(|(k, _)| k != "FERRY_INBOX_TOPICS");
+    world.env.push(("FERRY_INBOX_TOPICS".into(), topic.clone()));
+    let (code, out) = run_to_exit(&world, &["inbox", "check"]).await;
+    assert_eq!(code, Some(0), "{out}");
+
+    let p = producer(&world.brokers);
+    let recs: Vec<Rec> = (0..40)
+        .map(|i| Rec {
+            key: format!("k{i}"),
+            id: Some(format!("s{i}")),
+            payload: b"{}".to_vec(),
+        })
+        .collect();
+    produce(&p, &topic, &recs).await;
+    let mut ferry = Ferry::spawn(&world, &["inbox"]);
+    wait_until("40 rows", Duration::from_secs(60), || async {
+        count(&world, "SELECT count(*) FROM ferry_inbox").await == 40
+    })
+    .await;
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+    let (code, out) = run_to_exit(&world, &["inbox", "status", "--json"]).await;
+    assert_eq!(code, Some(0), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(json["unprocessed_rows"], 40, "{out}");
+    let parts = json["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 2, "{out}");
+    for p in parts {
+        assert_eq!(p["lag"], 0, "{out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_or_a_closed_port_stops_the_inbox_with_what_to_fix() {
+    let mut world = World::new().await;
+    let topic = world.create_topic("inbox", 1).await;
+    inbox_env(&mut world, &topic, "g-auth");
+    let url = world.db.url.clone();
+    let wrong = url.replacen("://", "://nobody:wrong@", 1);
+    let wrong = if url.contains('@') {
+        // The URL already names a user: replace user and password.
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let (_, host) = rest.split_once('@').unwrap();
+        format!("{scheme}://nobody:wrong@{host}")
+    } else {
+        wrong
+    };
+    world.env.push(("FERRY_POSTGRES_URL".into(), wrong));
+    let (code, out) = run_to_exit(&world, &["inbox"]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("cannot connect to the inbox's PostgreSQL"),
+        "{out}"
+    );
+    world.env.retain(|(k, _)| k != "FERRY_POSTGRES_URL");
+    let port = ferry_testkit::process::free_port();
+    world.env.push((
+        "FERRY_POSTGRES_URL".into(),
+        format!("postgres://postgres@127.0.0.1:{port}/postgres?connect_timeout=2"),
+    ));
+    let (code, out) = run_to_exit(&world, &["inbox"]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("cannot connect to the inbox's PostgreSQL"),
+        "{out}"
+    );
+}

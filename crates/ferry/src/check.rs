@@ -159,7 +159,7 @@ fn slot_lost(found: &mut [Problem], slot: &str, remembered: ferry_wal::Lsn) {
     }
 }
 
-fn print_problems(problems: &[Problem]) {
+pub(crate) fn print_problems(problems: &[Problem]) {
     for p in problems {
         let tag = match p.severity {
             Severity::Error => "error",

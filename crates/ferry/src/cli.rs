@@ -174,8 +174,9 @@ enum Command {
     /// copy is fenced by that offset and stops. Duplicates are dropped by event id (the `id`
     /// header, remembered for inbox.dedup_retention) and, with inbox.positions, by `ferry run`'s
     /// position headers. A record that cannot be stored goes to the dead-letter table in the same
-    /// transaction. On SIGTERM or SIGINT it writes what it gathered and exits 0.
-    Inbox(ConfigArg),
+    /// transaction. On SIGTERM or SIGINT it writes what it gathered and exits 0. `ferry inbox
+    /// check` and `ferry inbox status` are its check and status.
+    Inbox(InboxCli),
     /// Show the slot's position, its lag behind the server, and the WAL it retains.
     ///
     /// With --json, one JSON object with stable field names for scripts (see the README).
@@ -183,6 +184,26 @@ enum Command {
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCommand),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct InboxCli {
+    #[command(subcommand)]
+    command: Option<InboxCommand>,
+    #[command(flatten)]
+    config: ConfigArg,
+}
+
+#[derive(Debug, Subcommand)]
+enum InboxCommand {
+    /// Check everything the inbox needs and list every problem with its fix (exit 1 if any):
+    /// the database, its tables, privileges and payload type; the brokers, the topics and the
+    /// consumer group. Creates nothing.
+    Check(ConfigArg),
+    /// Show each partition's stored offset against Kafka's end, and what the tables hold
+    /// (unprocessed rows, dead letters, event ids kept). With --json, one JSON object.
+    Status(StatusArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -239,7 +260,18 @@ pub fn main() -> ExitCode {
 async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
     match command {
         Command::Run(c) => run(c).await,
-        Command::Inbox(c) => inbox(c).await,
+        Command::Inbox(InboxCli {
+            command: None,
+            config,
+        }) => inbox(config).await,
+        Command::Inbox(InboxCli {
+            command: Some(InboxCommand::Check(c)),
+            ..
+        }) => crate::inbox::check::check(load(&c)?).await,
+        Command::Inbox(InboxCli {
+            command: Some(InboxCommand::Status(s)),
+            ..
+        }) => crate::inbox::check::status(load(&s.config)?, s.json).await,
         Command::Check(c) => crate::check::check(load(&c)?).await,
         Command::Status(s) => crate::check::status(load(&s.config)?, s.json).await,
         Command::Replay(r) => {

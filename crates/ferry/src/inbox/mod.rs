@@ -11,6 +11,7 @@
 //!   delays a write or a rebalance), each reconnecting on its own, and the loop that feeds the
 //!   machine and does what it says.
 
+pub mod check;
 pub mod consumer;
 pub mod metrics;
 pub mod store;
@@ -61,6 +62,16 @@ impl std::fmt::Debug for InboxSettings {
 }
 
 impl InboxSettings {
+    /// The bootstrap brokers, for messages.
+    pub fn kafka_brokers(&self) -> String {
+        self.kafka
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "bootstrap.servers" || k == "metadata.broker.list")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+
     /// The settings, or every reason they cannot be made (key path: what and how to fix).
     pub fn from_config(c: &Config) -> Result<InboxSettings, String> {
         let i = &c.inbox;

@@ -141,22 +141,33 @@ impl Tables {
         client.batch_execute(&self.ddl()).await
     }
 
-    /// The tables that do not exist, by name.
+    /// The tables that do not exist, as [`Tables::all`] names them.
     pub async fn missing(&self, client: &Client) -> Result<Vec<String>, tokio_postgres::Error> {
         let mut missing = Vec::new();
-        for suffix in ["", "_dedup", "_dead_letters", "_offsets", "_marks"] {
-            let name = format!("{}{suffix}", self.base);
+        for name in self.all() {
             let row = client
-                .query_one(
-                    "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL",
-                    &[&self.schema, &name],
-                )
+                .query_one("SELECT to_regclass($1::text) IS NOT NULL", &[&name])
                 .await?;
             if !row.get::<_, bool>(0) {
-                missing.push(format!("{}.{}", self.schema, name));
+                missing.push(name.to_owned());
             }
         }
         Ok(missing)
+    }
+
+    /// The five tables, quoted.
+    pub fn all(&self) -> [&str; 5] {
+        [
+            &self.inbox,
+            &self.dedup,
+            &self.dead_letters,
+            &self.offsets,
+            &self.marks,
+        ]
+    }
+
+    pub fn schema(&self) -> &str {
+        &self.schema
     }
 }
 
