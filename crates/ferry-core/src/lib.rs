@@ -60,6 +60,7 @@ pub mod relay;
 pub mod route;
 pub mod session;
 pub mod sink;
+pub mod source_position;
 #[doc(hidden)]
 pub mod testing;
 pub mod verdict;
@@ -75,4 +76,5 @@ pub use session::{
     Action as SessionAction, CommitOutcome, Session, SessionConfig, SinkError, SinkErrors,
     TransactionLimits, PROGRESS_DELIVERY_KEY,
 };
+pub use source_position::{source_id, SourcePosition};
 pub use watermark::Watermark;
