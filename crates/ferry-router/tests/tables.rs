@@ -192,7 +192,10 @@ fn position_headers_are_set_once_in_route_for_every_table() {
     let c = config(&format!("[route]\nposition_headers = true\n{BILLING}"));
     let routers = Routers::new(&c.outbox, &c.route, &c.tables).unwrap();
     assert!(routers.position_headers());
-    assert!(routers.iter().all(|r| r.position_headers()), "every table's");
+    assert!(
+        routers.iter().all(|r| r.position_headers()),
+        "every table's"
+    );
     // Room for the two headers the relay core adds: adding them does not grow the allocation.
     let record = routers
         .primary()

@@ -137,7 +137,9 @@ pub(crate) fn position_header_clashes(route: &RouteConfig, prefix: &str) -> Vec<
         .map(|(name, path)| {
             ConfigProblem::new(
                 format!("{prefix}{path}"),
-                format!("header {name:?} is sent by route.position_headers = true; rename this one"),
+                format!(
+                    "header {name:?} is sent by route.position_headers = true; rename this one"
+                ),
             )
         })
         .collect()
