@@ -166,9 +166,8 @@ fn a_replayed_transaction_carries_the_positions_of_its_first_copy_and_the_new_ti
     r.set_source(SOURCE);
     r.start(Lsn(100), false);
     let first = stamped(&mut r, two_transactions());
-    // Ferry restarts before the slot moved (the server replays everything), on the promoted
-    // standby's timeline.
-    let mut r = relay(true);
+    // The next session (the same relay: a reconnect) starts before the slot moved, so the
+    // server replays everything; it is on the promoted standby's timeline.
     r.set_source(&source_id("7312345678901234567", 2, "ferry"));
     r.start(Lsn(100), false);
     let again = stamped(&mut r, two_transactions());
@@ -176,6 +175,14 @@ fn a_replayed_transaction_carries_the_positions_of_its_first_copy_and_the_new_ti
     assert!(again
         .iter()
         .all(|(_, s, _)| s.as_deref() == Some("7312345678901234567/2/ferry")));
+    // Ferry restarted (a new relay): the same again.
+    let mut r = relay(true);
+    r.set_source(SOURCE);
+    r.start(Lsn(100), false);
+    assert_eq!(
+        positions(&stamped(&mut r, two_transactions())),
+        positions(&first)
+    );
 }
 
 #[test]
