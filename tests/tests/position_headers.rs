@@ -47,19 +47,10 @@ fn read(r: &Consumed) -> (String, String, SourcePosition) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
-    let mut w = World::new().await;
-    w.env
-        .push(("FERRY_ROUTE_POSITION_HEADERS".into(), "true".into()));
-    let orders = w.create_topic("order", 3).await;
-    let invoices = w.create_topic("invoice", 1).await;
-    let mut ferry = w.start_ferry();
-    ferry.wait_ready().await;
-
-    // A copy of Ferry's slot from before the rows: it tells each transaction's commit LSN (its
-    // Begin's final_lsn) below, and stands in for the slot later.
-    let before = format!("{}_before", w.slot);
+/// Makes `before`, a copy of the world's slot from before the rows (it tells each
+/// transaction's commit LSN, its Begin's final_lsn, and can stand in for the slot later), then
+/// commits [`TRANSACTIONS`]. Returns the position each row's record must carry, by event id.
+async fn write_rows(w: &World, before: &str) -> HashMap<String, SourcePosition> {
     w.sql
         .execute(
             "SELECT pg_copy_logical_replication_slot($1, $2)",
@@ -67,9 +58,8 @@ async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
         )
         .await
         .expect("copy the slot");
-
     // Each row's transaction id (32 bits, as pgoutput sends it) and index.
-    let mut expected: HashMap<String, (i64, u32)> = HashMap::new();
+    let mut rows_at: Vec<(String, i64, u32)> = Vec::new();
     for (txn, &rows) in TRANSACTIONS.iter().enumerate() {
         w.sql.batch_execute("BEGIN").await.unwrap();
         let xid: i64 = w
@@ -92,12 +82,10 @@ async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
                 )
                 .await
                 .unwrap();
-            expected.insert(id, (xid, index as u32));
+            rows_at.push((id, xid, index as u32));
         }
         w.sql.batch_execute("COMMIT").await.unwrap();
     }
-    let total = expected.len();
-
     let commit_lsns: HashMap<i64, Lsn> = w
         .sql
         .query(
@@ -116,7 +104,17 @@ async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
         })
         .collect();
     assert_eq!(commit_lsns.len(), TRANSACTIONS.len(), "{commit_lsns:?}");
+    rows_at
+        .into_iter()
+        .map(|(id, xid, index)| {
+            let commit_lsn = commit_lsns[&xid];
+            (id, SourcePosition { commit_lsn, index })
+        })
+        .collect()
+}
 
+/// `<system identifier>/<timeline>/<slot>`, as the server tells it over SQL.
+async fn source(w: &World) -> String {
     let system_id: String = w
         .sql
         .query_one(
@@ -132,29 +130,36 @@ async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
         .await
         .unwrap()
         .get(0);
-    let source = format!("{system_id}/{timeline}/{}", w.slot);
+    format!("{system_id}/{timeline}/{}", w.slot)
+}
 
-    let mut first = w.consume(&orders, total - 1).await;
-    first.extend(w.consume(&invoices, 1).await);
-    assert_eq!(first.len(), total, "one copy each before the kill");
-    let mut first_position: HashMap<String, SourcePosition> = HashMap::new();
-    for r in &first {
+/// `copies` records of each row, from both topics.
+async fn consume(w: &World, copies: usize) -> Vec<Consumed> {
+    let rows: usize = TRANSACTIONS.iter().sum();
+    let mut all = w.consume(&w.topic("order"), copies * rows).await;
+    all.extend(w.consume(&w.topic("invoice"), copies).await);
+    assert_eq!(
+        all.len(),
+        copies * (rows + 1),
+        "{copies} copies of each row"
+    );
+    all
+}
+
+/// One copy of each row: each says the source and its position; per partition, in offset
+/// order, positions strictly increase.
+fn check_first_copies(records: &[Consumed], source: &str, want: &HashMap<String, SourcePosition>) {
+    assert_eq!(records.len(), want.len());
+    for r in records {
         let (id, got_source, position) = read(r);
         assert_eq!(got_source, source, "{r:#?}");
-        let (xid, index) = expected[&id];
         assert_eq!(
-            position,
-            SourcePosition {
-                commit_lsn: commit_lsns[&xid],
-                index
-            },
+            position, want[&id],
             "row {id}: the commit LSN of its transaction, its index in it"
         );
-        first_position.insert(id, position);
     }
-    // Per partition, in offset order, positions strictly increase.
     let mut by_partition: BTreeMap<(String, i32), Vec<&Consumed>> = BTreeMap::new();
-    for r in &first {
+    for r in records {
         by_partition
             .entry((r.topic.clone(), r.partition))
             .or_default()
@@ -169,38 +174,47 @@ async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
             "positions of one partition in offset order: {positions:?}"
         );
     }
+}
+
+/// A world with the position headers on, and its two topics.
+async fn world() -> World {
+    let mut w = World::new().await;
+    w.env
+        .push(("FERRY_ROUTE_POSITION_HEADERS".into(), "true".into()));
+    w.create_topic("order", 3).await;
+    w.create_topic("invoice", 1).await;
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
+    let w = world().await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let before = format!("{}_before", w.slot);
+    let want = write_rows(&w, &before).await;
+    let source = source(&w).await;
+    check_first_copies(&consume(&w, 1).await, &source, &want);
 
     // kill -9 before the slot was confirmed past the rows: a kill between Kafka's
     // acknowledgement and the slot's confirmation hits that window only by chance, so the slot
     // is put back where the copy is (the state such a kill leaves), and the server replays all.
     ferry.kill9();
     w.first_pending_xid().await; // waits until no walsender holds the slot
-    w.sql
-        .execute("SELECT pg_drop_replication_slot($1)", &[&w.slot])
-        .await
-        .unwrap();
-    w.sql
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&before, &w.slot],
-        )
-        .await
-        .unwrap();
-    w.sql
-        .execute("SELECT pg_drop_replication_slot($1)", &[&before])
-        .await
-        .unwrap();
+    let drop = "SELECT pg_drop_replication_slot($1)";
+    w.sql.execute(drop, &[&w.slot]).await.unwrap();
+    let copy = "SELECT pg_copy_logical_replication_slot($1, $2)";
+    w.sql.execute(copy, &[&before, &w.slot]).await.unwrap();
+    w.sql.execute(drop, &[&before]).await.unwrap();
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
 
-    let mut all = w.consume(&orders, 2 * (total - 1)).await;
-    all.extend(w.consume(&invoices, 2).await);
-    assert_eq!(all.len(), 2 * total, "every row twice after the replay");
+    let mut all = consume(&w, 2).await;
     for r in &all {
         let (id, got_source, position) = read(r);
         assert_eq!(got_source, source);
         assert_eq!(
-            position, first_position[&id],
+            position, want[&id],
             "a replayed copy of {id} carries its first copy's position"
         );
     }
@@ -217,11 +231,25 @@ async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
         }
     }
     kept.sort();
-    let mut want: Vec<String> = expected.keys().cloned().collect();
-    want.sort();
+    let mut rows: Vec<String> = want.keys().cloned().collect();
+    rows.sort();
     assert_eq!(
-        kept, want,
+        kept, rows,
         "the high-water mark drops the duplicates, and only them"
     );
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_records_carry_the_same_headers() {
+    let mut w = world().await;
+    w.env.extend([
+        ("FERRY_KAFKA_EXACTLY_ONCE".to_string(), "true".to_string()),
+        ("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), "50ms".into()),
+    ]);
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let want = write_rows(&w, &format!("{}_before", w.slot)).await;
+    check_first_copies(&consume(&w, 1).await, &source(&w).await, &want);
     assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
 }
