@@ -100,6 +100,12 @@ const ARENA_BYTES: usize = 4096;
 /// record (a reference count); each position is written into a shared block
 /// ([`ARENA_BYTES`]) and split off it, so stamping a record allocates nothing: the router
 /// reserved room for the two headers ([`ferry_router::Router::position_headers`]).
+///
+/// What it costs a row (`tests/bench.rs`, relay core, release, best of 5 rounds interleaved with
+/// the setting off, on a 2-core machine shared with other builds): +80 to +125 ns on 760 to
+/// 1,260 ns. About 65 ns of it is two more headers whose name and value are reference counts
+/// taken and, when the record is dropped, released; about 35 ns writing the position. A `Vec`
+/// per position measured the same, within the noise.
 #[derive(Debug)]
 pub(crate) struct Stamp {
     source_name: Arc<str>,
