@@ -77,4 +77,5 @@ pub use session::{
     Action as SessionAction, CommitOutcome, Session, SessionConfig, SinkError, SinkErrors,
     TransactionLimits, PROGRESS_DELIVERY_KEY,
 };
+pub use source_position::{source_id, SourcePosition};
 pub use watermark::Watermark;

@@ -62,6 +62,7 @@ use crate::inflight::{DeliveryKey, Entry, InFlight};
 use crate::pass::{EventPosition, Fate, Meeting, Moved, Pass, PassAction};
 use crate::progress_record::{Partial, ProgressRecord};
 use crate::route::{self, RouteErrorKind, Routed};
+use crate::source_position::{SourcePosition, Stamp};
 use crate::watermark::{Watermark, WatermarkError};
 use crate::window::Window;
 
@@ -286,6 +287,8 @@ pub struct Relay<E> {
     pass: Option<Pass>,
     /// Transactions seen whole and not yet confirmed: their end LSN and commit time.
     commit_times: VecDeque<(Lsn, i64)>,
+    /// `route.position_headers`: adds the source and position headers to every record.
+    stamp: Option<Stamp>,
     /// The commit time of the newest transaction seen whole.
     last_commit_micros: Option<i64>,
     /// An idle keepalive moved the watermark to this WAL end, with the time later commits are
@@ -299,6 +302,7 @@ impl<E> Relay<E> {
     pub fn new(config: RelayConfig) -> Self {
         let window = Window::new(config.max_in_flight_records, config.max_in_flight_bytes);
         let tables = config.routers.len();
+        let stamp = config.routers.position_headers().then(Stamp::new);
         Relay {
             config,
             session: 0,
@@ -318,6 +322,7 @@ impl<E> Relay<E> {
             table_rows: vec![[0; 4]; tables],
             pass: None,
             commit_times: VecDeque::new(),
+            stamp,
             last_commit_micros: None,
             idle_at: None,
             confirmed_since_micros: None,
@@ -349,6 +354,17 @@ impl<E> Relay<E> {
         &self.table_rows
     }
 
+    /// With `route.position_headers`: the source the next session's records come from
+    /// ([`crate::source_position::source_id`] of the replication connection's
+    /// `IDENTIFY_SYSTEM` and the slot), the value of their `ferry-source` header. Set before
+    /// every [`Relay::start`]: a reconnect to a promoted standby changes the timeline. Without
+    /// the setting it does nothing.
+    pub fn set_source(&mut self, source: &str) {
+        if let Some(stamp) = self.stamp.as_mut() {
+            stamp.set_source(source);
+        }
+    }
+
     /// Starts a session streaming from `resume` (the slot's `confirmed_flush_lsn`, from which
     /// the server replays). `binary`: the session streams pgoutput's binary mode, so every new
     /// layout of an outbox table is checked for columns its router reads only as text. Records
@@ -374,6 +390,10 @@ impl<E> Relay<E> {
                 }
             }
         }
+        debug_assert!(
+            self.stamp.as_ref().is_none_or(Stamp::has_source),
+            "route.position_headers: Relay::set_source must be called before a session starts"
+        );
         self.remembered = remembered;
         self.sent_confirm = resume;
         self.whole_end = self.committed_end;
@@ -711,9 +731,12 @@ impl<E> Relay<E> {
         }
         match routed {
             Routed::Produce {
-                record,
+                mut record,
                 dead_letter,
             } => {
+                if let Some(stamp) = self.stamp.as_mut() {
+                    stamp.stamp(&mut record.headers, source_position(cur));
+                }
                 if dead_letter {
                     self.count(Count::RowDeadLettered);
                 }
@@ -912,6 +935,17 @@ impl<E> Relay<E> {
         self.config
             .session_drain_timeout
             .and_then(|t| now.checked_add(t))
+    }
+}
+
+/// Where the event just counted in `cur` sits ([`crate::source_position`]): its transaction's
+/// commit LSN and its index among the transaction's outbox events, from 0, every event counted
+/// whatever became of it (the count exactly-once positions keep). An index past `u32::MAX`
+/// (four billion outbox events in one transaction) stays there.
+fn source_position(cur: Current) -> SourcePosition {
+    SourcePosition {
+        commit_lsn: cur.commit_lsn,
+        index: u32::try_from(cur.events - 1).unwrap_or(u32::MAX),
     }
 }
 

@@ -9,7 +9,9 @@
 //! several rounds is printed (the figure least disturbed by other work on the machine). With
 //! `tables = 2` every other row belongs to a second outbox table with its own router. The same
 //! rows through the session machine (at-least-once, progress records acknowledged at once) say
-//! what the machine adds to the relay core, with 100 rows and with 1 row per transaction.
+//! what the machine adds to the relay core, with 100 rows and with 1 row per transaction. The
+//! relay core with `route.position_headers` and without, interleaved, says what the two headers
+//! cost a row.
 
 mod common;
 
@@ -27,7 +29,7 @@ const ROUNDS: usize = 5;
 const TXNS: u64 = 2_000;
 const ROWS_PER_TXN: u64 = 100;
 
-fn routers(tables: usize) -> Arc<Routers> {
+fn routers(tables: usize, position_headers: bool) -> Arc<Routers> {
     let extra: Vec<TableConfig> = (1..tables)
         .map(|i| TableConfig {
             outbox: OutboxConfig {
@@ -37,18 +39,23 @@ fn routers(tables: usize) -> Arc<Routers> {
             route: RouteConfig::default(),
         })
         .collect();
-    Arc::new(Routers::new(&OutboxConfig::default(), &RouteConfig::default(), &extra).unwrap())
+    let route = RouteConfig {
+        position_headers,
+        ..RouteConfig::default()
+    };
+    Arc::new(Routers::new(&OutboxConfig::default(), &route, &extra).unwrap())
 }
 
 /// Nanoseconds per row of the best round.
-fn run(tables: usize) -> f64 {
+fn run(tables: usize, position_headers: bool) -> f64 {
     let rel = relation(oid::JSONB);
     let payload = r#"{"orderId": 42, "total": 39.98, "items": [{"sku": "A-1", "qty": 2}]}"#;
     let mut best = f64::MAX;
     for _ in 0..ROUNDS {
         let mut cfg = config(OnError::Fail, 10_000, 1 << 30);
-        cfg.routers = routers(tables);
+        cfg.routers = routers(tables, position_headers);
         let mut r: Relay<String> = Relay::new(cfg);
+        r.set_source("7312345678901234567/1/ferry");
         r.start(Lsn(1), false);
         let mut lsn = 100u64;
         let mut tokens = Vec::with_capacity(ROWS_PER_TXN as usize);
@@ -154,8 +161,16 @@ fn relay_core_cost_per_row() {
     for tables in [1, 2] {
         println!(
             "relay core, {tables} table(s): {:.0} ns/row (route, track, acknowledge, confirm; best of {ROUNDS} rounds of {} rows)",
-            run(tables),
+            run(tables, false),
             TXNS * ROWS_PER_TXN
+        );
+    }
+    // Interleaved, so that both see the same machine load.
+    for _ in 0..2 {
+        println!(
+            "relay core, 1 table, route.position_headers off / on: {:.0} / {:.0} ns/row",
+            run(1, false),
+            run(1, true)
         );
     }
 }

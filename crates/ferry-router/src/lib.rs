@@ -151,6 +151,7 @@ pub use base::value::renders_binary;
 pub use compile::config::{
     CloudEventsMode, CreateTopicsConfig, ExpandNullBehavior, HeaderConfig, OnError, OutboxConfig,
     Placement, PlacementLocation, RecordFormat, RouteConfig, RuleConfig, TableName,
+    POSITION_HEADER, SOURCE_HEADER,
 };
 pub use compile::tables::{validate_tables, TableConfig};
 pub use compile::topic_plan::TOPIC_CACHE_CAPACITY;

@@ -182,6 +182,59 @@ route.create_topics.enabled = true
 }
 
 #[test]
+fn position_headers_are_set_once_in_route_for_every_table() {
+    let p = problems(&format!("{BILLING}route.position_headers = true\n"));
+    has(
+        &p,
+        "tables[0].route.position_headers",
+        "set it once, in [route]",
+    );
+    let c = config(&format!("[route]\nposition_headers = true\n{BILLING}"));
+    let routers = Routers::new(&c.outbox, &c.route, &c.tables).unwrap();
+    assert!(routers.position_headers());
+    assert!(
+        routers.iter().all(|r| r.position_headers()),
+        "every table's"
+    );
+    // Room for the two headers the relay core adds: adding them does not grow the allocation.
+    let record = routers
+        .primary()
+        .route_row(&base_row(), COMMIT_MICROS)
+        .unwrap();
+    assert!(record.headers.capacity() >= record.headers.len() + 2);
+    assert!(
+        record.headers.iter().all(|(n, _)| !n.starts_with("ferry-")),
+        "the router itself adds none: {:?}",
+        record.headers
+    );
+    let c = config(BILLING);
+    let routers = Routers::new(&c.outbox, &c.route, &c.tables).unwrap();
+    assert!(!routers.position_headers(), "off by default");
+    assert!(routers.iter().all(|r| !r.position_headers()));
+}
+
+#[test]
+fn no_configured_header_may_take_a_position_header_s_name() {
+    let p = problems(&format!(
+        "[route]\nposition_headers = true\nid_header = \"ferry-position\"\n{BILLING}\
+         route.additional_placement = \"region:header:ferry-source\"\n"
+    ));
+    has(
+        &p,
+        "route.id_header",
+        "header \"ferry-position\" is sent by route.position_headers = true; rename this one",
+    );
+    has(
+        &p,
+        "tables[0].route.additional_placement[0]",
+        "header \"ferry-source\" is sent by route.position_headers",
+    );
+    // Without the setting the names are free.
+    let p = problems("[route]\nid_header = \"ferry-position\"\n");
+    assert!(p.is_empty(), "{p:#?}");
+}
+
+#[test]
 fn an_entry_defaults_to_debeziums_outbox_like_the_first() {
     let c = config("[[tables]]\noutbox.table = \"orders.outbox\"\n");
     assert_eq!(

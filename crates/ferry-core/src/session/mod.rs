@@ -215,6 +215,12 @@ impl<E: Clone + std::fmt::Display> Session<E> {
         self.relay.oldest_in_flight()
     }
 
+    /// With `route.position_headers`: the source the next session's records come from
+    /// ([`Relay::set_source`]); set before every start.
+    pub fn set_source(&mut self, source: &str) {
+        self.relay.set_source(source);
+    }
+
     /// At-least-once: a session streams from `resume` (the slot's position); `remembered` is the
     /// progress record the start-time verdict compared it with, `None` if one must be written
     /// at `resume` first (it is, at once). Records of earlier sessions still in flight, and a

@@ -20,7 +20,8 @@ pub struct Record {
     /// The payload as stored (or the envelope); `None` is a tombstone.
     pub value: Option<Bytes>,
     /// Headers, in order: id, type, configured extra headers, `traceparent` and `tracestate`,
-    /// then the CloudEvents headers.
+    /// then the CloudEvents headers; with `route.position_headers`, the relay core adds
+    /// `ferry-source` and `ferry-position` last.
     pub headers: Vec<Header>,
     /// An explicit partition from the partition column; `None` = choose by key.
     pub partition: Option<i32>,

@@ -40,6 +40,12 @@ pub const DEFAULT_TOPIC_PREFIX: &str = "outbox.event.";
 pub const DEFAULT_ID_HEADER: &str = "id";
 /// Default header carrying the event type.
 pub const DEFAULT_TYPE_HEADER: &str = "type";
+/// With `route.position_headers`: the header naming the record's source,
+/// `<system identifier>/<timeline>/<slot>` (written by the relay core, `ferry_core::source_position`).
+pub const SOURCE_HEADER: &str = "ferry-source";
+/// With `route.position_headers`: the header with the record's place in its source's WAL,
+/// `<commit LSN>:<index>` (`ferry_core::source_position::SourcePosition`).
+pub const POSITION_HEADER: &str = "ferry-position";
 /// Key of the payload inside the JSON object produced in envelope mode (Debezium's envelope field).
 pub const ENVELOPE_PAYLOAD_KEY: &str = "payload";
 
@@ -60,6 +66,8 @@ pub const DEFAULT_KEY_SCHEMA_OPTIONAL: bool = false;
 /// Default `route.value_schema_optional`: the payload column is nullable in Debezium's and
 /// Ferry's reference DDL (`payload jsonb`).
 pub const DEFAULT_VALUE_SCHEMA_OPTIONAL: bool = true;
+/// Default `route.position_headers`: off, so records stay byte-identical to Debezium's.
+pub const DEFAULT_POSITION_HEADERS: bool = false;
 /// Default `route.on_error`.
 pub const DEFAULT_ON_ERROR: OnError = OnError::Fail;
 
@@ -209,6 +217,11 @@ pub struct RouteConfig {
     /// What the expansion formats do with a member whose value is `null`: Debezium's
     /// `table.json.payload.null.behavior`.
     pub expand_null_behavior: ExpandNullBehavior,
+    /// Every record `ferry run` produces carries [`SOURCE_HEADER`] and [`POSITION_HEADER`]: where
+    /// in which server's WAL it comes from, for a consumer that drops replayed duplicates by a
+    /// high-water mark. A property of the source, so `[route]` only: it applies to every
+    /// `[[tables]]` entry. Off by default (Debezium's records have no such headers).
+    pub position_headers: bool,
 }
 
 /// Default partition count of a topic Ferry creates.
@@ -270,6 +283,7 @@ impl Default for RouteConfig {
             key_schema_optional: DEFAULT_KEY_SCHEMA_OPTIONAL,
             value_schema_optional: DEFAULT_VALUE_SCHEMA_OPTIONAL,
             expand_null_behavior: ExpandNullBehavior::Ignore,
+            position_headers: DEFAULT_POSITION_HEADERS,
         }
     }
 }

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compile::config::{CreateTopicsConfig, OutboxConfig, RouteConfig, TableName};
-use crate::compile::validate::{validate, ConfigErrors, ConfigProblem};
+use crate::compile::validate::{position_header_clashes, validate, ConfigErrors, ConfigProblem};
 
 /// One `[[tables]]` entry: another outbox table and how its rows become records.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -13,7 +13,8 @@ use crate::compile::validate::{validate, ConfigErrors, ConfigProblem};
 pub struct TableConfig {
     /// The table and its columns (the keys of `[outbox]`, except `message_prefix`).
     pub outbox: OutboxConfig,
-    /// How its rows become records (the keys of `[route]`, except `create_topics`).
+    /// How its rows become records (the keys of `[route]`, except `create_topics` and
+    /// `position_headers`, which `[route]` sets for every table).
     pub route: RouteConfig,
 }
 
@@ -62,6 +63,15 @@ pub fn validate_tables(
                 "topic creation applies to every topic Ferry routes to: set it once, in \
                  [route.create_topics]",
             ));
+        }
+        if t.route.position_headers {
+            problems.push(ConfigProblem::new(
+                format!("{prefix}route.position_headers"),
+                "the position headers say where in the source's WAL a record comes from, the same \
+                 for every table: set it once, in [route] (it applies to every [[tables]] entry)",
+            ));
+        } else if route.position_headers {
+            problems.extend(position_header_clashes(&t.route, &prefix));
         }
         if let Ok(name) = t.outbox.table_name() {
             let path = format!("{prefix}outbox.table");

@@ -7,7 +7,7 @@ use crate::base::template::{GroupRef, Template};
 use crate::base::topic::{validate_topic, MAX_TOPIC_LENGTH};
 use crate::compile::config::{
     parse_additional_placement, OutboxConfig, PlacementLocation, RouteConfig, ENVELOPE_PAYLOAD_KEY,
-    MAX_MAX_PAYLOAD_BYTES,
+    MAX_MAX_PAYLOAD_BYTES, POSITION_HEADER, SOURCE_HEADER,
 };
 use crate::compile::config::{
     CloudEventsMode, ExpandNullBehavior, OnError, RecordFormat, DEFAULT_KEY_SCHEMA_OPTIONAL,
@@ -121,7 +121,28 @@ pub fn validate(outbox: &OutboxConfig, route: &RouteConfig) -> Result<(), Config
             }
         }
     }
+    if route.position_headers {
+        problems.extend(position_header_clashes(route, ""));
+    }
     ConfigErrors::from_problems(problems)
+}
+
+/// With `route.position_headers`: a header configured in `route` (a table's, with its key
+/// `prefix`) that takes the name of one the position headers send.
+pub(crate) fn position_header_clashes(route: &RouteConfig, prefix: &str) -> Vec<ConfigProblem> {
+    route
+        .header_names()
+        .into_iter()
+        .filter(|(name, _)| name == SOURCE_HEADER || name == POSITION_HEADER)
+        .map(|(name, path)| {
+            ConfigProblem::new(
+                format!("{prefix}{path}"),
+                format!(
+                    "header {name:?} is sent by route.position_headers = true; rename this one"
+                ),
+            )
+        })
+        .collect()
 }
 
 fn column_name(problems: &mut Vec<ConfigProblem>, path: &str, name: &str) {

@@ -50,6 +50,9 @@ use crate::encode::trace::{
 };
 use crate::route::message::parse_message;
 
+/// Headers `route.position_headers` adds: [`crate::SOURCE_HEADER`] and [`crate::POSITION_HEADER`].
+const POSITION_HEADER_SLOTS: usize = 2;
+
 /// Dead-letter header with the routing error, in words.
 pub const DEAD_LETTER_REASON_HEADER: &str = "ferry.error";
 /// Dead-letter header with the routing error's code ([`RouteErrorReason::code`]).
@@ -70,8 +73,11 @@ pub struct Router {
     tracing: Option<(String, Arc<str>, Arc<str>)>,
     /// `route.cloudevents` other than `none`.
     cloudevents: Option<CloudEvents>,
-    /// Most headers a record can have (one allocation per record).
+    /// Most headers a record can have (one allocation per record), the two of
+    /// `route.position_headers` included: the relay core adds them after routing.
     header_capacity: usize,
+    /// `route.position_headers` (the first table's, for every table: see [`crate::Routers`]).
+    position_headers: bool,
     id_header: Option<Arc<str>>,
     type_header: Option<Arc<str>>,
     extra_headers: Vec<(String, Arc<str>)>,
@@ -288,7 +294,9 @@ impl Router {
                     crate::encode::cloudevents::HEADER_NAMES.len()
                 } else {
                     0
-                },
+                }
+                + POSITION_HEADER_SLOTS * usize::from(route.position_headers),
+            position_headers: route.position_headers,
             cloudevents,
             id_header: header(&route.id_header),
             type_header: header(&route.type_header),
@@ -365,6 +373,13 @@ impl Router {
     /// `outbox.timestamp_column`, if mapped.
     pub fn timestamp_column(&self) -> Option<&str> {
         self.timestamp_col.as_deref()
+    }
+
+    /// `route.position_headers`: the relay core adds [`crate::SOURCE_HEADER`] and [`crate::POSITION_HEADER`]
+    /// to each record this router makes (room for them is reserved, so adding them does not
+    /// grow the headers' allocation).
+    pub fn position_headers(&self) -> bool {
+        self.position_headers
     }
 
     /// The dead-letter topic (`on_error = "dead_letter"`, or `"fail"` with a topic for
@@ -491,7 +506,8 @@ impl Router {
     ) -> Option<Record> {
         // Set only under `dead_letter`, or under `fail` for `ferry run --dead-letter-event`.
         let topic = self.dead_letter_topic.clone()?;
-        let mut headers = Vec::with_capacity(3);
+        let mut headers =
+            Vec::with_capacity(3 + POSITION_HEADER_SLOTS * usize::from(self.position_headers));
         if let (Some(name), Some(id)) = (&self.id_header, &error.event_id) {
             headers.push((name.clone(), Some(Bytes::from(id.clone()))));
         }

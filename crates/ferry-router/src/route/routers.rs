@@ -24,7 +24,12 @@ impl Routers {
         validate_tables(outbox, route, tables)?;
         let mut routers = vec![Router::new(outbox, route)?];
         for (i, t) in tables.iter().enumerate() {
-            let router = Router::new(&t.outbox, &t.route).map_err(|e| ConfigErrors {
+            // A property of the source, set in `[route]` for every table (an entry may not set it).
+            let table_route = RouteConfig {
+                position_headers: route.position_headers,
+                ..t.route.clone()
+            };
+            let router = Router::new(&t.outbox, &table_route).map_err(|e| ConfigErrors {
                 problems: e
                     .problems
                     .into_iter()
@@ -74,6 +79,11 @@ impl Routers {
     /// Every table, in order.
     pub fn tables(&self) -> impl Iterator<Item = &TableName> {
         self.routers.iter().map(Router::table)
+    }
+
+    /// `route.position_headers` (set in `[route]`, for every table).
+    pub fn position_headers(&self) -> bool {
+        self.primary().position_headers()
     }
 
     /// The prefix of table-less outbox messages, if configured (the first table's).

@@ -113,6 +113,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     route.key_schema_optional = boolean;
     route.value_schema_optional = boolean;
     route.expand_null_behavior = parsed;
+    route.position_headers = boolean;
     kafka.brokers = parsed;
     kafka.compression = parsed;
     kafka.max_in_flight_records = whole;

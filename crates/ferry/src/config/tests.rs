@@ -144,6 +144,7 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_ROUTE_KEY_SCHEMA_OPTIONAL", "true", |c| c.route.key_schema_optional.to_string(), "true"),
         ("FERRY_ROUTE_VALUE_SCHEMA_OPTIONAL", "false", |c| c.route.value_schema_optional.to_string(), "false"),
         ("FERRY_ROUTE_EXPAND_NULL_BEHAVIOR", "optional_bytes", |c| c.route.expand_null_behavior.to_string(), "optional_bytes"),
+        ("FERRY_ROUTE_POSITION_HEADERS", "true", |c| c.route.position_headers.to_string(), "true"),
         ("FERRY_KAFKA_BROKERS", "a:1, b:2", |c| c.kafka.brokers.0.join("|"), "a:1|b:2"),
         ("FERRY_KAFKA_COMPRESSION", "zstd", |c| c.kafka.compression.as_str().into(), "zstd"),
         ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS", "7", |c| c.kafka.max_in_flight_records.to_string(), "7"),

@@ -286,6 +286,7 @@ impl<'a> Driver<'a> {
         'a: 'p,
     {
         let s = self.settings;
+        link.machine.set_source(&source_of(reader, &s.stream.slot));
         link.machine.start_at_least_once(
             reader.resume_lsn,
             binary_read,
@@ -453,6 +454,7 @@ impl<'a> Driver<'a> {
         let fresh = remembered.is_none();
         let mut link = Link::new(rx, s, self.carry.pass);
         let mut sink = Sink::Transactional(txn);
+        link.machine.set_source(&source_of(reader, slot));
         link.machine
             .start_exactly_once(reader.resume_lsn, binary_read, remembered, Instant::now());
         if let Some(Err(e)) = self.carry_out(&mut link, &mut sink, reader).await {
@@ -838,4 +840,15 @@ async fn finish(reader: ReaderHandle) -> Result<(), PipelineError> {
         Ok(()) => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The `ferry-source` header's value for this session's records (`route.position_headers`):
+/// the replication connection's `IDENTIFY_SYSTEM` (system identifier and timeline: a promoted
+/// standby's new timeline shows in the next session's records) and the slot.
+fn source_of(reader: &ReaderHandle, slot: &str) -> String {
+    ferry_core::source_id(
+        &reader.system.system_id.to_string(),
+        reader.system.timeline,
+        slot,
+    )
 }
