@@ -7,6 +7,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use common::*;
 use ferry_core::source_position::{SourcePosition, POSITION_HEADER, SOURCE_HEADER};
@@ -189,6 +190,11 @@ async fn world() -> World {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_record_says_where_it_comes_from_and_a_replay_says_the_same() {
     let w = world().await;
+    // `check` builds its clients from the same properties (gapless included: every client that
+    // is not the idempotent producer must drop it).
+    let mut check = Ferry::spawn(&w, &["check"]);
+    let status = check.wait_exit(Duration::from_secs(60)).await;
+    assert!(status.success(), "{}", check.log_text());
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
     let before = format!("{}_before", w.slot);

@@ -49,8 +49,9 @@ use crate::config::defaults::STATISTICS_INTERVAL_MS;
 
 /// Properties Ferry sets on the producer that a consumer-type client does not know (each would
 /// log a warning there).
-pub const PRODUCER_ONLY: [&str; 8] = [
+pub const PRODUCER_ONLY: [&str; 9] = [
     "enable.idempotence",
+    "enable.gapless.guarantee",
     "acks",
     "partitioner",
     "compression.codec",
@@ -129,9 +130,14 @@ impl Role {
     fn dropped(self) -> Vec<&'static str> {
         match self {
             Role::Producer | Role::Verbatim => Vec::new(),
-            Role::BrokerProbe => vec!["transactional.id"],
-            Role::ApiVersionsProbe => vec!["transactional.id", "debug"],
-            Role::TopicWatchAdmin => vec!["enable.idempotence", "transactional.id"],
+            // Gapless needs idempotence, which these clients do not have.
+            Role::BrokerProbe => vec!["transactional.id", "enable.gapless.guarantee"],
+            Role::ApiVersionsProbe => vec!["transactional.id", "debug", "enable.gapless.guarantee"],
+            Role::TopicWatchAdmin => vec![
+                "enable.idempotence",
+                "enable.gapless.guarantee",
+                "transactional.id",
+            ],
             Role::TopicWatchMetadata => PRODUCER_ONLY.to_vec(),
             Role::ProgressTopic | Role::ProgressReader(_) | Role::InboxConsumer => {
                 let mut dropped = PRODUCER_ONLY.to_vec();

@@ -505,6 +505,7 @@ fn validate_reports_each_problem_with_its_key_path() {
         (|c| c.kafka.transaction_max_records = 0, "kafka.transaction_max_records: must be at least 1"),
         (|c| c.kafka.transaction_max_bytes = 0, "kafka.transaction_max_bytes: must be at least 1"),
         (|c| { c.kafka.exactly_once = true; c.kafka.delivery_timeout = Duration::from_secs(61).into(); }, "kafka.delivery_timeout: must be 0 or at most the transaction timeout (1m)"),
+        (|c| { c.route.position_headers = true; c.kafka.delivery_timeout = Duration::from_secs(60).into(); }, "kafka.delivery_timeout: must be 0s (records never time out) with route.position_headers in at-least-once mode"),
         (|c| c.log.level = "loud".into(), "log.level: invalid log level \"loud\""),
         (|c| c.shutdown.drain_timeout = Duration::ZERO.into(), "shutdown.drain_timeout: must be greater than 0s"),
     ];

@@ -130,6 +130,15 @@ fn postgres(c: &Config, p: &mut Problems) {
 
 fn kafka(c: &Config, p: &mut Problems) {
     let k = &c.kafka;
+    if c.route.position_headers && !k.exactly_once && !k.delivery_timeout.is_zero() {
+        p.add(
+            "kafka.delivery_timeout",
+            "must be 0s (records never time out) with route.position_headers in at-least-once mode: \
+             the inbox drops a record at or below its source's highest position, which is exact only \
+             if no record lands after a later one, and a timed-out record could (README, \"The inbox\"); \
+             set kafka.delivery_timeout = \"0s\", or kafka.exactly_once = true",
+        );
+    }
     if k.brokers.0.is_empty() {
         p.add(
             "kafka.brokers",

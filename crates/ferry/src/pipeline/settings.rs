@@ -187,10 +187,21 @@ impl PipelineSettings {
             slot,
             stream,
             routers: Arc::new(routers),
-            producer_properties: config
-                .kafka
-                .producer_properties()
-                .map_err(SettingsError::Secret)?,
+            producer_properties: {
+                let mut props = config
+                    .kafka
+                    .producer_properties()
+                    .map_err(SettingsError::Secret)?;
+                if config.route.position_headers && !config.kafka.exactly_once {
+                    // The inbox's high-water mark is exact only if no record lands in a partition
+                    // after a later one did: a broker refusing a record (too large, not
+                    // authorized) while later ones land would break it. Gapless makes such a
+                    // refusal a fatal error before anything after it lands; the session starts
+                    // over with a new producer from the slot (README, "The inbox").
+                    props.push(("enable.gapless.guarantee".into(), "true".into()));
+                }
+                props
+            },
             create_topics: config.route.create_topics.clone(),
             max_in_flight_records: config.kafka.max_in_flight_records as usize,
             max_in_flight_bytes: config.kafka.max_in_flight_bytes as usize,
