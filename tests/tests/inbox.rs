@@ -255,3 +255,128 @@ async fn a_wrong_password_or_a_closed_port_stops_the_inbox_with_what_to_fix() {
         "{out}"
     );
 }
+
+/// Ferry's own at-least-once replay, dropped by position alone (no event ids stored): the slot
+/// is put back before the rows after a kill -9 (the state a kill between Kafka's acknowledgement
+/// and the slot's confirmation leaves), so every row reaches Kafka twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferrys_own_replay_is_dropped_by_position_without_storing_ids() {
+    let mut world = World::new().await;
+    world
+        .env
+        .push(("FERRY_ROUTE_POSITION_HEADERS".into(), "true".into()));
+    let topic = world.create_topic("order", 3).await;
+    let before = format!("{}_before", world.slot);
+    let mut ferry = world.start_ferry();
+    ferry.wait_ready().await;
+    world
+        .sql
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&world.slot, &before],
+        )
+        .await
+        .unwrap();
+    for t in 0..20 {
+        world.sql.batch_execute("BEGIN").await.unwrap();
+        for r in 0..3 {
+            world
+                .insert("order", &format!("o-{}", (t + r) % 5), "Created", "{}")
+                .await;
+        }
+        world.sql.batch_execute("COMMIT").await.unwrap();
+    }
+    world.consume(&topic, 60).await;
+    ferry.kill9();
+    world.first_pending_xid().await;
+    let drop = "SELECT pg_drop_replication_slot($1)";
+    world.sql.execute(drop, &[&world.slot]).await.unwrap();
+    world
+        .sql
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&before, &world.slot],
+        )
+        .await
+        .unwrap();
+    world.sql.execute(drop, &[&before]).await.unwrap();
+    let mut ferry = world.start_ferry();
+    world.consume(&topic, 120).await;
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+
+    let stored =
+        |table: &str| format!("SELECT count(*), count(DISTINCT headers->>'id') FROM {table}");
+    // By position: each row once, no event id kept.
+    inbox_env(&mut world, &topic, "by-position");
+    world.env.extend([
+        ("FERRY_INBOX_EVENT_ID_HEADER".to_string(), String::new()),
+        ("FERRY_INBOX_POSITIONS".into(), "true".into()),
+    ]);
+    let mut inbox = Ferry::spawn(&world, &["inbox"]);
+    let offsets = "SELECT coalesce(sum(next_offset), 0)::int8 FROM ferry_inbox_offsets WHERE consumer_group = $1";
+    let covered = |group: &'static str| {
+        let sql = &world.sql;
+        async move {
+            sql.query_one(offsets, &[&group])
+                .await
+                .map(|r| r.get::<_, i64>(0))
+                .unwrap_or(0)
+                >= 120
+        }
+    };
+    wait_until(
+        "the inbox read all 120 records",
+        Duration::from_secs(60),
+        || covered("by-position"),
+    )
+    .await;
+    let r = world
+        .sql
+        .query_one(&stored("ferry_inbox"), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1)),
+        (60, 60),
+        "{}",
+        inbox.log_text()
+    );
+    assert_eq!(
+        inbox
+            .metric_labeled("ferry_inbox_duplicates_total", "by", "position")
+            .await,
+        Some(60.0)
+    );
+    let dedup = count(&world, "SELECT count(*) FROM ferry_inbox_dedup").await;
+    assert_eq!(dedup, 0, "no event id stored");
+    assert!(inbox.terminate().await.success(), "{}", inbox.log_text());
+
+    // The control: without positions (and without ids) every copy is stored.
+    world.env.retain(|(k, _)| !k.starts_with("FERRY_INBOX_"));
+    inbox_env(&mut world, &topic, "control");
+    world.env.extend([
+        ("FERRY_INBOX_EVENT_ID_HEADER".to_string(), String::new()),
+        ("FERRY_INBOX_TABLE".into(), "control_inbox".into()),
+    ]);
+    let mut inbox = Ferry::spawn(&world, &["inbox"]);
+    wait_until("the control read all 120 records", Duration::from_secs(60), || async {
+        world
+            .sql
+            .query_one(
+                "SELECT coalesce(sum(next_offset), 0)::int8 FROM control_inbox_offsets WHERE consumer_group = 'control'",
+                &[],
+            )
+            .await
+            .map(|r| r.get::<_, i64>(0))
+            .unwrap_or(0)
+            >= 120
+    })
+    .await;
+    let r = world
+        .sql
+        .query_one(&stored("control_inbox"), &[])
+        .await
+        .unwrap();
+    assert_eq!((r.get::<_, i64>(0), r.get::<_, i64>(1)), (120, 60));
+    assert!(inbox.terminate().await.success(), "{}", inbox.log_text());
+}
