@@ -450,6 +450,12 @@ impl Inbox {
             self.stopped = true;
             self.stopping = true;
             self.pending.clear();
+            // Nothing is in flight when a machine stops: the partitions a write held past their
+            // revocation are released now, for Stop is the last action.
+            if !self.revoking.is_empty() {
+                let done = std::mem::take(&mut self.revoking);
+                self.actions.push_back(InboxAction::Revoked(done));
+            }
             self.actions.push_back(InboxAction::Stop(result));
         }
     }

@@ -366,3 +366,29 @@ fn a_shutdown_writes_what_is_gathered_then_stops() {
         ]
     );
 }
+
+/// Found by the simulation (seed 453771282): a zombie learns it lost its partitions while its
+/// write to one of them is in flight; the write comes back fenced. The machine stopped and only
+/// then answered `Revoked` for that partition: an action after `Stop`.
+#[test]
+fn a_stop_releases_the_partitions_revoked_while_in_flight_first() {
+    let now = Instant::now();
+    let (mut m, e) = started(config(), now, &[0], Some(0));
+    m.handle_record(record(0, 0, e[0], Some("a"), "{}"), now);
+    let w = written(&mut m);
+    m.handle_revoked(vec![part(0)], now);
+    assert_eq!(actions(&mut m), vec![]);
+    let fenced = WriteOutcome::Fenced {
+        partition: part(0),
+        expected: Some(0),
+        found: Some(1),
+    };
+    m.handle_written(w, fenced, now);
+    let a = actions(&mut m);
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert_eq!(a[0], InboxAction::Revoked(vec![part(0)]));
+    assert!(matches!(
+        a[1],
+        InboxAction::Stop(Err(InboxError::Fenced { .. }))
+    ));
+}
