@@ -175,7 +175,8 @@ impl Inbox {
             _ => None,
         };
         let retry = self.retry.map(|(at, _)| at);
-        let cleanup = self.cleanup_at.filter(|_| !self.cleaning);
+        // No cleanup is asked for while stopping: its time must not wake the driver then.
+        let cleanup = self.cleanup_at.filter(|_| !self.cleaning && !self.stopping);
         [batch, retry, cleanup].into_iter().flatten().min()
     }
 

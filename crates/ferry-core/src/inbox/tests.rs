@@ -392,3 +392,24 @@ fn a_stop_releases_the_partitions_revoked_while_in_flight_first() {
         InboxAction::Stop(Err(InboxError::Fenced { .. }))
     ));
 }
+
+/// Found by the simulation (seed 453771349): a machine shutting down with a write in flight
+/// passes its cleanup time; it asks for no cleanup while stopping, but `poll_timeout` still
+/// answered the cleanup time, already past: a driver sleeping until it would spin until the
+/// write came back.
+#[test]
+fn no_cleanup_time_is_due_while_stopping() {
+    let now = Instant::now();
+    let (mut m, e) = started(config(), now, &[0], Some(0));
+    m.handle_record(record(0, 0, e[0], Some("a"), "{}"), now);
+    let _w = written(&mut m);
+    m.shutdown(now);
+    let later = now + Duration::from_secs(61);
+    m.handle_timeout(later);
+    assert_eq!(actions(&mut m), vec![]);
+    assert!(
+        m.poll_timeout().is_none_or(|t| t > later),
+        "due at {:?}",
+        m.poll_timeout().map(|t| t - now)
+    );
+}
