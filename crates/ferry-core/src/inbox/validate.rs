@@ -44,7 +44,7 @@ pub(super) fn event_id(value: &[u8], header: &str) -> Result<String, String> {
         Ok(s) if s.contains('\0') => Err(format!(
             "the event id header `{header}` contains a NUL character"
         )),
-        Ok(s) if s.is_empty() => Err(format!("the event id header `{header}` is empty")),
+        Ok("") => Err(format!("the event id header `{header}` is empty")),
         Ok(s) => Ok(s.to_owned()),
         Err(_) => Err(format!(
             "the event id header `{header}` is not UTF-8 text; set inbox.event_id_header to \
