@@ -67,7 +67,7 @@ fn the_inbox_keeps_its_promises_under_random_faults() {
                 settle = settle.max(r.settle);
                 ticks += r.ticks;
                 lag = lag.max(r.max_lag);
-                gaps.push(r.max_dup_gap);
+                gaps.push((r.max_dup_gap, seed));
             }
             Err(panic) => {
                 let msg = panic
@@ -94,11 +94,11 @@ fn the_inbox_keeps_its_promises_under_random_faults() {
     // How far apart the copies of an event id were committed: the deduplication window must
     // exceed it for exactly once to hold.
     gaps.sort_unstable();
-    if let Some(&max) = gaps.last() {
+    if let Some(&(max, seed)) = gaps.last() {
         eprintln!(
             "inbox: a record waited up to {lag} ticks; an id's copies were committed up to {max} \
-             ticks apart (p99 {}, window {})",
-            gaps[gaps.len() * 99 / 100],
+             ticks apart (seed {seed}; p99 {}, window {})",
+            gaps[gaps.len() * 99 / 100].0,
             inbox_sim::WINDOW
         );
     }

@@ -367,7 +367,7 @@ fn a_shutdown_writes_what_is_gathered_then_stops() {
     );
 }
 
-/// Found by the simulation (seed 453771282): a zombie learns it lost its partitions while its
+/// Found by the simulation (`FERRY_SIM_SEED=453771273` without the fix): a zombie learns it lost its partitions while its
 /// write to one of them is in flight; the write comes back fenced. The machine stopped and only
 /// then answered `Revoked` for that partition: an action after `Stop`.
 #[test]
@@ -393,7 +393,7 @@ fn a_stop_releases_the_partitions_revoked_while_in_flight_first() {
     ));
 }
 
-/// Found by the simulation (seed 453771349): a machine shutting down with a write in flight
+/// Found by the simulation (`FERRY_SIM_SEED=453771881` without the fix): a machine shutting down with a write in flight
 /// passes its cleanup time; it asks for no cleanup while stopping, but `poll_timeout` still
 /// answered the cleanup time, already past: a driver sleeping until it would spin until the
 /// write came back.

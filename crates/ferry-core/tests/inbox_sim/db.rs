@@ -89,10 +89,14 @@ impl Db {
             .map(|p| {
                 let l = kafka.log_of(p);
                 let next = *self.offsets[l].get_or_insert(None);
+                let mut marks: Vec<(Arc<str>, SourcePosition)> =
+                    self.marks[l].iter().map(|(s, m)| (s.clone(), *m)).collect();
+                // In one order, for the trace to replay alike.
+                marks.sort();
                 Loaded {
                     partition: p.clone(),
                     next,
-                    marks: self.marks[l].iter().map(|(s, m)| (s.clone(), *m)).collect(),
+                    marks,
                 }
             })
             .collect();
@@ -374,7 +378,16 @@ impl Db {
         );
         if w.careful {
             // Sent again without a rebalance's partitions: the counts still hold theirs.
-            assert!(w.dropped_by_position >= by_position && w.dropped_by_id >= by_id);
+            assert!(
+                w.dropped_by_position >= by_position && w.dropped_by_id >= by_id,
+                "careful write {}: dropped {}+{} records by position and by id, fewer than the {}+{} \
+                 its offsets pass",
+                w.id,
+                w.dropped_by_position,
+                w.dropped_by_id,
+                by_position,
+                by_id
+            );
         } else {
             assert_eq!(
                 (w.dropped_by_position, w.dropped_by_id),

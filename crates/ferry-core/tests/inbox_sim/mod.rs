@@ -116,7 +116,7 @@ impl Seen {
 /// The deduplication window, in ticks: past the worst delay between two copies of an id
 /// reaching the database under the fault schedule (a few hundred ticks: pauses past the session
 /// timeout, restarts, backoffs in a row).
-pub const WINDOW: u64 = 500;
+pub const WINDOW: u64 = 600;
 /// A member silent this long is out of the group (it is also how long a rebalance waits).
 const SESSION_TIMEOUT: u64 = 25;
 /// The longest a cleanup takes.
@@ -171,8 +171,11 @@ struct Inst {
     kicked: bool,
     /// When a running zombie learns it lost its partitions.
     lost_at: Option<u64>,
-    /// A zombie rejoins once its machine answered `Revoked` for these.
-    rejoin: Option<BTreeSet<usize>>,
+    /// Partitions revoked whose `Revoked` the machine has not answered yet: the consumer does
+    /// not rejoin the group before (the eager protocol's callback waits for it).
+    revoking: BTreeSet<usize>,
+    /// A zombie that learnt it lost its partitions rejoins once `revoking` is empty.
+    rejoin: bool,
     /// Heartbeats stopped (paused, crashed) at.
     silent_since: Option<u64>,
     /// The consumer's partitions (logs), fetch position and epoch of each.
@@ -364,7 +367,8 @@ impl Sim {
             member: false,
             kicked: false,
             lost_at: None,
-            rejoin: None,
+            revoking: BTreeSet::new(),
+            rejoin: false,
             silent_since: None,
             assigned: BTreeSet::new(),
             fetch: BTreeMap::new(),
@@ -460,16 +464,12 @@ impl Sim {
         self.insts[i].lost_at = None;
         let parts: Vec<usize> = self.insts[i].assigned.iter().copied().collect();
         trace!(self, "instance {i} learns it lost {parts:?}");
-        self.insts[i].rejoin = Some(parts.iter().copied().collect());
         self.revoke(i, parts);
-        if self.insts[i]
-            .rejoin
-            .as_ref()
-            .is_some_and(BTreeSet::is_empty)
-        {
-            self.insts[i].rejoin = None;
-            if self.insts[i].state == State::Running && !self.insts[i].stopped {
-                self.join(i);
+        let inst = &mut self.insts[i];
+        if inst.state == State::Running && !inst.stopped {
+            match inst.revoking.is_empty() {
+                true => self.join(i),
+                false => inst.rejoin = true,
             }
         }
     }
@@ -528,6 +528,7 @@ impl Sim {
         for l in &parts {
             self.insts[i].assigned.remove(l);
             self.insts[i].fetch.remove(l);
+            self.insts[i].revoking.insert(*l);
         }
         let partitions = self.partitions(&parts);
         trace!(self, "{i} <- revoked {parts:?}");
@@ -772,9 +773,9 @@ impl Sim {
                 trace!(self, "{i} -> revoked {}", show(&partitions));
                 for p in &partitions {
                     let l = self.kafka.log_of(p);
-                    let inst = &self.insts[i];
+                    let inst = &mut self.insts[i];
                     assert!(
-                        !inst.assigned.contains(&l),
+                        inst.revoking.remove(&l) && !inst.assigned.contains(&l),
                         "instance {i} answers Revoked for {p}, which was not revoked"
                     );
                     assert!(
@@ -786,16 +787,10 @@ impl Sim {
                             w.0.remove(&l);
                         }
                     }
-                    if let Some(set) = &mut self.insts[i].rejoin {
-                        set.remove(&l);
-                    }
                 }
-                if self.insts[i]
-                    .rejoin
-                    .as_ref()
-                    .is_some_and(BTreeSet::is_empty)
-                {
-                    self.insts[i].rejoin = None;
+                let inst = &mut self.insts[i];
+                if inst.rejoin && inst.revoking.is_empty() {
+                    inst.rejoin = false;
                     self.join(i);
                 }
             }
@@ -878,7 +873,7 @@ impl Sim {
         self.seen.careful_writes += u64::from(w.careful);
         self.seen.zombie_writes += u64::from(!inst.member);
         self.insts[i].writing = Some(logs);
-        let at = self.tick + self.rng.range(1, 4);
+        let at = self.tick + self.rng.range(1, 3);
         self.push_op(i, at, OpKind::Write(w));
     }
 
@@ -1190,7 +1185,7 @@ impl Sim {
         if self.faults() {
             self.fault();
         }
-        if tick < self.produce_until && self.rng.percent(40) {
+        if tick < self.produce_until && self.rng.percent(30) {
             let what = self.kafka.produce(&mut self.rng, tick, &mut self.seen);
             trace!(self, "produce: {what}");
         }
