@@ -175,7 +175,8 @@ impl Inbox {
             _ => None,
         };
         let retry = self.retry.map(|(at, _)| at);
-        let cleanup = self.cleanup_at.filter(|_| !self.cleaning);
+        // No cleanup is asked for while stopping: its time must not wake the driver then.
+        let cleanup = self.cleanup_at.filter(|_| !self.cleaning && !self.stopping);
         [batch, retry, cleanup].into_iter().flatten().min()
     }
 
@@ -450,6 +451,12 @@ impl Inbox {
             self.stopped = true;
             self.stopping = true;
             self.pending.clear();
+            // Nothing is in flight when a machine stops: the partitions a write held past their
+            // revocation are released now, for Stop is the last action.
+            if !self.revoking.is_empty() {
+                let done = std::mem::take(&mut self.revoking);
+                self.actions.push_back(InboxAction::Revoked(done));
+            }
             self.actions.push_back(InboxAction::Stop(result));
         }
     }
