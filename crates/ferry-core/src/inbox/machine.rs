@@ -174,7 +174,12 @@ impl Inbox {
             (true, Some(since)) => Some(since + self.config.max_batch_delay),
             _ => None,
         };
-        let retry = self.retry.map(|(at, _)| at);
+        // A reload waits for the write in flight (its outcome comes first): its time is not due
+        // until then.
+        let retry = self
+            .retry
+            .filter(|_| self.in_flight.is_none())
+            .map(|(at, _)| at);
         // No cleanup is asked for while stopping: its time must not wake the driver then.
         let cleanup = self.cleanup_at.filter(|_| !self.cleaning && !self.stopping);
         [batch, retry, cleanup].into_iter().flatten().min()

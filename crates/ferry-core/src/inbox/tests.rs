@@ -413,3 +413,37 @@ fn no_cleanup_time_is_due_while_stopping() {
         m.poll_timeout().map(|t| t - now)
     );
 }
+
+/// A load that fails while a write is in flight (a partition assigned incrementally, under the
+/// cooperative protocol) waits for that write: its retry time must not wake the driver before.
+#[test]
+fn a_reload_after_a_failed_load_waits_for_the_write_in_flight() {
+    let now = Instant::now();
+    let (mut m, e) = started(config(), now, &[0], Some(0));
+    m.handle_record(record(0, 0, e[0], Some("a"), "{}"), now);
+    let w = written(&mut m);
+    m.handle_assigned(vec![part(1)], now);
+    let load = match actions(&mut m).as_slice() {
+        [InboxAction::Load { load, .. }] => *load,
+        a => panic!("{a:?}"),
+    };
+    m.handle_loaded(load, Err("connection lost".into()), now);
+    let later = now + Duration::from_secs(1);
+    assert!(
+        m.poll_timeout().is_none_or(|t| t > later),
+        "the retry is not due while the write is in flight: {:?}",
+        m.poll_timeout()
+    );
+    m.handle_timeout(later);
+    assert!(
+        actions(&mut m).is_empty(),
+        "no load before the write's outcome"
+    );
+    m.handle_written(w, committed(1), later);
+    let a = actions(&mut m);
+    assert!(
+        a.iter()
+            .any(|a| matches!(a, InboxAction::Load { partitions, .. } if partitions.len() == 2)),
+        "{a:?}"
+    );
+}
