@@ -137,8 +137,20 @@ impl Tables {
     }
 
     /// Creates what is missing (`inbox.create_tables`).
+    ///
+    /// Two copies starting together would race: `CREATE TABLE IF NOT EXISTS` is not safe
+    /// against a concurrent one (the loser fails with a unique violation on `pg_type`). The
+    /// statements run as one implicit transaction (one simple query) that first takes a
+    /// transaction-level advisory lock on the inbox's name, so the second copy waits for the
+    /// first's tables and then finds them.
     pub async fn create(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
-        client.batch_execute(&self.ddl()).await
+        let key = format!("ferry inbox tables {}", self.inbox).replace('\'', "''");
+        client
+            .batch_execute(&format!(
+                "SELECT pg_advisory_xact_lock(hashtext('{key}'));\n{}",
+                self.ddl()
+            ))
+            .await
     }
 
     /// The tables that do not exist, by name.
