@@ -307,6 +307,9 @@ pub async fn run(
                         machine.handle_assigned(ps, now);
                     }
                     Event::Revoked { partitions, done } => {
+                        // Not ready until the group assigns again (at once in a rebalance; not
+                        // while the brokers are away and the session timed out).
+                        joined = false;
                         tracing::info!(partitions = %names(&partitions), "partitions revoked");
                         revokes.push((partitions.iter().cloned().collect(), done));
                         machine.handle_revoked(partitions, now);
