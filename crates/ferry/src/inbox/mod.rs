@@ -141,8 +141,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
     let s = Arc::new(s);
-    let first = connect(&s.postgres).await?;
-    prepare_tables(&first, &s).await?;
+    let mut first = connect(&s.postgres).await?;
+    prepare_tables(&mut first, &s).await?;
     let statements = Statements::prepare(&first, &s.tables, &s.notify_channel)
         .await
         .map_err(|e| {
@@ -351,7 +351,7 @@ async fn connect(cfg: &ConnectConfig) -> Result<Client, String> {
         .map_err(|e| format!("cannot connect to the inbox's PostgreSQL: {e}"))
 }
 
-async fn prepare_tables(client: &Client, s: &InboxSettings) -> Result<(), String> {
+async fn prepare_tables(client: &mut Client, s: &InboxSettings) -> Result<(), String> {
     if s.create_tables {
         s.tables.create(client).await.map_err(|e| {
             format!(
