@@ -88,7 +88,7 @@ async fn kill9_loop_under_a_producer_stores_every_record_exactly_once() {
         ferry = Ferry::spawn(&w, &["inbox"]);
     }
     producing.finish().await;
-    wait_rows(&w.sql, &topic, TOTAL, secs(90)).await;
+    wait_consumed(&w.sql, &topic, &group, TOTAL).await;
     assert_advice_not_ahead(&w, &topic, &group, 3).await;
     let status = ferry.terminate().await;
     assert!(status.success(), "{}", ferry.log_text());
@@ -106,9 +106,14 @@ async fn kill9_loop_under_a_producer_stores_every_record_exactly_once() {
 /// Two `ferry inbox` processes share a group on six partitions under a producer; one is stopped
 /// (SIGTERM) and another started, one killed (SIGKILL) and another started, one more stopped:
 /// every record lands once, and every copy wrote rows while it had partitions.
+///
+/// The producer writes a burst before each change of members, so that each rebalance comes
+/// while the copies are behind: records fetched before a revocation are still queued when the
+/// same copy gets the partition back (the eager protocol revokes everything at each rebalance).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_copies_in_one_group_through_rebalances_store_every_record_exactly_once() {
-    const TOTAL: usize = 12_000;
+    const BURST: usize = 2_000;
+    const BURSTS: usize = 7;
     let started = Instant::now();
     let mut w = World::new().await;
     let topic = w.create_topic("inbox_group", 6).await;
@@ -117,41 +122,57 @@ async fn two_copies_in_one_group_through_rebalances_store_every_record_exactly_o
         &mut w,
         &topic,
         &group,
-        &[("FERRY_INBOX_MAX_BATCH_RECORDS", "50")],
+        &[("FERRY_INBOX_MAX_BATCH_RECORDS", "20")],
     );
-    let recs = records(TOTAL, 300, 0x2c0d_e);
-    let producing = produce_in_background(&w.brokers, &topic, recs.clone(), 200, ms(400));
+    let recs = records(BURSTS * BURST, 300, 0x2c0d_e);
+    let mut bursts = recs.chunks(BURST);
+    let p = producer(&w.brokers);
+    let mut behind = 0;
+    let mut burst = async |w: &World| {
+        let before = rows(&w.sql, &topic).await;
+        produce(&p, &topic, bursts.next().expect("a burst left")).await;
+        // Behind when the change comes, as a rule (counted, not required).
+        if rows(&w.sql, &topic).await < before + BURST as i64 {
+            behind += 1;
+        }
+    };
 
     // Both start at once (they create the tables concurrently).
     let mut a = Ferry::spawn(&w, &["inbox"]);
     let mut b = Ferry::spawn(&w, &["inbox"]);
     wait_shared(&[&a, &b], 6, "A and B share the partitions").await;
+    burst(&w).await;
     let b_rows = wait_wrote(&b, "B").await;
+    burst(&w).await;
     let b_status = b.terminate().await;
     assert!(b_status.success(), "B: {}", b.log_text());
 
     let mut c = Ferry::spawn(&w, &["inbox"]);
     wait_shared(&[&a, &c], 6, "A and C share the partitions").await;
+    burst(&w).await;
     let c_rows_early = wait_wrote(&c, "C").await;
     let a_rows = wait_wrote(&a, "A").await;
+    burst(&w).await;
     a.kill9();
 
     let mut d = Ferry::spawn(&w, &["inbox"]);
     wait_shared(&[&c, &d], 6, "C and D share the partitions").await;
+    burst(&w).await;
     let d_rows_early = wait_wrote(&d, "D").await;
+    burst(&w).await;
     let c_rows = metric(&c, "ferry_inbox_rows_inserted_total").await;
     let c_status = c.terminate().await;
     assert!(c_status.success(), "C: {}", c.log_text());
 
     wait_shared(&[&d], 6, "D has every partition").await;
-    producing.finish().await;
-    wait_rows(&w.sql, &topic, TOTAL, secs(90)).await;
+    burst(&w).await;
+    wait_consumed(&w.sql, &topic, &group, recs.len()).await;
     let d_rows = metric(&d, "ferry_inbox_rows_inserted_total").await;
     let d_status = d.terminate().await;
     assert!(d_status.success(), "D: {}", d.log_text());
     eprintln!(
         "rows inserted: A {a_rows} (before its kill), B {b_rows}, C {c_rows} (first seen {c_rows_early}), \
-         D {d_rows} (first seen {d_rows_early}); took {:?}",
+         D {d_rows} (first seen {d_rows_early}); {behind} of {BURSTS} bursts still being written at the change; took {:?}",
         started.elapsed()
     );
     assert_exactly_once(&w.sql, &topic, &group, &recs).await;
@@ -300,7 +321,7 @@ async fn broker_stopped_and_killed_under_the_inbox_loses_and_duplicates_nothing(
         );
     }
     producing.finish().await;
-    wait_rows(&w.sql, &topic, TOTAL, secs(90)).await;
+    wait_consumed(&w.sql, &topic, &group, TOTAL).await;
     assert!(ferry.is_running(), "{}", ferry.log_text());
     wait_until("/readyz is 200", secs(30), || async {
         matches!(ferry.http_get("/readyz").await, Some((200, _)))
@@ -370,7 +391,7 @@ async fn database_crashes_under_the_inbox_lose_and_duplicate_nothing() {
         );
     }
     producing.finish().await;
-    wait_rows(&w.sql, &topic, TOTAL, secs(90)).await;
+    wait_consumed(&w.sql, &topic, &group, TOTAL).await;
     let failures = metric(&ferry, "ferry_inbox_write_failures_total").await;
     assert!(failures > 0.0, "no write failure counted");
     ferry.wait_ready().await;
@@ -378,6 +399,79 @@ async fn database_crashes_under_the_inbox_lose_and_duplicate_nothing() {
     assert!(status.success(), "{}", ferry.log_text());
     assert_exactly_once(&w.sql, &topic, &group, &recs).await;
     eprintln!("{failures} failures counted; took {:?}", started.elapsed());
+}
+
+/// The inbox's database connections dropped (`pg_terminate_backend`) three times while
+/// `ferry inbox` works through a deep backlog: each drop fails the write in flight, and the
+/// offsets are read again while the consumer still hands over records it fetched before (its
+/// queue is full: `inbox.max_buffered_bytes` is at its 1 MiB minimum). Those records come from
+/// beyond the stored offset; only their seek epoch tells them apart, and a copy that took them
+/// would skip what lies between. Every record lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_dropped_under_a_deep_backlog_lose_and_duplicate_nothing() {
+    const TOTAL: usize = 250_000;
+    let started = Instant::now();
+    let mut w = World::new().await;
+    let topic = w.create_topic("inbox_backlog", 3).await;
+    let group = format!("{topic}.group");
+    inbox_env(
+        &mut w,
+        &topic,
+        &group,
+        &[
+            ("FERRY_INBOX_MAX_BATCH_RECORDS", "500"),
+            ("FERRY_INBOX_MAX_BUFFERED_BYTES", "1MiB"),
+        ],
+    );
+    let recs = records(TOTAL, 500, 0x7b7);
+    let p = producer(&w.brokers);
+    for c in recs.chunks(50_000) {
+        produce(&p, &topic, c).await;
+    }
+    eprintln!("produced {TOTAL} at {:?}", started.elapsed());
+    let mut ferry = Ferry::spawn(&w, &["inbox"]);
+    for round in 1..=3 {
+        let target = (TOTAL / 8 * round) as i64;
+        wait_until("the inbox works through the backlog", secs(60), || async {
+            rows(&w.sql, &topic).await >= target
+        })
+        .await;
+        // A drop between two writes fails nothing (the next write connects again): drop
+        // until a write in flight fails.
+        let failures = metric(&ferry, "ferry_inbox_write_failures_total").await;
+        let mut dropped = 0;
+        for attempt in 1.. {
+            dropped += count(
+                &w.sql,
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .await;
+            let failed = tokio::time::timeout(secs(3), async {
+                while metric(&ferry, "ferry_inbox_write_failures_total").await <= failures {
+                    tokio::time::sleep(ms(20)).await;
+                }
+            })
+            .await;
+            if failed.is_ok() {
+                break;
+            }
+            assert!(attempt < 10, "no write failed after {attempt} drops");
+        }
+        eprintln!(
+            "round {round}: {dropped} connections dropped at {target} rows, {:?}",
+            started.elapsed()
+        );
+    }
+    wait_consumed(&w.sql, &topic, &group, TOTAL).await;
+    let taken = metric(&ferry, "ferry_inbox_records_total").await;
+    let status = ferry.terminate().await;
+    assert!(status.success(), "{}", ferry.log_text());
+    assert_exactly_once(&w.sql, &topic, &group, &recs).await;
+    eprintln!(
+        "{taken} records taken for {TOTAL}; took {:?}",
+        started.elapsed()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -983,6 +1077,25 @@ async fn wait_wrote(f: &Ferry, name: &str) -> f64 {
     })
     .await;
     metric(f, "ferry_inbox_rows_inserted_total").await
+}
+
+/// Waits until the stored offsets cover `n` records (the producer's offsets have no gaps): the
+/// end, whether or not every record made it into the inbox, which the check then tells.
+async fn wait_consumed(sql: &Client, topic: &str, group: &str, n: usize) {
+    wait_until(
+        &format!("stored offsets covering {n} records"),
+        secs(90),
+        || async {
+            sql.query_one(
+                "SELECT coalesce(sum(next_offset), 0)::int8 FROM ferry_inbox_offsets \
+                 WHERE consumer_group = $1 AND topic = $2",
+                &[&group, &topic],
+            )
+            .await
+            .is_ok_and(|r| r.get::<_, i64>(0) >= n as i64)
+        },
+    )
+    .await;
 }
 
 async fn wait_rows(sql: &Client, topic: &str, n: usize, deadline: Duration) {
