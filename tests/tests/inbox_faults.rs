@@ -401,12 +401,13 @@ async fn database_crashes_under_the_inbox_lose_and_duplicate_nothing() {
     eprintln!("{failures} failures counted; took {:?}", started.elapsed());
 }
 
-/// The inbox's database connections dropped (`pg_terminate_backend`) three times while
-/// `ferry inbox` works through a deep backlog: each drop fails the write in flight, and the
-/// offsets are read again while the consumer still hands over records it fetched before (its
-/// queue is full: `inbox.max_buffered_bytes` is at its 1 MiB minimum). Those records come from
-/// beyond the stored offset; only their seek epoch tells them apart, and a copy that took them
-/// would skip what lies between. Every record lands once.
+/// A fresh group (no stored offsets) starts on a 250 000-record backlog, and the inbox's
+/// database connections are dropped (`pg_terminate_backend`) three times while `ferry inbox`
+/// works through it (`inbox.max_buffered_bytes` at its 1 MiB minimum, so the consumer's queue
+/// is full of records fetched ahead). Records fetched before a partition's seek, from a
+/// position of librdkafka's own, are still being handed over when its offset is loaded; with
+/// no stored offset (or after a reload) nothing but their seek epoch tells them apart, and a
+/// copy that took them would skip what lies before. Every record lands once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_dropped_under_a_deep_backlog_lose_and_duplicate_nothing() {
     const TOTAL: usize = 250_000;
