@@ -124,7 +124,7 @@ async fn two_copies_in_one_group_through_rebalances_store_every_record_exactly_o
         &group,
         &[("FERRY_INBOX_MAX_BATCH_RECORDS", "20")],
     );
-    let recs = records(BURSTS * BURST, 300, 0x2c0d_e);
+    let recs = records(BURSTS * BURST, 300, 0x2c0de);
     let mut bursts = recs.chunks(BURST);
     let p = producer(&w.brokers);
     let mut behind = 0;
