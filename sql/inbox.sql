@@ -7,10 +7,19 @@
 -- is not JSON, make the inbox's and its payload column's type text or bytea and set
 -- inbox.payload_type to match.
 --
--- The application's side (README, "The inbox"): take unprocessed rows in its own transaction,
---   SELECT ... FROM ferry_inbox WHERE processed_at IS NULL ORDER BY topic, "partition", "offset"
---   FOR UPDATE SKIP LOCKED LIMIT 100;
--- apply them, set processed_at = now(), and COMMIT; LISTEN ferry_inbox to wake up when rows come.
+-- The application's side (README, "The inbox"): in its own transaction, take the unprocessed
+-- rows whose key has no earlier unprocessed row, oldest first, skipping rows another worker
+-- holds,
+--   SELECT topic, "partition", "offset", key, event_id, payload FROM ferry_inbox i
+--   WHERE processed_at IS NULL
+--     AND NOT EXISTS (SELECT 1 FROM ferry_inbox j
+--                     WHERE j.topic = i.topic AND j.key = i.key AND j.processed_at IS NULL
+--                       AND (j."partition", j."offset") < (i."partition", i."offset"))
+--   ORDER BY topic, "partition", "offset" LIMIT 100 FOR UPDATE SKIP LOCKED;
+-- apply them, set processed_at = now() on them, and COMMIT; LISTEN ferry_inbox to wake up when
+-- rows come (and poll now and then). Without the NOT EXISTS, two workers apply one key's rows
+-- out of order (one takes a key's first row, the other skips it and takes the second). Each
+-- transaction takes at most one row per key; rows without a key are not ordered.
 
 -- The inbox: one row per record stored, in the consuming service's database.
 CREATE TABLE IF NOT EXISTS "public"."ferry_inbox" (

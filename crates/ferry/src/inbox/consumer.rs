@@ -53,6 +53,12 @@ impl ClientContext for Context {
         crate::kafka_access::observe(None, message);
         let message = crate::kafka_access::relayed(None, message);
         match level {
+            // An advisory commit that failed (the member lost its partitions, the coordinator
+            // moved) changes nothing: the database holds the offsets, and the next commit
+            // after a write goes again.
+            _ if fac == "COMMITFAIL" => {
+                tracing::debug!(facility = fac, "librdkafka (inbox consumer): {message}")
+            }
             L::Emerg | L::Alert | L::Critical | L::Error => {
                 tracing::error!(facility = fac, "librdkafka (inbox consumer): {message}")
             }

@@ -152,8 +152,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
     let s = Arc::new(s);
-    let first = connect(&s.postgres).await?;
-    prepare_tables(&first, &s).await?;
+    let mut first = connect(&s.postgres).await?;
+    prepare_tables(&mut first, &s).await?;
     let statements = Statements::prepare(&first, &s.tables, &s.notify_channel)
         .await
         .map_err(|e| {
@@ -318,6 +318,9 @@ pub async fn run(
                         machine.handle_assigned(ps, now);
                     }
                     Event::Revoked { partitions, done } => {
+                        // Not ready until the group assigns again (at once in a rebalance; not
+                        // while the brokers are away and the session timed out).
+                        joined = false;
                         tracing::info!(partitions = %names(&partitions), "partitions revoked");
                         revokes.push((partitions.iter().cloned().collect(), done));
                         machine.handle_revoked(partitions, now);
@@ -359,7 +362,7 @@ async fn connect(cfg: &ConnectConfig) -> Result<Client, String> {
         .map_err(|e| format!("cannot connect to the inbox's PostgreSQL: {e}"))
 }
 
-async fn prepare_tables(client: &Client, s: &InboxSettings) -> Result<(), String> {
+async fn prepare_tables(client: &mut Client, s: &InboxSettings) -> Result<(), String> {
     if s.create_tables {
         s.tables.create(client).await.map_err(|e| {
             format!(

@@ -137,8 +137,40 @@ impl Tables {
     }
 
     /// Creates what is missing (`inbox.create_tables`).
-    pub async fn create(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
-        client.batch_execute(&self.ddl()).await
+    ///
+    /// Two copies starting together would race: `CREATE TABLE IF NOT EXISTS` is not safe
+    /// against a concurrent one (the loser fails with a unique violation on `pg_type`). So the
+    /// copies take turns under a transaction-level advisory lock on the inbox's name, and each
+    /// runs the DDL only if a table or index is still missing once it holds the lock: `CREATE
+    /// INDEX IF NOT EXISTS` locks its table (SHARE) before it looks, and a copy starting next to
+    /// one that writes would otherwise hold those locks across its whole transaction and
+    /// deadlock with the writes.
+    pub async fn create(&self, client: &mut Client) -> Result<(), tokio_postgres::Error> {
+        let tx = client.transaction().await?;
+        let key = format!("ferry inbox tables {}", self.inbox);
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])
+            .await?;
+        let mut names: Vec<String> = ["", "_dedup", "_dead_letters", "_offsets", "_marks"]
+            .iter()
+            .map(|suffix| format!("{}{suffix}", self.base))
+            .collect();
+        names.extend(
+            ["unprocessed", "by_key", "processed", "dedup_received"]
+                .iter()
+                .map(|suffix| format!("{}_{suffix}", self.base)),
+        );
+        let absent: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM unnest($2::text[]) AS n \
+                 WHERE to_regclass(format('%I.%I', $1::text, n)) IS NULL",
+                &[&self.schema, &names],
+            )
+            .await?
+            .get(0);
+        if absent > 0 {
+            tx.batch_execute(&self.ddl()).await?;
+        }
+        tx.commit().await
     }
 
     /// The tables that do not exist, as [`Tables::all`] names them.
