@@ -159,7 +159,9 @@ pub async fn run(
     let loader = spawn_loader(s.clone(), done_tx.clone());
     let cleaner = spawn_cleaner(s.clone(), done_tx);
 
-    let (events_tx, mut events) = mpsc::channel::<Event>(64);
+    // Bursts of up to consumer::BURST records: the records waiting here are not counted in the
+    // machine's max_buffered_bytes, so only a few.
+    let (events_tx, mut events) = mpsc::channel::<Event>(4);
     let (commands, commands_rx) = std_mpsc::channel::<Command>();
     let thread = consumer::spawn(
         consumer::Settings {
