@@ -27,6 +27,7 @@ mod args;
 mod chaos;
 mod debezium;
 mod ferry;
+mod inbox;
 mod kafka;
 mod latency;
 mod machine;
@@ -184,6 +185,9 @@ async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.first().map(String::as_str) == Some("chaos") {
         std::process::exit(chaos::main(&argv[1..]).await);
+    }
+    if argv.first().map(String::as_str) == Some("inbox") {
+        std::process::exit(inbox::main(&argv[1..]).await);
     }
     let args = match Args::parse(&argv) {
         Ok(Some(a)) => a,

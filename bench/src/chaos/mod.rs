@@ -102,7 +102,7 @@ struct ChaosArgs {
     command: String,
 }
 
-fn parse_duration(s: &str) -> Res<Duration> {
+pub(crate) fn parse_duration(s: &str) -> Res<Duration> {
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = n
         .parse()

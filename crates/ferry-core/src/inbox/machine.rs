@@ -538,7 +538,12 @@ impl Inbox {
                 marks.insert((e.partition.clone(), source), pos);
             }
             match e.fate {
-                Fate::Row(r) => write.rows.push(r),
+                Fate::Row(r) => {
+                    if let Some(id) = &r.event_id {
+                        self.pending.ids.remove(id);
+                    }
+                    write.rows.push(r)
+                }
                 Fate::Dead(d) => write.dead_letters.push(d),
                 Fate::RepeatedId => write.dropped_by_id += 1,
                 Fate::BelowMark => write.dropped_by_position += 1,
@@ -547,7 +552,9 @@ impl Inbox {
         if self.pending.entries.is_empty() {
             self.pending.clear();
         } else {
-            self.pending.recount();
+            // What stays gathered: its bytes, and the ids of its rows (each row's id is in `ids`
+            // once, a repeat being no row), without walking it.
+            self.pending.bytes -= bytes;
             self.pending.since = Some(now);
         }
         for (partition, n) in next {

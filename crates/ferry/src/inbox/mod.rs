@@ -170,7 +170,9 @@ pub async fn run(
     let loader = spawn_loader(s.clone(), done_tx.clone());
     let cleaner = spawn_cleaner(s.clone(), done_tx);
 
-    let (events_tx, mut events) = mpsc::channel::<Event>(64);
+    // Bursts of up to consumer::BURST records: the records waiting here are not counted in the
+    // machine's max_buffered_bytes, so only a few.
+    let (events_tx, mut events) = mpsc::channel::<Event>(4);
     let (commands, commands_rx) = std_mpsc::channel::<Command>();
     let thread = consumer::spawn(
         consumer::Settings {
@@ -293,7 +295,7 @@ pub async fn run(
                                 metrics.cleanup_processed.fetch_add(c.processed_rows, Relaxed);
                                 metrics.cleanup_longest_micros.store(c.longest.as_micros() as u64, Relaxed);
                                 if c.dedup_rows + c.processed_rows > 0 {
-                                    tracing::info!(dedup_rows = c.dedup_rows, processed_rows = c.processed_rows, longest_delete_ms = c.longest.as_millis() as u64, "cleanup deleted expired rows");
+                                    tracing::info!(dedup_rows = c.dedup_rows, processed_rows = c.processed_rows, longest_delete_ms = c.longest.as_millis() as u64, took_ms = c.took.as_millis() as u64, "cleanup deleted expired rows");
                                 }
                             }
                             Err(e) => tracing::warn!(error = %e, "the inbox cleanup failed; it runs again at the next interval"),

@@ -1,6 +1,7 @@
 //! The inbox's database: its tables, the statements, and carrying out what the machine asks
 //! (load offsets, write a batch, clean up). No decisions: the machine makes them.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use ferry_core::inbox::{
 };
 use ferry_core::source_position::SourcePosition;
 use ferry_router::TableName;
-use tokio_postgres::types::ToSql;
+use futures_util::SinkExt;
+use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use tokio_postgres::Client;
 
 /// The inbox's tables, quoted, and how their statements are written.
@@ -270,38 +272,78 @@ pub async fn load(
     Ok(loaded)
 }
 
-/// What one batch's rows look like as statement parameters.
+/// A JSON text sent as a `jsonb` value in binary form (format version 1, then the text): the
+/// server parses it as `jsonb_in` would, and the client copies it once, into the message.
+#[derive(Debug, Clone, Copy)]
+struct Jsonb<'a>(&'a [u8]);
+
+impl ToSql for Jsonb<'_> {
+    fn to_sql(
+        &self,
+        _: &Type,
+        w: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        w.reserve(1 + self.0.len());
+        w.extend_from_slice(&[1]);
+        w.extend_from_slice(self.0);
+        Ok(IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB
+    }
+
+    to_sql_checked!();
+}
+
+/// One batch's rows as statement parameters (arrays, one element per row), borrowed from the
+/// records: nothing is copied but the headers, which become JSON text.
 #[derive(Default)]
-struct Columns {
-    topic: Vec<String>,
+struct Columns<'a> {
+    topic: Vec<&'a str>,
     partition: Vec<i32>,
     offset: Vec<i64>,
-    key: Vec<Option<Vec<u8>>>,
-    headers: Vec<serde_json::Value>,
-    event_id: Vec<Option<String>>,
-    /// Text for jsonb and text columns (cast in SQL), bytes for bytea.
-    payload_text: Vec<Option<String>>,
-    payload_bytes: Vec<Option<Vec<u8>>>,
+    key: Vec<Option<&'a [u8]>>,
+    /// Every row's headers as a JSON object, one after another; `header_ends` ends each.
+    header_text: String,
+    header_ends: Vec<usize>,
+    event_id: Vec<Option<&'a str>>,
+    /// The payload as `jsonb` (its text), `text`, or `bytea`, by the column's type.
+    payload_json: Vec<Option<Jsonb<'a>>>,
+    payload_text: Vec<Option<Cow<'a, str>>>,
+    payload_bytes: Vec<Option<&'a [u8]>>,
     timestamp: Vec<Option<std::time::SystemTime>>,
 }
 
-impl Columns {
-    fn push(&mut self, r: &InboxRecord, event_id: Option<&str>, payload: PayloadType) {
-        self.topic.push(r.partition.topic.to_string());
+impl<'a> Columns<'a> {
+    fn with_capacity(n: usize) -> Columns<'a> {
+        Columns {
+            topic: Vec::with_capacity(n),
+            partition: Vec::with_capacity(n),
+            offset: Vec::with_capacity(n),
+            key: Vec::with_capacity(n),
+            header_text: String::with_capacity(n * 64),
+            header_ends: Vec::with_capacity(n),
+            event_id: Vec::with_capacity(n),
+            timestamp: Vec::with_capacity(n),
+            ..Columns::default()
+        }
+    }
+
+    fn push(&mut self, r: &'a InboxRecord, event_id: Option<&'a str>, payload: PayloadType) {
+        self.topic.push(&r.partition.topic);
         self.partition.push(r.partition.partition);
         self.offset.push(r.offset);
-        self.key.push(r.key.as_ref().map(|k| k.to_vec()));
-        self.headers.push(headers_json(&r.headers));
-        self.event_id.push(event_id.map(str::to_owned));
+        self.key.push(r.key.as_deref());
+        write_headers_json(&mut self.header_text, &r.headers);
+        self.header_ends.push(self.header_text.len());
+        self.event_id.push(event_id);
+        let p = r.payload.as_deref();
         match payload {
-            PayloadType::Bytea => self
-                .payload_bytes
-                .push(r.payload.as_ref().map(|p| p.to_vec())),
-            _ => self.payload_text.push(
-                r.payload
-                    .as_ref()
-                    .map(|p| String::from_utf8_lossy(p).into_owned()),
-            ),
+            PayloadType::Bytea => self.payload_bytes.push(p),
+            // The machine let only UTF-8 text through for these types.
+            PayloadType::Jsonb => self.payload_json.push(p.map(Jsonb)),
+            PayloadType::Text => self.payload_text.push(p.map(String::from_utf8_lossy)),
         }
         self.timestamp.push(r.timestamp_ms.and_then(|ms| {
             u64::try_from(ms)
@@ -310,29 +352,91 @@ impl Columns {
         }));
     }
 
+    /// The headers, one `jsonb` per row.
+    fn headers(&self) -> Vec<Jsonb<'_>> {
+        let mut start = 0;
+        self.header_ends
+            .iter()
+            .map(|&end| {
+                let j = Jsonb(&self.header_text.as_bytes()[start..end]);
+                start = end;
+                j
+            })
+            .collect()
+    }
+
+    /// Row `i`'s payload.
+    fn payload_at(&self, payload: PayloadType, i: usize) -> &(dyn ToSql + Sync) {
+        match payload {
+            PayloadType::Bytea => &self.payload_bytes[i],
+            PayloadType::Jsonb => &self.payload_json[i],
+            PayloadType::Text => &self.payload_text[i],
+        }
+    }
+
     fn payload(&self, payload: PayloadType) -> &(dyn ToSql + Sync) {
         match payload {
             PayloadType::Bytea => &self.payload_bytes,
-            _ => &self.payload_text,
+            PayloadType::Jsonb => &self.payload_json,
+            PayloadType::Text => &self.payload_text,
         }
     }
 }
 
-/// Headers as a JSON object: each value as text when it is UTF-8, `{"base64": …}` when not,
-/// `null` when absent; a name given twice keeps its last value.
-fn headers_json(headers: &[(String, Option<bytes::Bytes>)]) -> serde_json::Value {
-    let mut m = serde_json::Map::with_capacity(headers.len());
-    for (k, v) in headers {
-        let v = match v {
-            None => serde_json::Value::Null,
+/// Headers as a JSON object, appended to `out`: each value as text when it is UTF-8, `{"base64":
+/// …}` when not, `null` when absent; a name given twice keeps its last value (as `jsonb` reads
+/// an object whose key repeats).
+fn write_headers_json(out: &mut String, headers: &[(String, Option<bytes::Bytes>)]) {
+    out.push('{');
+    for (i, (k, v)) in headers.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        if k.contains('\0') {
+            json_string(out, &k.replace('\0', ""));
+        } else {
+            json_string(out, k);
+        }
+        out.push(':');
+        match v {
+            None => out.push_str("null"),
             Some(b) => match std::str::from_utf8(b) {
-                Ok(s) if !s.contains('\0') => serde_json::Value::String(s.to_owned()),
-                _ => serde_json::json!({ "base64": base64(b) }),
+                Ok(s) if !s.contains('\0') => json_string(out, s),
+                _ => {
+                    out.push_str("{\"base64\":\"");
+                    out.push_str(&base64(b));
+                    out.push_str("\"}");
+                }
             },
-        };
-        m.insert(k.replace('\0', ""), v);
+        }
     }
-    serde_json::Value::Object(m)
+    out.push('}');
+}
+
+/// `s` as a JSON string literal, appended to `out`.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    let mut plain = 0;
+    for (i, c) in s.char_indices() {
+        let escape = match c {
+            '"' => "\\\"",
+            '\\' => "\\\\",
+            '\n' => "\\n",
+            '\r' => "\\r",
+            '\t' => "\\t",
+            c if (c as u32) < 0x20 => "",
+            _ => continue,
+        };
+        out.push_str(&s[plain..i]);
+        if escape.is_empty() {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push_str(escape);
+        }
+        plain = i + c.len_utf8();
+    }
+    out.push_str(&s[plain..]);
+    out.push('"');
 }
 
 fn base64(bytes: &[u8]) -> String {
@@ -359,6 +463,11 @@ pub struct Statements {
     advance: tokio_postgres::Statement,
     insert: tokio_postgres::Statement,
     insert_no_dedup: tokio_postgres::Statement,
+    /// The batch's event ids into the deduplication table: how many were new, and which when
+    /// not all were.
+    fresh_ids: tokio_postgres::Statement,
+    /// `COPY` of rows into the inbox table (binary).
+    copy: String,
     dead: tokio_postgres::Statement,
     marks: tokio_postgres::Statement,
     current: tokio_postgres::Statement,
@@ -371,30 +480,41 @@ impl Statements {
         t: &Tables,
         notify_channel: &str,
     ) -> Result<Statements, tokio_postgres::Error> {
-        let (payload_param, payload_expr) = match t.payload {
-            PayloadType::Bytea => ("bytea[]", "b.payload"),
-            PayloadType::Text => ("text[]", "b.payload"),
-            PayloadType::Jsonb => ("text[]", "b.payload::jsonb"),
+        let payload_param = match t.payload {
+            PayloadType::Bytea => "bytea[]",
+            PayloadType::Text => "text[]",
+            PayloadType::Jsonb => "jsonb[]",
         };
+        // The arrays unnested side by side in the select list (a ProjectSet streams them; a
+        // function scan in FROM, or a CTE read twice, would first copy the whole batch into a
+        // tuplestore, spilled to a temporary file past work_mem).
         let batch = format!(
-            "SELECT * FROM unnest($1::text[], $2::int4[], $3::int8[], $4::bytea[], $5::jsonb[], $6::text[], $7::{payload_param}, $8::timestamptz[]) \
-             AS b(topic, part, off, key, headers, event_id, payload, ts)"
+            "SELECT unnest($1::text[]) AS topic, unnest($2::int4[]) AS part, unnest($3::int8[]) AS off, \
+             unnest($4::bytea[]) AS key, unnest($5::jsonb[]) AS headers, unnest($6::text[]) AS event_id, \
+             unnest($7::{payload_param}) AS payload, unnest($8::timestamptz[]) AS ts"
         );
         let insert_cols =
             "(topic, \"partition\", \"offset\", key, headers, event_id, payload, kafka_timestamp)";
         let insert = format!(
-            "WITH b AS ({batch}), \
-             fresh AS (INSERT INTO {dedup} (event_id) SELECT event_id FROM b WHERE event_id IS NOT NULL ORDER BY event_id ON CONFLICT DO NOTHING RETURNING event_id) \
+            "WITH fresh AS (INSERT INTO {dedup} (event_id) \
+             SELECT e FROM unnest($6::text[]) AS e WHERE e IS NOT NULL ORDER BY e \
+             ON CONFLICT DO NOTHING RETURNING event_id) \
              INSERT INTO {inbox} {insert_cols} \
-             SELECT b.topic, b.part, b.off, b.key, b.headers, b.event_id, {payload_expr}, b.ts FROM b \
+             SELECT b.topic, b.part, b.off, b.key, b.headers, b.event_id, b.payload, b.ts FROM ({batch}) AS b \
              WHERE b.event_id IS NULL OR b.event_id IN (SELECT event_id FROM fresh)",
             dedup = t.dedup,
             inbox = t.inbox,
         );
-        let insert_no_dedup = format!(
-            "WITH b AS ({batch}) INSERT INTO {inbox} {insert_cols} \
-             SELECT b.topic, b.part, b.off, b.key, b.headers, b.event_id, {payload_expr}, b.ts FROM b",
-            inbox = t.inbox,
+        let insert_no_dedup = format!("INSERT INTO {inbox} {insert_cols} {batch}", inbox = t.inbox);
+        let fresh_ids = format!(
+            "WITH f AS (INSERT INTO {dedup} (event_id) SELECT e FROM unnest($1::text[]) AS e ORDER BY e \
+             ON CONFLICT DO NOTHING RETURNING event_id) \
+             SELECT count(*)::int8, CASE WHEN count(*) < $2::int8 THEN array_agg(event_id) END FROM f",
+            dedup = t.dedup,
+        );
+        let copy = format!(
+            "COPY {inbox} {insert_cols} FROM STDIN (FORMAT binary)",
+            inbox = t.inbox
         );
         let dead = format!(
             "INSERT INTO {} (topic, \"partition\", \"offset\", key, headers, event_id, payload, kafka_timestamp, reason) \
@@ -425,6 +545,8 @@ impl Statements {
             advance: client.prepare(&advance).await?,
             insert: client.prepare(&insert).await?,
             insert_no_dedup: client.prepare(&insert_no_dedup).await?,
+            fresh_ids: client.prepare(&fresh_ids).await?,
+            copy,
             dead: client.prepare(&dead).await?,
             marks: client.prepare(&marks).await?,
             current: client.prepare(&current).await?,
@@ -521,7 +643,7 @@ async fn write_inner(
     let mut candidates = 0u64;
     if w.careful {
         for r in &w.rows {
-            let mut c = Columns::default();
+            let mut c = Columns::with_capacity(1);
             c.push(&r.record, r.event_id.as_deref(), t.payload);
             tri!(tx.execute("SAVEPOINT ferry_row", &[]).await);
             match insert(&tx, s, &c, t.payload, dedup).await {
@@ -556,12 +678,16 @@ async fn write_inner(
             }
         }
     } else if !w.rows.is_empty() {
-        let mut c = Columns::default();
+        let mut c = Columns::with_capacity(w.rows.len());
         for r in &w.rows {
             c.push(&r.record, r.event_id.as_deref(), t.payload);
         }
         candidates = w.rows.len() as u64;
-        inserted = tri!(insert(&tx, s, &c, t.payload, dedup).await);
+        inserted = match copy_batch(&tx, s, &c, t.payload, dedup).await {
+            Ok(n) => n,
+            Err(CopyError::Db(e)) => return Step::Error(e),
+            Err(CopyError::Encode(error)) => return Step::Done(WriteOutcome::Failed { error }),
+        };
     }
     if !w.dead_letters.is_empty() {
         for d in &w.dead_letters {
@@ -607,10 +733,104 @@ async fn write_inner(
     })
 }
 
+/// Why a batch's COPY failed.
+enum CopyError {
+    Db(tokio_postgres::Error),
+    /// A value the client could not encode (as a statement parameter would fail to).
+    Encode(String),
+}
+
+impl From<tokio_postgres::Error> for CopyError {
+    fn from(e: tokio_postgres::Error) -> CopyError {
+        CopyError::Db(e)
+    }
+}
+
+/// Bytes of COPY data sent at a time.
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Stores a batch's rows: with deduplication, their event ids go into the deduplication table
+/// first (insert-or-ignore, in sorted order so that two copies never deadlock) and only the rows
+/// whose id was new, or that have none, are copied into the inbox table, in the same
+/// transaction; the statement `insert` makes does the same in one. Binary COPY writes the rows
+/// several to a page and a WAL record (heap_multi_insert), where INSERT writes one at a time.
+/// Returns the rows stored.
+async fn copy_batch(
+    tx: &tokio_postgres::Transaction<'_>,
+    s: &Statements,
+    c: &Columns<'_>,
+    payload: PayloadType,
+    dedup: bool,
+) -> Result<u64, CopyError> {
+    let ids: Vec<&str> = c.event_id.iter().flatten().copied().collect();
+    let fresh: Option<std::collections::HashSet<String>> = if dedup && !ids.is_empty() {
+        let row = tx
+            .query_one(&s.fresh_ids, &[&ids, &(ids.len() as i64)])
+            .await?;
+        row.get::<_, Option<Vec<String>>>(1)
+            .map(|v| v.into_iter().collect())
+    } else {
+        None
+    };
+    let keep = |i: usize| match (&fresh, c.event_id[i]) {
+        (Some(fresh), Some(id)) => fresh.contains(id),
+        _ => true,
+    };
+    if !(0..c.topic.len()).any(keep) {
+        return Ok(0);
+    }
+    let payload_type = match payload {
+        PayloadType::Bytea => Type::BYTEA,
+        PayloadType::Text => Type::TEXT,
+        PayloadType::Jsonb => Type::JSONB,
+    };
+    let headers = c.headers();
+    let sink = tx.copy_in::<_, bytes::Bytes>(s.copy.as_str()).await?;
+    let mut sink = std::pin::pin!(sink);
+    let mut buf = bytes::BytesMut::with_capacity(COPY_CHUNK + (64 << 10));
+    buf.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
+    buf.extend_from_slice(&0i32.to_be_bytes());
+    buf.extend_from_slice(&0i32.to_be_bytes());
+    for i in (0..c.topic.len()).filter(|&i| keep(i)) {
+        buf.extend_from_slice(&8i16.to_be_bytes());
+        let fields: [(&(dyn ToSql + Sync), &Type); 8] = [
+            (&c.topic[i], &Type::TEXT),
+            (&c.partition[i], &Type::INT4),
+            (&c.offset[i], &Type::INT8),
+            (&c.key[i], &Type::BYTEA),
+            (&headers[i], &Type::JSONB),
+            (&c.event_id[i], &Type::TEXT),
+            (c.payload_at(payload, i), &payload_type),
+            (&c.timestamp[i], &Type::TIMESTAMPTZ),
+        ];
+        for (value, ty) in fields {
+            let at = buf.len();
+            buf.extend_from_slice(&0i32.to_be_bytes());
+            let len = match value.to_sql_checked(ty, &mut buf) {
+                Ok(IsNull::Yes) => -1,
+                Ok(IsNull::No) => i32::try_from(buf.len() - at - 4)
+                    .map_err(|_| CopyError::Encode("a value over 2 GiB".into()))?,
+                Err(e) => {
+                    return Err(CopyError::Encode(format!(
+                        "cannot encode a value of the batch as {ty}: {e}"
+                    )))
+                }
+            };
+            buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+        }
+        if buf.len() >= COPY_CHUNK {
+            sink.send(buf.split().freeze()).await?;
+        }
+    }
+    buf.extend_from_slice(&(-1i16).to_be_bytes());
+    sink.send(buf.split().freeze()).await?;
+    Ok(sink.finish().await?)
+}
+
 async fn insert(
     tx: &tokio_postgres::Transaction<'_>,
     s: &Statements,
-    c: &Columns,
+    c: &Columns<'_>,
     payload: PayloadType,
     dedup: bool,
 ) -> Result<u64, tokio_postgres::Error> {
@@ -622,7 +842,7 @@ async fn insert(
             &c.partition,
             &c.offset,
             &c.key,
-            &c.headers,
+            &c.headers(),
             &c.event_id,
             c.payload(payload),
             &c.timestamp,
@@ -636,7 +856,7 @@ async fn dead_letter(
     s: &Statements,
     dead: &[DeadLetter],
 ) -> Result<u64, tokio_postgres::Error> {
-    let mut c = Columns::default();
+    let mut c = Columns::with_capacity(dead.len());
     let mut reasons = Vec::with_capacity(dead.len());
     for d in dead {
         c.push(&d.record, None, PayloadType::Bytea);
@@ -659,7 +879,7 @@ async fn dead_letter(
             &c.partition,
             &c.offset,
             &c.key,
-            &c.headers,
+            &c.headers(),
             &ids,
             &c.payload_bytes,
             &c.timestamp,
@@ -701,12 +921,14 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// What a cleanup deleted, and its longest single DELETE (each is its own transaction).
+/// What a cleanup deleted, its longest single DELETE (each is its own transaction), and how
+/// long it took in all.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Cleaned {
     pub dedup_rows: u64,
     pub processed_rows: u64,
     pub longest: Duration,
+    pub took: Duration,
 }
 
 /// Deletes expired deduplication rows and processed rows in batches of `batch`, each its own
@@ -718,6 +940,7 @@ pub async fn cleanup(
     processed_retention: Option<Duration>,
     batch: i64,
 ) -> Result<Cleaned, tokio_postgres::Error> {
+    let started = Instant::now();
     let mut cleaned = Cleaned::default();
     let dedup = format!(
         "DELETE FROM {d} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {d} WHERE received_at < now() - make_interval(secs => $1) LIMIT $2))",
@@ -733,6 +956,7 @@ pub async fn cleanup(
         cleaned.processed_rows =
             batches(client, &processed, r, batch, &mut cleaned.longest).await?;
     }
+    cleaned.took = started.elapsed();
     Ok(cleaned)
 }
 
@@ -770,17 +994,41 @@ mod tests {
         assert_eq!(base64(&[0xff, 0xfe, 0x00, 0x01]), "//4AAQ==");
     }
 
+    fn headers_json(h: &[(&str, Option<&'static [u8]>)]) -> String {
+        let h: Vec<(String, Option<bytes::Bytes>)> = h
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(bytes::Bytes::from_static)))
+            .collect();
+        let mut s = String::new();
+        write_headers_json(&mut s, &h);
+        s
+    }
+
     #[test]
     fn headers_are_text_when_they_can_be() {
-        let h = vec![
-            ("id".to_owned(), Some(bytes::Bytes::from_static(b"abc"))),
-            ("bin".to_owned(), Some(bytes::Bytes::from_static(&[0xff]))),
-            ("none".to_owned(), None),
-        ];
+        let h = [("id", Some(&b"abc"[..])), ("bin", Some(&[0xff][..])), ("none", None)];
         assert_eq!(
-            headers_json(&h).to_string(),
-            r#"{"bin":{"base64":"/w=="},"id":"abc","none":null}"#
+            headers_json(&h),
+            r#"{"id":"abc","bin":{"base64":"/w=="},"none":null}"#
         );
+        assert_eq!(headers_json(&[]), "{}");
+        // A value with a NUL is not text PostgreSQL can hold: base64; a name loses its NULs.
+        assert_eq!(
+            headers_json(&[("a\0b", Some(&b"x\0"[..]))]),
+            r#"{"ab":{"base64":"eAA="}}"#
+        );
+    }
+
+    #[test]
+    fn header_json_escapes_what_json_must() {
+        let v = "q\"b\\n\nr\rt\tc\u{1}é😀";
+        let text = headers_json(&[("k\"", Some(v.as_bytes()))]);
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed["k\""], v, "{text}");
+        // A name given twice: the last value, as jsonb keeps it.
+        let text = headers_json(&[("id", Some(&b"1"[..])), ("id", Some(&b"2"[..]))]);
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed["id"], "2");
     }
 
     #[test]
