@@ -1006,7 +1006,11 @@ mod tests {
 
     #[test]
     fn headers_are_text_when_they_can_be() {
-        let h = [("id", Some(&b"abc"[..])), ("bin", Some(&[0xff][..])), ("none", None)];
+        let h = [
+            ("id", Some(&b"abc"[..])),
+            ("bin", Some(&[0xff][..])),
+            ("none", None),
+        ];
         assert_eq!(
             headers_json(&h),
             r#"{"id":"abc","bin":{"base64":"/w=="},"none":null}"#
