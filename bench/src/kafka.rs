@@ -71,7 +71,7 @@ pub async fn warm_up(p: &FutureProducer) -> Res<()> {
 /// How often a [`Watch`] asks for the high watermarks.
 const WATCH_EVERY: Duration = Duration::from_millis(5);
 
-fn consumer(brokers: &str) -> Res<BaseConsumer> {
+pub(crate) fn consumer(brokers: &str) -> Res<BaseConsumer> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", ferry_testkit::pg::unique_name("ferry-bench"))
@@ -98,7 +98,7 @@ fn high_watermark(c: &BaseConsumer, topic: &str, partition: i32) -> Res<i64> {
 
 /// The sum of `topic`'s partitions' high watermarks: how many records it holds (a fresh topic
 /// of a producer that sends no duplicate).
-fn high_watermarks(c: &BaseConsumer, topic: &str) -> Res<i64> {
+pub(crate) fn high_watermarks(c: &BaseConsumer, topic: &str) -> Res<i64> {
     let mut sum = 0;
     for p in 0..PARTITIONS {
         sum += high_watermark(c, topic, p)?;

@@ -19,6 +19,7 @@
 //! table. Exit code 1 when anything is lost, phantom or out of order (or, with
 //! `--exactly-once`, duplicated), or the confirmed LSN never got there.
 
+mod chain;
 mod check;
 mod load;
 
@@ -76,6 +77,12 @@ usage: ferry-bench chaos [flags]
   --no-broker-restart  leave the broker faults out of the mix
   --only-broker-restart  the broker faults alone
   --log-level L     Ferry's log level (default warn), in <logs>/ferry.log
+  --chain           the whole outbox pattern instead: an outbox database -> ferry run
+                    (at-least-once; --exactly-once makes it exactly once) -> one broker ->
+                    ferry inbox -> an inbox database; both Ferrys killed with kill -9 at
+                    seeded moments (one every ~6 s, or --kill-every S) and started again;
+                    fails unless every committed outbox row is in the inbox exactly once, in
+                    per-key order, with nothing rolled back and nothing dead-lettered
   --keep-logs       keep <logs> (Ferry's log, a copy of each broker node's, faults.log: each
                     fault as injected and healed) when the run passes too (a failed run
                     always keeps them)
@@ -99,6 +106,7 @@ struct ChaosArgs {
     only_broker_restart: bool,
     log_level: String,
     keep_logs: bool,
+    chain: bool,
     command: String,
 }
 
@@ -130,6 +138,7 @@ impl ChaosArgs {
             only_broker_restart: false,
             log_level: "warn".into(),
             keep_logs: false,
+            chain: false,
             command: format!("ferry-bench chaos {}", args.join(" ")),
         };
         let mut it = args.iter();
@@ -149,8 +158,17 @@ impl ChaosArgs {
                 "--only-broker-restart" => a.only_broker_restart = true,
                 "--log-level" => a.log_level = value()?.to_string(),
                 "--keep-logs" => a.keep_logs = true,
+                "--chain" => a.chain = true,
                 other => return Err(format!("unknown flag {other:?} (see --help)").into()),
             }
+        }
+        if a.chain
+            && (a.cluster || a.broker_sigkill || a.no_broker_restart || a.only_broker_restart)
+        {
+            return Err(
+                "--chain injects kill -9 of both Ferrys only, on one broker: no broker flags"
+                    .into(),
+            );
         }
         if a.cluster && a.broker_sigkill {
             return Err(
@@ -221,7 +239,12 @@ pub async fn main(argv: &[String]) -> i32 {
             return 2;
         }
     };
-    match run(args).await {
+    let result = if args.chain {
+        chain::run(args).await
+    } else {
+        run(args).await
+    };
+    match result {
         Ok(ok) => i32::from(!ok),
         Err(e) => {
             eprintln!("ferry-bench chaos: {e}");
@@ -240,6 +263,8 @@ const CATCH_UP: Duration = Duration::from_secs(300);
 
 /// The Ferry process of the run, restarted after kills and exits.
 struct Ferry {
+    /// `run` (or, in the chain, `inbox`).
+    command: &'static str,
     child: Option<Child>,
     port: u16,
     env: Vec<(String, String)>,
@@ -255,7 +280,7 @@ impl Ferry {
             .append(true)
             .open(&self.log)?;
         let mut cmd = Command::new(crate::ferry::bin()?);
-        cmd.arg("run")
+        cmd.arg(self.command)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{}", self.port))
@@ -357,6 +382,7 @@ async fn run(args: ChaosArgs) -> Res<bool> {
         env.push(("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()));
     }
     let ferry = Arc::new(Mutex::new(Ferry {
+        command: "run",
         child: None,
         port: 0,
         env,

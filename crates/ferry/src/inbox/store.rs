@@ -509,7 +509,7 @@ impl Statements {
         let fresh_ids = format!(
             "WITH f AS (INSERT INTO {dedup} (event_id) SELECT e FROM unnest($1::text[]) AS e ORDER BY e \
              ON CONFLICT DO NOTHING RETURNING event_id) \
-             SELECT count(*)::int8, CASE WHEN count(*) < $2::int8 THEN array_agg(event_id) END FROM f",
+             SELECT count(*)::int8, CASE WHEN count(*) < $2::int8 THEN coalesce(array_agg(event_id), '{{}}') END FROM f",
             dedup = t.dedup,
         );
         let copy = format!(
@@ -767,8 +767,14 @@ async fn copy_batch(
         let row = tx
             .query_one(&s.fresh_ids, &[&ids, &(ids.len() as i64)])
             .await?;
-        row.get::<_, Option<Vec<String>>>(1)
-            .map(|v| v.into_iter().collect())
+        // All new: no list. Otherwise the new ones, none at all being an empty list.
+        let new: i64 = row.get(0);
+        (usize::try_from(new).ok() != Some(ids.len())).then(|| {
+            row.get::<_, Option<Vec<String>>>(1)
+                .unwrap_or_default()
+                .into_iter()
+                .collect()
+        })
     } else {
         None
     };
