@@ -79,7 +79,7 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         "bench-cleanup",
         &[
             ("FERRY_INBOX_CLEANUP_INTERVAL", interval),
-            ("FERRY_LOG_LEVEL", "info".into()),
+            ("FERRY_LOG_LEVEL", "info,ferry::inbox::store=debug".into()),
             ("FERRY_LOG_FORMAT", "json".into()),
         ],
         Some(&log),
@@ -114,6 +114,7 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         )
     })?;
     let (end_us, start_us) = (micros(ended), micros(ended) - (took * 1e3) as i64);
+    let deletes = delete_ms(&log);
 
     let rows = sql
         .query(
@@ -138,6 +139,24 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         rate(deleted / (took / 1e3)),
         longest * 1e3
     );
+    if !deletes.is_empty() {
+        let mut sorted = deletes.clone();
+        sorted.sort_by(f64::total_cmp);
+        let worst = deletes
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i + 1);
+        println!(
+            "[cleanup] {} DELETEs: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (the {worst}th); first {:.1} ms, last {:.1} ms",
+            deletes.len(),
+            quantile(&sorted, 0.5),
+            quantile(&sorted, 0.99),
+            quantile(&sorted, 1.0),
+            deletes[0],
+            deletes[deletes.len() - 1],
+        );
+    }
     println!(
         "\n| the inbox's writes at {} records/s | before the cleanup | during it | after it |\n| --- | ---: | ---: | ---: |\n{}",
         thousands(load),
@@ -187,6 +206,24 @@ fn took_ms(log: &std::path::Path) -> Option<f64> {
             .then(|| v["took_ms"].as_f64())
             .flatten()
     })
+}
+
+/// Each DELETE of the first cleanup, ms, in order (ferry's debug lines "cleanup DELETE").
+fn delete_ms(log: &std::path::Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut out = Vec::new();
+    for l in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(l) else {
+            continue;
+        };
+        if v["message"] == "cleanup deleted expired rows" {
+            break;
+        }
+        if v["message"] == "cleanup DELETE" {
+            out.extend(v["took_us"].as_f64().map(|us| us / 1e3));
+        }
+    }
+    out
 }
 
 /// The inbox's commits within a window.

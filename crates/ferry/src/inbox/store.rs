@@ -948,22 +948,46 @@ pub async fn cleanup(
 ) -> Result<Cleaned, tokio_postgres::Error> {
     let started = Instant::now();
     let mut cleaned = Cleaned::default();
-    let dedup = format!(
-        "DELETE FROM {d} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {d} WHERE received_at < now() - make_interval(secs => $1) LIMIT $2))",
-        d = t.dedup
-    );
-    cleaned.dedup_rows =
-        batches(client, &dedup, dedup_retention, batch, &mut cleaned.longest).await?;
+    cleaned.dedup_rows = batches(
+        client,
+        &expired(&t.dedup, "received_at"),
+        dedup_retention,
+        batch,
+        &mut cleaned.longest,
+    )
+    .await?;
     if let Some(r) = processed_retention {
-        let processed = format!(
-            "DELETE FROM {i} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {i} WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2))",
-            i = t.inbox
-        );
-        cleaned.processed_rows =
-            batches(client, &processed, r, batch, &mut cleaned.longest).await?;
+        cleaned.processed_rows = batches(
+            client,
+            &expired(&t.inbox, "processed_at"),
+            r,
+            batch,
+            &mut cleaned.longest,
+        )
+        .await?;
     }
     cleaned.took = started.elapsed();
     Ok(cleaned)
+}
+
+/// One batch of the cleanup of `table`: up to `$2` rows whose `column` is older than `$1`
+/// seconds, taken in the order of `column`'s index from `$3` on (the highest value the batch
+/// before deleted; NULL: from the start), deleted by their ctid. Answers how many, and the
+/// highest value deleted.
+///
+/// Each batch starts where the one before stopped: a scan from the start of the index passed
+/// every entry the batches before had deleted (dead until VACUUM), so the n-th batch read n
+/// batches' worth of dead entries, and the last ones of 10,000,000 expired ids took 0.8-1.9 s
+/// each. Rows tied on the value the batch before stopped at are read again, no more.
+fn expired(table: &str, column: &str) -> String {
+    format!(
+        "WITH doomed AS (SELECT ctid FROM {table} \
+           WHERE {column} >= coalesce($3::timestamptz, '-infinity') \
+             AND {column} < now() - make_interval(secs => $1) \
+           ORDER BY {column} LIMIT $2), \
+         gone AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM doomed)) RETURNING {column}) \
+         SELECT count(*)::int8, max({column}) FROM gone"
+    )
 }
 
 async fn batches(
@@ -976,11 +1000,16 @@ async fn batches(
     let stmt = client.prepare(sql).await?;
     let secs = retention.as_secs_f64();
     let mut total = 0;
+    let mut from: Option<std::time::SystemTime> = None;
     loop {
         let started = Instant::now();
-        let n = client.execute(&stmt, &[&secs, &batch]).await?;
-        *longest = (*longest).max(started.elapsed());
+        let row = client.query_one(&stmt, &[&secs, &batch, &from]).await?;
+        let n = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+        let took = started.elapsed();
+        *longest = (*longest).max(took);
+        tracing::debug!(rows = n, took_us = took.as_micros() as u64, "cleanup DELETE");
         total += n;
+        from = row.get::<_, Option<std::time::SystemTime>>(1).or(from);
         if n < batch as u64 {
             return Ok(total);
         }
