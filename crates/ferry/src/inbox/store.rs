@@ -1007,7 +1007,11 @@ async fn batches(
         let n = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
         let took = started.elapsed();
         *longest = (*longest).max(took);
-        tracing::debug!(rows = n, took_us = took.as_micros() as u64, "cleanup DELETE");
+        tracing::debug!(
+            rows = n,
+            took_us = took.as_micros() as u64,
+            "cleanup DELETE"
+        );
         total += n;
         from = row.get::<_, Option<std::time::SystemTime>>(1).or(from);
         if n < batch as u64 {
