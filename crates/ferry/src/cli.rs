@@ -383,10 +383,7 @@ fn load(arg: &ConfigArg) -> Result<Config, ExitCode> {
 async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
     let shutdown = shutdown_signal();
     let config = load(&arg.config)?;
-    if let Err(e) = telemetry::logging::init(config.log.format, &config.log.level) {
-        errln!("ferry: log.level: {e}");
-        return Err(ExitCode::from(2));
-    }
+    start_logging(&config)?;
     let mut settings = PipelineSettings::from_config(&config).map_err(|e| {
         errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
@@ -397,19 +394,7 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
     };
     settings.pass = one_shot_pass(&arg, &settings)?;
     let metrics = Metrics::new();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    if let Some(addr) = config.http.listen.addr() {
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-            tracing::error!(%addr, error = %e, "cannot listen for HTTP (http.listen); choose another address or \"off\"");
-            ExitCode::from(2)
-        })?;
-        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-        let state = Arc::new(HttpState::new(metrics.clone()));
-        let mut rx = stop_rx.clone();
-        tokio::spawn(telemetry::serve(listener, state, async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }));
-    }
+    let stop_http = serve_telemetry(&config, HttpState::new(metrics.clone())).await?;
     let catch_up = tokio::spawn(telemetry::catchup::run(
         metrics.clone(),
         telemetry::catchup::INTERVAL,
@@ -426,8 +411,41 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
         "starting"
     );
     let result = pipeline::run(settings, metrics, shutdown).await;
-    let _ = stop_tx.send(true);
+    let _ = stop_http.send(true);
     catch_up.abort();
+    ended(result)
+}
+
+/// Logging as `[log]` says, or exit 2.
+fn start_logging(config: &Config) -> Result<(), ExitCode> {
+    telemetry::logging::init(config.log.format, &config.log.level).map_err(|e| {
+        errln!("ferry: log.level: {e}");
+        ExitCode::from(2)
+    })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` from `state` on `http.listen` (unless it is
+/// "off") until the returned sender says stop; a port that cannot be bound exits 2.
+async fn serve_telemetry(
+    config: &Config,
+    state: HttpState,
+) -> Result<tokio::sync::watch::Sender<bool>, ExitCode> {
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    if let Some(addr) = config.http.listen.addr() {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            tracing::error!(%addr, error = %e, "cannot listen for HTTP (http.listen); choose another address or \"off\"");
+            ExitCode::from(2)
+        })?;
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        tokio::spawn(telemetry::serve(listener, Arc::new(state), async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        }));
+    }
+    Ok(stop_tx)
+}
+
+/// The exit code of a command that ran until stopped: 0, or 1 with its permanent error.
+fn ended(result: Result<(), impl std::fmt::Display>) -> Result<ExitCode, ExitCode> {
     match result {
         Ok(()) => {
             tracing::info!("stopped");
@@ -450,46 +468,19 @@ async fn run(arg: RunArgs) -> Result<ExitCode, ExitCode> {
 async fn inbox(arg: ConfigArg) -> Result<ExitCode, ExitCode> {
     let shutdown = shutdown_signal();
     let config = load(&arg)?;
-    if let Err(e) = telemetry::logging::init(config.log.format, &config.log.level) {
-        errln!("ferry: log.level: {e}");
-        return Err(ExitCode::from(2));
-    }
+    start_logging(&config)?;
     let settings = crate::inbox::InboxSettings::from_config(&config).map_err(|e| {
         errln!("ferry: the configuration cannot be used:\n{e}");
         ExitCode::from(2)
     })?;
     let metrics = Arc::new(crate::inbox::metrics::InboxMetrics::default());
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    if let Some(addr) = config.http.listen.addr() {
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-            tracing::error!(%addr, error = %e, "cannot listen for HTTP (http.listen); choose another address or \"off\"");
-            ExitCode::from(2)
-        })?;
-        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-        let mut state = HttpState::new(Metrics::new());
-        state.inbox = Some(metrics.clone());
-        let mut rx = stop_rx.clone();
-        tokio::spawn(telemetry::serve(listener, Arc::new(state), async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }));
-    }
+    let mut state = HttpState::new(Metrics::new());
+    state.inbox = Some(metrics.clone());
+    let stop_http = serve_telemetry(&config, state).await?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), postgres = %settings.postgres, "starting the inbox");
     let result = crate::inbox::run(settings, metrics, shutdown).await;
-    let _ = stop_tx.send(true);
-    match result {
-        Ok(()) => {
-            tracing::info!("stopped");
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => {
-            if tracing::event_enabled!(tracing::Level::ERROR) {
-                tracing::error!(error = %e, "stopping: permanent error");
-            } else {
-                errln!("ferry: {e}");
-            }
-            Err(ExitCode::from(1))
-        }
-    }
+    let _ = stop_http.send(true);
+    ended(result)
 }
 
 /// `--skip-event` / `--dead-letter-event`, checked against the configuration: a dead letter
