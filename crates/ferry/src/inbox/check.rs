@@ -52,7 +52,7 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
     crate::check::print_problems(&found);
     all.extend(found);
 
-    outln!("Kafka {}", s.kafka_brokers());
+    outln!("Kafka {}", s.brokers);
     let found = kafka(&s).await;
     crate::check::print_problems(&found);
     all.extend(found);

@@ -171,11 +171,19 @@ pub fn spawn(
             events: events.clone(),
             revoke_wait: settings.revoke_wait,
         })
-        .map_err(|e| format!("cannot create the Kafka consumer: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "cannot create the Kafka consumer: {e}; check the [kafka] properties \
+                 (FERRY_KAFKA_PROPERTIES_*): `ferry inbox check` names the one at fault"
+            )
+        })?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
-    consumer
-        .subscribe(&topics)
-        .map_err(|e| format!("cannot subscribe to {}: {e}", settings.topics.join(", ")))?;
+    consumer.subscribe(&topics).map_err(|e| {
+        format!(
+            "cannot subscribe to {}: {e}; check inbox.topics (a topic name or a ^regex)",
+            settings.topics.join(", ")
+        )
+    })?;
     let start = settings.start;
     std::thread::Builder::new()
         .name("ferry-inbox-consumer".into())

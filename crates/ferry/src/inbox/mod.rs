@@ -37,6 +37,8 @@ use store::{Cleaned, Statements, Tables};
 pub struct InboxSettings {
     pub postgres: ConnectConfig,
     pub kafka: Vec<(String, String)>,
+    /// `kafka.brokers`, comma-separated, for messages.
+    pub brokers: String,
     pub topics: Vec<String>,
     pub group: String,
     pub tables: Tables,
@@ -62,16 +64,6 @@ impl std::fmt::Debug for InboxSettings {
 }
 
 impl InboxSettings {
-    /// The bootstrap brokers, for messages.
-    pub fn kafka_brokers(&self) -> String {
-        self.kafka
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "bootstrap.servers" || k == "metadata.broker.list")
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
-    }
-
     /// The settings, or every reason they cannot be made (key path: what and how to fix).
     pub fn from_config(c: &Config) -> Result<InboxSettings, String> {
         let i = &c.inbox;
@@ -109,6 +101,7 @@ impl InboxSettings {
         Ok(InboxSettings {
             postgres,
             kafka,
+            brokers: c.kafka.brokers.0.join(","),
             topics: i.topics.0.clone(),
             group: i.group_id.clone(),
             tables: Tables::new(&table, payload),
@@ -327,7 +320,11 @@ pub async fn run(
                         revokes.push((partitions.iter().cloned().collect(), done));
                         machine.handle_revoked(partitions, now);
                     }
-                    Event::Failed(e) => break 'run Err(format!("the Kafka consumer failed: {e}")),
+                    Event::Failed(e) => break 'run Err(format!(
+                        "the Kafka consumer failed fatally: {e}; nothing it held was written, and \
+                         a restart reads the offsets from the database again (check the brokers \
+                         and [kafka] properties if it repeats)"
+                    )),
                 }
             }
             () = sleep_until(deadline) => machine.handle_timeout(Instant::now()),
