@@ -252,8 +252,13 @@ impl Ctx {
 
     /// A topic of [`PARTITIONS`] partitions with a name of its own.
     pub async fn topic(&self, prefix: &str) -> String {
+        self.topic_with(prefix, &[]).await
+    }
+
+    /// [`Ctx::topic`] with topic configuration.
+    pub async fn topic_with(&self, prefix: &str, config: &[(&str, &str)]) -> String {
         let t = pg::unique_name(prefix);
-        testkafka::create_topic(&self.world.brokers(), &t, PARTITIONS).await;
+        testkafka::create_topic_with(&self.world.brokers(), &t, PARTITIONS, config).await;
         t
     }
 
