@@ -350,7 +350,12 @@ pub fn steady_payload() -> serde_json::Value {
 /// of their own on PostgreSQL's CPU: the deployment the pinned mode models has the application
 /// elsewhere, not on the relay's core (on 2 cores, that leaves the relay's core to Ferry and the
 /// broker).
-pub(crate) async fn write_load(db_url: &str, rate: u64, secs: f64, pinned: bool) -> Res<(u64, f64)> {
+pub(crate) async fn write_load(
+    db_url: &str,
+    rate: u64,
+    secs: f64,
+    pinned: bool,
+) -> Res<(u64, f64)> {
     let writes = move |url: String| async move {
         let mut writers = Vec::new();
         for _ in 0..WRITERS {

@@ -43,9 +43,7 @@ async fn write(sql: tokio_postgres::Client, truth: Arc<Mutex<Truth>>, stop: Arc<
         }
         let values: Vec<String> = rows
             .iter()
-            .map(|(k, s)| {
-                format!("('chain', '{k}', 'Changed', '{{\"key\":\"{k}\",\"seq\":{s}}}')")
-            })
+            .map(|(k, s)| format!("('chain', '{k}', 'Changed', '{{\"key\":\"{k}\",\"seq\":{s}}}')"))
             .collect();
         let insert = format!(
             "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES {} \
@@ -189,7 +187,9 @@ async fn every_outbox_row_reaches_the_inbox_once_in_key_order_through_kill_9_of_
         }
         match truth.committed.get(&id) {
             Some((k, s)) if *k == key && *s == seq => {}
-            Some(other) => problems.push(format!("{id} stored as {key}#{seq}, committed as {other:?}")),
+            Some(other) => problems.push(format!(
+                "{id} stored as {key}#{seq}, committed as {other:?}"
+            )),
             None => problems.push(format!("phantom: {id} ({key}#{seq})")),
         }
         let prev = last.insert(key.clone(), seq).unwrap_or(0);
@@ -284,7 +284,10 @@ async fn a_batch_of_nothing_but_known_ids_stores_nothing() {
     wait_until("20 records stored", Duration::from_secs(60), || stored(20)).await;
     // The same ids again, after the first ones were committed: batches of known ids only.
     produce(5..15).await;
-    wait_until("30 records consumed", Duration::from_secs(60), || stored(30)).await;
+    wait_until("30 records consumed", Duration::from_secs(60), || {
+        stored(30)
+    })
+    .await;
     let rows: i64 = inbox_sql
         .query_one("SELECT count(*) FROM ferry_inbox", &[])
         .await

@@ -62,7 +62,13 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
 
     let topic = ctx.topic("inbox-cleanup").await;
     let stop = Arc::new(AtomicBool::new(false));
-    let producer = Steady::start(&ctx.world.brokers(), &topic, ctx.args.seed, load, stop.clone())?;
+    let producer = Steady::start(
+        &ctx.world.brokers(),
+        &topic,
+        ctx.args.seed,
+        load,
+        stop.clone(),
+    )?;
     let dir = log_dir()?;
     let log = dir.join("ferry-inbox.log");
     let interval = format!("{}ms", ctx.args.cleanup_after.as_millis());
@@ -186,7 +192,8 @@ async fn fill(sql: &tokio_postgres::Client, n: u64) -> Result<(), tokio_postgres
          CREATE INDEX ferry_inbox_dedup_received ON ferry_inbox_dedup (received_at)",
     )
     .await?;
-    sql.batch_execute("VACUUM ANALYZE ferry_inbox_dedup").await?;
+    sql.batch_execute("VACUUM ANALYZE ferry_inbox_dedup")
+        .await?;
     sql.batch_execute("CHECKPOINT").await?;
     Ok(())
 }

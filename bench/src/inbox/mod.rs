@@ -235,9 +235,7 @@ impl Ctx {
             .await?;
         if self.args.synchronous_commit_off {
             self.admin
-                .batch_execute(&format!(
-                    "ALTER DATABASE {db} SET synchronous_commit = off"
-                ))
+                .batch_execute(&format!("ALTER DATABASE {db} SET synchronous_commit = off"))
                 .await?;
         }
         Ok((db.clone(), pg::with_dbname(&self.world.admin_url, &db)))
@@ -565,7 +563,9 @@ mod drain {
             .await?
             .get(0);
         if distinct != n as i64 {
-            return Err(format!("the inbox holds {distinct} distinct event ids, expected {n}").into());
+            return Err(
+                format!("the inbox holds {distinct} distinct event ids, expected {n}").into(),
+            );
         }
         let first = commits.first().ok_or("no commit")?;
         let last = commits.last().ok_or("no commit")?;

@@ -964,7 +964,11 @@ async fn batches(
         let n = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
         let took = started.elapsed();
         *longest = (*longest).max(took);
-        tracing::debug!(rows = n, took_us = took.as_micros() as u64, "cleanup DELETE");
+        tracing::debug!(
+            rows = n,
+            took_us = took.as_micros() as u64,
+            "cleanup DELETE"
+        );
         total += n;
         from = row.get::<_, Option<std::time::SystemTime>>(1).or(from);
         if n < batch as u64 {
@@ -998,7 +1002,11 @@ mod tests {
 
     #[test]
     fn headers_are_text_when_they_can_be() {
-        let h = [("id", Some(&b"abc"[..])), ("bin", Some(&[0xff][..])), ("none", None)];
+        let h = [
+            ("id", Some(&b"abc"[..])),
+            ("bin", Some(&[0xff][..])),
+            ("none", None),
+        ];
         assert_eq!(
             headers_json(&h),
             r#"{"id":"abc","bin":{"base64":"/w=="},"none":null}"#
