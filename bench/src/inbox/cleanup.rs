@@ -7,7 +7,7 @@
 //! Measured:
 //! - the cleanup's duration and rows (ferry's log: `took_ms`, `dedup_rows`) and its longest
 //!   single DELETE (`ferry_inbox_cleanup_longest_delete_seconds`);
-//! - the inbox's writes before the cleanup (from 5 s after the first commit) and during it:
+//! - the inbox's writes before the cleanup (its last 10 s), during it and after it (10 s):
 //!   every batch's commit time exactly (its rows' `pg_xact_commit_timestamp`), so the longest
 //!   gap between two consecutive commits (the longest stall of the writes), rows/s, and each
 //!   record's Kafka timestamp (the producer's clock, same machine) → its commit.
@@ -126,7 +126,13 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         .map_err(|e| describe(&e))?;
     let rows: Vec<(i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     let first = rows.iter().map(|r| r.0).min().ok_or("no rows")?;
-    let before = Window::of(&rows, (first + 5_000_000).min(start_us), start_us);
+    // Before: the last 10 s before the cleanup (the inbox has caught up with what the producer
+    // wrote while it started), at most from 5 s after the first commit.
+    let before = Window::of(
+        &rows,
+        (start_us - 10_000_000).max(first + 5_000_000).min(start_us),
+        start_us,
+    );
     let during = Window::of(&rows, start_us, end_us);
     let after = Window::of(&rows, end_us, end_us + TAIL.as_micros() as i64);
     drop(sql);

@@ -6,7 +6,10 @@
 //! against that of the inbox row with its id as `event_id` (`ferry run` sets the `id` header to
 //! the row's id). Both databases are on one cluster, so both stamps come from one clock; the
 //! inbox's commit is when the row becomes visible to the application. Exact quantiles over
-//! every row of the run.
+//! every row of the run. The topic stamps records with the broker's clock as it appends them
+//! (`message.timestamp.type=LogAppendTime`; the inbox stores that as `kafka_timestamp`), which
+//! splits it in two: outbox commit → in Kafka (`ferry run`), in Kafka → inbox commit
+//! (`ferry inbox`); the broker stamps whole milliseconds, so half a millisecond is added.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -37,7 +40,12 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
             &[&slot],
         )
         .await?;
-    let topic = ctx.topic("inbox-latency").await;
+    let topic = ctx
+        .topic_with(
+            "inbox-latency",
+            &[("message.timestamp.type", "LogAppendTime")],
+        )
+        .await;
     let brokers = ctx.world.brokers();
     let mut relay = Running::spawn(&out_url, &brokers, slot, &topic)?;
     let (in_db, in_url) = ctx.inbox_db("bench_inbox_latency").await?;
@@ -57,6 +65,7 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         procfs::cpu_seconds(relay.child.id())?,
         procfs::cpu_seconds(inbox.pid())?,
     );
+    let writes_before = procfs::histogram(inbox.port, "ferry_inbox_write_seconds").await?;
     let writer_start = SystemTime::now();
     let (rows, elapsed) = crate::latency::write_load(&out_url, rate, secs, false).await?;
     wait_rows(
@@ -66,6 +75,10 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         &mut inbox,
     )
     .await?;
+    let writes = procfs::diff(
+        &procfs::histogram(inbox.port, "ferry_inbox_write_seconds").await?,
+        &writes_before,
+    );
     let cpu_relay = procfs::cpu_seconds(relay.child.id())? - cpu_relay;
     let cpu_inbox = procfs::cpu_seconds(inbox.pid())? - cpu_inbox;
     let rss = procfs::peak_rss_kib(inbox.pid())?;
@@ -81,16 +94,26 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         .map(|r| (r.get(0), r.get(1)))
         .filter(|(_, t): &(String, i64)| *t >= since)
         .collect();
-    let visible: Vec<(String, i64)> = inbox_sql
-        .query(&format!("SELECT event_id, {stamp} FROM ferry_inbox"), &[])
+    let visible: Vec<(String, i64, i64)> = inbox_sql
+        .query(
+            &format!(
+                "SELECT event_id, {stamp}, (extract(epoch FROM kafka_timestamp) * 1e6)::bigint + 500 \
+                 FROM ferry_inbox"
+            ),
+            &[],
+        )
         .await?
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    let mut lat: Vec<f64> = visible
-        .iter()
-        .filter_map(|(id, t)| Some((t - commits.get(id)?) as f64 / 1e3))
-        .collect();
+    let (mut lat, mut relay_lat, mut inbox_lat) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, t, k) in &visible {
+        if let Some(c) = commits.get(id) {
+            lat.push((t - c) as f64 / 1e3);
+            relay_lat.push((k - c) as f64 / 1e3);
+            inbox_lat.push((t - k) as f64 / 1e3);
+        }
+    }
     if lat.len() as u64 != rows || commits.len() as u64 != rows {
         return Err(format!(
             "the writer committed {rows} rows, the outbox holds {} of the run, the inbox {} of them",
@@ -99,12 +122,24 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         )
         .into());
     }
-    lat.sort_by(f64::total_cmp);
+    for v in [&mut lat, &mut relay_lat, &mut inbox_lat] {
+        v.sort_by(f64::total_cmp);
+    }
+    let q = |v: &[f64]| {
+        format!(
+            "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            quantile(v, 0.50),
+            quantile(v, 0.99),
+            quantile(v, 1.0)
+        )
+    };
     drop((outbox, inbox_sql));
     ctx.drop_db(&out_db).await?;
     ctx.drop_db(&in_db).await?;
     println!(
-        "[latency] {} rows at {} rows/s achieved: outbox commit → inbox commit p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms; \
+        "[latency] {} rows at {} rows/s achieved: outbox commit → inbox commit p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms \
+         (outbox commit → in Kafka {}; in Kafka → inbox commit {}); \
+         {} inbox transactions, BEGIN → COMMIT's answer p50 {:.1} ms, p99 {:.1} ms (ferry_inbox_write_seconds); \
          CPU s / 100k rows: ferry run {:.2}, ferry inbox {:.2}; ferry inbox peak RSS {:.1} MiB",
         thousands(rows),
         thousands((rows as f64 / elapsed).round() as u64),
@@ -112,6 +147,11 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
         quantile(&lat, 0.99),
         quantile(&lat, 0.999),
         quantile(&lat, 1.0),
+        q(&relay_lat),
+        q(&inbox_lat),
+        writes.last().map_or(0, |b| b.1),
+        procfs::quantile(&writes, 0.5) * 1e3,
+        procfs::quantile(&writes, 0.99) * 1e3,
         cpu_relay / rows as f64 * 1e5,
         cpu_inbox / rows as f64 * 1e5,
         rss as f64 / 1024.0,

@@ -49,7 +49,7 @@ usage: ferry-bench inbox [flags]
                         records/s (default 0: no cleanup run). Given alone, it is the only run
   --cleanup-load R      records/s produced during the cleanup run (default 10000)
   --cleanup-after D     inbox.cleanup_interval of the cleanup run, e.g. 20s: the first
-                        cleanup starts that long after ferry inbox (default 20s)
+                        cleanup starts that long after ferry inbox (default 30s)
   --synchronous-commit off   ALTER DATABASE ... SET synchronous_commit = off on the inbox's
                         databases (the user's choice; PostgreSQL's default is on)
   --env K=V             extra environment for every ferry inbox (e.g.
@@ -88,7 +88,7 @@ impl InboxArgs {
             latency_secs: 30.0,
             cleanup_rows: 0,
             cleanup_load: 10_000,
-            cleanup_after: Duration::from_secs(20),
+            cleanup_after: Duration::from_secs(30),
             synchronous_commit_off: false,
             env: Vec::new(),
             seed: 1,
@@ -250,8 +250,13 @@ impl Ctx {
 
     /// A topic of [`PARTITIONS`] partitions with a name of its own.
     pub async fn topic(&self, prefix: &str) -> String {
+        self.topic_with(prefix, &[]).await
+    }
+
+    /// [`Ctx::topic`] with topic configuration.
+    pub async fn topic_with(&self, prefix: &str, config: &[(&str, &str)]) -> String {
         let t = pg::unique_name(prefix);
-        testkafka::create_topic(&self.world.brokers(), &t, PARTITIONS).await;
+        testkafka::create_topic_with(&self.world.brokers(), &t, PARTITIONS, config).await;
         t
     }
 

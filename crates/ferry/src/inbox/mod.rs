@@ -331,7 +331,7 @@ pub async fn run(
         }
     };
     // Let every revocation waiting on us go, then stop the consumer (its close commits nothing
-    // the database does not hold: the advisory commits were sent after each transaction).
+    // the database does not hold: the advisory commits are sent after the transactions).
     for (_, done) in revokes {
         let _ = done.send(());
     }
