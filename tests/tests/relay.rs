@@ -318,3 +318,50 @@ async fn expanded_json_payloads_arrive_byte_for_byte() {
         assert!(status.success(), "{status:?}\n{}", ferry.log_text());
     }
 }
+
+/// librdkafka borrows each record's value until its delivery report (no copy: `ferry::producer`,
+/// `kept`): a value released early would be memory the reader reuses for the next WAL it reads,
+/// and Kafka would get other bytes. A backlog drained at full speed, jsonb values of ~1 KB that
+/// differ row by row, written in one transaction, must arrive byte for byte as PostgreSQL renders them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_arrives_byte_for_byte_while_librdkafka_borrows_the_values() {
+    const ROWS: usize = 20_000;
+    let w = World::new().await;
+    let topic = w.create_topic("order", 3).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    // One transaction: it reaches Ferry as one burst, at the walsender's speed.
+    w.sql
+        .batch_execute(&format!(
+            "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
+             SELECT gen_random_uuid(), 'order', 'o-' || (i % 97), 'OrderCreated',
+                    jsonb_build_object('i', i, 'pad', repeat(md5(i::text), 30))
+             FROM generate_series(1, {ROWS}) AS i"
+        ))
+        .await
+        .unwrap();
+    let expected: HashMap<String, String> = w
+        .sql
+        .query("SELECT id::text, payload::text FROM outbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let got = w.consume(&topic, ROWS).await;
+    assert_eq!(got.len(), ROWS);
+    let mut wrong = 0;
+    for r in &got {
+        let id = r.header("id").unwrap();
+        let value = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default());
+        if expected.get(&id).map(String::as_str) != Some(&*value) {
+            wrong += 1;
+            if wrong <= 3 {
+                eprintln!("record {id}: {:.120}", value);
+            }
+        }
+    }
+    assert_eq!(wrong, 0, "{wrong} of {ROWS} values are not the rows' bytes");
+    let status = ferry.terminate().await;
+    assert!(status.success(), "{status:?}\n{}", ferry.log_text());
+}

@@ -22,10 +22,14 @@
 //! purge's reports itself, so that a producer dropped where the task cannot run (on the runtime's
 //! thread, or on the warm-up thread) does not wait for it.
 
-use std::ffi::{c_void, CStr};
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr, CString};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_router::Header;
 
 use rdkafka::bindings as rd;
 use rdkafka::config::RDKafkaLogLevel;
@@ -53,6 +57,50 @@ pub(super) struct Client {
     wake: Arc<Notify>,
     /// One server at a time: the task, or the drop.
     serving: Mutex<()>,
+    /// librdkafka's handle of every topic produced to (see [`Client::produce`]); destroyed in
+    /// `drop`, before the client is.
+    topics: Mutex<TopicHandles>,
+}
+
+/// Topic handles by name, and the last one used (records of one topic come in runs: the
+/// interned name's address is compared before any hashing).
+#[derive(Default)]
+struct TopicHandles {
+    last: Option<(Arc<str>, TopicHandle)>,
+    by_name: HashMap<Arc<str>, TopicHandle>,
+}
+
+#[derive(Clone, Copy)]
+struct TopicHandle(NonNull<rd::rd_kafka_topic_t>);
+
+// SAFETY: a librdkafka topic handle may be used from any thread (it is reference counted and
+// locked inside librdkafka).
+#[allow(unsafe_code)]
+unsafe impl Send for TopicHandle {}
+
+/// One record for [`Client::produce`].
+pub(super) struct Outgoing<'a> {
+    pub topic: &'a str,
+    /// `None`: by the configured partitioner.
+    pub partition: Option<i32>,
+    /// Copied by librdkafka (it always copies keys).
+    pub key: Option<&'a [u8]>,
+    pub value: Value<'a>,
+    pub headers: &'a [Header],
+    /// `None`: the time of the call.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// How librdkafka gets a record's value.
+pub(super) enum Value<'a> {
+    /// A null value (a tombstone).
+    Null,
+    /// Borrowed until the record's report, without a copy: kept alive meanwhile (see
+    /// [`super::kept`]).
+    Kept(Bytes),
+    /// Copied by librdkafka during the call (small values made for the call, such as a
+    /// progress record).
+    Copied(&'a [u8]),
 }
 
 struct Queue(NonNull<rd::rd_kafka_queue_t>);
@@ -89,9 +137,161 @@ impl Client {
             queue,
             wake,
             serving: Mutex::new(()),
+            topics: Mutex::default(),
         });
         tokio::spawn(serve(Arc::downgrade(&client), client.wake.clone()));
         client
+    }
+
+    /// Hands `record` to librdkafka (`rd_kafka_produceva`); its report carries `key`. Unlike
+    /// rust-rdkafka's `send`, nothing is allocated on Ferry's side per record: the topic goes
+    /// as a handle made once per topic (not a C string per record, looked up by librdkafka
+    /// under its lock), header names with their lengths (not a C string each), and a
+    /// [`Value::Kept`] value without librdkafka's copy.
+    #[allow(unsafe_code)]
+    pub fn produce(&self, record: Outgoing<'_>, key: usize) -> Result<(), RDKafkaErrorCode> {
+        let rk = self.producer.client().native_ptr();
+        let rkt = self.topic(rk, record.topic)?;
+        let (value, flags, kept) = match record.value {
+            Value::Null => (None, 0, None),
+            Value::Kept(v) => {
+                let mem = (v.as_ptr(), v.len());
+                (Some(mem), 0, Some(v))
+            }
+            Value::Copied(v) => (Some((v.as_ptr(), v.len())), rd::RD_KAFKA_MSG_F_COPY, None),
+        };
+        let context = self.producer.context();
+        let slot = context.kept().keep(key, kept);
+        // SAFETY: `rk` and `rkt` are live (the handle is destroyed only in `drop`). Every pointer
+        // handed over is valid for the call; librdkafka copies the key and the headers (and a
+        // copied value) during it. A kept value's bytes stay alive in `slot` until its report
+        // (or `rd_kafka_destroy`, before which the context is not dropped: see `kept`). The
+        // headers list becomes librdkafka's on success and stays ours on failure.
+        let error = unsafe {
+            let headers = rd::rd_kafka_headers_new(record.headers.len());
+            for (name, value) in record.headers {
+                let (ptr, len) = match value {
+                    Some(v) => (v.as_ptr().cast::<c_void>(), v.len() as isize),
+                    None => (std::ptr::null(), 0),
+                };
+                rd::rd_kafka_header_add(
+                    headers,
+                    name.as_ptr().cast(),
+                    name.len() as isize,
+                    ptr,
+                    len,
+                );
+            }
+            let mut vus: [rd::rd_kafka_vu_t; 8] = std::mem::zeroed();
+            let mut n = 0;
+            let mut push = |vtype, u| {
+                vus[n] = rd::rd_kafka_vu_t { vtype, u };
+                n += 1;
+            };
+            use rd::rd_kafka_vtype_t::*;
+            type U = rd::rd_kafka_vu_s__bindgen_ty_1;
+            type Mem = rd::rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_1;
+            push(
+                RD_KAFKA_VTYPE_RKT,
+                U {
+                    rkt: rkt.0.as_ptr(),
+                },
+            );
+            push(
+                RD_KAFKA_VTYPE_PARTITION,
+                U {
+                    i32_: record.partition.unwrap_or(-1),
+                },
+            );
+            push(RD_KAFKA_VTYPE_MSGFLAGS, U { i: flags });
+            if let Some((ptr, size)) = value {
+                push(
+                    RD_KAFKA_VTYPE_VALUE,
+                    U {
+                        mem: Mem {
+                            ptr: ptr.cast_mut().cast(),
+                            size,
+                        },
+                    },
+                );
+            }
+            if let Some(k) = record.key {
+                push(
+                    RD_KAFKA_VTYPE_KEY,
+                    U {
+                        mem: Mem {
+                            ptr: k.as_ptr().cast_mut().cast(),
+                            size: k.len(),
+                        },
+                    },
+                );
+            }
+            push(
+                RD_KAFKA_VTYPE_OPAQUE,
+                U {
+                    ptr: slot as *mut c_void,
+                },
+            );
+            push(
+                RD_KAFKA_VTYPE_TIMESTAMP,
+                U {
+                    i64_: record.timestamp_ms.unwrap_or(0),
+                },
+            );
+            push(RD_KAFKA_VTYPE_HEADERS, U { headers });
+            let error = rd::rd_kafka_produceva(rk, vus.as_ptr(), n);
+            if error.is_null() {
+                None
+            } else {
+                let code = rd::rd_kafka_error_code(error);
+                rd::rd_kafka_error_destroy(error);
+                rd::rd_kafka_headers_destroy(headers);
+                Some(code)
+            }
+        };
+        match error {
+            None => Ok(()),
+            Some(code) => {
+                context.kept().release(slot);
+                Err(code.into())
+            }
+        }
+    }
+
+    /// The handle of `topic`, made on first use.
+    #[allow(unsafe_code)]
+    fn topic(&self, rk: *mut rd::rd_kafka_t, topic: &str) -> Result<TopicHandle, RDKafkaErrorCode> {
+        let mut handles = self.topics.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((name, handle)) = &handles.last {
+            if std::ptr::eq(name.as_ptr(), topic.as_ptr()) && name.len() == topic.len() {
+                return Ok(*handle);
+            }
+        }
+        let handle = match handles.by_name.get(topic) {
+            Some(h) => *h,
+            None => {
+                // A name with a NUL byte is no Kafka topic name; librdkafka says so for it.
+                let cname = CString::new(topic).unwrap_or_default();
+                // SAFETY: a live client and a NUL-terminated name (copied by librdkafka). The
+                // handle is ours until `rd_kafka_topic_destroy` in `drop`.
+                let raw =
+                    unsafe { rd::rd_kafka_topic_new(rk, cname.as_ptr(), std::ptr::null_mut()) };
+                let Some(raw) = NonNull::new(raw) else {
+                    // SAFETY: reads the calling thread's last librdkafka error.
+                    return Err(unsafe { rd::rd_kafka_last_error() }.into());
+                };
+                let h = TopicHandle(raw);
+                handles.by_name.insert(topic.into(), h);
+                h
+            }
+        };
+        let name = handles
+            .by_name
+            .get_key_value(topic)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| topic.into());
+        handles.last = Some((name, handle));
+        Ok(handle)
     }
 
     /// Serves up to [`EVENTS_PER_TURN`] events, waiting up to `wait_ms` for the first; whether
@@ -176,6 +376,13 @@ impl Drop for Client {
         }
         // SAFETY: our reference, destroyed once; nothing polls it any more.
         unsafe { rd::rd_kafka_queue_destroy(self.queue.0.as_ptr()) };
+        // Our topic handles, before the client (messages still held keep references of their
+        // own inside librdkafka).
+        let handles = std::mem::take(&mut *self.topics.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, h) in handles.by_name {
+            // SAFETY: made by `rd_kafka_topic_new` in `topic`, destroyed once, never used after.
+            unsafe { rd::rd_kafka_topic_destroy(h.0.as_ptr()) };
+        }
         // The task finds the client gone and ends.
         self.wake.notify_one();
     }
@@ -228,6 +435,7 @@ async fn serve(client: Weak<Client>, wake: Arc<Notify>) {
 #[allow(unsafe_code)]
 unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *mut rd::rd_kafka_t) {
     let mut run: (*mut rd::rd_kafka_topic_t, u64) = (std::ptr::null_mut(), 0);
+    let mut kept = context.kept();
     loop {
         // SAFETY: the caller's event; each message lives as long as the event.
         let message = unsafe { rd::rd_kafka_event_message_next(event) };
@@ -251,8 +459,8 @@ unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *m
         } else {
             Err(KafkaError::MessageProduction(m.err.into()))
         };
-        // The record's key travels as librdkafka's per-message opaque (see `Producer::send`).
-        let key = m._private as usize;
+        // The record's slot travels as librdkafka's per-message opaque (see `Client::produce`).
+        let key = super::released(&mut kept, m._private as usize);
         let topic = match &result {
             // SAFETY: a live topic handle's name, a NUL-terminated string it owns.
             Err(_) if !m.rkt.is_null() => Some(

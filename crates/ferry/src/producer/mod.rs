@@ -10,6 +10,8 @@
 //! in-flight table (owned by one thread, no allocation per record, nothing freed across threads)
 //! and finds it again when the report comes. [`KafkaSink`] is this producer as the core's
 //! [`ferry_core::Sink`] (the per-record idempotent kind).
+//! A record's value is handed over without librdkafka's copy: librdkafka borrows its bytes until
+//! the report, and [`kept`] keeps them alive until then.
 //! Reports are served on the pipeline's own runtime, a produce response's batch at a time, and
 //! travel over an in-thread channel ([`client`]). Errors are classified into the two families: a
 //! report that can succeed on a later attempt (the broker was unreachable past the delivery
@@ -34,6 +36,7 @@
 //! gives up and librdkafka's own timer carries on as before.
 
 mod client;
+mod kept;
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -41,15 +44,14 @@ use std::time::Duration;
 use ferry_router::Record;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
-    BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig,
+    BaseProducer, DeliveryResult, Producer as _, ProducerContext, PurgeConfig,
 };
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
 
-use client::Client;
+use client::{Client, Outgoing, Value};
 
 use crate::telemetry::brokers::{BrokerView, BrokerWatch};
 use crate::telemetry::repeats::{self, Repeats};
@@ -88,6 +90,9 @@ struct Context {
     metrics: Arc<Metrics>,
     /// The watch, and whether the log said that no broker is up (and not yet that one is).
     brokers: Mutex<(BrokerWatch, bool)>,
+    /// The values librdkafka borrows until their reports (see [`kept`]). Here, in the context,
+    /// because rust-rdkafka drops the context only after `rd_kafka_destroy` has returned.
+    kept: Mutex<kept::Kept>,
 }
 
 impl Drop for Context {
@@ -180,6 +185,24 @@ impl Context {
     fn hand_over(&self, delivery: Delivery) {
         let _ = self.reports.send(delivery);
     }
+
+    /// The slots of values librdkafka borrows (see [`kept`]).
+    fn kept(&self) -> std::sync::MutexGuard<'_, kept::Kept> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The caller's key of a reported record whose slot was `slot` (see [`kept`]), releasing its
+/// value. A slot not held would be a second report of one record: logged, and reported under a
+/// key no caller handed out.
+fn released(kept: &mut kept::Kept, slot: usize) -> usize {
+    kept.release(slot).unwrap_or_else(|| {
+        tracing::error!(
+            slot,
+            "a delivery report for a record not in flight (a second report of one record?); ignored"
+        );
+        usize::MAX
+    })
 }
 
 impl ProducerContext for Context {
@@ -188,7 +211,8 @@ impl ProducerContext for Context {
     /// The reports rust-rdkafka takes off the queue itself: its `flush` (and `commit_transaction`,
     /// which flushes first) polls while it waits, racing the report task ([`client`]). They go
     /// the task's way, one at a time.
-    fn delivery(&self, result: &DeliveryResult<'_>, key: usize) {
+    fn delivery(&self, result: &DeliveryResult<'_>, slot: usize) {
+        let key = released(&mut self.kept(), slot);
         let topic = match result {
             Ok(m) | Err((_, m)) => m.topic(),
         };
@@ -256,6 +280,7 @@ impl Producer {
             repeats: Repeats::default(),
             metrics,
             brokers: Mutex::new((BrokerWatch::default(), false)),
+            kept: Mutex::default(),
         })?;
         let inner = Client::new(producer);
         warm_up(Arc::downgrade(&inner));
@@ -270,37 +295,33 @@ impl Producer {
     }
 
     /// Hands a record to librdkafka (accepted, not yet durable); its report will carry `key`.
+    /// The value is not copied: librdkafka borrows it until the report (see [`kept`]).
     pub fn send(&self, record: &Record, key: usize) -> Result<(), SendError> {
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
-        for (name, value) in &record.headers {
-            headers = headers.insert(Header {
-                key: name,
-                value: value.as_deref(),
-            });
-        }
-        let mut r: BaseRecord<'_, [u8], [u8], usize> =
-            BaseRecord::with_opaque_to(&record.topic, key).headers(headers);
-        if let Some(k) = &record.key {
-            r = r.key(&k[..]);
-        }
-        if let Some(v) = &record.value {
-            r = r.payload(&v[..]);
-        }
-        if let Some(p) = record.partition {
-            r = r.partition(p);
-        }
-        if let Some(ts) = record.timestamp_ms {
-            r = r.timestamp(ts);
-        }
-        match self.inner.producer.send(r) {
+        let outgoing = Outgoing {
+            topic: &record.topic,
+            partition: record.partition,
+            key: record.key.as_deref(),
+            value: match &record.value {
+                Some(v) => Value::Kept(v.clone()),
+                None => Value::Null,
+            },
+            headers: &record.headers,
+            timestamp_ms: record.timestamp_ms,
+        };
+        match self.inner.produce(outgoing, key) {
             Ok(()) => {
                 self.topics.sent(&record.topic);
                 Ok(())
             }
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                Err(SendError::QueueFull)
-            }
-            Err((e, _)) => Err(SendError::Refused(self.cause(e))),
+            Err(code) => Err(self.send_error(code)),
+        }
+    }
+
+    /// A refusal's [`SendError`].
+    fn send_error(&self, code: RDKafkaErrorCode) -> SendError {
+        match code {
+            RDKafkaErrorCode::QueueFull => SendError::QueueFull,
+            code => SendError::Refused(self.cause(KafkaError::MessageProduction(code))),
         }
     }
 
@@ -325,17 +346,17 @@ impl Producer {
         value: &[u8],
         key: usize,
     ) -> Result<(), SendError> {
-        let r: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(topic, key)
-            .key(record_key)
-            .payload(value)
-            .partition(0);
-        match self.inner.producer.send(r) {
-            Ok(()) => Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                Err(SendError::QueueFull)
-            }
-            Err((e, _)) => Err(SendError::Refused(self.cause(e))),
-        }
+        let outgoing = Outgoing {
+            topic,
+            partition: Some(0),
+            key: Some(record_key),
+            value: Value::Copied(value),
+            headers: &[],
+            timestamp_ms: None,
+        };
+        self.inner
+            .produce(outgoing, key)
+            .map_err(|code| self.send_error(code))
     }
 
     /// `init_transactions`: fences every older producer with the same `transactional.id` and
