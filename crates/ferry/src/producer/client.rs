@@ -62,8 +62,9 @@ pub(super) struct Client {
     topics: Mutex<TopicHandles>,
 }
 
-/// Topic handles by name, and the last one used (records of one topic come in runs: the
-/// interned name's address is compared before any hashing).
+/// Topic handles by name, and the last interned name used with its handle (records of one
+/// topic come in runs: the name's address is compared before any hashing; the name is held, so
+/// its address cannot be another topic's).
 #[derive(Default)]
 struct TopicHandles {
     last: Option<(Arc<str>, TopicHandle)>,
@@ -80,7 +81,7 @@ unsafe impl Send for TopicHandle {}
 
 /// One record for [`Client::produce`].
 pub(super) struct Outgoing<'a> {
-    pub topic: &'a str,
+    pub topic: TopicName<'a>,
     /// `None`: by the configured partitioner.
     pub partition: Option<i32>,
     /// Copied by librdkafka (it always copies keys).
@@ -89,6 +90,14 @@ pub(super) struct Outgoing<'a> {
     pub headers: &'a [Header],
     /// `None`: the time of the call.
     pub timestamp_ms: Option<i64>,
+}
+
+/// A record's topic.
+pub(super) enum TopicName<'a> {
+    /// A router's interned name: the same allocation for every record of the topic, compared
+    /// by address with the last one used.
+    Interned(&'a Arc<str>),
+    Named(&'a str),
 }
 
 /// How librdkafka gets a record's value.
@@ -260,18 +269,28 @@ impl Client {
 
     /// The handle of `topic`, made on first use.
     #[allow(unsafe_code)]
-    fn topic(&self, rk: *mut rd::rd_kafka_t, topic: &str) -> Result<TopicHandle, RDKafkaErrorCode> {
+    fn topic(
+        &self,
+        rk: *mut rd::rd_kafka_t,
+        topic: TopicName<'_>,
+    ) -> Result<TopicHandle, RDKafkaErrorCode> {
         let mut handles = self.topics.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((name, handle)) = &handles.last {
-            if std::ptr::eq(name.as_ptr(), topic.as_ptr()) && name.len() == topic.len() {
-                return Ok(*handle);
+        let name = match topic {
+            TopicName::Interned(t) => {
+                if let Some((last, handle)) = &handles.last {
+                    if Arc::ptr_eq(last, t) {
+                        return Ok(*handle);
+                    }
+                }
+                &**t
             }
-        }
-        let handle = match handles.by_name.get(topic) {
+            TopicName::Named(t) => t,
+        };
+        let handle = match handles.by_name.get(name) {
             Some(h) => *h,
             None => {
                 // A name with a NUL byte is no Kafka topic name; librdkafka says so for it.
-                let cname = CString::new(topic).unwrap_or_default();
+                let cname = CString::new(name).unwrap_or_default();
                 // SAFETY: a live client and a NUL-terminated name (copied by librdkafka). The
                 // handle is ours until `rd_kafka_topic_destroy` in `drop`.
                 let raw =
@@ -281,16 +300,13 @@ impl Client {
                     return Err(unsafe { rd::rd_kafka_last_error() }.into());
                 };
                 let h = TopicHandle(raw);
-                handles.by_name.insert(topic.into(), h);
+                handles.by_name.insert(name.into(), h);
                 h
             }
         };
-        let name = handles
-            .by_name
-            .get_key_value(topic)
-            .map(|(k, _)| k.clone())
-            .unwrap_or_else(|| topic.into());
-        handles.last = Some((name, handle));
+        if let TopicName::Interned(t) = topic {
+            handles.last = Some((t.clone(), handle));
+        }
         Ok(handle)
     }
 

@@ -51,7 +51,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
 
-use client::{Client, Outgoing, Value};
+use client::{Client, Outgoing, TopicName, Value};
 
 use crate::telemetry::brokers::{BrokerView, BrokerWatch};
 use crate::telemetry::repeats::{self, Repeats};
@@ -298,7 +298,7 @@ impl Producer {
     /// The value is not copied: librdkafka borrows it until the report (see [`kept`]).
     pub fn send(&self, record: &Record, key: usize) -> Result<(), SendError> {
         let outgoing = Outgoing {
-            topic: &record.topic,
+            topic: TopicName::Interned(&record.topic),
             partition: record.partition,
             key: record.key.as_deref(),
             value: match &record.value {
@@ -347,7 +347,7 @@ impl Producer {
         key: usize,
     ) -> Result<(), SendError> {
         let outgoing = Outgoing {
-            topic,
+            topic: TopicName::Named(topic),
             partition: Some(0),
             key: Some(record_key),
             value: Value::Copied(value),
