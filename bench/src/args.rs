@@ -32,6 +32,8 @@ usage: ferry-bench [flags]
   --instr-rows N        rows of the difference between the two databases (default 20000)
   --instr-small S       rows of the small database (default 1000)
   --instr-runs R        runs of each (default 1); the spread over runs is printed
+  --instr-files DIR     with --instructions: no runs, the report of the callgrind files an
+                        earlier run left in DIR (--out D leaves them in D/callgrind)
   --smoke               tiny version of everything, one run (the CI stage): --runs 1 --scale 0.01
                         --latency-secs 2
   -h, --help            this text
@@ -64,6 +66,8 @@ pub struct Args {
     pub instr_small: u64,
     /// `--instr-runs`.
     pub instr_runs: u32,
+    /// `--instr-files`: report on an earlier run's callgrind files instead of running.
+    pub instr_files: Option<PathBuf>,
     /// The flags as given, for the report.
     pub command: String,
 }
@@ -89,6 +93,7 @@ impl Args {
             instr_rows: 20_000,
             instr_small: 1_000,
             instr_runs: 1,
+            instr_files: None,
             command: std::iter::once("ferry-bench".to_string())
                 .chain(args.iter().cloned())
                 .collect::<Vec<_>>()
@@ -141,6 +146,7 @@ impl Args {
                 "--instr-rows" => a.instr_rows = value()?.parse()?,
                 "--instr-small" => a.instr_small = value()?.parse()?,
                 "--instr-runs" => a.instr_runs = value()?.parse()?,
+                "--instr-files" => a.instr_files = Some(value()?.into()),
                 "--contenders" => {
                     let v = value()?;
                     full = false;

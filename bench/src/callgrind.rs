@@ -20,11 +20,20 @@ pub struct Func {
     pub name: String,
 }
 
-/// A parsed file: self `Ir` per function, and the total the file states (`totals:` or
-/// `summary:`), if any.
+/// Calls from one function to another (by name): how many, and their inclusive cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Calls {
+    pub count: u64,
+    pub inclusive: u64,
+}
+
+/// A parsed file: self `Ir` per function, the calls between functions (by name), and the
+/// total the file states (`totals:` or `summary:`), if any.
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
     pub functions: HashMap<Func, u64>,
+    /// (caller, callee) → calls.
+    pub calls: HashMap<(String, String), Calls>,
     pub stated_total: Option<u64>,
 }
 
@@ -70,7 +79,9 @@ pub fn parse(bytes: &[u8]) -> Result<Profile, String> {
     let mut positions = 1usize;
     let mut ir_column: Option<usize> = Some(0);
     let (mut ob, mut fl, mut func) = (String::new(), String::new(), None::<Func>);
-    let mut skip_next_cost = false;
+    // After `calls=`: the count, waiting for the line of their inclusive cost.
+    let mut pending_calls: Option<u64> = None;
+    let mut callee = String::new();
     let mut out = Profile::default();
     for (n, line) in text.lines().enumerate() {
         let err = |e: String| format!("line {}: {e}", n + 1);
@@ -80,9 +91,6 @@ pub fn parse(bytes: &[u8]) -> Result<Profile, String> {
         }
         let first = line.as_bytes()[0];
         if first.is_ascii_digit() || first == b'+' || first == b'-' || first == b'*' {
-            if std::mem::take(&mut skip_next_cost) {
-                continue;
-            }
             let mut fields = line.split_ascii_whitespace().skip(positions);
             let ir = match ir_column {
                 Some(i) => match fields.nth(i) {
@@ -91,11 +99,19 @@ pub fn parse(bytes: &[u8]) -> Result<Profile, String> {
                 },
                 None => 0,
             };
-            if ir > 0 {
-                let f = func
-                    .clone()
-                    .ok_or_else(|| err("a cost before any fn=".into()))?;
-                *out.functions.entry(f).or_default() += ir;
+            let f = func
+                .as_ref()
+                .ok_or_else(|| err("a cost before any fn=".into()))?;
+            if let Some(count) = pending_calls.take() {
+                // The inclusive cost of the calls: not the caller's self cost.
+                let c = out
+                    .calls
+                    .entry((f.name.clone(), callee.clone()))
+                    .or_default();
+                c.count += count;
+                c.inclusive += ir;
+            } else if ir > 0 {
+                *out.functions.entry(f.clone()).or_default() += ir;
             }
             continue;
         }
@@ -118,10 +134,11 @@ pub fn parse(bytes: &[u8]) -> Result<Profile, String> {
                     name: fns.resolve(value).map_err(err)?,
                 })
             }
-            "cfn" => {
-                fns.resolve(value).map_err(err)?;
+            "cfn" => callee = fns.resolve(value).map_err(err)?,
+            "calls" => {
+                let v = value.split_ascii_whitespace().next().unwrap_or("0");
+                pending_calls = Some(v.parse().map_err(|_| err(format!("calls {v:?}")))?);
             }
-            "calls" => skip_next_cost = true,
             "positions" => positions = value.split_ascii_whitespace().count().max(1),
             "events" => {
                 ir_column = value
@@ -217,6 +234,14 @@ totals: 1175
         assert_eq!(get(libc, "./malloc/malloc.c", "malloc"), Some(1000));
         assert_eq!(get(libc, "./malloc/malloc.c", "free"), Some(10));
         assert_eq!(p.functions.len(), 3);
+        let to_malloc = p.calls[&("ferry_wal::pgoutput::decode".into(), "malloc".into())];
+        assert_eq!(
+            to_malloc,
+            Calls {
+                count: 2,
+                inclusive: 900
+            }
+        );
         assert_eq!(p.total(), 1175);
         assert_eq!(p.stated_total, Some(1175));
     }

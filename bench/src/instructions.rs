@@ -175,6 +175,7 @@ pub fn component(f: &Func) -> Component {
     }
     if name.starts_with("rd_")
         || f.file.contains("librdkafka/src")
+        || (f.file.contains("/rdkafka-sys-") && !f.file.ends_with(".rs"))
         || basename(&f.object).starts_with("librdkafka")
     {
         return Component::Rdkafka;
@@ -211,24 +212,97 @@ pub fn detail(f: &Func) -> Option<usize> {
     }
 }
 
-/// Costs of one profile by component (and the rest's details).
+/// Whether a function starts work a timer does once per interval of wall time, whatever the
+/// rows: librdkafka's statistics, built every `statistics.interval.ms` (1 s in Ferry), and
+/// Ferry's reading of them (`stats_raw`).
+pub fn is_timer_root(name: &str) -> bool {
+    name == "rd_kafka_stats_emit_tmr_cb"
+        || (name.starts_with("<ferry::") && name.ends_with("::stats_raw"))
+}
+
+/// The functions of the timers' subtrees: the roots, and every function called only from
+/// inside (to a fixed point).
+fn timer_functions(p: &Profile) -> std::collections::HashSet<String> {
+    let mut callers: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (caller, callee) in p.calls.keys() {
+        callers.entry(callee).or_default().push(caller);
+    }
+    let mut set: std::collections::HashSet<String> = callers
+        .keys()
+        .copied()
+        .chain(p.functions.keys().map(|f| f.name.as_str()))
+        .filter(|n| is_timer_root(n))
+        .map(|n| n.to_string())
+        .collect();
+    loop {
+        let before = set.len();
+        for (callee, from) in &callers {
+            if !set.contains(*callee) && from.iter().all(|c| set.contains(*c)) {
+                set.insert(callee.to_string());
+            }
+        }
+        if set.len() == before {
+            return set;
+        }
+    }
+}
+
+/// Costs of one profile by component (and the rest's details), without the timers'
+/// subtrees, which are in `timer` (and `timer_runs`: how many statistics were built).
 #[derive(Debug, Clone, Default)]
 struct Split {
     comps: HashMap<Component, f64>,
     details: [f64; DETAILS.len()],
     total: f64,
+    timer: f64,
+    timer_runs: u64,
+    /// Produce requests (`rd_kafka_ProduceRequest` calls): batches.
+    requests: u64,
 }
 
 impl Split {
     fn of(p: &Profile) -> Split {
         let mut s = Split::default();
-        for (f, &c) in &p.functions {
-            let c = c as f64;
+        let timers = timer_functions(p);
+        let add = |s: &mut Split, f: &Func, c: f64| {
             *s.comps.entry(component(f)).or_default() += c;
             if let Some(d) = detail(f) {
                 s.details[d] += c;
             }
             s.total += c;
+        };
+        let mut by_name: HashMap<&str, &Func> = HashMap::new();
+        for (f, &c) in &p.functions {
+            by_name.entry(&f.name).or_insert(f);
+            if timers.contains(&f.name) {
+                s.timer += c as f64;
+            } else {
+                add(&mut s, f, c as f64);
+            }
+        }
+        // Calls from inside the timers to functions called elsewhere too: their inclusive
+        // cost is the timers', taken from the callee's component.
+        for ((caller, callee), calls) in &p.calls {
+            if timers.contains(caller) && !timers.contains(callee) {
+                let c = calls.inclusive as f64;
+                let rest = Func {
+                    object: String::new(),
+                    file: String::new(),
+                    name: callee.clone(),
+                };
+                add(
+                    &mut s,
+                    by_name.get(callee.as_str()).copied().unwrap_or(&rest),
+                    -c,
+                );
+                s.timer += c;
+            }
+            if callee == "rd_kafka_stats_emit_tmr_cb" {
+                s.timer_runs += calls.count;
+            }
+            if callee == "rd_kafka_ProduceRequest" {
+                s.requests += calls.count;
+            }
         }
         s
     }
@@ -304,14 +378,26 @@ pub async fn run(args: &Args, workloads: &[Workload]) -> Res<()> {
     }
     kafka::set_compression(&args.compression);
     let ferry_version = machine::output(&crate::ferry::bin()?.to_string_lossy(), &["--version"]);
-    let dir = match &args.out {
-        Some(d) => d.join("callgrind"),
-        None => std::env::temp_dir().join(format!("ferry-bench-instr-{}", std::process::id())),
+    let dir = match (&args.instr_files, &args.out) {
+        (Some(d), _) => d.clone(),
+        (None, Some(d)) => d.join("callgrind"),
+        (None, None) => {
+            std::env::temp_dir().join(format!("ferry-bench-instr-{}", std::process::id()))
+        }
     };
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let mut world = World::start().await?;
-    let admin = pg::connect(&world.admin_url).await;
-    let postgres: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
+    // `--instr-files DIR`: the report of the files an earlier run left in DIR.
+    let mut servers = None;
+    let postgres: String = match &args.instr_files {
+        Some(_) => "(not started: --instr-files)".into(),
+        None => {
+            let world = World::start().await?;
+            let admin = pg::connect(&world.admin_url).await;
+            let v = admin.query_one("SHOW server_version", &[]).await?.get(0);
+            servers = Some((world, admin));
+            v
+        }
+    };
     let head = format!(
         "Instructions counted by callgrind ({version}); {ferry_version}; PostgreSQL {postgres}; \
          compression {}; S = {} rows (small database), N = {} rows (the big one has S + N); {} \
@@ -330,11 +416,25 @@ pub async fn run(args: &Args, workloads: &[Workload]) -> Res<()> {
     let mut sections = Vec::new();
     let mut summary = Vec::new();
     for (i, w) in workloads.iter().enumerate() {
-        if i > 0 {
-            // A fresh broker per workload: the local one keeps every record in memory.
-            world.fresh_broker().await;
-        }
-        let runs = workload_runs(args, &mut world, &admin, w, i, &dir).await?;
+        let runs = match &mut servers {
+            Some((world, admin)) => {
+                if i > 0 {
+                    // A fresh broker per workload: the local one keeps every record in memory.
+                    world.fresh_broker().await;
+                }
+                workload_runs(args, world, admin, w, i, &dir).await?
+            }
+            None => (0..args.instr_runs)
+                .map(|r| {
+                    let f = |who: &str, tag: &str| read(&file(&dir, w, who, tag, r));
+                    Ok(Run {
+                        ferry: [f("ferry", "s")?, f("ferry", "b")?],
+                        recv: [f("recv", "s")?, f("recv", "b")?],
+                        secs: [f64::NAN; 4],
+                    })
+                })
+                .collect::<Res<Vec<Run>>>()?,
+        };
         let (section, line) = report(args, w, &runs);
         println!("\n{section}");
         sections.push(section);
@@ -442,7 +542,7 @@ async fn workload_runs(
             secs: [0.0; 4],
         };
         for (i, (db, sql)) in out.iter().zip(&clients).enumerate() {
-            let file = dir.join(format!("{}.ferry.{}.{r}.out", w.name, db.tag));
+            let file = file(dir, w, "ferry", db.tag, r);
             let t = Instant::now();
             let topic = format!("order.{}.instr-{}{r}", w.name, db.tag);
             testkafka::create_topic(&world.brokers(), &topic, kafka::PARTITIONS).await;
@@ -458,7 +558,7 @@ async fn workload_runs(
             .await?;
             run.secs[i] = t.elapsed().as_secs_f64();
             run.ferry[i] = read(&file)?;
-            let file = dir.join(format!("{}.recv.{}.{r}.out", w.name, db.tag));
+            let file = self::file(dir, w, "recv", db.tag, r);
             let t = Instant::now();
             recv_run(&db.url, &slot(db.tag, "recv", r), db.end, w, &file).await?;
             run.secs[2 + i] = t.elapsed().as_secs_f64();
@@ -485,6 +585,11 @@ async fn workload_runs(
             .await?;
     }
     Ok(runs)
+}
+
+/// A callgrind file of a run: `<workload>.<ferry|recv>.<s|b>.<run>.out`.
+fn file(dir: &Path, w: &Workload, who: &str, tag: &str, run: u32) -> std::path::PathBuf {
+    dir.join(format!("{}.{who}.{tag}.{run}.out", w.name))
 }
 
 fn read(file: &Path) -> Res<Profile> {
@@ -634,9 +739,13 @@ fn mega(x: f64) -> String {
 /// The workload's section and its line of the summary table.
 fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
     let (s, n) = (args.instr_small, args.instr_rows);
-    let ferry: Vec<(Split, Split)> = runs
+    let raw: Vec<(Split, Split)> = runs
         .iter()
-        .map(|r| Split::per_row(&Split::of(&r.ferry[0]), &Split::of(&r.ferry[1]), s, n))
+        .map(|r| (Split::of(&r.ferry[0]), Split::of(&r.ferry[1])))
+        .collect();
+    let ferry: Vec<(Split, Split)> = raw
+        .iter()
+        .map(|(a, b)| Split::per_row(a, b, s, n))
         .collect();
     let recv: Vec<(f64, f64)> = runs
         .iter()
@@ -747,10 +856,10 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
         md += &format!("| {k} | {} | {} |\n", int(*r), mega(*f));
     }
     // Each run.
-    md += "\n| run | Ferry Ir/row | without compression | fixed (M Ir) | `pg_recvlogical` Ir/row | fixed (M Ir) | ratio | seconds under callgrind (Ferry S, B; recv S, B) |\n|--:|--:|--:|--:|--:|--:|--:|---|\n";
-    for (i, ((row, fixed), run)) in ferry.iter().zip(runs).enumerate() {
+    md += "\n| run | Ferry Ir/row | without compression | fixed (M Ir) | `pg_recvlogical` Ir/row | fixed (M Ir) | ratio | produce requests (S, B) | statistics built (S, B): M Ir left out | seconds under callgrind (Ferry S, B; recv S, B) |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n";
+    for (i, (((row, fixed), run), (rs, rb))) in ferry.iter().zip(runs).zip(&raw).enumerate() {
         md += &format!(
-            "| {} | {} | {} | {} | {} | {} | {:.2}× | {:.0}, {:.0}; {:.0}, {:.0} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.2}× | {}, {} | {}, {}: {}, {} | {:.0}, {:.0}; {:.0}, {:.0} |\n",
             i + 1,
             int(row.total),
             int(no_lz4(row)),
@@ -758,6 +867,12 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
             int(recv[i].0),
             mega(recv[i].1),
             row.total / recv[i].0,
+            rs.requests,
+            rb.requests,
+            rs.timer_runs,
+            rb.timer_runs,
+            mega(rs.timer),
+            mega(rb.timer),
             run.secs[0],
             run.secs[1],
             run.secs[2],
@@ -801,15 +916,17 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
     (md, summary)
 }
 
-/// Functions by (big − small) / n self cost, largest first.
+/// Functions by (big − small) / n self cost, largest first (without the timers' own).
 fn top(small: &Profile, big: &Profile, n: u64, k: usize) -> Vec<(Func, f64)> {
     let mut m: HashMap<Func, f64> = HashMap::new();
+    let timers = timer_functions(big);
     for (f, &c) in &big.functions {
         *m.entry(f.clone()).or_default() += c as f64;
     }
     for (f, &c) in &small.functions {
         *m.entry(f.clone()).or_default() -= c as f64;
     }
+    m.retain(|f, _| !timers.contains(&f.name));
     let mut v: Vec<(Func, f64)> = m.into_iter().map(|(f, c)| (f, c / n as f64)).collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1));
     v.truncate(k);
