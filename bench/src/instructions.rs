@@ -442,7 +442,7 @@ pub async fn run(args: &Args, workloads: &[Workload]) -> Res<()> {
     }
     let md = format!(
         "## Instructions per row\n\n{head}\n\n\
-         | workload | Ferry Ir/row | without lz4 | `pg_recvlogical` Ir/row | Ferry / `pg_recvlogical` | without lz4 | Ferry fixed (M Ir) | `pg_recvlogical` fixed (M Ir) | Ferry Ir/row over runs (min–max, spread) |\n\
+         | workload | Ferry Ir/row | without lz4 | `pg_recvlogical` Ir/row | Ferry / `pg_recvlogical` | without lz4 | Ferry fixed (M Ir) | `pg_recvlogical` fixed (M Ir) | Ferry Ir/row over runs: min–max (spread) |\n\
          |---|--:|--:|--:|--:|--:|--:|--:|---|\n{}\n\n{}",
         summary.join("\n"),
         sections.join("\n\n")
@@ -797,6 +797,34 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
         total_nolz4.clone(),
         col(&|(_, f)| no_lz4(f)),
     );
+    // Produce requests differ between runs with the machine's load (a batch closes on a 1 ms
+    // linger of wall time, and callgrind's pace follows the CPU it gets): each run's total at
+    // the median batching, with the cost of a request fitted over every database of every run.
+    let per_request = fit_per_request(&raw, s, n);
+    let dreq: Vec<f64> = raw
+        .iter()
+        .map(|(a, b)| b.requests as f64 - a.requests as f64)
+        .collect();
+    let dmed = median(&dreq);
+    let adjusted: Vec<f64> = match per_request {
+        Some(b) => total
+            .iter()
+            .zip(&dreq)
+            .map(|(t, d)| t - b * (d - dmed) / n as f64)
+            .collect(),
+        None => total.clone(),
+    };
+    if let Some(b) = per_request {
+        line(
+            &format!(
+                "total at the median batching ({:.0} rows per produce request; {} Ir per request, fitted)",
+                n as f64 / dmed.max(1.0),
+                int(b)
+            ),
+            adjusted.clone(),
+            col(&|(_, f)| f.total),
+        );
+    }
     let recv_rows: Vec<f64> = recv.iter().map(|x| x.0).collect();
     let recv_fixed: Vec<f64> = recv.iter().map(|x| x.1).collect();
     line(
@@ -859,7 +887,7 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
     md += "\n| run | Ferry Ir/row | without compression | fixed (M Ir) | `pg_recvlogical` Ir/row | fixed (M Ir) | ratio | produce requests (S, B) | statistics built (S, B): M Ir left out | seconds under callgrind (Ferry S, B; recv S, B) |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n";
     for (i, (((row, fixed), run), (rs, rb))) in ferry.iter().zip(runs).zip(&raw).enumerate() {
         md += &format!(
-            "| {} | {} | {} | {} | {} | {} | {:.2}× | {}, {} | {}, {}: {}, {} | {:.0}, {:.0}; {:.0}, {:.0} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.2}× | {}, {} | {}, {}: {}, {} | {} |\n",
             i + 1,
             int(row.total),
             int(no_lz4(row)),
@@ -873,10 +901,13 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
             rb.timer_runs,
             mega(rs.timer),
             mega(rb.timer),
-            run.secs[0],
-            run.secs[1],
-            run.secs[2],
-            run.secs[3]
+            match run.secs[0].is_nan() {
+                true => "(--instr-files)".to_string(),
+                false => format!(
+                    "{:.0}, {:.0}; {:.0}, {:.0}",
+                    run.secs[0], run.secs[1], run.secs[2], run.secs[3]
+                ),
+            }
         );
     }
     // The top functions per row, of the median run.
@@ -902,7 +933,7 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
         md += &format!("| `{name}` | {c} | {} |\n", int(r));
     }
     let summary = format!(
-        "| {} | {} | {} | {} | {:.2}× | {:.2}× | {} | {} | {} |",
+        "| {} | {} | {} | {} | {:.2}× | {:.2}× | {} | {} | {}; at the median batching {} |",
         w.name,
         int(median(&total)),
         int(median(&total_nolz4)),
@@ -911,9 +942,63 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
         median(&ratio_nolz4),
         mega(median(&col(&|(_, f)| f.total))),
         mega(median(&recv_fixed)),
-        spread(&total)
+        spread(&total),
+        spread(&adjusted)
     );
     (md, summary)
+}
+
+/// The cost of one produce request: `Ir = F + a × rows + b × requests` fitted by least squares
+/// over both databases of every run; `None` when the requests do not vary enough to tell, or
+/// the fit says nothing sensible (b ≤ 0).
+fn fit_per_request(raw: &[(Split, Split)], s: u64, n: u64) -> Option<f64> {
+    let points: Vec<[f64; 3]> = raw
+        .iter()
+        .flat_map(|(a, b)| {
+            [
+                [s as f64, a.requests as f64, a.total],
+                [(s + n) as f64, b.requests as f64, b.total],
+            ]
+        })
+        .collect();
+    if points.len() < 4 {
+        return None;
+    }
+    // Normal equations for (F, a, b).
+    let mut m = [[0.0f64; 4]; 3];
+    for p in &points {
+        let x = [1.0, p[0], p[1]];
+        for i in 0..3 {
+            for j in 0..3 {
+                m[i][j] += x[i] * x[j];
+            }
+            m[i][3] += x[i] * p[2];
+        }
+    }
+    let sol = solve3(m)?;
+    (sol[2] > 0.0).then_some(sol[2])
+}
+
+/// Gaussian elimination with partial pivoting on an augmented 3×4 matrix.
+fn solve3(mut m: [[f64; 4]; 3]) -> Option<[f64; 3]> {
+    for col in 0..3 {
+        let pivot = (col..3).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        m.swap(col, pivot);
+        let scale = m.iter().map(|r| r[col].abs()).fold(0.0, f64::max);
+        if m[col][col].abs() <= scale * 1e-9 || m[col][col] == 0.0 {
+            return None;
+        }
+        let p = m[col];
+        for (r, row) in m.iter_mut().enumerate() {
+            if r != col {
+                let f = row[col] / p[col];
+                for (x, y) in row.iter_mut().zip(p).skip(col) {
+                    *x -= f * y;
+                }
+            }
+        }
+    }
+    Some([m[0][3] / m[0][0], m[1][3] / m[1][1], m[2][3] / m[2][2]])
 }
 
 /// Functions by (big − small) / n self cost, largest first (without the timers' own).
@@ -1026,5 +1111,20 @@ mod tests {
         assert_eq!(row.total, 300.0);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0]), 2.5);
+        // 5M + 300 per row + 100,000 per request, on four databases.
+        let split = |rows: u64, req: u64| Split {
+            total: 5e6 + 300.0 * rows as f64 + 1e5 * req as f64,
+            requests: req,
+            ..Split::default()
+        };
+        let raw = vec![
+            (split(1000, 13), split(21_000, 232)),
+            (split(1000, 35), split(21_000, 287)),
+        ];
+        let b = fit_per_request(&raw, 1000, 20_000).unwrap();
+        assert!((b - 1e5).abs() < 1e-3, "{b}");
+        // Requests in proportion to rows: nothing to tell them apart.
+        let raw = vec![(split(1000, 10), split(21_000, 210)); 2];
+        assert_eq!(fit_per_request(&raw, 1000, 20_000), None);
     }
 }
