@@ -733,7 +733,7 @@ fn int(x: f64) -> String {
 }
 
 fn mega(x: f64) -> String {
-    format!("{:.1}", x / 1e6)
+    format!("{:.1}", if x.abs() < 5e4 { 0.0 } else { x / 1e6 })
 }
 
 /// The workload's section and its line of the summary table.
@@ -801,6 +801,7 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
     // linger of wall time, and callgrind's pace follows the CPU it gets): each run's total at
     // the median batching, with the cost of a request fitted over every database of every run.
     let per_request = fit_per_request(&raw, s, n);
+    let mut md_extra = String::new();
     let dreq: Vec<f64> = raw
         .iter()
         .map(|(a, b)| b.requests as f64 - a.requests as f64)
@@ -814,7 +815,14 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
             .collect(),
         None => total.clone(),
     };
-    if let Some(b) = per_request {
+    if let (Some(b), Some([_, a, _])) = (per_request, fit(&raw, s, n)) {
+        md_extra = format!(
+            "\nFitted over the {} databases: {} Ir per row with the produce requests taken out, \
+             {} Ir per produce request.\n",
+            raw.len() * 2,
+            int(a),
+            int(b)
+        );
         line(
             &format!(
                 "total at the median batching ({:.0} rows per produce request; {} Ir per request, fitted)",
@@ -851,6 +859,7 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
         median(&ratio_nolz4),
         minmax(&ratio_nolz4)
     );
+    md += &md_extra;
     // pg_recvlogical by object.
     let objs: Vec<(HashMap<String, f64>, HashMap<String, f64>)> = runs
         .iter()
@@ -952,6 +961,11 @@ fn report(args: &Args, w: &Workload, runs: &[Run]) -> (String, String) {
 /// over both databases of every run; `None` when the requests do not vary enough to tell, or
 /// the fit says nothing sensible (b ≤ 0).
 fn fit_per_request(raw: &[(Split, Split)], s: u64, n: u64) -> Option<f64> {
+    fit(raw, s, n).map(|f| f[2])
+}
+
+/// `[F, a, b]` of `Ir = F + a × rows + b × requests` (see [`fit_per_request`]).
+fn fit(raw: &[(Split, Split)], s: u64, n: u64) -> Option<[f64; 3]> {
     let points: Vec<[f64; 3]> = raw
         .iter()
         .flat_map(|(a, b)| {
@@ -976,7 +990,7 @@ fn fit_per_request(raw: &[(Split, Split)], s: u64, n: u64) -> Option<f64> {
         }
     }
     let sol = solve3(m)?;
-    (sol[2] > 0.0).then_some(sol[2])
+    (sol[2] > 0.0).then_some(sol)
 }
 
 /// Gaussian elimination with partial pivoting on an augmented 3×4 matrix.
