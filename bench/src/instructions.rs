@@ -75,12 +75,14 @@ impl Component {
 }
 
 /// Informative parts of [`Component::Rest`].
-pub const DETAILS: [&str; 5] = [
+pub const DETAILS: [&str; 7] = [
     "memcpy/memset",
     "SCRAM/PBKDF2, sha256",
     "tokio",
     "Ferry's session and producer (ferry::)",
     "rust-rdkafka",
+    "std's SipHash (HashMap keys)",
+    "locks (pthread, C11 mtx)",
 ];
 
 /// The crate a demangled Rust name belongs to: `<ferry_wal::x::Y as T>::f` → `ferry_wal`,
@@ -207,6 +209,20 @@ pub fn detail(f: &Func) -> Option<usize> {
         Some(3)
     } else if k == "rdkafka" || k == "rdkafka_sys" {
         Some(4)
+    } else if name.contains("core::hash::") || name.contains("std::hash::") {
+        Some(5)
+    } else if [
+        "pthread_mutex",
+        "__pthread_mutex",
+        "pthread_rwlock",
+        "mtx_",
+        "pthread_cond",
+        "cnd_",
+    ]
+    .iter()
+    .any(|m| name.starts_with(m))
+    {
+        Some(6)
     } else {
         None
     }
@@ -1107,6 +1123,14 @@ mod tests {
         assert_eq!(
             detail(&f(bin, "", "ferry::pipeline::session::run")),
             Some(3)
+        );
+        assert_eq!(
+            detail(&f(bin, "", "core::hash::BuildHasher::hash_one")),
+            Some(5)
+        );
+        assert_eq!(
+            detail(&f(libc, "", "pthread_mutex_lock@@GLIBC_2.2.5")),
+            Some(6)
         );
     }
 
