@@ -26,6 +26,14 @@ usage: ferry-bench [flags]
   --pinned              PostgreSQL on CPU 0, the contenders, the broker and this harness on CPU 1
                         (needs 2 CPUs): a deployment where the relay does not share the database's
                         cores; without it everything shares every CPU
+  --instructions a,b    instead of the matrix: instructions per row counted by callgrind, Ferry
+                        and pg_recvlogical on the same fixed WAL of these workloads, split by
+                        component (see bench/README.md, Instructions); needs valgrind
+  --instr-rows N        rows of the difference between the two databases (default 20000)
+  --instr-small S       rows of the small database (default 1000)
+  --instr-runs R        runs of each (default 1); the spread over runs is printed
+  --instr-files DIR     with --instructions: no runs, the report of the callgrind files an
+                        earlier run left in DIR (--out D leaves them in D/callgrind)
   --smoke               tiny version of everything, one run (the CI stage): --runs 1 --scale 0.01
                         --latency-secs 2
   -h, --help            this text
@@ -50,6 +58,16 @@ pub struct Args {
     pub smoke: bool,
     /// `--pinned` (see `pin`).
     pub pinned: bool,
+    /// `--instructions`: the workloads to count instructions on (nothing else runs).
+    pub instructions: Option<Vec<Workload>>,
+    /// `--instr-rows`: N, the big database's rows beyond the small one's.
+    pub instr_rows: u64,
+    /// `--instr-small`: S, the small database's rows.
+    pub instr_small: u64,
+    /// `--instr-runs`.
+    pub instr_runs: u32,
+    /// `--instr-files`: report on an earlier run's callgrind files instead of running.
+    pub instr_files: Option<PathBuf>,
     /// The flags as given, for the report.
     pub command: String,
 }
@@ -71,6 +89,11 @@ impl Args {
             out: None,
             smoke: false,
             pinned: false,
+            instructions: None,
+            instr_rows: 20_000,
+            instr_small: 1_000,
+            instr_runs: 1,
+            instr_files: None,
             command: std::iter::once("ferry-bench".to_string())
                 .chain(args.iter().cloned())
                 .collect::<Vec<_>>()
@@ -114,15 +137,16 @@ impl Args {
                 "--workloads" => {
                     let v = value()?;
                     full = false;
-                    a.workloads = list(v)
-                        .map(|n| {
-                            matrix()
-                                .into_iter()
-                                .find(|w| w.name == n)
-                                .ok_or_else(|| format!("unknown workload {n:?}\n\n{USAGE}"))
-                        })
-                        .collect::<Result<_, _>>()?;
+                    a.workloads = workloads(v)?;
                 }
+                "--instructions" => {
+                    a.instructions = Some(workloads(value()?)?);
+                    full = false;
+                }
+                "--instr-rows" => a.instr_rows = value()?.parse()?,
+                "--instr-small" => a.instr_small = value()?.parse()?,
+                "--instr-runs" => a.instr_runs = value()?.parse()?,
+                "--instr-files" => a.instr_files = Some(value()?.into()),
                 "--contenders" => {
                     let v = value()?;
                     full = false;
@@ -143,6 +167,9 @@ impl Args {
                 other => return Err(format!("unknown flag {other}\n\n{USAGE}").into()),
             }
         }
+        if a.instr_runs == 0 || a.instr_rows == 0 {
+            return Err("--instr-runs and --instr-rows must be at least 1".into());
+        }
         if a.runs == 0 {
             return Err("--runs must be at least 1".into());
         }
@@ -155,6 +182,18 @@ impl Args {
         }
         Ok(Some(a))
     }
+}
+
+/// Workloads by name.
+fn workloads(v: &str) -> Res<Vec<Workload>> {
+    Ok(list(v)
+        .map(|n| {
+            matrix()
+                .into_iter()
+                .find(|w| w.name == n)
+                .ok_or_else(|| format!("unknown workload {n:?}\n\n{USAGE}"))
+        })
+        .collect::<Result<_, _>>()?)
 }
 
 /// "a,b" → ["a", "b"]; "none" → [].
@@ -211,5 +250,15 @@ mod tests {
         assert!(Args::parse(&v).is_err());
         assert!(Args::parse(&["--help".to_string()]).unwrap().is_none());
         assert!(Args::parse(&["--runs".to_string()]).is_err());
+    }
+
+    #[test]
+    fn instructions_take_their_own_flags() {
+        let a = parse("--instructions backlog-1k,bytea-1k --instr-runs 3 --instr-rows 500");
+        let names: Vec<_> = a.instructions.unwrap().iter().map(|w| w.name).collect();
+        assert_eq!(names, ["backlog-1k", "bytea-1k"]);
+        assert_eq!((a.instr_runs, a.instr_rows, a.instr_small), (3, 500, 1000));
+        assert!(a.out.is_none());
+        assert!(parse("").instructions.is_none());
     }
 }

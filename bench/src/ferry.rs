@@ -67,8 +67,27 @@ pub struct Running {
 impl Running {
     /// Starts `ferry run` on `slot`, routing every row to `topic` (a template).
     pub fn spawn(db_url: &str, brokers: &str, slot: &str, topic: &str) -> Res<Running> {
+        Running::spawn_under(&[], db_url, brokers, slot, topic)
+    }
+
+    /// [`Running::spawn`] under a wrapper: `wrapper[0] wrapper[1..] <ferry> run` (e.g.
+    /// valgrind, see [`crate::instructions`]), with the same environment.
+    pub fn spawn_under(
+        wrapper: &[String],
+        db_url: &str,
+        brokers: &str,
+        slot: &str,
+        topic: &str,
+    ) -> Res<Running> {
         let port = free_port();
-        let mut cmd = Command::new(bin()?);
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(bin()?),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin()?);
+                c
+            }
+        };
         cmd.arg("run")
             .env_clear()
             .env("FERRY_POSTGRES_URL", db_url)

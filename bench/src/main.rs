@@ -24,10 +24,12 @@
 //! speed. `--smoke` runs everything tiny, as CI does, so the harness cannot rot.
 
 mod args;
+mod callgrind;
 mod chaos;
 mod debezium;
 mod ferry;
 mod inbox;
+mod instructions;
 mod kafka;
 mod latency;
 mod machine;
@@ -207,6 +209,9 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Res<()> {
+    if let Some(w) = &args.instructions {
+        return instructions::run(&args, w).await;
+    }
     kafka::set_compression(&args.compression);
     debezium::set_smoke(args.smoke);
     let started = std::time::Instant::now();
