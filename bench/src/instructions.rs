@@ -241,9 +241,26 @@ pub fn is_timer_root(name: &str) -> bool {
         || (name.starts_with("<ferry::") && name.ends_with("::stats_raw"))
 }
 
+/// What a compression call of librdkafka is, by its root: the codec's whole subtree is the
+/// codec's, including what it asks of the allocator (a compression context per produce
+/// request, its 16 KB hash table cleared by `memset`) and the copies it makes.
+pub fn compression_root(name: &str) -> Option<Component> {
+    match name {
+        "rd_kafka_lz4_compress" => Some(Component::Lz4),
+        "rd_kafka_zstd_compress" => Some(Component::Zstd),
+        _ => None,
+    }
+}
+
 /// The functions of the timers' subtrees: the roots, and every function called only from
 /// inside (to a fixed point).
 fn timer_functions(p: &Profile) -> std::collections::HashSet<String> {
+    subtree(p, is_timer_root)
+}
+
+/// The functions of the subtrees of the functions `root` picks: the roots, and every function
+/// called only from inside (to a fixed point).
+fn subtree(p: &Profile, root: impl Fn(&str) -> bool) -> std::collections::HashSet<String> {
     let mut callers: HashMap<&str, Vec<&str>> = HashMap::new();
     for (caller, callee) in p.calls.keys() {
         callers.entry(callee).or_default().push(caller);
@@ -252,7 +269,7 @@ fn timer_functions(p: &Profile) -> std::collections::HashSet<String> {
         .keys()
         .copied()
         .chain(p.functions.keys().map(|f| f.name.as_str()))
-        .filter(|n| is_timer_root(n))
+        .filter(|n| root(n))
         .map(|n| n.to_string())
         .collect();
     loop {
@@ -264,6 +281,66 @@ fn timer_functions(p: &Profile) -> std::collections::HashSet<String> {
         }
         if set.len() == before {
             return set;
+        }
+    }
+}
+
+/// Self costs and calls by function name, to take a call's inclusive cost out of the
+/// components it went to.
+struct Graph<'a> {
+    self_cost: HashMap<&'a str, f64>,
+    children: HashMap<&'a str, Vec<(&'a str, f64)>>,
+    by_name: &'a HashMap<&'a str, &'a Func>,
+}
+
+impl<'a> Graph<'a> {
+    fn of(p: &'a Profile, by_name: &'a HashMap<&'a str, &'a Func>) -> Graph<'a> {
+        let mut g = Graph {
+            self_cost: HashMap::new(),
+            children: HashMap::new(),
+            by_name,
+        };
+        for (f, &c) in &p.functions {
+            *g.self_cost.entry(&f.name).or_default() += c as f64;
+        }
+        for ((caller, callee), calls) in &p.calls {
+            g.children
+                .entry(caller)
+                .or_default()
+                .push((callee, calls.inclusive as f64));
+        }
+        g
+    }
+
+    /// Takes `c` of `name`'s inclusive cost out of `s` (negative entries): its own share
+    /// from its component, its callees' shares from theirs (to `depth` levels; below, from the
+    /// callee's own component).
+    fn take(
+        &self,
+        s: &mut Split,
+        name: &str,
+        c: f64,
+        depth: u32,
+        add: &impl Fn(&mut Split, &Func, f64),
+    ) {
+        let rest = Func {
+            object: String::new(),
+            file: String::new(),
+            name: name.to_string(),
+        };
+        let f = self.by_name.get(name).copied().unwrap_or(&rest);
+        let own = self.self_cost.get(name).copied().unwrap_or(0.0);
+        let kids = self.children.get(name).map(Vec::as_slice).unwrap_or(&[]);
+        let inclusive = own + kids.iter().map(|(_, i)| i).sum::<f64>();
+        if depth == 0 || inclusive <= 0.0 || kids.is_empty() {
+            add(s, f, -c);
+            return;
+        }
+        add(s, f, -c * own / inclusive);
+        for (kid, i) in kids {
+            if *kid != name {
+                self.take(s, kid, c * i / inclusive, depth - 1, add);
+            }
         }
     }
 }
@@ -285,6 +362,18 @@ impl Split {
     fn of(p: &Profile) -> Split {
         let mut s = Split::default();
         let timers = timer_functions(p);
+        // Each codec's subtree, and the component it goes to.
+        let codecs: Vec<(Component, std::collections::HashSet<String>)> =
+            [Component::Lz4, Component::Zstd]
+                .into_iter()
+                .map(|c| (c, subtree(p, |n| compression_root(n) == Some(c))))
+                .collect();
+        let codec_of = |name: &str| {
+            codecs
+                .iter()
+                .find(|(_, set)| set.contains(name))
+                .map(|(c, _)| *c)
+        };
         let add = |s: &mut Split, f: &Func, c: f64| {
             *s.comps.entry(component(f)).or_default() += c;
             if let Some(d) = detail(f) {
@@ -293,30 +382,49 @@ impl Split {
             s.total += c;
         };
         let mut by_name: HashMap<&str, &Func> = HashMap::new();
-        for (f, &c) in &p.functions {
+        for f in p.functions.keys() {
             by_name.entry(&f.name).or_insert(f);
+        }
+        let graph = Graph::of(p, &by_name);
+        for (f, &c) in &p.functions {
             if timers.contains(&f.name) {
                 s.timer += c as f64;
+            } else if let Some(codec) = codec_of(&f.name) {
+                *s.comps.entry(codec).or_default() += c as f64;
+                s.total += c as f64;
             } else {
                 add(&mut s, f, c as f64);
             }
         }
-        // Calls from inside the timers to functions called elsewhere too: their inclusive
-        // cost is the timers', taken from the callee's component.
+        // Calls from inside the timers (or a codec) to functions called elsewhere too: their
+        // inclusive cost is the timers' (the codec's), taken from the callee's component.
         for ((caller, callee), calls) in &p.calls {
+            let c = calls.inclusive as f64;
+            let rest = Func {
+                object: String::new(),
+                file: String::new(),
+                name: callee.clone(),
+            };
+            let callee_f = by_name.get(callee.as_str()).copied().unwrap_or(&rest);
             if timers.contains(caller) && !timers.contains(callee) {
-                let c = calls.inclusive as f64;
-                let rest = Func {
-                    object: String::new(),
-                    file: String::new(),
-                    name: callee.clone(),
-                };
-                add(
-                    &mut s,
-                    by_name.get(callee.as_str()).copied().unwrap_or(&rest),
-                    -c,
-                );
+                add(&mut s, callee_f, -c);
                 s.timer += c;
+            } else if let Some(codec) = codec_of(caller) {
+                if codec_of(callee).is_none() && !timers.contains(callee) {
+                    // Taken from where the callee's own cost and its callees' went (calloc's
+                    // memset is not the allocator's), in the proportions of the whole run.
+                    let mut taken = Split::default();
+                    graph.take(&mut taken, callee, c, 3, &add);
+                    for (comp, v) in taken.comps {
+                        *s.comps.entry(comp).or_default() += v;
+                    }
+                    for (d, v) in taken.details.iter().enumerate() {
+                        s.details[d] += v;
+                    }
+                    s.total += taken.total;
+                    *s.comps.entry(codec).or_default() += c;
+                    s.total += c;
+                }
             }
             if callee == "rd_kafka_stats_emit_tmr_cb" {
                 s.timer_runs += calls.count;

@@ -49,7 +49,15 @@ pub(crate) struct TopicPlan {
     inputs: Vec<String>,
     rules: Vec<Rule>,
     default: Target,
-    cache: Mutex<HashMap<Box<[u8]>, Arc<str>>>,
+    cache: Mutex<Cache>,
+}
+
+/// Topics by their inputs' key, and the last one found: rows of one topic come in runs, and
+/// comparing with the last key costs less than hashing it.
+#[derive(Debug, Default)]
+struct Cache {
+    last: Option<(Box<[u8]>, Arc<str>)>,
+    map: HashMap<Box<[u8]>, Arc<str>>,
 }
 
 fn target(
@@ -109,7 +117,7 @@ impl TopicPlan {
             inputs,
             rules,
             default,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::default(),
         })
     }
 
@@ -168,16 +176,25 @@ impl TopicPlan {
     }
 
     fn cached(&self, key: &[u8]) -> Option<Arc<str>> {
-        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.get(key).cloned()
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((k, topic)) = &cache.last {
+            if **k == *key {
+                return Some(topic.clone());
+            }
+        }
+        let (k, topic) = cache.map.get_key_value(key)?;
+        let found = (k.clone(), topic.clone());
+        cache.last = Some(found.clone());
+        Some(found.1)
     }
 
     fn remember(&self, key: &[u8], topic: &Arc<str>) {
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= TOPIC_CACHE_CAPACITY {
-            cache.clear();
+        if cache.map.len() >= TOPIC_CACHE_CAPACITY {
+            cache.map.clear();
         }
-        cache.insert(key.into(), topic.clone());
+        cache.map.insert(key.into(), topic.clone());
+        cache.last = Some((key.into(), topic.clone()));
     }
 
     /// The topic for these input values (aligned with `inputs`): first matching rule, else default.
