@@ -20,7 +20,7 @@
 //! | role | client, where | what it sets, and why |
 //! |---|---|---|
 //! | [`Role::Producer`] | the relay's producer, idempotent or transactional ([`crate::producer::Producer::new`]) | `statistics.interval.ms` = [`STATISTICS_INTERVAL_MS`] unless the properties set it: the brokers' view (`ferry_kafka_brokers_up`, `/readyz`) comes from the statistics |
-//! | [`Role::BrokerProbe`] | the bootstrap probe ([`crate::kafka_access::probe`]) | drops `transactional.id`; `enable.idempotence=false` (an idempotent client adds connection requests of its own); `reconnect.backoff.ms=500`, `reconnect.backoff.max.ms=10000` (attempts 250 ms apart); adds `broker` to the user's `debug` contexts (the state changes tell an accepted connection from a refused one); log level Debug (so the debug lines reach the client's context) |
+//! | [`Role::BrokerProbe`] | the bootstrap probe ([`crate::kafka_access::probe`]) | drops `transactional.id`; `enable.idempotence=false` (an idempotent client adds connection requests of its own); `reconnect.backoff.ms=500`, `reconnect.backoff.max.ms=10000` (attempts 250 ms apart); `enable.sparse.connections=false` (the first metadata response retires the bootstrap broker and fails the request it carried: the retry needs a learned broker, which a sparse client would connect to only after 250 ms); adds `broker` to the user's `debug` contexts (the state changes tell an accepted connection from a refused one); log level Debug (so the debug lines reach the client's context) |
 //! | [`Role::ApiVersionsProbe`] | the transactions API probe ([`crate::txn_probe::probe`]) | drops `transactional.id` (it initialises nothing) and the user's `debug`; `debug=feature` (the ApiVersions lines it judges); log level Debug |
 //! | [`Role::TopicWatchAdmin`] | the topic watch's admin client ([`crate::topics::TopicWatch::start`]) | drops `enable.idempotence` (an admin client is a producer inside librdkafka and would ask for a producer id) and `transactional.id` |
 //! | [`Role::TopicWatchMetadata`] | the topic watch's metadata consumer (same) | drops [`PRODUCER_ONLY`] (each would log a warning on a consumer); `allow.auto.create.topics=false` (asking for a topic's metadata must not create it) |
@@ -155,6 +155,10 @@ impl Role {
                 ("enable.idempotence", "false"),
                 ("reconnect.backoff.ms", PROBE_RECONNECT_BACKOFF_MS),
                 ("reconnect.backoff.max.ms", PROBE_RECONNECT_BACKOFF_MAX_MS),
+                // The first metadata response retires the bootstrap broker, failing the
+                // request it carried; the retry waits for a learned broker, which a sparse
+                // client connects to only 250 ms later at this backoff.
+                ("enable.sparse.connections", "false"),
             ],
             Role::ApiVersionsProbe => vec![("debug", "feature")],
             Role::TopicWatchMetadata => vec![("allow.auto.create.topics", "false")],
@@ -358,6 +362,7 @@ mod tests {
             ("enable.idempotence", "false"),
             ("reconnect.backoff.ms", "500"),
             ("reconnect.backoff.max.ms", "10000"),
+            ("enable.sparse.connections", "false"),
             ("debug", "protocol,broker"),
         ]));
         assert_eq!(map(&cc), want);
@@ -400,6 +405,7 @@ mod tests {
                 ("reconnect.backoff.ms", "500"),
                 ("reconnect.backoff.max.ms", "10000"),
                 ("enable.idempotence", "false"),
+                ("enable.sparse.connections", "false"),
                 ("debug", "broker"),
             ])
         );

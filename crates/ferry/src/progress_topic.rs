@@ -508,6 +508,7 @@ pub async fn ensure_topic(
         .set("segment.ms", &segment_ms);
     let opts = AdminOptions::new().operation_timeout(Some(timeout));
     let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
+    tracing::debug!(topic, "start-up: progress topic CreateTopics answered");
     let mut create_refused = None;
     match result.into_iter().next() {
         Some(Ok(_)) => {

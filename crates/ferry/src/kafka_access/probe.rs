@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::{BaseProducer, Producer};
 
 use super::{diagnose, diagnosis::connected, silent, Diagnosis};
+use crate::progress_topic::Disposed;
 
 /// One metadata request's wait, between looks at what the client said.
 const SLICE: Duration = Duration::from_millis(200);
@@ -59,11 +60,14 @@ pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), 
     // and then left unanswered (a TLS or SASL listener waiting for its handshake) from one
     // never accepted (a firewall).
     let cc = crate::kafka_client::config(properties, crate::kafka_client::Role::BrokerProbe);
-    let client: BaseProducer<Collector> = match cc.create_with_context(Collector::default()) {
-        Ok(c) => c,
-        // An invalid configuration is reported by the first real client, with its property.
-        Err(_) => return Ok(()),
-    };
+    // Destroyed on a thread of its own: `rd_kafka_destroy` of a client that talked to a broker
+    // can take ~100 ms, which would otherwise delay the producer's creation.
+    let client: Disposed<BaseProducer<Collector>> =
+        match cc.create_with_context(Collector::default()) {
+            Ok(c) => Disposed::new(c),
+            // An invalid configuration is reported by the first real client, with its property.
+            Err(_) => return Ok(()),
+        };
     loop {
         let remaining = deadline.saturating_sub(start.elapsed());
         if client
@@ -71,6 +75,10 @@ pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), 
             .fetch_metadata(None, SLICE.min(remaining).max(Duration::from_millis(1)))
             .is_ok_and(|md| !md.brokers().is_empty())
         {
+            tracing::debug!(
+                elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
+                "a Kafka broker answered the probe"
+            );
             return Ok(());
         }
         // Errors reach the context when polled; log lines as they come.

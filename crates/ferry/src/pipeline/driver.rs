@@ -34,7 +34,7 @@ use ferry_core::{
     SinkErrors, TransactionLimits,
 };
 use ferry_wal::assembly::SourceTable;
-use ferry_wal::conn::{ReaderEvent, ReaderHandle};
+use ferry_wal::conn::{ReaderError, ReaderEvent, ReaderHandle};
 use ferry_wal::slot;
 use ferry_wal::slot::SlotSpec;
 use rdkafka::error::KafkaError;
@@ -127,6 +127,9 @@ pub(super) struct Carry {
     pub tables_taken_out: Vec<SourceTable>,
     /// The progress topic was created or found with one partition.
     pub progress_topic_ready: bool,
+    /// The first session's SQL connection, opened while the brokers were probed and the
+    /// producer made (it decides nothing); taken by that session.
+    pub early_sql: Option<tokio::task::JoinHandle<Result<tokio_postgres::Client, ReaderError>>>,
 }
 
 /// What the session machine stopped with.
@@ -367,12 +370,51 @@ impl<'a> Driver<'a> {
 
     /// Connects, asks the start-time verdict, checks that the brokers serve transactions
     /// (exactly-once), and makes sure of the slot and publication.
+    ///
+    /// The SQL connection and the progress topic's creation or check (once per pipeline) are
+    /// independent of each other and go side by side; the verdict reads the slot, then the
+    /// progress topic, after both. A connection error is reported before the topic's.
     async fn prepare(
         &mut self,
     ) -> Result<(Arc<tokio_postgres::Client>, super::start::Start), PipelineError> {
         let s = self.settings;
-        let sql = Arc::new(slot::connect_sql(&s.postgres).await?);
+        let early = self.carry.early_sql.take();
+        let connect = async move {
+            // The early connection if it is still good, otherwise a new one (whose error is
+            // the one reported, as it always was).
+            if let Some(Ok(Ok(c))) = match early {
+                Some(h) => Some(h.await),
+                None => None,
+            } {
+                if !c.is_closed() {
+                    return Ok(c);
+                }
+            }
+            slot::connect_sql(&s.postgres).await
+        };
+        let ready = self.carry.progress_topic_ready;
+        let topic = async move {
+            if !ready {
+                crate::progress_topic::ensure_topic(
+                    &s.producer_properties,
+                    &s.progress_topic,
+                    s.create_topics.replication_factor,
+                    super::start::PROGRESS_TIMEOUT,
+                )
+                .await?;
+                tracing::debug!("start-up: progress topic ensured");
+            }
+            Ok::<(), PipelineError>(())
+        };
+        let (sql, topic) = tokio::join!(connect, topic);
+        if topic.is_ok() {
+            self.carry.progress_topic_ready = true;
+        }
+        let sql = Arc::new(sql?);
+        tracing::debug!("start-up: SQL connection open");
+        topic?;
         let start = self.verdict(&sql).await?;
+        tracing::debug!("start-up: verdict decided");
         if s.exactly_once.is_some() {
             // Before the slot is created or transactions initialised (issue 30).
             transactions_supported(s).await?;
@@ -382,6 +424,7 @@ impl<'a> Driver<'a> {
             ..s.slot.clone()
         };
         slot::ensure(&sql, &spec).await?;
+        tracing::debug!("start-up: slot and publication ensured");
         Ok((sql, start))
     }
 
@@ -394,7 +437,9 @@ impl<'a> Driver<'a> {
         let s = self.settings;
         // ensure() checked the publication covers the table; how it does is watched below.
         let membership = slot::publication_membership(sql, &s.slot).await?;
+        tracing::debug!("start-up: publication membership read");
         let mode = binary::decide(sql, s).await?;
+        tracing::debug!("start-up: binary mode decided");
         let mut options = s.stream.clone();
         options.binary = mode == Mode::Binary;
         // ensure() refused tables the publication lists and no entry relays; one listed
@@ -402,11 +447,13 @@ impl<'a> Driver<'a> {
         options.source.other_tables = slot::other_tables(sql, &s.slot).await?;
         options.source.other_tables.tables = self.carry.tables_taken_out.clone();
         options.source.oids = slot::outbox_oids(sql, &s.slot).await?;
+        tracing::debug!("start-up: other tables and oids read");
         match &mode {
             Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
             Mode::Text(why) => tracing::info!("values stream as text: {why}"),
         }
         let reader = ferry_wal::conn::start(&s.postgres, sql, options).await?;
+        tracing::debug!("start-up: replication started");
         Ok((membership, mode == Mode::Binary, reader))
     }
 
@@ -489,6 +536,7 @@ impl<'a> Driver<'a> {
         publish_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Only so that the shutdown future is not polled again once it resolved.
         let mut shutdown_seen = false;
+        let mut first_report = true;
         let mut stop = self.carry_out(link, sink, reader).await;
         while stop.is_none() {
             let wants_events = link.machine.wants_events();
@@ -496,6 +544,10 @@ impl<'a> Driver<'a> {
             tokio::select! {
                 biased;
                 Some(d) = link.rx.recv() => {
+                    if first_report {
+                        first_report = false;
+                        tracing::debug!("start-up: the session's first delivery report");
+                    }
                     let now = Instant::now();
                     link.machine.handle_report(DeliveryKey(d.key), d.result.map(drop), now);
                     // Every report already queued, in one wake-up.

@@ -76,13 +76,27 @@ pub async fn run(
         pass: settings.pass,
         tables_taken_out: Vec::new(),
         progress_topic_ready: false,
+        // Opened while the brokers are probed and the producer made: connecting decides
+        // nothing, and the SCRAM exchange and the backend's start took 30-180 ms of the cold
+        // start when they came after them.
+        early_sql: Some(tokio::spawn({
+            let postgres = settings.postgres.clone();
+            async move { ferry_wal::slot::connect_sql(&postgres).await }
+        })),
     };
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
-    if !supervisor.brokers_answer(shutdown.as_mut()).await? {
+    let answered = supervisor.brokers_answer(shutdown.as_mut()).await;
+    if !matches!(answered, Ok(true)) {
+        if let Some(h) = carry.early_sql.take() {
+            h.abort();
+        }
+    }
+    if !answered? {
         tracing::info!("stopped before streaming began: nothing to drain");
         return Ok(());
     }
+    tracing::debug!("start-up: a broker answered the probe");
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -91,6 +105,7 @@ pub async fn run(
         metrics.clone(),
     )
     .map_err(PipelineError::ProducerConfig)?;
+    tracing::debug!("start-up: topic watch started");
     loop {
         // What a client said of the brokers before this session no longer speaks for it.
         crate::kafka_access::reset();
@@ -114,7 +129,8 @@ pub async fn run(
                     metrics.clone(),
                 )
                 .map(|(p, rx)| (p, Link::new(rx, &settings, carry.pass)))
-                .map_err(PipelineError::ProducerConfig)?,
+                .map_err(PipelineError::ProducerConfig)
+                .inspect(|_| tracing::debug!("start-up: producer created"))?,
             };
             let result = Driver::new(&settings, &metrics, &mut acceptance, &mut carry)
                 .run(Producing::Idempotent(&p, &mut link), shutdown.as_mut())

@@ -18,7 +18,7 @@ use super::{PipelineError, PipelineSettings};
 use crate::progress_topic;
 
 /// How long reading the progress topic, or creating it, may take at a session's start.
-const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Set (to anything), sessions skip [`transactions_supported`]: the end-to-end tests use it to
 /// reach the transaction calls of a broker without transactions. Nothing else reads it.
@@ -101,6 +101,7 @@ impl StartFacts {
                     .map_err(FactsError::Server)?,
             ),
         };
+        tracing::debug!("start-up: slot and server read");
         let (properties, topic, slot_name) = (
             s.producer_properties.clone(),
             s.progress_topic.clone(),
@@ -112,6 +113,7 @@ impl StartFacts {
         .await
         .map_err(|e| FactsError::Join(e.to_string()))?
         .map_err(FactsError::Topic)?;
+        tracing::debug!("start-up: progress topic read");
         let remembered = history.remembered(identity.system_id);
         Ok(StartFacts {
             state,
@@ -293,16 +295,7 @@ impl Driver<'_> {
     ) -> Result<Start, PipelineError> {
         let s = self.settings;
         let name = &s.slot.slot;
-        if !self.carry.progress_topic_ready {
-            progress_topic::ensure_topic(
-                &s.producer_properties,
-                &s.progress_topic,
-                s.create_topics.replication_factor,
-                PROGRESS_TIMEOUT,
-            )
-            .await?;
-            self.carry.progress_topic_ready = true;
-        }
+        // The progress topic was created or checked beside the connection ([`Driver::prepare`]).
         let until = match s.exactly_once {
             Some(_) => progress_topic::Until::Stable,
             None => progress_topic::Until::End,
