@@ -28,7 +28,6 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use ferry_router::Header;
 
 use rdkafka::bindings as rd;
@@ -86,7 +85,8 @@ pub(super) struct Outgoing<'a> {
     pub partition: Option<i32>,
     /// Copied by librdkafka (it always copies keys).
     pub key: Option<&'a [u8]>,
-    pub value: Value<'a>,
+    /// Copied by librdkafka during the call; `None` is a null value (a tombstone).
+    pub value: Option<&'a [u8]>,
     pub headers: &'a [Header],
     /// `None`: the time of the call.
     pub timestamp_ms: Option<i64>,
@@ -98,18 +98,6 @@ pub(super) enum TopicName<'a> {
     /// by address with the last one used.
     Interned(&'a Arc<str>),
     Named(&'a str),
-}
-
-/// How librdkafka gets a record's value.
-pub(super) enum Value<'a> {
-    /// A null value (a tombstone).
-    Null,
-    /// Borrowed until the record's report, without a copy: kept alive meanwhile (see
-    /// [`super::kept`]).
-    Kept(Bytes),
-    /// Copied by librdkafka during the call (small values made for the call, such as a
-    /// progress record).
-    Copied(&'a [u8]),
 }
 
 struct Queue(NonNull<rd::rd_kafka_queue_t>);
@@ -155,27 +143,22 @@ impl Client {
     /// Hands `record` to librdkafka (`rd_kafka_produceva`); its report carries `key`. Unlike
     /// rust-rdkafka's `send`, nothing is allocated on Ferry's side per record: the topic goes
     /// as a handle made once per topic (not a C string per record, looked up by librdkafka
-    /// under its lock), header names with their lengths (not a C string each), and a
-    /// [`Value::Kept`] value without librdkafka's copy.
+    /// under its lock), and header names with their lengths (not a C string each).
+    ///
+    /// The value is copied by librdkafka (`RD_KAFKA_MSG_F_COPY`). Borrowing it instead (the
+    /// bytes kept alive until the report) was built and measured: it removed the copy (−17,900
+    /// instructions a row on 16 KB rows) but kept each WAL read chunk alive until its last
+    /// record's report, and peak RSS went from 47–67 MiB to 56–104 MiB (bench/README.md,
+    /// "After this round's changes"), past the 64 MiB budget.
     #[allow(unsafe_code)]
     pub fn produce(&self, record: Outgoing<'_>, key: usize) -> Result<(), RDKafkaErrorCode> {
         let rk = self.producer.client().native_ptr();
         let rkt = self.topic(rk, record.topic)?;
-        let (value, flags, kept) = match record.value {
-            Value::Null => (None, 0, None),
-            Value::Kept(v) => {
-                let mem = (v.as_ptr(), v.len());
-                (Some(mem), 0, Some(v))
-            }
-            Value::Copied(v) => (Some((v.as_ptr(), v.len())), rd::RD_KAFKA_MSG_F_COPY, None),
-        };
-        let context = self.producer.context();
-        let slot = context.kept().keep(key, kept);
+        let value = record.value.map(|v| (v.as_ptr(), v.len()));
         // SAFETY: `rk` and `rkt` are live (the handle is destroyed only in `drop`). Every pointer
-        // handed over is valid for the call; librdkafka copies the key and the headers (and a
-        // copied value) during it. A kept value's bytes stay alive in `slot` until its report
-        // (or `rd_kafka_destroy`, before which the context is not dropped: see `kept`). The
-        // headers list becomes librdkafka's on success and stays ours on failure.
+        // handed over is valid for the call; librdkafka copies the key, the value
+        // (`RD_KAFKA_MSG_F_COPY`) and the headers during it. The headers list becomes
+        // librdkafka's on success and stays ours on failure. The opaque is the key itself.
         let error = unsafe {
             let headers = rd::rd_kafka_headers_new(record.headers.len());
             for (name, value) in record.headers {
@@ -212,7 +195,12 @@ impl Client {
                     i32_: record.partition.unwrap_or(-1),
                 },
             );
-            push(RD_KAFKA_VTYPE_MSGFLAGS, U { i: flags });
+            push(
+                RD_KAFKA_VTYPE_MSGFLAGS,
+                U {
+                    i: rd::RD_KAFKA_MSG_F_COPY,
+                },
+            );
             if let Some((ptr, size)) = value {
                 push(
                     RD_KAFKA_VTYPE_VALUE,
@@ -238,7 +226,7 @@ impl Client {
             push(
                 RD_KAFKA_VTYPE_OPAQUE,
                 U {
-                    ptr: slot as *mut c_void,
+                    ptr: key as *mut c_void,
                 },
             );
             push(
@@ -260,10 +248,7 @@ impl Client {
         };
         match error {
             None => Ok(()),
-            Some(code) => {
-                context.kept().release(slot);
-                Err(code.into())
-            }
+            Some(code) => Err(code.into()),
         }
     }
 
@@ -451,7 +436,6 @@ async fn serve(client: Weak<Client>, wake: Arc<Notify>) {
 #[allow(unsafe_code)]
 unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *mut rd::rd_kafka_t) {
     let mut run: (*mut rd::rd_kafka_topic_t, u64) = (std::ptr::null_mut(), 0);
-    let mut kept = context.kept();
     loop {
         // SAFETY: the caller's event; each message lives as long as the event.
         let message = unsafe { rd::rd_kafka_event_message_next(event) };
@@ -475,8 +459,8 @@ unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *m
         } else {
             Err(KafkaError::MessageProduction(m.err.into()))
         };
-        // The record's slot travels as librdkafka's per-message opaque (see `Client::produce`).
-        let key = super::released(&mut kept, m._private as usize);
+        // The record's key travels as librdkafka's per-message opaque (see `Client::produce`).
+        let key = m._private as usize;
         let topic = match &result {
             // SAFETY: a live topic handle's name, a NUL-terminated string it owns.
             Err(_) if !m.rkt.is_null() => Some(

@@ -10,8 +10,6 @@
 //! in-flight table (owned by one thread, no allocation per record, nothing freed across threads)
 //! and finds it again when the report comes. [`KafkaSink`] is this producer as the core's
 //! [`ferry_core::Sink`] (the per-record idempotent kind).
-//! A record's value is handed over without librdkafka's copy: librdkafka borrows its bytes until
-//! the report, and [`kept`] keeps them alive until then.
 //! Reports are served on the pipeline's own runtime, a produce response's batch at a time, and
 //! travel over an in-thread channel ([`client`]). Errors are classified into the two families: a
 //! report that can succeed on a later attempt (the broker was unreachable past the delivery
@@ -36,7 +34,6 @@
 //! gives up and librdkafka's own timer carries on as before.
 
 mod client;
-mod kept;
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -51,7 +48,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
 use tokio::sync::mpsc;
 
-use client::{Client, Outgoing, TopicName, Value};
+use client::{Client, Outgoing, TopicName};
 
 use crate::telemetry::brokers::{BrokerView, BrokerWatch};
 use crate::telemetry::repeats::{self, Repeats};
@@ -90,9 +87,6 @@ struct Context {
     metrics: Arc<Metrics>,
     /// The watch, and whether the log said that no broker is up (and not yet that one is).
     brokers: Mutex<(BrokerWatch, bool)>,
-    /// The values librdkafka borrows until their reports (see [`kept`]). Here, in the context,
-    /// because rust-rdkafka drops the context only after `rd_kafka_destroy` has returned.
-    kept: Mutex<kept::Kept>,
 }
 
 impl Drop for Context {
@@ -185,24 +179,6 @@ impl Context {
     fn hand_over(&self, delivery: Delivery) {
         let _ = self.reports.send(delivery);
     }
-
-    /// The slots of values librdkafka borrows (see [`kept`]).
-    fn kept(&self) -> std::sync::MutexGuard<'_, kept::Kept> {
-        self.kept.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The caller's key of a reported record whose slot was `slot` (see [`kept`]), releasing its
-/// value. A slot not held would be a second report of one record: logged, and reported under a
-/// key no caller handed out.
-fn released(kept: &mut kept::Kept, slot: usize) -> usize {
-    kept.release(slot).unwrap_or_else(|| {
-        tracing::error!(
-            slot,
-            "a delivery report for a record not in flight (a second report of one record?); ignored"
-        );
-        usize::MAX
-    })
 }
 
 impl ProducerContext for Context {
@@ -211,8 +187,7 @@ impl ProducerContext for Context {
     /// The reports rust-rdkafka takes off the queue itself: its `flush` (and `commit_transaction`,
     /// which flushes first) polls while it waits, racing the report task ([`client`]). They go
     /// the task's way, one at a time.
-    fn delivery(&self, result: &DeliveryResult<'_>, slot: usize) {
-        let key = released(&mut self.kept(), slot);
+    fn delivery(&self, result: &DeliveryResult<'_>, key: usize) {
         let topic = match result {
             Ok(m) | Err((_, m)) => m.topic(),
         };
@@ -280,7 +255,6 @@ impl Producer {
             repeats: Repeats::default(),
             metrics,
             brokers: Mutex::new((BrokerWatch::default(), false)),
-            kept: Mutex::default(),
         })?;
         let inner = Client::new(producer);
         warm_up(Arc::downgrade(&inner));
@@ -295,16 +269,12 @@ impl Producer {
     }
 
     /// Hands a record to librdkafka (accepted, not yet durable); its report will carry `key`.
-    /// The value is not copied: librdkafka borrows it until the report (see [`kept`]).
     pub fn send(&self, record: &Record, key: usize) -> Result<(), SendError> {
         let outgoing = Outgoing {
             topic: TopicName::Interned(&record.topic),
             partition: record.partition,
             key: record.key.as_deref(),
-            value: match &record.value {
-                Some(v) => Value::Kept(v.clone()),
-                None => Value::Null,
-            },
+            value: record.value.as_deref(),
             headers: &record.headers,
             timestamp_ms: record.timestamp_ms,
         };
@@ -350,7 +320,7 @@ impl Producer {
             topic: TopicName::Named(topic),
             partition: Some(0),
             key: Some(record_key),
-            value: Value::Copied(value),
+            value: Some(value),
             headers: &[],
             timestamp_ms: None,
         };
