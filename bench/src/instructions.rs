@@ -802,16 +802,7 @@ async fn recv_run(db_url: &str, slot: &str, end: Lsn, w: &Workload, file: &Path)
     let out = tokio::process::Command::new(VALGRIND)
         .args(&callgrind_wrapper(file)[1..])
         .arg(pg::pg_bindir().join("pg_recvlogical"))
-        .args(["-d", db_url, "--slot", slot, "--start", "--no-loop"])
-        .args(["-P", "pgoutput", "-o", "proto_version=1", "-o"])
-        .arg(format!("publication_names={PUBLICATION}"))
-        .args(["-o", "messages=true", "-f", "/dev/null", "-F", "0"])
-        .args(if binary {
-            &["-o", "binary=true"][..]
-        } else {
-            &[]
-        })
-        .args(["-E", &end.to_string()])
+        .args(crate::recv::args(db_url, slot, end, binary))
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output();
