@@ -56,8 +56,17 @@ pub(crate) struct TopicPlan {
 /// comparing with the last key costs less than hashing it.
 #[derive(Debug, Default)]
 struct Cache {
-    last: Option<(Box<[u8]>, Arc<str>)>,
+    /// The last key (its buffer reused, so alternating topics allocate nothing) and its topic.
+    last: (Vec<u8>, Option<Arc<str>>),
     map: HashMap<Box<[u8]>, Arc<str>>,
+}
+
+impl Cache {
+    fn set_last(&mut self, key: &[u8], topic: &Arc<str>) {
+        self.last.0.clear();
+        self.last.0.extend_from_slice(key);
+        self.last.1 = Some(topic.clone());
+    }
 }
 
 fn target(
@@ -177,15 +186,14 @@ impl TopicPlan {
 
     fn cached(&self, key: &[u8]) -> Option<Arc<str>> {
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((k, topic)) = &cache.last {
-            if **k == *key {
+        if let (k, Some(topic)) = &cache.last {
+            if k[..] == *key {
                 return Some(topic.clone());
             }
         }
-        let (k, topic) = cache.map.get_key_value(key)?;
-        let found = (k.clone(), topic.clone());
-        cache.last = Some(found.clone());
-        Some(found.1)
+        let topic = cache.map.get(key)?.clone();
+        cache.set_last(key, &topic);
+        Some(topic)
     }
 
     fn remember(&self, key: &[u8], topic: &Arc<str>) {
@@ -194,7 +202,7 @@ impl TopicPlan {
             cache.map.clear();
         }
         cache.map.insert(key.into(), topic.clone());
-        cache.last = Some((key.into(), topic.clone()));
+        cache.set_last(key, topic);
     }
 
     /// The topic for these input values (aligned with `inputs`): first matching rule, else default.

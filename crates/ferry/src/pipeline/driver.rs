@@ -382,15 +382,14 @@ impl<'a> Driver<'a> {
         let connect = async move {
             // The early connection if it is still good, otherwise a new one (whose error is
             // the one reported, as it always was).
-            if let Some(Ok(Ok(c))) = match early {
-                Some(h) => Some(h.await),
+            let early = match early {
+                Some(h) => h.await.ok().and_then(Result::ok),
                 None => None,
-            } {
-                if !c.is_closed() {
-                    return Ok(c);
-                }
+            };
+            match early.filter(|c| !c.is_closed()) {
+                Some(c) => Ok(c),
+                None => slot::connect_sql(&s.postgres).await,
             }
-            slot::connect_sql(&s.postgres).await
         };
         let ready = self.carry.progress_topic_ready;
         let topic = async move {
