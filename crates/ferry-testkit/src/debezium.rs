@@ -143,7 +143,16 @@ impl Connect {
             process::sweep_stale_dirs("ferry-connect");
             std::env::temp_dir().join(unique_name("ferry-connect"))
         });
-        std::fs::create_dir_all(&dir).expect("create connect dir");
+        // A directory of our own is new (one that exists belongs to another run); a caller's
+        // may hold an earlier run's offsets on purpose.
+        let created = if owns_dir {
+            std::fs::create_dir(&dir)
+        } else {
+            std::fs::create_dir_all(&dir)
+        };
+        created.unwrap_or_else(|e| {
+            panic!("create the Kafka Connect directory {}: {e}", dir.display())
+        });
         let rest_port = process::free_port();
         let mut props = vec![
             format!("bootstrap.servers={}", opts.brokers),

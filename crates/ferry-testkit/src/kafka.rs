@@ -199,7 +199,9 @@ impl LocalBroker {
     pub fn start_blocking_with(opts: ClusterOptions) -> LocalBroker {
         assert!(opts.nodes >= 1, "a Kafka cluster needs at least one node");
         let dir = std::env::temp_dir().join(unique_name("ferry-broker"));
-        std::fs::create_dir_all(&dir).expect("create broker dir");
+        // `create_dir`, not `create_dir_all`: a directory that exists belongs to another run.
+        std::fs::create_dir(&dir)
+            .unwrap_or_else(|e| panic!("create the broker directory {}: {e}", dir.display()));
         let ca = opts.security.as_ref().map(|_| {
             crate::pg::make_certs(&dir, None);
             dir.join("ca.crt")
@@ -384,12 +386,17 @@ impl LocalBroker {
         let out = c.output().unwrap_or_else(|e| {
             panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}")
         });
+        // The reason is in stderr and at the end of stdout, after a page of configuration.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
         assert!(
             out.status.success(),
-            "Kafka's StorageTool format failed for node {}: {}{}",
+            "Kafka's StorageTool format failed for node {} in {}: {}\n(the last lines of its \
+             output:)\n{}",
             n.id,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            n.dir.display(),
+            String::from_utf8_lossy(&out.stderr),
+            lines[lines.len().saturating_sub(20)..].join("\n")
         );
     }
 

@@ -167,11 +167,26 @@ pub fn with_dbname(url: &str, db: &str) -> String {
     }
 }
 
-/// A name unique across processes and calls: `<prefix>_<pid>_<n>`.
+/// A name unique across processes and calls: `<prefix>_<pid>_<nonce>_<n>`, where the nonce is
+/// random once per process. The process id alone repeats: a directory a killed test process
+/// left behind is only swept once its process id is free, and a new test process can get that
+/// very id (CI once formatted a broker into a directory a run three hours earlier had left).
 pub fn unique_name(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
+    static NONCE: OnceLock<u32> = OnceLock::new();
+    let nonce = NONCE.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // `RandomState` is seeded from the OS's random source once per process.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish() as u32 & 0xff_ffff
+    });
     format!(
-        "{prefix}_{}_{}",
+        "{prefix}_{}_{nonce:06x}_{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )

@@ -126,7 +126,7 @@ pub fn server_user() -> Result<Option<(u32, u32)>, String> {
 /// test's logs stay for a look.
 pub const KEEP_MARKER: &str = "KEPT-FOR-A-FAILED-TEST";
 
-/// Removes the temporary directories (`<prefix>_<pid>_<n>` under the temp dir) that test
+/// Removes the temporary directories (`<prefix>_<pid>_…` under the temp dir) that test
 /// processes which are no longer running left behind: a cluster or broker shared by a whole
 /// test process lives in a static and is never dropped, so its directory outlives it. A
 /// directory holding [`KEEP_MARKER`] stays.
