@@ -552,8 +552,8 @@ impl<'a> Driver<'a> {
                     // Every report already queued, in one wake-up.
                     for _ in 0..BURST {
                         match link.rx.try_recv() {
-                            Ok(d) => link.machine.handle_report(DeliveryKey(d.key), d.result.map(drop), now),
-                            Err(_) => break,
+                            Some(d) => link.machine.handle_report(DeliveryKey(d.key), d.result.map(drop), now),
+                            None => break,
                         }
                     }
                 }

@@ -436,12 +436,11 @@ async fn serve(client: Weak<Client>, wake: Arc<Notify>) {
 #[allow(unsafe_code)]
 unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *mut rd::rd_kafka_t) {
     let mut run: (*mut rd::rd_kafka_topic_t, u64) = (std::ptr::null_mut(), 0);
-    loop {
+    // Read off the event as the relay's queue takes them, without a buffer in between.
+    let reports = std::iter::from_fn(|| {
         // SAFETY: the caller's event; each message lives as long as the event.
         let message = unsafe { rd::rd_kafka_event_message_next(event) };
-        let Some(m) = (unsafe { message.as_ref() }) else {
-            break;
-        };
+        let m = unsafe { message.as_ref() }?;
         if m.rkt != run.0 {
             // SAFETY: a topic handle of a message of this event.
             unsafe { tally(context, run) };
@@ -470,8 +469,9 @@ unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *m
             ),
             _ => None,
         };
-        context.hand_over(Delivery { key, result, topic });
-    }
+        Some(Delivery { key, result, topic })
+    });
+    context.hand_over(reports);
     // SAFETY: as above.
     unsafe { tally(context, run) };
 }

@@ -34,6 +34,7 @@
 //! gives up and librdkafka's own timer carries on as before.
 
 mod client;
+mod reports;
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -46,7 +47,6 @@ use rdkafka::producer::{
 };
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
-use tokio::sync::mpsc;
 
 use client::{Client, Outgoing, TopicName};
 
@@ -55,8 +55,7 @@ use crate::telemetry::repeats::{self, Repeats};
 use crate::telemetry::{Component, Metrics};
 use crate::topics::Topics;
 
-/// The delivery reports of one producer, in the order librdkafka hands them over.
-pub type Reports = mpsc::UnboundedReceiver<Delivery>;
+pub use reports::Reports;
 
 /// One delivery report: the key given to [`Producer::send`] and the outcome.
 #[derive(Debug)]
@@ -75,9 +74,9 @@ pub struct Delivered {
 }
 
 struct Context {
-    /// Unbounded, and in-thread: the report task never waits, and the relay holds at most the
-    /// in-flight window's reports.
-    reports: mpsc::UnboundedSender<Delivery>,
+    /// Unbounded: the report task never waits, and the relay holds at most the in-flight
+    /// window's reports (see `reports`).
+    reports: reports::Sender,
     fatal: Arc<Mutex<Option<String>>>,
     /// The topic watch (see `topics`): told the topic of every record and every report.
     topics: Topics,
@@ -176,8 +175,8 @@ fn states(view: &BrokerView) -> String {
 impl Context {
     /// Hands a report to the relay, whichever poll took it off the queue. If the pipeline is
     /// gone the report has no one to matter to.
-    fn hand_over(&self, delivery: Delivery) {
-        let _ = self.reports.send(delivery);
+    fn hand_over(&self, deliveries: impl IntoIterator<Item = Delivery>) {
+        self.reports.send(deliveries);
     }
 }
 
@@ -202,7 +201,7 @@ impl ProducerContext for Context {
             ),
             Err((e, m)) => (Err(e.clone()), Some(m.topic().into())),
         };
-        self.hand_over(Delivery { key, result, topic });
+        self.hand_over([Delivery { key, result, topic }]);
     }
 }
 
@@ -246,7 +245,7 @@ impl Producer {
         // Ferry's interval unless kafka.properties sets one. Only the relay's producers ask
         // for them; Ferry's other clients (the topic watch, the progress reader) do not.
         let cc = crate::kafka_client::config(properties, crate::kafka_client::Role::Producer);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = reports::queue();
         let fatal = Arc::new(Mutex::new(None));
         let producer: BaseProducer<Context> = cc.create_with_context(Context {
             reports: tx,
