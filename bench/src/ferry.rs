@@ -116,6 +116,9 @@ impl Running {
                 std::env::var("FERRY_BENCH_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
             )
             .envs(exactly_once(slot))
+            // The allocator's own settings pass through, for experiments (glibc's tunables,
+            // e.g. `glibc.malloc.mxfast=0`; they are read when the process starts).
+            .envs(std::env::vars().filter(|(k, _)| k == "GLIBC_TUNABLES"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
