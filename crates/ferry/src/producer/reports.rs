@@ -22,6 +22,7 @@ pub(super) fn queue() -> (Sender, Reports) {
         queue: Mutex::new(Queue {
             reports: VecDeque::new(),
             sender_gone: false,
+            receiver_gone: false,
         }),
         ready: Notify::new(),
     });
@@ -55,6 +56,8 @@ impl Shared {
 struct Queue {
     reports: VecDeque<Delivery>,
     sender_gone: bool,
+    /// Reports for no one are dropped, not kept.
+    receiver_gone: bool,
 }
 
 /// The sending end, held by the producer's context (one per producer).
@@ -64,15 +67,21 @@ pub(super) struct Sender {
 }
 
 impl Sender {
-    /// Appends `reports` in their order, and wakes the receiver.
+    /// Appends `reports` in their order, and wakes the receiver. With the receiver gone they
+    /// are read (the caller's iterator may do more than yield them) and dropped.
     pub(super) fn send(&self, reports: impl IntoIterator<Item = Delivery>) {
-        let before = {
+        let grew = {
             let mut q = self.shared.lock();
+            if q.receiver_gone {
+                drop(q);
+                reports.into_iter().for_each(drop);
+                return;
+            }
             let before = q.reports.len();
             q.reports.extend(reports);
             before != q.reports.len()
         };
-        if before {
+        if grew {
             self.shared.ready.notify_one();
         }
     }
@@ -117,6 +126,15 @@ impl Reports {
             std::mem::swap(&mut self.taken, &mut self.shared.lock().reports);
         }
         self.taken.pop_front()
+    }
+}
+
+impl Drop for Reports {
+    /// What is queued, and what comes later, is for no one.
+    fn drop(&mut self) {
+        let mut q = self.shared.lock();
+        q.receiver_gone = true;
+        q.reports = VecDeque::new();
     }
 }
 
@@ -186,6 +204,17 @@ mod tests {
         assert_eq!(rx.recv().await.map(|d| d.key), Some(7));
         drop(tx);
         assert!(rx.recv().await.is_none());
+    }
+
+    #[test]
+    fn reports_for_a_receiver_that_is_gone_are_dropped() {
+        let (tx, rx) = queue();
+        let shared = rx.shared.clone();
+        tx.send((0..3).map(report));
+        drop(rx);
+        tx.send((3..5).map(report));
+        let q = shared.lock();
+        assert!(q.reports.is_empty() && q.reports.capacity() == 0);
     }
 
     #[test]
