@@ -26,6 +26,8 @@ usage: ferry-bench [flags]
   --pinned              PostgreSQL on CPU 0, the contenders, the broker and this harness on CPU 1
                         (needs 2 CPUs): a deployment where the relay does not share the database's
                         cores; without it everything shares every CPU
+  --keep-broker         one local broker for every run, warm (default: a fresh one per run, whose
+                        JVM compiles while the run goes on)
   --instructions a,b    instead of the matrix: instructions per row counted by callgrind, Ferry
                         and pg_recvlogical on the same fixed WAL of these workloads, split by
                         component (see bench/README.md, Instructions); needs valgrind
@@ -58,6 +60,8 @@ pub struct Args {
     pub smoke: bool,
     /// `--pinned` (see `pin`).
     pub pinned: bool,
+    /// `--keep-broker`: no fresh broker per run (see `World::fresh_broker`).
+    pub keep_broker: bool,
     /// `--instructions`: the workloads to count instructions on (nothing else runs).
     pub instructions: Option<Vec<Workload>>,
     /// `--instr-rows`: N, the big database's rows beyond the small one's.
@@ -89,6 +93,7 @@ impl Args {
             out: None,
             smoke: false,
             pinned: false,
+            keep_broker: false,
             instructions: None,
             instr_rows: 20_000,
             instr_small: 1_000,
@@ -115,6 +120,10 @@ impl Args {
                 "--runs" => a.runs = value()?.parse()?,
                 "--pinned" => {
                     a.pinned = true;
+                    full = false;
+                }
+                "--keep-broker" => {
+                    a.keep_broker = true;
                     full = false;
                 }
                 "--scale" => {

@@ -255,6 +255,9 @@ async fn run(args: Args) -> Res<()> {
     }
     report.machine.postgres = admin.query_one("SHOW server_version", &[]).await?.get(0);
     report.machine.broker = world.broker_version();
+    if args.keep_broker {
+        report.machine.broker += "; one broker for every run (--keep-broker)";
+    }
     println!(
         "ferry-bench: {}\n  PostgreSQL {}, broker {}, librdkafka {}, {}\n  {} workload(s) × {} run(s), contenders: {}; latency at {:?} rows/s",
         report.machine.summary(),
@@ -365,7 +368,9 @@ async fn run_workload(
                 // The local broker keeps every record in memory and slows as it fills: a
                 // contender after another one that produced 200,000 records was measured
                 // 20-30% slower, whichever it was. Each gets a fresh broker.
-                world.fresh_broker().await;
+                if !args.keep_broker {
+                    world.fresh_broker().await;
+                }
                 brokers = world.brokers();
                 create_topics(&brokers, w.name, &[c]).await;
             }
@@ -492,7 +497,7 @@ async fn run_latency(
             relays.push(latency::Relay::Debezium);
         }
         for relay in relays {
-            if !args.smoke {
+            if !args.smoke && !args.keep_broker {
                 world.fresh_broker().await;
             }
             let brokers = world.brokers();
