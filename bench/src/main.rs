@@ -367,7 +367,9 @@ async fn run_workload(
             if !args.smoke && c != Contender::Recv {
                 // The local broker keeps every record in memory and slows as it fills: a
                 // contender after another one that produced 200,000 records was measured
-                // 20-30% slower, whichever it was. Each gets a fresh broker.
+                // 20-30% slower, whichever it was. Each gets a fresh broker, unless
+                // `--keep-broker` asks for one warm broker throughout (its JIT then compiles
+                // before the runs rather than during each).
                 if !args.keep_broker {
                     world.fresh_broker().await;
                 }

@@ -386,18 +386,19 @@ impl LocalBroker {
         let out = c.output().unwrap_or_else(|e| {
             panic!("run java for Kafka's StorageTool: {e}: {BROKER_SETUP_HINT}")
         });
-        // The reason is in stderr and at the end of stdout, after a page of configuration.
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let lines: Vec<&str> = stdout.lines().collect();
-        assert!(
-            out.status.success(),
-            "Kafka's StorageTool format failed for node {} in {}: {}\n(the last lines of its \
-             output:)\n{}",
-            n.id,
-            n.dir.display(),
-            String::from_utf8_lossy(&out.stderr),
-            lines[lines.len().saturating_sub(20)..].join("\n")
-        );
+        if !out.status.success() {
+            // The reason is in stderr and at the end of stdout, after a page of configuration.
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> = stdout.lines().collect();
+            panic!(
+                "Kafka's StorageTool format failed for node {} in {}: {}\n(the last lines of its \
+                 output:)\n{}",
+                n.id,
+                n.dir.display(),
+                String::from_utf8_lossy(&out.stderr),
+                lines[lines.len().saturating_sub(20)..].join("\n")
+            );
+        }
     }
 
     fn spawn_node(&self, i: usize) {

@@ -176,13 +176,8 @@ pub fn unique_name(prefix: &str) -> String {
     static NONCE: OnceLock<u32> = OnceLock::new();
     let nonce = NONCE.get_or_init(|| {
         use std::hash::{BuildHasher, Hasher};
-        // `RandomState` is seeded from the OS's random source once per process.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
+        // `RandomState`'s keys come from the OS's random source once per process.
+        let h = std::collections::hash_map::RandomState::new().build_hasher();
         h.finish() as u32 & 0xff_ffff
     });
     format!(
