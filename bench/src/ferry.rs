@@ -62,6 +62,20 @@ fn exactly_once(slot: &str) -> Vec<(String, String)> {
 pub struct Running {
     pub child: Child,
     pub port: u16,
+    /// Its progress topic: a restart of the same Ferry reads it ([`Running::restart`]).
+    progress_topic: String,
+    /// What it was started with, for [`Running::restart`].
+    args: Args,
+}
+
+/// What a [`Running`] was started with.
+#[derive(Clone)]
+struct Args {
+    wrapper: Vec<String>,
+    db_url: String,
+    brokers: String,
+    slot: String,
+    topic: String,
 }
 
 impl Running {
@@ -79,6 +93,47 @@ impl Running {
         slot: &str,
         topic: &str,
     ) -> Res<Running> {
+        let args = Args {
+            wrapper: wrapper.to_vec(),
+            db_url: db_url.into(),
+            brokers: brokers.into(),
+            slot: slot.into(),
+            topic: topic.into(),
+        };
+        // Slots of one name are dropped and created again between runs: each Ferry gets a
+        // progress topic of its own, or the next run's slot would be a gap to it.
+        let progress_topic = format!(
+            "ferry-bench.progress.{}.{}.{}",
+            std::process::id(),
+            slot,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0)
+        );
+        Running::start(args, progress_topic)
+    }
+
+    /// The same Ferry started again (after this one was killed, say): same slot, same
+    /// configuration, same progress topic, as a restarted pod finds them.
+    pub fn restart(&self) -> Res<Running> {
+        Running::start(self.args.clone(), self.progress_topic.clone())
+    }
+
+    fn start(args: Args, progress_topic: String) -> Res<Running> {
+        let Args {
+            wrapper,
+            db_url,
+            brokers,
+            slot,
+            topic,
+        } = &args;
+        let (db_url, brokers, slot, topic) = (
+            db_url.as_str(),
+            brokers.as_str(),
+            slot.as_str(),
+            topic.as_str(),
+        );
         let port = free_port();
         let mut cmd = match wrapper.split_first() {
             None => Command::new(bin()?),
@@ -96,19 +151,7 @@ impl Running {
             .env("FERRY_KAFKA_BROKERS", brokers)
             .env("FERRY_KAFKA_COMPRESSION", crate::kafka::compression())
             .env("FERRY_ROUTE_TOPIC", topic)
-            // Slots of one name are dropped and created again between runs: each Ferry gets a
-            // progress topic of its own, or the next run's slot would be a gap to it.
-            .env(
-                "FERRY_KAFKA_PROGRESS_TOPIC",
-                format!(
-                    "ferry-bench.progress.{}.{port}.{}",
-                    std::process::id(),
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_millis())
-                        .unwrap_or(0)
-                ),
-            )
+            .env("FERRY_KAFKA_PROGRESS_TOPIC", &progress_topic)
             .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{port}"))
             .env("FERRY_POSTGRES_STANDBY_POLL_INTERVAL", "50ms")
             .env(
@@ -116,15 +159,23 @@ impl Running {
                 std::env::var("FERRY_BENCH_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
             )
             .envs(exactly_once(slot))
-            // The allocator's own settings pass through, for experiments (glibc's tunables,
-            // e.g. `glibc.malloc.mxfast=0`; they are read when the process starts).
-            .envs(std::env::vars().filter(|(k, _)| k == "GLIBC_TUNABLES"))
+            // The allocator's own settings pass through, for experiments: glibc's tunables (e.g.
+            // `glibc.malloc.mxfast=0`), another allocator preloaded (`LD_PRELOAD`) and its
+            // options (`MALLOC_CONF` for jemalloc, `MIMALLOC_*`); all are read at process start.
+            .envs(std::env::vars().filter(|(k, _)| {
+                k == "GLIBC_TUNABLES"
+                    || k == "LD_PRELOAD"
+                    || k == "MALLOC_CONF"
+                    || k.starts_with("MIMALLOC_")
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         Ok(Running {
             child: spawn_owned(cmd, libc::SIGKILL)?,
             port,
+            progress_topic,
+            args,
         })
     }
 

@@ -3,15 +3,17 @@
 //! - **cold start**: a 10-row transaction waits in a fresh slot; `ferry run` is spawned; the
 //!   clock runs from the spawn until Ferry's `ferry_records_produced_total` (records Kafka
 //!   acknowledged) is above zero. Includes process start, configuration, the check queries,
-//!   the topic watch, the Kafka producer getting its producer id, the replication connection.
+//!   the topic watch, the progress topic created (a first start: none exists yet), the Kafka
+//!   producer getting its producer id, the replication connection.
 //! - **standby takeover**: Ferry stands by while another connection holds the slot (its producer
 //!   warmed up meanwhile); the clock runs from the holder letting go until the first
 //!   acknowledgement: noticing the free slot (polled every 50 ms here), connecting, streaming.
 //! - **restart after kill -9**: a Ferry that has relayed a transaction is killed with SIGKILL
-//!   and a new one spawned at once on the same slot, which holds a new 10-row transaction; the
-//!   clock runs from the kill until the new process's first acknowledgement (the walsender
-//!   has to notice the dead connection first: until then the slot is active and the new Ferry
-//!   stands by).
+//!   and a new one spawned at once with the same configuration (the same slot, and the same
+//!   progress topic, holding the killed Ferry's progress records, as a restarted pod finds
+//!   them), while a new 10-row transaction is written; the clock runs from the kill until the
+//!   new process's first acknowledgement (the walsender has to notice the dead connection
+//!   first: until then the slot is active and the new Ferry stands by).
 //!
 //! Beside Ferry's own count, a consumer positioned at the topic's end times the first record of
 //! the waiting transaction in Kafka, the figure Debezium is measured by ([`run_debezium`]: cold
@@ -177,7 +179,8 @@ pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Star
     signal(&ferry.child, libc::SIGKILL);
     let killed = Instant::now();
     let _ = ferry.child.wait();
-    let mut again = Running::spawn(url, brokers, &slot("cold"), topic)?;
+    // The same configuration, progress topic included: it holds the killed Ferry's records.
+    let mut again = ferry.restart()?;
     w.insert_one_txn(&sql, 100, w.rows).await?;
     out.restart.push(first_ack(&mut again, killed).await?);
     out.restart_kafka
