@@ -248,6 +248,21 @@ fn scan(
         cc.create_with_context::<_, BaseConsumer<Reader>>(Reader)
             .map_err(kafka)?,
     );
+    // The end of the log, open transactions included: asked by a read_uncommitted client, since a
+    // read_committed one answers with the last stable offset, before any open transaction.
+    // Made before the metadata is asked: it connects meanwhile (`enable.sparse.connections`
+    // is off for this role), off a restart's path.
+    let end = kafka_client::config(
+        properties,
+        Role::ProgressReader(match until {
+            Until::End => Isolation::ReadUncommitted,
+            Until::Stable => Isolation::ReadCommitted,
+        }),
+    );
+    let end = Disposed::new(
+        end.create_with_context::<_, BaseConsumer<Reader>>(Reader)
+            .map_err(kafka)?,
+    );
     let metadata = until_deadline(deadline, || {
         consumer.fetch_metadata(Some(topic), remaining(deadline))
     })
@@ -271,19 +286,6 @@ fn scan(
         }
         TopicShape::Failed(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
     }
-    // The end of the log, open transactions included: asked by a read_uncommitted client, since a
-    // read_committed one answers with the last stable offset, before any open transaction.
-    let end = kafka_client::config(
-        properties,
-        Role::ProgressReader(match until {
-            Until::End => Isolation::ReadUncommitted,
-            Until::Stable => Isolation::ReadCommitted,
-        }),
-    );
-    let end = Disposed::new(
-        end.create_with_context::<_, BaseConsumer<Reader>>(Reader)
-            .map_err(kafka)?,
-    );
     let (low, high) = until_deadline(deadline, || {
         end.fetch_watermarks(topic, 0, remaining(deadline))
     })
@@ -490,6 +492,10 @@ const METADATA_RETRY: Duration = Duration::from_millis(50);
 /// Creates `topic` (one partition, compacted, segments rolling every [`SEGMENT_MS`]) unless it
 /// exists; "already exists" (another Ferry at the same moment) is success. Checks the partition
 /// count of one that exists.
+///
+/// A restart finds the topic: one metadata request settles it, with no admin client and no
+/// CreateTopics (which cost a restart ~25 ms). Anything else (missing, settling, an error) takes
+/// the way a first start takes: CreateTopics, then metadata until the answer settles.
 pub async fn ensure_topic(
     properties: &[(String, String)],
     topic: &str,
@@ -497,6 +503,28 @@ pub async fn ensure_topic(
     timeout: Duration,
 ) -> Result<(), ProgressTopicError> {
     let kafka = |error| kafka_error(topic, "checking the progress topic", properties, error);
+    let deadline = Instant::now() + timeout;
+    // A consumer: asking a producer-type client for a missing topic's metadata may create it
+    // with the broker's defaults (librdkafka's `allow.auto.create.topics` is true for
+    // producers), and this one must be compacted.
+    let consumer = Disposed::new(
+        kafka_client::config(properties, Role::ProgressTopic)
+            .create::<BaseConsumer>()
+            .map_err(kafka)?,
+    );
+    let topic_owned = topic.to_string();
+    let (consumer, found) = tokio::task::spawn_blocking(move || {
+        let found = look(&consumer, &topic_owned, deadline);
+        (consumer, found)
+    })
+    .await
+    .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?;
+    match found {
+        Ok(TopicShape::Partitions(partitions)) => return one_partition(topic, partitions),
+        // No broker answered until the deadline: creating would not fare better.
+        Err(e) if connection_trouble(&e) => return Err(kafka(e)),
+        _ => {}
+    }
     let cc = kafka_client::config(properties, Role::ProgressTopic);
     let admin = Disposed::new(
         cc.create_with_context::<_, AdminClient<Reader>>(Reader)
@@ -506,7 +534,7 @@ pub async fn ensure_topic(
     let new = NewTopic::new(topic, 1, TopicReplication::Fixed(replication_factor))
         .set("cleanup.policy", "compact")
         .set("segment.ms", &segment_ms);
-    let opts = AdminOptions::new().operation_timeout(Some(timeout));
+    let opts = AdminOptions::new().operation_timeout(Some(remaining(deadline)));
     let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
     tracing::debug!(topic, "start-up: progress topic CreateTopics answered");
     let mut create_refused = None;
@@ -528,41 +556,15 @@ pub async fn ensure_topic(
         }
         None => {}
     }
-    let consumer = Disposed::new(
-        kafka_client::config(properties, Role::ProgressTopic)
-            .create::<BaseConsumer>()
-            .map_err(kafka)?,
-    );
     let topic_owned = topic.to_string();
     // A topic just created is in the controller's metadata before it is in every broker's:
     // for a moment a broker answers with no partitions or LEADER_NOT_AVAILABLE (Apache Kafka
     // does; measured right after CreateTopics on a single KRaft node). Wait for the answer
     // that settles it, until the deadline.
-    let deadline = Instant::now() + timeout;
     // A topic Ferry was not allowed to create and no broker knows is not coming.
     let expected = create_refused.is_none();
     let shape = tokio::task::spawn_blocking(move || loop {
-        let shape = until_deadline(deadline, || {
-            consumer.fetch_metadata(Some(&topic_owned), remaining(deadline))
-        })
-        .map(|m| {
-            m.topics()
-                .iter()
-                .find(|t| t.name() == topic_owned)
-                .map_or(TopicShape::Settling, |t| {
-                    TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
-                })
-        });
-        // librdkafka answers a request for one topic whose metadata has an error with that
-        // error for the whole request: the same settling, said another way.
-        let shape = match shape {
-            Err(KafkaError::MetadataFetch(code)) => match TopicShape::of(Some(code), 0) {
-                TopicShape::Failed(code) => Err(KafkaError::MetadataFetch(code)),
-                settling => Ok(settling),
-            },
-            other => other,
-        };
-        match shape {
+        match look(&consumer, &topic_owned, deadline) {
             // Created (or found existing) a moment ago: a broker that does not know it yet
             // will.
             Ok(TopicShape::Settling) if Instant::now() < deadline => {
@@ -578,30 +580,57 @@ pub async fn ensure_topic(
     .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?
     .map_err(kafka)?;
     match shape {
-        TopicShape::Partitions(1) => {}
-        TopicShape::Partitions(partitions) => {
-            return Err(ProgressTopicError::Partitions {
-                topic: topic.to_string(),
-                partitions,
-            })
-        }
-        TopicShape::Missing | TopicShape::Settling => {
-            return Err(match create_refused {
-                // Not there, and Ferry may not create it.
-                Some(code) => kafka_error(
-                    topic,
-                    "creating the progress topic",
-                    properties,
-                    KafkaError::AdminOp(code),
-                ),
-                None => kafka(KafkaError::MetadataFetch(
-                    RDKafkaErrorCode::LeaderNotAvailable,
-                )),
-            });
-        }
-        TopicShape::Failed(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
+        TopicShape::Partitions(partitions) => one_partition(topic, partitions),
+        TopicShape::Missing | TopicShape::Settling => Err(match create_refused {
+            // Not there, and Ferry may not create it.
+            Some(code) => kafka_error(
+                topic,
+                "creating the progress topic",
+                properties,
+                KafkaError::AdminOp(code),
+            ),
+            None => kafka(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::LeaderNotAvailable,
+            )),
+        }),
+        TopicShape::Failed(code) => Err(kafka(KafkaError::MetadataFetch(code))),
     }
-    Ok(())
+}
+
+/// One metadata request for `topic` (asked again while no broker is reachable, until the
+/// deadline): its shape.
+fn look(consumer: &BaseConsumer, topic: &str, deadline: Instant) -> Result<TopicShape, KafkaError> {
+    let shape = until_deadline(deadline, || {
+        consumer.fetch_metadata(Some(topic), remaining(deadline))
+    })
+    .map(|m| {
+        m.topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(TopicShape::Settling, |t| {
+                TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
+            })
+    });
+    // librdkafka answers a request for one topic whose metadata has an error with that error
+    // for the whole request: the same settling, said another way.
+    match shape {
+        Err(KafkaError::MetadataFetch(code)) => match TopicShape::of(Some(code), 0) {
+            TopicShape::Failed(code) => Err(KafkaError::MetadataFetch(code)),
+            settling => Ok(settling),
+        },
+        other => other,
+    }
+}
+
+/// The progress topic must have one partition: its records are read back in order.
+fn one_partition(topic: &str, partitions: usize) -> Result<(), ProgressTopicError> {
+    match partitions {
+        1 => Ok(()),
+        partitions => Err(ProgressTopicError::Partitions {
+            topic: topic.to_string(),
+            partitions,
+        }),
+    }
 }
 
 #[cfg(test)]
