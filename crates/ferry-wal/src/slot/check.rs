@@ -21,6 +21,7 @@ use super::{
     Capacity, Problem, SlotSpec, SlotState, TableColumn,
 };
 use crate::conn::error::ReaderError;
+use futures_util::future::try_join_all;
 
 /// Every problem that would stop Ferry (or that an operator should know), with its fix.
 pub async fn check(
@@ -82,73 +83,101 @@ pub(crate) struct PublicationFacts {
 }
 
 /// Asks the server everything [`check`] judges (see the module's notes on what is left out).
+///
+/// Every query that needs no other's answer goes out at once: tokio-postgres pipelines the
+/// requests of one connection, so a read costs the round trips of its longest chain (a table's
+/// kind, then its columns; then what the publication covers), not one per query.
 pub(crate) async fn read(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
 ) -> Result<Facts, ReaderError> {
-    let wal_level: String = client
-        .query_one("SELECT current_setting('wal_level')", &[])
-        .await
-        .map_err(sql_error)?
-        .get(0);
-    let (role, can_replicate) = replication_privilege(client).await?;
-
-    let mut tables = Vec::with_capacity(spec.tables.len());
-    for t in &spec.tables {
+    let wal_level = async {
+        client
+            .query_one("SELECT current_setting('wal_level')", &[])
+            .await
+            .map_err(sql_error)
+            .map(|r| r.get::<_, String>(0))
+    };
+    let tables = try_join_all(spec.tables.iter().map(|t| async move {
         let kind = table_kind(client, t).await?;
         let columns = match kind {
             Some(_) => column_types(client, &t.schema, &t.table).await?,
             None => Vec::new(),
         };
-        tables.push(TableFacts {
+        Ok::<_, ReaderError>(TableFacts {
             relkind: kind.map(|(_, k)| k as u8),
             columns,
-        });
-    }
+        })
+    }));
+    let publication = async {
+        client
+            .query_opt(
+                "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
+                &[&spec.publication],
+            )
+            .await
+            .map_err(sql_error)
+    };
+    let database = async {
+        client
+            .query_one("SELECT current_database()::text", &[])
+            .await
+            .map_err(sql_error)
+            .map(|r| r.get::<_, String>(0))
+    };
+    let failover = async {
+        match spec.failover {
+            true => failover::read(client).await.map(Some),
+            false => Ok(None),
+        }
+    };
+    let (
+        wal_level,
+        (role, can_replicate),
+        tables,
+        grants,
+        publication,
+        database,
+        capacity,
+        slot,
+        failover,
+    ) = tokio::try_join!(
+        wal_level,
+        replication_privilege(client),
+        tables,
+        role_grants(client, spec),
+        publication,
+        database,
+        capacity(client),
+        slot_state(client, &spec.slot),
+        failover,
+    )?;
 
-    let grants = role_grants(client, spec).await?;
-
-    let publication = client
-        .query_opt(
-            "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
-            &[&spec.publication],
-        )
-        .await
-        .map_err(sql_error)?;
     let publication = match publication {
         None => None,
         Some(p) => {
             let (all_tables, insert, via_root): (bool, bool, bool) = (p.get(0), p.get(1), p.get(2));
-            let mut covered = Vec::with_capacity(spec.tables.len());
-            for ((t, table), g) in spec.tables.iter().zip(&tables).zip(&grants.tables) {
-                // covers() looks the table up by name, which needs the table and USAGE on its
-                // schema (both reported on their own); FOR ALL TABLES covers every table.
-                let ask = table.relkind.is_some() && g.schema_usage && !all_tables;
-                covered.push(match ask {
-                    true => Some(covers(client, spec, t).await?),
-                    false => None,
-                });
-            }
+            let covered = try_join_all(spec.tables.iter().zip(&tables).zip(&grants.tables).map(
+                |((t, table), g)| async move {
+                    // covers() looks the table up by name, which needs the table and USAGE on
+                    // its schema (both reported on their own); FOR ALL TABLES covers every
+                    // table.
+                    let ask = table.relkind.is_some() && g.schema_usage && !all_tables;
+                    match ask {
+                        true => covers(client, spec, t).await.map(Some),
+                        false => Ok(None),
+                    }
+                },
+            ));
+            let (covered, unrelayed) = tokio::try_join!(covered, unrelayed_tables(client, spec))?;
             Some(PublicationFacts {
                 all_tables,
                 insert,
                 via_root,
                 covers: covered,
-                unrelayed: unrelayed_tables(client, spec).await?,
+                unrelayed,
             })
         }
-    };
-
-    let database: String = client
-        .query_one("SELECT current_database()::text", &[])
-        .await
-        .map_err(sql_error)?
-        .get(0);
-    let capacity = capacity(client).await?;
-    let slot = slot_state(client, &spec.slot).await?;
-    let failover = match spec.failover {
-        true => Some(failover::read(client).await?),
-        false => None,
     };
     Ok(Facts {
         wal_level,
