@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ferry_testkit::kafka as testkafka;
 use ferry_testkit::process::{free_port, signal, spawn_owned};
 use ferry_wal::conn::replication::ReplicationConnection;
 use ferry_wal::conn::ConnectConfig;
@@ -56,6 +57,21 @@ fn exactly_once(slot: &str) -> Vec<(String, String)> {
         ],
         _ => Vec::new(),
     }
+}
+
+/// A new progress topic's name for a Ferry on `slot`. Slots of one name are dropped and created
+/// again between runs: each Ferry gets a progress topic of its own, or the next run's slot would
+/// be a gap to it.
+pub fn progress_topic_for(slot: &str) -> String {
+    format!(
+        "ferry-bench.progress.{}.{}.{}",
+        std::process::id(),
+        slot,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+    )
 }
 
 /// A running `ferry run` and its metrics port.
@@ -100,17 +116,25 @@ impl Running {
             slot: slot.into(),
             topic: topic.into(),
         };
-        // Slots of one name are dropped and created again between runs: each Ferry gets a
-        // progress topic of its own, or the next run's slot would be a gap to it.
-        let progress_topic = format!(
-            "ferry-bench.progress.{}.{}.{}",
-            std::process::id(),
-            slot,
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis())
-                .unwrap_or(0)
-        );
+        Running::start(args, progress_topic_for(slot))
+    }
+
+    /// [`Running::spawn`] with `progress_topic` as its progress topic (one the harness created,
+    /// say, as a deployment's first start did).
+    pub fn spawn_with_progress(
+        db_url: &str,
+        brokers: &str,
+        slot: &str,
+        topic: &str,
+        progress_topic: String,
+    ) -> Res<Running> {
+        let args = Args {
+            wrapper: Vec::new(),
+            db_url: db_url.into(),
+            brokers: brokers.into(),
+            slot: slot.into(),
+            topic: topic.into(),
+        };
         Running::start(args, progress_topic)
     }
 
@@ -167,6 +191,8 @@ impl Running {
                     || k == "LD_PRELOAD"
                     || k == "MALLOC_CONF"
                     || k.starts_with("MIMALLOC_")
+                    // and the in-flight window, for memory experiments
+                    || k.starts_with("FERRY_KAFKA_MAX_IN_FLIGHT_")
             }))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -248,8 +274,21 @@ pub async fn drain(
         &topic.replace("{aggregatetype}", "order"),
         rows as i64,
     )?;
+    // From process start, the progress topic exists (as the slot does, for every contender): a
+    // deployment's first start created it, and a process start after that, a restart or a
+    // rollout, finds it. A standby creates its own while it waits, off the clock.
+    let progress_topic = progress_topic_for(slot);
+    if holder.is_none() {
+        testkafka::create_topic_with(
+            brokers,
+            &progress_topic,
+            1,
+            &[("cleanup.policy", "compact")],
+        )
+        .await;
+    }
     let spawned = Instant::now();
-    let mut ferry = Running::spawn(db_url, brokers, slot, topic)?;
+    let mut ferry = Running::spawn_with_progress(db_url, brokers, slot, topic, progress_topic)?;
     let pid = ferry.child.id();
     while holder.is_some()
         && (spawned.elapsed() < WARM_UP || ferry.metric("ferry_standby").await != Some(1.0))

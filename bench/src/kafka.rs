@@ -322,6 +322,83 @@ pub async fn append_times(
     .await?
 }
 
+/// How long `--keep-broker` loads its broker before the first run.
+pub const BROKER_WARM_UP: Duration = Duration::from_secs(15);
+
+/// Loads a new broker as the runs will, for `how_long`: produce requests of compressed batches
+/// from an idempotent producer with Ferry's settings (1 KB records with an `id` header, keyed),
+/// and the watermark requests a [`Watch`] sends; then deletes the topic it wrote. A broker's JIT
+/// compiles its request paths in its first seconds under load, which without this fall on the
+/// first workload's runs (measured: `backlog-100b` first in a `--pinned --keep-broker` matrix,
+/// 65% of `pg_recvlogical` against 109% when another workload had gone first). Returns the
+/// records it sent.
+pub async fn warm_broker(brokers: &str, how_long: Duration) -> Res<u64> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let topic = format!("ferry-bench.broker-warm-up.{}", std::process::id());
+    ferry_testkit::kafka::create_topic(brokers, &topic, PARTITIONS).await;
+    let producer: BaseProducer = client_config(brokers, "ferry-bench-broker-warm-up")?.create()?;
+    let watermarks = consumer(brokers)?;
+    let t = topic.clone();
+    let sent = tokio::task::spawn_blocking(move || -> Res<u64> {
+        // Hex of a counter's hash: about as compressible as the workloads' md5 payloads.
+        let payload = |n: u64| -> String {
+            let mut s = String::with_capacity(1024);
+            let mut x = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            while s.len() < 1000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                s.push_str(&format!("{x:016x}"));
+            }
+            s
+        };
+        let started = Instant::now();
+        let mut last_watch = started;
+        let mut n = 0u64;
+        while started.elapsed() < how_long {
+            let (key, value, id) = (format!("k{}", n % 1000), payload(n), n.to_string());
+            let headers = OwnedHeaders::new().insert(Header {
+                key: "id",
+                value: Some(&id),
+            });
+            let record = BaseRecord::to(&t)
+                .key(&key)
+                .payload(&value)
+                .headers(headers);
+            match producer.send(record) {
+                Ok(()) => n += 1,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    producer.poll(Duration::from_millis(5));
+                }
+                Err((e, _)) => return Err(format!("broker warm-up: {e}").into()),
+            }
+            producer.poll(Duration::ZERO);
+            if last_watch.elapsed() >= WATCH_EVERY {
+                last_watch = Instant::now();
+                let _ = watermarks.fetch_watermarks(&t, 0, Duration::from_secs(5));
+            }
+        }
+        producer
+            .flush(Duration::from_secs(30))
+            .map_err(|e| format!("broker warm-up: flush: {e}"))?;
+        Ok(n)
+    })
+    .await??;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    admin
+        .delete_topics(&[&topic], &AdminOptions::new())
+        .await
+        .map_err(|e| format!("broker warm-up: deleting {topic}: {e}"))?;
+    Ok(sent)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,7 +45,7 @@ mod workload;
 mod world;
 
 use std::error::Error;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_testkit::kafka as testkafka;
 use ferry_testkit::pg;
@@ -270,6 +270,18 @@ async fn run(args: Args) -> Res<()> {
         args.contenders.iter().map(|c| c.key()).collect::<Vec<_>>().join(","),
         args.rates
     );
+    if args.keep_broker && !args.workloads.is_empty() {
+        let sent = kafka::warm_broker(&world.brokers(), kafka::BROKER_WARM_UP).await?;
+        println!(
+            "ferry-bench: the broker warmed up for {} s ({} records of 1 KB), before the first run",
+            kafka::BROKER_WARM_UP.as_secs(),
+            thousands(sent)
+        );
+        report.machine.broker += &format!(
+            ", loaded for {} s before the first run",
+            kafka::BROKER_WARM_UP.as_secs()
+        );
+    }
     for (i, w) in args.workloads.iter().enumerate() {
         let r = run_workload(&args, &mut world, &admin, w, i == 0).await?;
         report.workloads.push(r);
@@ -376,6 +388,12 @@ async fn run_workload(
                 brokers = world.brokers();
                 create_topics(&brokers, w.name, &[c]).await;
             }
+            // The local broker's CPU over the turn: in pinned mode it shares CPU 1 with the
+            // contender, and its share is what the contender's cannot be.
+            let broker_before = world
+                .broker_pid()
+                .and_then(|pid| procfs::cpu_seconds(pid).ok().map(|cpu| (pid, cpu)));
+            let turn = Instant::now();
             let s = match c {
                 Contender::Recv => {
                     // Ferry streams binary values when the payload is bytea (postgres.binary).
@@ -415,6 +433,15 @@ async fn run_workload(
                 return Err(format!("{tag}: {} took no time: a measurement bug", c.label()).into());
             }
             print_sample(&tag, c, &s, rows, bytes);
+            if let Some((pid, before)) = broker_before.filter(|_| c != Contender::Recv) {
+                if let Ok(after) = procfs::cpu_seconds(pid) {
+                    println!(
+                        "{tag}: the broker used {:.2} CPU s in this turn's {:.2} s",
+                        after - before,
+                        turn.elapsed().as_secs_f64()
+                    );
+                }
+            }
             result.samples.push((c, s));
         }
         for s in &slots {

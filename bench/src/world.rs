@@ -73,6 +73,11 @@ impl World {
         }
     }
 
+    /// The local broker's process id (`None` for an external broker).
+    pub fn broker_pid(&self) -> Option<u32> {
+        self.broker.as_ref().and_then(|b| b.pid(0))
+    }
+
     pub fn broker_version(&self) -> String {
         match &self.external_brokers {
             Some(b) => format!("external ({b})"),

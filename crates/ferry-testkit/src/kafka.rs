@@ -489,6 +489,11 @@ impl LocalBroker {
         }
     }
 
+    /// Node `i`'s process id (0-based), while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.child(i).as_ref().map(Child::id)
+    }
+
     /// Kills node `i` (0-based) with SIGKILL.
     pub fn kill_node(&self, i: usize) {
         let taken = self.child(i).take();
