@@ -45,8 +45,14 @@ pub const COMPRESSION: Compression = Compression::Lz4;
 /// rows/s and 20 ms per acknowledgement, 2,000 are in flight), and small enough that librdkafka's
 /// per-message memory stays low; measured: 100,000 here doubled peak RSS and ran no faster.
 pub const MAX_IN_FLIGHT_RECORDS: u64 = 10_000;
-/// `kafka.max_in_flight_bytes`: 32 MiB, the memory bound of records waiting for Kafka.
-pub const MAX_IN_FLIGHT_BYTES: u64 = 32 * 1024 * 1024;
+/// `kafka.max_in_flight_bytes`: 16 MiB, the memory bound of records waiting for Kafka. Binds
+/// only on rows above ~1.6 KB (10,000 records of 1 KB are 10 MiB). Measured (bench/README.md),
+/// 16 KB rows with PostgreSQL on a core of its own, the window full while Ferry drains: peak RSS
+/// 48-50 MiB against 65-67 with 32 MiB, at the same rate (two alternating sets of 5 runs: 100%
+/// and 94% of `pg_recvlogical` from process start against 100% and 110%; 103% and 100% as a warm
+/// standby against 103% and 101%). At 10 ms to the brokers, 16 MiB in flight still carries
+/// 1.6 GB/s.
+pub const MAX_IN_FLIGHT_BYTES: u64 = 16 * 1024 * 1024;
 /// `kafka.delivery_timeout` (librdkafka `message.timeout.ms`): `0` (the default) means records
 /// never time out: during a Kafka outage they wait in the in-flight window (bounded memory) and
 /// are delivered in order when the brokers return. A finite value makes a record fail after it,
@@ -74,7 +80,7 @@ pub const TRANSACTION_INTERVAL: Duration = Duration::from_millis(100);
 /// before the interval. Must stay below half the in-flight window: the transactional sink holds
 /// every report until its commit, and the window must never fill with held reports.
 pub const TRANSACTION_MAX_RECORDS: u64 = 4_000;
-/// `kafka.transaction_max_bytes`: likewise in record bytes (a quarter of the default window).
+/// `kafka.transaction_max_bytes`: likewise in record bytes (half the default window).
 pub const TRANSACTION_MAX_BYTES: u64 = 8 * 1024 * 1024;
 /// `transaction.timeout.ms` Ferry asks for: far above the interval (a commit waits for every
 /// record of the transaction), and below the brokers' default `transaction.max.timeout.ms`

@@ -53,7 +53,7 @@ fn environment_alone_is_enough_and_everything_else_defaults() {
     let k = &c.kafka;
     assert_eq!(k.compression, Compression::Lz4);
     assert_eq!(k.max_in_flight_records, 10_000);
-    assert_eq!(k.max_in_flight_bytes, 32 * 1024 * 1024);
+    assert_eq!(k.max_in_flight_bytes, 16 * 1024 * 1024);
     assert_eq!(
         k.delivery_timeout,
         Duration::ZERO,
@@ -653,7 +653,7 @@ fn producer_properties_pin_what_the_guarantee_needs() {
     assert_eq!(last("linger.ms"), Some("1"));
     assert_eq!(last("message.timeout.ms"), Some("0"));
     assert_eq!(last("queue.buffering.max.messages"), Some("20000"));
-    assert_eq!(last("queue.buffering.max.kbytes"), Some("65536"));
+    assert_eq!(last("queue.buffering.max.kbytes"), Some("32768"));
     assert_eq!(last("transaction.timeout.ms"), None);
     let mut eos = c.clone();
     eos.kafka.exactly_once = true;
@@ -1090,7 +1090,7 @@ fn show_prints_toml_that_loads_back_to_the_same_configuration() {
     .unwrap();
     let shown = defaults.to_toml().unwrap();
     for line in [
-        "max_in_flight_bytes = \"32MiB\"",
+        "max_in_flight_bytes = \"16MiB\"",
         "linger = \"1ms\"",
         "listen = \"127.0.0.1:9187\"",
         "create_slot = true",
