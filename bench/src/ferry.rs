@@ -94,6 +94,18 @@ struct Args {
     topic: String,
 }
 
+impl Args {
+    fn new(wrapper: &[String], db_url: &str, brokers: &str, slot: &str, topic: &str) -> Args {
+        Args {
+            wrapper: wrapper.to_vec(),
+            db_url: db_url.into(),
+            brokers: brokers.into(),
+            slot: slot.into(),
+            topic: topic.into(),
+        }
+    }
+}
+
 impl Running {
     /// Starts `ferry run` on `slot`, routing every row to `topic` (a template).
     pub fn spawn(db_url: &str, brokers: &str, slot: &str, topic: &str) -> Res<Running> {
@@ -109,13 +121,7 @@ impl Running {
         slot: &str,
         topic: &str,
     ) -> Res<Running> {
-        let args = Args {
-            wrapper: wrapper.to_vec(),
-            db_url: db_url.into(),
-            brokers: brokers.into(),
-            slot: slot.into(),
-            topic: topic.into(),
-        };
+        let args = Args::new(wrapper, db_url, brokers, slot, topic);
         Running::start(args, progress_topic_for(slot))
     }
 
@@ -128,14 +134,7 @@ impl Running {
         topic: &str,
         progress_topic: String,
     ) -> Res<Running> {
-        let args = Args {
-            wrapper: Vec::new(),
-            db_url: db_url.into(),
-            brokers: brokers.into(),
-            slot: slot.into(),
-            topic: topic.into(),
-        };
-        Running::start(args, progress_topic)
+        Running::start(Args::new(&[], db_url, brokers, slot, topic), progress_topic)
     }
 
     /// The same Ferry started again (after this one was killed, say): same slot, same

@@ -1,6 +1,7 @@
 //! [`ensure`]: what is missing is created (the publication and the slot, when the configuration
-//! allows) between two [`check`](super::check())s (one when nothing was missing); losing a creation race to another Ferry is
-//! no error (see the module's notes on two instances starting together).
+//! allows) between two [`check`](super::check())s (one when nothing was missing); losing a
+//! creation race to another Ferry is no error (see the module's notes on two instances starting
+//! together).
 
 use super::problems::problems;
 use super::{check, server_version_num, sql_error, Problem, Severity, SlotSpec, SlotState};
