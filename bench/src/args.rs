@@ -28,6 +28,9 @@ usage: ferry-bench [flags]
                         cores; without it everything shares every CPU
   --keep-broker         one local broker for every run, warm (default: a fresh one per run, whose
                         JVM compiles while the run goes on)
+  --stall-broker        stop the local broker (SIGSTOP) 0.7 s into every Ferry drain, for 4 s:
+                        Ferry's peak RSS with its window full and nothing acknowledged (a memory
+                        figure: the rates of such a run compare with nothing)
   --instructions a,b    instead of the matrix: instructions per row counted by callgrind, Ferry
                         and pg_recvlogical on the same fixed WAL of these workloads, split by
                         component (see bench/README.md, Instructions); needs valgrind
@@ -62,6 +65,8 @@ pub struct Args {
     pub pinned: bool,
     /// `--keep-broker`: no fresh broker per run (see `World::fresh_broker`).
     pub keep_broker: bool,
+    /// `--stall-broker`: the local broker stopped during every Ferry drain (see `ferry::Stall`).
+    pub stall_broker: bool,
     /// `--instructions`: the workloads to count instructions on (nothing else runs).
     pub instructions: Option<Vec<Workload>>,
     /// `--instr-rows`: N, the big database's rows beyond the small one's.
@@ -94,6 +99,7 @@ impl Args {
             smoke: false,
             pinned: false,
             keep_broker: false,
+            stall_broker: false,
             instructions: None,
             instr_rows: 20_000,
             instr_small: 1_000,
@@ -124,6 +130,10 @@ impl Args {
                 }
                 "--keep-broker" => {
                     a.keep_broker = true;
+                    full = false;
+                }
+                "--stall-broker" => {
+                    a.stall_broker = true;
                     full = false;
                 }
                 "--scale" => {

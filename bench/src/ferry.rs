@@ -254,8 +254,52 @@ const WARM_UP: Duration = Duration::from_millis(1500);
 /// confirmation counts as the end.
 const SETTLE: Duration = Duration::from_secs(3);
 
+/// `--stall-broker`: how far into a drain the broker stops.
+pub const STALL_AFTER: Duration = Duration::from_millis(700);
+/// `--stall-broker`: how long it stays stopped.
+pub const STALL_FOR: Duration = Duration::from_secs(4);
+
+/// The local broker (process `pid`) stopped with SIGSTOP [`STALL_AFTER`] after `from`, for
+/// [`STALL_FOR`], then continued; continued on drop too, whatever happened meanwhile. Its
+/// connections stay open and nothing answers: the in-flight window fills and stays full.
+pub struct Stall {
+    pid: u32,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Stall {
+    pub fn start(pid: u32, from: Instant) -> Stall {
+        let task = tokio::spawn(async move {
+            tokio::time::sleep_until((from + STALL_AFTER).into()).await;
+            send(pid, "STOP");
+            tokio::time::sleep(STALL_FOR).await;
+            send(pid, "CONT");
+        });
+        Stall { pid, task }
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        self.task.abort();
+        send(self.pid, "CONT");
+    }
+}
+
+/// `kill -<signal> <pid>` (SIGCONT to a running process does nothing).
+fn send(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
 /// Drains the backlog on `slot` (`rows` rows ending at `end`): with a `holder`, which keeps the
-/// slot busy until Ferry stands by, from the holder letting go; without, from the spawn.
+/// slot busy until Ferry stands by, from the holder letting go; without, from the spawn. With
+/// `stall` (the local broker's pid), the broker is stopped for a while into the drain
+/// ([`Stall`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn drain(
     db_url: &str,
@@ -266,6 +310,7 @@ pub async fn drain(
     rows: u64,
     end: Lsn,
     holder: Option<Holder>,
+    stall: Option<u32>,
 ) -> Res<Sample> {
     // The same end as Debezium's, beside the slot's: Kafka holding every record.
     let mut watch = Watch::start(
@@ -315,6 +360,7 @@ pub async fn drain(
         }
         None => (0.0, 0, spawned),
     };
+    let _stall = stall.map(|pid| Stall::start(pid, start));
     let mut first_ack = None;
     let initial = confirmed(sql, slot).await?;
     let (mut last, mut last_at) = (initial, start);

@@ -258,6 +258,21 @@ async fn run(args: Args) -> Res<()> {
     if args.keep_broker {
         report.machine.broker += "; one broker for every run (--keep-broker)";
     }
+    if args.stall_broker {
+        if world.broker_pid().is_none() {
+            return Err(
+                "--stall-broker stops the local broker, and FERRY_TEST_KAFKA_BROKERS names \
+                        an external one: unset it"
+                    .into(),
+            );
+        }
+        report.machine.broker += &format!(
+            "; stopped (SIGSTOP) {:.1} s into every Ferry drain for {} s (--stall-broker: Ferry's \
+             rates in this report compare with nothing, its peak RSS is the figure)",
+            ferry::STALL_AFTER.as_secs_f64(),
+            ferry::STALL_FOR.as_secs()
+        );
+    }
     println!(
         "ferry-bench: {}\n  PostgreSQL {}, broker {}, librdkafka {}, {}\n  {} workload(s) × {} run(s), contenders: {}; latency at {:?} rows/s",
         report.machine.summary(),
@@ -394,6 +409,9 @@ async fn run_workload(
                 .broker_pid()
                 .and_then(|pid| procfs::cpu_seconds(pid).ok().map(|cpu| (pid, cpu)));
             let turn = Instant::now();
+            let stall = broker_before
+                .filter(|_| args.stall_broker)
+                .map(|(pid, _)| pid);
             let s = match c {
                 Contender::Recv => {
                     // Ferry streams binary values when the payload is bytea (postgres.binary).
@@ -413,13 +431,16 @@ async fn run_workload(
                         rows,
                         end,
                         Some(holder),
+                        stall,
                     )
                     .await?
                 }
                 Contender::FerryCold => {
                     let template = format!("{{aggregatetype}}.{}.ferry-cold", w.name);
-                    ferry::drain(&url, &brokers, &sql, &slots[2], &template, rows, end, None)
-                        .await?
+                    ferry::drain(
+                        &url, &brokers, &sql, &slots[2], &template, rows, end, None, stall,
+                    )
+                    .await?
                 }
                 Contender::Relay => {
                     let suffix = format!("{}.relay", w.name);
