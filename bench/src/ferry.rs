@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_testkit::kafka as testkafka;
-use ferry_testkit::process::{free_port, signal, spawn_owned};
+use ferry_testkit::process::{free_port, signal, signal_pid, spawn_owned};
 use ferry_wal::conn::replication::ReplicationConnection;
 use ferry_wal::conn::ConnectConfig;
 use ferry_wal::Lsn;
@@ -271,9 +271,9 @@ impl Stall {
     pub fn start(pid: u32, from: Instant) -> Stall {
         let task = tokio::spawn(async move {
             tokio::time::sleep_until((from + STALL_AFTER).into()).await;
-            send(pid, "STOP");
+            signal_pid(pid, libc::SIGSTOP);
             tokio::time::sleep(STALL_FOR).await;
-            send(pid, "CONT");
+            signal_pid(pid, libc::SIGCONT);
         });
         Stall { pid, task }
     }
@@ -282,18 +282,9 @@ impl Stall {
 impl Drop for Stall {
     fn drop(&mut self) {
         self.task.abort();
-        send(self.pid, "CONT");
+        // SIGCONT to a running process does nothing.
+        signal_pid(self.pid, libc::SIGCONT);
     }
-}
-
-/// `kill -<signal> <pid>` (SIGCONT to a running process does nothing).
-fn send(pid: u32, signal: &str) {
-    let _ = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }
 
 /// Drains the backlog on `slot` (`rows` rows ending at `end`): with a `holder`, which keeps the

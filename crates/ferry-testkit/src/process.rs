@@ -62,10 +62,15 @@ pub fn spawn_owned(mut cmd: Command, signal: libc::c_int) -> io::Result<Child> {
 
 /// Sends `signal` to a child (no-op if it already exited).
 pub fn signal(child: &Child, signal: libc::c_int) {
+    signal_pid(child.id(), signal);
+}
+
+/// Sends `signal` to process `pid`, one this process started (no-op if it already exited).
+pub fn signal_pid(pid: u32, signal: libc::c_int) {
     #[allow(unsafe_code)]
     // SAFETY: kill(2) with a pid we own; a stale pid at worst gets ESRCH.
     unsafe {
-        libc::kill(child.id() as libc::pid_t, signal);
+        libc::kill(pid as libc::pid_t, signal);
     }
 }
 

@@ -514,9 +514,9 @@ pub async fn ensure_topic(
             .map_err(kafka)?,
     );
     let topic_owned = topic.to_string();
-    let (consumer, found) = tokio::task::spawn_blocking(move || {
+    let (consumer, topic_owned, found) = tokio::task::spawn_blocking(move || {
         let found = look(&consumer, &topic_owned, deadline);
-        (consumer, found)
+        (consumer, topic_owned, found)
     })
     .await
     .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?;
@@ -557,7 +557,6 @@ pub async fn ensure_topic(
         }
         None => {}
     }
-    let topic_owned = topic.to_string();
     // A topic just created is in the controller's metadata before it is in every broker's:
     // for a moment a broker answers with no partitions or LEADER_NOT_AVAILABLE (Apache Kafka
     // does; measured right after CreateTopics on a single KRaft node). Wait for the answer
