@@ -169,10 +169,35 @@ async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
     let writer = Writer::start(w.db.client().await, "k");
     writer.wait_for(20).await;
 
+    // A's SQL connection(s), to tell B's apart.
+    let ferry_backends = "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity \
+                          WHERE application_name = 'ferry' AND backend_type = 'client backend'";
+    let a_backends: Vec<i32> = w.sql.query_one(ferry_backends, &[]).await.unwrap().get(0);
     let mut b = w.start_ferry();
     wait_until("B reports standby", Duration::from_secs(30), || async {
         b.metric("ferry_standby").await == Some(1.0)
     })
+    .await;
+    // B polls the slot on one connection it keeps: a backend of B's has served a poll a second
+    // (five polls) after it started, where a connection per poll would fork a backend and
+    // authenticate every time.
+    wait_until(
+        "one of B's backends serves poll after poll",
+        Duration::from_secs(30),
+        || async {
+            w.sql
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ferry' \
+                     AND backend_type = 'client backend' AND NOT (pid = ANY($1)) \
+                     AND query_start - backend_start > interval '1 second'",
+                    &[&a_backends],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                > 0
+        },
+    )
     .await;
     let (status, body) = b.http_get("/readyz").await.expect("B serves HTTP");
     assert_eq!(status, 503, "a standby is not ready: {body}");

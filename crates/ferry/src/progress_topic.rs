@@ -597,6 +597,21 @@ pub async fn ensure_topic(
     }
 }
 
+/// Whether `metadata` (an answer for every topic, as the broker probe asks) shows `topic`
+/// settled with its one partition and that partition's leader: a restart's progress topic,
+/// found without a request of its own. Anything else (missing, settling, another partition
+/// count, an error) is for [`ensure_topic`] to settle or say.
+pub(crate) fn settled_in(metadata: &rdkafka::metadata::Metadata, topic: &str) -> bool {
+    metadata.topics().iter().any(|t| {
+        t.name() == topic
+            && TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
+                == TopicShape::Partitions(1)
+            && t.partitions()
+                .iter()
+                .all(|p| p.error().is_none() && p.leader() >= 0)
+    })
+}
+
 /// One metadata request for `topic` (asked again while no broker is reachable, until the
 /// deadline): its shape.
 fn look(consumer: &BaseConsumer, topic: &str, deadline: Instant) -> Result<TopicShape, KafkaError> {

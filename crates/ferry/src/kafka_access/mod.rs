@@ -25,7 +25,7 @@ mod diagnosis;
 mod probe;
 
 pub use diagnosis::{diagnose, relayed, silent, Cause, Diagnosis};
-pub use probe::{probe, Unusable};
+pub use probe::{probe, probe_seeing, Unusable};
 
 /// How long a probe of the brokers waits for one to answer (a refused port, a name that does
 /// not resolve, a port that is not Kafka are said as soon as every bootstrap broker was tried

@@ -43,6 +43,17 @@ impl std::fmt::Display for Unusable {
 /// for metadata until one answers (Ok), every bootstrap broker failed for a certain reason, or
 /// `deadline` passed (Err, with why). Blocking.
 pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), Unusable> {
+    probe_seeing(properties, deadline, None).map(|_| ())
+}
+
+/// [`probe`], and whether the answer (metadata of every topic) shows `topic` settled with one
+/// partition ([`crate::progress_topic::settled_in`]): `ferry run` then needs no request of
+/// its own to find its progress topic on a restart.
+pub fn probe_seeing(
+    properties: &[(String, String)],
+    deadline: Duration,
+    topic: Option<&str>,
+) -> Result<bool, Unusable> {
     let start = Instant::now();
     let bootstrap: Vec<String> = properties
         .iter()
@@ -66,20 +77,21 @@ pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), 
         match cc.create_with_context(Collector::default()) {
             Ok(c) => Disposed::new(c),
             // An invalid configuration is reported by the first real client, with its property.
-            Err(_) => return Ok(()),
+            Err(_) => return Ok(false),
         };
     loop {
         let remaining = deadline.saturating_sub(start.elapsed());
-        if client
+        if let Some(md) = client
             .client()
             .fetch_metadata(None, SLICE.min(remaining).max(Duration::from_millis(1)))
-            .is_ok_and(|md| !md.brokers().is_empty())
+            .ok()
+            .filter(|md| !md.brokers().is_empty())
         {
             tracing::debug!(
                 elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
                 "a Kafka broker answered the probe"
             );
-            return Ok(());
+            return Ok(topic.is_some_and(|t| crate::progress_topic::settled_in(&md, t)));
         }
         // Errors reach the context when polled; log lines as they come.
         for _ in 0..100 {

@@ -130,6 +130,10 @@ pub(super) struct Carry {
     /// The first session's SQL connection, opened while the brokers were probed and the
     /// producer made (it decides nothing); taken by that session.
     pub early_sql: Option<tokio::task::JoinHandle<Result<tokio_postgres::Client, ReaderError>>>,
+    /// A standby's SQL connection, kept from one poll of the slot to the next: a poll is one
+    /// query, not a new backend and an authentication, and a takeover starts on a connection
+    /// already open.
+    pub standby_sql: Option<tokio_postgres::Client>,
 }
 
 /// What the session machine stopped with.
@@ -371,20 +375,23 @@ impl<'a> Driver<'a> {
     /// Connects, asks the start-time verdict, checks that the brokers serve transactions
     /// (exactly-once), and makes sure of the slot and publication.
     ///
-    /// The SQL connection and the progress topic's creation or check (once per pipeline) are
-    /// independent of each other and go side by side; the verdict reads the slot, then the
-    /// progress topic, after both. A connection error is reported before the topic's.
+    /// The SQL connection and the progress topic's creation or check (once per pipeline; on a
+    /// restart the broker probe's answer already showed it) are independent of each other and
+    /// go side by side; the verdict reads the slot, then the progress topic, after both. A
+    /// connection error is reported before the topic's.
     async fn prepare(
         &mut self,
     ) -> Result<(Arc<tokio_postgres::Client>, super::start::Start), PipelineError> {
         let s = self.settings;
         let early = self.carry.early_sql.take();
+        let kept = self.carry.standby_sql.take();
         let connect = async move {
-            // The early connection if it is still good, otherwise a new one (whose error is
-            // the one reported, as it always was).
-            let early = match early {
-                Some(h) => h.await.ok().and_then(Result::ok),
-                None => None,
+            // The connection a standby kept, or the early one, if it is still good; otherwise
+            // a new one (whose error is the one reported, as it always was).
+            let early = match (kept, early) {
+                (Some(c), _) => Some(c),
+                (None, Some(h)) => h.await.ok().and_then(Result::ok),
+                (None, None) => None,
             };
             match early.filter(|c| !c.is_closed()) {
                 Some(c) => Ok(c),
@@ -412,7 +419,16 @@ impl<'a> Driver<'a> {
         let sql = Arc::new(sql?);
         tracing::debug!("start-up: SQL connection open");
         topic?;
-        let start = self.verdict(&sql).await?;
+        let start = match self.verdict(&sql).await {
+            Ok(start) => start,
+            Err(e) => {
+                if e.is_standby() {
+                    // Polled again on the same connection (the verdict's reads are all done).
+                    self.carry.standby_sql = Arc::try_unwrap(sql).ok();
+                }
+                return Err(e);
+            }
+        };
         tracing::debug!("start-up: verdict decided");
         if s.exactly_once.is_some() {
             // Before the slot is created or transactions initialised (issue 30).

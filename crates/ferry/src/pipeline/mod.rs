@@ -83,6 +83,7 @@ pub async fn run(
             let postgres = settings.postgres.clone();
             async move { ferry_wal::slot::connect_sql(&postgres).await }
         })),
+        standby_sql: None,
     };
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
@@ -97,6 +98,9 @@ pub async fn run(
         return Ok(());
     }
     tracing::debug!("start-up: a broker answered the probe");
+    // A restart: the probe's answer showed the progress topic as it must be (ensure_topic's
+    // own request would ask the same question again).
+    carry.progress_topic_ready = supervisor.progress_topic_seen;
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -160,6 +164,8 @@ struct Supervisor<'a> {
     metrics: &'a Metrics,
     backoff: Duration,
     standing_by: bool,
+    /// A probe's answer showed the progress topic settled with one partition.
+    progress_topic_seen: bool,
 }
 
 impl<'a> Supervisor<'a> {
@@ -169,6 +175,7 @@ impl<'a> Supervisor<'a> {
             metrics,
             backoff: settings.reconnect_backoff_min,
             standing_by: false,
+            progress_topic_seen: false,
         }
     }
 
@@ -254,14 +261,23 @@ impl<'a> Supervisor<'a> {
         let mut refusals = 0;
         loop {
             let props = s.producer_properties.clone();
+            let topic = s.progress_topic.clone();
             let probe = tokio::task::spawn_blocking(move || {
-                crate::kafka_access::probe(&props, crate::kafka_access::PROBE_DEADLINE)
+                crate::kafka_access::probe_seeing(
+                    &props,
+                    crate::kafka_access::PROBE_DEADLINE,
+                    Some(&topic),
+                )
             });
             let unusable = tokio::select! {
                 r = probe => match r {
                     Ok(Err(unusable)) => unusable,
+                    Ok(Ok(seen)) => {
+                        self.progress_topic_seen |= seen;
+                        break;
+                    }
                     // A probe that could not run says nothing: the session finds out.
-                    Ok(Ok(())) | Err(_) => break,
+                    Err(_) => break,
                 },
                 _ = shutdown.as_mut() => return Ok(false),
             };
