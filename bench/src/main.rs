@@ -619,6 +619,7 @@ async fn run_startup(
             &brokers,
             "{aggregatetype}.steady.ferry",
             run,
+            world.broker_pid(),
             &mut out,
         )
         .await?;

@@ -658,6 +658,8 @@ impl Report {
         if let Some(st) = &self.startup {
             o.push_str("## Start-up\n\nTime until Ferry's first record is acknowledged (`ferry_records_produced_total` above zero, polled every 2 ms; a 10-row transaction of ~1 KB jsonb waiting): from spawning a cold `ferry run`; from the kill of a running Ferry with SIGKILL, a new one spawned at once; from another connection freeing the slot a warm standby waits for (see `bench/README.md`). For Ferry and Debezium alike: until a consumer at the topic's end sees the waiting transaction's first record (Debezium: the connector named on the worker's command line; its restart resumes from the killed worker's offsets, written after it relayed the previous transaction).\n\n");
             o.push_str(&st.table());
+            o.push_str("\nCPU spent while each clock ran (means over the runs; Ferry: the process timed, a takeover's since the slot was freed; the broker when the harness started it; this harness's own polling). With `--pinned`, Ferry, the broker and the harness share CPU 1: a CPU ÷ wall near 100% means that core, not Ferry's chain of round trips, set the figure.\n\n");
+            o.push_str(&st.cpu_table());
             o.push('\n');
         }
         let targets = self.targets();

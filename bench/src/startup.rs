@@ -31,7 +31,7 @@ use ferry_testkit::process::signal;
 use crate::ferry::{Holder, Running};
 use crate::kafka::{FirstOf, Watch};
 use crate::workload::{Kind, Workload};
-use crate::{confirmed, current_lsn, Res};
+use crate::{confirmed, current_lsn, procfs, Res};
 
 /// What the start-up runs measured, seconds per run.
 #[derive(Debug, Clone, Default)]
@@ -46,6 +46,56 @@ pub struct Startup {
     /// Debezium, to the first record of the waiting transaction seen in Kafka.
     pub debezium_cold: Vec<f64>,
     pub debezium_restart: Vec<f64>,
+    /// CPU seconds spent while each kind's clock ran (Ferry's, index 0: cold, 1: restart, 2:
+    /// takeover).
+    pub cpu: [Vec<Cpu>; 3],
+}
+
+/// CPU spent while one start-up's clock ran, seconds: whether the machine, not Ferry's chain of
+/// round trips, set the figure (`--pinned`: Ferry, the broker and this harness share CPU 1).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu {
+    pub wall: f64,
+    /// The Ferry process timed (a cold start or restart: all of it; a takeover: since the
+    /// slot was freed).
+    pub ferry: f64,
+    /// The local broker, if the harness started it.
+    pub broker: Option<f64>,
+    /// This harness (its 2 ms polls of `/metrics`, the consumer watching for the record).
+    pub harness: f64,
+}
+
+/// The CPU counters a [`Cpu`] is the difference of.
+struct CpuMark {
+    at: Instant,
+    ferry: f64,
+    broker: Option<f64>,
+    harness: f64,
+}
+
+impl CpuMark {
+    /// Now; `ferry`: the timed process, if it runs already.
+    fn now(ferry: Option<u32>, broker: Option<u32>) -> CpuMark {
+        CpuMark {
+            at: Instant::now(),
+            ferry: ferry
+                .and_then(|p| procfs::cpu_seconds(p).ok())
+                .unwrap_or(0.0),
+            broker: broker.and_then(|p| procfs::cpu_seconds(p).ok()),
+            harness: procfs::self_cpu_seconds(),
+        }
+    }
+
+    /// What was spent since this mark, read at once (right after the first acknowledgement).
+    fn since(&self, ferry: u32, broker: Option<u32>) -> Cpu {
+        let now = CpuMark::now(Some(ferry), broker);
+        Cpu {
+            wall: self.at.elapsed().as_secs_f64(),
+            ferry: now.ferry - self.ferry,
+            broker: now.broker.zip(self.broker).map(|(a, b)| a - b),
+            harness: now.harness - self.harness,
+        }
+    }
 }
 
 impl Startup {
@@ -95,6 +145,41 @@ impl Startup {
         }
         o
     }
+
+    /// The CPU table: per kind, means over the runs, milliseconds (the counters tick every
+    /// 10 ms, so one run's figure is coarse; the mean of several is not).
+    pub fn cpu_table(&self) -> String {
+        let mut o = String::from(
+            "| Ferry start-up | runs | wall | Ferry CPU | broker CPU | harness CPU | CPU ÷ wall |\n|---|--:|--:|--:|--:|--:|--:|\n",
+        );
+        for (kind, v) in ["cold start", "restart after kill -9", "standby takeover"]
+            .iter()
+            .zip(&self.cpu)
+        {
+            if v.is_empty() {
+                continue;
+            }
+            let mean = |f: &dyn Fn(&Cpu) -> f64| v.iter().map(f).sum::<f64>() / v.len() as f64;
+            let broker = v.iter().all(|c| c.broker.is_some());
+            let b = mean(&|c| c.broker.unwrap_or(0.0));
+            let (wall, ferry, harness) =
+                (mean(&|c| c.wall), mean(&|c| c.ferry), mean(&|c| c.harness));
+            o += &format!(
+                "| {kind} | {} | {:.0} ms | {:.0} ms | {} | {:.0} ms | {:.0}% |\n",
+                v.len(),
+                wall * 1e3,
+                ferry * 1e3,
+                if broker {
+                    format!("{:.0} ms", b * 1e3)
+                } else {
+                    "–".into()
+                },
+                harness * 1e3,
+                (ferry + b + harness) / wall * 100.0
+            );
+        }
+        o
+    }
 }
 
 /// The small transaction each run relays.
@@ -123,7 +208,16 @@ async fn first_ack(ferry: &mut Running, since: Instant) -> Res<f64> {
 }
 
 /// One run of each kind on fresh slots of the database at `url` (which has the outbox table).
-pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Startup) -> Res<()> {
+///
+/// `broker`: the local broker's process, whose CPU is counted beside Ferry's.
+pub async fn run(
+    url: &str,
+    brokers: &str,
+    topic: &str,
+    run: u32,
+    broker: Option<u32>,
+    out: &mut Startup,
+) -> Res<()> {
     let sql = pg::connect(url).await;
     let w = workload();
     let slot = |kind: &str| format!("bench_start_{kind}_{run}");
@@ -141,9 +235,11 @@ pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Star
     w.insert_one_txn(&sql, 0, w.rows).await?;
     let end = current_lsn(&sql).await?;
     let seen = FirstOf::start(brokers, &kafka_topic, 0..w.rows, DEADLINE)?;
+    let mark = CpuMark::now(None, broker);
     let spawned = Instant::now();
     let mut ferry = Running::spawn(url, brokers, &slot("cold"), topic)?;
     out.cold.push(first_ack(&mut ferry, spawned).await?);
+    out.cpu[0].push(mark.since(ferry.child.id(), broker));
     out.cold_kafka
         .push((seen.wait().await? - spawned).as_secs_f64());
     // The transaction confirmed before the kill. `end` may lie past its commit (a standby
@@ -176,6 +272,7 @@ pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Star
     // what it acknowledges first is new work, not only a replay (and not, as when it was
     // written before the kill, work the killed Ferry may have relayed already).
     let seen = FirstOf::start(brokers, &kafka_topic, 100..100 + w.rows, DEADLINE)?;
+    let mark = CpuMark::now(None, broker);
     signal(&ferry.child, libc::SIGKILL);
     let killed = Instant::now();
     let _ = ferry.child.wait();
@@ -183,6 +280,7 @@ pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Star
     let mut again = ferry.restart()?;
     w.insert_one_txn(&sql, 100, w.rows).await?;
     out.restart.push(first_ack(&mut again, killed).await?);
+    out.cpu[1].push(mark.since(again.child.id(), broker));
     out.restart_kafka
         .push((seen.wait().await? - killed).as_secs_f64());
     again.stop().await;
@@ -201,9 +299,11 @@ pub async fn run(url: &str, brokers: &str, topic: &str, run: u32, out: &mut Star
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let mark = CpuMark::now(Some(standby.child.id()), broker);
     let released = Instant::now();
     drop(holder);
     out.takeover.push(first_ack(&mut standby, released).await?);
+    out.cpu[2].push(mark.since(standby.child.id(), broker));
     standby.stop().await;
 
     for s in ["cold", "takeover"] {
