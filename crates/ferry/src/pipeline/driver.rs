@@ -388,12 +388,12 @@ impl<'a> Driver<'a> {
         let connect = async move {
             // The connection a standby kept, or the early one, if it is still good; otherwise
             // a new one (whose error is the one reported, as it always was).
-            let early = match (kept, early) {
+            let reused = match (kept, early) {
                 (Some(c), _) => Some(c),
                 (None, Some(h)) => h.await.ok().and_then(Result::ok),
                 (None, None) => None,
             };
-            match early.filter(|c| !c.is_closed()) {
+            match reused.filter(|c| !c.is_closed()) {
                 Some(c) => Ok(c),
                 None => slot::connect_sql(&s.postgres).await,
             }

@@ -164,7 +164,8 @@ struct Supervisor<'a> {
     metrics: &'a Metrics,
     backoff: Duration,
     standing_by: bool,
-    /// A probe's answer showed the progress topic settled with one partition.
+    /// A probe's answer showed the progress topic settled with one partition; read once, by
+    /// the first session (later probes, after a Kafka error, find the check long done).
     progress_topic_seen: bool,
 }
 
