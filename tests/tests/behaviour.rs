@@ -117,6 +117,47 @@ async fn per_aggregate_order_holds_across_concurrent_writers() {
     assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
 }
 
+/// `ferry_source_delay_seconds` counts a delay for every transaction the server sends, from
+/// the server's own clock: an operator reads PostgreSQL's share of the lag from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transaction_sent_is_timed_from_its_commit_to_the_server_sending_it() {
+    const TRANSACTIONS: usize = 5;
+    let w = World::new().await;
+    let topic = w.create_topic("order", PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    for i in 0..TRANSACTIONS {
+        w.insert("order", &format!("o-{i}"), "OrderCreated", "{}")
+            .await;
+    }
+    w.consume(&topic, TRANSACTIONS).await;
+    // Published every 100 ms or so by the session loop, after the records' acknowledgements.
+    wait_until(
+        "ferry_source_delay_seconds counts every transaction sent",
+        Duration::from_secs(30),
+        || async {
+            ferry.metric("ferry_source_delay_seconds_count").await >= Some(TRANSACTIONS as f64)
+        },
+    )
+    .await;
+    let count = ferry
+        .metric("ferry_source_delay_seconds_count")
+        .await
+        .unwrap();
+    let sum = ferry
+        .metric("ferry_source_delay_seconds_sum")
+        .await
+        .unwrap();
+    // A transaction the server sends is timed once: only Ferry's own warm-up writes (none) or
+    // a keepalive-only session would add more; nothing here takes a minute.
+    assert!(count < (TRANSACTIONS * 4) as f64, "count {count}");
+    assert!(
+        (0.0..60.0 * count).contains(&sum),
+        "sum {sum} for {count} transactions"
+    );
+    assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_outbox_in_a_busy_database_lets_the_slot_advance() {
     let w = World::new().await;

@@ -18,4 +18,7 @@ pub mod tls;
 pub use config::{ConnectConfig, SslMode, TargetSessionAttrs};
 pub use error::{ReaderError, ServerError};
 pub use replication::session_settings_sql;
-pub use stream::{start, ReaderEvent, ReaderHandle, ReaderStats, StreamOptions, SystemIdentity};
+pub use stream::{
+    start, ReaderEvent, ReaderHandle, ReaderStats, SourceDelay, StreamOptions, SystemIdentity,
+    SOURCE_DELAY_BOUNDS_MICROS,
+};

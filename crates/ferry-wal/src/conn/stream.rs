@@ -89,6 +89,38 @@ pub struct ReaderStats {
     pub outbox_truncates_skipped: AtomicU64,
     /// INSERTs into published tables that no configured outbox table is (skipped).
     pub other_inserts_skipped: AtomicU64,
+    /// Per transaction, its commit time to the moment the server sent its first message.
+    pub source_delay: SourceDelay,
+}
+
+/// Upper bounds (inclusive, microseconds) of [`SourceDelay`]'s buckets: 1 ms to 60 s, as the
+/// pipeline's replication lag histogram.
+pub const SOURCE_DELAY_BOUNDS_MICROS: [i64; 15] = [
+    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000, 30_000_000, 60_000_000,
+];
+
+/// PostgreSQL's own share of the replication lag, per transaction: from its commit time to the
+/// server's clock when it sent the transaction's Begin (the XLogData's `server_time`). Both
+/// times are the server's, so no clock between hosts enters it. What it holds: the WAL flush
+/// of the commit, logical decoding, and the walsender waiting to be woken or to be scheduled —
+/// none of which a client can shorten by reading faster.
+#[derive(Debug, Default)]
+pub struct SourceDelay {
+    /// Per bucket (not cumulative), one past the last bound for anything larger.
+    pub buckets: [AtomicU64; SOURCE_DELAY_BOUNDS_MICROS.len() + 1],
+    pub sum_micros: AtomicU64,
+}
+
+impl SourceDelay {
+    /// Records one transaction's delay; a negative one (a clock stepped back) counts as zero.
+    pub fn observe(&self, commit: PgTimestamp, sent: PgTimestamp) {
+        let micros = sent.0.saturating_sub(commit.0).max(0);
+        let slot = SOURCE_DELAY_BOUNDS_MICROS.partition_point(|&b| b < micros);
+        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(u64::try_from(micros).unwrap_or(0), Ordering::Relaxed);
+    }
 }
 
 /// The server's identity as `IDENTIFY_SYSTEM` reports it: another system identifier is another
@@ -444,6 +476,11 @@ impl Task {
                     .store(x.wal_end.0, Ordering::Relaxed);
                 let size = x.data.len();
                 let msg = self.decoder.decode(x.data)?;
+                if let crate::pgoutput::PgOutputMessage::Begin(b) = &msg {
+                    self.stats
+                        .source_delay
+                        .observe(b.commit_time, x.server_time);
+                }
                 let event = self.assembler.push(x.wal_start, msg)?;
                 self.sync_stats();
                 if let Some(event) = event {
@@ -538,5 +575,41 @@ impl Task {
         self.stats
             .other_inserts_skipped
             .store(s.other_inserts, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(d: &SourceDelay) -> Vec<u64> {
+        d.buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    #[test]
+    fn a_source_delay_lands_in_the_first_bucket_whose_bound_it_does_not_exceed() {
+        let d = SourceDelay::default();
+        let commit = PgTimestamp(1_000_000_000);
+        // Exactly on a bound: that bucket (bounds are inclusive, as Prometheus' `le`).
+        d.observe(commit, PgTimestamp(commit.0 + 1_000));
+        d.observe(commit, PgTimestamp(commit.0 + 1_001));
+        d.observe(commit, PgTimestamp(commit.0 + 42_000));
+        // Past the last bound: the overflow bucket.
+        d.observe(commit, PgTimestamp(commit.0 + 61_000_000));
+        // Sent "before" its commit (a clock stepped back): zero, not a huge unsigned value.
+        d.observe(commit, PgTimestamp(commit.0 - 5));
+        let mut want = vec![0u64; SOURCE_DELAY_BOUNDS_MICROS.len() + 1];
+        want[0] = 2; // 1 ms and 0
+        want[1] = 1; // 1.001 ms <= 2.5 ms
+        want[5] = 1; // 42 ms <= 50 ms
+        want[SOURCE_DELAY_BOUNDS_MICROS.len()] = 1;
+        assert_eq!(counts(&d), want);
+        assert_eq!(
+            d.sum_micros.load(Ordering::Relaxed),
+            1_000 + 1_001 + 42_000 + 61_000_000
+        );
     }
 }

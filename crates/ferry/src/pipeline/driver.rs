@@ -145,6 +145,9 @@ pub(super) struct Driver<'a> {
     pub(super) acceptance: &'a mut Acceptance,
     pub(super) carry: &'a mut Carry,
     status_updates_seen: u64,
+    /// The reader's source delay counts (per bucket, then the sum in µs) already added to
+    /// `ferry_source_delay_seconds`.
+    source_delay_seen: [u64; ferry_wal::conn::SOURCE_DELAY_BOUNDS_MICROS.len() + 2],
     /// INSERTs into published tables Ferry does not relay: how many the last warning covered,
     /// and the warning's repeats.
     other_inserts_seen: u64,
@@ -181,6 +184,7 @@ impl<'a> Driver<'a> {
             acceptance,
             carry,
             status_updates_seen: 0,
+            source_delay_seen: [0; ferry_wal::conn::SOURCE_DELAY_BOUNDS_MICROS.len() + 2],
             other_inserts_seen: 0,
             other_inserts_log: Repeats::default(),
             wal_clock: WalClock::default(),
@@ -750,6 +754,26 @@ impl<'a> Driver<'a> {
     }
 
     /// Gauges: the core's in-flight window, the reader's counters.
+    /// Adds what the reader observed of the source delay since the last call to
+    /// `ferry_source_delay_seconds` (the reader's counts start at zero with each session).
+    fn sync_source_delay(&mut self, d: &ferry_wal::conn::SourceDelay) {
+        let mut now = [0u64; ferry_wal::conn::SOURCE_DELAY_BOUNDS_MICROS.len() + 2];
+        for (n, b) in now.iter_mut().zip(&d.buckets) {
+            *n = b.load(Ordering::Relaxed);
+        }
+        now[now.len() - 1] = d.sum_micros.load(Ordering::Relaxed);
+        if now == self.source_delay_seen {
+            return;
+        }
+        let mut delta = now;
+        for (d, seen) in delta.iter_mut().zip(&self.source_delay_seen) {
+            *d = d.saturating_sub(*seen);
+        }
+        let (counts, sum) = delta.split_at(delta.len() - 1);
+        self.metrics.source_delay.add(counts, sum[0] as f64 / 1e6);
+        self.source_delay_seen = now;
+    }
+
     fn publish_gauges(&mut self, link: &mut Link, reader: &ReaderHandle) {
         let tables = link
             .machine
@@ -782,6 +806,7 @@ impl<'a> Driver<'a> {
                 .add(sent - self.status_updates_seen);
             self.status_updates_seen = sent;
         }
+        self.sync_source_delay(&reader.stats.source_delay);
         // Rows of tables no entry relays reach here only by design: a publication FOR ALL
         // TABLES or FOR TABLES IN SCHEMA, or a table taken out of it (a table the publication
         // lists stops the reader). Said once, then at most once a repeats window.

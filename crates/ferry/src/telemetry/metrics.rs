@@ -27,6 +27,7 @@
 //! | `ferry_wal_lag_bytes` | gauge | | `pg_current_wal_lsn()` minus the confirmed LSN, at the last poll. |
 //! | `ferry_replication_lag_seconds` | histogram | | Commit time in Postgres to Kafka acknowledgement, per record (each acknowledged record is one observation). |
 //! | `ferry_replication_lag_latest_seconds` | gauge | | The lag now: the latest observation of that histogram, or, when it is larger, the time since the commit of the oldest record still in flight, so it grows while Kafka acknowledges nothing. |
+//! | `ferry_source_delay_seconds` | histogram | | PostgreSQL's own share of that lag, per transaction: from its commit time to the moment the server sent it (the walsender's clock when it sent the transaction's first message). Both are the server's clock. It holds the commit's WAL flush, logical decoding and the walsender's wake-up and scheduling, which no reader can shorten: when the replication lag is high and this is too, look at the database server, not at Ferry or Kafka. |
 //! | `ferry_rows_skipped_total` | counter | | Outbox rows skipped by policy (not produced). |
 //! | `ferry_rows_dead_lettered_total` | counter | | Outbox rows sent to the dead-letter topic. |
 //! | `ferry_routing_errors_total` | counter | `reason` | Rows the router rejected; `reason` is one of [`RoutingErrorReason`]. |
@@ -84,6 +85,7 @@ pub const SERVER_WAL_LSN: &str = "ferry_server_wal_lsn";
 pub const WAL_LAG_BYTES: &str = "ferry_wal_lag_bytes";
 pub const REPLICATION_LAG_SECONDS: &str = "ferry_replication_lag_seconds";
 pub const REPLICATION_LAG_LATEST_SECONDS: &str = "ferry_replication_lag_latest_seconds";
+pub const SOURCE_DELAY_SECONDS: &str = "ferry_source_delay_seconds";
 pub const ROWS_SKIPPED_TOTAL: &str = "ferry_rows_skipped_total";
 pub const ROWS_DEAD_LETTERED_TOTAL: &str = "ferry_rows_dead_lettered_total";
 pub const ROUTING_ERRORS_TOTAL: &str = "ferry_routing_errors_total";
@@ -135,7 +137,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 35] = {
+pub const SPEC: [MetricSpec; 36] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -155,6 +157,7 @@ pub const SPEC: [MetricSpec; 35] = {
         spec(WAL_LAG_BYTES, G, "Server WAL position minus the confirmed LSN."),
         spec(REPLICATION_LAG_SECONDS, H, "Seconds from commit in Postgres to acknowledgement by Kafka, per record."),
         spec(REPLICATION_LAG_LATEST_SECONDS, G, "The replication lag now: the latest observation, or the age since commit of the oldest record in flight when larger."),
+        spec(SOURCE_DELAY_SECONDS, H, "Seconds from commit in Postgres to the server sending the transaction, per transaction (the server's clock)."),
         spec(ROWS_SKIPPED_TOTAL, C, "Outbox rows skipped by policy."),
         spec(ROWS_DEAD_LETTERED_TOTAL, C, "Outbox rows sent to the dead-letter topic."),
         spec(ROUTING_ERRORS_TOTAL, C, "Rows the router rejected, by reason."),
@@ -341,6 +344,20 @@ impl Histogram {
 
     pub fn sum(&self) -> f64 {
         f64::from_bits(self.sum_bits.load(Relaxed))
+    }
+
+    /// Adds observations counted elsewhere over the same bounds: `counts[i]` more in bucket `i`
+    /// (per bucket, not cumulative, the last one past every bound), summing to `sum`.
+    pub fn add(&self, counts: &[u64], sum: f64) {
+        debug_assert_eq!(counts.len(), self.buckets.len());
+        for (b, &n) in self.buckets.iter().zip(counts) {
+            if n > 0 {
+                b.fetch_add(n, Relaxed);
+            }
+        }
+        let _ = self.sum_bits.fetch_update(Relaxed, Relaxed, |bits| {
+            Some((f64::from_bits(bits) + sum).to_bits())
+        });
     }
 
     pub fn count(&self) -> u64 {
@@ -538,6 +555,8 @@ pub struct Metrics {
     pub wal_lag_bytes: Gauge,
     pub replication_lag: Histogram,
     pub replication_lag_latest: FloatGauge,
+    /// Filled from the reader's [`ferry_wal::conn::SourceDelay`] ([`Histogram::add`]).
+    pub source_delay: Histogram,
     pub rows_skipped: Counter,
     pub rows_dead_lettered: Counter,
     pub routing_errors: CounterVec<RoutingErrorReason>,
@@ -768,6 +787,7 @@ impl Metrics {
             wal_lag_bytes: Gauge::default(),
             replication_lag: Histogram::new(&REPLICATION_LAG_BUCKETS),
             replication_lag_latest: FloatGauge::default(),
+            source_delay: Histogram::new(&REPLICATION_LAG_BUCKETS),
             rows_skipped: Counter::default(),
             rows_dead_lettered: Counter::default(),
             routing_errors: CounterVec::new(),
@@ -837,7 +857,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self, now: Instant, now_unix_micros: i64) -> [Sample<'_>; 35] {
+    fn samples(&self, now: Instant, now_unix_micros: i64) -> [Sample<'_>; 36] {
         let brokers = self.kafka_brokers.get();
         [
             Sample::Info,
@@ -861,6 +881,7 @@ impl Metrics {
             Sample::Int(self.wal_lag_bytes.get()),
             Sample::Histogram(&self.replication_lag),
             Sample::Float(self.replication_lag_now(now_unix_micros)),
+            Sample::Histogram(&self.source_delay),
             Sample::Int(self.rows_skipped.get()),
             Sample::Int(self.rows_dead_lettered.get()),
             Sample::Labelled(labelled(&self.routing_errors)),

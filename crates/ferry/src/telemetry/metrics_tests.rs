@@ -72,6 +72,26 @@ ferry_replication_lag_seconds_count 3
 # HELP ferry_replication_lag_latest_seconds The replication lag now: the latest observation, or the age since commit of the oldest record in flight when larger.
 # TYPE ferry_replication_lag_latest_seconds gauge
 ferry_replication_lag_latest_seconds 200
+# HELP ferry_source_delay_seconds Seconds from commit in Postgres to the server sending the transaction, per transaction (the server's clock).
+# TYPE ferry_source_delay_seconds histogram
+ferry_source_delay_seconds_bucket{le="0.001"} 0
+ferry_source_delay_seconds_bucket{le="0.0025"} 0
+ferry_source_delay_seconds_bucket{le="0.005"} 0
+ferry_source_delay_seconds_bucket{le="0.01"} 0
+ferry_source_delay_seconds_bucket{le="0.025"} 0
+ferry_source_delay_seconds_bucket{le="0.05"} 0
+ferry_source_delay_seconds_bucket{le="0.1"} 0
+ferry_source_delay_seconds_bucket{le="0.25"} 0
+ferry_source_delay_seconds_bucket{le="0.5"} 0
+ferry_source_delay_seconds_bucket{le="1"} 0
+ferry_source_delay_seconds_bucket{le="2.5"} 0
+ferry_source_delay_seconds_bucket{le="5"} 0
+ferry_source_delay_seconds_bucket{le="10"} 0
+ferry_source_delay_seconds_bucket{le="30"} 0
+ferry_source_delay_seconds_bucket{le="60"} 0
+ferry_source_delay_seconds_bucket{le="+Inf"} 0
+ferry_source_delay_seconds_sum 0
+ferry_source_delay_seconds_count 0
 # HELP ferry_rows_skipped_total Outbox rows skipped by policy.
 # TYPE ferry_rows_skipped_total counter
 ferry_rows_skipped_total 0
@@ -413,4 +433,22 @@ fn label_sets_index_their_own_position() {
     for (i, r) in RoutingErrorReason::ALL.iter().enumerate() {
         assert_eq!(r.index(), i);
     }
+}
+
+#[test]
+fn counts_added_from_elsewhere_render_as_if_observed_here() {
+    let observed = Histogram::new(&REPLICATION_LAG_BUCKETS);
+    for v in [0.0005, 0.004, 0.004, 0.07, 100.0] {
+        observed.observe(v);
+    }
+    let added = Histogram::new(&REPLICATION_LAG_BUCKETS);
+    let mut counts = vec![0u64; REPLICATION_LAG_BUCKETS.len() + 1];
+    counts[0] = 1; // <= 1 ms
+    counts[2] = 2; // <= 5 ms
+    counts[6] = 1; // <= 100 ms
+    counts[REPLICATION_LAG_BUCKETS.len()] = 1; // +Inf
+    added.add(&counts, 0.0005 + 0.004 + 0.004 + 0.07 + 100.0);
+    assert_eq!(added.cumulative(), observed.cumulative());
+    assert_eq!(added.count(), 5);
+    assert!((added.sum() - observed.sum()).abs() < 1e-9);
 }
