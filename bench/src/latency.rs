@@ -89,6 +89,10 @@ pub struct Latency {
     pub kafka_p99: f64,
     pub kafka_p999: f64,
     pub kafka_samples: u64,
+    /// Seconds from the commit to the server sending the transaction, from Ferry's
+    /// `ferry_source_delay_seconds` (PostgreSQL's share of the latency; NaN for Debezium).
+    pub source_p50: f64,
+    pub source_p99: f64,
     /// WAL bytes between the server's position and the slot's confirmed LSN.
     pub lag_first_quarter: u64,
     pub lag_last_quarter: u64,
@@ -192,7 +196,10 @@ pub async fn run(
     }
     let cold_start = spawned.elapsed().as_secs_f64();
     let before = match &proc {
-        Proc::Ferry(f) => Some(procfs::histogram(f.port, "ferry_replication_lag_seconds").await?),
+        Proc::Ferry(f) => Some((
+            procfs::histogram(f.port, "ferry_replication_lag_seconds").await?,
+            procfs::histogram(f.port, "ferry_source_delay_seconds").await?,
+        )),
         Proc::Debezium(_) => None,
     };
     let cpu_before = procfs::cpu_seconds(proc.pid()?)?;
@@ -204,7 +211,11 @@ pub async fn run(
         stop.clone(),
     ));
     let writer_start = std::time::SystemTime::now();
-    let (rows, elapsed) = write_load(db_url, rate, secs, pinned).await?;
+    let Written {
+        rows,
+        elapsed,
+        commits,
+    } = write_load(db_url, rate, secs, pinned).await?;
     let last_commit = Instant::now();
     stop.store(true, Ordering::Relaxed);
     let end = current_lsn(&sql).await?;
@@ -223,17 +234,33 @@ pub async fn run(
     let catch_up = last_commit.elapsed().as_secs_f64();
     let lags = sampler.await??;
 
-    let h = match (&proc, before) {
-        (Proc::Ferry(f), Some(before)) => procfs::diff(
-            &procfs::histogram(f.port, "ferry_replication_lag_seconds").await?,
-            &before,
+    let (h, source) = match (&proc, before) {
+        (Proc::Ferry(f), Some((lag, source))) => (
+            procfs::diff(
+                &procfs::histogram(f.port, "ferry_replication_lag_seconds").await?,
+                &lag,
+            ),
+            procfs::diff(
+                &procfs::histogram(f.port, "ferry_source_delay_seconds").await?,
+                &source,
+            ),
         ),
-        _ => Vec::new(),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let source_q = |q: f64| {
+        if source.is_empty() {
+            f64::NAN
+        } else {
+            procfs::quantile(&source, q)
+        }
     };
     let cpu = procfs::cpu_seconds(proc.pid()?)? - cpu_before;
     let rss = procfs::peak_rss_kib(proc.pid()?)?;
     proc.stop().await;
     let kafka = commit_to_kafka(&sql, brokers, &topic, writer_start, rows).await?;
+    if !kafka.is_empty() {
+        print_commit_returned(&commit_returned(&sql, writer_start, &commits).await?);
+    }
     crate::drop_slot(&sql, slot).await?;
     sql.batch_execute("TRUNCATE outbox").await?;
     let q = lags.len() / 4;
@@ -256,6 +283,8 @@ pub async fn run(
         kafka_p99: exact(0.99),
         kafka_p999: exact(0.999),
         kafka_samples: kafka.len() as u64,
+        source_p50: source_q(0.50),
+        source_p99: source_q(0.99),
         lag_first_quarter: median_u64(&lags[..q.max(1).min(lags.len())]),
         lag_last_quarter: median_u64(&lags[lags.len().saturating_sub(q.max(1))..]),
         lag_max: lags.iter().copied().max().unwrap_or(0),
@@ -305,18 +334,66 @@ async fn commit_to_kafka(
         .into());
     }
     let appended = crate::kafka::append_times(brokers, topic, Duration::from_secs(300)).await?;
-    let mut out: Vec<f64> = appended
+    // (second of the run the row was committed in, seconds to the broker)
+    let timed: Vec<(usize, f64)> = appended
         .iter()
         .filter_map(|(id, ms)| {
             let c = commits.get(id)?;
-            Some(((*ms as f64 + 0.5) * 1e3 - *c as f64) / 1e6)
+            let second = usize::try_from((c - since_us) / 1_000_000).unwrap_or(0);
+            Some((second, ((*ms as f64 + 0.5) * 1e3 - *c as f64) / 1e6))
         })
         .collect();
-    if out.len() as u64 != rows {
-        return Err(format!("{topic}: {} of the run's {rows} rows found", out.len()).into());
+    if timed.len() as u64 != rows {
+        return Err(format!("{topic}: {} of the run's {rows} rows found", timed.len()).into());
     }
+    println!("  commit → in Kafka: {}", by_second(&timed));
+    let mut out: Vec<f64> = timed.into_iter().map(|(_, l)| l).collect();
     out.sort_by(f64::total_cmp);
     Ok(out)
+}
+
+/// Prints commit → returned to the writer: by second of the run, then its quantiles.
+fn print_commit_returned(returned: &[(usize, f64)]) {
+    println!(
+        "  commit → returned to the writer (PostgreSQL's flush): {}",
+        by_second(returned)
+    );
+    let mut all: Vec<f64> = returned.iter().map(|r| r.1).collect();
+    all.sort_by(f64::total_cmp);
+    let ms = |q: f64| {
+        all.get(((all.len() as f64 * q).ceil() as usize).saturating_sub(1))
+            .map_or(f64::NAN, |v| v * 1e3)
+    };
+    println!(
+        "  commit → returned to the writer: p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} \
+         transactions",
+        ms(0.5),
+        ms(0.99),
+        ms(0.999),
+        all.len()
+    );
+}
+
+/// Where in the run the tail is: the p99 of the rows committed in each second of
+/// the run, in milliseconds (a tail spread over the run is not one that a pause at its start
+/// makes).
+fn by_second(timed: &[(usize, f64)]) -> String {
+    let seconds = timed.iter().map(|(s, _)| s + 1).max().unwrap_or(0);
+    let mut each: Vec<Vec<f64>> = vec![Vec::new(); seconds];
+    for &(s, l) in timed {
+        each[s].push(l);
+    }
+    let p99s: Vec<String> = each
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            match v.len() {
+                0 => "-".to_string(),
+                n => format!("{:.0}", v[(n * 99).div_ceil(100) - 1] * 1e3),
+            }
+        })
+        .collect();
+    format!("p99 by second of the run (ms): {}", p99s.join(" "))
 }
 
 /// The steady writer's statement: `TXN_ROWS` rows per transaction, the ~1 KB jsonb payload a
@@ -325,7 +402,7 @@ async fn commit_to_kafka(
 /// in Ferry's tail latency.
 const STEADY_INSERT: &str = "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
      SELECT 'order', 'o-' || (g % 1000), 'OrderUpdated', $3::jsonb \
-     FROM generate_series($1::bigint, $2::bigint) g";
+     FROM generate_series($1::bigint, $2::bigint) g RETURNING xmin::text::bigint";
 
 /// A ~1 KB event shaped like the backlog workloads' (17 items with md5-like hex skus).
 pub fn steady_payload() -> serde_json::Value {
@@ -350,12 +427,7 @@ pub fn steady_payload() -> serde_json::Value {
 /// of their own on PostgreSQL's CPU: the deployment the pinned mode models has the application
 /// elsewhere, not on the relay's core (on 2 cores, that leaves the relay's core to Ferry and the
 /// broker).
-pub(crate) async fn write_load(
-    db_url: &str,
-    rate: u64,
-    secs: f64,
-    pinned: bool,
-) -> Res<(u64, f64)> {
+pub(crate) async fn write_load(db_url: &str, rate: u64, secs: f64, pinned: bool) -> Res<Written> {
     let writes = move |url: String| async move {
         let mut writers = Vec::new();
         for _ in 0..WRITERS {
@@ -371,7 +443,7 @@ pub(crate) async fn write_load(
     std::thread::Builder::new()
         .name("bench-writer".into())
         .spawn(move || {
-            let run = || -> Res<(u64, f64)> {
+            let run = || -> Res<Written> {
                 crate::pin::pin_current_thread(crate::pin::PG_CPU)?;
                 tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -383,13 +455,22 @@ pub(crate) async fn write_load(
     result.await?
 }
 
+/// What the steady writer did.
+pub(crate) struct Written {
+    pub rows: u64,
+    /// Seconds from the first transaction to the last commit.
+    pub elapsed: f64,
+    /// Per transaction: its id and when its commit returned to the writer (µs since the epoch).
+    pub commits: Vec<(i64, i64)>,
+}
+
 /// Commits `rate` rows/s in `TXN_ROWS`-row transactions for `secs`, round-robin over
-/// `sqls`; returns rows written and the time it took.
+/// `sqls`; returns rows written, the time it took and when each commit returned.
 async fn write_steadily(
     sqls: &[Arc<tokio_postgres::Client>],
     rate: u64,
     secs: f64,
-) -> Res<(u64, f64)> {
+) -> Res<Written> {
     /// Transactions allowed in flight before the writer waits (it has fallen behind).
     const MAX_PENDING: usize = 256;
     let payload = Arc::new(steady_payload());
@@ -403,29 +484,68 @@ async fn write_steadily(
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(secs);
     let mut pending = tokio::task::JoinSet::new();
+    let mut commits = Vec::new();
     let mut next = 1_000i64;
     while Instant::now() < until {
         tick.tick().await;
         while pending.len() >= MAX_PENDING {
-            pending.join_next().await.ok_or("writer")???;
+            commits.push(pending.join_next().await.ok_or("writer")???);
         }
         let i = (next as u64 / TXN_ROWS) as usize % sqls.len();
         let (sql, stmt, payload) = (sqls[i].clone(), stmts[i].clone(), payload.clone());
         let (first, last) = (next, next + TXN_ROWS as i64 - 1);
         pending.spawn(async move {
-            sql.execute(&stmt, &[&first, &last, &*payload])
-                .await
-                .map(|_| ())
+            let rows = sql.query(&stmt, &[&first, &last, &*payload]).await?;
+            let returned = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as i64);
+            Ok::<_, tokio_postgres::Error>((rows.first().map_or(0, |r| r.get(0)), returned))
         });
         next += TXN_ROWS as i64;
         while let Some(done) = pending.try_join_next() {
-            done??;
+            commits.push(done??);
         }
     }
     while let Some(done) = pending.join_next().await {
-        done??;
+        commits.push(done??);
     }
-    Ok(((next - 1_000) as u64, start.elapsed().as_secs_f64()))
+    Ok(Written {
+        rows: (next - 1_000) as u64,
+        elapsed: start.elapsed().as_secs_f64(),
+        commits,
+    })
+}
+
+/// Commit → the commit returned to the writer, seconds, sorted, with the second of the run each
+/// transaction committed in: its commit timestamp against the moment its `INSERT` (an implicit
+/// transaction) returned. A logical slot sends a transaction only once its commit is flushed, as
+/// the writer's commit returns only then: this is PostgreSQL's own share of every relay's
+/// latency (WAL write and flush, the wake-ups), before any relay could see the rows.
+async fn commit_returned(
+    sql: &tokio_postgres::Client,
+    since: std::time::SystemTime,
+    commits: &[(i64, i64)],
+) -> Res<Vec<(usize, f64)>> {
+    let since_us = since.duration_since(std::time::UNIX_EPOCH)?.as_micros() as i64;
+    let xids: Vec<i64> = commits.iter().map(|c| c.0).collect();
+    let at: std::collections::HashMap<i64, i64> = sql
+        .query(
+            "SELECT x, (extract(epoch FROM pg_xact_commit_timestamp(x::text::xid)) * 1e6)::bigint \
+             FROM unnest($1::bigint[]) x",
+            &[&xids],
+        )
+        .await?
+        .iter()
+        .filter_map(|r| Some((r.get::<_, i64>(0), r.get::<_, Option<i64>>(1)?)))
+        .collect();
+    Ok(commits
+        .iter()
+        .filter_map(|(x, returned)| {
+            let c = at.get(x)?;
+            let second = usize::try_from((c - since_us) / 1_000_000).unwrap_or(0);
+            Some((second, (returned - c) as f64 / 1e6))
+        })
+        .collect())
 }
 
 /// Samples the slot's lag in bytes every 250 ms until `stop`.

@@ -126,6 +126,26 @@ fn first_line(out: &[u8]) -> String {
         .to_string()
 }
 
+/// The page cache's dirty and writeback bytes, in KiB (`Dirty` + `Writeback` of
+/// `/proc/meminfo`).
+pub fn unwritten_kib() -> u64 {
+    read("/proc/meminfo")
+        .lines()
+        .filter(|l| l.starts_with("Dirty:") || l.starts_with("Writeback:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Writes every dirty page of the page cache back to disk (`sync(2)`), and says how many KiB
+/// there were and how long it took. A broker's log written just before a latency run is
+/// otherwise written back by the kernel during it, beside PostgreSQL's WAL flushes.
+pub fn write_back() -> (u64, std::time::Duration) {
+    let kib = unwritten_kib();
+    let t = std::time::Instant::now();
+    let _ = Command::new("sync").status();
+    (kib, t.elapsed())
+}
+
 fn read(path: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }

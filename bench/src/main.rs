@@ -285,7 +285,7 @@ async fn run(args: Args) -> Res<()> {
         args.contenders.iter().map(|c| c.key()).collect::<Vec<_>>().join(","),
         args.rates
     );
-    if args.keep_broker && !args.workloads.is_empty() {
+    if args.keep_broker {
         let sent = kafka::warm_broker(&world.brokers(), kafka::BROKER_WARM_UP).await?;
         println!(
             "ferry-bench: the broker warmed up for {} s ({} records of 1 KB), before the first run",
@@ -550,6 +550,12 @@ async fn run_latency(
             if !args.smoke && !args.keep_broker {
                 world.fresh_broker().await;
             }
+            let (kib, took) = machine::write_back();
+            println!(
+                "[latency] wrote back {} KiB of dirty pages first ({:.1} s)",
+                thousands(kib),
+                took.as_secs_f64()
+            );
             let brokers = world.brokers();
             testkafka::create_topic_with(
                 &brokers,
@@ -569,7 +575,7 @@ async fn run_latency(
             )
             .await?;
             println!(
-                "[latency] {} {} rows/s (achieved {}): commit → ack p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} records; commit → in Kafka p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {}; slot lag {} → {} (max {}), caught up {:.2} s after the last commit; {:.2} CPU s / 100k rows, peak RSS {:.0} MiB",
+                "[latency] {} {} rows/s (achieved {}): commit → ack p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} records; commit → in Kafka p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {}, of which PostgreSQL (commit → sent) p50 {:.1} ms, p99 {:.1} ms; slot lag {} → {} (max {}), caught up {:.2} s after the last commit; {:.2} CPU s / 100k rows, peak RSS {:.0} MiB",
                 relay.label(),
                 thousands(rate),
                 thousands(l.achieved.round() as u64),
@@ -581,6 +587,8 @@ async fn run_latency(
                 l.kafka_p99 * 1e3,
                 l.kafka_p999 * 1e3,
                 thousands(l.kafka_samples),
+                l.source_p50 * 1e3,
+                l.source_p99 * 1e3,
                 report::kib(l.lag_first_quarter),
                 report::kib(l.lag_last_quarter),
                 report::kib(l.lag_max),

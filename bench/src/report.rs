@@ -244,8 +244,8 @@ impl Report {
     /// The latency table.
     pub fn latency_table(&self) -> String {
         let mut o = String::new();
-        o.push_str("| relay | rate rows/s | achieved (rows) | commit → ack p50 / p99 / p999 (Ferry's histogram) | commit → in Kafka p50 / p99 / p999 (all relays) | records | slot lag: first ¼ → last ¼ (max) | catch-up | CPU s / 100k | peak RSS MiB |\n");
-        o.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        o.push_str("| relay | rate rows/s | achieved (rows) | commit → ack p50 / p99 / p999 (Ferry's histogram) | commit → in Kafka p50 / p99 / p999 (all relays) | of which PostgreSQL: commit → sent p50 / p99 (`ferry_source_delay_seconds`) | records | slot lag: first ¼ → last ¼ (max) | catch-up | CPU s / 100k | peak RSS MiB |\n");
+        o.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
         let ms = |v: f64| {
             if v.is_nan() {
                 "–".to_string()
@@ -256,7 +256,7 @@ impl Report {
         for l in &self.latency {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} ({}) | {} / {} / {} ms | {} / {} / {} ms | {} | {} → {} ({}) | {:.2} s | {:.2} | {:.0} |",
+                "| {} | {} | {} ({}) | {} / {} / {} ms | {} / {} / {} ms | {} / {} ms | {} | {} → {} ({}) | {:.2} s | {:.2} | {:.0} |",
                 l.relay.label(),
                 thousands(l.rate),
                 thousands(l.achieved.round() as u64),
@@ -267,6 +267,8 @@ impl Report {
                 ms(l.kafka_p50),
                 ms(l.kafka_p99),
                 ms(l.kafka_p999),
+                ms(l.source_p50),
+                ms(l.source_p99),
                 thousands(l.samples.max(l.kafka_samples)),
                 kib(l.lag_first_quarter),
                 kib(l.lag_last_quarter),

@@ -67,7 +67,8 @@ pub async fn run(ctx: &Ctx) -> Res<()> {
     );
     let writes_before = procfs::histogram(inbox.port, "ferry_inbox_write_seconds").await?;
     let writer_start = SystemTime::now();
-    let (rows, elapsed) = crate::latency::write_load(&out_url, rate, secs, false).await?;
+    let crate::latency::Written { rows, elapsed, .. } =
+        crate::latency::write_load(&out_url, rate, secs, false).await?;
     wait_rows(
         &inbox_sql,
         (WARM_UP_ROWS + rows) as i64,
