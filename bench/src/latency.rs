@@ -93,6 +93,10 @@ pub struct Latency {
     /// `ferry_source_delay_seconds` (PostgreSQL's share of the latency; NaN for Debezium).
     pub source_p50: f64,
     pub source_p99: f64,
+    /// The relay's walsender over the writer's run, as shares of the run's wall time: on a CPU,
+    /// and runnable but waiting for one (`/proc/<pid>/schedstat`); NaN when not known.
+    pub walsender_cpu: f64,
+    pub walsender_waiting: f64,
     /// WAL bytes between the server's position and the slot's confirmed LSN.
     pub lag_first_quarter: u64,
     pub lag_last_quarter: u64,
@@ -210,6 +214,8 @@ pub async fn run(
         slot.to_string(),
         stop.clone(),
     ));
+    let walsender = walsender_pid(&sql, slot).await;
+    let sched_before = walsender.and_then(procfs::sched_seconds);
     let writer_start = std::time::SystemTime::now();
     let Written {
         rows,
@@ -217,6 +223,10 @@ pub async fn run(
         commits,
     } = write_load(db_url, rate, secs, pinned).await?;
     let last_commit = Instant::now();
+    let sched = match (sched_before, walsender.and_then(procfs::sched_seconds)) {
+        (Some(a), Some(b)) => ((b.0 - a.0) / elapsed, (b.1 - a.1) / elapsed),
+        _ => (f64::NAN, f64::NAN),
+    };
     stop.store(true, Ordering::Relaxed);
     let end = current_lsn(&sql).await?;
     if matches!(proc, Proc::Ferry(_)) {
@@ -285,6 +295,8 @@ pub async fn run(
         kafka_samples: kafka.len() as u64,
         source_p50: source_q(0.50),
         source_p99: source_q(0.99),
+        walsender_cpu: sched.0,
+        walsender_waiting: sched.1,
         lag_first_quarter: median_u64(&lags[..q.max(1).min(lags.len())]),
         lag_last_quarter: median_u64(&lags[lags.len().saturating_sub(q.max(1))..]),
         lag_max: lags.iter().copied().max().unwrap_or(0),
@@ -350,6 +362,19 @@ async fn commit_to_kafka(
     let mut out: Vec<f64> = timed.into_iter().map(|(_, l)| l).collect();
     out.sort_by(f64::total_cmp);
     Ok(out)
+}
+
+/// The pid of the walsender streaming `slot`, if one does.
+async fn walsender_pid(sql: &tokio_postgres::Client, slot: &str) -> Option<u32> {
+    let row = sql
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .ok()??;
+    row.get::<_, Option<i32>>(0)
+        .and_then(|p| u32::try_from(p).ok())
 }
 
 /// Prints commit → returned to the writer: by second of the run, then its quantiles.

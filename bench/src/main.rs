@@ -575,7 +575,7 @@ async fn run_latency(
             )
             .await?;
             println!(
-                "[latency] {} {} rows/s (achieved {}): commit → ack p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} records; commit → in Kafka p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {}, of which PostgreSQL (commit → sent) p50 {:.1} ms, p99 {:.1} ms; slot lag {} → {} (max {}), caught up {:.2} s after the last commit; {:.2} CPU s / 100k rows, peak RSS {:.0} MiB",
+                "[latency] {} {} rows/s (achieved {}): commit → ack p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} records; commit → in Kafka p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {}, of which PostgreSQL (commit → sent) p50 {:.1} ms, p99 {:.1} ms; its walsender on a CPU {:.0}% of the run, waiting for one {:.0}%; slot lag {} → {} (max {}), caught up {:.2} s after the last commit; {:.2} CPU s / 100k rows, peak RSS {:.0} MiB",
                 relay.label(),
                 thousands(rate),
                 thousands(l.achieved.round() as u64),
@@ -589,6 +589,8 @@ async fn run_latency(
                 thousands(l.kafka_samples),
                 l.source_p50 * 1e3,
                 l.source_p99 * 1e3,
+                l.walsender_cpu * 100.0,
+                l.walsender_waiting * 100.0,
                 report::kib(l.lag_first_quarter),
                 report::kib(l.lag_last_quarter),
                 report::kib(l.lag_max),

@@ -31,6 +31,15 @@ pub fn cpu_seconds(pid: u32) -> Res<f64> {
     Ok((f[10] + f[11]) as f64 / clock_ticks())
 }
 
+/// A process's time on a CPU and time spent runnable but waiting for one (`/proc/<pid>/schedstat`:
+/// its main thread's `sum_exec_runtime` and `run_delay`), seconds; `None` without schedstats.
+pub fn sched_seconds(pid: u32) -> Option<(f64, f64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    let mut f = s.split_whitespace().map(|v| v.parse::<u64>().ok());
+    let (run, wait) = (f.next()??, f.next()??);
+    Some((run as f64 / 1e9, wait as f64 / 1e9))
+}
+
 /// User + system CPU seconds of this process (all threads).
 pub fn self_cpu_seconds() -> f64 {
     stat_fields("/proc/self/stat")

@@ -244,8 +244,8 @@ impl Report {
     /// The latency table.
     pub fn latency_table(&self) -> String {
         let mut o = String::new();
-        o.push_str("| relay | rate rows/s | achieved (rows) | commit → ack p50 / p99 / p999 (Ferry's histogram) | commit → in Kafka p50 / p99 / p999 (all relays) | of which PostgreSQL: commit → sent p50 / p99 (`ferry_source_delay_seconds`) | records | slot lag: first ¼ → last ¼ (max) | catch-up | CPU s / 100k | peak RSS MiB |\n");
-        o.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        o.push_str("| relay | rate rows/s | achieved (rows) | commit → ack p50 / p99 / p999 (Ferry's histogram) | commit → in Kafka p50 / p99 / p999 (all relays) | of which PostgreSQL: commit → sent p50 / p99 (`ferry_source_delay_seconds`) | the walsender: on a CPU / waiting for one | records | slot lag: first ¼ → last ¼ (max) | catch-up | CPU s / 100k | peak RSS MiB |\n");
+        o.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
         let ms = |v: f64| {
             if v.is_nan() {
                 "–".to_string()
@@ -253,10 +253,17 @@ impl Report {
                 format!("{:.1}", v * 1e3)
             }
         };
+        let pct = |v: f64| {
+            if v.is_nan() {
+                "–".to_string()
+            } else {
+                format!("{:.0}%", v * 100.0)
+            }
+        };
         for l in &self.latency {
             let _ = writeln!(
                 o,
-                "| {} | {} | {} ({}) | {} / {} / {} ms | {} / {} / {} ms | {} / {} ms | {} | {} → {} ({}) | {:.2} s | {:.2} | {:.0} |",
+                "| {} | {} | {} ({}) | {} / {} / {} ms | {} / {} / {} ms | {} / {} ms | {} / {} | {} | {} → {} ({}) | {:.2} s | {:.2} | {:.0} |",
                 l.relay.label(),
                 thousands(l.rate),
                 thousands(l.achieved.round() as u64),
@@ -269,6 +276,8 @@ impl Report {
                 ms(l.kafka_p999),
                 ms(l.source_p50),
                 ms(l.source_p99),
+                pct(l.walsender_cpu),
+                pct(l.walsender_waiting),
                 thousands(l.samples.max(l.kafka_samples)),
                 kib(l.lag_first_quarter),
                 kib(l.lag_last_quarter),
@@ -644,7 +653,7 @@ impl Report {
             }
         }
         if !self.latency.is_empty() {
-            o.push_str("## Latency at a steady rate\n\nCommit in PostgreSQL → acknowledgement by Kafka, from Ferry's `ferry_replication_lag_seconds` histogram (quantiles interpolated within its buckets: 1, 2.5, 5, 10, 25 ms, ...). 10-row transactions of ~1 KB jsonb rows. Commit → in Kafka, for every relay alike: each row's commit timestamp (`pg_xact_commit_timestamp`) against its record's `LogAppendTime` on the broker (same machine, same clock), exact quantiles over every record of the run, to the broker's millisecond (half a millisecond added for its truncation). Slot lag is `pg_current_wal_lsn() - confirmed_flush_lsn` sampled every 250 ms (Debezium confirms lazily: its lag is its offset flush, not its delivery); catch-up is the time from the writer's last commit to Ferry confirming it, or to Kafka holding every record for Debezium. CPU and peak RSS are the relay's process (Debezium: its JVM).\n\n");
+            o.push_str("## Latency at a steady rate\n\nCommit in PostgreSQL → acknowledgement by Kafka, from Ferry's `ferry_replication_lag_seconds` histogram (quantiles interpolated within its buckets: 1, 2.5, 5, 10, 25 ms, ...). 10-row transactions of ~1 KB jsonb rows. Commit → in Kafka, for every relay alike: each row's commit timestamp (`pg_xact_commit_timestamp`) against its record's `LogAppendTime` on the broker (same machine, same clock), exact quantiles over every record of the run, to the broker's millisecond (half a millisecond added for its truncation). Of which PostgreSQL: per transaction, its commit time to the walsender sending it (Ferry's `ferry_source_delay_seconds`, both times the server's clock): the part no relay can shorten. The walsender's time on a CPU and runnable but waiting for one (`/proc/<pid>/schedstat`) are shares of the writer's run. Slot lag is `pg_current_wal_lsn() - confirmed_flush_lsn` sampled every 250 ms (Debezium confirms lazily: its lag is its offset flush, not its delivery); catch-up is the time from the writer's last commit to Ferry confirming it, or to Kafka holding every record for Debezium. CPU and peak RSS are the relay's process (Debezium: its JVM).\n\n");
             o.push_str(&self.latency_table());
             let colds: Vec<String> = self
                 .latency
