@@ -12,7 +12,9 @@
 //! - the first time a topic is seen, a thread of its own (never the session's) asks the brokers
 //!   for that topic's metadata through a consumer-type client with
 //!   `allow.auto.create.topics=false`, so that asking never creates it; missing topics are asked
-//!   about again every [`RECHECK_INTERVAL`];
+//!   about again every [`RECHECK_INTERVAL`]. At start the thread waits [`FIRST_LOOK`] after the
+//!   first topic is sent to, and makes its clients when it first asks, so that none of it
+//!   competes with a restart's first records for the broker;
 //! - a missing topic is logged at WARN with the records waiting for it (again every
 //!   [`WARN_INTERVAL`] while it lasts), counted in `ferry_topics_missing`, and named by `/readyz`,
 //!   which answers 503 until it exists; when it appears, an INFO line says so and the records
@@ -199,21 +201,14 @@ impl TopicWatch {
         if !progress_topic.is_empty() {
             internal.push((progress_topic.to_string(), Internal::Partition(0)));
         }
-        // An admin client is a producer inside librdkafka: without idempotence (a producer id
-        // it would ask for) and without Ferry's transactional.id.
-        let admin: AdminClient<DefaultClientContext> =
-            kafka_client::config(properties, Role::TopicWatchAdmin).create()?;
-        let admin = (admin, tokio::runtime::Handle::current());
-        // Without the producer-only properties (each would log a warning on a consumer), and
-        // creating no topic by asking for its metadata.
-        let consumer: BaseConsumer =
-            kafka_client::config(properties, Role::TopicWatchMetadata).create()?;
         let topics = Topics::default();
         let shared = topics.0.clone();
         let worker = Worker {
             shared,
-            consumer,
-            admin,
+            properties: properties.to_vec(),
+            runtime: tokio::runtime::Handle::current(),
+            clients: std::cell::OnceCell::new(),
+            clients_failed: std::cell::Cell::new(false),
             create,
             metrics,
             min_insync: HashMap::new(),
@@ -255,8 +250,13 @@ impl Drop for TopicWatch {
 
 struct Worker {
     shared: Arc<Shared>,
-    consumer: BaseConsumer,
-    admin: (AdminClient<DefaultClientContext>, tokio::runtime::Handle),
+    /// The producer's client properties, for [`Clients`].
+    properties: Vec<(String, String)>,
+    /// Where the admin requests are awaited.
+    runtime: tokio::runtime::Handle,
+    /// Made when the watch first asks the brokers ([`Worker::clients`]).
+    clients: std::cell::OnceCell<Clients>,
+    clients_failed: std::cell::Cell<bool>,
     create: CreateTopicsConfig,
     metrics: Arc<Metrics>,
     /// Topics' `min.insync.replicas`, and when they were asked.
@@ -265,6 +265,23 @@ struct Worker {
     /// The partitions Ferry writes besides the routed topics' (see the module docs).
     internal: Vec<(String, Internal)>,
 }
+
+/// The watch's two clients.
+struct Clients {
+    /// Metadata: without the producer-only properties (each would log a warning on a
+    /// consumer), and creating no topic by asking for its metadata.
+    consumer: BaseConsumer,
+    /// CreateTopics and DescribeConfigs. An admin client is a producer inside librdkafka:
+    /// without idempotence (a producer id it would ask for) and without Ferry's
+    /// transactional.id.
+    admin: AdminClient<DefaultClientContext>,
+}
+
+/// How long the watch waits, after the first topic is sent to, before it asks the brokers
+/// anything: its two clients (each with its connections) and its first requests then land after
+/// a restart's first acknowledgements, not among them, where on a busy broker they made the
+/// restart wait. A missing topic is reported (or created) that much later once, at start.
+const FIRST_LOOK: Duration = Duration::from_millis(250);
 
 /// Kafka's transaction log.
 const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
@@ -296,6 +313,26 @@ enum Found {
 
 impl Worker {
     fn run(mut self) {
+        // Nothing until a topic is sent to (or a recheck interval passed), then `FIRST_LOOK`.
+        for wait in [RECHECK_INTERVAL, FIRST_LOOK] {
+            let until = Instant::now() + wait;
+            let mut state = self.shared.lock();
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                if state.stop {
+                    return;
+                }
+                if left.is_zero() || (wait == RECHECK_INTERVAL && state.fresh) {
+                    break;
+                }
+                state = self
+                    .shared
+                    .wake
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
         // Asked now, while the cluster is most likely whole (see `min_insync`).
         for topic in self
             .internal
@@ -508,8 +545,35 @@ impl Worker {
     }
 
     /// The partitions of `topic` as its metadata shows them (blocking).
+    /// The watch's clients, made on first use.
+    fn clients(&self) -> Result<&Clients, KafkaError> {
+        if let Some(c) = self.clients.get() {
+            return Ok(c);
+        }
+        let made = kafka_client::config(&self.properties, Role::TopicWatchMetadata)
+            .create()
+            .and_then(|consumer| {
+                let admin =
+                    kafka_client::config(&self.properties, Role::TopicWatchAdmin).create()?;
+                Ok(Clients { consumer, admin })
+            });
+        match made {
+            Ok(c) => Ok(self.clients.get_or_init(|| c)),
+            // The producer was made from the same properties, so this is rare; said once.
+            Err(e) => {
+                if !self.clients_failed.replace(true) {
+                    tracing::warn!(error = %e, "the topic watch cannot make its Kafka clients: missing topics and refusing partitions go unreported");
+                }
+                Err(e)
+            }
+        }
+    }
+
     fn partitions(&self, topic: &str) -> Result<Vec<PartitionView>, KafkaError> {
-        let md = self.consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+        let md = self
+            .clients()?
+            .consumer
+            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
         Ok(md
             .topics()
             .iter()
@@ -567,7 +631,7 @@ impl Worker {
         &self,
         resource: ResourceSpecifier<'_>,
     ) -> Result<Option<i32>, KafkaError> {
-        let (admin, runtime) = &self.admin;
+        let (admin, runtime) = (&self.clients()?.admin, &self.runtime);
         let opts = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
         let results = runtime.block_on(admin.describe_configs([&resource], &opts))?;
         Ok(results
@@ -580,7 +644,10 @@ impl Worker {
 
     /// One metadata request for `topic` (blocking), through a client that never creates it.
     fn lookup(&self, topic: &str) -> Result<Found, KafkaError> {
-        let md = self.consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
+        let md = self
+            .clients()?
+            .consumer
+            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)?;
         let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
             return Ok(Found::Missing);
         };
@@ -596,7 +663,7 @@ impl Worker {
 
     /// CreateTopics for `topic` with `route.create_topics`; "already exists" is success.
     fn create_topic(&self, topic: &str) -> Result<Found, KafkaError> {
-        let (admin, runtime) = &self.admin;
+        let (admin, runtime) = (&self.clients()?.admin, &self.runtime);
         let replication = TopicReplication::Fixed(self.create.replication_factor);
         let mut new = NewTopic::new(topic, self.create.partitions, replication);
         for (k, v) in &self.create.configs {
