@@ -263,10 +263,27 @@ fn scan(
         end.create_with_context::<_, BaseConsumer<Reader>>(Reader)
             .map_err(kafka)?,
     );
-    let metadata = until_deadline(deadline, || {
-        consumer.fetch_metadata(Some(topic), remaining(deadline))
-    })
-    .map_err(kafka)?;
+    // Both clients ask for the topic's metadata, at once. The end client must know the
+    // partition's leader before its watermark query: that query asks for the leader itself,
+    // but one made before the client's connection is up is dropped, and librdkafka asks again
+    // only after a growing interval (100, 200, 300 ms, ...), which made about one start in
+    // twenty wait ~700 ms.
+    let (metadata, end_metadata) = std::thread::scope(|s| {
+        let end_metadata = s.spawn(|| {
+            until_deadline(deadline, || {
+                end.fetch_metadata(Some(topic), remaining(deadline))
+            })
+        });
+        let metadata = until_deadline(deadline, || {
+            consumer.fetch_metadata(Some(topic), remaining(deadline))
+        });
+        (metadata, end_metadata.join())
+    });
+    let metadata = metadata.map_err(kafka)?;
+    // An end client that could not ask says so through its watermark query below.
+    if let Ok(Err(e)) = end_metadata {
+        tracing::debug!(error = %e, "progress topic: the end client's metadata request failed");
+    }
     let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(None);
     };
