@@ -26,8 +26,8 @@ usage: ferry-bench [flags]
   --pinned              PostgreSQL on CPU 0, the contenders, the broker and this harness on CPU 1
                         (needs 2 CPUs): a deployment where the relay does not share the database's
                         cores; without it everything shares every CPU
-  --keep-broker         one local broker for every run, warm (default: a fresh one per run, whose
-                        JVM compiles while the run goes on)
+  --keep-broker         one local broker for every run, loaded for 15 s before the first (default:
+                        a fresh one per run, whose JVM compiles while the run goes on)
   --stall-broker        stop the local broker (SIGSTOP) 0.7 s into every Ferry drain, for 4 s:
                         Ferry's peak RSS with its window full and nothing acknowledged (a memory
                         figure: the rates of such a run compare with nothing)
