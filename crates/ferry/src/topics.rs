@@ -173,6 +173,34 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Waits on `wake` for at most `at_most`.
+    fn wait<'a>(
+        &self,
+        state: std::sync::MutexGuard<'a, State>,
+        at_most: Duration,
+    ) -> std::sync::MutexGuard<'a, State> {
+        self.wake
+            .wait_timeout(state, at_most)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
+
+    /// Waits until `done` holds or `at_most` has passed; false when the watch is stopping.
+    fn wait_for(&self, at_most: Duration, done: impl Fn(&State) -> bool) -> bool {
+        let until = Instant::now() + at_most;
+        let mut state = self.lock();
+        loop {
+            if state.stop {
+                return false;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || done(&state) {
+                return true;
+            }
+            state = self.wait(state, left);
+        }
+    }
 }
 
 /// The watch's thread; stopped and joined when dropped.
@@ -314,24 +342,10 @@ enum Found {
 impl Worker {
     fn run(mut self) {
         // Nothing until a topic is sent to (or a recheck interval passed), then `FIRST_LOOK`.
-        for wait in [RECHECK_INTERVAL, FIRST_LOOK] {
-            let until = Instant::now() + wait;
-            let mut state = self.shared.lock();
-            loop {
-                let left = until.saturating_duration_since(Instant::now());
-                if state.stop {
-                    return;
-                }
-                if left.is_zero() || (wait == RECHECK_INTERVAL && state.fresh) {
-                    break;
-                }
-                state = self
-                    .shared
-                    .wake
-                    .wait_timeout(state, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
+        if !self.shared.wait_for(RECHECK_INTERVAL, |s| s.fresh)
+            || !self.shared.wait_for(FIRST_LOOK, |_| false)
+        {
+            return;
         }
         // Asked now, while the cluster is most likely whole (see `min_insync`).
         for topic in self
@@ -346,12 +360,7 @@ impl Worker {
             let due: Vec<String> = {
                 let mut state = self.shared.lock();
                 if !state.fresh && !state.stop {
-                    state = self
-                        .shared
-                        .wake
-                        .wait_timeout(state, RECHECK_INTERVAL)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    state = self.shared.wait(state, RECHECK_INTERVAL);
                 }
                 if state.stop {
                     return;
