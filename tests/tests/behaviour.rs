@@ -148,8 +148,9 @@ async fn every_transaction_sent_is_timed_from_its_commit_to_the_server_sending_i
         .metric("ferry_source_delay_seconds_sum")
         .await
         .unwrap();
-    // A transaction the server sends is timed once: only Ferry's own warm-up writes (none) or
-    // a keepalive-only session would add more; nothing here takes a minute.
+    // A transaction the server sends is timed once; other transactions of the test's database
+    // (empty ones too on PostgreSQL 14, where pgoutput sends them) may add a few. Nothing here
+    // takes a minute.
     assert!(count < (TRANSACTIONS * 4) as f64, "count {count}");
     assert!(
         (0.0..60.0 * count).contains(&sum),

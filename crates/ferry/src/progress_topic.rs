@@ -267,21 +267,30 @@ fn scan(
     // partition's leader before its watermark query: that query asks for the leader itself,
     // but one made before the client's connection is up is dropped, and librdkafka asks again
     // only after a growing interval (100, 200, 300 ms, ...), which made about one start in
-    // twenty wait ~700 ms.
+    // thirty wait ~700 ms.
+    let end_metadata = || {
+        until_deadline(deadline, || {
+            end.fetch_metadata(Some(topic), remaining(deadline))
+        })
+        .map(|_| ())
+    };
     let (metadata, end_metadata) = std::thread::scope(|s| {
-        let end_metadata = s.spawn(|| {
-            until_deadline(deadline, || {
-                end.fetch_metadata(Some(topic), remaining(deadline))
-            })
-        });
+        let beside = std::thread::Builder::new()
+            .name("ferry-progress-end".into())
+            .spawn_scoped(s, end_metadata);
         let metadata = until_deadline(deadline, || {
             consumer.fetch_metadata(Some(topic), remaining(deadline))
         });
-        (metadata, end_metadata.join())
+        let end_metadata = match beside {
+            Ok(h) => h.join().unwrap_or(Ok(())),
+            // No thread to spare: one after the other.
+            Err(_) => end_metadata(),
+        };
+        (metadata, end_metadata)
     });
     let metadata = metadata.map_err(kafka)?;
     // An end client that could not ask says so through its watermark query below.
-    if let Ok(Err(e)) = end_metadata {
+    if let Err(e) = end_metadata {
         tracing::debug!(error = %e, "progress topic: the end client's metadata request failed");
     }
     let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {

@@ -13,8 +13,11 @@
 //!   for that topic's metadata through a consumer-type client with
 //!   `allow.auto.create.topics=false`, so that asking never creates it; missing topics are asked
 //!   about again every [`RECHECK_INTERVAL`]. At start the thread waits [`FIRST_LOOK`] after the
-//!   first topic is sent to, and makes its clients when it first asks, so that none of it
-//!   competes with a restart's first records for the broker;
+//!   first topic is sent to (a standby, which sends nothing, [`RECHECK_INTERVAL`] and then
+//!   that), and makes its clients when it first asks, so that none of it competes with a
+//!   restart's first records for the broker. A client it cannot make is said once at WARN, and
+//!   the watch sees nothing until it can (properties librdkafka refuses fail the start, as
+//!   before);
 //! - a missing topic is logged at WARN with the records waiting for it (again every
 //!   [`WARN_INTERVAL`] while it lasts), counted in `ferry_topics_missing`, and named by `/readyz`,
 //!   which answers 503 until it exists; when it appears, an INFO line says so and the records
@@ -228,6 +231,11 @@ impl TopicWatch {
         let mut internal = Vec::new();
         if !progress_topic.is_empty() {
             internal.push((progress_topic.to_string(), Internal::Partition(0)));
+        }
+        // Properties librdkafka refuses still fail the start, as when the clients were made here:
+        // checking them makes no client (no thread, no connection).
+        for role in [Role::TopicWatchMetadata, Role::TopicWatchAdmin] {
+            kafka_client::config(properties, role).create_native_config()?;
         }
         let topics = Topics::default();
         let shared = topics.0.clone();
@@ -553,7 +561,6 @@ impl Worker {
         self.metrics.partitions_refusing.set(refusing);
     }
 
-    /// The partitions of `topic` as its metadata shows them (blocking).
     /// The watch's clients, made on first use.
     fn clients(&self) -> Result<&Clients, KafkaError> {
         if let Some(c) = self.clients.get() {
@@ -567,7 +574,14 @@ impl Worker {
                 Ok(Clients { consumer, admin })
             });
         match made {
-            Ok(c) => Ok(self.clients.get_or_init(|| c)),
+            Ok(c) => {
+                if self.clients_failed.get() {
+                    tracing::info!(
+                        "the topic watch made its Kafka clients: it watches the topics again"
+                    );
+                }
+                Ok(self.clients.get_or_init(|| c))
+            }
             // The producer was made from the same properties, so this is rare; said once.
             Err(e) => {
                 if !self.clients_failed.replace(true) {
@@ -578,6 +592,7 @@ impl Worker {
         }
     }
 
+    /// The partitions of `topic` as its metadata shows them (blocking).
     fn partitions(&self, topic: &str) -> Result<Vec<PartitionView>, KafkaError> {
         let md = self
             .clients()?
@@ -927,6 +942,25 @@ mod tests {
             }]
         );
         assert!(log.update(&[], t0 + Duration::from_secs(41)).is_empty());
+    }
+
+    #[test]
+    fn the_watchs_start_waits_end_on_what_they_wait_for_or_on_stop() {
+        let t = Topics::default();
+        let shared = &t.0;
+        // Nothing sent: the wait ends at its bound, and the watch goes on.
+        assert!(shared.wait_for(Duration::from_millis(5), |s| s.fresh));
+        // A topic sent (from another thread): the wait ends with it, long before its bound.
+        let sender = t.clone();
+        std::thread::spawn(move || sender.sent("a"));
+        assert!(shared.wait_for(Duration::from_secs(60), |s| s.fresh));
+        // Stopping: the watch ends, whatever the bound.
+        let stopper = t.clone();
+        std::thread::spawn(move || {
+            stopper.0.lock().stop = true;
+            stopper.0.wake.notify_all();
+        });
+        assert!(!shared.wait_for(Duration::from_secs(60), |_| false));
     }
 
     /// A topic is stalled when records wait and no report came since the watch last looked.

@@ -100,11 +100,13 @@ pub const SOURCE_DELAY_BOUNDS_MICROS: [i64; 15] = [
     5_000_000, 10_000_000, 30_000_000, 60_000_000,
 ];
 
-/// PostgreSQL's own share of the replication lag, per transaction: from its commit time to the
-/// server's clock when it sent the transaction's Begin (the XLogData's `server_time`). Both
-/// times are the server's, so no clock between hosts enters it. What it holds: the WAL flush
-/// of the commit, logical decoding, and the walsender waiting to be woken or to be scheduled —
-/// none of which a client can shorten by reading faster.
+/// Per transaction: from its commit time to the server's clock when it sent the transaction's
+/// Begin (the XLogData's `server_time`). Both times are the server's, so no clock between hosts
+/// enters it. What it holds: the WAL flush of the commit, logical decoding, the walsender
+/// waiting to be woken or scheduled, and every wait for this client: a transaction committed
+/// while no session streamed counts that time, and while the reader stops reading (the
+/// pipeline's window is full) the walsender waits on its socket. While the client keeps up it
+/// is PostgreSQL's share of the replication lag, which no client shortens by reading faster.
 #[derive(Debug, Default)]
 pub struct SourceDelay {
     /// Per bucket (not cumulative), one past the last bound for anything larger.

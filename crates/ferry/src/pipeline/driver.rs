@@ -753,15 +753,14 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// Gauges: the core's in-flight window, the reader's counters.
     /// Adds what the reader observed of the source delay since the last call to
     /// `ferry_source_delay_seconds` (the reader's counts start at zero with each session).
-    fn sync_source_delay(&mut self, d: &ferry_wal::conn::SourceDelay) {
+    fn sync_source_delay(&mut self, delay: &ferry_wal::conn::SourceDelay) {
         let mut now = [0u64; ferry_wal::conn::SOURCE_DELAY_BOUNDS_MICROS.len() + 2];
-        for (n, b) in now.iter_mut().zip(&d.buckets) {
+        for (n, b) in now.iter_mut().zip(&delay.buckets) {
             *n = b.load(Ordering::Relaxed);
         }
-        now[now.len() - 1] = d.sum_micros.load(Ordering::Relaxed);
+        now[now.len() - 1] = delay.sum_micros.load(Ordering::Relaxed);
         if now == self.source_delay_seen {
             return;
         }
@@ -774,6 +773,7 @@ impl<'a> Driver<'a> {
         self.source_delay_seen = now;
     }
 
+    /// Gauges: the core's in-flight window, the reader's counters.
     fn publish_gauges(&mut self, link: &mut Link, reader: &ReaderHandle) {
         let tables = link
             .machine

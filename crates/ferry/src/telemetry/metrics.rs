@@ -27,7 +27,7 @@
 //! | `ferry_wal_lag_bytes` | gauge | | `pg_current_wal_lsn()` minus the confirmed LSN, at the last poll. |
 //! | `ferry_replication_lag_seconds` | histogram | | Commit time in Postgres to Kafka acknowledgement, per record (each acknowledged record is one observation). |
 //! | `ferry_replication_lag_latest_seconds` | gauge | | The lag now: the latest observation of that histogram, or, when it is larger, the time since the commit of the oldest record still in flight, so it grows while Kafka acknowledges nothing. |
-//! | `ferry_source_delay_seconds` | histogram | | PostgreSQL's own share of that lag, per transaction: from its commit time to the moment the server sent it (the walsender's clock when it sent the transaction's first message). Both are the server's clock. It holds the commit's WAL flush, logical decoding and the walsender's wake-up and scheduling, which no reader can shorten: when the replication lag is high and this is too, look at the database server, not at Ferry or Kafka. |
+//! | `ferry_source_delay_seconds` | histogram | | Per transaction the server sends: from its commit time to the moment the walsender sent it (the XLogData's `server_time`), both from the server's clock (unless decoding runs on a standby, whose clock sends). It holds the commit's WAL flush, logical decoding and the walsender's wake-up and scheduling, but also every wait for Ferry: a transaction committed while no session streamed (a restart, a takeover) counts that time, and while Ferry holds back (its in-flight window full because Kafka is slow) the walsender waits on its socket and what it sends next counts the wait. So it is PostgreSQL's share of the lag only while Ferry keeps up: with the lag high, this high and `ferry_in_flight_oldest_age_seconds` low, look at the database server. |
 //! | `ferry_rows_skipped_total` | counter | | Outbox rows skipped by policy (not produced). |
 //! | `ferry_rows_dead_lettered_total` | counter | | Outbox rows sent to the dead-letter topic. |
 //! | `ferry_routing_errors_total` | counter | `reason` | Rows the router rejected; `reason` is one of [`RoutingErrorReason`]. |
@@ -157,7 +157,7 @@ pub const SPEC: [MetricSpec; 36] = {
         spec(WAL_LAG_BYTES, G, "Server WAL position minus the confirmed LSN."),
         spec(REPLICATION_LAG_SECONDS, H, "Seconds from commit in Postgres to acknowledgement by Kafka, per record."),
         spec(REPLICATION_LAG_LATEST_SECONDS, G, "The replication lag now: the latest observation, or the age since commit of the oldest record in flight when larger."),
-        spec(SOURCE_DELAY_SECONDS, H, "Seconds from commit in Postgres to the server sending the transaction, per transaction (the server's clock)."),
+        spec(SOURCE_DELAY_SECONDS, H, "Seconds from commit in Postgres to the server sending the transaction, per transaction (the server's clock; includes any wait for Ferry to read)."),
         spec(ROWS_SKIPPED_TOTAL, C, "Outbox rows skipped by policy."),
         spec(ROWS_DEAD_LETTERED_TOTAL, C, "Outbox rows sent to the dead-letter topic."),
         spec(ROUTING_ERRORS_TOTAL, C, "Rows the router rejected, by reason."),

@@ -72,7 +72,7 @@ ferry_replication_lag_seconds_count 3
 # HELP ferry_replication_lag_latest_seconds The replication lag now: the latest observation, or the age since commit of the oldest record in flight when larger.
 # TYPE ferry_replication_lag_latest_seconds gauge
 ferry_replication_lag_latest_seconds 200
-# HELP ferry_source_delay_seconds Seconds from commit in Postgres to the server sending the transaction, per transaction (the server's clock).
+# HELP ferry_source_delay_seconds Seconds from commit in Postgres to the server sending the transaction, per transaction (the server's clock; includes any wait for Ferry to read).
 # TYPE ferry_source_delay_seconds histogram
 ferry_source_delay_seconds_bucket{le="0.001"} 0
 ferry_source_delay_seconds_bucket{le="0.0025"} 0
@@ -451,4 +451,13 @@ fn counts_added_from_elsewhere_render_as_if_observed_here() {
     assert_eq!(added.cumulative(), observed.cumulative());
     assert_eq!(added.count(), 5);
     assert!((added.sum() - observed.sum()).abs() < 1e-9);
+}
+
+#[test]
+fn the_readers_source_delay_buckets_are_the_histograms() {
+    let reader = ferry_wal::conn::SOURCE_DELAY_BOUNDS_MICROS;
+    assert_eq!(reader.len(), REPLICATION_LAG_BUCKETS.len());
+    for (micros, secs) in reader.iter().zip(REPLICATION_LAG_BUCKETS) {
+        assert_eq!(*micros as f64 / 1e6, secs, "{micros} µs");
+    }
 }
