@@ -274,12 +274,7 @@ pub async fn run(
     crate::drop_slot(&sql, slot).await?;
     sql.batch_execute("TRUNCATE outbox").await?;
     let q = lags.len() / 4;
-    let exact = |q: f64| {
-        kafka
-            .get(((kafka.len() as f64 * q).ceil() as usize).saturating_sub(1))
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
+    let exact = |q: f64| exact_quantile(&kafka, q);
     Ok(Latency {
         relay,
         rate,
@@ -377,6 +372,15 @@ async fn walsender_pid(sql: &tokio_postgres::Client, slot: &str) -> Option<u32> 
         .and_then(|p| u32::try_from(p).ok())
 }
 
+/// The `q` quantile of `sorted` (the smallest value with at least `q` of them at or below it);
+/// NaN when empty.
+fn exact_quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
 /// Prints commit → returned to the writer: by second of the run, then its quantiles.
 fn print_commit_returned(returned: &[(usize, f64)]) {
     println!(
@@ -385,10 +389,7 @@ fn print_commit_returned(returned: &[(usize, f64)]) {
     );
     let mut all: Vec<f64> = returned.iter().map(|r| r.1).collect();
     all.sort_by(f64::total_cmp);
-    let ms = |q: f64| {
-        all.get(((all.len() as f64 * q).ceil() as usize).saturating_sub(1))
-            .map_or(f64::NAN, |v| v * 1e3)
-    };
+    let ms = |q: f64| exact_quantile(&all, q) * 1e3;
     println!(
         "  commit → returned to the writer: p50 {:.1} ms, p99 {:.1} ms, p999 {:.1} ms over {} \
          transactions",
@@ -414,7 +415,7 @@ fn by_second(timed: &[(usize, f64)]) -> String {
             v.sort_by(f64::total_cmp);
             match v.len() {
                 0 => "-".to_string(),
-                n => format!("{:.0}", v[(n * 99).div_ceil(100) - 1] * 1e3),
+                _ => format!("{:.0}", exact_quantile(v, 0.99) * 1e3),
             }
         })
         .collect();
