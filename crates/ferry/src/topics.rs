@@ -585,7 +585,7 @@ impl Worker {
             // The producer was made from the same properties, so this is rare; said once.
             Err(e) => {
                 if !self.clients_failed.replace(true) {
-                    tracing::warn!(error = %e, "the topic watch cannot make its Kafka clients: missing topics and refusing partitions go unreported");
+                    tracing::warn!(error = %e, "the topic watch cannot make its Kafka clients: missing topics and refusing partitions go unreported until it can; it tries again at every look (every few seconds). Check the kafka properties this error names");
                 }
                 Err(e)
             }
