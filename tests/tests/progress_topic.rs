@@ -181,6 +181,104 @@ async fn an_open_transaction_at_the_tail_is_waited_for_and_never_guessed() {
     .unwrap();
 }
 
+/// A read to the last stable offset (an exactly-once Ferry's, before it fences; `ferry check`'s)
+/// answers with what is committed below an open transaction at once, instead of waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique("stable");
+    let a = key("a");
+    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap();
+    let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
+    tokio::task::spawn_blocking(move || {
+        let p = transactional(&b, &unique("tid"));
+        p.begin_transaction().unwrap();
+        send(&p, &t, &k, &record(100, None));
+        p.commit_transaction(TIMEOUT).unwrap();
+        p.begin_transaction().unwrap();
+        send(&p, &t, &k, &record(200, None));
+        p.flush(TIMEOUT).unwrap();
+        let stable = |timeout| {
+            progress::read_slot(&properties(&b), &t, "a", timeout, progress::Until::Stable)
+        };
+        // The open transaction's record is neither waited for nor seen.
+        let history = stable(TIMEOUT).unwrap();
+        assert_eq!(history.records, vec![(k.system_id, record(100, None))]);
+        // Once it commits, the stable end is past it.
+        p.commit_transaction(TIMEOUT).unwrap();
+        let history = stable(TIMEOUT).unwrap();
+        assert_eq!(history.records, vec![(k.system_id, record(200, None))]);
+    })
+    .await
+    .unwrap();
+}
+
+/// A log whose start is past offset 0 (a topic an admin made with `cleanup.policy=compact,delete`,
+/// its old records deleted by retention or `kafka-delete-records`) is read from its start: the
+/// read begins at offset 0, which is then out of range, and resumes at the log's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_starts_past_zero_is_read_from_its_start() {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::{Offset, TopicPartitionList};
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique("start");
+    let a = key("a");
+    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap();
+    let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
+    tokio::task::spawn_blocking(move || {
+        let p = transactional(&b, &unique("tid"));
+        for end in [100, 200, 300] {
+            p.begin_transaction().unwrap();
+            send(&p, &t, &k, &record(end, None));
+            p.commit_transaction(TIMEOUT).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    // Records 100 and 200 (and the first marker) deleted: the log starts at 3. Kafka deletes
+    // records of a topic whose cleanup policy includes `delete` only.
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let policy =
+        AlterConfig::new(ResourceSpecifier::Topic(&topic)).set("cleanup.policy", "compact,delete");
+    let altered = admin
+        .alter_configs([&policy], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(altered.iter().all(|r| r.is_ok()), "{altered:?}");
+    let mut before = TopicPartitionList::new();
+    before
+        .add_partition_offset(&topic, 0, Offset::Offset(3))
+        .unwrap();
+    let deleted = admin
+        .delete_records(&before, &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(
+        deleted.elements().iter().all(|e| e.error().is_ok()),
+        "{deleted:?}"
+    );
+    let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
+    let found = tokio::task::spawn_blocking(move || read(&b, &t, &k))
+        .await
+        .unwrap()
+        .unwrap();
+    match found {
+        Remembered::Record { record: r, offset } => {
+            assert_eq!(r, record(300, None));
+            assert_eq!(offset, 4);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_is_read_back_under_every_system_identifier() {
     let brokers = ferry_testkit::kafka::shared().brokers();
