@@ -21,6 +21,9 @@ usage: ferry-bench [flags]
                         (default: Ferry's default, lz4)
   --startup N           start-up runs of each kind: cold start, restart after kill -9, standby
                         takeover (default 7; 0 skips them)
+  --startup-fill N      before each kill -9, write N records of another key to the killed Ferry's
+                        progress topic, as an hour of streaming leaves in its active segment
+                        (default 0)
   --out DIR             write results.md and results.svg to DIR (default: bench/ of the source
                         tree for a full-matrix run, nowhere otherwise)
   --pinned              PostgreSQL on CPU 0, the contenders, the broker and this harness on CPU 1
@@ -57,6 +60,8 @@ pub struct Args {
     pub latency_secs: f64,
     /// Start-up runs of each kind (see `startup`).
     pub startup: u32,
+    /// Records written to the progress topic before each kill -9 (see `startup`).
+    pub startup_fill: u32,
     /// `kafka.compression` for Ferry and the same codec for the other producers.
     pub compression: String,
     pub out: Option<PathBuf>,
@@ -91,6 +96,7 @@ impl Args {
             rates: vec![2000, 10_000],
             latency_secs: 30.0,
             startup: 7,
+            startup_fill: 0,
             compression: ferry::config::KafkaConfig::default()
                 .compression
                 .as_str()
@@ -150,6 +156,10 @@ impl Args {
                 }
                 "--startup" => {
                     a.startup = value()?.parse()?;
+                    full = false;
+                }
+                "--startup-fill" => {
+                    a.startup_fill = value()?.parse()?;
                     full = false;
                 }
                 "--out" => a.out = Some(value()?.into()),
@@ -263,7 +273,9 @@ mod tests {
         assert_eq!(a.runs, 5);
         assert!(a.out.is_none());
         let a = parse("--workloads none --rates none --startup 9");
-        assert_eq!((a.startup, a.workloads.len()), (9, 0));
+        assert_eq!((a.startup, a.workloads.len(), a.startup_fill), (9, 0, 0));
+        let a = parse("--workloads none --rates none --startup 3 --startup-fill 18000");
+        assert_eq!((a.startup, a.startup_fill), (3, 18_000));
         assert!(a.out.is_none());
         let v: Vec<String> = vec!["--workloads".into(), "nope".into()];
         assert!(Args::parse(&v).is_err());

@@ -137,6 +137,11 @@ impl Running {
         Running::start(Args::new(&[], db_url, brokers, slot, topic), progress_topic)
     }
 
+    /// Its progress topic.
+    pub fn progress_topic(&self) -> &str {
+        &self.progress_topic
+    }
+
     /// The same Ferry started again (after this one was killed, say): same slot, same
     /// configuration, same progress topic, as a restarted pod finds them.
     pub fn restart(&self) -> Res<Running> {

@@ -611,8 +611,12 @@ async fn run_startup(
     admin: &tokio_postgres::Client,
 ) -> Res<startup::Startup> {
     println!(
-        "\n[startup] cold start, restart after kill -9, standby takeover; {} run(s) each",
-        args.startup
+        "\n[startup] cold start, restart after kill -9, standby takeover; {} run(s) each{}",
+        args.startup,
+        match args.startup_fill {
+            0 => String::new(),
+            n => format!("; {n} records written to the progress topic before each kill -9"),
+        }
     );
     let (db, url) = create_db(admin, world, &latency::workload()).await?;
     let brokers = world.brokers();
@@ -630,6 +634,7 @@ async fn run_startup(
             "{aggregatetype}.steady.ferry",
             run,
             world.broker_pid(),
+            args.startup_fill,
             &mut out,
         )
         .await?;

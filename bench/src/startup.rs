@@ -216,6 +216,7 @@ pub async fn run(
     topic: &str,
     run: u32,
     broker: Option<u32>,
+    fill: u32,
     out: &mut Startup,
 ) -> Res<()> {
     let sql = pg::connect(url).await;
@@ -268,6 +269,10 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
+    if fill > 0 {
+        fill_progress(brokers, ferry.progress_topic(), fill).await?;
+    }
+
     // Restart after kill -9: a new transaction is written as the replacement starts, so that
     // what it acknowledges first is new work, not only a replay (and not, as when it was
     // written before the kill, work the killed Ferry may have relayed already).
@@ -315,6 +320,32 @@ pub async fn run(
 
 /// How long a first record may take.
 const DEADLINE: Duration = Duration::from_secs(120);
+
+/// Writes `n` records of another key (~90 bytes each, as progress records are) to
+/// `progress_topic` and waits for their acknowledgements: what a restart finds after an hour of
+/// streaming (about five progress records a second while busy), all in the active segment,
+/// which compaction does not touch until it rolls. The restart reads them all, and keeps none.
+async fn fill_progress(brokers: &str, progress_topic: &str, n: u32) -> Res<()> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let p: FutureProducer = crate::kafka::client_config(brokers, "ferry-bench-fill")?.create()?;
+    let value = vec![b'x'; 90];
+    let mut pending = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let key = format!("ferry-bench-fill-{}", i % 16);
+        pending.push(
+            p.send_result(
+                FutureRecord::to(progress_topic)
+                    .key(key.as_bytes())
+                    .payload(&value),
+            )
+            .map_err(|(e, _)| e)?,
+        );
+    }
+    for d in pending {
+        d.await?.map_err(|(e, _)| e)?;
+    }
+    Ok(())
+}
 
 /// Debezium's cold start and restart after kill -9, into `order.startup.debezium` (which
 /// exists): a 10-row transaction waits in a fresh slot; the clock runs from spawning the worker
