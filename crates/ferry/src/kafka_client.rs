@@ -24,8 +24,8 @@
 //! | [`Role::ApiVersionsProbe`] | the transactions API probe ([`crate::txn_probe::probe`]) | drops `transactional.id` (it initialises nothing) and the user's `debug`; `debug=feature` (the ApiVersions lines it judges); log level Debug |
 //! | [`Role::TopicWatchAdmin`] | the topic watch's admin client (made by the watch's thread when it first asks, [`crate::topics`]) | drops `enable.idempotence` (an admin client is a producer inside librdkafka and would ask for a producer id) and `transactional.id` |
 //! | [`Role::TopicWatchMetadata`] | the topic watch's metadata consumer (same) | drops [`PRODUCER_ONLY`] (each would log a warning on a consumer); `allow.auto.create.topics=false` (asking for a topic's metadata must not create it) |
-//! | [`Role::ProgressTopic`] | the progress topic's admin client and metadata consumer ([`crate::progress::ensure_topic`]) | drops [`PRODUCER_ONLY`], `transactional.id`, `transaction.timeout.ms`; `enable.sparse.connections=false` (a client that lives for one request connects to the brokers at once: 55 -> 5 ms) |
-//! | [`Role::ProgressReader`] | the progress topic's reader ([`crate::progress_topic::read`], [`crate::progress_topic::read_slot`]) | [`Role::ProgressTopic`]'s settings, and `allow.auto.create.topics=false`, `enable.auto.commit=false`, `enable.auto.offset.store=false`, `auto.offset.reset=earliest` (it assigns the partition and reads it whole, committing nothing), `isolation.level=read_committed`, `enable.partition.eof=true` (a read to the last stable offset ends at its report), `fetch.wait.max.ms=10` (a fetch at the end is answered that soon), `fetch.error.backoff.ms=20` (a topic just created fails its first fetch); `group.id=ferry-progress-reader` unless the properties set one (assign() needs no group, librdkafka wants one anyway) |
+//! | [`Role::ProgressTopic`] | the progress topic's admin client and metadata consumer ([`crate::progress_topic::ensure_topic`]) | drops [`PRODUCER_ONLY`], `transactional.id`, `transaction.timeout.ms`; `enable.sparse.connections=false` (a client that lives for one request connects to the brokers at once: 55 -> 5 ms) |
+//! | [`Role::ProgressReader`] | the progress topic's reader and its end-of-log client ([`crate::progress_topic::read`], [`crate::progress_topic::read_slot`]) | [`Role::ProgressTopic`]'s settings, and `allow.auto.create.topics=false`, `enable.auto.commit=false`, `enable.auto.offset.store=false`, `enable.partition.eof=false`, `auto.offset.reset=earliest` (it assigns the partition and reads it whole, committing nothing), `isolation.level` as asked ([`Isolation`]); `group.id=ferry-progress-reader` unless the properties set one (assign() needs no group, librdkafka wants one anyway) |
 //! | [`Role::InboxConsumer`] | `ferry inbox`'s group consumer ([`crate::inbox`]) | drops what [`Role::ProgressTopic`] drops; `allow.auto.create.topics=false`, `enable.auto.commit=false`, `enable.auto.offset.store=false` (the database holds the offsets; Kafka's are advice written after each commit), `enable.partition.eof=false`, `isolation.level=read_committed` (never an aborted record), `auto.offset.reset=earliest` (an offset lost to retention resumes at the oldest record left) |
 //! | [`Role::Verbatim`] | `ferry check`'s metadata producer, broker admin client and throwaway transactional producer ([`crate::check`]); [`crate::config::builtin_features`] (no properties: librdkafka's defaults) | nothing: the properties as given |
 //!
@@ -71,17 +71,6 @@ const PROBE_RECONNECT_BACKOFF_MAX_MS: &str = "10000";
 /// The progress reader's `group.id` unless the properties set one.
 pub const PROGRESS_READER_GROUP: &str = "ferry-progress-reader";
 
-/// How long the broker holds the progress reader's fetch at the end of the log (ms). An empty
-/// topic is read in one such fetch, and a read to the last stable offset that stopped at an
-/// open transaction ends with one; while a read waits for an open transaction to be decided,
-/// the client asks this often.
-const PROGRESS_READER_FETCH_WAIT_MS: &str = "10";
-
-/// How long the progress reader waits before it fetches again after a fetch failed (ms; 500 by
-/// default). A topic Ferry has just created is often not yet served by its leader: its first
-/// fetch fails, and a cold start waited half a second for the next.
-const PROGRESS_READER_FETCH_BACKOFF_MS: &str = "20";
-
 /// What a client is for; see the [module documentation](self) for what each sets and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -98,13 +87,32 @@ pub enum Role {
     TopicWatchMetadata,
     /// The progress topic's admin client and metadata consumer.
     ProgressTopic,
-    /// A consumer reading the progress topic from its beginning, committed records only.
-    ProgressReader,
+    /// A consumer reading the progress topic from its beginning.
+    ProgressReader(Isolation),
     /// `ferry inbox`'s group consumer: it seeks to the offsets the database holds and commits
     /// to Kafka only as advice.
     InboxConsumer,
     /// The properties as given, nothing added or dropped.
     Verbatim,
+}
+
+/// A consumer's `isolation.level`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Committed records only; its end is the last stable offset.
+    ReadCommitted,
+    /// Every record, open transactions included; its end is the high watermark.
+    ReadUncommitted,
+}
+
+impl Isolation {
+    /// The librdkafka spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "read_committed",
+            Isolation::ReadUncommitted => "read_uncommitted",
+        }
+    }
 }
 
 impl Role {
@@ -113,7 +121,7 @@ impl Role {
         match self {
             Role::Producer => vec![("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string())],
             // assign() needs no group; librdkafka wants the property for some code paths anyway.
-            Role::ProgressReader => vec![("group.id", PROGRESS_READER_GROUP.to_owned())],
+            Role::ProgressReader(_) => vec![("group.id", PROGRESS_READER_GROUP.to_owned())],
             _ => Vec::new(),
         }
     }
@@ -131,7 +139,7 @@ impl Role {
                 "transactional.id",
             ],
             Role::TopicWatchMetadata => PRODUCER_ONLY.to_vec(),
-            Role::ProgressTopic | Role::ProgressReader | Role::InboxConsumer => {
+            Role::ProgressTopic | Role::ProgressReader(_) | Role::InboxConsumer => {
                 let mut dropped = PRODUCER_ONLY.to_vec();
                 dropped.extend(["transactional.id", "transaction.timeout.ms"]);
                 dropped
@@ -169,19 +177,13 @@ impl Role {
                 ("isolation.level", "read_committed"),
                 ("auto.offset.reset", "earliest"),
             ],
-            // The end of the partition's stable part is reported (`enable.partition.eof`): a
-            // read to the last stable offset ends there (`crate::progress_topic`). A fetch at
-            // the end is answered after `fetch.wait.max.ms` (500 by default): the read of an
-            // empty topic, and the report, wait that long.
-            Role::ProgressReader => vec![
+            Role::ProgressReader(isolation) => vec![
                 ("enable.sparse.connections", "false"),
                 ("allow.auto.create.topics", "false"),
                 ("enable.auto.commit", "false"),
                 ("enable.auto.offset.store", "false"),
-                ("enable.partition.eof", "true"),
-                ("fetch.wait.max.ms", PROGRESS_READER_FETCH_WAIT_MS),
-                ("fetch.error.backoff.ms", PROGRESS_READER_FETCH_BACKOFF_MS),
-                ("isolation.level", "read_committed"),
+                ("enable.partition.eof", "false"),
+                ("isolation.level", isolation.as_str()),
                 ("auto.offset.reset", "earliest"),
             ],
         }
@@ -467,23 +469,26 @@ mod tests {
 
     #[test]
     fn the_progress_reader_reads_everything_and_commits_nothing() {
-        let cc = config(&producer_like(), Role::ProgressReader);
-        let want = with_shared(&[
-            ("debug", "protocol"),
-            ("topic.metadata.propagation.max.ms", "1800000"),
-            ("enable.sparse.connections", "false"),
-            ("allow.auto.create.topics", "false"),
-            ("enable.auto.commit", "false"),
-            ("enable.auto.offset.store", "false"),
-            ("enable.partition.eof", "true"),
-            ("fetch.wait.max.ms", "10"),
-            ("fetch.error.backoff.ms", "20"),
-            ("isolation.level", "read_committed"),
-            ("auto.offset.reset", "earliest"),
-            ("group.id", "ferry-progress-reader"),
-        ]);
-        assert_eq!(map(&cc), want);
-        assert!(!logs_at_debug(&cc));
+        for (isolation, level) in [
+            (Isolation::ReadCommitted, "read_committed"),
+            (Isolation::ReadUncommitted, "read_uncommitted"),
+        ] {
+            let cc = config(&producer_like(), Role::ProgressReader(isolation));
+            let want = with_shared(&[
+                ("debug", "protocol"),
+                ("topic.metadata.propagation.max.ms", "1800000"),
+                ("enable.sparse.connections", "false"),
+                ("allow.auto.create.topics", "false"),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("enable.partition.eof", "false"),
+                ("isolation.level", level),
+                ("auto.offset.reset", "earliest"),
+                ("group.id", "ferry-progress-reader"),
+            ]);
+            assert_eq!(map(&cc), want, "{isolation:?}");
+            assert!(!logs_at_debug(&cc));
+        }
     }
 
     #[test]
@@ -495,7 +500,7 @@ mod tests {
                 ("enable.auto.commit", "true"),
                 ("auto.offset.reset", "latest"),
             ]),
-            Role::ProgressReader,
+            Role::ProgressReader(Isolation::ReadCommitted),
         );
         assert_eq!(cc.get("group.id"), Some("mine"));
         assert_eq!(cc.get("isolation.level"), Some("read_committed"));
@@ -521,7 +526,8 @@ mod tests {
             Role::TopicWatchAdmin,
             Role::TopicWatchMetadata,
             Role::ProgressTopic,
-            Role::ProgressReader,
+            Role::ProgressReader(Isolation::ReadCommitted),
+            Role::ProgressReader(Isolation::ReadUncommitted),
             Role::Verbatim,
         ] {
             let cc = config(&properties, role);

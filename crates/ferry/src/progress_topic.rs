@@ -9,11 +9,17 @@
 //! The newest record is the last one of the key *at the end of the partition*, and the end must be
 //! the real one: a transaction of a Ferry that crashed may still be open or its commit in flight,
 //! and transaction markers sit at the tail, so the last offset is never trusted to be a record.
-//! [`read`] therefore reads with `isolation.level=read_committed` from the beginning until its
-//! position passes the high watermark (the end of the log, transactions open or not) of its own
-//! first fetch response, which was answered after the read began: every transaction that had
-//! written before the read began is then decided (committed records are seen, aborted ones never
-//! are). One client does it: no second client asks for the watermark (see `Ends`). An exactly-once Ferry reads
+//! [`read`] therefore takes the high watermark first (the end of the log, transactions open or
+//! not, from a `read_uncommitted` client: a `read_committed` one answers with the last stable
+//! offset), then reads with `isolation.level=read_committed` from the beginning until its position
+//! passes that watermark: every transaction that had written before the read began is then
+//! decided (committed records are seen, aborted ones never are). The end comes from the broker's
+//! ListOffsets, asked of the partition's leader, and not from the watermarks a fetch response
+//! carries (which would spare the second client): right after a leader election the new leader's
+//! high watermark trails for a moment, and ListOffsets says so (`OFFSET_NOT_AVAILABLE`, a
+//! transient error) where a fetch answers with the trailing value, and a follower a consumer may
+//! fetch from (`client.rack`) answers with its own; a read ending there could miss the newest
+//! record. An exactly-once Ferry reads
 //! after `init_transactions`, which has aborted whatever its previous incarnation left open, so
 //! the read does not wait for the transaction timeout. The topic is compacted and small (one
 //! record per slot once compacted; segments roll every [`SEGMENT_MS`]), so reading it whole at
@@ -21,18 +27,16 @@
 //!
 //! Every call is blocking (librdkafka's consumer); callers run it off the async runtime.
 
-use std::ffi::CStr;
 use std::time::{Duration, Instant};
 
 use ferry_core::progress_record::{ProgressError, ProgressKey, ProgressRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::bindings::rd_kafka_resp_err_t as RDKafkaRespErr;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::ClientContext;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use crate::kafka_client::{self, Role};
+use crate::kafka_client::{self, Isolation, Role};
 
 /// How often the progress topic's segments roll, so that compaction can drop old records.
 ///
@@ -252,18 +256,57 @@ fn scan(
 ) -> Result<Option<Vec<(Vec<u8>, i64, Option<Vec<u8>>)>>, ProgressTopicError> {
     let deadline = Instant::now() + timeout;
     let kafka = |error| kafka_error(topic, "reading the progress topic", properties, error);
-    // Reads from the beginning with read_committed, commits nothing, creates no topic. One client
-    // does it all: its own fetches say where the log ends (see `Ends`), so a restart makes no
-    // second client (its connections, metadata and offset request) to ask.
-    let cc = kafka_client::config(properties, Role::ProgressReader);
+    // Reads from the beginning with read_committed, commits nothing, creates no topic.
+    let cc = kafka_client::config(properties, Role::ProgressReader(Isolation::ReadCommitted));
     let consumer = Disposed::new(
         cc.create_with_context::<_, BaseConsumer<Reader>>(Reader)
             .map_err(kafka)?,
     );
-    let metadata = until_deadline(deadline, || {
-        consumer.fetch_metadata(Some(topic), remaining(deadline))
-    })
-    .map_err(kafka)?;
+    // The end of the log, open transactions included: asked by a read_uncommitted client, since a
+    // read_committed one answers with the last stable offset, before any open transaction.
+    // Made before the metadata is asked: it connects meanwhile (`enable.sparse.connections`
+    // is off for this role), off a restart's path.
+    let end = kafka_client::config(
+        properties,
+        Role::ProgressReader(match until {
+            Until::End => Isolation::ReadUncommitted,
+            Until::Stable => Isolation::ReadCommitted,
+        }),
+    );
+    let end = Disposed::new(
+        end.create_with_context::<_, BaseConsumer<Reader>>(Reader)
+            .map_err(kafka)?,
+    );
+    // Both clients ask for the topic's metadata, at once. The end client must know the
+    // partition's leader before its watermark query: that query asks for the leader itself,
+    // but one made before the client's connection is up is dropped, and librdkafka asks again
+    // only after a growing interval (100, 200, 300 ms, ...), which made about one start in
+    // thirty wait ~700 ms.
+    let end_metadata = || {
+        until_deadline(deadline, || {
+            end.fetch_metadata(Some(topic), remaining(deadline))
+        })
+        .map(|_| ())
+    };
+    let (metadata, end_metadata) = std::thread::scope(|s| {
+        let beside = std::thread::Builder::new()
+            .name("ferry-progress-end".into())
+            .spawn_scoped(s, end_metadata);
+        let metadata = until_deadline(deadline, || {
+            consumer.fetch_metadata(Some(topic), remaining(deadline))
+        });
+        let end_metadata = match beside {
+            Ok(h) => h.join().unwrap_or(Ok(())),
+            // No thread to spare: one after the other.
+            Err(_) => end_metadata(),
+        };
+        (metadata, end_metadata)
+    });
+    let metadata = metadata.map_err(kafka)?;
+    // An end client that could not ask says so through its watermark query below.
+    if let Err(e) = end_metadata {
+        tracing::debug!(error = %e, "progress topic: the end client's metadata request failed");
+    }
     let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Ok(None);
     };
@@ -283,18 +326,18 @@ fn scan(
         }
         TopicShape::Failed(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
     }
-    // From offset 0: a compacted topic keeps its offsets, and a log that starts later (records
-    // deleted) resets to its start (`auto.offset.reset=earliest`) without an offset request.
+    let (low, high) = until_deadline(deadline, || {
+        end.fetch_watermarks(topic, 0, remaining(deadline))
+    })
+    .map_err(kafka)?;
+    drop(end);
+    if high <= low {
+        return Ok(Some(Vec::new()));
+    }
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Offset(0))
+    tpl.add_partition_offset(topic, 0, Offset::Offset(low))
         .map_err(kafka)?;
     consumer.assign(&tpl).map_err(kafka)?;
-    let topic_c = std::ffi::CString::new(topic).map_err(|_| {
-        kafka(KafkaError::ClientCreation(format!(
-            "the progress topic's name {topic:?} holds a NUL byte"
-        )))
-    })?;
-    let mut ends = Ends::new(until);
     // Newest per key, in the order keys were first seen.
     let mut newest: Vec<(Vec<u8>, i64, Option<Vec<u8>>)> = Vec::new();
     loop {
@@ -307,10 +350,6 @@ fn scan(
             Some(Err(e))
                 if e.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) =>
             {
-                None
-            }
-            Some(Err(KafkaError::PartitionEOF(_))) => {
-                ends.stable_reached();
                 None
             }
             other => other,
@@ -336,8 +375,7 @@ fn scan(
             Some(next) => next,
             None => position(&consumer, topic).map_err(kafka)?,
         };
-        ends.fetched(cached_watermarks(&consumer, &topic_c));
-        if ends.reached(position) {
+        if position >= high {
             break;
         }
         if Instant::now() >= deadline {
@@ -345,95 +383,11 @@ fn scan(
                 topic: topic.to_string(),
                 timeout,
                 position,
-                end: ends.end().unwrap_or(-1),
+                end: high,
             });
         }
     }
     Ok(Some(newest))
-}
-
-/// Where a read of the progress topic ends, from what the reader's own fetches report (no
-/// second client asks).
-///
-/// - [`Until::End`]: the high watermark of the reader's first fetch response. librdkafka keeps
-///   the watermarks each fetch response carries (`rd_kafka_get_watermark_offsets`), for a
-///   `read_committed` consumer too, and the high watermark is the end of the log, open
-///   transactions included (the last stable offset is kept apart). That response was made after
-///   the read began, so every record written before it lies below: reading up to it waits for
-///   every transaction open then to be decided.
-/// - [`Until::Stable`]: the report that a fetch reached the last stable offset
-///   (`enable.partition.eof`), which comes after every committed record below it; or, sooner,
-///   the same high watermark as above (past it, nothing is open that was open when the read
-///   began). The report takes one fetch at the end, which the broker holds for
-///   `fetch.wait.max.ms` (kept short for this client: `crate::kafka_client`); only an open
-///   transaction at the tail makes the read wait for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Ends {
-    until: Until,
-    /// The first fetch response's (low, high) watermarks, once one answered.
-    first: Option<(i64, i64)>,
-    /// Whether a fetch reported the last stable offset reached.
-    stable: bool,
-}
-
-impl Ends {
-    fn new(until: Until) -> Ends {
-        Ends {
-            until,
-            first: None,
-            stable: false,
-        }
-    }
-
-    /// The watermarks the client holds now. Before any fetch answered they are unknown
-    /// (negative), as they are after a fetch that failed (an offset out of range answers -1):
-    /// the first valid pair is kept.
-    fn fetched(&mut self, watermarks: Option<(i64, i64)>) {
-        if self.first.is_none() {
-            self.first = watermarks.filter(|&(low, high)| low >= 0 && high >= 0);
-        }
-    }
-
-    /// A fetch reached the last stable offset.
-    fn stable_reached(&mut self) {
-        self.stable = true;
-    }
-
-    /// Where the read ends, once known (for a timeout's message).
-    fn end(&self) -> Option<i64> {
-        self.first.map(|(_, high)| high)
-    }
-
-    /// Whether a read whose position is `position` (the offset of the next record) is done.
-    fn reached(&self, position: i64) -> bool {
-        let past_first = self
-            .first
-            .is_some_and(|(low, high)| high <= low || position >= high);
-        match self.until {
-            Until::End => past_first,
-            Until::Stable => self.stable || past_first,
-        }
-    }
-}
-
-/// The watermarks of `topic`'s partition 0 as the consumer's last fetch response gave them
-/// (librdkafka's cache: no request), or `None` if it knows no such partition.
-#[allow(unsafe_code)]
-fn cached_watermarks(consumer: &BaseConsumer<Reader>, topic: &CStr) -> Option<(i64, i64)> {
-    let (mut low, mut high) = (-1_i64, -1_i64);
-    // SAFETY: the client handle is alive for the borrow and `topic` is a NUL-terminated string
-    // that outlives the call; librdkafka reads the partition's cached offsets under its lock
-    // and writes the two integers.
-    let err = unsafe {
-        rdkafka::bindings::rd_kafka_get_watermark_offsets(
-            consumer.client().native_ptr(),
-            topic.as_ptr(),
-            0,
-            &mut low,
-            &mut high,
-        )
-    };
-    (err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).then_some((low, high))
 }
 
 /// Whether `e` is about a connection to one broker (refused, reset, its handle replaced while
@@ -487,12 +441,7 @@ impl ClientContext for Reader {
     fn error(&self, error: KafkaError, reason: &str) {
         crate::kafka_access::observe(error.rdkafka_error_code(), reason);
         let reason = crate::kafka_access::relayed(error.rdkafka_error_code(), reason);
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
-            // The end of the partition's stable part, which the read asks to be told (`Ends`):
-            // rust-rdkafka hands the consumer's error events to this callback as well as to
-            // `poll`.
-            tracing::trace!("progress reader: {reason}");
-        } else if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
             tracing::debug!(%error, "progress reader: {reason} (it uses no group; harmless)");
         } else if connection_trouble(&error) {
             // One broker of several away: the read goes on with the others (see `scan`).
@@ -752,56 +701,6 @@ fn one_partition(topic: &str, partitions: usize) -> Result<(), ProgressTopicErro
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A read to the end waits for the first fetch's watermarks, ignores unknown ones (none yet,
-    /// or a failed fetch's -1), keeps the first valid pair, and ends at its high watermark or at
-    /// once when the log is empty; a later fetch's higher watermark does not move the end.
-    #[test]
-    fn a_read_to_the_end_ends_at_the_first_fetchs_high_watermark() {
-        let mut e = Ends::new(Until::End);
-        assert!(!e.reached(-1));
-        e.fetched(None);
-        e.fetched(Some((-1001, -1001)));
-        e.fetched(Some((-1, -1)));
-        assert_eq!(e.end(), None);
-        assert!(!e.reached(1_000));
-        // The fetch's stable end is not the read's: an open transaction keeps it waiting.
-        e.stable_reached();
-        assert!(!e.reached(1_000));
-        e.fetched(Some((0, 12)));
-        e.fetched(Some((0, 40)));
-        assert_eq!(e.end(), Some(12));
-        assert!(!e.reached(-1));
-        assert!(!e.reached(11));
-        assert!(e.reached(12));
-        assert!(e.reached(13));
-
-        for (low, high) in [(0, 0), (7, 7)] {
-            let mut empty = Ends::new(Until::End);
-            empty.fetched(Some((low, high)));
-            assert!(empty.reached(-1), "{low}..{high}");
-        }
-    }
-
-    /// A read to the last stable offset ends at the report that a fetch reached it, or past the
-    /// first fetch's high watermark, whichever comes first.
-    #[test]
-    fn a_read_to_the_stable_end_ends_at_the_fetchs_report_or_the_first_high_watermark() {
-        let mut e = Ends::new(Until::Stable);
-        assert!(!e.reached(-1));
-        e.fetched(Some((0, 12)));
-        assert!(!e.reached(5));
-        e.stable_reached();
-        assert!(e.reached(5));
-
-        let mut e = Ends::new(Until::Stable);
-        e.fetched(Some((0, 12)));
-        assert!(e.reached(12));
-
-        let mut empty = Ends::new(Until::Stable);
-        empty.fetched(Some((3, 3)));
-        assert!(empty.reached(-1));
-    }
 
     /// The reports a client gets when one broker of several is down are waited through; a
     /// refusal or a broken topic is not.
