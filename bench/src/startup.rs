@@ -324,25 +324,32 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// Writes `n` records of another key (~90 bytes each, as progress records are) to
 /// `progress_topic` and waits for their acknowledgements: what a restart finds after an hour of
 /// streaming (about five progress records a second while busy), all in the active segment,
-/// which compaction does not touch until it rolls. The restart reads them all, and keeps none.
+/// which compaction does not touch until it rolls. Each record is a batch of its own, as a
+/// progress record written every 200 ms is (an exactly-once Ferry's also has a commit marker
+/// after it, which this leaves out). The restart reads them all, and keeps none.
 async fn fill_progress(brokers: &str, progress_topic: &str, n: u32) -> Res<()> {
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let p: FutureProducer = crate::kafka::client_config(brokers, "ferry-bench-fill")?.create()?;
+    let p: FutureProducer = crate::kafka::client_config(brokers, "ferry-bench-fill")?
+        .set("batch.num.messages", "1")
+        .create()?;
     let value = vec![b'x'; 90];
-    let mut pending = Vec::with_capacity(n as usize);
-    for i in 0..n {
-        let key = format!("ferry-bench-fill-{}", i % 16);
-        pending.push(
-            p.send_result(
-                FutureRecord::to(progress_topic)
-                    .key(key.as_bytes())
-                    .payload(&value),
-            )
-            .map_err(|(e, _)| e)?,
-        );
-    }
-    for d in pending {
-        d.await?.map_err(|(e, _)| e)?;
+    // In chunks: the producer's queue holds 20,000 messages.
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5_000) {
+        let mut pending = Vec::with_capacity(chunk.len());
+        for i in chunk {
+            let key = format!("ferry-bench-fill-{}", i % 16);
+            pending.push(
+                p.send_result(
+                    FutureRecord::to(progress_topic)
+                        .key(key.as_bytes())
+                        .payload(&value),
+                )
+                .map_err(|(e, _)| e)?,
+            );
+        }
+        for d in pending {
+            d.await?.map_err(|(e, _)| e)?;
+        }
     }
     Ok(())
 }
