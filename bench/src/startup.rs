@@ -13,7 +13,9 @@
 //!   progress topic, holding the killed Ferry's progress records, as a restarted pod finds
 //!   them), while a new 10-row transaction is written; the clock runs from the kill until the
 //!   new process's first acknowledgement (the walsender has to notice the dead connection
-//!   first: until then the slot is active and the new Ferry stands by).
+//!   first: until then the slot is active and the new Ferry stands by). With `--startup-fill N`
+//!   the killed Ferry's progress topic first gets N more records ([`fill_progress`]), as an hour
+//!   of streaming leaves them.
 //!
 //! Beside Ferry's own count, a consumer positioned at the topic's end times the first record of
 //! the waiting transaction in Kafka, the figure Debezium is measured by ([`run_debezium`]: cold

@@ -65,6 +65,23 @@ fn send(
         .unwrap();
 }
 
+/// A committed record of `k` (end 100), then a transaction left open holding the next (200),
+/// written but undecided; its producer is returned to decide it.
+fn committed_then_open(
+    brokers: &str,
+    topic: &str,
+    k: &ProgressKey,
+) -> ThreadedProducer<DefaultProducerContext> {
+    let p = transactional(brokers, &unique("tid"));
+    p.begin_transaction().unwrap();
+    send(&p, topic, k, &record(100, None));
+    p.commit_transaction(TIMEOUT).unwrap();
+    p.begin_transaction().unwrap();
+    send(&p, topic, k, &record(200, None));
+    p.flush(TIMEOUT).unwrap();
+    p
+}
+
 fn read(brokers: &str, topic: &str, k: &ProgressKey) -> Result<Remembered, ProgressTopicError> {
     progress::read(&properties(brokers), topic, k, TIMEOUT)
 }
@@ -157,14 +174,7 @@ async fn an_open_transaction_at_the_tail_is_waited_for_and_never_guessed() {
         .unwrap();
     let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
     tokio::task::spawn_blocking(move || {
-        let p = transactional(&b, &unique("tid"));
-        p.begin_transaction().unwrap();
-        send(&p, &t, &k, &record(100, None));
-        p.commit_transaction(TIMEOUT).unwrap();
-        // Left open: its record is written but undecided.
-        p.begin_transaction().unwrap();
-        send(&p, &t, &k, &record(200, None));
-        p.flush(TIMEOUT).unwrap();
+        let p = committed_then_open(&b, &t, &k);
         // While it is open, a read cannot reach the end: it says so instead of answering 100.
         let e = progress::read(&properties(&b), &t, &k, Duration::from_secs(2)).unwrap_err();
         assert!(matches!(e, ProgressTopicError::Timeout { .. }), "{e}");
@@ -193,13 +203,7 @@ async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
         .unwrap();
     let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
     tokio::task::spawn_blocking(move || {
-        let p = transactional(&b, &unique("tid"));
-        p.begin_transaction().unwrap();
-        send(&p, &t, &k, &record(100, None));
-        p.commit_transaction(TIMEOUT).unwrap();
-        p.begin_transaction().unwrap();
-        send(&p, &t, &k, &record(200, None));
-        p.flush(TIMEOUT).unwrap();
+        let p = committed_then_open(&b, &t, &k);
         let stable = |timeout| {
             progress::read_slot(&properties(&b), &t, "a", timeout, progress::Until::Stable)
         };
@@ -216,8 +220,8 @@ async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
 }
 
 /// A log whose start is past offset 0 (a topic an admin made with `cleanup.policy=compact,delete`,
-/// its old records deleted by retention or `kafka-delete-records`) is read from its start: the
-/// read begins at offset 0, which is then out of range, and resumes at the log's start.
+/// its old records deleted by retention or `kafka-delete-records`) is read from its start, the
+/// log start offset the broker reports, not from offset 0, which is out of range there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_starts_past_zero_is_read_from_its_start() {
     use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
