@@ -44,9 +44,9 @@ use crate::kafka_client::{self, Isolation, Role};
 /// writes about five progress records a second (`ferry_core::session::remember::INTERVAL`), so
 /// a segment holds up to ~3,000 of them at 10 minutes. At an hour (18,000 records, a batch
 /// each) a restart took ~30 ms more than on an empty topic, 33 ms more of Ferry's CPU
-/// (`ferry-bench --startup-fill`); with 3,000, within the spread. Once rolled, a segment is cleaned at the cleaner's next pass: its
-/// records are nearly all dirty (one clean record per key before them), far past
-/// `min.cleanable.dirty.ratio`.
+/// (`ferry-bench --startup-fill`); with 3,000, within the spread. Once rolled, a segment is
+/// cleaned at the cleaner's next pass: its records are nearly all dirty (one clean record per
+/// key before them), far past `min.cleanable.dirty.ratio`.
 pub const SEGMENT_MS: u64 = 10 * 60 * 1000;
 
 /// One poll of the consumer while reading to the end.
