@@ -336,9 +336,9 @@ async fn fill_progress(brokers: &str, progress_topic: &str, n: u32) -> Res<()> {
         .create()?;
     let value = vec![b'x'; 90];
     // In chunks: the producer's queue holds 20,000 messages.
-    for chunk in (0..n).collect::<Vec<_>>().chunks(5_000) {
-        let mut pending = Vec::with_capacity(chunk.len());
-        for i in chunk {
+    for start in (0..n).step_by(5_000) {
+        let mut pending = Vec::with_capacity(5_000);
+        for i in start..n.min(start + 5_000) {
             let key = format!("ferry-bench-fill-{}", i % 16);
             pending.push(
                 p.send_result(

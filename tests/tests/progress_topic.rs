@@ -65,6 +65,16 @@ fn send(
         .unwrap();
 }
 
+/// The shared broker, and a progress topic of its own made by `ensure_topic`.
+async fn progress_topic(name: &str) -> (String, String) {
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique(name);
+    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap();
+    (brokers, topic)
+}
+
 /// A committed record of `k` (end 100), then a transaction left open holding the next (200),
 /// written but undecided; its producer is returned to decide it.
 fn committed_then_open(
@@ -166,13 +176,8 @@ async fn a_topic_with_more_than_one_partition_is_refused_with_the_fix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_transaction_at_the_tail_is_waited_for_and_never_guessed() {
-    let brokers = ferry_testkit::kafka::shared().brokers();
-    let topic = unique("open");
-    let a = key("a");
-    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
-        .await
-        .unwrap();
-    let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
+    let (brokers, topic) = progress_topic("open").await;
+    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
     tokio::task::spawn_blocking(move || {
         let p = committed_then_open(&b, &t, &k);
         // While it is open, a read cannot reach the end: it says so instead of answering 100.
@@ -195,13 +200,8 @@ async fn an_open_transaction_at_the_tail_is_waited_for_and_never_guessed() {
 /// answers with what is committed below an open transaction at once, instead of waiting for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
-    let brokers = ferry_testkit::kafka::shared().brokers();
-    let topic = unique("stable");
-    let a = key("a");
-    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
-        .await
-        .unwrap();
-    let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
+    let (brokers, topic) = progress_topic("stable").await;
+    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
     tokio::task::spawn_blocking(move || {
         let p = committed_then_open(&b, &t, &k);
         let stable = |timeout| {
@@ -227,13 +227,8 @@ async fn a_log_that_starts_past_zero_is_read_from_its_start() {
     use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
     use rdkafka::client::DefaultClientContext;
     use rdkafka::{Offset, TopicPartitionList};
-    let brokers = ferry_testkit::kafka::shared().brokers();
-    let topic = unique("start");
-    let a = key("a");
-    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
-        .await
-        .unwrap();
-    let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
+    let (brokers, topic) = progress_topic("start").await;
+    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
     tokio::task::spawn_blocking(move || {
         let p = transactional(&b, &unique("tid"));
         for end in [100, 200, 300] {
@@ -269,7 +264,7 @@ async fn a_log_that_starts_past_zero_is_read_from_its_start() {
         deleted.elements().iter().all(|e| e.error().is_ok()),
         "{deleted:?}"
     );
-    let (b, t, k) = (brokers.clone(), topic.clone(), a.clone());
+    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
     let found = tokio::task::spawn_blocking(move || read(&b, &t, &k))
         .await
         .unwrap()
