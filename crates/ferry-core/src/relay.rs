@@ -210,7 +210,10 @@ impl RowOutcome {
 #[derive(Debug)]
 pub enum Action<E> {
     /// Hand `record` to the sink with `token`; if it is refused, tell [`Relay::handle_refused`].
-    Produce { token: DeliveryKey, record: Record },
+    Produce {
+        token: DeliveryKey,
+        record: Box<Record>,
+    },
     /// A WAL transaction ended at `end_lsn` (nothing to do with it today; tests read it).
     CommitPoint { end_lsn: Lsn },
     /// Exactly-once: every event up to here is handed to the sink (or skipped by policy); a
@@ -222,8 +225,9 @@ pub enum Action<E> {
     Confirm(Lsn),
     /// Apply a counter change.
     Count(Count),
-    /// The session is over.
-    Stop(Result<End, CoreError<E>>),
+    /// The session is over. Boxed, once a session, so that the other actions (one or more a
+    /// record) stay small to move.
+    Stop(Box<Result<End, CoreError<E>>>),
 }
 
 /// Where the relay is in the WAL, exactly: what a progress record holds.
@@ -760,7 +764,7 @@ impl<E> Relay<E> {
         }
     }
 
-    fn produce(&mut self, cur: Current, record: Record, now: Instant) {
+    fn produce(&mut self, cur: Current, record: Box<Record>, now: Instant) {
         let mark = match self.wm.add_record(record.size_bytes()) {
             Ok(mark) => mark,
             Err(e) => return self.bookkeeping(e),
@@ -928,7 +932,7 @@ impl<E> Relay<E> {
             return;
         }
         self.stopped = true;
-        self.actions.push_back(Action::Stop(result));
+        self.actions.push_back(Action::Stop(Box::new(result)));
     }
 
     fn session_deadline(&self, now: Instant) -> Option<Instant> {

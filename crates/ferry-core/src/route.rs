@@ -50,8 +50,13 @@ impl RouteErrorKind {
 /// What the policy decided for an event.
 #[derive(Debug)]
 pub(crate) enum Routed {
-    /// Produce this record (the routed one, or its dead-letter rendering).
-    Produce { record: Record, dead_letter: bool },
+    /// Produce this record (the routed one, or its dead-letter rendering). Boxed: it moves
+    /// through the relay's and the session's action queues to the driver, and a pointer moves
+    /// where 168 bytes were copied, about ten times a record.
+    Produce {
+        record: Box<Record>,
+        dead_letter: bool,
+    },
     /// `on_error = skip`.
     Skip,
     /// `on_error = fail`.
@@ -69,7 +74,7 @@ pub(crate) fn row(
     match router.route_row(&wal, commit_unix_micros) {
         Ok(record) => (
             Routed::Produce {
-                record,
+                record: Box::new(record),
                 dead_letter: false,
             },
             None,
@@ -93,7 +98,7 @@ pub(crate) fn message(
     match router.route_message(content, commit_unix_micros) {
         Ok(record) => (
             Routed::Produce {
-                record,
+                record: Box::new(record),
                 dead_letter: false,
             },
             None,
@@ -119,7 +124,7 @@ pub(crate) fn pass(
         PassAction::Skip => Routed::Skip,
         PassAction::DeadLetter => match dead_letter(&error) {
             Some(record) => Routed::Produce {
-                record,
+                record: Box::new(record),
                 dead_letter: true,
             },
             None => Routed::Fail(error),
@@ -147,7 +152,7 @@ fn policy(
                 tracing::warn!(error = %error, topic = %record.topic, table = table.map(tracing::field::display),
                     "sending an outbox event that cannot be routed to the dead-letter topic");
                 Routed::Produce {
-                    record,
+                    record: Box::new(record),
                     dead_letter: true,
                 }
             }

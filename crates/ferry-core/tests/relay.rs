@@ -41,7 +41,7 @@ fn confirms(actions: &[Action<String>]) -> Vec<Lsn> {
 
 fn stop(actions: Vec<Action<String>>) -> Option<Result<End, CoreError<String>>> {
     actions.into_iter().find_map(|a| match a {
-        Action::Stop(r) => Some(r),
+        Action::Stop(r) => Some(*r),
         _ => None,
     })
 }

@@ -82,7 +82,10 @@ pub struct SessionConfig {
 pub enum Action<E> {
     /// Hand `record` to the sink (in exactly-once mode, into the open transaction); its report
     /// carries `token`. A refusal goes to [`Session::handle_refused`].
-    Produce { token: DeliveryKey, record: Record },
+    Produce {
+        token: DeliveryKey,
+        record: Box<Record>,
+    },
     /// Write the progress record holding `position` (at-least-once: on its own; exactly-once:
     /// into the open transaction, after its records); its report carries `token`. A refusal
     /// goes to [`Session::handle_refused`].
@@ -106,8 +109,9 @@ pub enum Action<E> {
     Confirm(Lsn),
     /// Apply a counter change.
     Count(Count),
-    /// The session is over.
-    Stop(Result<End, CoreError<E>>),
+    /// The session is over. Boxed, once a session, so that the other actions (one or more a
+    /// record) stay small to move.
+    Stop(Box<Result<End, CoreError<E>>>),
 }
 
 /// How a commit the machine asked for ended.
@@ -551,7 +555,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                     }
                 },
                 relay::Action::Count(c) => self.actions.push_back(Action::Count(c)),
-                relay::Action::Stop(result) => self.relay_stopped(result, now),
+                relay::Action::Stop(result) => self.relay_stopped(*result, now),
             }
         }
         if self.stopped {
@@ -809,7 +813,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
             return;
         }
         self.stopped = true;
-        self.actions.push_back(Action::Stop(result));
+        self.actions.push_back(Action::Stop(Box::new(result)));
     }
 }
 

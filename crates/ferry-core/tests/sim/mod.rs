@@ -643,7 +643,7 @@ impl Sim {
                 self.pg.confirmed(lsn.0, now);
             }
             Action::Count(_) => {}
-            Action::Stop(result) => self.stopped(result),
+            Action::Stop(result) => self.stopped(*result),
         }
     }
 

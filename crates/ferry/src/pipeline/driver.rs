@@ -703,7 +703,7 @@ impl<'a> Driver<'a> {
                     }
                 }
                 Action::Count(c) => self.count(c, &mut now_unix_micros),
-                Action::Stop(result) => return Some(result),
+                Action::Stop(result) => return Some(*result),
             }
         }
         None
