@@ -9,8 +9,14 @@
 //!   queue up): when the pipeline stops taking events (its in-flight window is full because
 //!   Kafka is slow or down), the task stops reading the socket, and the server stops sending.
 //!   Memory does not grow;
-//! - forwards keepalives' `wal_end` (dropped when the channel is full: they only matter when the
-//!   pipeline is idle);
+//! - hands the events over in batches: what one wake-up read (at most [`BATCH_EVENTS`]
+//!   events, flushed early past [`BATCH_BYTES`]) travels as one message with one share of the
+//!   byte budget, released once the pipeline has taken the batch's last event. Per event, the
+//!   channel's and the budget's semaphores cost ~500 instructions (a lock each to release a
+//!   permit); per batch, that is nothing. Nothing waits for company: a batch is sent before the
+//!   task waits on the socket or a timer again;
+//! - forwards keepalives' `wal_end` in WAL order with the events (a batch of keepalives alone is
+//!   dropped when the channel is full: they only matter when the pipeline is idle);
 //! - reports the LSN the pipeline confirms (through [`ReaderHandle::confirm`]) in standby status
 //!   updates, promptly and regularly, *also while blocked on a full channel*, so that the server
 //!   does not time the connection out during a long Kafka outage;
@@ -39,6 +45,18 @@ pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(1);
 pub const CONFIRM_MIN_GAP: Duration = Duration::from_millis(10);
 /// Events buffered between the reader task and the pipeline.
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 4096;
+/// Most events in one batch handed to the pipeline: one wake-up's burst of messages
+/// ([`BUFFERED_BURST`] buffered after the first). The channel holds
+/// `channel_capacity / BATCH_EVENTS` batches, and at least [`MIN_BATCHES`], so it stays bounded
+/// by about `channel_capacity` events.
+pub const BATCH_EVENTS: usize = BUFFERED_BURST + 1;
+/// Batches the channel holds at least: a keepalive arriving on its own travels as a batch of
+/// one, and a few of those must not fill a small channel before the rows behind them.
+const MIN_BATCHES: usize = 16;
+/// A batch is sent once its events hold this many WAL bytes, before the burst ends: the byte
+/// budget is taken and released per batch, and at a quarter of it the reader can go on reading
+/// while the pipeline takes earlier batches of large rows.
+pub const BATCH_BYTES: usize = CHANNEL_BYTES / 4;
 /// Bytes of WAL data (pgoutput messages) buffered between the reader task and the pipeline; an
 /// event larger than this travels alone. It is read-ahead on top of the pipeline's in-flight
 /// window, and while Kafka is slower than the slot it is full: 8 MiB put Ferry's peak RSS at
@@ -134,11 +152,20 @@ pub struct SystemIdentity {
     pub timeline: u32,
 }
 
+/// Events in WAL order, with their share of the byte budget (none for keepalives alone).
+#[derive(Debug)]
+struct Batch {
+    events: Vec<ReaderEvent>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
 /// The pipeline's side of a running reader.
 #[derive(Debug)]
 pub struct ReaderHandle {
-    /// Events in WAL order, each with its share of the byte budget.
-    events: mpsc::Receiver<(ReaderEvent, Option<OwnedSemaphorePermit>)>,
+    events: mpsc::Receiver<Batch>,
+    /// The batch being taken, and its share of the budget: returned when its last event is.
+    current: std::vec::IntoIter<ReaderEvent>,
+    current_permit: Option<OwnedSemaphorePermit>,
     budget: Arc<Semaphore>,
     /// Where streaming resumed (the slot's `confirmed_flush_lsn`).
     pub resume_lsn: Lsn,
@@ -161,13 +188,37 @@ impl ReaderHandle {
     /// The next event in WAL order; `None` once the reader task has ended (its outcome then
     /// comes from [`ReaderHandle::shutdown`]). Cancel-safe.
     pub async fn recv(&mut self) -> Option<ReaderEvent> {
-        // The permit returns the event's bytes to the budget as it is dropped here.
-        self.events.recv().await.map(|(event, _permit)| event)
+        if let Some(event) = self.take() {
+            return Some(event);
+        }
+        // Cancel-safe: a batch is stored only once received, and nothing is taken before.
+        let batch = self.events.recv().await?;
+        self.begin(batch);
+        self.take()
     }
 
     /// The next event if one is already waiting, without waiting.
     pub fn try_recv(&mut self) -> Option<ReaderEvent> {
-        self.events.try_recv().ok().map(|(event, _permit)| event)
+        if let Some(event) = self.take() {
+            return Some(event);
+        }
+        let batch = self.events.try_recv().ok()?;
+        self.begin(batch);
+        self.take()
+    }
+
+    /// The current batch's next event; its last returns the batch's bytes to the budget.
+    fn take(&mut self) -> Option<ReaderEvent> {
+        let event = self.current.next();
+        if self.current.len() == 0 {
+            self.current_permit = None;
+        }
+        event
+    }
+
+    fn begin(&mut self, batch: Batch) {
+        self.current = batch.events.into_iter();
+        self.current_permit = batch.permit;
     }
 
     /// WAL bytes decoded and waiting in the channel for [`ReaderHandle::recv`] (at most
@@ -180,12 +231,14 @@ impl ReaderHandle {
     pub async fn shutdown(self) -> Result<(), ReaderError> {
         let ReaderHandle {
             events,
+            current,
+            current_permit,
             confirm,
             task,
             ..
         } = self;
         drop(confirm);
-        drop(events);
+        drop((events, current, current_permit));
         match task.await {
             Ok(r) => r,
             Err(e) => Err(ReaderError::TaskFailed {
@@ -283,7 +336,7 @@ pub async fn start(
             });
         }
     }
-    let (tx, rx) = mpsc::channel(opts.channel_capacity.max(1));
+    let (tx, rx) = mpsc::channel((opts.channel_capacity / BATCH_EVENTS).max(MIN_BATCHES));
     let budget = Arc::new(Semaphore::new(CHANNEL_BYTES));
     let (confirm_tx, confirm_rx) = watch::channel(resume);
     let stats = Arc::new(ReaderStats::default());
@@ -299,9 +352,14 @@ pub async fn start(
         assembler: Assembler::new(opts.source),
         stats: stats.clone(),
         batching: None,
+        pending: Vec::new(),
+        pending_bytes: 0,
+        pending_rows: 0,
     };
     Ok(ReaderHandle {
         events: rx,
+        current: Vec::new().into_iter(),
+        current_permit: None,
         budget,
         resume_lsn: resume,
         backend_pid,
@@ -339,7 +397,7 @@ fn parse_pid(msg: &str) -> Option<i32> {
 
 struct Task {
     conn: ReplicationConnection,
-    tx: mpsc::Sender<(ReaderEvent, Option<OwnedSemaphorePermit>)>,
+    tx: mpsc::Sender<Batch>,
     budget: Arc<Semaphore>,
     confirm: watch::Receiver<Lsn>,
     progress: Progress,
@@ -348,6 +406,11 @@ struct Task {
     stats: Arc<ReaderStats>,
     /// While reads are batched: when the batch wait ends (see [`Task::batch_reads`]).
     batching: Option<tokio::time::Instant>,
+    /// Events not yet handed over ([`Task::flush`]), their WAL bytes, and how many are not
+    /// keepalives.
+    pending: Vec<ReaderEvent>,
+    pending_bytes: usize,
+    pending_rows: usize,
 }
 
 /// Most buffered messages handled in a row before the task looks at its timers again.
@@ -414,6 +477,8 @@ impl Task {
                             None => break,
                         }
                     }
+                    // Before any wait: nothing read waits for company.
+                    self.flush().await?;
                     self.batch_reads(bytes);
                 }
             }
@@ -486,7 +551,12 @@ impl Task {
                 let event = self.assembler.push(x.wal_start, msg)?;
                 self.sync_stats();
                 if let Some(event) = event {
-                    self.deliver(ReaderEvent::Outbox(event), size).await?;
+                    self.pending.push(ReaderEvent::Outbox(event));
+                    self.pending_bytes += size.max(1);
+                    self.pending_rows += 1;
+                    if self.pending.len() >= BATCH_EVENTS || self.pending_bytes >= BATCH_BYTES {
+                        self.flush().await?;
+                    }
                 }
             }
             ReplicationMessage::PrimaryKeepalive(k) => {
@@ -501,18 +571,35 @@ impl Task {
                 if k.reply_requested {
                     self.send_status().await?;
                 }
-                // Only useful to an idle pipeline; never waits.
-                let _ = self
-                    .tx
-                    .try_send((ReaderEvent::Keepalive { wal_end: k.wal_end }, None));
+                // Only useful to an idle pipeline: a batch of keepalives alone never waits.
+                self.pending
+                    .push(ReaderEvent::Keepalive { wal_end: k.wal_end });
+                if self.pending.len() >= BATCH_EVENTS {
+                    self.flush().await?;
+                }
             }
         }
         Ok(())
     }
 
-    /// Hands one event of `size` WAL bytes to the pipeline, keeping the session alive while the
-    /// pipeline applies backpressure (a full channel or an exhausted byte budget).
-    async fn deliver(&mut self, event: ReaderEvent, size: usize) -> Result<(), ReaderError> {
+    /// Hands the pending events to the pipeline as one batch, keeping the session alive while
+    /// the pipeline applies backpressure (a full channel or an exhausted byte budget). A batch of
+    /// keepalives alone is dropped if the channel is full.
+    async fn flush(&mut self) -> Result<(), ReaderError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let events = std::mem::take(&mut self.pending);
+        let size = std::mem::take(&mut self.pending_bytes);
+        if std::mem::take(&mut self.pending_rows) == 0 {
+            return match self.tx.try_send(Batch {
+                events,
+                permit: None,
+            }) {
+                Err(mpsc::error::TrySendError::Closed(_)) => Err(ReaderError::Closed),
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => Ok(()),
+            };
+        }
         let want = size.clamp(1, CHANNEL_BYTES) as u32;
         let permit = match self.budget.clone().try_acquire_many_owned(want) {
             Ok(p) => p,
@@ -537,7 +624,11 @@ impl Task {
                 }
             }
         };
-        let item = match self.tx.try_send((event, Some(permit))) {
+        let batch = Batch {
+            events,
+            permit: Some(permit),
+        };
+        let item = match self.tx.try_send(batch) {
             Ok(()) => return Ok(()),
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(ReaderError::Closed),
             Err(mpsc::error::TrySendError::Full(item)) => item,
