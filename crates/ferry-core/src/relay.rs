@@ -287,6 +287,8 @@ pub struct Relay<E> {
     /// the relay was made: read by the driver ([`Relay::table_rows`]) rather than sent as an
     /// action per row, which cost 5% of the core's time per row.
     table_rows: Vec<[u64; 4]>,
+    /// Per outbox table, where its router's slot columns are in the table's relation.
+    places: Vec<route::Places>,
     /// The one-shot pass (`--skip-event` / `--dead-letter-event`) while it is armed.
     pass: Option<Pass>,
     /// Transactions seen whole and not yet confirmed: their end LSN and commit time.
@@ -324,6 +326,7 @@ impl<E> Relay<E> {
             sent_confirm: Lsn(0),
             whole_end: Lsn(0),
             table_rows: vec![[0; 4]; tables],
+            places: (0..tables).map(|_| route::Places::default()).collect(),
             pass: None,
             commit_times: VecDeque::new(),
             stamp,
@@ -515,10 +518,14 @@ impl<E> Relay<E> {
                 let Some(router) = self.config.routers.get(row.table) else {
                     return self.bookkeeping(WatermarkError::UnknownTable { table: row.table });
                 };
-                let mut routed = route::row(router, &row, cur.commit_unix_micros);
+                let wal = match self.places.get_mut(row.table) {
+                    Some(places) => route::WalRow::placed(&row, places.of(&row.relation, router)),
+                    None => route::WalRow::by_name(&row),
+                };
+                let mut routed = route::row(router, &wal, cur.commit_unix_micros);
                 if let Some(action) = pass_meets(&mut self.pass, cur, row.lsn, &routed.0) {
                     routed.0 = route::pass(routed.0, action, |e| {
-                        router.dead_letter(&route::WalRow(&row), e, cur.commit_unix_micros)
+                        router.dead_letter(&wal, e, cur.commit_unix_micros)
                     });
                 }
                 self.table_rows[row.table][RowOutcome::of(&routed.0) as usize] += 1;

@@ -13,9 +13,13 @@
 //! stops the session whatever `on_error` says (a table-less message lacking a member is a bad
 //! document like any other, and follows the policy).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
-use ferry_router::{ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router, TableName};
-use ferry_wal::assembly::OutboxRow;
+use ferry_router::{
+    ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router, Slot, TableName,
+};
+use ferry_wal::assembly::{OutboxRow, RelationInfo};
 use ferry_wal::pgoutput::TupleValue;
 
 use crate::pass::PassAction;
@@ -67,11 +71,10 @@ pub(crate) enum Routed {
 /// kind of a rejection (for the metric) alongside the decision.
 pub(crate) fn row(
     router: &Router,
-    row: &OutboxRow,
+    wal: &WalRow<'_>,
     commit_unix_micros: i64,
 ) -> (Routed, Option<RouteErrorKind>) {
-    let wal = WalRow(row);
-    match router.route_row(&wal, commit_unix_micros) {
+    match router.route_row(wal, commit_unix_micros) {
         Ok(record) => (
             Routed::Produce {
                 record: Box::new(record),
@@ -84,7 +87,7 @@ pub(crate) fn row(
             (Routed::Fail(e), kind)
         }
         Err(e) => policy(router, Some(router.table()), e, |err| {
-            router.dead_letter(&wal, err, commit_unix_micros)
+            router.dead_letter(wal, err, commit_unix_micros)
         }),
     }
 }
@@ -165,13 +168,62 @@ fn policy(
     (routed, kind)
 }
 
-/// A decoded row, as the router reads it.
-pub(crate) struct WalRow<'a>(pub &'a OutboxRow);
+/// Where a router's slot columns ([`ferry_router::Slot`]) are in one table's relation: found
+/// by name when a row of a relation not seen before comes (a Relation message describes the
+/// table anew after each change of it), then by place. Finding five columns by name took ~500
+/// instructions a row.
+#[derive(Debug, Default)]
+pub(crate) struct Places {
+    /// Held, so that its address cannot be another relation's while it is compared.
+    relation: Option<Arc<RelationInfo>>,
+    at: [Option<usize>; Slot::COUNT],
+}
 
-impl ferry_router::OutboxRow for WalRow<'_> {
-    fn column(&self, name: &str) -> Option<ColumnRef<'_>> {
-        let (type_oid, value) = self.0.get(name)?;
-        let (value, binary): (Option<&Bytes>, bool) = match value {
+impl Places {
+    /// The places of `router`'s slot columns in `relation`.
+    pub(crate) fn of(
+        &mut self,
+        relation: &Arc<RelationInfo>,
+        router: &Router,
+    ) -> &[Option<usize>; Slot::COUNT] {
+        if !self
+            .relation
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, relation))
+        {
+            self.at = router
+                .slot_columns()
+                .map(|name| name.and_then(|n| relation.column_index(n)));
+            self.relation = Some(relation.clone());
+        }
+        &self.at
+    }
+}
+
+/// No place known: every column by name.
+const BY_NAME: [Option<usize>; Slot::COUNT] = [None; Slot::COUNT];
+
+/// A decoded row, as the router reads it.
+pub(crate) struct WalRow<'a> {
+    row: &'a OutboxRow,
+    /// Where the slot columns are in `row`'s relation ([`Places::of`]).
+    at: &'a [Option<usize>; Slot::COUNT],
+}
+
+impl<'a> WalRow<'a> {
+    /// `row`, whose router's slot columns are at `at` in its relation.
+    pub(crate) fn placed(row: &'a OutboxRow, at: &'a [Option<usize>; Slot::COUNT]) -> Self {
+        WalRow { row, at }
+    }
+
+    /// `row`, every column found by name.
+    pub(crate) fn by_name(row: &'a OutboxRow) -> Self {
+        WalRow { row, at: &BY_NAME }
+    }
+
+    fn at(&self, i: usize) -> Option<ColumnRef<'_>> {
+        let type_oid = self.row.relation.columns.get(i)?.type_oid;
+        let (value, binary): (Option<&Bytes>, bool) = match self.row.values.get(i)? {
             TupleValue::Null | TupleValue::UnchangedToast => (None, false),
             TupleValue::Text(b) => (Some(b), false),
             TupleValue::Binary(b) => (Some(b), true),
@@ -181,5 +233,22 @@ impl ferry_router::OutboxRow for WalRow<'_> {
             value,
             binary,
         })
+    }
+}
+
+impl ferry_router::OutboxRow for WalRow<'_> {
+    fn column(&self, name: &str) -> Option<ColumnRef<'_>> {
+        self.at(self.row.relation.column_index(name)?)
+    }
+
+    fn column_for(&self, slot: Slot, name: &str) -> Option<ColumnRef<'_>> {
+        match self.at[slot as usize] {
+            Some(i) => {
+                // A slot names one column for its router ([`Router::slot_columns`]).
+                debug_assert_eq!(self.row.relation.columns[i].name, name);
+                self.at(i)
+            }
+            None => self.column(name),
+        }
     }
 }

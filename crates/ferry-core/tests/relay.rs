@@ -550,3 +550,94 @@ fn the_confirmed_position_carries_when_later_transactions_committed() {
     assert_eq!(confirms(&actions(&mut r)), vec![Lsn(200)]);
     assert_eq!(r.confirmed_since_micros(), Some(t3));
 }
+
+/// The columns a router reads on every row are found by name once per relation, then by place
+/// (`ferry_core::route::Places`); a Relation message after `ALTER TABLE` describes the table
+/// anew, and the next rows must be read by the new layout, not the places of the old one.
+#[test]
+fn a_row_after_its_table_changed_is_read_by_the_new_layout() {
+    use bytes::Bytes;
+    use ferry_wal::assembly::{OutboxEvent, OutboxRow, RelationInfo};
+    use ferry_wal::pgoutput::TupleValue;
+
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let before = relation(oid::JSONB);
+    // The same table, its columns in another order (a column dropped and added back).
+    let mut after = (*before).clone();
+    after.columns.rotate_left(2);
+    let after = Arc::new(after);
+    let text = |s: &str| TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()));
+    let row = |rel: &Arc<RelationInfo>, lsn: u64, id: &str, key: &str, payload: &str| {
+        let values: Vec<TupleValue> = rel
+            .columns
+            .iter()
+            .map(|c| match c.name.as_str() {
+                "id" => text(id),
+                "aggregatetype" => text("order"),
+                "aggregateid" => text(key),
+                "type" => text("OrderCreated"),
+                _ => text(payload),
+            })
+            .collect();
+        OutboxEvent::Row(OutboxRow {
+            xid: 1,
+            table: 0,
+            lsn: Lsn(lsn),
+            relation: rel.clone(),
+            values,
+        })
+    };
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(
+        row(
+            &before,
+            101,
+            "00000000-0000-4000-8000-000000000001",
+            "a",
+            r#"{"n":1}"#,
+        ),
+        now,
+    );
+    r.handle_outbox(
+        row(
+            &after,
+            102,
+            "00000000-0000-4000-8000-000000000002",
+            "b",
+            r#"{"n":2}"#,
+        ),
+        now,
+    );
+    r.handle_outbox(
+        row(
+            &before,
+            103,
+            "00000000-0000-4000-8000-000000000003",
+            "c",
+            r#"{"n":3}"#,
+        ),
+        now,
+    );
+    let records: Vec<(String, String, String, String)> = actions(&mut r)
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Produce { record, .. } => Some((
+                record.topic.to_string(),
+                String::from_utf8_lossy(record.key.as_deref().unwrap_or_default()).into_owned(),
+                String::from_utf8_lossy(record.value.as_deref().unwrap_or_default()).into_owned(),
+                record.event_id_text().into_owned(),
+            )),
+            _ => None,
+        })
+        .collect();
+    let want = |n: u64, key: &str| {
+        (
+            "outbox.event.order".to_string(),
+            key.to_string(),
+            format!(r#"{{"n":{n}}}"#),
+            format!("00000000-0000-4000-8000-{n:012}"),
+        )
+    };
+    assert_eq!(records, vec![want(1, "a"), want(2, "b"), want(3, "c")]);
+}

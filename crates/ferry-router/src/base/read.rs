@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use crate::base::error::{FieldRole, RouteErrorReason};
-use crate::base::row::{ColumnRef, OutboxRow};
+use crate::base::row::{ColumnRef, OutboxRow, Slot};
 use crate::base::value::natural_bytes;
 
 /// The column `name` of `row`, or [`RouteErrorReason::MissingColumn`] naming its `role`.
@@ -15,6 +15,20 @@ pub(crate) fn column<'r, R: OutboxRow + ?Sized>(
     role: FieldRole,
 ) -> Result<ColumnRef<'r>, RouteErrorReason> {
     row.column(name)
+        .ok_or_else(|| RouteErrorReason::MissingColumn {
+            role,
+            column: name.to_owned(),
+        })
+}
+
+/// [`column`], read as `slot` ([`OutboxRow::column_for`]).
+pub(crate) fn column_for<'r, R: OutboxRow + ?Sized>(
+    row: &'r R,
+    slot: Slot,
+    name: &str,
+    role: FieldRole,
+) -> Result<ColumnRef<'r>, RouteErrorReason> {
+    row.column_for(slot, name)
         .ok_or_else(|| RouteErrorReason::MissingColumn {
             role,
             column: name.to_owned(),

@@ -64,15 +64,52 @@ pub struct ColumnRef<'a> {
     pub binary: bool,
 }
 
+/// A column a router reads on every row under a role that names one column of its table
+/// ([`crate::Router::slot_columns`]). For one router, a slot always names the same column, so a
+/// row may remember where that column is instead of finding it by name on every row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    EventId = 0,
+    AggregateId = 1,
+    Payload = 2,
+    EventType = 3,
+    /// The topic plan's column, when it reads exactly one.
+    TopicInput = 4,
+}
+
+impl Slot {
+    /// How many slots there are.
+    pub const COUNT: usize = 5;
+    /// Every slot, in the order of their numbers.
+    pub const ALL: [Slot; Slot::COUNT] = [
+        Slot::EventId,
+        Slot::AggregateId,
+        Slot::Payload,
+        Slot::EventType,
+        Slot::TopicInput,
+    ];
+}
+
 /// A row the router can read columns from, by name.
 pub trait OutboxRow {
     /// The named column, or `None` if the relation has no such column.
     fn column(&self, name: &str) -> Option<ColumnRef<'_>>;
+
+    /// The column `name`, which the router reads as `slot` (see [`Slot`]); by name unless the
+    /// row knows the slot's place.
+    fn column_for(&self, slot: Slot, name: &str) -> Option<ColumnRef<'_>> {
+        let _ = slot;
+        self.column(name)
+    }
 }
 
 impl<T: OutboxRow + ?Sized> OutboxRow for &T {
     fn column(&self, name: &str) -> Option<ColumnRef<'_>> {
         (**self).column(name)
+    }
+
+    fn column_for(&self, slot: Slot, name: &str) -> Option<ColumnRef<'_>> {
+        (**self).column_for(slot, name)
     }
 }
 

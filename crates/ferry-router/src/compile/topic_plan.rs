@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use bytes::Bytes;
 
 use crate::base::error::{shown_topic, FieldRole, RouteErrorReason};
-use crate::base::read::{column, value};
-use crate::base::row::OutboxRow;
+use crate::base::read::{column, column_for, value};
+use crate::base::row::{OutboxRow, Slot};
 use crate::base::template::{slot_of, GroupRef, Segment, Template};
 use crate::base::topic::validate_topic;
 use crate::compile::config::{OutboxConfig, RouteConfig};
@@ -136,7 +136,11 @@ impl TopicPlan {
         slot: usize,
     ) -> Result<Option<Bytes>, RouteErrorReason> {
         let name = &self.inputs[slot];
-        let c = column(row, name, FieldRole::Topic)?;
+        let c = if self.inputs.len() == 1 {
+            column_for(row, Slot::TopicInput, name, FieldRole::Topic)?
+        } else {
+            column(row, name, FieldRole::Topic)?
+        };
         value(&c, name, FieldRole::Topic)
     }
 

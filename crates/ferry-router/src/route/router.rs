@@ -31,9 +31,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::base::error::{FieldRole, RouteError, RouteErrorReason};
-use crate::base::read::{column, invalid, value};
+use crate::base::read::{column, column_for, invalid, value};
 use crate::base::record::Record;
-use crate::base::row::{oid, OutboxRow, SimpleRow};
+use crate::base::row::{oid, OutboxRow, SimpleRow, Slot};
 use crate::base::value::{natural_bytes, partition, timestamp_ms};
 use crate::compile::cloudevents::compile_cloudevents;
 use crate::compile::config::{
@@ -354,6 +354,23 @@ impl Router {
         &self.requirements
     }
 
+    /// The column each [`Slot`] names for this router (`None`: the slot is not read, as
+    /// [`Slot::TopicInput`] when the topic plan reads no column or several). A row that knows
+    /// where these columns are in its relation can answer [`OutboxRow::column_for`] by place.
+    pub fn slot_columns(&self) -> [Option<&str>; Slot::COUNT] {
+        let topic = self.topic.inputs();
+        Slot::ALL.map(|slot| match slot {
+            Slot::EventId => Some(self.id_col.as_str()),
+            Slot::AggregateId => Some(self.aggregate_id_col.as_str()),
+            Slot::Payload => Some(self.payload_col.as_str()),
+            Slot::EventType => Some(self.type_col.as_str()),
+            Slot::TopicInput => match topic {
+                [one] => Some(one.as_str()),
+                _ => None,
+            },
+        })
+    }
+
     /// The columns the topic depends on (the topic template's placeholders and the rules'
     /// columns): rows that agree on them go to the same topic.
     pub fn topic_columns(&self) -> &[String] {
@@ -401,11 +418,18 @@ impl Router {
             event_id: None,
             reason,
         })?;
-        self.route_inner(row, &id, commit_time_micros)
-            .map_err(|reason| RouteError {
+        match self.route_inner(row, &id, commit_time_micros) {
+            Ok(mut record) => {
+                // Moved, not cloned: a clone and a drop of a shared `Bytes` are two atomic
+                // operations behind an indirect call.
+                record.event_id = id;
+                Ok(record)
+            }
+            Err(reason) => Err(RouteError {
                 event_id: Some(String::from_utf8_lossy(&id).into_owned()),
                 reason,
-            })
+            }),
+        }
     }
 
     /// Routes one table-less outbox message (the content of a logical decoding message with the
@@ -532,7 +556,7 @@ impl Router {
     }
 
     fn event_id<R: OutboxRow + ?Sized>(&self, row: &R) -> Result<Bytes, RouteErrorReason> {
-        let c = column(row, &self.id_col, FieldRole::EventId)?;
+        let c = column_for(row, Slot::EventId, &self.id_col, FieldRole::EventId)?;
         match value(&c, &self.id_col, FieldRole::EventId)? {
             Some(v) => Ok(v),
             None => Err(RouteErrorReason::NullValue {
@@ -549,7 +573,12 @@ impl Router {
         commit_time_micros: i64,
     ) -> Result<Record, RouteErrorReason> {
         let topic = self.topic.topic(row)?;
-        let c = column(row, &self.aggregate_id_col, FieldRole::AggregateId)?;
+        let c = column_for(
+            row,
+            Slot::AggregateId,
+            &self.aggregate_id_col,
+            FieldRole::AggregateId,
+        )?;
         let key = value(&c, &self.aggregate_id_col, FieldRole::AggregateId)?;
         let key = match self.key_format {
             (RecordFormat::AsStored, _) => key,
@@ -566,14 +595,18 @@ impl Router {
         if let Some(name) = &self.id_header {
             headers.push((name.clone(), Some(id.clone())));
         }
-        let event_type = if self.type_header.is_some() || self.cloudevents.is_some() {
-            let c = column(row, &self.type_col, FieldRole::EventType)?;
+        let mut event_type = if self.type_header.is_some() || self.cloudevents.is_some() {
+            let c = column_for(row, Slot::EventType, &self.type_col, FieldRole::EventType)?;
             self::value(&c, &self.type_col, FieldRole::EventType)?
         } else {
             None
         };
         if let Some(name) = &self.type_header {
-            headers.push((name.clone(), event_type.clone()));
+            let value = match &self.cloudevents {
+                Some(_) => event_type.clone(),
+                None => event_type.take(),
+            };
+            headers.push((name.clone(), value));
         }
         for (col, name) in &self.extra_headers {
             let c = column(row, col, FieldRole::Header)?;
@@ -650,7 +683,8 @@ impl Router {
             headers,
             partition,
             timestamp_ms: Some(timestamp_ms),
-            event_id: id.clone(),
+            // Set by `route_row`, which owns it.
+            event_id: Bytes::new(),
             trace_context,
         })
     }
@@ -661,7 +695,7 @@ impl Router {
         row: &R,
     ) -> Result<(Option<Bytes>, u32), RouteErrorReason> {
         let col = &self.payload_col;
-        let c = column(row, col, FieldRole::Payload)?;
+        let c = column_for(row, Slot::Payload, col, FieldRole::Payload)?;
         let (format, optional) = self.value_format;
         let payload = match value(&c, col, FieldRole::Payload)? {
             None if self.tombstone_on_null_payload => return Ok((None, c.type_oid)),
