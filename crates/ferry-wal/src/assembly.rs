@@ -212,6 +212,13 @@ pub struct OutboxRow {
     pub values: Vec<TupleValue>,
 }
 
+impl Drop for OutboxRow {
+    fn drop(&mut self) {
+        // The vector serves the next row decoded on this thread.
+        crate::pgoutput::spare::give_back(std::mem::take(&mut self.values));
+    }
+}
+
 impl OutboxRow {
     /// The named column's type oid and value.
     pub fn get(&self, column: &str) -> Option<(u32, &TupleValue)> {

@@ -416,7 +416,7 @@ impl Reader {
     fn tuple(&mut self) -> Result<Vec<TupleValue>, DecodeError> {
         let (count_at, count) = self.count_i16()?;
         self.check_count(count_at, count, MIN_TUPLE_COLUMN_LEN)?;
-        let mut values = Vec::with_capacity(count);
+        let mut values = super::spare::take(count);
         for _ in 0..count {
             let at = self.pos;
             values.push(match self.u8()? {

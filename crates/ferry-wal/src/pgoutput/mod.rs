@@ -52,6 +52,7 @@
 mod decode;
 mod encode;
 mod error;
+pub(crate) mod spare;
 
 use bytes::Bytes;
 
