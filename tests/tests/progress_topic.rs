@@ -219,16 +219,41 @@ async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
     .unwrap();
 }
 
-/// A log whose start is past offset 0 (a topic an admin made with `cleanup.policy=compact,delete`,
-/// its old records deleted by retention or `kafka-delete-records`) is read from its start, the
-/// log start offset the broker reports, not from offset 0, which is out of range there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_log_that_starts_past_zero_is_read_from_its_start() {
+/// Deletes `topic`'s records before `offset` (`kafka-delete-records`). Kafka deletes records of
+/// a topic whose cleanup policy includes `delete` only: the policy becomes `compact,delete`.
+async fn delete_records_before(brokers: &str, topic: &str, offset: i64) {
     use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
     use rdkafka::client::DefaultClientContext;
     use rdkafka::{Offset, TopicPartitionList};
-    let (brokers, topic) = progress_topic("start").await;
-    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let policy =
+        AlterConfig::new(ResourceSpecifier::Topic(topic)).set("cleanup.policy", "compact,delete");
+    let altered = admin
+        .alter_configs([&policy], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(altered.iter().all(|r| r.is_ok()), "{altered:?}");
+    let mut before = TopicPartitionList::new();
+    before
+        .add_partition_offset(topic, 0, Offset::Offset(offset))
+        .unwrap();
+    let deleted = admin
+        .delete_records(&before, &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(
+        deleted.elements().iter().all(|e| e.error().is_ok()),
+        "{deleted:?}"
+    );
+}
+
+/// Three committed records of `k` (ends 100, 200, 300), a transaction each: records at offsets
+/// 0, 2 and 4, each followed by its commit marker.
+async fn three_committed(brokers: &str, topic: &str, k: &ProgressKey) {
+    let (b, t, k) = (brokers.to_string(), topic.to_string(), k.clone());
     tokio::task::spawn_blocking(move || {
         let p = transactional(&b, &unique("tid"));
         for end in [100, 200, 300] {
@@ -239,32 +264,19 @@ async fn a_log_that_starts_past_zero_is_read_from_its_start() {
     })
     .await
     .unwrap();
-    // Records 100 and 200 (and the first marker) deleted: the log starts at 3. Kafka deletes
-    // records of a topic whose cleanup policy includes `delete` only.
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()
-        .unwrap();
-    let policy =
-        AlterConfig::new(ResourceSpecifier::Topic(&topic)).set("cleanup.policy", "compact,delete");
-    let altered = admin
-        .alter_configs([&policy], &AdminOptions::new())
-        .await
-        .unwrap();
-    assert!(altered.iter().all(|r| r.is_ok()), "{altered:?}");
-    let mut before = TopicPartitionList::new();
-    before
-        .add_partition_offset(&topic, 0, Offset::Offset(3))
-        .unwrap();
-    let deleted = admin
-        .delete_records(&before, &AdminOptions::new())
-        .await
-        .unwrap();
-    assert!(
-        deleted.elements().iter().all(|e| e.error().is_ok()),
-        "{deleted:?}"
-    );
-    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
+}
+
+/// A log whose start is past offset 0 (a topic an admin made with `cleanup.policy=compact,delete`,
+/// its old records deleted by retention or `kafka-delete-records`) is read from its start, the
+/// log start offset the broker reports, not from offset 0, which is out of range there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_starts_past_zero_is_read_from_its_start() {
+    let (brokers, topic) = progress_topic("start").await;
+    let k = key("a");
+    three_committed(&brokers, &topic, &k).await;
+    // Records 100 and 200 (and the first marker) deleted: the log starts at 3.
+    delete_records_before(&brokers, &topic, 3).await;
+    let (b, t) = (brokers.clone(), topic.clone());
     let found = tokio::task::spawn_blocking(move || read(&b, &t, &k))
         .await
         .unwrap()
@@ -276,6 +288,24 @@ async fn a_log_that_starts_past_zero_is_read_from_its_start() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A log whose every record was deleted starts at its end: it holds nothing, and the read says
+/// so at once (the log's start, asked beside its end, is where the read would begin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_whose_records_were_all_deleted_holds_nothing() {
+    let (brokers, topic) = progress_topic("deleted").await;
+    let k = key("a");
+    three_committed(&brokers, &topic, &k).await;
+    // Every record and marker: the log starts at its end, 6.
+    delete_records_before(&brokers, &topic, 6).await;
+    let (b, t) = (brokers.clone(), topic.clone());
+    let found = tokio::task::spawn_blocking(move || {
+        progress::read(&properties(&b), &t, &k, Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    assert_eq!(found.unwrap(), Remembered::Nothing);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
