@@ -12,7 +12,7 @@
 //! - hands the events over in batches: what one wake-up read (at most [`BATCH_EVENTS`]
 //!   events, flushed early past [`BATCH_BYTES`]) travels as one message with one share of the
 //!   byte budget, released once the pipeline has taken the batch's last event. Per event, the
-//!   channel's and the budget's semaphores cost ~500 instructions (a lock each to release a
+//!   channel's and the budget's semaphores cost ~450 instructions (a lock each to release a
 //!   permit); per batch, that is nothing. Nothing waits for company: a batch is sent before the
 //!   task waits on the socket or a timer again;
 //! - forwards keepalives' `wal_end` in WAL order with the events (a batch of keepalives alone is

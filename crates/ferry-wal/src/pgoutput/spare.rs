@@ -3,7 +3,7 @@
 //!
 //! The reader decodes a burst of up to ~250 rows before the pipeline takes any, and each row's
 //! `Vec` of values was a fresh allocation: past glibc's per-thread cache (seven chunks of a
-//! size), so through its bins, and freed the same way, ~300 instructions a row in all. A spare
+//! size), so through its bins, and freed the same way, ~270 instructions a row in all. A spare
 //! vector costs a thread-local lookup and a push or a pop.
 
 use std::cell::RefCell;
