@@ -47,12 +47,15 @@ pub const CONFIRM_MIN_GAP: Duration = Duration::from_millis(10);
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 4096;
 /// Most events in one batch handed to the pipeline: one wake-up's burst of messages
 /// ([`BUFFERED_BURST`] buffered after the first). The channel holds
-/// `channel_capacity / BATCH_EVENTS` batches, and at least [`MIN_BATCHES`], so it stays bounded
-/// by about `channel_capacity` events.
+/// `channel_capacity / BATCH_EVENTS` batches, and at least [`MIN_BATCHES`]: at most
+/// `max(channel_capacity, MIN_BATCHES * BATCH_EVENTS)` events (~16,000 by default, each a few
+/// dozen bytes beside the WAL bytes it holds, which the byte budget bounds).
 pub const BATCH_EVENTS: usize = BUFFERED_BURST + 1;
-/// Batches the channel holds at least: a keepalive arriving on its own travels as a batch of
-/// one, and a few of those must not fill a small channel before the rows behind them.
-const MIN_BATCHES: usize = 16;
+/// Batches the channel holds at least. On a live stream a wake-up often brings one message, a
+/// batch of one: this many of them are the read-ahead while the pipeline pauses (an
+/// exactly-once commit), and a keepalive arriving alone is a batch too, so a few of those must
+/// not fill a small channel before the rows behind them.
+const MIN_BATCHES: usize = 64;
 /// A batch is sent once its events hold this many WAL bytes, before the burst ends: the byte
 /// budget is taken and released per batch, and at a quarter of it the reader can go on reading
 /// while the pipeline takes earlier batches of large rows.
@@ -436,6 +439,12 @@ enum Wake {
 impl Task {
     async fn run(mut self) -> Result<(), ReaderError> {
         let result = self.stream().await;
+        if result.is_err() && !matches!(result, Err(ReaderError::Closed)) {
+            // What was read before the error reaches the pipeline, as it would had each event
+            // been handed over when decoded: rows before a row the reader refuses are relayed
+            // and confirmed, not read again by every session that stops at the same place.
+            let _ = self.flush().await;
+        }
         if matches!(result, Ok(()) | Err(ReaderError::Closed)) {
             // Orderly stop: report the final confirmation, then end the session.
             self.progress.confirm(*self.confirm.borrow())?;
@@ -551,8 +560,14 @@ impl Task {
                 let event = self.assembler.push(x.wal_start, msg)?;
                 self.sync_stats();
                 if let Some(event) = event {
+                    let size = size.max(1);
+                    // A batch stays within BATCH_BYTES unless one event alone is larger (it
+                    // then travels alone, its share of the budget clamped to the whole).
+                    if self.pending_bytes > 0 && self.pending_bytes + size > BATCH_BYTES {
+                        self.flush().await?;
+                    }
                     self.pending.push(ReaderEvent::Outbox(event));
-                    self.pending_bytes += size.max(1);
+                    self.pending_bytes += size;
                     self.pending_rows += 1;
                     if self.pending.len() >= BATCH_EVENTS || self.pending_bytes >= BATCH_BYTES {
                         self.flush().await?;

@@ -19,19 +19,25 @@ thread_local! {
     static SPARE: RefCell<Vec<Vec<TupleValue>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// An empty vector with room for `capacity` values: a spare one if there is one.
+/// An empty vector with room for `capacity` values: a spare one if there is one of about that
+/// size (with outbox tables of different widths, a narrow row does not keep a wide row's room).
 pub(crate) fn take(capacity: usize) -> Vec<TupleValue> {
     let spare = SPARE
         .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
         .ok()
         .flatten();
     match spare {
-        Some(mut v) => {
+        Some(mut v) if v.capacity() <= fitting(capacity) => {
             v.reserve(capacity);
             v
         }
-        None => Vec::with_capacity(capacity),
+        _ => Vec::with_capacity(capacity),
     }
+}
+
+/// The most room a spare taken for `capacity` values may have.
+fn fitting(capacity: usize) -> usize {
+    capacity.saturating_mul(2).max(8)
 }
 
 /// Keeps `values`' allocation for [`take`], its values dropped; or frees it, when enough are
@@ -66,6 +72,13 @@ mod tests {
         assert!(again.is_empty());
         assert_eq!(again.as_ptr(), at);
         assert!(again.capacity() >= 5);
+    }
+
+    #[test]
+    fn a_narrow_row_does_not_take_a_wide_rows_vector() {
+        while SPARE.with_borrow_mut(|s| s.pop()).is_some() {}
+        give_back(Vec::with_capacity(60));
+        assert!(take(6).capacity() < 60);
     }
 
     #[test]
