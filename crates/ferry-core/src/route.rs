@@ -222,8 +222,8 @@ impl<'a> WalRow<'a> {
     }
 
     fn at(&self, i: usize) -> Option<ColumnRef<'_>> {
-        let type_oid = self.row.relation.columns.get(i)?.type_oid;
-        let (value, binary): (Option<&Bytes>, bool) = match self.row.values.get(i)? {
+        let (type_oid, value) = self.row.at(i)?;
+        let (value, binary): (Option<&Bytes>, bool) = match value {
             TupleValue::Null | TupleValue::UnchangedToast => (None, false),
             TupleValue::Text(b) => (Some(b), false),
             TupleValue::Binary(b) => (Some(b), true),

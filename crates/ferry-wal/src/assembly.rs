@@ -222,9 +222,13 @@ impl Drop for OutboxRow {
 impl OutboxRow {
     /// The named column's type oid and value.
     pub fn get(&self, column: &str) -> Option<(u32, &TupleValue)> {
-        let i = self.relation.column_index(column)?;
-        let value = self.values.get(i)?;
-        Some((self.relation.columns[i].type_oid, value))
+        self.at(self.relation.column_index(column)?)
+    }
+
+    /// The type oid and value of the column at position `i` of the relation.
+    pub fn at(&self, i: usize) -> Option<(u32, &TupleValue)> {
+        let type_oid = self.relation.columns.get(i)?.type_oid;
+        Some((type_oid, self.values.get(i)?))
     }
 }
 

@@ -14,11 +14,7 @@ pub(crate) fn column<'r, R: OutboxRow + ?Sized>(
     name: &str,
     role: FieldRole,
 ) -> Result<ColumnRef<'r>, RouteErrorReason> {
-    row.column(name)
-        .ok_or_else(|| RouteErrorReason::MissingColumn {
-            role,
-            column: name.to_owned(),
-        })
+    row.column(name).ok_or_else(|| missing(role, name))
 }
 
 /// [`column`], read as `slot` ([`OutboxRow::column_for`]).
@@ -29,10 +25,15 @@ pub(crate) fn column_for<'r, R: OutboxRow + ?Sized>(
     role: FieldRole,
 ) -> Result<ColumnRef<'r>, RouteErrorReason> {
     row.column_for(slot, name)
-        .ok_or_else(|| RouteErrorReason::MissingColumn {
-            role,
-            column: name.to_owned(),
-        })
+        .ok_or_else(|| missing(role, name))
+}
+
+/// [`RouteErrorReason::MissingColumn`]: the relation has no column `name` for its `role`.
+fn missing(role: FieldRole, name: &str) -> RouteErrorReason {
+    RouteErrorReason::MissingColumn {
+        role,
+        column: name.to_owned(),
+    }
 }
 
 /// The column's value as its natural bytes ([`natural_bytes`]); `None` for NULL.
