@@ -17,10 +17,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferry_router::{
-    ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router, Slot, TableName,
+    ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router, Slot, TableName, Value,
 };
 use ferry_wal::assembly::{OutboxRow, RelationInfo};
-use ferry_wal::pgoutput::TupleValue;
+use ferry_wal::pgoutput::ValueRef;
 
 use crate::pass::PassAction;
 
@@ -223,10 +223,10 @@ impl<'a> WalRow<'a> {
 
     fn at(&self, i: usize) -> Option<ColumnRef<'_>> {
         let (type_oid, value) = self.row.at(i)?;
-        let (value, binary): (Option<&Bytes>, bool) = match value {
-            TupleValue::Null | TupleValue::UnchangedToast => (None, false),
-            TupleValue::Text(b) => (Some(b), false),
-            TupleValue::Binary(b) => (Some(b), true),
+        let (value, binary) = match value {
+            ValueRef::Null | ValueRef::UnchangedToast => (None, false),
+            ValueRef::Text(s) => (Some(Value::new(s.within(), s.range())), false),
+            ValueRef::Binary(s) => (Some(Value::new(s.within(), s.range())), true),
         };
         Some(ColumnRef {
             type_oid,

@@ -585,7 +585,7 @@ fn a_row_after_its_table_changed_is_read_by_the_new_layout() {
             table: 0,
             lsn: Lsn(lsn),
             relation: rel.clone(),
-            values,
+            values: values.into(),
         })
     };
     r.handle_outbox(begin(1, 110), now);

@@ -144,7 +144,7 @@ pub mod tables;
 pub use base::error::{FieldRole, RouteError, RouteErrorReason};
 pub use base::murmur2::{java_partition, murmur2, to_positive};
 pub use base::record::{Header, Record};
-pub use base::row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow, Slot};
+pub use base::row::{oid, ColumnRef, OutboxRow, SimpleColumn, SimpleRow, Slot, Value};
 pub use base::topic::{validate_topic, TopicProblem, MAX_TOPIC_LENGTH};
 pub use base::trace_outcome::{TraceOutcome, TraceProblem};
 pub use base::value::renders_binary;

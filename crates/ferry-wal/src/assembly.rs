@@ -77,7 +77,7 @@ use bytes::Bytes;
 
 use crate::lsn::Lsn;
 use crate::pgoutput::{
-    Column, PgOutputMessage, PgTimestamp, Relation, ReplicaIdentity, TupleValue,
+    Column, PgOutputMessage, PgTimestamp, Relation, ReplicaIdentity, Tuple, TupleValue, ValueRef,
 };
 
 /// What counts as the outbox.
@@ -209,26 +209,20 @@ pub struct OutboxRow {
     /// The relation layout the row was decoded with.
     pub relation: Arc<RelationInfo>,
     /// Column values in `relation.columns` order.
-    pub values: Vec<TupleValue>,
-}
-
-impl Drop for OutboxRow {
-    fn drop(&mut self) {
-        // The vector serves the next row decoded on this thread.
-        crate::pgoutput::spare::give_back(std::mem::take(&mut self.values));
-    }
+    pub values: Tuple,
 }
 
 impl OutboxRow {
-    /// The named column's type oid and value.
-    pub fn get(&self, column: &str) -> Option<(u32, &TupleValue)> {
-        self.at(self.relation.column_index(column)?)
+    /// The named column's type oid and value, owned.
+    pub fn get(&self, column: &str) -> Option<(u32, TupleValue)> {
+        let (type_oid, value) = self.at(self.relation.column_index(column)?)?;
+        Some((type_oid, value.to_owned()))
     }
 
-    /// The type oid and value of the column at position `i` of the relation.
-    pub fn at(&self, i: usize) -> Option<(u32, &TupleValue)> {
+    /// The type oid and value of the column at position `i` of the relation, borrowed.
+    pub fn at(&self, i: usize) -> Option<(u32, ValueRef<'_>)> {
         let type_oid = self.relation.columns.get(i)?.type_oid;
-        Some((type_oid, self.values.get(i)?))
+        Some((type_oid, self.values.value(i)?))
     }
 }
 

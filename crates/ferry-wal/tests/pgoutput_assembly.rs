@@ -52,7 +52,7 @@ fn insert(oid: u32, values: &[&str]) -> PgOutputMessage {
     PgOutputMessage::Insert(Insert {
         xid: None,
         relation_oid: oid,
-        new: values.iter().map(|v| text(v)).collect(),
+        new: values.iter().map(|v| text(v)).collect::<Vec<_>>().into(),
     })
 }
 
@@ -61,7 +61,7 @@ fn update(oid: u32) -> PgOutputMessage {
         xid: None,
         relation_oid: oid,
         old: None,
-        new: vec![text("1")],
+        new: vec![text("1")].into(),
     })
 }
 
@@ -69,7 +69,7 @@ fn delete(oid: u32) -> PgOutputMessage {
     PgOutputMessage::Delete(Delete {
         xid: None,
         relation_oid: oid,
-        old: OldTuple::Key(vec![text("1")]),
+        old: OldTuple::Key(vec![text("1")].into()),
     })
 }
 
@@ -130,9 +130,9 @@ fn relations() -> Vec<PgOutputMessage> {
     ]
 }
 
-fn row_text<'a>(row: &'a OutboxRow, column: &str) -> &'a str {
+fn row_text(row: &OutboxRow, column: &str) -> String {
     match row.get(column) {
-        Some((_, TupleValue::Text(b))) => std::str::from_utf8(b).unwrap(),
+        Some((_, TupleValue::Text(b))) => String::from_utf8(b.to_vec()).unwrap(),
         other => panic!("column {column}: {other:?}"),
     }
 }
@@ -166,7 +166,7 @@ fn outbox_inserts_are_rows_and_every_transaction_has_begin_and_commit() {
         panic!("{:?}", events[1])
     };
     assert_eq!((row.xid, row.lsn), (10, Lsn(600)));
-    assert_eq!(row.get("id"), Some((20, &text("1"))));
+    assert_eq!(row.get("id"), Some((20, text("1"))));
     assert_eq!(row_text(row, "topic"), "orders");
     assert_eq!(row.get("missing"), None);
     let OutboxEvent::Row(row) = &events[2] else {
@@ -427,7 +427,7 @@ fn a_relation_change_mid_stream_remaps_later_rows_by_name() {
     assert_eq!(rows.len(), 2);
     assert_eq!(
         (row_text(rows[0], "id"), row_text(rows[0], "payload")),
-        ("1", "p1")
+        ("1".to_owned(), "p1".to_owned())
     );
     assert_eq!(
         rows[0].get("tenant"),
@@ -437,7 +437,7 @@ fn a_relation_change_mid_stream_remaps_later_rows_by_name() {
     assert_eq!(rows[0].relation.columns.len(), 3);
     assert_eq!(
         (row_text(rows[1], "id"), row_text(rows[1], "payload")),
-        ("2", "p2")
+        ("2".to_owned(), "p2".to_owned())
     );
     assert_eq!(row_text(rows[1], "tenant"), "acme");
     assert!(Arc::ptr_eq(
@@ -584,7 +584,7 @@ fn protocol_misuse_is_a_typed_error_naming_xid_and_lsn() {
     let streamed_insert = PgOutputMessage::Insert(Insert {
         xid: Some(99),
         relation_oid: OUTBOX,
-        new: vec![],
+        new: vec![].into(),
     });
     type Check = fn(&AssemblyError) -> bool;
     let cases: Vec<(&str, Vec<PgOutputMessage>, Check)> = vec![

@@ -209,7 +209,7 @@ fn fixtures() -> Vec<Fixture> {
             M::Insert(Insert {
                 xid: None,
                 relation_oid: 16385,
-                new: tuple3_values.clone(),
+                new: tuple3_values.clone().into(),
             }),
         ),
         fixture(
@@ -219,7 +219,7 @@ fn fixtures() -> Vec<Fixture> {
             M::Insert(Insert {
                 xid: Some(742),
                 relation_oid: 16385,
-                new: tuple3_values,
+                new: tuple3_values.into(),
             }),
         ),
         fixture(
@@ -229,7 +229,7 @@ fn fixtures() -> Vec<Fixture> {
             M::Insert(Insert {
                 xid: None,
                 relation_oid: 16385,
-                new: vec![],
+                new: vec![].into(),
             }),
         ),
         // Update: Byte1('U') [Int32 xid] Int32 oid [Byte1('K'|'O') TupleData] Byte1('N') TupleData
@@ -241,7 +241,7 @@ fn fixtures() -> Vec<Fixture> {
                 xid: None,
                 relation_oid: 16385,
                 old: None,
-                new: new_values.clone(),
+                new: new_values.clone().into(),
             }),
         ),
         fixture(
@@ -251,8 +251,8 @@ fn fixtures() -> Vec<Fixture> {
             M::Update(Update {
                 xid: None,
                 relation_oid: 16385,
-                old: Some(OldTuple::Key(key_values.clone())),
-                new: new_values.clone(),
+                old: Some(OldTuple::Key(key_values.clone().into())),
+                new: new_values.clone().into(),
             }),
         ),
         fixture(
@@ -262,8 +262,8 @@ fn fixtures() -> Vec<Fixture> {
             M::Update(Update {
                 xid: Some(742),
                 relation_oid: 16385,
-                old: Some(OldTuple::Full(key_values.clone())),
-                new: new_values,
+                old: Some(OldTuple::Full(key_values.clone().into())),
+                new: new_values.into(),
             }),
         ),
         // Delete: Byte1('D') [Int32 xid] Int32 oid Byte1('K'|'O') TupleData
@@ -274,7 +274,7 @@ fn fixtures() -> Vec<Fixture> {
             M::Delete(Delete {
                 xid: None,
                 relation_oid: 16385,
-                old: OldTuple::Key(key_values.clone()),
+                old: OldTuple::Key(key_values.clone().into()),
             }),
         ),
         fixture(
@@ -284,7 +284,7 @@ fn fixtures() -> Vec<Fixture> {
             M::Delete(Delete {
                 xid: Some(742),
                 relation_oid: 16385,
-                old: OldTuple::Full(key_values),
+                old: OldTuple::Full(key_values.into()),
             }),
         ),
         // Truncate: Byte1('T') [Int32 xid] Int32 nrelations Int8 options Int32 oid*
@@ -520,9 +520,9 @@ fn tuple_values_and_message_content_are_slices_of_the_input() {
     for f in fixtures() {
         match decode(f.bytes.clone(), f.in_stream).unwrap() {
             PgOutputMessage::Insert(i) => {
-                for v in &i.new {
-                    if let TupleValue::Text(b) | TupleValue::Binary(b) = v {
-                        within(&f.bytes, b);
+                for v in i.new.iter() {
+                    if let ValueRef::Text(s) | ValueRef::Binary(s) = v {
+                        within(&f.bytes, &s.to_bytes());
                     }
                 }
             }

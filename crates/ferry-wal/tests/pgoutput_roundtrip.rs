@@ -28,14 +28,14 @@ fn xid(streamed: bool) -> impl Strategy<Value = Option<u32>> {
     any::<u32>().prop_map(move |x| streamed.then_some(x))
 }
 
-fn tuple() -> impl Strategy<Value = Vec<TupleValue>> {
+fn tuple() -> impl Strategy<Value = Tuple> {
     let value = prop_oneof![
         Just(TupleValue::Null),
         Just(TupleValue::UnchangedToast),
         data().prop_map(TupleValue::Text),
         data().prop_map(TupleValue::Binary),
     ];
-    prop::collection::vec(value, 0..6)
+    prop::collection::vec(value, 0..6).prop_map(Tuple::from)
 }
 
 fn old_tuple() -> impl Strategy<Value = OldTuple> {

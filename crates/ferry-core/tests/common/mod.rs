@@ -99,7 +99,8 @@ pub fn row(
             text(key.to_string()),
             text("OrderCreated".into()),
             payload.map_or(TupleValue::Null, |p| text(p.to_string())),
-        ],
+        ]
+        .into(),
     })
 }
 

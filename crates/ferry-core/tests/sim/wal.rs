@@ -256,7 +256,8 @@ fn outbox_event(rel: &Arc<RelationInfo>, t: &Txn, e: &Event) -> OutboxEvent {
                         Kind::Poison => TupleValue::Null,
                         _ => text(payload),
                     },
-                ],
+                ]
+                .into(),
             })
         }
         Kind::Message => {

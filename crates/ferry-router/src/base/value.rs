@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use ferry_pgtypes::PgTimestamp;
 
-use crate::base::row::oid;
+use crate::base::row::{oid, Value};
 use crate::base::timestamp::{format_timestamp, parse_timestamp_micros};
 
 /// Whether the router renders a value of this type from its binary (send function) format, as
@@ -41,12 +41,27 @@ pub fn renders_binary(type_oid: u32) -> bool {
 
 /// The value's bytes: text and json as stored (zero-copy), bytea decoded to raw bytes, binary-format
 /// scalars rendered as PostgreSQL's text output would.
-pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<Bytes, String> {
+#[inline]
+pub(crate) fn natural_bytes<'a>(
+    type_oid: u32,
+    binary: bool,
+    v: impl Into<Value<'a>>,
+) -> Result<Bytes, String> {
+    let v = v.into();
+    if !binary && type_oid != oid::BYTEA {
+        // Text as stored: most values, read on every row.
+        return Ok(v.to_bytes());
+    }
+    rendered(type_oid, binary, v)
+}
+
+/// [`natural_bytes`] of a bytea's text or of a binary-format value.
+fn rendered(type_oid: u32, binary: bool, v: Value<'_>) -> Result<Bytes, String> {
     if !binary {
         return if type_oid == oid::BYTEA {
-            decode_bytea_text(v).map(Bytes::from)
+            decode_bytea_text(&v).map(Bytes::from)
         } else {
-            Ok(v.clone())
+            Ok(v.to_bytes())
         };
     }
     if !renders_binary(type_oid) {
@@ -56,7 +71,7 @@ pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<By
     }
     match type_oid {
         oid::JSONB => match v.first() {
-            Some(1) => Ok(v.slice(1..)),
+            Some(1) => Ok(v.tail(1)),
             Some(n) => Err(format!("unsupported binary jsonb version {n}")),
             None => Err("empty binary jsonb value".to_owned()),
         },
@@ -68,7 +83,7 @@ pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<By
             Ok(Bytes::from(format_uuid(b)))
         }
         oid::INT2 | oid::INT4 | oid::INT8 | oid::OID => {
-            Ok(Bytes::from(binary_int(type_oid, v)?.to_string()))
+            Ok(Bytes::from(binary_int(type_oid, &v)?.to_string()))
         }
         oid::BOOL => match v.as_ref() {
             [0] => Ok(Bytes::from_static(b"f")),
@@ -76,7 +91,7 @@ pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<By
             _ => Err("binary bool must be one byte 0 or 1".to_owned()),
         },
         oid::TIMESTAMP | oid::TIMESTAMPTZ => {
-            let unix = binary_timestamp_micros(v)?;
+            let unix = binary_timestamp_micros(&v)?;
             let mut s = format_timestamp(unix);
             if type_oid == oid::TIMESTAMPTZ {
                 s.push_str("+00");
@@ -84,7 +99,7 @@ pub(crate) fn natural_bytes(type_oid: u32, binary: bool, v: &Bytes) -> Result<By
             Ok(Bytes::from(s))
         }
         // Text, json, bytea and the other types whose send format is their bytes.
-        _ => Ok(v.clone()),
+        _ => Ok(v.to_bytes()),
     }
 }
 
@@ -199,9 +214,14 @@ fn decode_hex(hex: &[u8]) -> Result<Vec<u8>, String> {
 
 /// The record timestamp (ms since the Unix epoch) from a timestamp column: timestamptz/timestamp
 /// (timestamp without time zone is taken as UTC), text in that format, or an integer of epoch ms.
-pub(crate) fn timestamp_ms(type_oid: u32, binary: bool, v: &Bytes) -> Result<i64, String> {
+pub(crate) fn timestamp_ms<'a>(
+    type_oid: u32,
+    binary: bool,
+    v: impl Into<Value<'a>>,
+) -> Result<i64, String> {
+    let v = v.into();
     let micros = match (type_oid, binary) {
-        (oid::TIMESTAMP | oid::TIMESTAMPTZ, true) => binary_timestamp_micros(v)?,
+        (oid::TIMESTAMP | oid::TIMESTAMPTZ, true) => binary_timestamp_micros(&v)?,
         (oid::INT2 | oid::INT4 | oid::INT8, _) => return integer(type_oid, binary, v),
         _ => {
             let text = natural_bytes(type_oid, binary, v)?;
@@ -213,7 +233,11 @@ pub(crate) fn timestamp_ms(type_oid: u32, binary: bool, v: &Bytes) -> Result<i64
 }
 
 /// An explicit partition number: an integer between 0 and `i32::MAX`.
-pub(crate) fn partition(type_oid: u32, binary: bool, v: &Bytes) -> Result<i32, String> {
+pub(crate) fn partition<'a>(
+    type_oid: u32,
+    binary: bool,
+    v: impl Into<Value<'a>>,
+) -> Result<i32, String> {
     let n = integer(type_oid, binary, v)?;
     i32::try_from(n)
         .ok()
@@ -221,9 +245,10 @@ pub(crate) fn partition(type_oid: u32, binary: bool, v: &Bytes) -> Result<i32, S
         .ok_or_else(|| format!("partition {n} is out of range (0 to {})", i32::MAX))
 }
 
-fn integer(type_oid: u32, binary: bool, v: &Bytes) -> Result<i64, String> {
+fn integer<'a>(type_oid: u32, binary: bool, v: impl Into<Value<'a>>) -> Result<i64, String> {
+    let v = v.into();
     if binary && matches!(type_oid, oid::INT2 | oid::INT4 | oid::INT8 | oid::OID) {
-        return binary_int(type_oid, v);
+        return binary_int(type_oid, &v);
     }
     let text = natural_bytes(type_oid, binary, v)?;
     std::str::from_utf8(&text)

@@ -140,10 +140,10 @@ mod tests {
     fn payload_object_is_a_zero_copy_slice() {
         let content = Bytes::from_static(br#"{"payload": {"x": 1}, "id": "abc"}"#);
         let row = parse_message(&content).unwrap();
-        let p = row.column("payload").unwrap().value.unwrap().clone();
+        let p = row.column("payload").unwrap().value.unwrap().to_bytes();
         let range = content.as_ptr() as usize..content.as_ptr() as usize + content.len();
         assert!(range.contains(&(p.as_ptr() as usize)));
-        let id = row.column("id").unwrap().value.unwrap().clone();
+        let id = row.column("id").unwrap().value.unwrap().to_bytes();
         assert!(range.contains(&(id.as_ptr() as usize)));
     }
 

@@ -229,6 +229,36 @@ impl Decoder {
 /// Minimum encoded size of one tuple column: its kind byte.
 const MIN_TUPLE_COLUMN_LEN: usize = 1;
 
+/// The column of a TupleData at `pos` of `buf` and the position after it, or `None` if it is
+/// not a whole, valid column (then [`Reader::column`] reads it again for the error). The common
+/// case without the checked reads' error bookkeeping: a row's columns are most of a message.
+/// `buf` is at most `u32::MAX` bytes long ([`Reader::tuple`] checked).
+#[inline]
+fn column_at(buf: &[u8], pos: usize) -> Option<(Col, usize)> {
+    let kind = *buf.get(pos)?;
+    match kind {
+        b'n' => Some((Col::Null, pos + 1)),
+        b'u' => Some((Col::UnchangedToast, pos + 1)),
+        b't' | b'b' => {
+            let len: [u8; 4] = buf.get(pos + 1..pos + 5)?.try_into().ok()?;
+            let len = usize::try_from(i32::from_be_bytes(len)).ok()?;
+            let start = pos + 5;
+            let end = start + len;
+            if end > buf.len() {
+                return None;
+            }
+            let (start, end) = (start as u32, end as u32);
+            let col = if kind == b't' {
+                Col::Text { start, end }
+            } else {
+                Col::Binary { start, end }
+            };
+            Some((col, end as usize))
+        }
+        _ => None,
+    }
+}
+
 /// A bounds-checked big-endian reader over one message. Every read checks the bytes left first;
 /// the position only moves forward and never past the end.
 struct Reader {
@@ -412,28 +442,116 @@ impl Reader {
     }
 
     /// TupleData: Int16 column count, then one kind byte (and for text/binary a counted value)
-    /// per column.
-    fn tuple(&mut self) -> Result<Vec<TupleValue>, DecodeError> {
+    /// per column. The values stay where they are: each is a range of the message's bytes.
+    fn tuple(&mut self) -> Result<Tuple, DecodeError> {
         let (count_at, count) = self.count_i16()?;
         self.check_count(count_at, count, MIN_TUPLE_COLUMN_LEN)?;
-        let mut values = super::spare::take(count);
-        for _ in 0..count {
-            let at = self.pos;
-            values.push(match self.u8()? {
-                b'n' => TupleValue::Null,
-                b'u' => TupleValue::UnchangedToast,
-                b't' => TupleValue::Text(self.counted_bytes()?),
-                b'b' => TupleValue::Binary(self.counted_bytes()?),
-                kind => return Err(self.error(at, DecodeErrorKind::UnknownTupleKind { kind })),
-            });
+        if u32::try_from(self.buf.len()).is_err() {
+            return Err(self.error(
+                0,
+                DecodeErrorKind::MessageTooLarge {
+                    len: self.buf.len(),
+                },
+            ));
         }
-        Ok(values)
+        let mut cols = super::spare::take(count);
+        for _ in 0..count {
+            let col = match column_at(&self.buf, self.pos) {
+                Some((col, next)) => {
+                    self.pos = next;
+                    col
+                }
+                None => self.column()?,
+            };
+            cols.push(col);
+        }
+        Ok(Tuple::from_parts(self.buf.clone(), cols))
+    }
+
+    /// One column of a TupleData, every read checked: the error for a column [`column_at`]
+    /// could not read.
+    #[cold]
+    fn column(&mut self) -> Result<Col, DecodeError> {
+        let at = self.pos;
+        Ok(match self.u8()? {
+            b'n' => Col::Null,
+            b'u' => Col::UnchangedToast,
+            b't' => {
+                let (start, end) = self.counted_range()?;
+                Col::Text { start, end }
+            }
+            b'b' => {
+                let (start, end) = self.counted_range()?;
+                Col::Binary { start, end }
+            }
+            kind => return Err(self.error(at, DecodeErrorKind::UnknownTupleKind { kind })),
+        })
+    }
+
+    /// A counted value's range in the message (which [`Reader::tuple`] checked fits in `u32`).
+    fn counted_range(&mut self) -> Result<(u32, u32), DecodeError> {
+        let at = self.pos;
+        let len = self.i32()?;
+        let len = usize::try_from(len)
+            .map_err(|_| self.error(at, DecodeErrorKind::NegativeLength { length: len }))?;
+        let range = self.take(len)?;
+        // In range: the message is at most `u32::MAX` bytes long.
+        Ok((range.start as u32, range.end as u32))
     }
 
     fn finish(&self) -> Result<(), DecodeError> {
         match self.remaining() {
             0 => Ok(()),
             count => Err(self.error(self.pos, DecodeErrorKind::TrailingBytes { count })),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Bytes that are often a column: a kind byte of the four (or another), then for a value a
+    /// length that fits, overruns or is negative.
+    fn column_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let kind = prop_oneof![
+            Just(b'n'),
+            Just(b'u'),
+            Just(b't'),
+            Just(b'b'),
+            any::<u8>()
+        ];
+        let len = prop_oneof![0i32..8, -3i32..0, any::<i32>()];
+        (
+            kind,
+            len,
+            prop::collection::vec(any::<u8>(), 0..12),
+            0usize..6,
+        )
+            .prop_map(|(kind, len, data, cut)| {
+                let mut b = vec![b'I', kind];
+                b.extend_from_slice(&len.to_be_bytes());
+                b.extend_from_slice(&data);
+                b.truncate(b.len().saturating_sub(cut).max(1));
+                b
+            })
+    }
+
+    proptest! {
+        /// The unchecked read of a column agrees with the checked one wherever it reads one, and
+        /// leaves to it every column the checked read refuses.
+        #[test]
+        fn a_column_read_without_checks_is_the_checked_read(bytes in column_bytes()) {
+            let buf = Bytes::from(bytes);
+            let mut r = Reader::new(buf.clone()).unwrap();
+            let checked = r.column().map(|col| (col, r.pos));
+            match (column_at(&buf, 1), checked) {
+                (Some(fast), Ok(checked)) => prop_assert_eq!(fast, checked),
+                (None, Err(_)) => {}
+                (fast, checked) => prop_assert!(false, "unchecked {fast:?}, checked {checked:?}"),
+            }
         }
     }
 }

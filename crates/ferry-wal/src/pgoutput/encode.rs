@@ -142,19 +142,19 @@ fn put_old_tuple(buf: &mut BytesMut, old: &OldTuple) {
     put_tuple(buf, values);
 }
 
-fn put_tuple(buf: &mut BytesMut, values: &[TupleValue]) {
-    buf.put_i16(count_i16(values.len(), "tuple columns"));
-    for v in values {
+fn put_tuple(buf: &mut BytesMut, tuple: &Tuple) {
+    buf.put_i16(count_i16(tuple.len(), "tuple columns"));
+    for v in tuple.iter() {
         match v {
-            TupleValue::Null => buf.put_u8(b'n'),
-            TupleValue::UnchangedToast => buf.put_u8(b'u'),
-            TupleValue::Text(data) => {
+            ValueRef::Null => buf.put_u8(b'n'),
+            ValueRef::UnchangedToast => buf.put_u8(b'u'),
+            ValueRef::Text(data) => {
                 buf.put_u8(b't');
-                put_counted(buf, data);
+                put_counted(buf, data.as_slice());
             }
-            TupleValue::Binary(data) => {
+            ValueRef::Binary(data) => {
                 buf.put_u8(b'b');
-                put_counted(buf, data);
+                put_counted(buf, data.as_slice());
             }
         }
     }

@@ -50,6 +50,8 @@ pub enum DecodeErrorKind {
     StreamStartInsideStream { open_xid: u32 },
     /// A Stream Stop arrived outside a stream block ([`super::Decoder`]).
     StreamStopOutsideStream,
+    /// A message with a tuple was larger than 4 GiB (PostgreSQL sends at most ~1 GiB a value).
+    MessageTooLarge { len: usize },
 }
 
 impl std::error::Error for DecodeError {}
@@ -111,6 +113,10 @@ impl fmt::Display for DecodeError {
             DecodeErrorKind::StreamStopOutsideStream => {
                 f.write_str("arrived outside a stream block")
             }
+            DecodeErrorKind::MessageTooLarge { len } => write!(
+                f,
+                "has {len} bytes, more than the 4 GiB a tuple's values are read within"
+            ),
         }
     }
 }

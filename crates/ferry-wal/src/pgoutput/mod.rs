@@ -281,22 +281,211 @@ pub enum TupleValue {
     Binary(Bytes),
 }
 
+/// A tuple's column values where they arrived: each value is a range of the message's bytes,
+/// so decoding a row takes no reference count per column. [`Tuple::value`] reads one in place;
+/// [`ValueRef::to_bytes`] makes an owned slice (one reference count) of a value that is kept.
+///
+/// Two tuples are equal when their values are, wherever their bytes are held.
+#[derive(Clone, Default)]
+pub struct Tuple {
+    /// The bytes the values are ranges of (the whole message they were decoded from).
+    data: Bytes,
+    cols: Vec<Col>,
+}
+
+/// One column of a [`Tuple`]: its kind, and for a value, its range in [`Tuple::data`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Col {
+    Null,
+    UnchangedToast,
+    Text { start: u32, end: u32 },
+    Binary { start: u32, end: u32 },
+}
+
+/// A column value of a [`Tuple`], borrowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueRef<'a> {
+    /// `'n'`: SQL NULL.
+    Null,
+    /// `'u'`: an unchanged TOASTed value whose data was not sent.
+    UnchangedToast,
+    /// `'t'`: the value in text format.
+    Text(Span<'a>),
+    /// `'b'`: the value in binary format.
+    Binary(Span<'a>),
+}
+
+/// A value's bytes: a range of the buffer that holds them.
+#[derive(Clone, Copy)]
+pub struct Span<'a> {
+    within: &'a Bytes,
+    start: usize,
+    end: usize,
+}
+
+impl<'a> Span<'a> {
+    /// The buffer the value is a range of.
+    pub fn within(&self) -> &'a Bytes {
+        self.within
+    }
+
+    /// The value's range in [`Span::within`].
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.end
+    }
+
+    /// The value's bytes.
+    pub fn as_slice(&self) -> &'a [u8] {
+        &self.within[self.start..self.end]
+    }
+
+    /// The value's bytes as an owned slice of the buffer (no copy).
+    pub fn to_bytes(&self) -> Bytes {
+        self.within.slice(self.start..self.end)
+    }
+}
+
+impl PartialEq for Span<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Span<'_> {}
+
+impl std::fmt::Debug for Span<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&Bytes::copy_from_slice(self.as_slice()), f)
+    }
+}
+
+impl ValueRef<'_> {
+    /// The value, owned ([`TupleValue`]).
+    pub fn to_owned(&self) -> TupleValue {
+        match self {
+            ValueRef::Null => TupleValue::Null,
+            ValueRef::UnchangedToast => TupleValue::UnchangedToast,
+            ValueRef::Text(s) => TupleValue::Text(s.to_bytes()),
+            ValueRef::Binary(s) => TupleValue::Binary(s.to_bytes()),
+        }
+    }
+}
+
+impl Tuple {
+    /// A tuple of `cols`, ranges of `data` (the decoder checked them).
+    pub(crate) fn from_parts(data: Bytes, cols: Vec<Col>) -> Self {
+        Tuple { data, cols }
+    }
+
+    /// How many columns the tuple has.
+    pub fn len(&self) -> usize {
+        self.cols.len()
+    }
+
+    /// Whether the tuple has no columns.
+    pub fn is_empty(&self) -> bool {
+        self.cols.is_empty()
+    }
+
+    /// The value of column `i` (in the relation's column order), borrowed.
+    pub fn value(&self, i: usize) -> Option<ValueRef<'_>> {
+        Some(self.read(*self.cols.get(i)?))
+    }
+
+    /// The values in column order, borrowed.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = ValueRef<'_>> + '_ {
+        self.cols.iter().map(|c| self.read(*c))
+    }
+
+    /// The values in column order, owned.
+    pub fn to_values(&self) -> Vec<TupleValue> {
+        self.iter().map(|v| v.to_owned()).collect()
+    }
+
+    fn read(&self, col: Col) -> ValueRef<'_> {
+        let span = |start: u32, end: u32| Span {
+            within: &self.data,
+            start: start as usize,
+            end: end as usize,
+        };
+        match col {
+            Col::Null => ValueRef::Null,
+            Col::UnchangedToast => ValueRef::UnchangedToast,
+            Col::Text { start, end } => ValueRef::Text(span(start, end)),
+            Col::Binary { start, end } => ValueRef::Binary(span(start, end)),
+        }
+    }
+}
+
+impl Drop for Tuple {
+    fn drop(&mut self) {
+        // The vector serves the next tuple decoded on this thread.
+        spare::give_back(std::mem::take(&mut self.cols));
+    }
+}
+
+/// A tuple of owned values (for tests and fakes): their bytes are copied into one buffer.
+impl From<Vec<TupleValue>> for Tuple {
+    fn from(values: Vec<TupleValue>) -> Self {
+        let mut data = bytes::BytesMut::new();
+        let mut at = |b: &Bytes| {
+            let start = u32::try_from(data.len()).expect("a test tuple under 4 GiB");
+            data.extend_from_slice(b);
+            let end = u32::try_from(data.len()).expect("a test tuple under 4 GiB");
+            (start, end)
+        };
+        let cols = values
+            .iter()
+            .map(|v| match v {
+                TupleValue::Null => Col::Null,
+                TupleValue::UnchangedToast => Col::UnchangedToast,
+                TupleValue::Text(b) => {
+                    let (start, end) = at(b);
+                    Col::Text { start, end }
+                }
+                TupleValue::Binary(b) => {
+                    let (start, end) = at(b);
+                    Col::Binary { start, end }
+                }
+            })
+            .collect();
+        Tuple {
+            data: data.freeze(),
+            cols,
+        }
+    }
+}
+
+impl PartialEq for Tuple {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Tuple {}
+
+impl std::fmt::Debug for Tuple {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// Insert (`'I'`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Insert {
     /// Present only in the streamed form.
     pub xid: Option<u32>,
     pub relation_oid: u32,
-    pub new: Vec<TupleValue>,
+    pub new: Tuple,
 }
 
 /// The old row sent with an Update or Delete.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OldTuple {
     /// `'K'`: the replica identity key columns (others are null).
-    Key(Vec<TupleValue>),
+    Key(Tuple),
     /// `'O'`: the whole old row (`REPLICA IDENTITY FULL`).
-    Full(Vec<TupleValue>),
+    Full(Tuple),
 }
 
 /// Update (`'U'`).
@@ -307,7 +496,7 @@ pub struct Update {
     pub relation_oid: u32,
     /// Sent only when the key changed or the identity is `FULL`.
     pub old: Option<OldTuple>,
-    pub new: Vec<TupleValue>,
+    pub new: Tuple,
 }
 
 /// Delete (`'D'`).

@@ -1,5 +1,5 @@
-//! Spare tuple vectors, kept per thread: an outbox row's values go back here when the row is
-//! dropped ([`crate::assembly::OutboxRow`]), and the next row decoded takes one.
+//! Spare tuple vectors, kept per thread: a tuple's columns go back here when the tuple is
+//! dropped ([`super::Tuple`]), and the next tuple decoded takes one.
 //!
 //! The reader decodes a burst of up to ~250 rows before the pipeline takes any, and each row's
 //! `Vec` of values was a fresh allocation: past glibc's per-thread cache (seven chunks of a
@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 
-use super::TupleValue;
+use super::Col;
 
 /// Spare vectors kept per thread: two bursts' rows.
 const MAX_SPARE: usize = 512;
@@ -16,12 +16,12 @@ const MAX_SPARE: usize = 512;
 const MAX_KEPT_CAPACITY: usize = 64;
 
 thread_local! {
-    static SPARE: RefCell<Vec<Vec<TupleValue>>> = const { RefCell::new(Vec::new()) };
+    static SPARE: RefCell<Vec<Vec<Col>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// An empty vector with room for `capacity` values: a spare one if there is one of about that
 /// size (with outbox tables of different widths, a narrow row does not keep a wide row's room).
-pub(crate) fn take(capacity: usize) -> Vec<TupleValue> {
+pub(crate) fn take(capacity: usize) -> Vec<Col> {
     let spare = SPARE
         .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
         .ok()
@@ -42,7 +42,7 @@ fn fitting(capacity: usize) -> usize {
 
 /// Keeps `values`' allocation for [`take`], its values dropped; or frees it, when enough are
 /// kept, it is too large, or the thread is ending.
-pub(crate) fn give_back(mut values: Vec<TupleValue>) {
+pub(crate) fn give_back(mut values: Vec<Col>) {
     if values.capacity() == 0 || values.capacity() > MAX_KEPT_CAPACITY {
         return;
     }
@@ -58,14 +58,12 @@ pub(crate) fn give_back(mut values: Vec<TupleValue>) {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
 
     #[test]
     fn a_vector_given_back_is_taken_again_empty() {
         let mut v = take(5);
-        v.push(TupleValue::Text(Bytes::from_static(b"a")));
+        v.push(Col::Text { start: 0, end: 1 });
         let at = v.as_ptr();
         give_back(v);
         let again = take(3);
