@@ -216,7 +216,7 @@ impl OutboxRow {
     /// The named column's type oid and value, owned.
     pub fn get(&self, column: &str) -> Option<(u32, TupleValue)> {
         let (type_oid, value) = self.at(self.relation.column_index(column)?)?;
-        Some((type_oid, value.to_owned()))
+        Some((type_oid, value.to_value()))
     }
 
     /// The type oid and value of the column at position `i` of the relation, borrowed.

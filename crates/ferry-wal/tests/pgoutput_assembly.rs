@@ -57,20 +57,20 @@ fn insert(oid: u32, values: &[&str]) -> PgOutputMessage {
 }
 
 fn update(oid: u32) -> PgOutputMessage {
-    PgOutputMessage::Update(Update {
+    PgOutputMessage::Update(Box::new(Update {
         xid: None,
         relation_oid: oid,
         old: None,
         new: vec![text("1")].into(),
-    })
+    }))
 }
 
 fn delete(oid: u32) -> PgOutputMessage {
-    PgOutputMessage::Delete(Delete {
+    PgOutputMessage::Delete(Box::new(Delete {
         xid: None,
         relation_oid: oid,
         old: OldTuple::Key(vec![text("1")].into()),
-    })
+    }))
 }
 
 fn truncate(oids: &[u32]) -> PgOutputMessage {

@@ -237,55 +237,55 @@ fn fixtures() -> Vec<Fixture> {
             "update",
             false,
             &[b"U", &OID, b"N", new_tuple],
-            M::Update(Update {
+            M::Update(Box::new(Update {
                 xid: None,
                 relation_oid: 16385,
                 old: None,
                 new: new_values.clone().into(),
-            }),
+            })),
         ),
         fixture(
             "update (key)",
             false,
             &[b"U", &OID, b"K", key_tuple, b"N", new_tuple],
-            M::Update(Update {
+            M::Update(Box::new(Update {
                 xid: None,
                 relation_oid: 16385,
                 old: Some(OldTuple::Key(key_values.clone().into())),
                 new: new_values.clone().into(),
-            }),
+            })),
         ),
         fixture(
             "update (old, streamed)",
             true,
             &[b"U", &XID, &OID, b"O", key_tuple, b"N", new_tuple],
-            M::Update(Update {
+            M::Update(Box::new(Update {
                 xid: Some(742),
                 relation_oid: 16385,
                 old: Some(OldTuple::Full(key_values.clone().into())),
                 new: new_values.into(),
-            }),
+            })),
         ),
         // Delete: Byte1('D') [Int32 xid] Int32 oid Byte1('K'|'O') TupleData
         fixture(
             "delete (key)",
             false,
             &[b"D", &OID, b"K", key_tuple],
-            M::Delete(Delete {
+            M::Delete(Box::new(Delete {
                 xid: None,
                 relation_oid: 16385,
                 old: OldTuple::Key(key_values.clone().into()),
-            }),
+            })),
         ),
         fixture(
             "delete (old, streamed)",
             true,
             &[b"D", &XID, &OID, b"O", key_tuple],
-            M::Delete(Delete {
+            M::Delete(Box::new(Delete {
                 xid: Some(742),
                 relation_oid: 16385,
                 old: OldTuple::Full(key_values.into()),
-            }),
+            })),
         ),
         // Truncate: Byte1('T') [Int32 xid] Int32 nrelations Int8 options Int32 oid*
         fixture(

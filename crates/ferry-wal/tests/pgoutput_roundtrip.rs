@@ -143,18 +143,18 @@ fn xid_message(streamed: bool) -> impl Strategy<Value = PgOutputMessage> {
             prop::option::of(old_tuple()),
             tuple()
         )
-            .prop_map(|(xid, relation_oid, old, new)| M::Update(Update {
+            .prop_map(|(xid, relation_oid, old, new)| M::Update(Box::new(Update {
                 xid,
                 relation_oid,
                 old,
                 new,
-            })),
+            }))),
         (xid(streamed), any::<u32>(), old_tuple()).prop_map(|(xid, relation_oid, old)| {
-            M::Delete(Delete {
+            M::Delete(Box::new(Delete {
                 xid,
                 relation_oid,
                 old,
-            })
+            }))
         }),
         (
             xid(streamed),

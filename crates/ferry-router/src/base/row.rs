@@ -2,8 +2,9 @@
 //!
 //! The reader hands column values in pgoutput's *text* output format (bytea as `\x0a0b`, uuid and
 //! jsonb as text, timestamptz as `2026-11-22 10:00:00.123+00`), or in the type's binary send format
-//! when the subscription asked for binary (`binary: true`). Values are [`Bytes`], so the payload can
-//! travel to the producer without a copy.
+//! when the subscription asked for binary (`binary: true`). A value is a [`Value`], a range of the
+//! bytes it arrived in: the router reads it in place, and the payload travels to the producer as a
+//! slice of those bytes, without a copy.
 
 use bytes::Bytes;
 

@@ -46,7 +46,7 @@ pub fn decode(buf: Bytes, in_stream: bool) -> Result<PgOutputMessage, DecodeErro
                 new: r.tuple()?,
             })
         }
-        tag::UPDATE => PgOutputMessage::Update(update(&mut r, in_stream)?),
+        tag::UPDATE => PgOutputMessage::Update(Box::new(update(&mut r, in_stream)?)),
         tag::DELETE => {
             let xid = r.stream_xid(in_stream)?;
             let relation_oid = r.u32()?;
@@ -56,11 +56,11 @@ pub fn decode(buf: Bytes, in_stream: bool) -> Result<PgOutputMessage, DecodeErro
                 b'O' => OldTuple::Full(r.tuple()?),
                 found => return Err(r.marker_error(at, "'K' or 'O' (old tuple)", found)),
             };
-            PgOutputMessage::Delete(Delete {
+            PgOutputMessage::Delete(Box::new(Delete {
                 xid,
                 relation_oid,
                 old,
-            })
+            }))
         }
         tag::TRUNCATE => {
             let xid = r.stream_xid(in_stream)?;
@@ -232,7 +232,6 @@ const MIN_TUPLE_COLUMN_LEN: usize = 1;
 /// The column of a TupleData at `pos` of `buf` and the position after it, or `None` if it is
 /// not a whole, valid column (then [`Reader::column`] reads it again for the error). The common
 /// case without the checked reads' error bookkeeping: a row's columns are most of a message.
-/// `buf` is at most `u32::MAX` bytes long ([`Reader::tuple`] checked).
 #[inline]
 fn column_at(buf: &[u8], pos: usize) -> Option<(Col, usize)> {
     let kind = *buf.get(pos)?;
@@ -242,18 +241,18 @@ fn column_at(buf: &[u8], pos: usize) -> Option<(Col, usize)> {
         b't' | b'b' => {
             let len: [u8; 4] = buf.get(pos + 1..pos + 5)?.try_into().ok()?;
             let len = usize::try_from(i32::from_be_bytes(len)).ok()?;
-            let start = pos + 5;
-            let end = start + len;
-            if end > buf.len() {
+            let next = pos + 5 + len;
+            if next > buf.len() {
                 return None;
             }
-            let (start, end) = (start as u32, end as u32);
+            let start = u32::try_from(pos + 5).ok()?;
+            let end = u32::try_from(next).ok()?;
             let col = if kind == b't' {
                 Col::Text { start, end }
             } else {
                 Col::Binary { start, end }
             };
-            Some((col, end as usize))
+            Some((col, next))
         }
         _ => None,
     }
@@ -516,13 +515,7 @@ mod tests {
     /// Bytes that are often a column: a kind byte of the four (or another), then for a value a
     /// length that fits, overruns or is negative.
     fn column_bytes() -> impl Strategy<Value = Vec<u8>> {
-        let kind = prop_oneof![
-            Just(b'n'),
-            Just(b'u'),
-            Just(b't'),
-            Just(b'b'),
-            any::<u8>()
-        ];
+        let kind = prop_oneof![Just(b'n'), Just(b'u'), Just(b't'), Just(b'b'), any::<u8>()];
         let len = prop_oneof![0i32..8, -3i32..0, any::<i32>()];
         (
             kind,

@@ -50,7 +50,7 @@ pub enum DecodeErrorKind {
     StreamStartInsideStream { open_xid: u32 },
     /// A Stream Stop arrived outside a stream block ([`super::Decoder`]).
     StreamStopOutsideStream,
-    /// A message with a tuple was larger than 4 GiB (PostgreSQL sends at most ~1 GiB a value).
+    /// A message with a tuple was 4 GiB or larger (PostgreSQL sends at most ~1 GiB a value).
     MessageTooLarge { len: usize },
 }
 
@@ -115,7 +115,7 @@ impl fmt::Display for DecodeError {
             }
             DecodeErrorKind::MessageTooLarge { len } => write!(
                 f,
-                "has {len} bytes, more than the 4 GiB a tuple's values are read within"
+                "has {len} bytes, 4 GiB or more: a tuple's values are read as ranges within 4 GiB"
             ),
         }
     }

@@ -36,7 +36,8 @@
 //!
 //! # Decoding rules
 //!
-//! - **Zero copy.** The input is a [`Bytes`]; tuple values and message contents are slices of it.
+//! - **Zero copy.** The input is a [`Bytes`]; message contents are slices of it, and a tuple's
+//!   values are ranges of it ([`Tuple`]), sliced only when kept.
 //!   Names (relation, column, type, origin, message prefix) are validated as UTF-8 and copied into
 //!   `String`s: they are short and, except the message prefix, rare.
 //! - **Never panics.** Lengths and counts are signed on the wire: a negative one is an error, and a
@@ -71,8 +72,10 @@ pub enum PgOutputMessage {
     Relation(Relation),
     Type(Type),
     Insert(Insert),
-    Update(Update),
-    Delete(Delete),
+    /// Boxed, as [`PgOutputMessage::Delete`]: an outbox is only inserted into, and every
+    /// message is moved at the size of the largest variant (an Update has two tuples).
+    Update(Box<Update>),
+    Delete(Box<Delete>),
     Truncate(Truncate),
     Message(LogicalMessage),
     StreamStart(StreamStart),
@@ -268,7 +271,8 @@ pub struct Type {
     pub name: String,
 }
 
-/// One column value of a tuple.
+/// One column value of a tuple, owned: what [`ValueRef::to_value`] makes, and what a [`Tuple`]
+/// for a test or a fake is made from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TupleValue {
     /// `'n'`: SQL NULL.
@@ -283,7 +287,7 @@ pub enum TupleValue {
 
 /// A tuple's column values where they arrived: each value is a range of the message's bytes,
 /// so decoding a row takes no reference count per column. [`Tuple::value`] reads one in place;
-/// [`ValueRef::to_bytes`] makes an owned slice (one reference count) of a value that is kept.
+/// [`Span::to_bytes`] makes an owned slice (one reference count) of a value that is kept.
 ///
 /// Two tuples are equal when their values are, wherever their bytes are held.
 #[derive(Clone, Default)]
@@ -361,7 +365,7 @@ impl std::fmt::Debug for Span<'_> {
 
 impl ValueRef<'_> {
     /// The value, owned ([`TupleValue`]).
-    pub fn to_owned(&self) -> TupleValue {
+    pub fn to_value(&self) -> TupleValue {
         match self {
             ValueRef::Null => TupleValue::Null,
             ValueRef::UnchangedToast => TupleValue::UnchangedToast,
@@ -399,7 +403,7 @@ impl Tuple {
 
     /// The values in column order, owned.
     pub fn to_values(&self) -> Vec<TupleValue> {
-        self.iter().map(|v| v.to_owned()).collect()
+        self.iter().map(|v| v.to_value()).collect()
     }
 
     fn read(&self, col: Col) -> ValueRef<'_> {

@@ -1,8 +1,8 @@
 //! Spare tuple vectors, kept per thread: a tuple's columns go back here when the tuple is
 //! dropped ([`super::Tuple`]), and the next tuple decoded takes one.
 //!
-//! The reader decodes a burst of up to ~250 rows before the pipeline takes any, and each row's
-//! `Vec` of values was a fresh allocation: past glibc's per-thread cache (seven chunks of a
+//! The reader decodes ahead of the pipeline (up to its channel's byte budget), and each row's
+//! vector of columns was a fresh allocation: past glibc's per-thread cache (seven chunks of a
 //! size), so through its bins, and freed the same way, ~270 instructions a row in all. A spare
 //! vector costs a thread-local lookup and a push or a pop.
 
