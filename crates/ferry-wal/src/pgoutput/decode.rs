@@ -453,7 +453,7 @@ impl Reader {
                 },
             ));
         }
-        let mut cols = super::spare::take(count);
+        let mut parts = super::spare::take(count);
         for _ in 0..count {
             let col = match column_at(&self.buf, self.pos) {
                 Some((col, next)) => {
@@ -462,9 +462,10 @@ impl Reader {
                 }
                 None => self.column()?,
             };
-            cols.push(col);
+            parts.cols.push(col);
         }
-        Ok(Tuple::from_parts(self.buf.clone(), cols))
+        parts.data = self.buf.clone();
+        Ok(Tuple::from_parts(parts))
     }
 
     /// One column of a TupleData, every read checked: the error for a column [`column_at`]

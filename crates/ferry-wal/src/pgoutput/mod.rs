@@ -289,15 +289,29 @@ pub enum TupleValue {
 /// so decoding a row takes no reference count per column. [`Tuple::value`] reads one in place;
 /// [`Span::to_bytes`] makes an owned slice (one reference count) of a value that is kept.
 ///
+/// A tuple is one pointer: a decoded message, and the outbox event made of it, move several times
+/// between the reader and the pipeline, at the size of their largest variant.
+///
 /// Two tuples are equal when their values are, wherever their bytes are held.
 #[derive(Clone, Default)]
-pub struct Tuple {
+pub struct Tuple(Option<Box<Parts>>);
+
+/// A tuple's bytes and columns, in one allocation that goes back to the spares when the tuple
+/// drops ([`spare`]). `None` in [`Tuple`] is a tuple without columns.
+#[derive(Clone, Default)]
+pub(crate) struct Parts {
     /// The bytes the values are ranges of (the whole message they were decoded from).
-    data: Bytes,
-    cols: Vec<Col>,
+    pub(crate) data: Bytes,
+    pub(crate) cols: Vec<Col>,
 }
 
-/// One column of a [`Tuple`]: its kind, and for a value, its range in [`Tuple::data`].
+/// The parts of a tuple without columns.
+static NO_PARTS: Parts = Parts {
+    data: Bytes::new(),
+    cols: Vec::new(),
+};
+
+/// One column of a [`Tuple`]: its kind, and for a value, its range in [`Parts::data`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Col {
     Null,
@@ -376,36 +390,44 @@ impl ValueRef<'_> {
 }
 
 impl Tuple {
-    /// A tuple of `cols`, ranges of `data` (the decoder checked them).
-    pub(crate) fn from_parts(data: Bytes, cols: Vec<Col>) -> Self {
-        Tuple { data, cols }
+    /// A tuple of `parts`' columns, ranges of its data (the decoder checked them).
+    pub(crate) fn from_parts(parts: Box<Parts>) -> Self {
+        Tuple(Some(parts))
+    }
+
+    fn parts(&self) -> &Parts {
+        self.0.as_deref().unwrap_or(&NO_PARTS)
     }
 
     /// How many columns the tuple has.
     pub fn len(&self) -> usize {
-        self.cols.len()
+        self.parts().cols.len()
     }
 
     /// Whether the tuple has no columns.
     pub fn is_empty(&self) -> bool {
-        self.cols.is_empty()
+        self.parts().cols.is_empty()
     }
 
     /// The value of column `i` (in the relation's column order), borrowed.
     pub fn value(&self, i: usize) -> Option<ValueRef<'_>> {
-        Some(self.read(*self.cols.get(i)?))
+        let parts = self.parts();
+        Some(parts.read(*parts.cols.get(i)?))
     }
 
     /// The values in column order, borrowed.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = ValueRef<'_>> + '_ {
-        self.cols.iter().map(|c| self.read(*c))
+        let parts = self.parts();
+        parts.cols.iter().map(|c| parts.read(*c))
     }
 
     /// The values in column order, owned.
     pub fn to_values(&self) -> Vec<TupleValue> {
         self.iter().map(|v| v.to_value()).collect()
     }
+}
 
+impl Parts {
     fn read(&self, col: Col) -> ValueRef<'_> {
         let span = |start: u32, end: u32| Span {
             within: &self.data,
@@ -423,8 +445,10 @@ impl Tuple {
 
 impl Drop for Tuple {
     fn drop(&mut self) {
-        // The vector serves the next tuple decoded on this thread.
-        spare::give_back(std::mem::take(&mut self.cols));
+        // The allocation serves the next tuple decoded on this thread.
+        if let Some(parts) = self.0.take() {
+            spare::give_back(parts);
+        }
     }
 }
 
@@ -453,10 +477,10 @@ impl From<Vec<TupleValue>> for Tuple {
                 }
             })
             .collect();
-        Tuple {
+        Tuple(Some(Box::new(Parts {
             data: data.freeze(),
             cols,
-        }
+        })))
     }
 }
 
