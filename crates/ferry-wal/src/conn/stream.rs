@@ -398,6 +398,16 @@ fn parse_pid(msg: &str) -> Option<i32> {
     msg.rsplit("PID ").next()?.trim().parse().ok()
 }
 
+/// What [`Task::read`] took in from one CopyData.
+enum Read {
+    /// An event for the pipeline, and the WAL bytes it came in (at least 1, its budget share).
+    Event { event: OutboxEvent, size: usize },
+    /// A keepalive: the server's WAL end, and whether it asked for a status update.
+    Keepalive { wal_end: Lsn, reply_requested: bool },
+    /// A message that is no event (a relation, a row of another table, ...).
+    Nothing,
+}
+
 struct Task {
     conn: ReplicationConnection,
     tx: mpsc::Sender<Batch>,
@@ -537,6 +547,42 @@ impl Task {
     }
 
     async fn handle(&mut self, data: bytes::Bytes) -> Result<(), ReaderError> {
+        match self.read(data)? {
+            Read::Nothing => {}
+            Read::Event { event, size } => {
+                // A batch stays within BATCH_BYTES unless one event alone is larger (it then
+                // travels alone, its share of the budget clamped to the whole).
+                if self.pending_bytes > 0 && self.pending_bytes + size > BATCH_BYTES {
+                    self.flush().await?;
+                }
+                self.pending.push(ReaderEvent::Outbox(event));
+                self.pending_bytes += size;
+                self.pending_rows += 1;
+                if self.pending.len() >= BATCH_EVENTS || self.pending_bytes >= BATCH_BYTES {
+                    self.flush().await?;
+                }
+            }
+            Read::Keepalive {
+                wal_end,
+                reply_requested,
+            } => {
+                if reply_requested {
+                    self.send_status().await?;
+                }
+                // Only useful to an idle pipeline: a batch of keepalives alone never waits.
+                self.pending.push(ReaderEvent::Keepalive { wal_end });
+                if self.pending.len() >= BATCH_EVENTS {
+                    self.flush().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What one CopyData brought, taken in without waiting: decoded, assembled and counted.
+    /// Apart from [`Task::handle`]'s waits, so that its future (moved on every message) holds
+    /// only what lives across them.
+    fn read(&mut self, data: bytes::Bytes) -> Result<Read, ReaderError> {
         match ReplicationMessage::decode(data)? {
             ReplicationMessage::XLogData(x) => {
                 self.stats.xlog_messages.fetch_add(1, Ordering::Relaxed);
@@ -559,20 +605,13 @@ impl Task {
                 }
                 let event = self.assembler.push(x.wal_start, msg)?;
                 self.sync_stats();
-                if let Some(event) = event {
-                    let size = size.max(1);
-                    // A batch stays within BATCH_BYTES unless one event alone is larger (it
-                    // then travels alone, its share of the budget clamped to the whole).
-                    if self.pending_bytes > 0 && self.pending_bytes + size > BATCH_BYTES {
-                        self.flush().await?;
-                    }
-                    self.pending.push(ReaderEvent::Outbox(event));
-                    self.pending_bytes += size;
-                    self.pending_rows += 1;
-                    if self.pending.len() >= BATCH_EVENTS || self.pending_bytes >= BATCH_BYTES {
-                        self.flush().await?;
-                    }
-                }
+                Ok(match event {
+                    Some(event) => Read::Event {
+                        event,
+                        size: size.max(1),
+                    },
+                    None => Read::Nothing,
+                })
             }
             ReplicationMessage::PrimaryKeepalive(k) => {
                 self.stats.keepalives.fetch_add(1, Ordering::Relaxed);
@@ -583,18 +622,12 @@ impl Task {
                 self.stats
                     .received_lsn
                     .store(self.progress.received().0, Ordering::Relaxed);
-                if k.reply_requested {
-                    self.send_status().await?;
-                }
-                // Only useful to an idle pipeline: a batch of keepalives alone never waits.
-                self.pending
-                    .push(ReaderEvent::Keepalive { wal_end: k.wal_end });
-                if self.pending.len() >= BATCH_EVENTS {
-                    self.flush().await?;
-                }
+                Ok(Read::Keepalive {
+                    wal_end: k.wal_end,
+                    reply_requested: k.reply_requested,
+                })
             }
         }
-        Ok(())
     }
 
     /// Hands the pending events to the pipeline as one batch, keeping the session alive while
