@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ferry_router::{
-    ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router, Slot, TableName, Value,
+    ColumnRef, OnError, Record, RouteError, RouteErrorReason, Router, Slot, TableName,
 };
 use ferry_wal::assembly::{OutboxRow, RelationInfo};
 use ferry_wal::pgoutput::ValueRef;
@@ -225,8 +225,8 @@ impl<'a> WalRow<'a> {
         let (type_oid, value) = self.row.at(i)?;
         let (value, binary) = match value {
             ValueRef::Null | ValueRef::UnchangedToast => (None, false),
-            ValueRef::Text(s) => (Some(Value::new(s.within(), s.range())), false),
-            ValueRef::Binary(s) => (Some(Value::new(s.within(), s.range())), true),
+            ValueRef::Text(v) => (Some(v), false),
+            ValueRef::Binary(v) => (Some(v), true),
         };
         Some(ColumnRef {
             type_oid,

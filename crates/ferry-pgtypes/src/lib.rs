@@ -3,6 +3,8 @@
 //! and the router (`ferry-router`, which reads binary `timestamp`/`timestamptz` columns) may not
 //! import each other, so what they share lives here.
 //!
+//! [`Value`] is a column value as both see it: a range of the buffer it arrived in.
+//!
 //! [`Lsn`] is the one log sequence number type: the reader reads it off the stream, the core
 //! (`ferry-core`) confirms it, and neither should need the other's crate for it.
 //!
@@ -12,10 +14,12 @@
 //! `i64::MIN`.
 
 pub mod lsn;
+pub mod value;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use lsn::Lsn;
+pub use value::Value;
 
 /// A PostgreSQL `TimestampTz` as sent on the wire: microseconds since 2000-01-01 00:00:00 UTC.
 ///

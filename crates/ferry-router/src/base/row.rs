@@ -7,6 +7,7 @@
 //! slice of those bytes, without a copy.
 
 use bytes::Bytes;
+pub use ferry_pgtypes::Value;
 
 /// PostgreSQL type OIDs the router knows (`pg_type.oid`, fixed for built-in types).
 pub mod oid {
@@ -63,82 +64,6 @@ pub struct ColumnRef<'a> {
     pub value: Option<Value<'a>>,
     /// `true` if the value is in the type's binary send format (pgoutput `'b'`), `false` for text.
     pub binary: bool,
-}
-
-/// A column's value where it is held: a range of a buffer. The router reads it in place and
-/// slices out only what a record keeps (the key, the payload, a header), without a copy.
-#[derive(Clone, Copy)]
-pub struct Value<'a> {
-    within: &'a Bytes,
-    start: usize,
-    end: usize,
-}
-
-impl<'a> Value<'a> {
-    /// The bytes at `range` of `within`.
-    ///
-    /// # Panics
-    ///
-    /// If `range` is not within `within`.
-    pub fn new(within: &'a Bytes, range: std::ops::Range<usize>) -> Self {
-        assert!(
-            range.start <= range.end && range.end <= within.len(),
-            "a value's range {range:?} outside its buffer of {} bytes",
-            within.len()
-        );
-        Value {
-            within,
-            start: range.start,
-            end: range.end,
-        }
-    }
-
-    /// The value's bytes.
-    pub fn as_slice(&self) -> &'a [u8] {
-        &self.within[self.start..self.end]
-    }
-
-    /// The value as an owned slice of its buffer (no copy).
-    pub fn to_bytes(&self) -> Bytes {
-        self.within.slice(self.start..self.end)
-    }
-
-    /// The value without its first `skip` bytes, as an owned slice of its buffer (no copy).
-    pub(crate) fn tail(&self, skip: usize) -> Bytes {
-        self.within
-            .slice((self.start + skip).min(self.end)..self.end)
-    }
-}
-
-/// The whole of `bytes`.
-impl<'a> From<&'a Bytes> for Value<'a> {
-    fn from(bytes: &'a Bytes) -> Self {
-        Value {
-            within: bytes,
-            start: 0,
-            end: bytes.len(),
-        }
-    }
-}
-
-impl std::ops::Deref for Value<'_> {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
-impl AsRef<[u8]> for Value<'_> {
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
-impl std::fmt::Debug for Value<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&Bytes::copy_from_slice(self.as_slice()), f)
-    }
 }
 
 /// A column a router reads on every row under a role that names one column of its table

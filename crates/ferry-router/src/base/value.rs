@@ -58,11 +58,8 @@ pub(crate) fn natural_bytes<'a>(
 /// [`natural_bytes`] of a bytea's text or of a binary-format value.
 fn rendered(type_oid: u32, binary: bool, v: Value<'_>) -> Result<Bytes, String> {
     if !binary {
-        return if type_oid == oid::BYTEA {
-            decode_bytea_text(&v).map(Bytes::from)
-        } else {
-            Ok(v.to_bytes())
-        };
+        // Only a bytea's text comes here ([`natural_bytes`] returns any other text as stored).
+        return decode_bytea_text(&v).map(Bytes::from);
     }
     if !renders_binary(type_oid) {
         return Err(format!(
@@ -238,15 +235,14 @@ pub(crate) fn partition<'a>(
     binary: bool,
     v: impl Into<Value<'a>>,
 ) -> Result<i32, String> {
-    let n = integer(type_oid, binary, v)?;
+    let n = integer(type_oid, binary, v.into())?;
     i32::try_from(n)
         .ok()
         .filter(|p| *p >= 0)
         .ok_or_else(|| format!("partition {n} is out of range (0 to {})", i32::MAX))
 }
 
-fn integer<'a>(type_oid: u32, binary: bool, v: impl Into<Value<'a>>) -> Result<i64, String> {
-    let v = v.into();
+fn integer(type_oid: u32, binary: bool, v: Value<'_>) -> Result<i64, String> {
     if binary && matches!(type_oid, oid::INT2 | oid::INT4 | oid::INT8 | oid::OID) {
         return binary_int(type_oid, &v);
     }

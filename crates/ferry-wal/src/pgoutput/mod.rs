@@ -59,6 +59,7 @@ use bytes::Bytes;
 
 use crate::lsn::Lsn;
 pub use crate::wire::PgTimestamp;
+pub use ferry_pgtypes::Value;
 
 pub use decode::{decode, Decoder};
 pub use error::{DecodeError, DecodeErrorKind};
@@ -287,7 +288,7 @@ pub enum TupleValue {
 
 /// A tuple's column values where they arrived: each value is a range of the message's bytes,
 /// so decoding a row takes no reference count per column. [`Tuple::value`] reads one in place;
-/// [`Span::to_bytes`] makes an owned slice (one reference count) of a value that is kept.
+/// [`Value::to_bytes`] makes an owned slice (one reference count) of a value that is kept.
 ///
 /// A tuple is one pointer: a decoded message, and the outbox event made of it, move several times
 /// between the reader and the pipeline, at the size of their largest variant.
@@ -328,53 +329,9 @@ pub enum ValueRef<'a> {
     /// `'u'`: an unchanged TOASTed value whose data was not sent.
     UnchangedToast,
     /// `'t'`: the value in text format.
-    Text(Span<'a>),
+    Text(Value<'a>),
     /// `'b'`: the value in binary format.
-    Binary(Span<'a>),
-}
-
-/// A value's bytes: a range of the buffer that holds them.
-#[derive(Clone, Copy)]
-pub struct Span<'a> {
-    within: &'a Bytes,
-    start: usize,
-    end: usize,
-}
-
-impl<'a> Span<'a> {
-    /// The buffer the value is a range of.
-    pub fn within(&self) -> &'a Bytes {
-        self.within
-    }
-
-    /// The value's range in [`Span::within`].
-    pub fn range(&self) -> std::ops::Range<usize> {
-        self.start..self.end
-    }
-
-    /// The value's bytes.
-    pub fn as_slice(&self) -> &'a [u8] {
-        &self.within[self.start..self.end]
-    }
-
-    /// The value's bytes as an owned slice of the buffer (no copy).
-    pub fn to_bytes(&self) -> Bytes {
-        self.within.slice(self.start..self.end)
-    }
-}
-
-impl PartialEq for Span<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_slice() == other.as_slice()
-    }
-}
-
-impl Eq for Span<'_> {}
-
-impl std::fmt::Debug for Span<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(&Bytes::copy_from_slice(self.as_slice()), f)
-    }
+    Binary(Value<'a>),
 }
 
 impl ValueRef<'_> {
@@ -429,11 +386,7 @@ impl Tuple {
 
 impl Parts {
     fn read(&self, col: Col) -> ValueRef<'_> {
-        let span = |start: u32, end: u32| Span {
-            within: &self.data,
-            start: start as usize,
-            end: end as usize,
-        };
+        let span = |start: u32, end: u32| Value::new(&self.data, start as usize..end as usize);
         match col {
             Col::Null => ValueRef::Null,
             Col::UnchangedToast => ValueRef::UnchangedToast,
