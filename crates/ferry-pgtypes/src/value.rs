@@ -15,13 +15,11 @@ pub struct Value<'a> {
 }
 
 impl<'a> Value<'a> {
-    /// The bytes at `range` of `within`.
-    ///
-    /// # Panics
-    ///
-    /// If `range` is not within `within`.
+    /// The bytes at `range` of `within`. Made for every column the router reads, so the range is
+    /// checked here only in debug builds; reading a range that is not within `within` panics.
+    #[inline]
     pub fn new(within: &'a Bytes, range: std::ops::Range<usize>) -> Self {
-        assert!(
+        debug_assert!(
             range.start <= range.end && range.end <= within.len(),
             "a value's range {range:?} outside its buffer of {} bytes",
             within.len()
@@ -34,17 +32,20 @@ impl<'a> Value<'a> {
     }
 
     /// The value's bytes.
+    #[inline]
     pub fn as_slice(&self) -> &'a [u8] {
         &self.within[self.start..self.end]
     }
 
     /// The value as an owned slice of its buffer (no copy).
+    #[inline]
     pub fn to_bytes(&self) -> Bytes {
         self.within.slice(self.start..self.end)
     }
 
     /// The value without its first `skip` bytes (none if it is shorter), as an owned slice of
     /// its buffer (no copy).
+    #[inline]
     pub fn tail(&self, skip: usize) -> Bytes {
         self.within
             .slice((self.start + skip).min(self.end)..self.end)
@@ -53,6 +54,7 @@ impl<'a> Value<'a> {
 
 /// The whole of `bytes`.
 impl<'a> From<&'a Bytes> for Value<'a> {
+    #[inline]
     fn from(bytes: &'a Bytes) -> Self {
         Value {
             within: bytes,
@@ -65,12 +67,14 @@ impl<'a> From<&'a Bytes> for Value<'a> {
 impl std::ops::Deref for Value<'_> {
     type Target = [u8];
 
+    #[inline]
     fn deref(&self) -> &[u8] {
         self.as_slice()
     }
 }
 
 impl AsRef<[u8]> for Value<'_> {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         self.as_slice()
     }
@@ -108,9 +112,9 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "outside its buffer")]
+    #[should_panic]
     fn a_range_past_the_buffer_is_refused() {
         let buf = Bytes::from_static(b"abc");
-        let _ = Value::new(&buf, 1..4);
+        let _ = Value::new(&buf, 1..4).to_bytes();
     }
 }

@@ -41,7 +41,9 @@ pub fn renders_binary(type_oid: u32) -> bool {
 
 /// The value's bytes: text and json as stored (zero-copy), bytea decoded to raw bytes, binary-format
 /// scalars rendered as PostgreSQL's text output would.
-#[inline]
+// Always inlined: its fast path (text as stored) is a slice, on every column a row keeps, and
+// the compiler stopped inlining it once `Value` came from another crate (+160 instructions a row).
+#[inline(always)]
 pub(crate) fn natural_bytes<'a>(
     type_oid: u32,
     binary: bool,
@@ -55,7 +57,9 @@ pub(crate) fn natural_bytes<'a>(
     rendered(type_oid, binary, v)
 }
 
-/// [`natural_bytes`] of a bytea's text or of a binary-format value.
+/// [`natural_bytes`] of a bytea's text or of a binary-format value. Out of line, so that the
+/// text path inlined on every column stays small.
+#[inline(never)]
 fn rendered(type_oid: u32, binary: bool, v: Value<'_>) -> Result<Bytes, String> {
     if !binary {
         // Only a bytea's text comes here ([`natural_bytes`] returns any other text as stored).
