@@ -637,7 +637,11 @@ impl Task {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let events = std::mem::take(&mut self.pending);
+        // The next batch starts with room for as many events as this one: a burst's batches
+        // are each one allocation, not the eight of a vector grown by doubling to
+        // `BATCH_EVENTS`; a live stream's are small.
+        let room = self.pending.len();
+        let events = std::mem::replace(&mut self.pending, Vec::with_capacity(room));
         let size = std::mem::take(&mut self.pending_bytes);
         if std::mem::take(&mut self.pending_rows) == 0 {
             return match self.tx.try_send(Batch {
