@@ -320,12 +320,11 @@ async fn expanded_json_payloads_arrive_byte_for_byte() {
 }
 
 /// Every record's bytes reach Kafka as PostgreSQL renders the row, under a drain at full speed:
-/// Ferry lends librdkafka each value in a buffer it reuses once the record's report comes
-/// (`ferry::producer::loans`), so a buffer reused before its report, or a value borrowed past
-/// its buffer's life, would arrive as other bytes. jsonb values of ~1 KB that differ row by row,
+/// Ferry hands librdkafka raw pointers into WAL read buffers the reader reuses
+/// (`ferry::producer::client`), so a value handed over after its buffer moved on, or borrowed
+/// past the call, would arrive as other bytes. jsonb values of ~1 KB that differ row by row,
 /// written in one transaction. (Seen failing when a value was handed over without librdkafka's
-/// copy and its buffer released at once: 7,032 of 20,000 values wrong; and when every lent
-/// value shared one buffer: 19,995 of 20,000.)
+/// copy and its buffer released at once: 7,032 of 20,000 values wrong.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_arrives_byte_for_byte_at_full_speed() {
     const ROWS: usize = 20_000;

@@ -9,9 +9,9 @@
 //! (`rd_kafka_queue_cb_event_enable`: librdkafka calls back when the queue goes from empty to
 //! not empty, so a wake-up is per batch, not per record). The task takes each event off the queue
 //! (one event is a produce response's whole batch of reports), hands its reports to the relay
-//! over an in-thread channel, and destroys it, which frees the batch's messages on the thread
-//! that allocated them (their values' buffers go back to Ferry's pool: see `loans`). A turn
-//! serves at most [`EVENTS_PER_TURN`] events and then lets the pipeline's other tasks run.
+//! over an in-thread channel, and destroys it, which frees the batch's record copies on the
+//! thread that allocated them. A turn serves at most [`EVENTS_PER_TURN`] events and then lets
+//! the pipeline's other tasks run.
 //!
 //! The same queue carries librdkafka's log (rust-rdkafka sets `log.queue`), which the task hands
 //! to the context's `log` as rust-rdkafka's own poll would. rust-rdkafka's `flush` (and so
@@ -38,7 +38,6 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
 use tokio::sync::Notify;
 
-use super::loans::Loans;
 use super::{Context, Delivered, Delivery};
 
 /// How many events one turn of the report task serves before it yields to the pipeline.
@@ -60,10 +59,6 @@ pub(super) struct Client {
     /// librdkafka's handle of every topic produced to (see [`Client::produce`]); destroyed in
     /// `drop`, before the client is.
     topics: Mutex<TopicHandles>,
-    /// The buffers lent with each record (shared with the context, which gives them back).
-    /// After `producer`: dropped once `rd_kafka_destroy` has returned, so no buffer is freed
-    /// while librdkafka may still read it.
-    loans: Arc<Loans>,
 }
 
 /// Topic handles by name, and the last interned name used with its handle (records of one
@@ -90,8 +85,7 @@ pub(super) struct Outgoing<'a> {
     pub partition: Option<i32>,
     /// Copied by librdkafka (it always copies keys).
     pub key: Option<&'a [u8]>,
-    /// Copied during the call (into a buffer lent to librdkafka, or by librdkafka); `None` is a
-    /// null value (a tombstone).
+    /// Copied by librdkafka during the call; `None` is a null value (a tombstone).
     pub value: Option<&'a [u8]>,
     pub headers: &'a [Header],
     /// `None`: the time of the call.
@@ -120,7 +114,7 @@ impl Client {
     /// Takes over serving `producer`'s events: a task on the current tokio runtime (panics
     /// outside one).
     #[allow(unsafe_code)]
-    pub fn new(producer: BaseProducer<Context>, loans: Arc<Loans>) -> Arc<Client> {
+    pub fn new(producer: BaseProducer<Context>) -> Arc<Client> {
         // SAFETY: the client pointer is valid while `producer` lives; the queue reference we get
         // is ours and destroyed exactly once, in `drop`, before `producer` is.
         let queue = unsafe { rd::rd_kafka_queue_get_main(producer.client().native_ptr()) };
@@ -141,35 +135,30 @@ impl Client {
             wake,
             serving: Mutex::new(()),
             topics: Mutex::default(),
-            loans,
         });
         tokio::spawn(serve(Arc::downgrade(&client), client.wake.clone()));
         client
     }
 
     /// Hands `record` to librdkafka (`rd_kafka_produceva`); its report carries `key`. Unlike
-    /// rust-rdkafka's `send`, nothing is allocated on Ferry's side per record once the in-flight
-    /// window is reached: the topic goes as a handle made once per topic (not a C string per
-    /// record, looked up by librdkafka under its lock), header names with their lengths (not a C
-    /// string each), and the value is lent from a buffer that its report gives back
-    /// ([`super::loans`]: librdkafka does not copy it).
+    /// rust-rdkafka's `send`, nothing is allocated on Ferry's side per record: the topic goes
+    /// as a handle made once per topic (not a C string per record, looked up by librdkafka
+    /// under its lock), and header names with their lengths (not a C string each).
     ///
-    /// Lending the record's own bytes instead (the WAL read chunk kept alive until the report)
-    /// was built and measured: it removed the copy (−17,900 instructions a row on 16 KB rows)
-    /// but kept each WAL read chunk alive until its last record's report, and peak RSS went
-    /// from 47–67 MiB to 56–104 MiB (bench/README.md, "After this round's changes"), past the
-    /// 64 MiB budget.
+    /// The value is copied by librdkafka (`RD_KAFKA_MSG_F_COPY`). Borrowing it instead (the
+    /// bytes kept alive until the report) was built and measured: it removed the copy (−17,900
+    /// instructions a row on 16 KB rows) but kept each WAL read chunk alive until its last
+    /// record's report, and peak RSS went from 47–67 MiB to 56–104 MiB (bench/README.md,
+    /// "After this round's changes"), past the 64 MiB budget.
     #[allow(unsafe_code)]
     pub fn produce(&self, record: Outgoing<'_>, key: usize) -> Result<(), RDKafkaErrorCode> {
         let rk = self.producer.client().native_ptr();
         let rkt = self.topic(rk, record.topic)?;
-        let loan = self.loans.lend(key, record.value);
+        let value = record.value.map(|v| (v.as_ptr(), v.len()));
         // SAFETY: `rk` and `rkt` are live (the handle is destroyed only in `drop`). Every pointer
-        // handed over is valid for the call; librdkafka copies the key and the headers during
-        // it, and the value too unless it is lent (`RD_KAFKA_MSG_F_COPY` off): a lent value
-        // stays valid until its report gives the loan back, or below, if the call fails. The
-        // headers list becomes librdkafka's on success and stays ours on failure. The opaque is
-        // the loan's, which holds the key.
+        // handed over is valid for the call; librdkafka copies the key, the value
+        // (`RD_KAFKA_MSG_F_COPY`) and the headers during it. The headers list becomes
+        // librdkafka's on success and stays ours on failure. The opaque is the key itself.
         let error = unsafe {
             let headers = rd::rd_kafka_headers_new(record.headers.len());
             for (name, value) in record.headers {
@@ -190,8 +179,8 @@ impl Client {
             type Mem = rd::rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_1;
             let vu = |vtype, u| rd::rd_kafka_vu_t { vtype, u };
             // A null pointer is what librdkafka takes for an absent value or key.
-            let (value, value_len) = loan.value.unwrap_or((std::ptr::null(), 0));
-            let (key, key_len) = record
+            let (value, value_len) = value.unwrap_or((std::ptr::null(), 0));
+            let (key_ptr, key_len) = record
                 .key
                 .map_or((std::ptr::null(), 0), |k| (k.as_ptr(), k.len()));
             let vus = [
@@ -210,11 +199,7 @@ impl Client {
                 vu(
                     RD_KAFKA_VTYPE_MSGFLAGS,
                     U {
-                        i: if loan.copy {
-                            rd::RD_KAFKA_MSG_F_COPY
-                        } else {
-                            0
-                        },
+                        i: rd::RD_KAFKA_MSG_F_COPY,
                     },
                 ),
                 vu(
@@ -230,12 +215,17 @@ impl Client {
                     RD_KAFKA_VTYPE_KEY,
                     U {
                         mem: Mem {
-                            ptr: key.cast_mut().cast(),
+                            ptr: key_ptr.cast_mut().cast(),
                             size: key_len,
                         },
                     },
                 ),
-                vu(RD_KAFKA_VTYPE_OPAQUE, U { ptr: loan.opaque }),
+                vu(
+                    RD_KAFKA_VTYPE_OPAQUE,
+                    U {
+                        ptr: key as *mut c_void,
+                    },
+                ),
                 vu(
                     RD_KAFKA_VTYPE_TIMESTAMP,
                     U {
@@ -251,8 +241,6 @@ impl Client {
                 let code = rd::rd_kafka_error_code(error);
                 rd::rd_kafka_error_destroy(error);
                 rd::rd_kafka_headers_destroy(headers);
-                // Not accepted: librdkafka holds nothing of it.
-                self.loans.give_back(loan.opaque);
                 Some(code)
             }
         };
@@ -446,8 +434,6 @@ async fn serve(client: Weak<Client>, wake: Arc<Notify>) {
 #[allow(unsafe_code)]
 unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *mut rd::rd_kafka_t) {
     let mut run: (*mut rd::rd_kafka_topic_t, u64) = (std::ptr::null_mut(), 0);
-    // The event's records are given back under one lock.
-    let mut loans = context.loans.taking_back();
     // Read off the event as the relay's queue takes them, without a buffer in between.
     let reports = std::iter::from_fn(|| {
         // SAFETY: the caller's event; each message lives as long as the event.
@@ -470,10 +456,8 @@ unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *m
         } else {
             Err(KafkaError::MessageProduction(m.err.into()))
         };
-        // The record's loan travels as librdkafka's per-message opaque, and holds its key (see
-        // `Client::produce`).
-        // SAFETY: this message's loan, reported once; librdkafka destroys the message next.
-        let key = unsafe { loans.give_back(m._private) };
+        // The record's key travels as librdkafka's per-message opaque (see `Client::produce`).
+        let key = m._private as usize;
         let topic = match &result {
             // SAFETY: a live topic handle's name, a NUL-terminated string it owns.
             Err(_) if !m.rkt.is_null() => Some(

@@ -8,8 +8,7 @@
 //! A record travels through librdkafka with a `usize` key, not a boxed value: the relay core's
 //! token ([`ferry_core::DeliveryKey`]), under which the core keeps what it needs per record in its
 //! in-flight table (owned by one thread, no allocation per record, nothing freed across threads)
-//! and finds it again when the report comes. The key rides in the buffer Ferry lends librdkafka
-//! the record's value in ([`loans`]), whose address is the message's opaque. [`KafkaSink`] is this producer as the core's
+//! and finds it again when the report comes. [`KafkaSink`] is this producer as the core's
 //! [`ferry_core::Sink`] (the per-record idempotent kind).
 //! Reports are served on the pipeline's own runtime, a produce response's batch at a time, and
 //! travel over an in-thread channel ([`client`]). Errors are classified into the two families: a
@@ -35,7 +34,6 @@
 //! gives up and librdkafka's own timer carries on as before.
 
 mod client;
-mod loans;
 mod reports;
 
 use std::sync::{Arc, Mutex, Weak};
@@ -88,8 +86,6 @@ struct Context {
     metrics: Arc<Metrics>,
     /// The watch, and whether the log said that no broker is up (and not yet that one is).
     brokers: Mutex<(BrokerWatch, bool)>,
-    /// The buffers lent with the records, given back by their reports (see `loans`).
-    loans: Arc<loans::Loans>,
 }
 
 impl Drop for Context {
@@ -189,12 +185,8 @@ impl ProducerContext for Context {
 
     /// The reports rust-rdkafka takes off the queue itself: its `flush` (and `commit_transaction`,
     /// which flushes first) polls while it waits, racing the report task ([`client`]). They go
-    /// the task's way, one at a time. The opaque is the record's loan (see `loans`).
-    #[allow(unsafe_code)]
-    fn delivery(&self, result: &DeliveryResult<'_>, loan: usize) {
-        // SAFETY: the loan of this report's message, reported once; librdkafka destroys the
-        // message after this callback.
-        let key = unsafe { self.loans.give_back(loan as *mut std::ffi::c_void) };
+    /// the task's way, one at a time.
+    fn delivery(&self, result: &DeliveryResult<'_>, key: usize) {
         let topic = match result {
             Ok(m) | Err((_, m)) => m.topic(),
         };
@@ -255,7 +247,6 @@ impl Producer {
         let cc = crate::kafka_client::config(properties, crate::kafka_client::Role::Producer);
         let (tx, rx) = reports::queue();
         let fatal = Arc::new(Mutex::new(None));
-        let loans = Arc::new(loans::Loans::default());
         let producer: BaseProducer<Context> = cc.create_with_context(Context {
             reports: tx,
             fatal: fatal.clone(),
@@ -263,9 +254,8 @@ impl Producer {
             repeats: Repeats::default(),
             metrics,
             brokers: Mutex::new((BrokerWatch::default(), false)),
-            loans: loans.clone(),
         })?;
-        let inner = Client::new(producer, loans);
+        let inner = Client::new(producer);
         warm_up(Arc::downgrade(&inner));
         Ok((
             Producer {
