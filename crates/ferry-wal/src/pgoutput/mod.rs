@@ -386,12 +386,12 @@ impl Tuple {
 
 impl Parts {
     fn read(&self, col: Col) -> ValueRef<'_> {
-        let span = |start: u32, end: u32| Value::new(&self.data, start as usize..end as usize);
+        let value = |start: u32, end: u32| Value::new(&self.data, start as usize..end as usize);
         match col {
             Col::Null => ValueRef::Null,
             Col::UnchangedToast => ValueRef::UnchangedToast,
-            Col::Text { start, end } => ValueRef::Text(span(start, end)),
-            Col::Binary { start, end } => ValueRef::Binary(span(start, end)),
+            Col::Text { start, end } => ValueRef::Text(value(start, end)),
+            Col::Binary { start, end } => ValueRef::Binary(value(start, end)),
         }
     }
 }

@@ -149,12 +149,16 @@ impl Client {
     /// bytes kept alive until the report) was built and measured: it removed the copy (−17,900
     /// instructions a row on 16 KB rows) but kept each WAL read chunk alive until its last
     /// record's report, and peak RSS went from 47–67 MiB to 56–104 MiB (bench/README.md,
-    /// "After this round's changes"), past the 64 MiB budget.
+    /// "After this round's changes"), past the 64 MiB budget. Copying it into a buffer of
+    /// Ferry's, lent to librdkafka until the report (round 24, branch `value-loans`), bought
+    /// nothing the count or the clock could confirm (bench/README.md, "Round 24").
     #[allow(unsafe_code)]
     pub fn produce(&self, record: Outgoing<'_>, key: usize) -> Result<(), RDKafkaErrorCode> {
         let rk = self.producer.client().native_ptr();
         let rkt = self.topic(rk, record.topic)?;
-        let value = record.value.map(|v| (v.as_ptr(), v.len()));
+        // A null pointer is what librdkafka takes for an absent value or key.
+        let (value, value_len) = pointer_and_len(record.value);
+        let (key_ptr, key_len) = pointer_and_len(record.key);
         // SAFETY: `rk` and `rkt` are live (the handle is destroyed only in `drop`). Every pointer
         // handed over is valid for the call; librdkafka copies the key, the value
         // (`RD_KAFKA_MSG_F_COPY`) and the headers during it. The headers list becomes
@@ -178,11 +182,6 @@ impl Client {
             type U = rd::rd_kafka_vu_s__bindgen_ty_1;
             type Mem = rd::rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_1;
             let vu = |vtype, u| rd::rd_kafka_vu_t { vtype, u };
-            // A null pointer is what librdkafka takes for an absent value or key.
-            let (value, value_len) = value.unwrap_or((std::ptr::null(), 0));
-            let (key_ptr, key_len) = record
-                .key
-                .map_or((std::ptr::null(), 0), |k| (k.as_ptr(), k.len()));
             let vus = [
                 vu(
                     RD_KAFKA_VTYPE_RKT,
@@ -385,6 +384,11 @@ impl Drop for Client {
         // The task finds the client gone and ends.
         self.wake.notify_one();
     }
+}
+
+/// The pointer and length librdkafka takes for `bytes`: a null pointer for none.
+fn pointer_and_len(bytes: Option<&[u8]>) -> (*const u8, usize) {
+    bytes.map_or((std::ptr::null(), 0), |b| (b.as_ptr(), b.len()))
 }
 
 /// A syslog level as librdkafka logs it (rust-rdkafka's own mapping is private).
