@@ -444,8 +444,10 @@ async fn inspect(
         crate::progress_topic::Until::Stable,
         KAFKA_TIMEOUT,
         false,
+        std::future::ready(()),
     )
     .await
+    .map(|(facts, ())| facts)
     .map_err(|e| match e {
         FactsError::Server(e) => InspectError::Unknown(e.to_string()),
         FactsError::Join(e) => InspectError::Unknown(e),

@@ -19,6 +19,6 @@ pub use config::{ConnectConfig, SslMode, TargetSessionAttrs};
 pub use error::{ReaderError, ServerError};
 pub use replication::session_settings_sql;
 pub use stream::{
-    start, ReaderEvent, ReaderHandle, ReaderStats, SourceDelay, StreamOptions, SystemIdentity,
-    SOURCE_DELAY_BOUNDS_MICROS,
+    start, start_on, ReaderEvent, ReaderHandle, ReaderStats, Replication, SourceDelay,
+    StreamOptions, SystemIdentity, SOURCE_DELAY_BOUNDS_MICROS,
 };

@@ -256,12 +256,70 @@ impl ReaderHandle {
     }
 }
 
+/// A replication connection, open and identified (`IDENTIFY_SYSTEM`), that has not started
+/// streaming: [`start_on`] starts it. Opening one decides nothing and holds no slot.
+pub struct Replication {
+    conn: ReplicationConnection,
+    system: SystemIdentity,
+}
+
+impl std::fmt::Debug for Replication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replication")
+            .field("backend_pid", &self.conn.backend_pid)
+            .field("system", &self.system)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replication {
+    /// Connects for logical replication (`replication=database`) and identifies the server.
+    pub async fn connect(cfg: &ConnectConfig) -> Result<Replication, ReaderError> {
+        let mut conn = ReplicationConnection::connect(cfg).await?;
+        let ident = conn.simple_query("IDENTIFY_SYSTEM").await?;
+        let column = |i: usize| ident.first().and_then(|r| r.get(i)).cloned().flatten();
+        if column(3).is_none() {
+            return Err(ReaderError::NotLogicalReplication);
+        }
+        // systemid and timeline: always present and numeric on a real server.
+        let system = SystemIdentity {
+            system_id: column(0).and_then(|s| s.parse().ok()).unwrap_or(0),
+            timeline: column(1).and_then(|s| s.parse().ok()).unwrap_or(0),
+        };
+        Ok(Replication { conn, system })
+    }
+}
+
+/// Where [`start_with`] gets its replication connection.
+enum Connection<'c> {
+    /// Connects after the slot is read (what [`start`] does).
+    Later(&'c ConnectConfig),
+    Open(Replication),
+}
+
 /// Connects and starts streaming `opts.slot` from its `confirmed_flush_lsn`.
 ///
 /// `sql` is an ordinary connection to the same database, used to read the slot before and
 /// after `START_REPLICATION`.
 pub async fn start(
     cfg: &ConnectConfig,
+    sql: &tokio_postgres::Client,
+    opts: StreamOptions,
+) -> Result<ReaderHandle, ReaderError> {
+    start_with(Connection::Later(cfg), sql, opts).await
+}
+
+/// [`start`] on a connection opened before ([`Replication::connect`]).
+pub async fn start_on(
+    replication: Replication,
+    sql: &tokio_postgres::Client,
+    opts: StreamOptions,
+) -> Result<ReaderHandle, ReaderError> {
+    start_with(Connection::Open(replication), sql, opts).await
+}
+
+async fn start_with(
+    connection: Connection<'_>,
     sql: &tokio_postgres::Client,
     opts: StreamOptions,
 ) -> Result<ReaderHandle, ReaderError> {
@@ -286,16 +344,9 @@ pub async fn start(
         });
     }
     let resume = before.confirmed_flush_lsn;
-    let mut conn = ReplicationConnection::connect(cfg).await?;
-    let ident = conn.simple_query("IDENTIFY_SYSTEM").await?;
-    let column = |i: usize| ident.first().and_then(|r| r.get(i)).cloned().flatten();
-    if column(3).is_none() {
-        return Err(ReaderError::NotLogicalReplication);
-    }
-    // systemid and timeline: always present and numeric on a real server.
-    let system = SystemIdentity {
-        system_id: column(0).and_then(|s| s.parse().ok()).unwrap_or(0),
-        timeline: column(1).and_then(|s| s.parse().ok()).unwrap_or(0),
+    let Replication { mut conn, system } = match connection {
+        Connection::Later(cfg) => Replication::connect(cfg).await?,
+        Connection::Open(replication) => replication,
     };
     if opts.failover && before.failover == Some(false) && before.synced != Some(true) {
         // Replication protocol only: there is no SQL function for it.

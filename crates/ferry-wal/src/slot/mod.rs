@@ -71,7 +71,7 @@ pub use server::{
     current_wal_lsn, in_recovery, replication_privilege, server_version_num, system_identity,
     wal_clock,
 };
-pub use setup::{ensure, SetupError};
+pub use setup::{ensure, ensure_surveyed, SetupError, Survey};
 pub use spec::{quote_ident, quote_literal, AcceptedTypes, RequiredColumn, SlotSpec, TableSpec};
 pub use state::{drop_inactive, slot_state, SlotState};
 pub use tables::{column_types, format_type, nearest_column, type_name, TableColumn};

@@ -32,6 +32,28 @@ fn created_concurrently(e: &tokio_postgres::Error) -> bool {
     lost_race(e.code().map(|c| c.code()))
 }
 
+/// What [`ensure`] reads before it creates anything, read ahead of it: a restart's session
+/// reads it while the progress topic is read (`ferry::pipeline::ahead`).
+#[derive(Debug, Clone)]
+pub struct Survey(check::Facts);
+
+impl Survey {
+    /// Reads the facts [`ensure`] decides on. Its answer does not depend on
+    /// `spec.create_slot` or `spec.create_publication`.
+    pub async fn read(
+        client: &tokio_postgres::Client,
+        spec: &SlotSpec,
+    ) -> Result<Survey, ReaderError> {
+        check::read(client, spec).await.map(Survey)
+    }
+
+    /// The slot and the publication both exist: [`ensure_surveyed`] will create nothing,
+    /// whatever the spec allows (a restart's case).
+    pub fn all_exist(&self) -> bool {
+        self.0.slot.is_some() && self.0.publication.is_some()
+    }
+}
+
 /// Creates the publication, and the slot when `spec.create_slot` allows, then [`check`](check())s.
 /// Returns the slot's state when there is no error-level problem.
 ///
@@ -43,10 +65,20 @@ pub async fn ensure(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
 ) -> Result<SlotState, SetupError> {
+    ensure_surveyed(client, spec, Survey::read(client, spec).await?).await
+}
+
+/// [`ensure`] from facts read before ([`Survey::read`], with the same spec but for its
+/// `create_*` flags).
+pub async fn ensure_surveyed(
+    client: &tokio_postgres::Client,
+    spec: &SlotSpec,
+    survey: Survey,
+) -> Result<SlotState, SetupError> {
+    let Survey(facts) = survey;
     // Validate before creating anything: a start that fails anyway must not leave a new slot
     // behind (it would retain WAL until someone drops it). What is missing and may be created is
     // a note here, not an error.
-    let facts = check::read(client, spec).await?;
     let errors = errors_of(problems(spec, &facts));
     if !errors.is_empty() {
         return Err(SetupError::Problems(errors));

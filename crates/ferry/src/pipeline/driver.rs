@@ -39,7 +39,8 @@ use ferry_wal::slot;
 use ferry_wal::slot::SlotSpec;
 use rdkafka::error::KafkaError;
 
-use super::binary::{self, Mode};
+use super::ahead::{self, Ahead, Tables};
+use super::binary::Mode;
 use super::sink::Sink;
 use super::start::transactions_supported;
 use super::transactional::{self, Txn};
@@ -213,7 +214,7 @@ impl<'a> Driver<'a> {
         // Nothing is produced before the stream starts, so a shutdown during the set-up (a
         // server slow to answer, a progress topic read waiting on a transaction) ends it at
         // once: there is nothing to drain or confirm.
-        let (sql, start) = tokio::select! {
+        let (sql, start, ahead) = tokio::select! {
             r = self.prepare() => r?,
             _ = shutdown.as_mut() => {
                 tracing::info!("stopped before streaming began: nothing to drain");
@@ -224,7 +225,7 @@ impl<'a> Driver<'a> {
         // nothing remembers it (see `first_start_failed`).
         let created = s.exactly_once.is_some() && s.slot.create_slot && start.create_slot;
         let opened = tokio::select! {
-            r = self.open(&sql) => r,
+            r = self.open(&sql, ahead) => r,
             _ = shutdown.as_mut() => {
                 tracing::info!("stopped before streaming began: nothing to drain");
                 self.drop_created_slot(&sql, created).await;
@@ -383,9 +384,12 @@ impl<'a> Driver<'a> {
     /// restart the broker probe's answer already showed it) are independent of each other and
     /// go side by side; the verdict reads the slot, then the progress topic, after both. A
     /// connection error is reported before the topic's.
+    ///
+    /// What the session reads after the verdict is read while the verdict reads the progress
+    /// topic ([`super::ahead`]), and handed to [`Driver::open`].
     async fn prepare(
         &mut self,
-    ) -> Result<(Arc<tokio_postgres::Client>, super::start::Start), PipelineError> {
+    ) -> Result<(Arc<tokio_postgres::Client>, super::start::Start, Ahead), PipelineError> {
         let s = self.settings;
         let early = self.carry.early_sql.take();
         let kept = self.carry.standby_sql.take();
@@ -423,8 +427,8 @@ impl<'a> Driver<'a> {
         let sql = Arc::new(sql?);
         tracing::debug!("start-up: SQL connection open");
         topic?;
-        let start = match self.verdict(&sql).await {
-            Ok(start) => start,
+        let (start, mut ahead) = match self.verdict(&sql, ahead::read(s, &sql)).await {
+            Ok(started) => started,
             Err(e) => {
                 if e.is_standby() {
                     // Polled again on the same connection (the verdict's reads are all done).
@@ -442,9 +446,13 @@ impl<'a> Driver<'a> {
             create_slot: s.slot.create_slot && start.create_slot,
             ..s.slot.clone()
         };
-        slot::ensure(&sql, &spec).await?;
+        match ahead.survey.take() {
+            Some(Ok(survey)) => slot::ensure_surveyed(&sql, &spec, survey).await?,
+            // Read again: its error is reported as ensure's own.
+            Some(Err(_)) | None => slot::ensure(&sql, &spec).await?,
+        };
         tracing::debug!("start-up: slot and publication ensured");
-        Ok((sql, start))
+        Ok((sql, start, ahead))
     }
 
     /// Starts replication: how the publication covers each table (watched while streaming),
@@ -452,26 +460,33 @@ impl<'a> Driver<'a> {
     async fn open(
         &mut self,
         sql: &tokio_postgres::Client,
+        ahead: Ahead,
     ) -> Result<(Vec<Option<String>>, bool, ReaderHandle), PipelineError> {
         let s = self.settings;
-        // ensure() checked the publication covers the table; how it does is watched below.
-        let membership = slot::publication_membership(sql, &s.slot).await?;
-        tracing::debug!("start-up: publication membership read");
-        let mode = binary::decide(sql, s).await?;
-        tracing::debug!("start-up: binary mode decided");
+        let Tables {
+            membership,
+            mode,
+            other_tables,
+            oids,
+        } = match ahead.tables {
+            Some(tables) => tables?,
+            None => ahead::tables(sql, s).await?,
+        };
         let mut options = s.stream.clone();
         options.binary = mode == Mode::Binary;
         // ensure() refused tables the publication lists and no entry relays; one listed
         // later stops the stream at its first row (or the watch, whichever is first).
-        options.source.other_tables = slot::other_tables(sql, &s.slot).await?;
+        options.source.other_tables = other_tables;
         options.source.other_tables.tables = self.carry.tables_taken_out.clone();
-        options.source.oids = slot::outbox_oids(sql, &s.slot).await?;
-        tracing::debug!("start-up: other tables and oids read");
+        options.source.oids = oids;
         match &mode {
             Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
             Mode::Text(why) => tracing::info!("values stream as text: {why}"),
         }
-        let reader = ferry_wal::conn::start(&s.postgres, sql, options).await?;
+        let reader = match ahead.replication {
+            Some(replication) => ferry_wal::conn::start_on(replication?, sql, options).await?,
+            None => ferry_wal::conn::start(&s.postgres, sql, options).await?,
+        };
         tracing::debug!("start-up: replication started");
         Ok((membership, mode == Mode::Binary, reader))
     }

@@ -31,6 +31,7 @@
 //! an earlier session can therefore never be appended after a replayed copy, which keeps
 //! per-key order across reconnects.
 
+mod ahead;
 pub mod binary;
 mod driver;
 mod error;

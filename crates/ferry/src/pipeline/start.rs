@@ -5,6 +5,7 @@
 //! [`StartFacts`] is what the verdict is decided on; `ferry run` and `ferry check` both read it
 //! here, so the two never judge a slot differently.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use ferry_core::progress_record as record;
@@ -31,8 +32,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// created, to drop it.
 const SLOT_DROP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What the start-time verdict is decided on: the slot, the server, and what the progress
-/// topic remembers of the slot, read in that order.
+/// What the start-time verdict is decided on: the slot and the server (read together), then
+/// what the progress topic remembers of the slot.
 pub(crate) struct StartFacts {
     pub state: Option<slot::SlotState>,
     pub identity: SystemIdentity,
@@ -68,17 +69,24 @@ impl From<FactsError> for PipelineError {
 impl StartFacts {
     /// Reads the slot, the server, then the progress topic (to `until`, within `timeout`).
     /// `refuse_active`: a slot another process streams is [`ReaderError::SlotInUse`].
-    pub async fn read(
+    /// `beside` runs while the progress topic is read (after the slot and the server are); its
+    /// output comes back with the facts, and it is dropped unfinished when the read fails.
+    pub async fn read<B: Future>(
         s: &PipelineSettings,
         sql: &tokio_postgres::Client,
         until: progress_topic::Until,
         timeout: Duration,
         refuse_active: bool,
-    ) -> Result<StartFacts, FactsError> {
+        beside: B,
+    ) -> Result<(StartFacts, B::Output), FactsError> {
         let name = &s.slot.slot;
-        let state = slot::slot_state(sql, name)
-            .await
-            .map_err(FactsError::Server)?;
+        // One round trip: the connection pipelines the three (the errors are taken in order).
+        let (state, identity, in_recovery) = tokio::join!(
+            slot::slot_state(sql, name),
+            slot::system_identity(sql),
+            slot::in_recovery(sql)
+        );
+        let state = state.map_err(FactsError::Server)?;
         if let Some(pid) = state
             .as_ref()
             .and_then(|st| st.active_pid)
@@ -90,10 +98,8 @@ impl StartFacts {
                 pid,
             }));
         }
-        let identity = slot::system_identity(sql)
-            .await
-            .map_err(FactsError::Server)?;
-        let current_wal_lsn = match slot::in_recovery(sql).await.map_err(FactsError::Server)? {
+        let identity = identity.map_err(FactsError::Server)?;
+        let current_wal_lsn = match in_recovery.map_err(FactsError::Server)? {
             true => None,
             false => Some(
                 slot::current_wal_lsn(sql)
@@ -107,21 +113,39 @@ impl StartFacts {
             s.progress_topic.clone(),
             name.clone(),
         );
-        let history = tokio::task::spawn_blocking(move || {
-            progress_topic::read_slot(&properties, &topic, &slot_name, timeout, until)
-        })
-        .await
-        .map_err(|e| FactsError::Join(e.to_string()))?
-        .map_err(FactsError::Topic)?;
-        tracing::debug!("start-up: progress topic read");
+        let history = async {
+            let history = tokio::task::spawn_blocking(move || {
+                progress_topic::read_slot(&properties, &topic, &slot_name, timeout, until)
+            })
+            .await;
+            tracing::debug!("start-up: progress topic read");
+            history
+        };
+        // Both, but a failed read returns at once (what runs beside is dropped).
+        let (mut history, mut beside) = (std::pin::pin!(history), std::pin::pin!(beside));
+        let mut beside_done = None;
+        let history = loop {
+            tokio::select! {
+                history = &mut history => break history,
+                done = &mut beside, if beside_done.is_none() => beside_done = Some(done),
+            }
+        };
+        let history = history
+            .map_err(|e| FactsError::Join(e.to_string()))?
+            .map_err(FactsError::Topic)?;
+        let beside = match beside_done {
+            Some(done) => done,
+            None => beside.await,
+        };
         let remembered = history.remembered(identity.system_id);
-        Ok(StartFacts {
+        let facts = StartFacts {
             state,
             identity,
             current_wal_lsn,
             history,
             remembered,
-        })
+        };
+        Ok((facts, beside))
     }
 
     /// The verdict's input for slot `slot_name` in `mode`, with what the operator accepted.
@@ -289,10 +313,13 @@ impl Driver<'_> {
     }
 
     /// The start-time verdict (see the module docs): may this session stream from the slot?
-    pub(super) async fn verdict(
+    /// `beside` runs while the progress topic is read ([`StartFacts::read`]); its output is
+    /// returned only with a verdict that lets the session start.
+    pub(super) async fn verdict<B: Future>(
         &mut self,
         sql: &tokio_postgres::Client,
-    ) -> Result<Start, PipelineError> {
+        beside: B,
+    ) -> Result<(Start, B::Output), PipelineError> {
         let s = self.settings;
         let name = &s.slot.slot;
         // The progress topic was created or checked beside the connection ([`Driver::prepare`]).
@@ -301,7 +328,8 @@ impl Driver<'_> {
             None => progress_topic::Until::End,
         };
         // The slot first, then the progress topic (see the module docs for why this order).
-        let facts = StartFacts::read(s, sql, until, PROGRESS_TIMEOUT, true).await?;
+        let (facts, beside) =
+            StartFacts::read(s, sql, until, PROGRESS_TIMEOUT, true, beside).await?;
         // The slot again: another Ferry starting at the same moment may have created it (and
         // written its first record) between the two reads, which would look like a lost slot.
         // A slot that changed while Ferry looked is judged on the next attempt.
@@ -331,6 +359,7 @@ impl Driver<'_> {
             self.metrics.progress_lsn.set(r.0);
         }
         self.start_of(verdict, facts.identity, record_lsn, &facts.remembered)
+            .map(|start| (start, beside))
             .map_err(|refusal| PipelineError::Gap(*refusal))
     }
 

@@ -1,0 +1,84 @@
+//! What a session reads while the progress topic is read.
+//!
+//! The start-time verdict ([`super::start`]) reads the slot, then the progress topic, and nothing
+//! is created or streamed before it decides. What the session reads after the verdict (the
+//! facts [`slot::ensure`] decides on, how the publication covers each table, the values'
+//! mode, the other tables and the oids) and its replication connection decide nothing, so they
+//! are read and opened beside the progress read instead of after it: 15–20 ms of a restart's
+//! start-up, where the progress read takes 20–30.
+//!
+//! Only the reading moves. Each answer is used at the place it was asked before, and an error
+//! read ahead is reported there, after the verdict's own: a refused start still reports why it
+//! was refused, not a table's problem. A first start (the slot or the publication missing) reads
+//! the tables and connects after `ensure` created them, as before, and only its survey is
+//! reused. The survey is taken between the verdict's two reads of the slot, which must agree.
+
+use ferry_wal::conn::{ReaderError, Replication};
+use ferry_wal::slot;
+
+use super::binary::{self, Mode};
+use super::{PipelineError, PipelineSettings};
+
+/// The publication and the tables as a session streams them ([`tables`]).
+pub(super) struct Tables {
+    /// How the publication covers each table ([`slot::publication_membership`]).
+    pub membership: Vec<Option<String>>,
+    pub mode: Mode,
+    pub other_tables: ferry_wal::assembly::OtherTables,
+    pub oids: Vec<(u32, usize)>,
+}
+
+/// Reads [`Tables`], in this order (an error stops at the first that fails).
+pub(super) async fn tables(
+    sql: &tokio_postgres::Client,
+    s: &PipelineSettings,
+) -> Result<Tables, PipelineError> {
+    // ensure() checked the publication covers the table; how it does is watched while streaming.
+    let membership = slot::publication_membership(sql, &s.slot).await?;
+    tracing::debug!("start-up: publication membership read");
+    let mode = binary::decide(sql, s).await?;
+    tracing::debug!("start-up: binary mode decided");
+    let other_tables = slot::other_tables(sql, &s.slot).await?;
+    let oids = slot::outbox_oids(sql, &s.slot).await?;
+    tracing::debug!("start-up: other tables and oids read");
+    Ok(Tables {
+        membership,
+        mode,
+        other_tables,
+        oids,
+    })
+}
+
+/// What was read ahead; `None` where nothing was (the caller then reads it in its place).
+#[derive(Default)]
+pub(super) struct Ahead {
+    pub survey: Option<Result<slot::Survey, ReaderError>>,
+    pub tables: Option<Result<Tables, PipelineError>>,
+    pub replication: Option<Result<Replication, ReaderError>>,
+}
+
+/// Reads ahead: the survey, and when it shows the slot and the publication both there, the
+/// tables while the replication connection opens. A first start opens nothing here: it
+/// connects after creating the slot, which can wait on long transactions while an idle
+/// connection might be closed by the server (`idle_session_timeout`).
+pub(super) async fn read(s: &PipelineSettings, sql: &tokio_postgres::Client) -> Ahead {
+    let survey = slot::Survey::read(sql, &s.slot).await;
+    tracing::debug!("start-up: slot and publication surveyed (ahead)");
+    if !matches!(&survey, Ok(survey) if survey.all_exist()) {
+        return Ahead {
+            survey: Some(survey),
+            ..Ahead::default()
+        };
+    }
+    let connect = async {
+        let replication = Replication::connect(&s.postgres).await;
+        tracing::debug!("start-up: replication connection open (ahead)");
+        replication
+    };
+    let (tables, replication) = tokio::join!(tables(sql, s), connect);
+    Ahead {
+        survey: Some(survey),
+        tables: Some(tables),
+        replication: Some(replication),
+    }
+}
