@@ -257,7 +257,9 @@ impl ReaderHandle {
 }
 
 /// A replication connection, open and identified (`IDENTIFY_SYSTEM`), that has not started
-/// streaming: [`start_on`] starts it. Opening one decides nothing and holds no slot.
+/// streaming: [`start_on`] starts it. Opening one decides nothing and holds no slot, but it
+/// takes one of the server's WAL senders (`max_wal_senders`), and the server may close it
+/// while it waits (`idle_session_timeout`): open it just before it is needed.
 pub struct Replication {
     conn: ReplicationConnection,
     system: SystemIdentity,

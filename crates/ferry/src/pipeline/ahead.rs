@@ -7,11 +7,17 @@
 //! are read and opened beside the progress read instead of after it: 15–20 ms of a restart's
 //! start-up, where the progress read takes 20–30.
 //!
-//! Only the reading moves. Each answer is used at the place it was asked before, and an error
-//! read ahead is reported there, after the verdict's own: a refused start still reports why it
-//! was refused, not a table's problem. A first start (the slot or the publication missing) reads
-//! the tables and connects after `ensure` created them, as before, and only its survey is
-//! reused. The survey is taken between the verdict's two reads of the slot, which must agree.
+//! Only the reading moves. Each answer is used at the place it was asked before; a read or a
+//! connection that failed ahead is done again there, so its error is reported where it always
+//! was, after the verdict's own: a refused start still reports why it was refused, not a
+//! table's problem. A first start (the slot or the publication missing) reads the tables and
+//! connects after `ensure` created them, as before, and only its survey is reused. The survey
+//! is taken between the verdict's two reads of the slot, which must agree.
+//!
+//! At-least-once sessions only. An exactly-once session asks the brokers whether they serve
+//! transactions after the verdict (up to 30 s) and reads the progress topic to its stable end:
+//! facts read ahead could be that much older, and an idle replication connection held that
+//! long takes a WAL sender and may be closed by the server (`idle_session_timeout`).
 
 use ferry_wal::conn::{ReaderError, Replication};
 use ferry_wal::slot;
@@ -57,11 +63,14 @@ pub(super) struct Ahead {
     pub replication: Option<Result<Replication, ReaderError>>,
 }
 
-/// Reads ahead: the survey, and when it shows the slot and the publication both there, the
-/// tables while the replication connection opens. A first start opens nothing here: it
-/// connects after creating the slot, which can wait on long transactions while an idle
-/// connection might be closed by the server (`idle_session_timeout`).
+/// Reads ahead (at-least-once): the survey, and when it shows the slot and the publication
+/// both there, the tables while the replication connection opens. A first start opens nothing
+/// here: it connects after creating the slot, which can wait on long transactions while an
+/// idle connection might be closed by the server (`idle_session_timeout`).
 pub(super) async fn read(s: &PipelineSettings, sql: &tokio_postgres::Client) -> Ahead {
+    if s.exactly_once.is_some() {
+        return Ahead::default();
+    }
     let survey = slot::Survey::read(sql, &s.slot).await;
     tracing::debug!("start-up: slot and publication surveyed (ahead)");
     if !matches!(&survey, Ok(survey) if survey.all_exist()) {

@@ -469,8 +469,9 @@ impl<'a> Driver<'a> {
             other_tables,
             oids,
         } = match ahead.tables {
-            Some(tables) => tables?,
-            None => ahead::tables(sql, s).await?,
+            Some(Ok(tables)) => tables,
+            // Read again: its error is reported as this read's own.
+            Some(Err(_)) | None => ahead::tables(sql, s).await?,
         };
         let mut options = s.stream.clone();
         options.binary = mode == Mode::Binary;
@@ -483,9 +484,12 @@ impl<'a> Driver<'a> {
             Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
             Mode::Text(why) => tracing::info!("values stream as text: {why}"),
         }
+        // A connection that failed ahead is tried again here, after the slot is read: a slot
+        // another process took meanwhile is still SlotInUse (a standby), not the connection's
+        // error (all WAL senders busy, say).
         let reader = match ahead.replication {
-            Some(replication) => ferry_wal::conn::start_on(replication?, sql, options).await?,
-            None => ferry_wal::conn::start(&s.postgres, sql, options).await?,
+            Some(Ok(replication)) => ferry_wal::conn::start_on(replication, sql, options).await?,
+            Some(Err(_)) | None => ferry_wal::conn::start(&s.postgres, sql, options).await?,
         };
         tracing::debug!("start-up: replication started");
         Ok((membership, mode == Mode::Binary, reader))

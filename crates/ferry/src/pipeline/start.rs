@@ -80,7 +80,7 @@ impl StartFacts {
         beside: B,
     ) -> Result<(StartFacts, B::Output), FactsError> {
         let name = &s.slot.slot;
-        // One round trip: the connection pipelines the three (the errors are taken in order).
+        // Sent at once: the connection pipelines the three (their errors are taken in order).
         let (state, identity, in_recovery) = tokio::join!(
             slot::slot_state(sql, name),
             slot::system_identity(sql),
