@@ -10,20 +10,22 @@
 //! the real one: a transaction of a Ferry that crashed may still be open or its commit in flight,
 //! and transaction markers sit at the tail, so the last offset is never trusted to be a record.
 //! [`read`] therefore takes the high watermark first (the end of the log, transactions open or
-//! not, from a `read_uncommitted` client: a `read_committed` one answers with the last stable
-//! offset), then reads with `isolation.level=read_committed` from the beginning until its position
+//! not), then reads with `isolation.level=read_committed` from the beginning until its position
 //! passes that watermark: every transaction that had written before the read began is then
 //! decided (committed records are seen, aborted ones never are). The end comes from the broker's
 //! ListOffsets, asked of the partition's leader, and not from the watermarks a fetch response
-//! carries (which would spare the second client): right after a leader election the new leader's
-//! high watermark trails for a moment, and ListOffsets says so (`OFFSET_NOT_AVAILABLE`, a
+//! carries: right after a leader election the new leader's high watermark trails for a moment,
+//! and ListOffsets says so (`OFFSET_NOT_AVAILABLE`, asked again until the deadline, then a
 //! transient error) where a fetch answers with the trailing value, and a follower a consumer may
 //! fetch from (`client.rack`) answers with its own; a read ending there could miss the newest
-//! record. An exactly-once Ferry reads
-//! after `init_transactions`, which has aborted whatever its previous incarnation left open, so
-//! the read does not wait for the transaction timeout. The topic is compacted and small (one
-//! record per slot once compacted; segments roll every [`SEGMENT_MS`]), so reading it whole at
-//! start-up is cheap.
+//! record. One client does it all: the reader asks ListOffsets itself, through librdkafka's
+//! Admin API, at the isolation level the read needs (`read_uncommitted` for the high watermark,
+//! `read_committed` for [`Until::Stable`]'s last stable offset) whatever its own, and the log's
+//! start with it (past 0 once records were deleted); `list_offsets` says what librdkafka does
+//! there. An exactly-once Ferry reads after `init_transactions`, which has aborted whatever its
+//! previous incarnation left open, so the read does not wait for the transaction timeout. The
+//! topic is compacted and small (one record per slot once compacted; segments roll every
+//! [`SEGMENT_MS`]), so reading it whole at start-up is cheap.
 //!
 //! Every call is blocking (librdkafka's consumer); callers run it off the async runtime.
 
@@ -37,6 +39,10 @@ use rdkafka::ClientContext;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::kafka_client::{self, Isolation, Role};
+
+mod list_offsets;
+
+use list_offsets::Ends;
 
 /// How often the progress topic's segments roll, so that compaction can drop old records.
 ///
@@ -262,75 +268,61 @@ fn scan(
         cc.create_with_context::<_, BaseConsumer<Reader>>(Reader)
             .map_err(kafka)?,
     );
-    // The end of the log, open transactions included: asked by a read_uncommitted client, since a
-    // read_committed one answers with the last stable offset, before any open transaction.
-    // Made before the metadata is asked: it connects meanwhile (`enable.sparse.connections`
-    // is off for this role), off a restart's path.
-    let end = kafka_client::config(
-        properties,
-        Role::ProgressReader(match until {
-            Until::End => Isolation::ReadUncommitted,
-            Until::Stable => Isolation::ReadCommitted,
-        }),
-    );
-    let end = Disposed::new(
-        end.create_with_context::<_, BaseConsumer<Reader>>(Reader)
-            .map_err(kafka)?,
-    );
-    // Both clients ask for the topic's metadata, at once. The end client must know the
-    // partition's leader before its watermark query: that query asks for the leader itself,
-    // but one made before the client's connection is up is dropped, and librdkafka asks again
-    // only after a growing interval (100, 200, 300 ms, ...), which made about one start in
-    // thirty wait ~700 ms.
-    let end_metadata = || {
-        until_deadline(deadline, || {
-            end.fetch_metadata(Some(topic), remaining(deadline))
-        })
-        .map(|_| ())
+    // The end of the log, open transactions included (the high watermark), or for a read to
+    // the stable end the last stable offset: asked with ListOffsets at that isolation level,
+    // whatever the reader's own.
+    let isolation = match until {
+        Until::End => list_offsets::Isolation::ReadUncommitted,
+        Until::Stable => list_offsets::Isolation::ReadCommitted,
     };
-    let (metadata, end_metadata) = std::thread::scope(|s| {
-        let beside = std::thread::Builder::new()
-            .name("ferry-progress-end".into())
-            .spawn_scoped(s, end_metadata);
+    let Ends { low, high } = loop {
+        // The topic's metadata first: it also puts the partition's leader in the client's
+        // metadata cache, where ListOffsets looks it up. The leader must be known before
+        // ListOffsets is asked: a lookup of its own made before the client has a connection up
+        // skips its metadata request ("no usable brokers") and then waits for other metadata
+        // to arrive or for its 3 s query timer (librdkafka's
+        // `rd_kafka_topic_partition_list_query_leaders_async`). The second client's watermark
+        // query, which this replaces, asked again only after a growing interval (100, 200,
+        // 300 ms, ...): about one start in thirty waited ~700 ms until its end client asked
+        // for the metadata first. This request waits for a connection.
         let metadata = until_deadline(deadline, || {
             consumer.fetch_metadata(Some(topic), remaining(deadline))
-        });
-        let end_metadata = match beside {
-            Ok(h) => h.join().unwrap_or(Ok(())),
-            // No thread to spare: one after the other.
-            Err(_) => end_metadata(),
+        })
+        .map_err(kafka)?;
+        let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(None);
         };
-        (metadata, end_metadata)
-    });
-    let metadata = metadata.map_err(kafka)?;
-    // An end client that could not ask says so through its watermark query below.
-    if let Err(e) = end_metadata {
-        tracing::debug!(error = %e, "progress topic: the end client's metadata request failed");
-    }
-    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
-        return Ok(None);
+        match TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len()) {
+            TopicShape::Partitions(1) => {}
+            TopicShape::Missing => return Ok(None),
+            TopicShape::Partitions(partitions) => {
+                return Err(ProgressTopicError::Partitions {
+                    topic: topic.to_string(),
+                    partitions,
+                })
+            }
+            TopicShape::Settling => {
+                return Err(kafka(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::LeaderNotAvailable,
+                )))
+            }
+            TopicShape::Failed(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
+        }
+        match list_offsets::ends(consumer.client(), topic, isolation, deadline) {
+            Ok(ends) => break ends,
+            // A broker unreachable (as in `until_deadline`), or the partition's leader being
+            // elected or just elected: asked again, with fresh metadata, until the deadline; then
+            // its error, transient.
+            Err(e)
+                if (connection_trouble(&e) || list_offsets::leader_moving(&e))
+                    && Instant::now() + POLL < deadline =>
+            {
+                tracing::debug!(error = %e, "progress topic: ListOffsets failed; asking again");
+                std::thread::sleep(POLL);
+            }
+            Err(e) => return Err(kafka(e)),
+        }
     };
-    match TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len()) {
-        TopicShape::Partitions(1) => {}
-        TopicShape::Missing => return Ok(None),
-        TopicShape::Partitions(partitions) => {
-            return Err(ProgressTopicError::Partitions {
-                topic: topic.to_string(),
-                partitions,
-            })
-        }
-        TopicShape::Settling => {
-            return Err(kafka(KafkaError::MetadataFetch(
-                RDKafkaErrorCode::LeaderNotAvailable,
-            )))
-        }
-        TopicShape::Failed(code) => return Err(kafka(KafkaError::MetadataFetch(code))),
-    }
-    let (low, high) = until_deadline(deadline, || {
-        end.fetch_watermarks(topic, 0, remaining(deadline))
-    })
-    .map_err(kafka)?;
-    drop(end);
     if high <= low {
         return Ok(Some(Vec::new()));
     }
