@@ -25,7 +25,7 @@
 //! | [`Role::TopicWatchAdmin`] | the topic watch's admin client (made by the watch's thread when it first asks, [`crate::topics`]) | drops `enable.idempotence` (an admin client is a producer inside librdkafka and would ask for a producer id) and `transactional.id` |
 //! | [`Role::TopicWatchMetadata`] | the topic watch's metadata consumer (same) | drops [`PRODUCER_ONLY`] (each would log a warning on a consumer); `allow.auto.create.topics=false` (asking for a topic's metadata must not create it) |
 //! | [`Role::ProgressTopic`] | the progress topic's admin client and metadata consumer ([`crate::progress_topic::ensure_topic`]) | drops [`PRODUCER_ONLY`], `transactional.id`, `transaction.timeout.ms`; `enable.sparse.connections=false` (a client that lives for one request connects to the brokers at once: 55 -> 5 ms) |
-//! | [`Role::ProgressReader`] | the progress topic's reader, which also asks the partition's leader for the log's start and end with ListOffsets through the Admin API on its own handle ([`crate::progress_topic::read`], [`crate::progress_topic::read_slot`]) | [`Role::ProgressTopic`]'s settings, and `allow.auto.create.topics=false`, `enable.auto.commit=false`, `enable.auto.offset.store=false`, `enable.partition.eof=false`, `auto.offset.reset=earliest` (it assigns the partition and reads it whole, committing nothing), `isolation.level` as asked ([`Isolation`]); `group.id=ferry-progress-reader` unless the properties set one (assign() needs no group, librdkafka wants one anyway) |
+//! | [`Role::ProgressReader`] | the progress topic's reader, which also asks the partition's leader for the log's start and end with ListOffsets through the Admin API on its own handle ([`crate::progress_topic::read`], [`crate::progress_topic::read_slot`]) | [`Role::ProgressTopic`]'s settings, and `allow.auto.create.topics=false`, `enable.auto.commit=false`, `enable.auto.offset.store=false`, `enable.partition.eof=false`, `auto.offset.reset=earliest` (it assigns the partition and reads it whole, committing nothing), `isolation.level=read_committed` (never an aborted record; its ListOffsets requests carry their own isolation level); `group.id=ferry-progress-reader` unless the properties set one (assign() needs no group, librdkafka wants one anyway) |
 //! | [`Role::InboxConsumer`] | `ferry inbox`'s group consumer ([`crate::inbox`]) | drops what [`Role::ProgressTopic`] drops; `allow.auto.create.topics=false`, `enable.auto.commit=false`, `enable.auto.offset.store=false` (the database holds the offsets; Kafka's are advice written after each commit), `enable.partition.eof=false`, `isolation.level=read_committed` (never an aborted record), `auto.offset.reset=earliest` (an offset lost to retention resumes at the oldest record left) |
 //! | [`Role::Verbatim`] | `ferry check`'s metadata producer, broker admin client and throwaway transactional producer ([`crate::check`]); [`crate::config::builtin_features`] (no properties: librdkafka's defaults) | nothing: the properties as given |
 //!
@@ -87,32 +87,13 @@ pub enum Role {
     TopicWatchMetadata,
     /// The progress topic's admin client and metadata consumer.
     ProgressTopic,
-    /// A consumer reading the progress topic from its beginning.
-    ProgressReader(Isolation),
+    /// A consumer reading the progress topic from its beginning, committed records only.
+    ProgressReader,
     /// `ferry inbox`'s group consumer: it seeks to the offsets the database holds and commits
     /// to Kafka only as advice.
     InboxConsumer,
     /// The properties as given, nothing added or dropped.
     Verbatim,
-}
-
-/// A consumer's `isolation.level`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    /// Committed records only; its end is the last stable offset.
-    ReadCommitted,
-    /// Every record, open transactions included; its end is the high watermark.
-    ReadUncommitted,
-}
-
-impl Isolation {
-    /// The librdkafka spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Isolation::ReadCommitted => "read_committed",
-            Isolation::ReadUncommitted => "read_uncommitted",
-        }
-    }
 }
 
 impl Role {
@@ -121,7 +102,7 @@ impl Role {
         match self {
             Role::Producer => vec![("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string())],
             // assign() needs no group; librdkafka wants the property for some code paths anyway.
-            Role::ProgressReader(_) => vec![("group.id", PROGRESS_READER_GROUP.to_owned())],
+            Role::ProgressReader => vec![("group.id", PROGRESS_READER_GROUP.to_owned())],
             _ => Vec::new(),
         }
     }
@@ -139,7 +120,7 @@ impl Role {
                 "transactional.id",
             ],
             Role::TopicWatchMetadata => PRODUCER_ONLY.to_vec(),
-            Role::ProgressTopic | Role::ProgressReader(_) | Role::InboxConsumer => {
+            Role::ProgressTopic | Role::ProgressReader | Role::InboxConsumer => {
                 let mut dropped = PRODUCER_ONLY.to_vec();
                 dropped.extend(["transactional.id", "transaction.timeout.ms"]);
                 dropped
@@ -177,13 +158,13 @@ impl Role {
                 ("isolation.level", "read_committed"),
                 ("auto.offset.reset", "earliest"),
             ],
-            Role::ProgressReader(isolation) => vec![
+            Role::ProgressReader => vec![
                 ("enable.sparse.connections", "false"),
                 ("allow.auto.create.topics", "false"),
                 ("enable.auto.commit", "false"),
                 ("enable.auto.offset.store", "false"),
                 ("enable.partition.eof", "false"),
-                ("isolation.level", isolation.as_str()),
+                ("isolation.level", "read_committed"),
                 ("auto.offset.reset", "earliest"),
             ],
         }
@@ -468,27 +449,22 @@ mod tests {
     }
 
     #[test]
-    fn the_progress_reader_reads_everything_and_commits_nothing() {
-        for (isolation, level) in [
-            (Isolation::ReadCommitted, "read_committed"),
-            (Isolation::ReadUncommitted, "read_uncommitted"),
-        ] {
-            let cc = config(&producer_like(), Role::ProgressReader(isolation));
-            let want = with_shared(&[
-                ("debug", "protocol"),
-                ("topic.metadata.propagation.max.ms", "1800000"),
-                ("enable.sparse.connections", "false"),
-                ("allow.auto.create.topics", "false"),
-                ("enable.auto.commit", "false"),
-                ("enable.auto.offset.store", "false"),
-                ("enable.partition.eof", "false"),
-                ("isolation.level", level),
-                ("auto.offset.reset", "earliest"),
-                ("group.id", "ferry-progress-reader"),
-            ]);
-            assert_eq!(map(&cc), want, "{isolation:?}");
-            assert!(!logs_at_debug(&cc));
-        }
+    fn the_progress_reader_reads_everything_committed_and_commits_nothing() {
+        let cc = config(&producer_like(), Role::ProgressReader);
+        let want = with_shared(&[
+            ("debug", "protocol"),
+            ("topic.metadata.propagation.max.ms", "1800000"),
+            ("enable.sparse.connections", "false"),
+            ("allow.auto.create.topics", "false"),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("enable.partition.eof", "false"),
+            ("isolation.level", "read_committed"),
+            ("auto.offset.reset", "earliest"),
+            ("group.id", "ferry-progress-reader"),
+        ]);
+        assert_eq!(map(&cc), want);
+        assert!(!logs_at_debug(&cc));
     }
 
     #[test]
@@ -500,7 +476,7 @@ mod tests {
                 ("enable.auto.commit", "true"),
                 ("auto.offset.reset", "latest"),
             ]),
-            Role::ProgressReader(Isolation::ReadCommitted),
+            Role::ProgressReader,
         );
         assert_eq!(cc.get("group.id"), Some("mine"));
         assert_eq!(cc.get("isolation.level"), Some("read_committed"));
@@ -526,8 +502,7 @@ mod tests {
             Role::TopicWatchAdmin,
             Role::TopicWatchMetadata,
             Role::ProgressTopic,
-            Role::ProgressReader(Isolation::ReadCommitted),
-            Role::ProgressReader(Isolation::ReadUncommitted),
+            Role::ProgressReader,
             Role::Verbatim,
         ] {
             let cc = config(&properties, role);

@@ -38,7 +38,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::ClientContext;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use crate::kafka_client::{self, Isolation, Role};
+use crate::kafka_client::{self, Role};
 
 mod list_offsets;
 
@@ -263,7 +263,7 @@ fn scan(
     let deadline = Instant::now() + timeout;
     let kafka = |error| kafka_error(topic, "reading the progress topic", properties, error);
     // Reads from the beginning with read_committed, commits nothing, creates no topic.
-    let cc = kafka_client::config(properties, Role::ProgressReader(Isolation::ReadCommitted));
+    let cc = kafka_client::config(properties, Role::ProgressReader);
     let consumer = Disposed::new(
         cc.create_with_context::<_, BaseConsumer<Reader>>(Reader)
             .map_err(kafka)?,
