@@ -275,6 +275,10 @@ fn scan(
         Until::End => list_offsets::Isolation::ReadUncommitted,
         Until::Stable => list_offsets::Isolation::ReadCommitted,
     };
+    // A topic seen once and then missing from a later answer (a broker whose metadata lags,
+    // in the turmoil that made ListOffsets fail) is no proof the topic is gone: that answer is
+    // a transient error, never "no topic" (which would read as no record).
+    let mut seen = false;
     let Ends { low, high } = loop {
         // The topic's metadata first: it also puts the partition's leader in the client's
         // metadata cache, where ListOffsets looks it up. The leader must be known before
@@ -289,11 +293,17 @@ fn scan(
             consumer.fetch_metadata(Some(topic), remaining(deadline))
         })
         .map_err(kafka)?;
-        let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
-            return Ok(None);
+        let shape = match metadata.topics().iter().find(|t| t.name() == topic) {
+            Some(t) => TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len()),
+            None => TopicShape::Missing,
         };
-        match TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len()) {
-            TopicShape::Partitions(1) => {}
+        match shape {
+            TopicShape::Partitions(1) => seen = true,
+            TopicShape::Missing if seen => {
+                return Err(kafka(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::UnknownTopicOrPartition,
+                )))
+            }
             TopicShape::Missing => return Ok(None),
             TopicShape::Partitions(partitions) => {
                 return Err(ProgressTopicError::Partitions {

@@ -23,7 +23,10 @@
 //!   is up: the admin worker waits for the broker's state to change
 //!   (`rd_kafka_admin_common_get_broker`), it is not dropped and asked again later.
 //! - No leader known (none elected, or its broker unknown) fails the call as a whole with
-//!   `_NOENT` ("Failed to query partition leaders: No leaders found"). A broker's answer is not
+//!   `_NOENT` ("Failed to query partition leaders: No leaders found"). So does a topic whose
+//!   cache entry failed for good (an authorization failure, say), which is asked again like a
+//!   moving leader until the deadline; the metadata check just before each call reports such
+//!   a topic first, with its own error. A broker's answer is not
 //!   retried: a partition's error (`OFFSET_NOT_AVAILABLE`, `NOT_LEADER_OR_FOLLOWER`,
 //!   `FENCED_LEADER_EPOCH`, ...) comes back in the partition's `err`, and for
 //!   `NOT_LEADER_OR_FOLLOWER` and `LEADER_NOT_AVAILABLE` the topic's cache entry is dropped
@@ -136,13 +139,20 @@ pub(super) fn leader_moving(e: &KafkaError) -> bool {
     )
 }
 
+/// How long one call may wait for its leader's answer, at most. A request waits for its
+/// broker's connection for its whole timeout: a leader whose broker is down (the usual case
+/// in a failover) would otherwise hold the call until the read's deadline, and the caller
+/// could never ask again with fresh metadata. A call that times out comes back unanswered
+/// (`BrokerTransportFailure`), which the caller asks again.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Partition 0 of `topic`: its log start offset and its end at `isolation`, asked of its leader
 /// by `client` (see the [module documentation](self)), by `deadline`.
 ///
 /// Errors are [`KafkaError::OffsetFetch`]: the call's or the partition's error; a request to the
 /// leader that failed as a whole is `BrokerTransportFailure` before the deadline (librdkafka
-/// does not say why; short of the timeout, which is the deadline, its connection is what fails)
-/// and `OperationTimedOut` after it, as is a call not answered by the deadline.
+/// does not say why: its connection, or [`CALL_TIMEOUT`]) and `OperationTimedOut` after it, as
+/// is a call not answered by the deadline.
 pub(super) fn ends<C: ClientContext>(
     client: &Client<C>,
     topic: &str,
@@ -150,7 +160,7 @@ pub(super) fn ends<C: ClientContext>(
     deadline: Instant,
 ) -> Result<Ends, KafkaError> {
     let rk = client.native_ptr();
-    let options = Options::new(rk, isolation, left(deadline))?;
+    let options = Options::new(rk, isolation, left(deadline).min(CALL_TIMEOUT))?;
     let queue = Queue::new(rk)?;
     for spec in [Spec::Latest, Spec::Earliest] {
         let mut partitions = TopicPartitionList::new();
