@@ -320,11 +320,14 @@ fn scan(
         }
         match list_offsets::ends(consumer.client(), topic, isolation, deadline) {
             Ok(ends) => break ends,
-            // A broker unreachable (as in `until_deadline`), or the partition's leader being
-            // elected or just elected: asked again, with fresh metadata, until the deadline; then
-            // its error, transient.
+            // A broker unreachable (as in `until_deadline`), the partition's leader being
+            // elected or just elected, or a call past its own timeout (`CALL_TIMEOUT`, shorter
+            // than the read's): asked again, with fresh metadata, until the deadline; then its
+            // error, transient.
             Err(e)
-                if (connection_trouble(&e) || list_offsets::leader_moving(&e))
+                if (connection_trouble(&e)
+                    || list_offsets::leader_moving(&e)
+                    || list_offsets::timed_out(&e))
                     && Instant::now() + POLL < deadline =>
             {
                 tracing::debug!(error = %e, "progress topic: ListOffsets failed; asking again");

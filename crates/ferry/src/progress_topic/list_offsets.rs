@@ -146,6 +146,12 @@ pub(super) fn leader_moving(e: &KafkaError) -> bool {
 /// (`BrokerTransportFailure`), which the caller asks again.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Whether a call failed for its own timeout ([`CALL_TIMEOUT`]; librdkafka's leader lookup
+/// says `_TIMED_OUT`): asking again before the read's deadline can succeed.
+pub(super) fn timed_out(e: &KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut)
+}
+
 /// Partition 0 of `topic`: its log start offset and its end at `isolation`, asked of its leader
 /// by `client` (see the [module documentation](self)), by `deadline`.
 ///
@@ -451,6 +457,19 @@ mod tests {
             E::BrokerTransportFailure,
         ] {
             assert!(!leader_moving(&KafkaError::OffsetFetch(code)), "{code:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_call_past_its_own_timeout_timed_out() {
+        use RDKafkaErrorCode as E;
+        assert!(timed_out(&KafkaError::OffsetFetch(E::OperationTimedOut)));
+        for code in [
+            E::BrokerTransportFailure,
+            E::NoEnt,
+            E::TopicAuthorizationFailed,
+        ] {
+            assert!(!timed_out(&KafkaError::OffsetFetch(code)), "{code:?}");
         }
     }
 
