@@ -145,6 +145,22 @@ fn is_alloc(name: &str, object: &str) -> bool {
                 || name.ends_with("trim")))
 }
 
+/// Whether a function is mimalloc's or jemalloc's, by its file (their inlined helpers have many
+/// names): built into the binary from `libmimalloc-sys`' or `tikv-jemalloc-sys`' sources, their
+/// `malloc` and `free` overrides included, or a preloaded `libmimalloc.so` / `libjemalloc.so`
+/// (`LD_PRELOAD`, which `ferry-bench` passes to Ferry). The allocators round 26 counted
+/// (bench/README.md).
+fn is_other_allocator(file: &str, object: &str) -> bool {
+    let object = basename(object);
+    file.contains("/libmimalloc-sys-")
+        || file.contains("/mimalloc/src/")
+        || file.contains("/include/mimalloc/")
+        || file.contains("/tikv-jemalloc-sys-")
+        || file.contains("/include/jemalloc/")
+        || object.starts_with("libmimalloc")
+        || object.starts_with("libjemalloc")
+}
+
 /// The component of a function (of Ferry's process, or any other).
 pub fn component(f: &Func) -> Component {
     let name = f.name.as_str();
@@ -166,7 +182,7 @@ pub fn component(f: &Func) -> Component {
     {
         return Component::Zstd;
     }
-    if is_alloc(name, &f.object) {
+    if is_alloc(name, &f.object) || is_other_allocator(&f.file, &f.object) {
         return Component::Alloc;
     }
     let k = krate(name);
@@ -1219,6 +1235,30 @@ mod tests {
             Component::Alloc
         );
         assert_eq!(component(&f(bin, "", "__rust_alloc")), Component::Alloc);
+        let mi = "/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/libmimalloc-sys-0.1.49/c_src/mimalloc/v3";
+        assert_eq!(
+            component(&f(bin, &format!("{mi}/src/page.c"), "_mi_malloc_generic")),
+            Component::Alloc
+        );
+        assert_eq!(
+            component(&f(
+                bin,
+                &format!("{mi}/include/mimalloc/internal.h"),
+                "free"
+            )),
+            Component::Alloc
+        );
+        let preloaded = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0";
+        assert_eq!(component(&f(preloaded, "???", "mi_free")), Component::Alloc);
+        let je = "target/release/build/tikv-jemalloc-sys-f687bc5b1739903c/out/build";
+        assert_eq!(
+            component(&f(
+                bin,
+                &format!("{je}/src/arena.c"),
+                "_rjem_je_arena_ptr_array_flush"
+            )),
+            Component::Alloc
+        );
         assert_eq!(
             component(&f(libc, "memmove.S", "__memcpy_avx_unaligned_erms")),
             Component::Rest
