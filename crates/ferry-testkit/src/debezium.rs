@@ -46,6 +46,10 @@ pub const TEST_JVM_OPTS: &str = "-Xms128m -Xmx512m -XX:+UseSerialGC -XX:TieredSt
 pub const CONNECT_SCRIPT_JVM_OPTS: &str = "-Xms256M -Xmx2G -server -XX:+UseG1GC \
      -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
      -XX:+ExplicitGCInvokesConcurrent";
+/// How long [`Connect::stop`] waits for the worker to exit after SIGTERM before SIGKILL: a
+/// shutdown that works takes a few seconds (its tasks get `task.shutdown.graceful.timeout.ms`,
+/// 5 s).
+pub const STOP_DEADLINE: Duration = Duration::from_secs(30);
 /// The Outbox Event Router's class.
 pub const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
 /// Debezium's PostgreSQL connector's class.
@@ -412,11 +416,32 @@ impl Connect {
         }
     }
 
-    /// Stops the worker with SIGTERM (Connect commits its offsets and stops its tasks) and waits.
+    /// Stops the worker with SIGTERM (Connect commits its offsets and stops its tasks) and waits
+    /// for it, at most [`STOP_DEADLINE`]; then kills it with SIGKILL, as a crash would.
+    ///
+    /// Connect's shutdown can hang for good: its hook stops the REST server first, whose Jetty
+    /// 12 `Server.join` then waits on a thread pool that Jetty's own shutdown hook, run at the
+    /// same time, left started ("Unable to destroy ... IllegalStateException: STARTED" in the
+    /// log), while the task goes on streaming (seen once in 2026-11-28's CI run, 12 minutes and
+    /// counting). Its tasks' offsets are then those committed last (`offset.flush.interval.ms`),
+    /// and what it sent past them comes again: the duplicates a crash may cause.
     pub fn stop(&self) {
         let taken = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut c) = taken {
             process::signal(&c, libc::SIGTERM);
+            let start = Instant::now();
+            while matches!(c.try_wait(), Ok(None)) {
+                if start.elapsed() >= STOP_DEADLINE {
+                    eprintln!(
+                        "Kafka Connect ({}) did not stop within {STOP_DEADLINE:?} of SIGTERM: \
+                         killed with SIGKILL",
+                        self.dir.display()
+                    );
+                    let _ = c.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
             let _ = c.wait();
         }
     }
