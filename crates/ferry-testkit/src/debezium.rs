@@ -419,12 +419,12 @@ impl Connect {
     /// Stops the worker with SIGTERM (Connect commits its offsets and stops its tasks) and waits
     /// for it, at most [`STOP_DEADLINE`]; then kills it with SIGKILL, as a crash would.
     ///
-    /// Connect's shutdown can hang for good: its hook stops the REST server first, whose Jetty
-    /// 12 `Server.join` then waits on a thread pool that Jetty's own shutdown hook, run at the
-    /// same time, left started ("Unable to destroy ... IllegalStateException: STARTED" in the
-    /// log), while the task goes on streaming (seen once in 2026-11-28's CI run, 12 minutes and
-    /// counting). Its tasks' offsets are then those committed last (`offset.flush.interval.ms`),
-    /// and what it sent past them comes again: the duplicates a crash may cause.
+    /// Connect's shutdown can hang for good. Seen once (a local CI run, 2026-11-28: 12 minutes
+    /// and counting): its shutdown hook, stopping the REST server first, waited in Jetty 12's
+    /// `Server.join` for a thread pool that did not stop; Jetty's own shutdown hook had logged
+    /// "Unable to destroy ... IllegalStateException: STARTED"; the task went on streaming. Its
+    /// offsets are then those committed last (`offset.flush.interval.ms`), and what it sent past
+    /// them comes again: the duplicates a crash may cause.
     pub fn stop(&self) {
         let taken = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut c) = taken {
