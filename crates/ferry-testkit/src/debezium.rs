@@ -428,21 +428,13 @@ impl Connect {
     pub fn stop(&self) {
         let taken = self.child.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut c) = taken {
-            process::signal(&c, libc::SIGTERM);
-            let start = Instant::now();
-            while matches!(c.try_wait(), Ok(None)) {
-                if start.elapsed() >= STOP_DEADLINE {
-                    eprintln!(
-                        "Kafka Connect ({}) did not stop within {STOP_DEADLINE:?} of SIGTERM: \
-                         killed with SIGKILL",
-                        self.dir.display()
-                    );
-                    let _ = c.kill();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
+            if !process::terminate_within(&mut c, STOP_DEADLINE) {
+                eprintln!(
+                    "Kafka Connect ({}) did not stop within {STOP_DEADLINE:?} of SIGTERM: killed \
+                     with SIGKILL; its log is connect.log there",
+                    self.dir.display()
+                );
             }
-            let _ = c.wait();
         }
     }
 

@@ -11,6 +11,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
 
@@ -63,6 +64,24 @@ pub fn spawn_owned(mut cmd: Command, signal: libc::c_int) -> io::Result<Child> {
 /// Sends `signal` to a child (no-op if it already exited).
 pub fn signal(child: &Child, signal: libc::c_int) {
     signal_pid(child.id(), signal);
+}
+
+/// Sends SIGTERM to `child` and waits for it to exit, at most `deadline`; past it, kills it
+/// with SIGKILL and reaps it. Returns whether it exited by itself (a SIGTERM it ignores, or a
+/// shutdown that hangs, ends in SIGKILL: what a crash would do).
+pub fn terminate_within(child: &mut Child, deadline: Duration) -> bool {
+    signal(child, libc::SIGTERM);
+    let start = Instant::now();
+    while matches!(child.try_wait(), Ok(None)) {
+        if start.elapsed() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.wait();
+    true
 }
 
 /// Sends `signal` to process `pid`, one this process started (no-op if it already exited).
@@ -221,4 +240,41 @@ pub fn jars(
             find(None, &cache)
         })
         .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminate_within_waits_for_an_exit_and_kills_past_the_deadline() {
+        // A shell that has set its SIGTERM disposition once it says "ready".
+        let sh = |script: &str| {
+            let mut c = Command::new("sh")
+                .args([
+                    "-c",
+                    &format!("{script}; echo ready; while :; do sleep 1; done"),
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("sh");
+            let mut line = String::new();
+            io::BufRead::read_line(
+                &mut io::BufReader::new(c.stdout.take().expect("stdout")),
+                &mut line,
+            )
+            .expect("read");
+            assert_eq!(line, "ready\n");
+            c
+        };
+        // Exits on SIGTERM: reaped, by itself.
+        let mut obeys = sh("true");
+        assert!(terminate_within(&mut obeys, Duration::from_secs(30)));
+        // Ignores SIGTERM: killed at the deadline, and reaped.
+        let mut ignores = sh("trap '' TERM");
+        let start = Instant::now();
+        assert!(!terminate_within(&mut ignores, Duration::from_millis(300)));
+        assert!(start.elapsed() < Duration::from_secs(10));
+        assert!(matches!(ignores.try_wait(), Ok(Some(_))));
+    }
 }
