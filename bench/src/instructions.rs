@@ -137,6 +137,10 @@ fn is_alloc(name: &str, object: &str) -> bool {
         || name.starts_with("__libc_calloc")
         || name.starts_with("__libc_realloc")
         || name.starts_with("__libc_memalign")
+        // the chunk cache in front of glibc (`ferry::malloc::cache`, reached by `--wrap`: round 27,
+        // branch `chunk-cache`, bench/README.md)
+        || name.starts_with("__wrap_")
+        || name.starts_with("ferry::malloc::")
         || (libc
             && (name.starts_with("_int_")
                 || name.starts_with("tcache")
@@ -1246,6 +1250,11 @@ mod tests {
                 &format!("{mi}/include/mimalloc/internal.h"),
                 "free"
             )),
+            Component::Alloc
+        );
+        assert_eq!(component(&f(bin, "", "__wrap_free")), Component::Alloc);
+        assert_eq!(
+            component(&f(bin, "", "ferry::malloc::cache::Lists::push")),
             Component::Alloc
         );
         let preloaded = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2.0";
