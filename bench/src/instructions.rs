@@ -137,8 +137,9 @@ fn is_alloc(name: &str, object: &str) -> bool {
         || name.starts_with("__libc_calloc")
         || name.starts_with("__libc_realloc")
         || name.starts_with("__libc_memalign")
-        // the chunk cache in front of glibc (`ferry::malloc::cache`, reached by `--wrap`: round 27,
-        // branch `chunk-cache`, bench/README.md)
+        // Ferry's glibc settings (`ferry::malloc::tune`, once at start) and the chunk cache in
+        // front of glibc (`ferry::malloc::cache`, reached by `--wrap`: round 27, branch
+        // `chunk-cache`, bench/README.md)
         || name.starts_with("__wrap_")
         || name.starts_with("ferry::malloc::")
         || (libc
