@@ -26,9 +26,6 @@ use crate::frame::{self, StreamFrame};
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
-/// Read buffer growth step; large messages (a 1 MB payload) reserve exactly what they need.
-const READ_CHUNK: usize = 64 * 1024;
-
 /// How long [`ReplicationConnection::close`] waits for the server to end the stream.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -222,7 +219,7 @@ impl ReplicationConnection {
         };
         let mut conn = ReplicationConnection {
             io,
-            read: BytesMut::with_capacity(READ_CHUNK),
+            read: BytesMut::with_capacity(frame::READ_CHUNK),
             write: BytesMut::with_capacity(1024),
             parameters: HashMap::new(),
             backend_pid: 0,
@@ -517,13 +514,14 @@ impl ReplicationConnection {
         }
     }
 
-    /// The first whole message in the read buffer, if one is there (reserving room for the
-    /// rest of a partial one).
+    /// The first whole message in the read buffer, if one is there (making room for the rest
+    /// of a partial one, moving it to a new chunk only when it does not fit: [`frame::room_for`]).
     fn parse_frame(&mut self) -> Result<Option<Frame>, ReaderError> {
         let Some(raw) = frame::split(&mut self.read)? else {
-            let total = frame::frame_len(&self.read)?.unwrap_or(0);
-            self.read
-                .reserve(total.max(READ_CHUNK).saturating_sub(self.read.len()));
+            let total = frame::frame_len(&self.read)?;
+            if let Some(more) = frame::room_for(self.read.len(), self.read.capacity(), total) {
+                self.read.reserve(more);
+            }
             return Ok(None);
         };
         Ok(Some(match StreamFrame::decode(raw)? {
