@@ -19,7 +19,7 @@
 //!
 //! | role | client, where | what it sets, and why |
 //! |---|---|---|
-//! | [`Role::Producer`] | the relay's producer, idempotent or transactional ([`crate::producer::Producer::new`]) | `statistics.interval.ms` = [`STATISTICS_INTERVAL_MS`] unless the properties set it: the brokers' view (`ferry_kafka_brokers_up`, `/readyz`) comes from the statistics |
+//! | [`Role::Producer`] | the relay's producer, idempotent or transactional ([`crate::producer::Producer::new`]) | `statistics.interval.ms` = [`STATISTICS_INTERVAL_MS`] unless the properties set it: the brokers' view (`ferry_kafka_brokers_up`, `/readyz`) comes from the statistics; `message.copy.max.bytes` = [`MESSAGE_COPY_MAX_BYTES`] unless they set it: a value above it goes into the produce request by reference to librdkafka's copy, not copied again |
 //! | [`Role::BrokerProbe`] | the bootstrap probe ([`crate::kafka_access::probe`]) | drops `transactional.id`; `enable.idempotence=false` (an idempotent client adds connection requests of its own); `reconnect.backoff.ms=500`, `reconnect.backoff.max.ms=10000` (attempts 250 ms apart); `enable.sparse.connections=false` (the first metadata response retires the bootstrap broker and fails the request it carried: the retry needs a learned broker, which a sparse client would connect to only after 250 ms); adds `broker` to the user's `debug` contexts (the state changes tell an accepted connection from a refused one); log level Debug (so the debug lines reach the client's context) |
 //! | [`Role::ApiVersionsProbe`] | the transactions API probe ([`crate::txn_probe::probe`]) | drops `transactional.id` (it initialises nothing) and the user's `debug`; `debug=feature` (the ApiVersions lines it judges); log level Debug |
 //! | [`Role::TopicWatchAdmin`] | the topic watch's admin client (made by the watch's thread when it first asks, [`crate::topics`]) | drops `enable.idempotence` (an admin client is a producer inside librdkafka and would ask for a producer id) and `transactional.id` |
@@ -34,7 +34,7 @@
 //! [`config`] applies, in this order: the role's defaults, the `properties` in their order (a
 //! property given twice: the later wins), the role's dropped properties, the role's fixed
 //! settings, then the `debug` contexts the role adds to whatever `debug` is by then. So a
-//! default yields to the properties (`statistics.interval.ms` for [`Role::Producer`],
+//! default yields to the properties (`statistics.interval.ms` and `message.copy.max.bytes` for [`Role::Producer`],
 //! `group.id` for [`Role::ProgressReader`]), and a fixed setting wins over them (everything
 //! else in the table). Each role keeps the precedence its site had before the builder existed.
 //!
@@ -45,7 +45,7 @@
 
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 
-use crate::config::defaults::STATISTICS_INTERVAL_MS;
+use crate::config::defaults::{MESSAGE_COPY_MAX_BYTES, STATISTICS_INTERVAL_MS};
 
 /// Properties Ferry sets on the producer that a consumer-type client does not know (each would
 /// log a warning there).
@@ -100,7 +100,10 @@ impl Role {
     /// Set before the properties: they win.
     fn defaults(self) -> Vec<(&'static str, String)> {
         match self {
-            Role::Producer => vec![("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string())],
+            Role::Producer => vec![
+                ("statistics.interval.ms", STATISTICS_INTERVAL_MS.to_string()),
+                ("message.copy.max.bytes", MESSAGE_COPY_MAX_BYTES.to_string()),
+            ],
             // assign() needs no group; librdkafka wants the property for some code paths anyway.
             Role::ProgressReader => vec![("group.id", PROGRESS_READER_GROUP.to_owned())],
             _ => Vec::new(),
@@ -294,13 +297,14 @@ mod tests {
     }
 
     #[test]
-    fn the_producer_keeps_every_property_and_adds_statistics() {
+    fn the_producer_keeps_every_property_and_adds_statistics_and_the_copy_limit() {
         let cc = config(&producer_like(), Role::Producer);
         let mut want = BTreeMap::new();
         for (k, v) in producer_like() {
             want.insert(k, v);
         }
         want.insert("statistics.interval.ms".into(), "1000".into());
+        want.insert("message.copy.max.bytes".into(), "4096".into());
         assert_eq!(map(&cc), want);
         assert_eq!(
             cc.get("message.timeout.ms"),
@@ -311,9 +315,13 @@ mod tests {
     }
 
     #[test]
-    fn the_producers_statistics_interval_yields_to_the_properties() {
-        let cc = config(&props(&[("statistics.interval.ms", "0")]), Role::Producer);
-        assert_eq!(map(&cc), expect(&[("statistics.interval.ms", "0")]));
+    fn the_producers_defaults_yield_to_the_properties() {
+        let given = [
+            ("statistics.interval.ms", "0"),
+            ("message.copy.max.bytes", "65535"),
+        ];
+        let cc = config(&props(&given), Role::Producer);
+        assert_eq!(map(&cc), expect(&given));
     }
 
     #[test]

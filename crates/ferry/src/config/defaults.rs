@@ -106,6 +106,11 @@ pub const RECONNECT_BACKOFF_MS: u32 = 20;
 /// librdkafka's `statistics.interval.ms` for the relay's producers unless `kafka.properties`
 /// sets it: the brokers' view (`ferry_kafka_brokers_up`, `/readyz`) is this fresh.
 pub const STATISTICS_INTERVAL_MS: u32 = 1000;
+/// librdkafka's `message.copy.max.bytes` for the relay's producers unless `kafka.properties`
+/// sets it: a larger value goes into a produce request by reference to librdkafka's own copy of
+/// it (which lives until its delivery report anyway), not copied again. librdkafka's default,
+/// 65,535, copied 16 KB rows a second time whenever the request's buffer had room.
+pub const MESSAGE_COPY_MAX_BYTES: u32 = 4096;
 
 // [http]
 /// `http.listen`: loopback only; set `0.0.0.0:9187` (or `[::]:9187`) to expose it.
