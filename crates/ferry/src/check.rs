@@ -447,7 +447,7 @@ async fn inspect(
         std::future::ready(()),
     )
     .await
-    .map(|(facts, ())| facts)
+    .map(|(facts, _)| facts)
     .map_err(|e| match e {
         FactsError::Server(e) => InspectError::Unknown(e.to_string()),
         FactsError::Join(e) => InspectError::Unknown(e),

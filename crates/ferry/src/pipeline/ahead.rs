@@ -10,7 +10,8 @@
 //! Only the reading moves. Each answer is used at the place it was asked before; a read or a
 //! connection that failed ahead is done again there, so its error is reported where it always
 //! was, after the verdict's own: a refused start still reports why it was refused, not a
-//! table's problem. A first start (the slot or the publication missing) reads the tables and
+//! table's problem, and at once, dropping what is still being read ahead
+//! ([`super::start::Beside`]). A first start (the slot or the publication missing) reads the tables and
 //! connects after `ensure` created them, as before, and only its survey is reused. The survey
 //! is taken between the verdict's two reads of the slot, which must agree.
 //!

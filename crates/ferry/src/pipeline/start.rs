@@ -66,11 +66,45 @@ impl From<FactsError> for PipelineError {
     }
 }
 
+/// What runs beside the progress read ([`StartFacts::read`]): finished, or still running when
+/// the read was done. The caller waits for it only if it still wants it: a start the verdict
+/// refuses says why at once, not after a connection still being opened beside it (a host list
+/// whose first hosts time out holds that for a connect timeout each).
+pub(crate) enum Beside<B: Future> {
+    Done(B::Output),
+    Running(std::pin::Pin<Box<B>>),
+}
+
+impl<B: Future> Beside<B> {
+    /// Runs `other` to its end, going on with this meanwhile.
+    pub async fn alongside<F: Future>(&mut self, other: F) -> F::Output {
+        let Beside::Running(running) = self else {
+            return other.await;
+        };
+        let mut other = std::pin::pin!(other);
+        let done = tokio::select! {
+            out = other.as_mut() => return out,
+            done = running.as_mut() => done,
+        };
+        *self = Beside::Done(done);
+        other.await
+    }
+
+    /// Its output, waiting for it if it still runs.
+    pub async fn finish(self) -> B::Output {
+        match self {
+            Beside::Done(out) => out,
+            Beside::Running(running) => running.await,
+        }
+    }
+}
+
 impl StartFacts {
     /// Reads the slot, the server, then the progress topic (to `until`, within `timeout`).
     /// `refuse_active`: a slot another process streams is [`ReaderError::SlotInUse`].
-    /// `beside` runs while the progress topic is read (after the slot and the server are); its
-    /// output comes back with the facts, and it is dropped unfinished when the read fails.
+    /// `beside` runs while the progress topic is read (after the slot and the server are); it
+    /// comes back with the facts, finished or not ([`Beside`]), and it is dropped unfinished
+    /// when the read fails.
     pub async fn read<B: Future>(
         s: &PipelineSettings,
         sql: &tokio_postgres::Client,
@@ -78,7 +112,7 @@ impl StartFacts {
         timeout: Duration,
         refuse_active: bool,
         beside: B,
-    ) -> Result<(StartFacts, B::Output), FactsError> {
+    ) -> Result<(StartFacts, Beside<B>), FactsError> {
         let name = &s.slot.slot;
         // Sent at once: the connection pipelines the three (their errors are taken in order).
         let (state, identity, in_recovery) = tokio::join!(
@@ -122,21 +156,11 @@ impl StartFacts {
             history
         };
         // Both, but a failed read returns at once (what runs beside is dropped).
-        let (mut history, mut beside) = (std::pin::pin!(history), std::pin::pin!(beside));
-        let mut beside_done = None;
-        let history = loop {
-            tokio::select! {
-                history = &mut history => break history,
-                done = &mut beside, if beside_done.is_none() => beside_done = Some(done),
-            }
-        };
+        let mut beside = Beside::Running(Box::pin(beside));
+        let history = beside.alongside(history).await;
         let history = history
             .map_err(|e| FactsError::Join(e.to_string()))?
             .map_err(FactsError::Topic)?;
-        let beside = match beside_done {
-            Some(done) => done,
-            None => beside.await,
-        };
         let remembered = history.remembered(identity.system_id);
         let facts = StartFacts {
             state,
@@ -313,8 +337,9 @@ impl Driver<'_> {
     }
 
     /// The start-time verdict (see the module docs): may this session stream from the slot?
-    /// `beside` runs while the progress topic is read ([`StartFacts::read`]); its output is
-    /// returned only with a verdict that lets the session start.
+    /// `beside` runs while the progress topic is read ([`StartFacts::read`]) and the slot is
+    /// read again; its output is waited for, and returned, only with a verdict that lets the
+    /// session start (a refusal drops it unfinished).
     pub(super) async fn verdict<B: Future>(
         &mut self,
         sql: &tokio_postgres::Client,
@@ -328,12 +353,12 @@ impl Driver<'_> {
             None => progress_topic::Until::End,
         };
         // The slot first, then the progress topic (see the module docs for why this order).
-        let (facts, beside) =
+        let (facts, mut beside) =
             StartFacts::read(s, sql, until, PROGRESS_TIMEOUT, true, beside).await?;
         // The slot again: another Ferry starting at the same moment may have created it (and
         // written its first record) between the two reads, which would look like a lost slot.
         // A slot that changed while Ferry looked is judged on the next attempt.
-        let again = slot::slot_state(sql, name).await?;
+        let again = beside.alongside(slot::slot_state(sql, name)).await?;
         if let Some(pid) = again.as_ref().and_then(|st| st.active_pid) {
             return Err(ReaderError::SlotInUse {
                 slot: name.clone(),
@@ -358,9 +383,10 @@ impl Driver<'_> {
         if let Some(r) = record_lsn {
             self.metrics.progress_lsn.set(r.0);
         }
-        self.start_of(verdict, facts.identity, record_lsn, &facts.remembered)
-            .map(|start| (start, beside))
-            .map_err(|refusal| PipelineError::Gap(*refusal))
+        let start = self
+            .start_of(verdict, facts.identity, record_lsn, &facts.remembered)
+            .map_err(|refusal| PipelineError::Gap(*refusal))?;
+        Ok((start, beside.finish().await))
     }
 
     /// What the verdict lets this session do, said in the log.
@@ -469,5 +495,50 @@ pub(super) async fn transactions_supported(s: &PipelineSettings) -> Result<(), P
         Err(e) => Err(PipelineError::ProducerFatal(format!(
             "asking the Kafka brokers which APIs they serve: {e}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Beside;
+    use std::time::Duration;
+    use tokio::sync::oneshot;
+
+    /// A deadline for a future that must not hang (a hang fails the test, it does not time it).
+    async fn soon<F: std::future::Future>(f: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(30), f)
+            .await
+            .expect("hung: it should not wait for what runs beside")
+    }
+
+    #[tokio::test]
+    async fn what_runs_beside_never_holds_up_the_read_it_runs_beside() {
+        // Still running when the other ends: the other's answer comes at once, and the one
+        // beside goes on (finished later, or dropped unfinished by a refusal).
+        let (tx, rx) = oneshot::channel::<u32>();
+        let mut beside = Beside::Running(Box::pin(async move { rx.await.unwrap() }));
+        assert_eq!(soon(beside.alongside(async { 7 })).await, 7);
+        assert!(matches!(beside, Beside::Running(_)));
+        tx.send(3).unwrap();
+        assert_eq!(soon(beside.finish()).await, 3);
+
+        // Done first (the other waits for it): kept, and the other still runs to its end.
+        let (tx, rx) = oneshot::channel::<u32>();
+        let mut beside = Beside::Running(Box::pin(async move {
+            tx.send(9).unwrap();
+            5
+        }));
+        assert_eq!(soon(beside.alongside(async { rx.await.unwrap() })).await, 9);
+        assert!(matches!(beside, Beside::Done(5)));
+        assert_eq!(soon(beside.finish()).await, 5);
+
+        // A refusal drops it unfinished.
+        let (tx, rx) = oneshot::channel::<u32>();
+        let beside = Beside::Running(Box::pin(async move { rx.await.unwrap() }));
+        drop(beside);
+        assert!(
+            tx.send(1).is_err(),
+            "dropped: nothing waits for it any more"
+        );
     }
 }
