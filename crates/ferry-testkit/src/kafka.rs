@@ -54,6 +54,10 @@ pub const DEFAULT_JVM_OPTS: &str =
 pub const KAFKA_SERVER_JVM_OPTS: &str = "-Xms1G -Xmx1G -server -XX:+UseG1GC \
      -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
      -XX:+ExplicitGCInvokesConcurrent";
+/// How long [`LocalBroker::stop_node`] waits for a node after SIGTERM before SIGKILL. A
+/// controlled shutdown takes a few seconds (the node hands its leaderships over); one that asks a
+/// controller quorum that is gone, or a JVM whose shutdown hook hangs, would wait for good.
+pub const NODE_STOP_DEADLINE: Duration = Duration::from_secs(60);
 
 /// A broker tests can use.
 #[derive(Debug)]
@@ -479,13 +483,19 @@ impl LocalBroker {
         self.wait_ready(self.nodes.len());
     }
 
-    /// Stops node `i` (0-based) with SIGTERM and waits for it to exit.
+    /// Stops node `i` (0-based) with SIGTERM and waits for it to exit, at most
+    /// [`NODE_STOP_DEADLINE`]; then kills it with SIGKILL, as a crash would, and says so.
     pub fn stop_node(&self, i: usize) {
         let taken = self.child(i).take();
         if let Some(mut c) = taken {
             process::signal(&c, libc::SIGCONT);
-            process::signal(&c, libc::SIGTERM);
-            let _ = c.wait();
+            if !process::terminate_within(&mut c, NODE_STOP_DEADLINE) {
+                eprintln!(
+                    "Kafka node {i} did not stop within {NODE_STOP_DEADLINE:?} of SIGTERM: killed \
+                     with SIGKILL; its log is {}",
+                    self.nodes[i].dir.join("server.log").display()
+                );
+            }
         }
     }
 
