@@ -195,8 +195,10 @@ impl Running {
                     || k == "LD_PRELOAD"
                     || k == "MALLOC_CONF"
                     || k.starts_with("MIMALLOC_")
-                    // and the in-flight window, for memory experiments
+                    // and the in-flight window, for memory experiments, and librdkafka's own
+                    // properties (`message.copy.max.bytes`, `linger.ms`, ...)
                     || k.starts_with("FERRY_KAFKA_MAX_IN_FLIGHT_")
+                    || k.starts_with("FERRY_KAFKA_PROPERTIES_")
             }))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
