@@ -104,8 +104,8 @@ pub const MAX_CHUNK: usize = 1024 * 1024;
 /// message does not fit, or nothing is left to finish and the room left is under
 /// [`MIN_READ`]. A message of `L` bytes then straddles a chunk's end about once per chunk, and
 /// half of it on average is copied: `L / (2 * MESSAGES_PER_CHUNK)` a message, ~3% of the
-/// stream's bytes (moving at every partial message, into 64 KiB chunks, copied 28% of 16 KB
-/// rows' bytes).
+/// stream's bytes (5% measured on 16 KB rows, where moving at every partial message into
+/// 64 KiB chunks copied 28%).
 pub fn room_for(buffered: usize, capacity: usize, total: Option<usize>) -> Option<usize> {
     let spare = capacity.saturating_sub(buffered);
     let fits = match total {

@@ -34,9 +34,10 @@
 //! [`config`] applies, in this order: the role's defaults, the `properties` in their order (a
 //! property given twice: the later wins), the role's dropped properties, the role's fixed
 //! settings, then the `debug` contexts the role adds to whatever `debug` is by then. So a
-//! default yields to the properties (`statistics.interval.ms` and `message.copy.max.bytes` for [`Role::Producer`],
-//! `group.id` for [`Role::ProgressReader`]), and a fixed setting wins over them (everything
-//! else in the table). Each role keeps the precedence its site had before the builder existed.
+//! default yields to the properties (`statistics.interval.ms` and `message.copy.max.bytes` for
+//! [`Role::Producer`], `group.id` for [`Role::ProgressReader`]), and a fixed setting wins over
+//! them (everything else in the table). Each role keeps the precedence its site had before the
+//! builder existed.
 //!
 //! The guarantee's settings (`enable.idempotence=true`, `acks=all`) come with the properties
 //! from `producer_properties`, where they are set last; the producer roles ([`Role::Producer`],

@@ -11,9 +11,9 @@
 //! connection that failed ahead is done again there, so its error is reported where it always
 //! was, after the verdict's own: a refused start still reports why it was refused, not a
 //! table's problem, and at once, dropping what is still being read ahead
-//! ([`super::start::Beside`]). A first start (the slot or the publication missing) reads the tables and
-//! connects after `ensure` created them, as before, and only its survey is reused. The survey
-//! is taken between the verdict's two reads of the slot, which must agree.
+//! ([`super::start::Beside`]). A first start (the slot or the publication missing) reads the
+//! tables and connects after `ensure` created them, as before, and only its survey is reused.
+//! The survey is taken between the verdict's two reads of the slot, which must agree.
 //!
 //! At-least-once sessions only. An exactly-once session asks the brokers whether they serve
 //! transactions after the verdict (up to 30 s) and reads the progress topic to its stable end:
