@@ -115,13 +115,15 @@ pub fn room_for(buffered: usize, capacity: usize, total: Option<usize>) -> Optio
     if fits {
         return None;
     }
-    let size = total.unwrap_or(0);
-    let chunk = size
-        .saturating_mul(MESSAGES_PER_CHUNK)
-        .clamp(READ_CHUNK, MAX_CHUNK)
-        .max(size)
-        // (a header is 5 bytes, so no more are buffered while `total` is unknown)
-        .max(buffered.saturating_add(MIN_READ));
+    let chunk = match total {
+        // More than `buffered`: the rest did not fit.
+        Some(total) => total
+            .saturating_mul(MESSAGES_PER_CHUNK)
+            .clamp(READ_CHUNK, MAX_CHUNK)
+            .max(total),
+        // (a header is 5 bytes, so no more than 4 are buffered while its length is unknown)
+        None => READ_CHUNK.max(buffered.saturating_add(MIN_READ)),
+    };
     Some(chunk - buffered)
 }
 
