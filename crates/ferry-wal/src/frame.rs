@@ -555,7 +555,7 @@ mod tests {
                     buffered + more >= total.unwrap_or(0),
                     "the message fits after the reserve"
                 );
-                assert!(buffered + more >= READ_CHUNK.min(MAX_CHUNK));
+                assert!(buffered + more >= READ_CHUNK);
                 copied += buffered;
                 capacity = buffered + more;
             }
@@ -570,6 +570,17 @@ mod tests {
         (copied, total_bytes)
     }
 
+    /// The most [`copied_by_moves`] may copy of `read` bytes of `size`-byte messages: a
+    /// message straddles a chunk's end at most once per chunk, and a chunk holds
+    /// [`MESSAGES_PER_CHUNK`] of them unless [`MAX_CHUNK`] caps it (or [`READ_CHUNK`] holds
+    /// more); plus one message for the first chunk.
+    fn most_copied(size: usize, read: usize) -> usize {
+        let per_chunk = (MAX_CHUNK / size)
+            .clamp(1, MESSAGES_PER_CHUNK)
+            .max(READ_CHUNK / size);
+        read / per_chunk + size
+    }
+
     #[test]
     fn sixteen_kb_rows_copy_a_sixteenth_of_their_bytes_at_most() {
         // 16.9 KB CopyData messages (backlog-16k's rows), read whole-room at a time or in the
@@ -578,7 +589,7 @@ mod tests {
         for reads in [&[usize::MAX][..], &[1_448, 65_483, 7, 20_000, 131_072]] {
             let (copied, read) = copied_by_moves(&sizes, reads);
             assert!(
-                copied * MESSAGES_PER_CHUNK <= read + sizes[0] * MESSAGES_PER_CHUNK,
+                copied <= most_copied(sizes[0], read),
                 "copied {copied} of {read} bytes with reads {reads:?}"
             );
         }
@@ -593,12 +604,9 @@ mod tests {
         ) {
             let sizes = vec![size; count];
             let (copied, read) = copied_by_moves(&sizes, &reads);
-            // A message straddles a chunk's end at most once per chunk, and a chunk holds
-            // MESSAGES_PER_CHUNK of them unless MAX_CHUNK caps it.
-            let per_chunk = (MAX_CHUNK / size).clamp(1, MESSAGES_PER_CHUNK).max(READ_CHUNK / size);
             prop_assert!(
-                copied <= read / per_chunk + size,
-                "copied {} of {} bytes ({} a chunk)", copied, read, per_chunk
+                copied <= most_copied(size, read),
+                "copied {} of {} bytes of {}-byte messages", copied, read, size
             );
         }
 
