@@ -252,9 +252,21 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime
-        .block_on(dispatch(cli.command))
-        .unwrap_or_else(|code| code)
+    // The command runs as a task, not as `block_on`'s own future: a task that wakes the
+    // `block_on` future makes the scheduler look at the driver once more without waiting (an
+    // `epoll_wait` with no timeout) before it polls it, and the session's tasks wake each other
+    // several times per transaction. A woken task is only queued.
+    let result = runtime.block_on(async move { tokio::spawn(dispatch(cli.command)).await });
+    match result {
+        Ok(outcome) => outcome.unwrap_or_else(|code| code),
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => {
+                errln!("ferry: the main task was cancelled: {e}");
+                ExitCode::from(1)
+            }
+        },
+    }
 }
 
 async fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {

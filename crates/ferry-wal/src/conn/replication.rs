@@ -330,7 +330,7 @@ impl ReplicationConnection {
     async fn scram(
         &mut self,
         password: &str,
-        auth_err: &dyn Fn(String) -> ReaderError,
+        auth_err: &(dyn Fn(String) -> ReaderError + Sync),
     ) -> Result<(), ReaderError> {
         let mut scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
         frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut self.write)
