@@ -185,6 +185,8 @@ async fn drain_with_reader(
         channel_capacity: conn::stream::DEFAULT_CHANNEL_CAPACITY,
         binary: false,
         failover: false,
+        // What Ferry's default linger (1 ms) gives.
+        pause_inside_transaction: conn::stream::MAX_PAUSE_INSIDE_TRANSACTION,
     };
     let (cpu0, _) = cpu_seconds(tck);
     let t = Instant::now();

@@ -419,3 +419,52 @@ async fn what_was_read_before_a_refused_row_reaches_the_pipeline() {
         "{err}"
     );
 }
+
+/// A link slow enough that every transaction comes in many reads, with a wait after each: the
+/// reader pauses after each read that ends inside a transaction (its socket's low-water mark
+/// raised meanwhile), and every pause ends, the mark comes down, and the rest is read. A pause
+/// that never ended, or a mark left up, would hold the rest of a transaction back for good.
+#[tokio::test]
+async fn transactions_trickling_in_arrive_whole_and_in_order() {
+    use ferry_testkit::proxy::{Fault, Proxy};
+
+    let s = setup().await;
+    let upstream = s.db.url.split_once('@').map(|(_, r)| r).unwrap_or_default();
+    let hostport = upstream.split('/').next().unwrap_or_default();
+    let addr = tokio::net::lookup_host(hostport)
+        .await
+        .expect("the test server's address")
+        .next()
+        .expect("an address");
+    let proxy = Proxy::tcp(addr).await.unwrap();
+    let url = s.db.url.replace(hostport, &proxy.addr().to_string());
+    let cfg = ferry_wal::conn::ConnectConfig::parse(&url).unwrap();
+    let mut r = ferry_wal::conn::start(&cfg, &s.sql, options(&s.spec, Some("outbox")))
+        .await
+        .unwrap();
+    // 40 KB a second, in chunks of 4 KB a tenth of a second apart: each ~6 KB transaction
+    // comes in two or three reads, each ending inside it.
+    proxy.inject(Fault::Throttle(40_000));
+    for t in 0..4 {
+        s.sql
+            .batch_execute(&format!(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note)
+                   SELECT 'order', 'o', 'slow', jsonb_build_object('x', repeat('y', 1000)), '{t}/' || i
+                   FROM generate_series(1, 5) i;"
+            ))
+            .await
+            .unwrap();
+    }
+    for t in 0..4 {
+        let txn = next_txn(&mut r).await;
+        let notes: Vec<_> = txn.rows.iter().map(|r| text(r, "note").unwrap()).collect();
+        let expected: Vec<_> = (1..=5).map(|i| format!("{t}/{i}")).collect();
+        assert_eq!(notes, expected);
+    }
+    assert!(
+        r.stats.pauses.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no read ended inside a transaction: the test did not exercise the pause"
+    );
+    proxy.heal();
+    r.shutdown().await.unwrap();
+}

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod error;
 pub(crate) mod net;
+mod pause;
 pub mod pgpass;
 pub mod replication;
 pub mod stream;

@@ -68,6 +68,9 @@ pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
         channel_capacity: 1024,
         binary: false,
         failover: spec.failover,
+        // The longest pause, so that the tests read through it wherever a read ends inside
+        // a transaction.
+        pause_inside_transaction: ferry_wal::conn::stream::MAX_PAUSE_INSIDE_TRANSACTION,
     }
 }
 

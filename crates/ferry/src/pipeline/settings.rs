@@ -129,6 +129,7 @@ pub fn stream_options(
     routers: &Routers,
     status_interval: Duration,
     capacity: usize,
+    linger: Duration,
 ) -> StreamOptions {
     StreamOptions {
         slot: spec.slot.clone(),
@@ -139,6 +140,7 @@ pub fn stream_options(
         // Chosen per session (see super::binary).
         binary: false,
         failover: spec.failover,
+        pause_inside_transaction: ferry_wal::conn::stream::pause_for_linger(linger),
     }
 }
 
@@ -181,6 +183,7 @@ impl PipelineSettings {
             &routers,
             config.postgres.status_interval.get(),
             ferry_wal::conn::stream::DEFAULT_CHANNEL_CAPACITY,
+            config.kafka.linger.get(),
         );
         Ok(PipelineSettings {
             postgres,
