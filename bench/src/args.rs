@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::workload::{matrix, Workload};
+use crate::workload::{extras, matrix, Workload};
 use crate::{Contender, Res};
 
 pub const USAGE: &str = "\
@@ -12,7 +12,8 @@ usage: ferry-bench [flags]
 
   --runs N              runs per workload; figures are medians (default 3)
   --workloads a,b       workloads to run, or `none` (default: all):
-                        backlog-1k, backlog-100b, backlog-16k, bytea-1k, single-row-txns, one-1m-txn
+                        backlog-1k, backlog-100b, backlog-16k, bytea-1k, single-row-txns, one-1m-txn;
+                        and only when named: backlog-256k (1,000 rows of ~256 KB)
   --contenders a,b      recv, raw, ferry, ferry-cold, relay, debezium (default: all)
   --scale F             multiply every workload's rows by F (default 1)
   --rates a,b           steady rates for the latency runs, rows/s, or `none` (default 2000,10000)
@@ -219,6 +220,7 @@ fn workloads(v: &str) -> Res<Vec<Workload>> {
         .map(|n| {
             matrix()
                 .into_iter()
+                .chain(extras())
                 .find(|w| w.name == n)
                 .ok_or_else(|| format!("unknown workload {n:?}\n\n{USAGE}"))
         })
@@ -260,6 +262,17 @@ mod tests {
         assert!(a.out.is_none());
         assert!(a.latency_secs <= 2.0);
         assert_eq!(a.contenders.len(), Contender::ALL.len());
+    }
+
+    #[test]
+    fn a_workload_outside_the_matrix_runs_when_named() {
+        let a = parse("--workloads backlog-256k,backlog-1k");
+        let names: Vec<_> = a.workloads.iter().map(|w| w.name).collect();
+        assert_eq!(names, ["backlog-256k", "backlog-1k"]);
+        assert!(parse("--runs 1")
+            .workloads
+            .iter()
+            .all(|w| w.name != "backlog-256k"));
     }
 
     #[test]

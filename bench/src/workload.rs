@@ -79,6 +79,22 @@ pub fn matrix() -> Vec<Workload> {
     ]
 }
 
+/// Workloads run only when named (`--workloads`), for questions the matrix does not ask.
+pub fn extras() -> Vec<Workload> {
+    vec![
+        // 256 KB rows: since round 28 the reader moves a message it has partly read into a
+        // chunk of up to 1 MiB (`ferry_wal::frame::room_for`); this is the peak RSS of such
+        // rows, with the broker stalled or not. 1,000 of them are ~260 MB.
+        Workload {
+            name: "backlog-256k",
+            rows: 1_000,
+            txn_rows: 10,
+            payload: 256 * 1024,
+            kind: Kind::Jsonb,
+        },
+    ]
+}
+
 impl Workload {
     /// The same shape with `scale` times the rows (at least one transaction's worth).
     pub fn scaled(&self, scale: f64) -> Workload {
