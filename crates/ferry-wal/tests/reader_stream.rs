@@ -420,6 +420,59 @@ async fn what_was_read_before_a_refused_row_reaches_the_pipeline() {
     );
 }
 
+/// Transactions that come one at a time, apart: a pause inside one ends as soon as the rest of
+/// a transaction like the last ones has come (the socket's low-water mark set to that rest),
+/// not at its length. The pause here lasts an hour, so a pause that ran its length, or a mark
+/// that the rest did not reach, would hold the transaction back past the test's deadline. Each
+/// transaction is larger than the last by more than a keepalive, so that its rest reaches the
+/// mark whether or not the server sent one after the last commit.
+#[tokio::test]
+async fn a_pause_ends_when_the_rest_of_a_transaction_has_come() {
+    use ferry_testkit::proxy::{Fault, Proxy};
+
+    let s = setup().await;
+    let upstream = s.db.url.split_once('@').map(|(_, r)| r).unwrap_or_default();
+    let hostport = upstream.split('/').next().unwrap_or_default();
+    let addr = tokio::net::lookup_host(hostport)
+        .await
+        .expect("the test server's address")
+        .next()
+        .expect("an address");
+    let proxy = Proxy::tcp(addr).await.unwrap();
+    let url = s.db.url.replace(hostport, &proxy.addr().to_string());
+    let cfg = ferry_wal::conn::ConnectConfig::parse(&url).unwrap();
+    let opts = ferry_wal::conn::stream::StreamOptions {
+        pause_inside_transaction: Duration::from_secs(3600),
+        ..options(&s.spec, Some("outbox"))
+    };
+    let mut r = ferry_wal::conn::start(&cfg, &s.sql, opts).await.unwrap();
+    // 40 KB a second, in chunks of 4 KB a tenth of a second apart: each transaction of 6 KB
+    // or more comes in two reads or more, the first ending inside it.
+    proxy.inject(Fault::Throttle(40_000));
+    for t in 0..4 {
+        // Written once the last has arrived, so that the stream is idle between them.
+        s.sql
+            .batch_execute(&format!(
+                "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, note)
+                   SELECT 'order', 'o', 'apart', jsonb_build_object('x', repeat('y', {})), '{t}/' || i
+                   FROM generate_series(1, 5) i;",
+                1_000 + 100 * t
+            ))
+            .await
+            .unwrap();
+        let txn = next_txn(&mut r).await;
+        let notes: Vec<_> = txn.rows.iter().map(|r| text(r, "note").unwrap()).collect();
+        let expected: Vec<_> = (1..=5).map(|i| format!("{t}/{i}")).collect();
+        assert_eq!(notes, expected);
+    }
+    assert!(
+        r.stats.pauses.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no pause: the test did not exercise a pause that ends with the rest"
+    );
+    proxy.heal();
+    r.shutdown().await.unwrap();
+}
+
 /// A link slow enough that every transaction comes in many reads, with a wait after each: the
 /// reader pauses after each read that ends inside a transaction (its socket's low-water mark
 /// raised meanwhile), and every pause ends, the mark comes down, and the rest is read. A pause

@@ -1,23 +1,167 @@
-//! A one-shot timer finer than tokio's, for the reader's pause inside a transaction (see
-//! `stream::Task::pause_inside_transaction`): tokio's timer wheel counts whole milliseconds, and
-//! the pause is a fraction of one. On Linux it is a `timerfd` watched by the runtime's poller;
-//! elsewhere there is none, and the reader does not pause.
+//! The reader's pause inside a transaction (see `stream::Task::pause_inside_transaction`): when
+//! it may end before its length, once the rest of a transaction has come ([`Pace`]), and a
+//! one-shot timer finer than tokio's ([`Pause`]), whose timer wheel counts whole milliseconds
+//! while the pause is a fraction of one. On Linux the timer is a `timerfd` watched by the
+//! runtime's poller; elsewhere there is none, and the reader does not pause.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// A one-shot timer on the runtime's poller.
+/// While transactions begin within this of the last one's commit, on average, the stream is
+/// busy ([`Pace`]). Twice the longest pause: at the steady rate of bench/README.md (1,000
+/// ten-row transactions a second) the stream is busy, at 200 a second it is idle.
+pub(crate) const BUSY_GAP: Duration = Duration::from_millis(1);
+
+/// How a pause inside a transaction ends ([`Pace::pause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PauseUntil {
+    /// When its timer runs out.
+    ItsEnd,
+    /// When this many more bytes have come, the rest of a transaction like the last ones (or
+    /// its timer runs out first).
+    Rest(usize),
+}
+
+/// What the reader knows of the stream's pace, to tell whether and how it pauses inside a
+/// transaction: the sizes of the last transactions, and whether this one began close behind
+/// the last.
+///
+/// - **A busy stream** (transactions begin within [`BUSY_GAP`] of the last one's commit, on
+///   average over the last ones: the newest counts for an eighth, so that one late
+///   transaction does not change the mode): the pause runs its length. The server decodes
+///   each transaction while the next ones wait, and sends it a message at a time; a pause of
+///   its length reads the rest, and the keepalive after it, at once.
+/// - **An idle one**: the pause ends once the rest of a transaction like the last ones has
+///   come ([`RecentSizes`]), and beyond that, or with nothing known, there is none. A server
+///   idle between transactions sends each at once, and a pause of its length would only delay
+///   it.
+#[derive(Debug, Default)]
+pub(crate) struct Pace {
+    sizes: RecentSizes,
+    /// When the last transaction's commit was read.
+    last_commit: Option<Instant>,
+    /// The time from a commit to the next transaction's begin, on average (exponential: the
+    /// newest counts for an eighth).
+    gap: Option<Duration>,
+    /// Whether that average was under [`BUSY_GAP`] when the open transaction began.
+    busy: bool,
+    /// The open transaction's bytes on the wire and messages read so far (0 between them).
+    txn_bytes: usize,
+    txn_messages: usize,
+    /// Whether the last message read ended a transaction that [`RecentSizes`] recorded.
+    after_commit: bool,
+}
+
+impl Pace {
+    /// A message read at `now`, `wire` bytes on the wire, which found a transaction open
+    /// (`was_open`) and left one open (`open`).
+    pub(crate) fn message(&mut self, now: Instant, wire: usize, was_open: bool, open: bool) {
+        self.after_commit = false;
+        if !was_open && !open {
+            return;
+        }
+        if let (false, Some(commit)) = (was_open, self.last_commit) {
+            let gap = now.saturating_duration_since(commit);
+            let average = self
+                .gap
+                .map_or(gap, |average| average - average / 8 + gap / 8);
+            self.gap = Some(average);
+            self.busy = average < BUSY_GAP;
+        }
+        self.txn_bytes += wire;
+        self.txn_messages += 1;
+        if !open {
+            // A transaction with nothing in it (PostgreSQL 14 sends one for every transaction
+            // that wrote to the database) tells nothing of the next one's size.
+            if self.txn_messages > 2 {
+                self.sizes.record(self.txn_bytes);
+                self.after_commit = true;
+            }
+            self.txn_bytes = 0;
+            self.txn_messages = 0;
+            self.last_commit = Some(now);
+        }
+    }
+
+    /// A keepalive read, `wire` bytes on the wire. One straight after a commit (the server
+    /// sends one once it has caught up) counts with its transaction, so that a pause's read
+    /// takes it too.
+    pub(crate) fn keepalive(&mut self, wire: usize) {
+        if std::mem::take(&mut self.after_commit) {
+            self.sizes.grow_last(wire);
+        }
+    }
+
+    /// How the reader pauses in the open transaction, of which `buffered` more bytes than the
+    /// messages read so far came; `None`: it does not.
+    pub(crate) fn pause(&self, buffered: usize) -> Option<PauseUntil> {
+        if self.busy {
+            return Some(PauseUntil::ItsEnd);
+        }
+        self.sizes
+            .rest(self.txn_bytes + buffered)
+            .map(PauseUntil::Rest)
+    }
+}
+
+/// How many transactions [`RecentSizes`] remembers.
+const RECENT: usize = 8;
+
+/// The sizes on the wire of the last few transactions the reader read whole, to tell how much
+/// of the next one is still to come once its first part is read: as much as the smallest of
+/// them still lacks. Under a steady load of like transactions that is the rest of this one,
+/// to its commit; a smaller transaction than all of them waits for the pause's end instead.
+#[derive(Debug, Default)]
+pub(crate) struct RecentSizes {
+    sizes: [u32; RECENT],
+    /// Where the next size goes.
+    next: usize,
+    /// How many of `sizes` are real.
+    filled: usize,
+}
+
+impl RecentSizes {
+    /// A transaction read whole, `bytes` on the wire.
+    pub(crate) fn record(&mut self, bytes: usize) {
+        self.sizes[self.next] = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self.next = (self.next + 1) % RECENT;
+        self.filled = (self.filled + 1).min(RECENT);
+    }
+
+    /// Adds `bytes` to the transaction recorded last (what came straight after its commit).
+    pub(crate) fn grow_last(&mut self, bytes: usize) {
+        if self.filled > 0 {
+            let last = &mut self.sizes[(self.next + RECENT - 1) % RECENT];
+            *last = last.saturating_add(u32::try_from(bytes).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// The bytes still to come of a transaction of which `so_far` came: what the smallest
+    /// recent transaction has beyond it. `None` before any transaction was read whole, or when
+    /// this one is already as large as the smallest.
+    pub(crate) fn rest(&self, so_far: usize) -> Option<usize> {
+        let smallest = self.sizes[..self.filled].iter().min()?;
+        usize::try_from(*smallest)
+            .ok()?
+            .checked_sub(so_far)
+            .filter(|rest| *rest > 0)
+    }
+}
+
+/// A one-shot timer on the runtime's poller, of a fixed length.
 #[derive(Debug)]
 pub(crate) struct Pause {
     #[cfg(target_os = "linux")]
     fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    #[cfg(target_os = "linux")]
+    length: Duration,
 }
 
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 impl Pause {
-    /// A new timer, or `None` where there is none (the reader then reads without pausing).
-    /// Must be called within a tokio runtime.
-    pub(crate) fn new() -> Option<Self> {
+    /// A new timer that runs `length` from each start, or `None` where there is none (the
+    /// reader then reads without pausing). Must be called within a tokio runtime.
+    pub(crate) fn new(length: Duration) -> Option<Self> {
         use std::os::fd::{FromRawFd, OwnedFd};
         // SAFETY: plain system call; a non-negative result is a new descriptor we own.
         let raw = unsafe {
@@ -37,16 +181,26 @@ impl Pause {
             tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
         }
         .ok()?;
-        Some(Pause { fd })
+        Some(Pause { fd, length })
     }
 
-    /// Starts the timer: [`Pause::over`] returns `after` from now. Starting it again moves the
-    /// end, and forgets an end that passed unread. False if the kernel refused (the caller
+    /// Starts the timer: [`Pause::over`] returns its length from now. Starting it again moves
+    /// the end, and forgets an end that passed unread. False if the kernel refused (the caller
     /// then does not wait for it).
-    pub(crate) fn start(&mut self, after: Duration) -> bool {
-        use std::os::fd::AsRawFd;
+    pub(crate) fn start(&mut self) -> bool {
         // A zero value would disarm the timer; the shortest pause is a nanosecond.
-        let after = after.max(Duration::from_nanos(1));
+        self.set(self.length.max(Duration::from_nanos(1)))
+    }
+
+    /// Stops the timer before its end, so that an end nobody waits for does not wake the
+    /// runtime's thread, and forgets an end that passed unread.
+    pub(crate) fn stop(&mut self) {
+        self.set(Duration::ZERO);
+    }
+
+    /// Arms the timer to run out `after` from now, or disarms it (zero).
+    fn set(&mut self, after: Duration) -> bool {
+        use std::os::fd::AsRawFd;
         let spec = libc::itimerspec {
             it_interval: libc::timespec {
                 tv_sec: 0,
@@ -104,15 +258,184 @@ impl Pause {
 
 #[cfg(not(target_os = "linux"))]
 impl Pause {
-    pub(crate) fn new() -> Option<Self> {
+    pub(crate) fn new(_length: Duration) -> Option<Self> {
         None
     }
 
-    pub(crate) fn start(&mut self, _after: Duration) -> bool {
+    pub(crate) fn start(&mut self) -> bool {
         false
     }
 
+    pub(crate) fn stop(&mut self) {}
+
     pub(crate) async fn over(&mut self) {}
+}
+
+#[cfg(test)]
+mod sizes_tests {
+    use super::*;
+
+    /// A transaction of `rows` rows of 1,000 bytes: its Begin read at `begin`, its Commit at
+    /// `commit`, each message 1,000 bytes on the wire; `rows + 2` thousand in all.
+    fn transaction(pace: &mut Pace, begin: Instant, rows: usize, commit: Instant) {
+        pace.message(begin, 1_000, false, true);
+        for _ in 0..rows {
+            pace.message(begin, 1_000, true, true);
+        }
+        pace.message(commit, 1_000, true, false);
+    }
+
+    #[test]
+    fn an_idle_stream_pauses_until_the_rest_of_a_transaction_like_the_last_ones() {
+        let mut pace = Pace::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // The first transaction: nothing known, no pause.
+        pace.message(t0, 1_000, false, true);
+        assert_eq!(pace.pause(0), None);
+        pace.message(t0, 1_000, true, true);
+        pace.message(t0 + ms(1), 1_000, true, false);
+        pace.keepalive(23);
+        // A keepalive later, not straight after a commit, counts for nothing.
+        pace.keepalive(23);
+        // The next began long after; the pause ends with its rest (the keepalive after the
+        // last commit included).
+        pace.message(t0 + ms(6), 1_000, false, true);
+        assert_eq!(pace.pause(0), Some(PauseUntil::Rest(2_023)));
+        // What is buffered counts as come.
+        assert_eq!(pace.pause(500), Some(PauseUntil::Rest(1_523)));
+        pace.message(t0 + ms(6), 1_000, true, true);
+        pace.message(t0 + ms(6), 1_000, true, true);
+        assert_eq!(pace.pause(0), Some(PauseUntil::Rest(23)));
+        // Beyond what is known: no pause.
+        pace.message(t0 + ms(6), 1_000, true, true);
+        assert_eq!(pace.pause(0), None);
+        pace.message(t0 + ms(7), 1_000, true, false);
+        // The smallest recent transaction (3,023 bytes) sets the rest.
+        pace.message(t0 + ms(12), 1_000, false, true);
+        assert_eq!(pace.pause(0), Some(PauseUntil::Rest(2_023)));
+    }
+
+    #[test]
+    fn a_stream_is_busy_while_transactions_come_close_behind_on_average() {
+        let mut pace = Pace::default();
+        let mut t = Instant::now();
+        let ms = Duration::from_millis;
+        // 5 ms from each commit to the next begin: idle.
+        for _ in 0..4 {
+            transaction(&mut pace, t, 1, t);
+            t += ms(5);
+        }
+        pace.message(t, 1_000, false, true);
+        assert_eq!(pace.pause(0), Some(PauseUntil::Rest(2_000)));
+        pace.message(t, 1_000, true, false);
+        // Then each begins as its predecessor commits (read by the same wake-up): busy once
+        // the average is under the gap, 5 ms × (7/8)^n < 1 ms from the 13th on.
+        for n in 1..=20 {
+            pace.message(t, 1_000, false, true);
+            let expected = if n < 13 {
+                Some(PauseUntil::Rest(2_000))
+            } else {
+                Some(PauseUntil::ItsEnd)
+            };
+            assert_eq!(pace.pause(0), expected, "transaction {n}");
+            pace.message(t, 1_000, true, true);
+            pace.message(t, 1_000, true, false);
+        }
+        // Busy: the pause runs its length, whatever came so far.
+        pace.message(t, 1_000, false, true);
+        assert_eq!(pace.pause(70_000), Some(PauseUntil::ItsEnd));
+        pace.message(t, 1_000, true, false);
+        // One late transaction does not make it idle.
+        t += ms(3);
+        pace.message(t, 1_000, false, true);
+        assert_eq!(pace.pause(0), Some(PauseUntil::ItsEnd));
+        pace.message(t, 1_000, true, false);
+        // A begin read before the commit's clock read counts as close behind.
+        pace.message(t - ms(1), 1_000, false, true);
+        assert_eq!(pace.pause(0), Some(PauseUntil::ItsEnd));
+        pace.message(t, 1_000, true, false);
+        // Late ones again: idle after two.
+        let mut idle_after = None;
+        for n in 1..=5 {
+            t += ms(3);
+            pace.message(t, 1_000, false, true);
+            if idle_after.is_none() && pace.pause(0) != Some(PauseUntil::ItsEnd) {
+                idle_after = Some(n);
+            }
+            pace.message(t, 1_000, true, false);
+        }
+        assert_eq!(idle_after, Some(2));
+    }
+
+    #[test]
+    fn an_empty_transaction_tells_nothing_of_the_next_ones_size() {
+        let mut pace = Pace::default();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        transaction(&mut pace, t0, 5, t0);
+        // A Begin and a Commit alone, then its keepalive.
+        pace.message(t0 + ms(10), 51, false, true);
+        pace.message(t0 + ms(10), 56, true, false);
+        pace.keepalive(23);
+        pace.message(t0 + ms(20), 1_000, false, true);
+        assert_eq!(pace.pause(0), Some(PauseUntil::Rest(6_000)));
+    }
+
+    #[test]
+    fn nothing_is_known_before_a_whole_transaction() {
+        assert_eq!(RecentSizes::default().rest(0), None);
+    }
+
+    #[test]
+    fn the_rest_is_what_the_smallest_recent_transaction_has_beyond_what_came() {
+        let mut sizes = RecentSizes::default();
+        for bytes in [9_000, 7_000, 8_000] {
+            sizes.record(bytes);
+        }
+        assert_eq!(sizes.rest(0), Some(7_000));
+        assert_eq!(sizes.rest(2_500), Some(4_500));
+        // As large as the smallest already: nothing is known of its rest.
+        assert_eq!(sizes.rest(7_000), None);
+        assert_eq!(sizes.rest(7_001), None);
+    }
+
+    #[test]
+    fn what_came_after_a_commit_grows_the_last_transaction() {
+        let mut sizes = RecentSizes::default();
+        // Nothing to grow yet.
+        sizes.grow_last(23);
+        assert_eq!(sizes.rest(0), None);
+        sizes.record(7_000);
+        sizes.grow_last(23);
+        assert_eq!(sizes.rest(0), Some(7_023));
+        for _ in 0..RECENT - 1 {
+            sizes.record(9_000);
+        }
+        sizes.grow_last(23);
+        assert_eq!(sizes.rest(0), Some(7_023));
+        // The first one leaves the window: the last one grew, the others did not.
+        sizes.record(9_000);
+        assert_eq!(sizes.rest(0), Some(9_000));
+    }
+
+    #[test]
+    fn only_the_last_transactions_count() {
+        let mut sizes = RecentSizes::default();
+        sizes.record(100);
+        for _ in 0..RECENT - 1 {
+            sizes.record(5_000);
+        }
+        assert_eq!(sizes.rest(0), Some(100));
+        // The small one falls out of the window.
+        sizes.record(6_000);
+        assert_eq!(sizes.rest(0), Some(5_000));
+        // A transaction larger than 4 GiB counts as 4 GiB.
+        for _ in 0..RECENT {
+            sizes.record(usize::MAX);
+        }
+        assert_eq!(sizes.rest(1), Some(u32::MAX as usize - 1));
+    }
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -123,10 +446,10 @@ mod tests {
 
     #[tokio::test]
     async fn ends_after_each_start() {
-        let mut pause = Pause::new().expect("timerfd");
+        let mut pause = Pause::new(Duration::from_micros(200)).expect("timerfd");
         for _ in 0..3 {
             let started = std::time::Instant::now();
-            assert!(pause.start(Duration::from_micros(200)));
+            assert!(pause.start());
             tokio::time::timeout(DEADLINE, pause.over())
                 .await
                 .expect("the pause ends");
@@ -135,16 +458,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_start_forgets_an_end_nobody_read() {
-        let mut pause = Pause::new().expect("timerfd");
-        assert!(pause.start(Duration::from_nanos(1)));
-        // The first end passes unread; the runtime may already have seen it.
-        tokio::time::timeout(DEADLINE, pause.over())
-            .await
-            .expect("the pause ends");
-        assert!(pause.start(Duration::from_nanos(1)));
-        // Waits until the timer has run out, without reading it.
+    /// Waits, without reading it, until the timer has run out.
+    fn wait_unread(pause: &Pause) {
         let mut fds = libc::pollfd {
             fd: std::os::fd::AsRawFd::as_raw_fd(pause.fd.get_ref()),
             events: libc::POLLIN,
@@ -154,17 +469,48 @@ mod tests {
         // SAFETY: one valid pollfd for our open timerfd.
         let n = unsafe { libc::poll(&mut fds, 1, 30_000) };
         assert_eq!(n, 1, "the timer ran out within the deadline");
+    }
+
+    #[tokio::test]
+    async fn a_start_forgets_an_end_nobody_read() {
+        let mut pause = Pause::new(Duration::from_nanos(1)).expect("timerfd");
+        assert!(pause.start());
+        // The first end passes unread; the runtime may already have seen it.
+        tokio::time::timeout(DEADLINE, pause.over())
+            .await
+            .expect("the pause ends");
+        assert!(pause.start());
+        wait_unread(&pause);
         // Started again with a long end: the old, unread end does not count.
-        assert!(pause.start(Duration::from_secs(3600)));
+        pause.length = Duration::from_secs(3600);
+        assert!(pause.start());
         let waited = tokio::time::timeout(Duration::from_millis(50), pause.over()).await;
         assert!(waited.is_err(), "an end that was forgotten ended the pause");
     }
 
     #[tokio::test]
+    async fn a_stopped_timer_never_ends() {
+        let mut pause = Pause::new(Duration::from_millis(5)).expect("timerfd");
+        assert!(pause.start());
+        pause.stop();
+        // An end that passed unread before the stop is forgotten too.
+        assert!(pause.start());
+        wait_unread(&pause);
+        pause.stop();
+        let waited = tokio::time::timeout(Duration::from_millis(50), pause.over()).await;
+        assert!(waited.is_err(), "a stopped timer ended a pause");
+        // And it starts again.
+        assert!(pause.start());
+        tokio::time::timeout(DEADLINE, pause.over())
+            .await
+            .expect("the pause ends");
+    }
+
+    #[tokio::test]
     async fn a_dropped_wait_leaves_the_timer_running() {
-        let mut pause = Pause::new().expect("timerfd");
         // Long enough that a test thread held up on a busy machine still polls before the end.
-        assert!(pause.start(Duration::from_secs(2)));
+        let mut pause = Pause::new(Duration::from_secs(2)).expect("timerfd");
+        assert!(pause.start());
         tokio::select! {
             biased;
             () = pause.over() => panic!("ended before its start had run"),

@@ -449,6 +449,11 @@ impl ReplicationConnection {
         Ok(None)
     }
 
+    /// Bytes read from the socket and not yet taken as messages (the start of a partial one).
+    pub fn buffered_bytes(&self) -> usize {
+        self.read.len()
+    }
+
     /// Sends one CopyData message (a standby status update) and flushes it.
     pub async fn send_copy_data(&mut self, payload: &[u8]) -> Result<(), ReaderError> {
         frame::encode_copy_data(payload, &mut self.write);
