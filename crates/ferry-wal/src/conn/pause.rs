@@ -11,6 +11,19 @@ use std::time::{Duration, Instant};
 /// ten-row transactions a second) the stream is busy, at 200 a second it is idle.
 pub(crate) const BUSY_GAP: Duration = Duration::from_millis(1);
 
+/// The most one gap counts for in [`Pace`]'s average, so that after a quiet spell (or a backlog,
+/// when the pace is not kept) a busy stream is seen as busy again within a few transactions.
+const GAP_CAP: Duration = Duration::from_millis(8);
+
+/// What a message is to the transaction it comes in ([`Pace::message`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bound {
+    Begin,
+    Commit,
+    /// Anything else: a row, a relation, a logical message (inside a transaction or not).
+    Other,
+}
+
 /// How a pause inside a transaction ends ([`Pace::pause`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PauseUntil {
@@ -44,6 +57,8 @@ pub(crate) struct Pace {
     gap: Option<Duration>,
     /// Whether that average was under [`BUSY_GAP`] when the open transaction began.
     busy: bool,
+    /// Whether a transaction's begin was read and not yet its commit.
+    open: bool,
     /// The open transaction's bytes on the wire and messages read so far (0 between them).
     txn_bytes: usize,
     txn_messages: usize,
@@ -52,33 +67,44 @@ pub(crate) struct Pace {
 }
 
 impl Pace {
-    /// A message read at `now`, `wire` bytes on the wire, which found a transaction open
-    /// (`was_open`) and left one open (`open`).
-    pub(crate) fn message(&mut self, now: Instant, wire: usize, was_open: bool, open: bool) {
+    /// A message read at `now`, `wire` bytes on the wire. Out of line: the reader calls it
+    /// only while it keeps the pace, and its every message should not pay for the code.
+    #[inline(never)]
+    pub(crate) fn message(&mut self, now: Instant, wire: usize, bound: Bound) {
         self.after_commit = false;
-        if !was_open && !open {
-            return;
-        }
-        if let (false, Some(commit)) = (was_open, self.last_commit) {
-            let gap = now.saturating_duration_since(commit);
-            let average = self
-                .gap
-                .map_or(gap, |average| average - average / 8 + gap / 8);
-            self.gap = Some(average);
-            self.busy = average < BUSY_GAP;
-        }
-        self.txn_bytes += wire;
-        self.txn_messages += 1;
-        if !open {
-            // A transaction with nothing in it (PostgreSQL 14 sends one for every transaction
-            // that wrote to the database) tells nothing of the next one's size.
-            if self.txn_messages > 2 {
-                self.sizes.record(self.txn_bytes);
-                self.after_commit = true;
+        match bound {
+            Bound::Begin => {
+                // What came before (of a transaction whose end the pace did not see) is no
+                // part of this one.
+                self.open = true;
+                self.txn_bytes = wire;
+                self.txn_messages = 1;
+                if let Some(commit) = self.last_commit {
+                    let gap = now.saturating_duration_since(commit).min(GAP_CAP);
+                    let average = self
+                        .gap
+                        .map_or(gap, |average| average - average / 8 + gap / 8);
+                    self.gap = Some(average);
+                    self.busy = average < BUSY_GAP;
+                }
             }
-            self.txn_bytes = 0;
-            self.txn_messages = 0;
-            self.last_commit = Some(now);
+            Bound::Other => {
+                if self.open {
+                    self.txn_bytes += wire;
+                    self.txn_messages += 1;
+                }
+            }
+            Bound::Commit => {
+                // A transaction with nothing in it (PostgreSQL 14 sends one for every
+                // transaction that wrote to the database) tells nothing of the next one's size.
+                if std::mem::take(&mut self.open) && self.txn_messages >= 2 {
+                    self.sizes.record(self.txn_bytes + wire);
+                    self.after_commit = true;
+                }
+                self.txn_bytes = 0;
+                self.txn_messages = 0;
+                self.last_commit = Some(now);
+            }
         }
     }
 
@@ -96,6 +122,10 @@ impl Pace {
     pub(crate) fn pause(&self, buffered: usize) -> Option<PauseUntil> {
         if self.busy {
             return Some(PauseUntil::ItsEnd);
+        }
+        if !self.open {
+            // Its begin came while the pace was not kept: nothing is known of its size.
+            return None;
         }
         self.sizes
             .rest(self.txn_bytes + buffered)
@@ -278,11 +308,11 @@ mod sizes_tests {
     /// A transaction of `rows` rows of 1,000 bytes: its Begin read at `begin`, its Commit at
     /// `commit`, each message 1,000 bytes on the wire; `rows + 2` thousand in all.
     fn transaction(pace: &mut Pace, begin: Instant, rows: usize, commit: Instant) {
-        pace.message(begin, 1_000, false, true);
+        pace.message(begin, 1_000, Bound::Begin);
         for _ in 0..rows {
-            pace.message(begin, 1_000, true, true);
+            pace.message(begin, 1_000, Bound::Other);
         }
-        pace.message(commit, 1_000, true, false);
+        pace.message(commit, 1_000, Bound::Commit);
     }
 
     #[test]
@@ -291,28 +321,28 @@ mod sizes_tests {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         // The first transaction: nothing known, no pause.
-        pace.message(t0, 1_000, false, true);
+        pace.message(t0, 1_000, Bound::Begin);
         assert_eq!(pace.pause(0), None);
-        pace.message(t0, 1_000, true, true);
-        pace.message(t0 + ms(1), 1_000, true, false);
+        pace.message(t0, 1_000, Bound::Other);
+        pace.message(t0 + ms(1), 1_000, Bound::Commit);
         pace.keepalive(23);
         // A keepalive later, not straight after a commit, counts for nothing.
         pace.keepalive(23);
         // The next began long after; the pause ends with its rest (the keepalive after the
         // last commit included).
-        pace.message(t0 + ms(6), 1_000, false, true);
+        pace.message(t0 + ms(6), 1_000, Bound::Begin);
         assert_eq!(pace.pause(0), Some(PauseUntil::Rest(2_023)));
         // What is buffered counts as come.
         assert_eq!(pace.pause(500), Some(PauseUntil::Rest(1_523)));
-        pace.message(t0 + ms(6), 1_000, true, true);
-        pace.message(t0 + ms(6), 1_000, true, true);
+        pace.message(t0 + ms(6), 1_000, Bound::Other);
+        pace.message(t0 + ms(6), 1_000, Bound::Other);
         assert_eq!(pace.pause(0), Some(PauseUntil::Rest(23)));
         // Beyond what is known: no pause.
-        pace.message(t0 + ms(6), 1_000, true, true);
+        pace.message(t0 + ms(6), 1_000, Bound::Other);
         assert_eq!(pace.pause(0), None);
-        pace.message(t0 + ms(7), 1_000, true, false);
+        pace.message(t0 + ms(7), 1_000, Bound::Commit);
         // The smallest recent transaction (3,023 bytes) sets the rest.
-        pace.message(t0 + ms(12), 1_000, false, true);
+        pace.message(t0 + ms(12), 1_000, Bound::Begin);
         assert_eq!(pace.pause(0), Some(PauseUntil::Rest(2_023)));
     }
 
@@ -326,46 +356,89 @@ mod sizes_tests {
             transaction(&mut pace, t, 1, t);
             t += ms(5);
         }
-        pace.message(t, 1_000, false, true);
+        pace.message(t, 1_000, Bound::Begin);
         assert_eq!(pace.pause(0), Some(PauseUntil::Rest(2_000)));
-        pace.message(t, 1_000, true, false);
+        pace.message(t, 1_000, Bound::Commit);
         // Then each begins as its predecessor commits (read by the same wake-up): busy once
         // the average is under the gap, 5 ms × (7/8)^n < 1 ms from the 13th on.
         for n in 1..=20 {
-            pace.message(t, 1_000, false, true);
+            pace.message(t, 1_000, Bound::Begin);
             let expected = if n < 13 {
                 Some(PauseUntil::Rest(2_000))
             } else {
                 Some(PauseUntil::ItsEnd)
             };
             assert_eq!(pace.pause(0), expected, "transaction {n}");
-            pace.message(t, 1_000, true, true);
-            pace.message(t, 1_000, true, false);
+            pace.message(t, 1_000, Bound::Other);
+            pace.message(t, 1_000, Bound::Commit);
         }
         // Busy: the pause runs its length, whatever came so far.
-        pace.message(t, 1_000, false, true);
+        pace.message(t, 1_000, Bound::Begin);
         assert_eq!(pace.pause(70_000), Some(PauseUntil::ItsEnd));
-        pace.message(t, 1_000, true, false);
+        pace.message(t, 1_000, Bound::Commit);
         // One late transaction does not make it idle.
         t += ms(3);
-        pace.message(t, 1_000, false, true);
+        pace.message(t, 1_000, Bound::Begin);
         assert_eq!(pace.pause(0), Some(PauseUntil::ItsEnd));
-        pace.message(t, 1_000, true, false);
+        pace.message(t, 1_000, Bound::Commit);
         // A begin read before the commit's clock read counts as close behind.
-        pace.message(t - ms(1), 1_000, false, true);
+        pace.message(t - ms(1), 1_000, Bound::Begin);
         assert_eq!(pace.pause(0), Some(PauseUntil::ItsEnd));
-        pace.message(t, 1_000, true, false);
+        pace.message(t, 1_000, Bound::Commit);
         // Late ones again: idle after two.
         let mut idle_after = None;
         for n in 1..=5 {
             t += ms(3);
-            pace.message(t, 1_000, false, true);
+            pace.message(t, 1_000, Bound::Begin);
             if idle_after.is_none() && pace.pause(0) != Some(PauseUntil::ItsEnd) {
                 idle_after = Some(n);
             }
-            pace.message(t, 1_000, true, false);
+            pace.message(t, 1_000, Bound::Commit);
         }
         assert_eq!(idle_after, Some(2));
+    }
+
+    #[test]
+    fn a_quiet_spell_counts_for_a_few_transactions_only() {
+        let mut pace = Pace::default();
+        let mut t = Instant::now();
+        // Busy, each transaction begun as the last committed.
+        for _ in 0..40 {
+            transaction(&mut pace, t, 1, t);
+        }
+        // An hour of nothing.
+        t += Duration::from_secs(3600);
+        pace.message(t, 1_000, Bound::Begin);
+        assert_eq!(pace.pause(0), Some(PauseUntil::Rest(2_000)));
+        pace.message(t, 1_000, Bound::Commit);
+        // Busy again: seen as busy at once, not after dozens of transactions (an hour would
+        // have weighed on the average for ~70).
+        let mut busy_after = None;
+        for n in 1..=40 {
+            pace.message(t, 1_000, Bound::Begin);
+            if busy_after.is_none() && pace.pause(0) == Some(PauseUntil::ItsEnd) {
+                busy_after = Some(n);
+            }
+            pace.message(t, 1_000, Bound::Commit);
+        }
+        assert_eq!(busy_after, Some(1));
+    }
+
+    #[test]
+    fn a_transaction_begins_afresh_after_one_whose_end_was_not_seen() {
+        let mut pace = Pace::default();
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        transaction(&mut pace, t, 1, t);
+        // A transaction's start, then (the pace not kept meanwhile) its end unseen.
+        pace.message(t + ms(10), 50_000, Bound::Begin);
+        // The next begins: only its own bytes count.
+        pace.message(t + ms(20), 1_000, Bound::Begin);
+        assert_eq!(pace.pause(0), Some(PauseUntil::Rest(2_000)));
+        pace.message(t + ms(20), 1_000, Bound::Commit);
+        // One whose begin the pace did not see: nothing known, no pause.
+        pace.message(t + ms(30), 1_000, Bound::Other);
+        assert_eq!(pace.pause(0), None);
     }
 
     #[test]
@@ -375,10 +448,10 @@ mod sizes_tests {
         let ms = Duration::from_millis;
         transaction(&mut pace, t0, 5, t0);
         // A Begin and a Commit alone, then its keepalive.
-        pace.message(t0 + ms(10), 51, false, true);
-        pace.message(t0 + ms(10), 56, true, false);
+        pace.message(t0 + ms(10), 51, Bound::Begin);
+        pace.message(t0 + ms(10), 56, Bound::Commit);
         pace.keepalive(23);
-        pace.message(t0 + ms(20), 1_000, false, true);
+        pace.message(t0 + ms(20), 1_000, Bound::Begin);
         assert_eq!(pace.pause(0), Some(PauseUntil::Rest(6_000)));
     }
 

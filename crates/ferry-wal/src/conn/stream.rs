@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 
 use super::config::ConnectConfig;
 use super::error::ReaderError;
-use super::pause::{Pace, Pause, PauseUntil};
+use super::pause::{Bound, Pace, Pause, PauseUntil};
 use super::replication::ReplicationConnection;
 use crate::assembly::{Assembler, AssemblyStats, OutboxEvent, OutboxSource};
 use crate::feedback::Progress;
@@ -438,6 +438,7 @@ async fn start_with(
             .flatten(),
         paused: None,
         pace: Pace::default(),
+        pacing: false,
         woke: Instant::now(),
         pending: Vec::new(),
         pending_bytes: 0,
@@ -517,7 +518,11 @@ struct Task {
     paused: Option<Paused>,
     /// The stream's pace: when a pause may end before its length.
     pace: Pace,
-    /// When the socket was last read (kept only where the reader pauses).
+    /// Whether the stream's pace is kept for what the last wake-up read: where the reader
+    /// pauses, and not while reads are batched (there is no pause then, and a backlog's rows
+    /// need not pay for it).
+    pacing: bool,
+    /// When the socket was last read (kept only while `pacing`).
     woke: Instant,
     /// Events not yet handed over ([`Task::flush`]), their WAL bytes, and how many are not
     /// keepalives.
@@ -538,8 +543,11 @@ const BATCH_LOW_WATERMARK: usize = 64 * 1024;
 /// batching, and whatever is queued is read at once: the most a message waits for company.
 const BATCH_WAIT: Duration = Duration::from_millis(2);
 
-/// A CopyData's bytes on the wire beyond its payload: its tag and length.
-const COPY_DATA_OVERHEAD: usize = 5;
+/// An XLogData's bytes on the wire beyond its pgoutput message: the CopyData's tag and length
+/// (5) and the XLogData's header (25).
+const XLOG_DATA_OVERHEAD: usize = 30;
+/// A keepalive's bytes on the wire: the CopyData's tag and length (5) and the message (18).
+const KEEPALIVE_WIRE: usize = 23;
 
 /// How a pause inside a transaction ends (see [`Task::pause_inside_transaction`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -605,7 +613,8 @@ impl Task {
                 }
                 Wake::Data(data) => {
                     let data = data?;
-                    if self.pause.is_some() {
+                    self.pacing = self.pause.is_some() && self.batching.is_none();
+                    if self.pacing {
                         self.woke = Instant::now();
                     }
                     let mut bytes = data.len();
@@ -764,7 +773,6 @@ impl Task {
     /// Apart from [`Task::handle`]'s waits, so that its future (moved on every message) holds
     /// only what lives across them.
     fn read(&mut self, data: bytes::Bytes) -> Result<Read, ReaderError> {
-        let wire = data.len() + COPY_DATA_OVERHEAD;
         match ReplicationMessage::decode(data)? {
             ReplicationMessage::XLogData(x) => {
                 self.stats.xlog_messages.fetch_add(1, Ordering::Relaxed);
@@ -785,10 +793,17 @@ impl Task {
                         .source_delay
                         .observe(b.commit_time, x.server_time);
                 }
-                let was_open = self.assembler.open_xid().is_some();
                 let event = self.assembler.push(x.wal_start, msg)?;
-                let open = self.assembler.open_xid().is_some();
-                self.pace.message(self.woke, wire, was_open, open);
+                if self.pacing {
+                    // Every transaction's begin and commit come out as events.
+                    let bound = match &event {
+                        Some(OutboxEvent::Begin(_)) => Bound::Begin,
+                        Some(OutboxEvent::Commit(_)) => Bound::Commit,
+                        _ => Bound::Other,
+                    };
+                    self.pace
+                        .message(self.woke, size + XLOG_DATA_OVERHEAD, bound);
+                }
                 self.sync_stats();
                 Ok(match event {
                     Some(event) => Read::Event {
@@ -800,7 +815,7 @@ impl Task {
             }
             ReplicationMessage::PrimaryKeepalive(k) => {
                 self.stats.keepalives.fetch_add(1, Ordering::Relaxed);
-                self.pace.keepalive(wire);
+                self.pace.keepalive(KEEPALIVE_WIRE);
                 self.stats
                     .server_wal_end
                     .store(k.wal_end.0, Ordering::Relaxed);
