@@ -6,8 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use ferry_testkit::proxy::{Fault, Proxy};
 use ferry_wal::assembly::OutboxEvent;
-use ferry_wal::conn::ReaderEvent;
+use ferry_wal::conn::{ReaderEvent, ReaderHandle, StreamOptions};
 use ferry_wal::pgoutput::TupleValue;
 use ferry_wal::slot;
 
@@ -420,17 +421,8 @@ async fn what_was_read_before_a_refused_row_reaches_the_pipeline() {
     );
 }
 
-/// Transactions that come one at a time, apart: a pause inside one ends as soon as the rest of
-/// a transaction like the last ones has come (the socket's low-water mark set to that rest),
-/// not at its length. The pause here lasts an hour, so a pause that ran its length, or a mark
-/// that the rest did not reach, would hold the transaction back past the test's deadline. Each
-/// transaction is larger than the last by more than a keepalive, so that its rest reaches the
-/// mark whether or not the server sent one after the last commit.
-#[tokio::test]
-async fn a_pause_ends_when_the_rest_of_a_transaction_has_come() {
-    use ferry_testkit::proxy::{Fault, Proxy};
-
-    let s = setup().await;
+/// A reader started with `opts` through a TCP fault proxy in front of the test server.
+async fn start_through_proxy(s: &Setup, opts: StreamOptions) -> (Proxy, ReaderHandle) {
     let upstream = s.db.url.split_once('@').map(|(_, r)| r).unwrap_or_default();
     let hostport = upstream.split('/').next().unwrap_or_default();
     let addr = tokio::net::lookup_host(hostport)
@@ -441,11 +433,43 @@ async fn a_pause_ends_when_the_rest_of_a_transaction_has_come() {
     let proxy = Proxy::tcp(addr).await.unwrap();
     let url = s.db.url.replace(hostport, &proxy.addr().to_string());
     let cfg = ferry_wal::conn::ConnectConfig::parse(&url).unwrap();
-    let opts = ferry_wal::conn::stream::StreamOptions {
+    let r = ferry_wal::conn::start(&cfg, &s.sql, opts).await.unwrap();
+    (proxy, r)
+}
+
+/// The next transaction, whose five rows' notes are `t/1` to `t/5`.
+async fn expect_five_rows(r: &mut ReaderHandle, t: usize) {
+    let txn = next_txn(r).await;
+    let notes: Vec<_> = txn.rows.iter().map(|r| text(r, "note").unwrap()).collect();
+    let expected: Vec<_> = (1..=5).map(|i| format!("{t}/{i}")).collect();
+    assert_eq!(notes, expected);
+}
+
+/// Checks that the reader paused at least once (else the test did not exercise `what`), then
+/// heals the link and stops the reader.
+async fn end_having_paused(proxy: Proxy, r: ReaderHandle, what: &str) {
+    assert!(
+        r.stats.pauses.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no pause: the test did not exercise {what}"
+    );
+    proxy.heal();
+    r.shutdown().await.unwrap();
+}
+
+/// Transactions that come one at a time, apart: a pause inside one ends as soon as the rest of
+/// a transaction like the last ones has come (the socket's low-water mark set to that rest),
+/// not at its length. The pause here lasts an hour, so a pause that ran its length, or a mark
+/// that the rest did not reach, would hold the transaction back past the test's deadline. Each
+/// transaction is larger than the last by more than a keepalive, so that its rest reaches the
+/// mark whether or not the server sent one after the last commit.
+#[tokio::test]
+async fn a_pause_ends_when_the_rest_of_a_transaction_has_come() {
+    let s = setup().await;
+    let opts = StreamOptions {
         pause_inside_transaction: Duration::from_secs(3600),
         ..options(&s.spec, Some("outbox"))
     };
-    let mut r = ferry_wal::conn::start(&cfg, &s.sql, opts).await.unwrap();
+    let (proxy, mut r) = start_through_proxy(&s, opts).await;
     // 40 KB a second, in chunks of 4 KB a tenth of a second apart: each transaction of 6 KB
     // or more comes in two reads or more, the first ending inside it.
     proxy.inject(Fault::Throttle(40_000));
@@ -460,17 +484,9 @@ async fn a_pause_ends_when_the_rest_of_a_transaction_has_come() {
             ))
             .await
             .unwrap();
-        let txn = next_txn(&mut r).await;
-        let notes: Vec<_> = txn.rows.iter().map(|r| text(r, "note").unwrap()).collect();
-        let expected: Vec<_> = (1..=5).map(|i| format!("{t}/{i}")).collect();
-        assert_eq!(notes, expected);
+        expect_five_rows(&mut r, t).await;
     }
-    assert!(
-        r.stats.pauses.load(std::sync::atomic::Ordering::Relaxed) > 0,
-        "no pause: the test did not exercise a pause that ends with the rest"
-    );
-    proxy.heal();
-    r.shutdown().await.unwrap();
+    end_having_paused(proxy, r, "a pause that ends with the rest").await;
 }
 
 /// A link slow enough that every transaction comes in many reads, with a wait after each: the
@@ -479,22 +495,8 @@ async fn a_pause_ends_when_the_rest_of_a_transaction_has_come() {
 /// that never ended, or a mark left up, would hold the rest of a transaction back for good.
 #[tokio::test]
 async fn transactions_trickling_in_arrive_whole_and_in_order() {
-    use ferry_testkit::proxy::{Fault, Proxy};
-
     let s = setup().await;
-    let upstream = s.db.url.split_once('@').map(|(_, r)| r).unwrap_or_default();
-    let hostport = upstream.split('/').next().unwrap_or_default();
-    let addr = tokio::net::lookup_host(hostport)
-        .await
-        .expect("the test server's address")
-        .next()
-        .expect("an address");
-    let proxy = Proxy::tcp(addr).await.unwrap();
-    let url = s.db.url.replace(hostport, &proxy.addr().to_string());
-    let cfg = ferry_wal::conn::ConnectConfig::parse(&url).unwrap();
-    let mut r = ferry_wal::conn::start(&cfg, &s.sql, options(&s.spec, Some("outbox")))
-        .await
-        .unwrap();
+    let (proxy, mut r) = start_through_proxy(&s, options(&s.spec, Some("outbox"))).await;
     // 40 KB a second, in chunks of 4 KB a tenth of a second apart: each ~6 KB transaction
     // comes in two or three reads, each ending inside it.
     proxy.inject(Fault::Throttle(40_000));
@@ -509,15 +511,7 @@ async fn transactions_trickling_in_arrive_whole_and_in_order() {
             .unwrap();
     }
     for t in 0..4 {
-        let txn = next_txn(&mut r).await;
-        let notes: Vec<_> = txn.rows.iter().map(|r| text(r, "note").unwrap()).collect();
-        let expected: Vec<_> = (1..=5).map(|i| format!("{t}/{i}")).collect();
-        assert_eq!(notes, expected);
+        expect_five_rows(&mut r, t).await;
     }
-    assert!(
-        r.stats.pauses.load(std::sync::atomic::Ordering::Relaxed) > 0,
-        "no read ended inside a transaction: the test did not exercise the pause"
-    );
-    proxy.heal();
-    r.shutdown().await.unwrap();
+    end_having_paused(proxy, r, "the pause").await;
 }

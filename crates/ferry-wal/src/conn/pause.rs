@@ -315,6 +315,27 @@ mod sizes_tests {
         pace.message(commit, 1_000, Bound::Commit);
     }
 
+    /// Transactions of a begin and a commit, each begun `step` after the last one's commit (at
+    /// most `most` of them): the first whose pause runs its length (`busy`) or does not.
+    fn first_to_be(
+        pace: &mut Pace,
+        t: &mut Instant,
+        step: Duration,
+        busy: bool,
+        most: usize,
+    ) -> Option<usize> {
+        let mut first = None;
+        for n in 1..=most {
+            *t += step;
+            pace.message(*t, 1_000, Bound::Begin);
+            if first.is_none() && (pace.pause(0) == Some(PauseUntil::ItsEnd)) == busy {
+                first = Some(n);
+            }
+            pace.message(*t, 1_000, Bound::Commit);
+        }
+        first
+    }
+
     #[test]
     fn an_idle_stream_pauses_until_the_rest_of_a_transaction_like_the_last_ones() {
         let mut pace = Pace::default();
@@ -386,16 +407,7 @@ mod sizes_tests {
         assert_eq!(pace.pause(0), Some(PauseUntil::ItsEnd));
         pace.message(t, 1_000, Bound::Commit);
         // Late ones again: idle after two.
-        let mut idle_after = None;
-        for n in 1..=5 {
-            t += ms(3);
-            pace.message(t, 1_000, Bound::Begin);
-            if idle_after.is_none() && pace.pause(0) != Some(PauseUntil::ItsEnd) {
-                idle_after = Some(n);
-            }
-            pace.message(t, 1_000, Bound::Commit);
-        }
-        assert_eq!(idle_after, Some(2));
+        assert_eq!(first_to_be(&mut pace, &mut t, ms(3), false, 5), Some(2));
     }
 
     #[test]
@@ -413,15 +425,10 @@ mod sizes_tests {
         pace.message(t, 1_000, Bound::Commit);
         // Busy again: seen as busy at once, not after dozens of transactions (an hour would
         // have weighed on the average for ~70).
-        let mut busy_after = None;
-        for n in 1..=40 {
-            pace.message(t, 1_000, Bound::Begin);
-            if busy_after.is_none() && pace.pause(0) == Some(PauseUntil::ItsEnd) {
-                busy_after = Some(n);
-            }
-            pace.message(t, 1_000, Bound::Commit);
-        }
-        assert_eq!(busy_after, Some(1));
+        assert_eq!(
+            first_to_be(&mut pace, &mut t, Duration::ZERO, true, 40),
+            Some(1)
+        );
     }
 
     #[test]
