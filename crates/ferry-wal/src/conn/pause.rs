@@ -59,9 +59,10 @@ pub(crate) struct Pace {
     busy: bool,
     /// Whether a transaction's begin was read and not yet its commit.
     open: bool,
-    /// The open transaction's bytes on the wire and messages read so far (0 between them).
+    /// The open transaction's bytes on the wire so far (0 between transactions).
     txn_bytes: usize,
-    txn_messages: usize,
+    /// Whether the open transaction has brought nothing but its begin so far.
+    txn_empty: bool,
     /// Whether the last message read ended a transaction that [`RecentSizes`] recorded.
     after_commit: bool,
 }
@@ -78,7 +79,7 @@ impl Pace {
                 // part of this one.
                 self.open = true;
                 self.txn_bytes = wire;
-                self.txn_messages = 1;
+                self.txn_empty = true;
                 if let Some(commit) = self.last_commit {
                     let gap = now.saturating_duration_since(commit).min(GAP_CAP);
                     let average = self
@@ -91,18 +92,17 @@ impl Pace {
             Bound::Other => {
                 if self.open {
                     self.txn_bytes += wire;
-                    self.txn_messages += 1;
+                    self.txn_empty = false;
                 }
             }
             Bound::Commit => {
                 // A transaction with nothing in it (PostgreSQL 14 sends one for every
                 // transaction that wrote to the database) tells nothing of the next one's size.
-                if std::mem::take(&mut self.open) && self.txn_messages >= 2 {
+                if std::mem::take(&mut self.open) && !self.txn_empty {
                     self.sizes.record(self.txn_bytes + wire);
                     self.after_commit = true;
                 }
                 self.txn_bytes = 0;
-                self.txn_messages = 0;
                 self.last_commit = Some(now);
             }
         }

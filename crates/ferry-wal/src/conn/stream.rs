@@ -514,8 +514,9 @@ struct Task {
     /// The timer of a pause inside a transaction (see [`Task::pause_inside_transaction`]);
     /// `None` where there is none.
     pause: Option<Pause>,
-    /// A pause under way: the socket's low-water mark is raised and the timer runs.
-    paused: Option<Paused>,
+    /// A pause under way (the socket's low-water mark raised, the timer running), and how it
+    /// ends: at its timer, the socket not read until then, or when the rest has come.
+    paused: Option<PauseUntil>,
     /// The stream's pace: when a pause may end before its length.
     pace: Pace,
     /// Whether the stream's pace is kept for what the last wake-up read: where the reader
@@ -548,15 +549,6 @@ const BATCH_WAIT: Duration = Duration::from_millis(2);
 const XLOG_DATA_OVERHEAD: usize = 30;
 /// A keepalive's bytes on the wire: the CopyData's tag and length (5) and the message (18).
 const KEEPALIVE_WIRE: usize = 23;
-
-/// How a pause inside a transaction ends (see [`Task::pause_inside_transaction`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Paused {
-    /// When its timer runs out; the socket is not read until then.
-    ForItsLength,
-    /// When the rest of the transaction has come (the socket's mark), or the timer runs out.
-    UntilTheRest,
-}
 
 /// What woke the task.
 enum Wake {
@@ -591,7 +583,7 @@ impl Task {
             let due = tokio::time::Instant::from_std(self.progress.next_due(Instant::now()));
             let batch_until = self.batching;
             let paused = self.paused;
-            let read = paused != Some(Paused::ForItsLength);
+            let read = paused != Some(PauseUntil::ItsEnd);
             let wake = tokio::select! {
                 biased;
                 changed = self.confirm.changed() => Wake::Confirmed(changed.is_ok()),
@@ -687,13 +679,11 @@ impl Task {
         // Data arriving wakes the runtime's poller whether or not the task reads it: the mark
         // keeps what arrives meanwhile from waking the thread.
         let pausing = until.and_then(|until| {
-            let (mark, paused) = match until {
-                PauseUntil::Rest(rest) if rest < BATCH_LOW_WATERMARK => {
-                    (rest, Paused::UntilTheRest)
-                }
-                _ => (BATCH_LOW_WATERMARK, Paused::ForItsLength),
+            let (mark, until) = match until {
+                PauseUntil::Rest(rest) if rest < BATCH_LOW_WATERMARK => (rest, until),
+                _ => (BATCH_LOW_WATERMARK, PauseUntil::ItsEnd),
             };
-            self.conn.set_read_low_watermark(mark).then_some(paused)
+            self.conn.set_read_low_watermark(mark).then_some(until)
         });
         match pausing {
             Some(paused) if pause.start() => {
