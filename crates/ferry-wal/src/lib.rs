@@ -4,7 +4,7 @@
 //! [`frame`] (the protocol's message framing: CopyData, CopyDone, CopyBothResponse), [`wire`]
 //! (replication CopyData sub-messages), [`assembly`] (outbox transaction assembly) and
 //! [`progress`] (the feedback rules). The `io` feature adds the replication connection and slot
-//! management on top of tokio.
+//! management on top of tokio, and [`timer`], a timer finer than tokio's.
 
 pub mod assembly;
 pub mod frame;
@@ -17,6 +17,8 @@ pub mod wire;
 pub mod conn;
 #[cfg(feature = "io")]
 pub mod slot;
+#[cfg(feature = "io")]
+pub mod timer;
 
 pub use lsn::Lsn;
 pub use wire::PgTimestamp;
