@@ -601,7 +601,12 @@ impl<'a> Driver<'a> {
                     link.machine.shutdown(Instant::now());
                 }
                 ev = reader.recv(), if wants_events => match ev {
-                    Some(ev) => stop = self.feed(link, sink, reader, ev).await,
+                    Some(ev) => {
+                        stop = self.feed(link, sink, reader, ev).await;
+                        // Reports that came meanwhile, served on this wake-up rather than on
+                        // one of their own (see `producer::client`'s `Gather`).
+                        sink.serve_waiting();
+                    }
                     // The reader task ended: its outcome comes from finish().
                     None => link.machine.reader_ended(Instant::now()),
                 },

@@ -31,6 +31,14 @@ pub(super) enum Sink<'a> {
 }
 
 impl Sink<'_> {
+    /// Serves the producer's delivery reports that wait, if any.
+    pub fn serve_waiting(&self) {
+        match self {
+            Sink::Idempotent { producer, .. } => producer.serve_waiting(),
+            Sink::Transactional(txn) => txn.producer.serve_waiting(),
+        }
+    }
+
     /// Hands a record over (accepted, not durable); its report carries `token`.
     pub fn produce(&mut self, token: DeliveryKey, record: &Record) -> Result<(), KafkaError> {
         match self {

@@ -7,7 +7,9 @@
 //! allocated on the pipeline's (glibc then hands the chunk back to the other thread's arena).
 //! Here the client's main queue wakes a task on the pipeline's runtime instead
 //! (`rd_kafka_queue_cb_event_enable`: librdkafka calls back when the queue goes from empty to
-//! not empty, so a wake-up is per batch, not per record). The task takes each event off the queue
+//! not empty, so a wake-up is per batch, not per record), once the reports of the moment have
+//! gathered (half the producer's linger, at most 500 µs: [`Gather`]), or sooner when the
+//! pipeline's thread wakes for something else and serves them. The task takes each event off the queue
 //! (one event is a produce response's whole batch of reports), hands its reports to the relay
 //! over an in-thread channel, and destroys it, which frees the batch's record copies on the
 //! thread that allocated them. A turn serves at most [`EVENTS_PER_TURN`] events and then lets
@@ -25,10 +27,12 @@
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use ferry_router::Header;
+use ferry_wal::timer::Timer;
 
 use rdkafka::bindings as rd;
 use rdkafka::config::RDKafkaLogLevel;
@@ -52,8 +56,8 @@ pub(super) struct Client {
     pub producer: BaseProducer<Context>,
     /// A reference to the client's main queue (where librdkafka puts reports, errors and its log).
     queue: Queue,
-    /// Notified by librdkafka (from its threads) when the queue stops being empty.
-    wake: Arc<Notify>,
+    /// Told by librdkafka (from its threads) when the queue stops being empty.
+    wake: Arc<Gather>,
     /// One server at a time: the task, or the drop.
     serving: Mutex<()>,
     /// librdkafka's handle of every topic produced to (see [`Client::produce`]); destroyed in
@@ -112,15 +116,15 @@ unsafe impl Sync for Queue {}
 
 impl Client {
     /// Takes over serving `producer`'s events: a task on the current tokio runtime (panics
-    /// outside one).
+    /// outside one), which lets reports gather for `gathering` before it wakes (see [`Gather`]).
     #[allow(unsafe_code)]
-    pub fn new(producer: BaseProducer<Context>) -> Arc<Client> {
+    pub fn new(producer: BaseProducer<Context>, gathering: Duration) -> Arc<Client> {
         // SAFETY: the client pointer is valid while `producer` lives; the queue reference we get
         // is ours and destroyed exactly once, in `drop`, before `producer` is.
         let queue = unsafe { rd::rd_kafka_queue_get_main(producer.client().native_ptr()) };
         let queue = Queue(NonNull::new(queue).expect("librdkafka returned no main queue"));
-        let wake = Arc::new(Notify::new());
-        // SAFETY: the opaque points at the `Notify` this client keeps alive (`wake`) until `drop`
+        let wake = Arc::new(Gather::new(gathering));
+        // SAFETY: the opaque points at the `Gather` this client keeps alive (`wake`) until `drop`
         // disables the callback; `wake_up` only reads it.
         unsafe {
             rd::rd_kafka_queue_cb_event_enable(
@@ -382,7 +386,7 @@ impl Drop for Client {
             unsafe { rd::rd_kafka_topic_destroy(h.0.as_ptr()) };
         }
         // The task finds the client gone and ends.
-        self.wake.notify_one();
+        self.wake.now.notify_one();
     }
 }
 
@@ -408,24 +412,116 @@ fn log_level(level: i32) -> RDKafkaLogLevel {
 /// librdkafka's wake-up callback, called on its threads with the queue's lock held.
 #[allow(unsafe_code)]
 unsafe extern "C" fn wake_up(_client: *mut rd::rd_kafka_t, opaque: *mut c_void) {
-    // SAFETY: `opaque` is the client's `Notify`, alive while the callback is enabled.
-    let wake = unsafe { &*opaque.cast::<Notify>() };
-    wake.notify_one();
+    // SAFETY: `opaque` is the client's `Gather`, alive while the callback is enabled.
+    let wake = unsafe { &*opaque.cast::<Gather>() };
+    wake.came();
 }
 
-/// The report task: serves a turn, then waits for the queue to fill again (or yields, if the
-/// turn stopped with events left). A wake-up that comes while a turn runs leaves a permit, so
-/// none is lost between the turn's last poll and the wait.
-async fn serve(client: Weak<Client>, wake: Arc<Notify>) {
+/// The report task: serves a turn, then waits for reports to gather ([`Gather`]), or yields if
+/// the turn stopped with events left. The gathering is over before the turn begins, so that a
+/// report that comes during the turn, after its last look at the queue, starts the next.
+async fn serve(client: Weak<Client>, wake: Arc<Gather>) {
     loop {
         let more = match client.upgrade() {
-            Some(client) => client.serve_turn(0),
+            Some(client) => {
+                wake.begin_turn();
+                client.serve_turn(0)
+            }
             None => return,
         };
         if more {
             tokio::task::yield_now().await;
         } else {
-            wake.notified().await;
+            wake.over().await;
+        }
+    }
+}
+
+/// How the report task learns of reports: librdkafka calls back when the client's queue stops
+/// being empty, and the task wakes a while later, once the other reports of the moment have
+/// come too (or sooner, if the pipeline's thread wakes for something else and serves them:
+/// [`Client::serve_waiting`]).
+///
+/// A transaction's records spread over the topic's partitions, and librdkafka sends each
+/// partition's batch as a produce request of its own (its issue #1700). At 1,000 ten-row
+/// transactions a second that was ~2.8 responses a transaction, arriving a little apart, and a
+/// wake-up of the pipeline's thread for nearly every one. Waiting half the producer's linger
+/// (at most 500 µs, as the reader's pause inside a transaction: `pause_for_linger`) serves them
+/// together. It delays the acknowledgements, never the records: they are in Kafka when the
+/// reports come.
+struct Gather {
+    /// `None`: no wait (no linger, or no timer here): the task wakes at once.
+    timer: Option<Timer>,
+    length: Duration,
+    /// Wakes the task at once where there is no timer (and ends it, once the client is gone).
+    now: Notify,
+    /// Whether reports came since the task's turn began: set on librdkafka's threads (once
+    /// per gathering: the timer is set by the first), cleared as a turn begins.
+    came: AtomicBool,
+}
+
+impl Gather {
+    fn new(length: Duration) -> Gather {
+        Gather {
+            timer: (!length.is_zero()).then(Timer::new).flatten(),
+            length,
+            now: Notify::new(),
+            came: AtomicBool::new(false),
+        }
+    }
+
+    /// Reports came (librdkafka's callback, on its threads).
+    fn came(&self) {
+        if !self.came.swap(true, Ordering::AcqRel) {
+            self.wake_after(self.length);
+        }
+    }
+
+    /// Wakes the task `after` from now, or at once.
+    fn wake_after(&self, after: Duration) {
+        match &self.timer {
+            Some(timer) if timer.set(after) => {}
+            _ => self.now.notify_one(),
+        }
+    }
+
+    fn begin_turn(&self) {
+        self.came.store(false, Ordering::Release);
+    }
+
+    /// Whether reports came since the task's turn began; if so, their gathering is over (the
+    /// timer unset) and the caller serves them.
+    fn take(&self) -> bool {
+        let came = self.came.swap(false, Ordering::AcqRel);
+        if came {
+            if let Some(timer) = &self.timer {
+                timer.set(Duration::ZERO);
+            }
+        }
+        came
+    }
+
+    async fn over(&self) {
+        match &self.timer {
+            Some(timer) => tokio::select! {
+                () = timer.over() => {}
+                () = self.now.notified() => {}
+            },
+            None => self.now.notified().await,
+        }
+    }
+}
+
+impl Client {
+    /// Serves the reports that came since the report task's last turn, if any: the pipeline's
+    /// thread woke for something else (the reader's data), so they need not wait for
+    /// [`Gather`]'s timer and its wake-up.
+    pub fn serve_waiting(&self) {
+        if self.wake.take() && self.serve_turn(0) {
+            // Events left: the task serves them (the queue is not empty, so librdkafka will
+            // not call back for them).
+            self.wake.came.store(true, Ordering::Release);
+            self.wake.now.notify_one();
         }
     }
 }
@@ -507,4 +603,113 @@ unsafe fn tally(context: &Context, run: (*mut rd::rd_kafka_topic_t, u64)) {
     // SAFETY: a live topic handle's name, a NUL-terminated string it owns.
     let name = unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(run.0)) };
     context.topics.reported(&name.to_string_lossy(), run.1);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use ferry_router::Record;
+
+    use super::super::{report_gathering, Producer, Reports};
+    use crate::telemetry::Metrics;
+    use crate::topics::Topics;
+
+    const DEADLINE: Duration = Duration::from_secs(60);
+
+    /// A producer of brokers that never answer, whose reports gather for `gathering`: a record
+    /// it holds is reported (failed) as soon as it is purged.
+    fn unanswered(gathering: Duration) -> (Producer, Reports) {
+        let props = [("bootstrap.servers".to_string(), "127.0.0.1:1".to_string())];
+        Producer::with_gathering(&props, Topics::default(), Metrics::new(), Some(gathering))
+            .expect("producer")
+    }
+
+    fn record() -> Record {
+        Record {
+            topic: "t".into(),
+            key: Some(bytes::Bytes::from_static(b"k")),
+            value: Some(bytes::Bytes::from_static(b"v")),
+            headers: vec![("id".into(), Some(bytes::Bytes::from_static(b"1")))],
+            partition: None,
+            timestamp_ms: None,
+            event_id: bytes::Bytes::from_static(b"1"),
+            trace_context: Default::default(),
+        }
+    }
+
+    /// Each report comes, one record after another, whether the task waits on the timer (a
+    /// linger) or wakes at once (none): a gathering that never ends, or a report that came
+    /// while nobody would set the timer, hangs here.
+    #[tokio::test]
+    async fn every_report_comes_after_its_gathering() {
+        for gathering in [Duration::from_micros(500), Duration::ZERO] {
+            let (producer, mut reports) = unanswered(gathering);
+            for key in 0..20 {
+                producer.send(&record(), key).expect("accepted");
+                producer.purge_queued();
+                let report = tokio::time::timeout(DEADLINE, reports.recv())
+                    .await
+                    .expect("the report comes")
+                    .expect("the producer is alive");
+                assert_eq!(report.key, key, "gathering {gathering:?}");
+            }
+        }
+    }
+
+    /// A report that came waits for its gathering (an hour here) unless the pipeline's thread,
+    /// awake for something else, serves it: then it is handed over at once.
+    #[tokio::test]
+    async fn the_pipeline_thread_serves_reports_that_came() {
+        let (producer, mut reports) = unanswered(Duration::from_secs(3600));
+        // The report task's first turn, before anything comes.
+        tokio::task::yield_now().await;
+        producer.send(&record(), 7).expect("accepted");
+        producer.purge_queued();
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let report = loop {
+            // librdkafka calls back once an event is on the queue (the purge's report, or
+            // first the brokers' refusal).
+            while !producer.inner.wake.came.load(Ordering::Acquire) {
+                assert!(tokio::time::Instant::now() < deadline, "no report came");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            // Were the report task woken, it would run now.
+            tokio::task::yield_now().await;
+            assert!(
+                reports.try_recv().is_none(),
+                "a report did not wait for its gathering"
+            );
+            producer.serve_waiting();
+            if let Some(report) = reports.try_recv() {
+                break report;
+            }
+        };
+        assert_eq!(report.key, 7);
+        assert!(report.result.is_err(), "purged");
+    }
+
+    /// Half the producer's linger, at most 500 µs, as the reader's pause; librdkafka's own
+    /// default (5 ms) where none is set.
+    #[test]
+    fn reports_gather_for_half_the_linger() {
+        let gathering = |props: &[(&str, &str)]| {
+            let mut cc = rdkafka::ClientConfig::new();
+            for (k, v) in props {
+                cc.set(*k, *v);
+            }
+            report_gathering(&cc)
+        };
+        let us = Duration::from_micros;
+        assert_eq!(gathering(&[("linger.ms", "1")]), us(500));
+        assert_eq!(gathering(&[("linger.ms", "0.4")]), us(200));
+        assert_eq!(gathering(&[("linger.ms", "0")]), Duration::ZERO);
+        assert_eq!(gathering(&[("linger.ms", "100")]), us(500));
+        assert_eq!(
+            gathering(&[("queue.buffering.max.ms", "0")]),
+            Duration::ZERO
+        );
+        assert_eq!(gathering(&[]), us(500));
+    }
 }

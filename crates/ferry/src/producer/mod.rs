@@ -241,6 +241,17 @@ impl Producer {
         topics: Topics,
         metrics: Arc<Metrics>,
     ) -> Result<(Producer, Reports), KafkaError> {
+        Producer::with_gathering(properties, topics, metrics, None)
+    }
+
+    /// [`Producer::new`], its reports gathering for `gathering` (`None`: for what the
+    /// properties' linger gives, [`report_gathering`]).
+    fn with_gathering(
+        properties: &[(String, String)],
+        topics: Topics,
+        metrics: Arc<Metrics>,
+        gathering: Option<Duration>,
+    ) -> Result<(Producer, Reports), KafkaError> {
         // The brokers' view (`ferry_kafka_brokers_up`, readiness) comes from the statistics:
         // Ferry's interval unless kafka.properties sets one. Only the relay's producers ask
         // for them; Ferry's other clients (the topic watch, the progress reader) do not.
@@ -255,7 +266,7 @@ impl Producer {
             metrics,
             brokers: Mutex::new((BrokerWatch::default(), false)),
         })?;
-        let inner = Client::new(producer);
+        let inner = Client::new(producer, gathering.unwrap_or_else(|| report_gathering(&cc)));
         warm_up(Arc::downgrade(&inner));
         Ok((
             Producer {
@@ -356,6 +367,13 @@ impl Producer {
     /// A fatal error librdkafka raised (the producer must be replaced), if any.
     pub fn fatal_error(&self) -> Option<String> {
         self.fatal.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Serves the delivery reports that came since the report task's last turn, if any (see
+    /// [`client`]): for the pipeline's thread, awake for something else, so that they need not
+    /// wake it again.
+    pub fn serve_waiting(&self) {
+        self.inner.serve_waiting();
     }
 
     /// Fails every record still queued (not yet sent) with a purge error: after one record
@@ -549,6 +567,20 @@ pub fn fix_for(e: &KafkaError) -> &'static str {
         }
         _ => "see the broker's logs for why it refuses the record",
     }
+}
+
+/// How long the report task lets delivery reports gather before it wakes (see [`client`]):
+/// half the producer's linger, at most 500 µs, as the reader pauses inside a transaction
+/// ([`ferry_wal::conn::stream::pause_for_linger`]); none without a linger. librdkafka's default
+/// linger (5 ms) where the properties set none.
+fn report_gathering(cc: &rdkafka::ClientConfig) -> Duration {
+    let linger_ms = cc
+        .get("linger.ms")
+        .or_else(|| cc.get("queue.buffering.max.ms"))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .unwrap_or(5.0);
+    ferry_wal::conn::stream::pause_for_linger(Duration::from_secs_f64(linger_ms / 1000.0))
 }
 
 #[cfg(test)]
