@@ -8,6 +8,10 @@ use ferry_testkit::pg::{self, PgCluster};
 use crate::workload::Workload;
 use crate::{kafka, Contender, Res, PUBLICATION};
 
+/// `postgresql.conf` lines for the benchmark's own cluster, `;`-separated (e.g.
+/// `wal_init_zero = on; log_autovacuum_min_duration = 0`), after its defaults.
+pub const PG_CONF_ENV: &str = "FERRY_BENCH_PG_CONF";
+
 /// PostgreSQL and the broker.
 pub struct World {
     _cluster: Option<PgCluster>,
@@ -24,17 +28,33 @@ impl World {
         let (cluster, admin_url) = match std::env::var(pg::PG_URL_ENV) {
             Ok(u) if !u.is_empty() => (None, u),
             _ => {
+                let mut extra_conf: Vec<String> = vec![
+                    "shared_buffers = '256MB'".into(),
+                    "max_wal_size = '8GB'".into(),
+                    "checkpoint_timeout = '30min'".into(),
+                    // The slot holder (see `ferry`) never answers keepalives.
+                    "wal_sender_timeout = 0".into(),
+                    // Commit → in Kafka, for every relay alike (see `latency`).
+                    "track_commit_timestamp = on".into(),
+                    // A fresh cluster that never checkpoints during a run reuses no WAL
+                    // segment: by default it would fill every new 16 MiB one with zeros while
+                    // commits wait (~8 ms each here, ~0.9 a second at 10,000 rows/s; 40-55 ms
+                    // when CPU 0 is contended), where a server in its steady state recycles
+                    // them. bench/README.md, "Round 31".
+                    "wal_init_zero = off".into(),
+                ];
+                // Settings of an experiment, after the defaults (the last one set wins).
+                if let Ok(more) = std::env::var(PG_CONF_ENV) {
+                    extra_conf.extend(
+                        more.split(';')
+                            .map(str::trim)
+                            .filter(|l| !l.is_empty())
+                            .map(String::from),
+                    );
+                }
                 let c = PgCluster::start(pg::ClusterOptions {
                     tls: false,
-                    extra_conf: vec![
-                        "shared_buffers = '256MB'".into(),
-                        "max_wal_size = '8GB'".into(),
-                        "checkpoint_timeout = '30min'".into(),
-                        // The slot holder (see `ferry`) never answers keepalives.
-                        "wal_sender_timeout = 0".into(),
-                        // Commit → in Kafka, for every relay alike (see `latency`).
-                        "track_commit_timestamp = on".into(),
-                    ],
+                    extra_conf,
                 })
                 .await;
                 let u = c.url("postgres");
