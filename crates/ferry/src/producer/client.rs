@@ -610,8 +610,7 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
-    use ferry_router::Record;
-
+    use super::super::tests::a_record as record;
     use super::super::{report_gathering, Producer, Reports};
     use crate::telemetry::Metrics;
     use crate::topics::Topics;
@@ -621,22 +620,13 @@ mod tests {
     /// A producer of brokers that never answer, whose reports gather for `gathering`: a record
     /// it holds is reported (failed) as soon as it is purged.
     fn unanswered(gathering: Duration) -> (Producer, Reports) {
-        let props = [("bootstrap.servers".to_string(), "127.0.0.1:1".to_string())];
-        Producer::with_gathering(&props, Topics::default(), Metrics::new(), Some(gathering))
-            .expect("producer")
-    }
-
-    fn record() -> Record {
-        Record {
-            topic: "t".into(),
-            key: Some(bytes::Bytes::from_static(b"k")),
-            value: Some(bytes::Bytes::from_static(b"v")),
-            headers: vec![("id".into(), Some(bytes::Bytes::from_static(b"1")))],
-            partition: None,
-            timestamp_ms: None,
-            event_id: bytes::Bytes::from_static(b"1"),
-            trace_context: Default::default(),
-        }
+        Producer::with_gathering(
+            &super::super::tests::unanswered(),
+            Topics::default(),
+            Metrics::new(),
+            Some(gathering),
+        )
+        .expect("producer")
     }
 
     /// Each report comes, one record after another, whether the task waits on the timer (a

@@ -587,6 +587,25 @@ fn report_gathering(cc: &rdkafka::ClientConfig) -> Duration {
 mod tests {
     use super::*;
 
+    /// A producer's properties for brokers that never answer: what it is given stays queued.
+    pub(super) fn unanswered() -> Vec<(String, String)> {
+        vec![("bootstrap.servers".to_string(), "127.0.0.1:1".to_string())]
+    }
+
+    /// A small record with an `id` header.
+    pub(super) fn a_record() -> Record {
+        Record {
+            topic: "t".into(),
+            key: Some(bytes::Bytes::from_static(b"k")),
+            value: Some(bytes::Bytes::from_static(b"v")),
+            headers: vec![("id".into(), Some(bytes::Bytes::from_static(b"1")))],
+            partition: None,
+            timestamp_ms: None,
+            event_id: bytes::Bytes::from_static(b"1"),
+            trace_context: Default::default(),
+        }
+    }
+
     /// A transaction call the brokers cannot serve is permanent (issue 30), never an
     /// uncertain outcome to retry: by librdkafka's code or the broker's, or by its text.
     #[test]
@@ -671,22 +690,9 @@ mod tests {
     /// the runtime's thread, or on the warm-up thread, which holds the client while it waits).
     #[tokio::test]
     async fn a_dropped_producer_reports_every_record_it_held() {
-        let props: Vec<(String, String)> = [("bootstrap.servers", "127.0.0.1:1")]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
         let (producer, mut reports) =
-            Producer::new(&props, Topics::default(), Metrics::new()).expect("producer");
-        let record = Record {
-            topic: "t".into(),
-            key: Some(bytes::Bytes::from_static(b"k")),
-            value: Some(bytes::Bytes::from_static(b"v")),
-            headers: vec![("id".into(), Some(bytes::Bytes::from_static(b"1")))],
-            partition: None,
-            timestamp_ms: None,
-            event_id: bytes::Bytes::from_static(b"1"),
-            trace_context: Default::default(),
-        };
+            Producer::new(&unanswered(), Topics::default(), Metrics::new()).expect("producer");
+        let record = a_record();
         for key in 0..3 {
             producer.send(&record, key).expect("accepted");
         }
