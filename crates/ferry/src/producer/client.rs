@@ -9,10 +9,10 @@
 //! (`rd_kafka_queue_cb_event_enable`: librdkafka calls back when the queue goes from empty to
 //! not empty, so a wake-up is per batch, not per record), once the reports of the moment have
 //! gathered (half the producer's linger, at most 500 µs: [`Gather`]), or sooner when the
-//! pipeline's thread wakes for something else and serves them. The task takes each event off the queue
-//! (one event is a produce response's whole batch of reports), hands its reports to the relay
-//! over an in-thread channel, and destroys it, which frees the batch's record copies on the
-//! thread that allocated them. A turn serves at most [`EVENTS_PER_TURN`] events and then lets
+//! pipeline's thread wakes for something else and serves them. The task takes each event off
+//! the queue (one event is a produce response's whole batch of reports), hands its reports to
+//! the relay over an in-thread channel, and destroys it, which frees the batch's record copies
+//! on the thread that allocated them. A turn serves at most [`EVENTS_PER_TURN`] events and then lets
 //! the pipeline's other tasks run.
 //!
 //! The same queue carries librdkafka's log (rust-rdkafka sets `log.queue`), which the task hands
@@ -125,7 +125,7 @@ impl Client {
         let queue = Queue(NonNull::new(queue).expect("librdkafka returned no main queue"));
         let wake = Arc::new(Gather::new(gathering));
         // SAFETY: the opaque points at the `Gather` this client keeps alive (`wake`) until `drop`
-        // disables the callback; `wake_up` only reads it.
+        // disables the callback; `wake_up` uses it through a shared reference (it is `Sync`).
         unsafe {
             rd::rd_kafka_queue_cb_event_enable(
                 queue.0.as_ptr(),
@@ -360,7 +360,7 @@ impl Drop for Client {
     #[allow(unsafe_code)]
     fn drop(&mut self) {
         // SAFETY: disabling takes the queue's lock, which librdkafka holds while it calls
-        // `wake_up`: once this returns, the callback never reads `wake` again.
+        // `wake_up`: once this returns, the callback never uses `wake` again.
         unsafe {
             rd::rd_kafka_queue_cb_event_enable(self.queue.0.as_ptr(), None, std::ptr::null_mut())
         };
@@ -409,7 +409,8 @@ fn log_level(level: i32) -> RDKafkaLogLevel {
     }
 }
 
-/// librdkafka's wake-up callback, called on its threads with the queue's lock held.
+/// librdkafka's wake-up callback, called where an event is put on the queue (its threads, or a
+/// caller's, such as a purge's) with the queue's lock held.
 #[allow(unsafe_code)]
 unsafe extern "C" fn wake_up(_client: *mut rd::rd_kafka_t, opaque: *mut c_void) {
     // SAFETY: `opaque` is the client's `Gather`, alive while the callback is enabled.
@@ -450,38 +451,44 @@ async fn serve(client: Weak<Client>, wake: Arc<Gather>) {
 /// together. It delays the acknowledgements, never the records: they are in Kafka when the
 /// reports come.
 struct Gather {
-    /// `None`: no wait (no linger, or no timer here): the task wakes at once.
-    timer: Option<Timer>,
-    length: Duration,
-    /// Wakes the task at once where there is no timer (and ends it, once the client is gone).
+    /// The timer and the gathering's length; `None`: no wait (no linger, or no timer here),
+    /// the task wakes at once.
+    timer: Option<(Timer, Duration)>,
+    /// Wakes the task at once: where there is no timer (or the kernel refused to set it), when
+    /// [`Client::serve_waiting`] left events, and to end the task once the client is gone.
     now: Notify,
-    /// Whether reports came since the task's turn began: set on librdkafka's threads (once
-    /// per gathering: the timer is set by the first), cleared as a turn begins.
+    /// Whether reports came since the task's last turn began: set where librdkafka calls back
+    /// (its threads, or a caller's such as a purge's), once per gathering (the first sets the
+    /// timer); cleared only on the runtime's thread, as a turn begins ([`Gather::begin_turn`])
+    /// or when the pipeline's thread takes them ([`Gather::take`]).
     came: AtomicBool,
 }
+
+// Shared with librdkafka's threads through the callback's opaque pointer.
+const _: () = {
+    const fn shared<T: Send + Sync>() {}
+    shared::<Gather>();
+};
 
 impl Gather {
     fn new(length: Duration) -> Gather {
         Gather {
-            timer: (!length.is_zero()).then(Timer::new).flatten(),
-            length,
+            timer: (!length.is_zero())
+                .then(Timer::new)
+                .flatten()
+                .map(|timer| (timer, length)),
             now: Notify::new(),
             came: AtomicBool::new(false),
         }
     }
 
-    /// Reports came (librdkafka's callback, on its threads).
+    /// Reports came (librdkafka's callback).
     fn came(&self) {
         if !self.came.swap(true, Ordering::AcqRel) {
-            self.wake_after(self.length);
-        }
-    }
-
-    /// Wakes the task `after` from now, or at once.
-    fn wake_after(&self, after: Duration) {
-        match &self.timer {
-            Some(timer) if timer.set(after) => {}
-            _ => self.now.notify_one(),
+            match &self.timer {
+                Some((timer, length)) if timer.set(*length) => {}
+                _ => self.now.notify_one(),
+            }
         }
     }
 
@@ -489,21 +496,32 @@ impl Gather {
         self.came.store(false, Ordering::Release);
     }
 
-    /// Whether reports came since the task's turn began; if so, their gathering is over (the
-    /// timer unset) and the caller serves them.
+    /// Whether reports came since the task's last turn began; if so, their gathering is over
+    /// and the caller serves them. Runtime's thread only.
     fn take(&self) -> bool {
-        let came = self.came.swap(false, Ordering::AcqRel);
-        if came {
-            if let Some(timer) = &self.timer {
-                timer.set(Duration::ZERO);
-            }
+        if !self.came.load(Ordering::Acquire) {
+            return false;
         }
-        came
+        // The timer first, then the flag: a report that comes after the flag is cleared sets
+        // the timer again, and one before it finds the flag set and is served by the caller's
+        // turn, which polls after this. (Flag first, a report between the two would have its
+        // timer unset under a set flag, and nothing would wake the task for any later one.)
+        if let Some((timer, _)) = &self.timer {
+            timer.set(Duration::ZERO);
+        }
+        self.came.swap(false, Ordering::AcqRel)
+    }
+
+    /// Events are left on the queue after a turn outside the task: it serves them (librdkafka
+    /// will not call back while the queue is not empty).
+    fn left(&self) {
+        self.came.store(true, Ordering::Release);
+        self.now.notify_one();
     }
 
     async fn over(&self) {
         match &self.timer {
-            Some(timer) => tokio::select! {
+            Some((timer, _)) => tokio::select! {
                 () = timer.over() => {}
                 () = self.now.notified() => {}
             },
@@ -518,10 +536,7 @@ impl Client {
     /// [`Gather`]'s timer and its wake-up.
     pub fn serve_waiting(&self) {
         if self.wake.take() && self.serve_turn(0) {
-            // Events left: the task serves them (the queue is not empty, so librdkafka will
-            // not call back for them).
-            self.wake.came.store(true, Ordering::Release);
-            self.wake.now.notify_one();
+            self.wake.left();
         }
     }
 }
@@ -657,27 +672,67 @@ mod tests {
         tokio::task::yield_now().await;
         producer.send(&record(), 7).expect("accepted");
         producer.purge_queued();
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        let report = loop {
-            // librdkafka calls back once an event is on the queue (the purge's report, or
-            // first the brokers' refusal).
-            while !producer.inner.wake.came.load(Ordering::Acquire) {
-                assert!(tokio::time::Instant::now() < deadline, "no report came");
-                tokio::time::sleep(Duration::from_millis(1)).await;
+        let report = tokio::time::timeout(DEADLINE, async {
+            loop {
+                // librdkafka calls back once an event is on the queue (the purge's report, or
+                // first the brokers' refusal).
+                while !producer.inner.wake.came.load(Ordering::Acquire) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                // Were the report task woken, it would run now.
+                tokio::task::yield_now().await;
+                assert!(
+                    reports.try_recv().is_none(),
+                    "a report did not wait for its gathering"
+                );
+                producer.serve_waiting();
+                if let Some(report) = reports.try_recv() {
+                    break report;
+                }
             }
-            // Were the report task woken, it would run now.
-            tokio::task::yield_now().await;
-            assert!(
-                reports.try_recv().is_none(),
-                "a report did not wait for its gathering"
-            );
-            producer.serve_waiting();
-            if let Some(report) = reports.try_recv() {
-                break report;
-            }
-        };
+        })
+        .await
+        .expect("the report came, and the pipeline's thread served it");
         assert_eq!(report.key, 7);
         assert!(report.result.is_err(), "purged");
+    }
+
+    /// A report that comes while the pipeline's thread takes the ones before it keeps its
+    /// wake-up: a thread calls back without pause while the take runs, and whenever the flag is
+    /// left set, the timer must be set too. (Taken flag first, the timer unset after it, the
+    /// flag was left set with no timer, and the task slept through every later report.)
+    #[tokio::test]
+    async fn a_report_during_a_take_keeps_its_wake_up() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize};
+        use std::sync::Arc;
+        let gather = Arc::new(super::Gather::new(Duration::from_millis(1)));
+        for _ in 0..500 {
+            // A gathering under way.
+            gather.came();
+            let stop = Arc::new(AtomicBool::new(false));
+            let calls = Arc::new(AtomicUsize::new(0));
+            let caller = {
+                let (gather, stop, calls) = (gather.clone(), stop.clone(), calls.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        gather.came();
+                        calls.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            };
+            while calls.load(Ordering::Relaxed) == 0 {
+                std::thread::yield_now();
+            }
+            assert!(gather.take(), "a gathering was under way");
+            stop.store(true, Ordering::Relaxed);
+            caller.join().expect("the caller");
+            if gather.came.load(Ordering::Acquire) {
+                tokio::time::timeout(Duration::from_secs(10), gather.over())
+                    .await
+                    .expect("the wake-up of a report that came during the take");
+            }
+            gather.begin_turn();
+        }
     }
 
     /// Half the producer's linger, at most 500 µs, as the reader's pause; librdkafka's own
