@@ -95,7 +95,12 @@ impl Timer {
             match read {
                 // Nothing yet (or an end forgotten by a later set): wait again.
                 Err(_would_block) => continue,
-                Ok(Ok(())) => return,
+                Ok(Ok(())) => {
+                    // Read empty: the next wait need not try a read to learn so (a later end
+                    // comes as a new readiness event, which this does not clear).
+                    ready.clear_ready();
+                    return;
+                }
                 // A read error other than "not yet" cannot be waited out.
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Ok(Err(_)) => return,
