@@ -143,7 +143,12 @@ impl KafkaConfig {
             ("acks", "all".into()),
             ("partitioner", "murmur2_random".into()),
             ("compression.codec", self.compression.as_str().into()),
-            ("linger.ms", self.linger.as_millis().to_string()),
+            // librdkafka takes fractions of a millisecond (`500us` is 0.5), as the reader's
+            // pause and the reports' gathering, half of it, do.
+            (
+                "linger.ms",
+                (self.linger.as_nanos() as f64 / 1e6).to_string(),
+            ),
             (
                 "message.timeout.ms",
                 self.delivery_timeout.as_millis().to_string(),

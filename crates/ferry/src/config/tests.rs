@@ -651,6 +651,15 @@ fn producer_properties_pin_what_the_guarantee_needs() {
     assert_eq!(last("partitioner"), Some("murmur2_random"));
     assert_eq!(last("compression.codec"), Some("lz4"));
     assert_eq!(last("linger.ms"), Some("1"));
+    let mut sub_ms = c.clone();
+    sub_ms.kafka.linger = Duration::from_micros(500).into();
+    let sub_ms_props = sub_ms.kafka.producer_properties().unwrap();
+    assert!(
+        sub_ms_props
+            .iter()
+            .any(|(n, v)| n == "linger.ms" && v == "0.5"),
+        "a linger under a millisecond reaches librdkafka as a fraction of one"
+    );
     assert_eq!(last("message.timeout.ms"), Some("0"));
     assert_eq!(last("queue.buffering.max.messages"), Some("20000"));
     assert_eq!(last("queue.buffering.max.kbytes"), Some("32768"));
