@@ -38,9 +38,9 @@ impl World {
                     "track_commit_timestamp = on".into(),
                     // A fresh cluster that never checkpoints during a run reuses no WAL
                     // segment: by default it would fill every new 16 MiB one with zeros while
-                    // commits wait (~8 ms each here, ~0.9 a second at 10,000 rows/s; 40-55 ms
-                    // when CPU 0 is contended), where a server in its steady state recycles
-                    // them. bench/README.md, "Round 31".
+                    // commits wait (~8 ms each here, ~0.9 a second at 10,000 rows/s, and 40-55
+                    // ms in some runs, why not proven), where a server in its steady state
+                    // recycles them. bench/README.md, "Round 31".
                     "wal_init_zero = off".into(),
                 ];
                 // Settings of an experiment, after the defaults (the last one set wins).
