@@ -569,18 +569,20 @@ pub fn fix_for(e: &KafkaError) -> &'static str {
     }
 }
 
+/// librdkafka's `linger.ms` where the properties set none.
+const LIBRDKAFKA_DEFAULT_LINGER: Duration = Duration::from_millis(5);
+
 /// How long the report task lets delivery reports gather before it wakes (see [`client`]):
 /// half the producer's linger, at most 500 µs, as the reader pauses inside a transaction
-/// ([`ferry_wal::conn::stream::pause_for_linger`]); none without a linger. librdkafka's default
-/// linger (5 ms) where the properties set none.
+/// ([`ferry_wal::conn::stream::pause_for_linger`]); none without a linger.
 fn report_gathering(cc: &rdkafka::ClientConfig) -> Duration {
-    let linger_ms = cc
+    let linger = cc
         .get("linger.ms")
         .or_else(|| cc.get("queue.buffering.max.ms"))
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0)
-        .unwrap_or(5.0);
-    ferry_wal::conn::stream::pause_for_linger(Duration::from_secs_f64(linger_ms / 1000.0))
+        .and_then(|ms| Duration::try_from_secs_f64(ms / 1e3).ok())
+        .unwrap_or(LIBRDKAFKA_DEFAULT_LINGER);
+    ferry_wal::conn::stream::pause_for_linger(linger)
 }
 
 #[cfg(test)]
