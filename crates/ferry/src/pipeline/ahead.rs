@@ -35,25 +35,27 @@ pub(super) struct Tables {
     pub oids: Vec<(u32, usize)>,
 }
 
-/// Reads [`Tables`], in this order (an error stops at the first that fails).
+/// Reads [`Tables`], all at once (the connection pipelines the queries); an error is the first
+/// in this order that failed.
 pub(super) async fn tables(
     sql: &tokio_postgres::Client,
     s: &PipelineSettings,
 ) -> Result<Tables, PipelineError> {
     // ensure() checked the publication covers the table; how it does is watched while streaming.
-    let membership = slot::publication_membership(sql, &s.slot).await?;
-    tracing::debug!("start-up: publication membership read");
-    let mode = binary::decide(sql, s).await?;
-    tracing::debug!("start-up: binary mode decided");
-    let other_tables = slot::other_tables(sql, &s.slot).await?;
-    let oids = slot::outbox_oids(sql, &s.slot).await?;
-    tracing::debug!("start-up: other tables and oids read");
-    Ok(Tables {
-        membership,
-        mode,
-        other_tables,
-        oids,
-    })
+    let (membership, mode, other_tables, oids) = tokio::join!(
+        slot::publication_membership(sql, &s.slot),
+        binary::decide(sql, s),
+        slot::other_tables(sql, &s.slot),
+        slot::outbox_oids(sql, &s.slot),
+    );
+    let tables = Tables {
+        membership: membership?,
+        mode: mode?,
+        other_tables: other_tables?,
+        oids: oids?,
+    };
+    tracing::debug!("start-up: publication membership, binary mode, other tables and oids read");
+    Ok(tables)
 }
 
 /// What was read ahead; `None` where nothing was (the caller then reads it in its place).
@@ -64,31 +66,36 @@ pub(super) struct Ahead {
     pub replication: Option<Result<Replication, ReaderError>>,
 }
 
-/// Reads ahead (at-least-once): the survey, and when it shows the slot and the publication
-/// both there, the tables while the replication connection opens. A first start opens nothing
-/// here: it connects after creating the slot, which can wait on long transactions while an
-/// idle connection might be closed by the server (`idle_session_timeout`).
+/// Reads ahead (at-least-once): the survey, and beside it the tables; when the survey shows
+/// the slot and the publication both there, the replication connection opens, and the tables are
+/// kept. A first start keeps only the survey (its tables, read before the publication exists or
+/// covers them, are dropped) and opens nothing here: it connects after creating the slot, which
+/// can wait on long transactions while an idle connection might be closed by the server
+/// (`idle_session_timeout`).
 pub(super) async fn read(s: &PipelineSettings, sql: &tokio_postgres::Client) -> Ahead {
     if s.exactly_once.is_some() {
         return Ahead::default();
     }
-    let survey = slot::Survey::read(sql, &s.slot).await;
-    tracing::debug!("start-up: slot and publication surveyed (ahead)");
-    if !matches!(&survey, Ok(survey) if survey.all_exist()) {
-        return Ahead {
-            survey: Some(survey),
-            ..Ahead::default()
-        };
-    }
-    let connect = async {
+    let survey_then_connect = async {
+        let survey = slot::Survey::read(sql, &s.slot).await;
+        tracing::debug!("start-up: slot and publication surveyed (ahead)");
+        if !matches!(&survey, Ok(survey) if survey.all_exist()) {
+            return (survey, None);
+        }
         let replication = Replication::connect(&s.postgres).await;
         tracing::debug!("start-up: replication connection open (ahead)");
-        replication
+        (survey, Some(replication))
     };
-    let (tables, replication) = tokio::join!(tables(sql, s), connect);
-    Ahead {
-        survey: Some(survey),
-        tables: Some(tables),
-        replication: Some(replication),
+    let ((survey, replication), tables) = tokio::join!(survey_then_connect, tables(sql, s));
+    match replication {
+        Some(replication) => Ahead {
+            survey: Some(survey),
+            tables: Some(tables),
+            replication: Some(replication),
+        },
+        None => Ahead {
+            survey: Some(survey),
+            ..Ahead::default()
+        },
     }
 }

@@ -71,15 +71,22 @@ pub async fn decide(
     sql: &tokio_postgres::Client,
     s: &PipelineSettings,
 ) -> Result<Mode, ReaderError> {
-    let version = slot::server_version_num(sql).await?;
+    // Sent at once: the connection pipelines them (their errors are taken in order).
+    let (version, columns) = tokio::join!(
+        slot::server_version_num(sql),
+        futures_util::future::join_all(s.slot.tables.iter().map(|table| slot::column_types(
+            sql,
+            &table.schema,
+            &table.table
+        )))
+    );
+    let version = version?;
     let mut modes = Vec::with_capacity(s.slot.tables.len());
-    for (table, router) in s.slot.tables.iter().zip(s.routers.iter()) {
-        let columns: Vec<(String, u32, String)> =
-            slot::column_types(sql, &table.schema, &table.table)
-                .await?
-                .into_iter()
-                .map(|c| (c.name, c.type_oid, c.type_name))
-                .collect();
+    for ((table, router), columns) in s.slot.tables.iter().zip(s.routers.iter()).zip(columns) {
+        let columns: Vec<(String, u32, String)> = columns?
+            .into_iter()
+            .map(|c| (c.name, c.type_oid, c.type_name))
+            .collect();
         modes.push((
             table,
             choose(s.binary, version, &router.columns(), &columns),
