@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ferry::progress_topic::{self as progress, ProgressTopicError, Remembered};
+use ferry::progress_topic::{self as progress, Ensured, ProgressTopicError, Remembered};
 use ferry_core::progress_record::{Mode, Partial, ProgressKey, ProgressRecord};
 use ferry_wal::Lsn;
 use rdkafka::config::ClientConfig;
@@ -94,6 +94,34 @@ fn committed_then_open(
 
 fn read(brokers: &str, topic: &str, k: &ProgressKey) -> Result<Remembered, ProgressTopicError> {
     progress::read(&properties(brokers), topic, k, TIMEOUT)
+}
+
+/// A first start sends CreateTopics first when the broker probe's answer left the topic out,
+/// and its verdict reads nothing from a topic that call created. A topic that exists all the
+/// same (a broker whose metadata lagged, a principal that may not describe it) is found, never
+/// taken for one just created: its records are read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_topic_this_start_created_is_taken_as_empty() {
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique("absent");
+    let props = properties(&brokers);
+    let at_start = |absent| progress::ensure_topic_at_start(&props, &topic, 1, TIMEOUT, absent);
+    assert_eq!(at_start(true).await.unwrap(), Ensured::Created);
+    // Another start, the probe's answer (wrongly) without the topic, and one that saw it.
+    assert_eq!(at_start(true).await.unwrap(), Ensured::Found);
+    assert_eq!(at_start(false).await.unwrap(), Ensured::Found);
+    // ensure_topic waits for a topic it created to settle: a read right after finds it.
+    let settled = unique("settled");
+    assert_eq!(
+        progress::ensure_topic(&properties(&brokers), &settled, 1, TIMEOUT)
+            .await
+            .unwrap(),
+        Ensured::Created
+    );
+    assert_eq!(
+        read(&brokers, &settled, &key("a")).unwrap(),
+        Remembered::Nothing
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,3 +68,81 @@ async fn instances_started_together_on_a_fresh_database_never_stop_with_an_error
         }
     }
 }
+
+/// A standby on a first deployment (its slot held by another connection, no progress topic yet)
+/// creates the progress topic while it waits, as it did before the verdict read the slot first:
+/// a takeover then reads the topic instead of waiting for its CreateTopics. It still relays once
+/// the slot is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_creates_the_progress_topic_while_it_waits() {
+    use ferry_wal::conn::replication::ReplicationConnection;
+    use ferry_wal::conn::ConnectConfig;
+
+    let w = World::new().await;
+    let topic = w.create_topic("order", 1).await;
+    w.sql
+        .batch_execute(&format!(
+            "CREATE PUBLICATION \"{}\" FOR TABLE outbox",
+            w.publication
+        ))
+        .await
+        .unwrap();
+    w.sql
+        .batch_execute(&format!(
+            "SELECT pg_create_logical_replication_slot('{}', 'pgoutput')",
+            w.slot
+        ))
+        .await
+        .unwrap();
+    let mut holder = ReplicationConnection::connect(&ConnectConfig::parse(&w.db.url).unwrap())
+        .await
+        .unwrap();
+    holder
+        .start_copy_both(&format!(
+            "START_REPLICATION SLOT \"{}\" LOGICAL 0/0 (proto_version '1', publication_names '\"{}\"')",
+            w.slot, w.publication
+        ))
+        .await
+        .unwrap();
+
+    let mut f = w.start_ferry();
+    wait_until("Ferry stands by", Duration::from_secs(60), || async {
+        f.metric("ferry_standby").await == Some(1.0)
+    })
+    .await;
+    // Read as Ferry reads it: a topic that is still settling is asked again.
+    let properties = vec![("bootstrap.servers".to_string(), w.brokers.clone())];
+    let progress_topic = w.progress_topic();
+    let slot = w.slot.clone();
+    let history = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match ferry::progress_topic::read_slot(
+                &properties,
+                &progress_topic,
+                &slot,
+                Duration::from_secs(10),
+                ferry::progress_topic::Until::End,
+            ) {
+                Err(e) if e.is_transient() && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        history.topic_exists,
+        "no progress topic while standing by; log:\n{}",
+        f.log_text()
+    );
+
+    drop(holder);
+    w.insert("order", "o-1", "Created", r#"{"n": 1}"#).await;
+    let got = w.consume(&topic, 1).await;
+    assert_eq!(got.len(), 1, "log:\n{}", f.log_text());
+    assert!(f.terminate().await.success(), "{}", f.log_text());
+}

@@ -17,7 +17,7 @@ use rdkafka::producer::{BaseProducer, Producer as _};
 
 use crate::config::Config;
 use crate::kafka_client::{self, Role};
-use crate::pipeline::start::{FactsError, StartFacts};
+use crate::pipeline::start::{FactsError, Reading, StartFacts};
 use crate::pipeline::{binary, PipelineSettings};
 use crate::stdio::{errln, outln};
 use ferry_core::verdict;
@@ -441,6 +441,7 @@ async fn inspect(
     let facts = StartFacts::read(
         settings,
         sql,
+        Reading::Read,
         crate::progress_topic::Until::Stable,
         KAFKA_TIMEOUT,
         false,

@@ -544,6 +544,15 @@ fn remaining(deadline: Instant) -> Duration {
 /// How long [`ensure_topic`] waits before asking again for a topic no broker knows yet.
 const METADATA_RETRY: Duration = Duration::from_millis(50);
 
+/// What [`ensure_topic`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    /// This call's CreateTopics created the topic: it holds no record.
+    Created,
+    /// The topic exists, with one partition.
+    Found,
+}
+
 /// Creates `topic` (one partition, compacted, segments rolling every [`SEGMENT_MS`]) unless it
 /// exists; "already exists" (another Ferry at the same moment) is success. Checks the partition
 /// count of one that exists.
@@ -557,29 +566,73 @@ pub async fn ensure_topic(
     topic: &str,
     replication_factor: i32,
     timeout: Duration,
-) -> Result<(), ProgressTopicError> {
+) -> Result<Ensured, ProgressTopicError> {
+    ensure(properties, topic, replication_factor, timeout, false, true).await
+}
+
+/// [`ensure_topic`] for a session's start, whose verdict reads nothing from a topic it just
+/// created and so does not wait for it to settle (a producer waits for its leader; a reader
+/// that comes to it while it settles fails, transient, and is tried again). `absent`: an answer
+/// for every topic just left it out (the broker probe's, on a first start), so CreateTopics
+/// goes first; a topic that exists all the same (a broker whose metadata lags, a principal not
+/// allowed to describe it) answers "already exists" or refuses, and is then looked at as
+/// [`ensure_topic`] does.
+pub async fn ensure_topic_at_start(
+    properties: &[(String, String)],
+    topic: &str,
+    replication_factor: i32,
+    timeout: Duration,
+    absent: bool,
+) -> Result<Ensured, ProgressTopicError> {
+    ensure(
+        properties,
+        topic,
+        replication_factor,
+        timeout,
+        absent,
+        false,
+    )
+    .await
+}
+
+async fn ensure(
+    properties: &[(String, String)],
+    topic: &str,
+    replication_factor: i32,
+    timeout: Duration,
+    absent: bool,
+    settle_created: bool,
+) -> Result<Ensured, ProgressTopicError> {
     let kafka = |error| kafka_error(topic, "checking the progress topic", properties, error);
     let deadline = Instant::now() + timeout;
     // A consumer: asking a producer-type client for a missing topic's metadata may create it
     // with the broker's defaults (librdkafka's `allow.auto.create.topics` is true for
     // producers), and this one must be compacted.
-    let consumer = Disposed::new(
+    let consumer = || {
         kafka_client::config(properties, Role::ProgressTopic)
             .create::<BaseConsumer>()
-            .map_err(kafka)?,
-    );
-    let topic_owned = topic.to_string();
-    let (consumer, topic_owned, found) = tokio::task::spawn_blocking(move || {
-        let found = look(&consumer, &topic_owned, deadline);
-        (consumer, topic_owned, found)
-    })
-    .await
-    .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?;
-    match found {
-        Ok(TopicShape::Partitions(partitions)) => return one_partition(topic, partitions),
-        // No broker answered until the deadline: creating would not fare better.
-        Err(e) if connection_trouble(&e) => return Err(kafka(e)),
-        _ => {}
+            .map(Disposed::new)
+            .map_err(kafka)
+    };
+    let mut looked = None;
+    if !absent {
+        let consumer = consumer()?;
+        let topic_owned = topic.to_string();
+        let (consumer, found) = tokio::task::spawn_blocking(move || {
+            let found = look(&consumer, &topic_owned, deadline);
+            (consumer, found)
+        })
+        .await
+        .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?;
+        match found {
+            Ok(TopicShape::Partitions(partitions)) => {
+                return one_partition(topic, partitions).map(|()| Ensured::Found)
+            }
+            // No broker answered until the deadline: creating would not fare better.
+            Err(e) if connection_trouble(&e) => return Err(kafka(e)),
+            _ => {}
+        }
+        looked = Some(consumer);
     }
     let cc = kafka_client::config(properties, Role::ProgressTopic);
     let admin = Disposed::new(
@@ -594,9 +647,14 @@ pub async fn ensure_topic(
     let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
     tracing::debug!(topic, "start-up: progress topic CreateTopics answered");
     let mut create_refused = None;
+    let mut created = false;
     match result.into_iter().next() {
         Some(Ok(_)) => {
             tracing::info!(topic, "created the progress topic (1 partition, compacted)");
+            if !settle_created {
+                return Ok(Ensured::Created);
+            }
+            created = true;
         }
         Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {}
         // Kafka refuses CreateTopics without Create even when the topic exists: whether it
@@ -618,6 +676,11 @@ pub async fn ensure_topic(
     // that settles it, until the deadline.
     // A topic Ferry was not allowed to create and no broker knows is not coming.
     let expected = create_refused.is_none();
+    let consumer = match looked {
+        Some(consumer) => consumer,
+        None => consumer()?,
+    };
+    let topic_owned = topic.to_string();
     let shape = tokio::task::spawn_blocking(move || loop {
         match look(&consumer, &topic_owned, deadline) {
             // Created (or found existing) a moment ago: a broker that does not know it yet
@@ -635,7 +698,12 @@ pub async fn ensure_topic(
     .map_err(|e| kafka(KafkaError::ClientCreation(e.to_string())))?
     .map_err(kafka)?;
     match shape {
-        TopicShape::Partitions(partitions) => one_partition(topic, partitions),
+        TopicShape::Partitions(partitions) => {
+            one_partition(topic, partitions).map(|()| match created {
+                true => Ensured::Created,
+                false => Ensured::Found,
+            })
+        }
         TopicShape::Missing | TopicShape::Settling => Err(match create_refused {
             // Not there, and Ferry may not create it.
             Some(code) => kafka_error(
@@ -652,19 +720,34 @@ pub async fn ensure_topic(
     }
 }
 
-/// Whether `metadata` (an answer for every topic, as the broker probe asks) shows `topic`
-/// settled with its one partition and that partition's leader: a restart's progress topic,
-/// found without a request of its own. Anything else (missing, settling, another partition
-/// count, an error) is for [`ensure_topic`] to settle or say.
-pub(crate) fn settled_in(metadata: &rdkafka::metadata::Metadata, topic: &str) -> bool {
-    metadata.topics().iter().any(|t| {
-        t.name() == topic
-            && TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
-                == TopicShape::Partitions(1)
-            && t.partitions()
-                .iter()
-                .all(|p| p.error().is_none() && p.leader() >= 0)
-    })
+/// What an answer for every topic (the broker probe's) showed of the progress topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sighting {
+    /// Not asked, or shown another way (settling, another partition count, an error): for
+    /// [`ensure_topic`] to settle or say.
+    #[default]
+    Unsure,
+    /// Settled with its one partition and that partition's leader: a restart's progress topic,
+    /// found without a request of its own.
+    Settled,
+    /// Left out: a first start's topic, for [`ensure_topic`] to create at once.
+    Absent,
+}
+
+/// What `metadata` (an answer for every topic, as the broker probe asks) shows of `topic`.
+pub(crate) fn sighted_in(metadata: &rdkafka::metadata::Metadata, topic: &str) -> Sighting {
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Sighting::Absent;
+    };
+    let settled = TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
+        == TopicShape::Partitions(1)
+        && t.partitions()
+            .iter()
+            .all(|p| p.error().is_none() && p.leader() >= 0);
+    match settled {
+        true => Sighting::Settled,
+        false => Sighting::Unsure,
+    }
 }
 
 /// One metadata request for `topic` (asked again while no broker is reachable, until the

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::{BaseProducer, Producer};
 
 use super::{diagnose, diagnosis::connected, silent, Diagnosis};
-use crate::progress_topic::Disposed;
+use crate::progress_topic::{Disposed, Sighting};
 
 /// One metadata request's wait, between looks at what the client said.
 const SLICE: Duration = Duration::from_millis(200);
@@ -46,14 +46,15 @@ pub fn probe(properties: &[(String, String)], deadline: Duration) -> Result<(), 
     probe_seeing(properties, deadline, None).map(|_| ())
 }
 
-/// [`probe`], and whether the answer (metadata of every topic) shows `topic` settled with one
-/// partition ([`crate::progress_topic::settled_in`]): `ferry run` then needs no request of
-/// its own to find its progress topic on a restart.
+/// [`probe`], and what the answer (metadata of every topic) shows of `topic`
+/// ([`crate::progress_topic::sighted_in`]): settled with one partition, `ferry run` needs no
+/// request of its own to find its progress topic on a restart; left out, a first start creates
+/// it at once.
 pub fn probe_seeing(
     properties: &[(String, String)],
     deadline: Duration,
     topic: Option<&str>,
-) -> Result<bool, Unusable> {
+) -> Result<Sighting, Unusable> {
     let start = Instant::now();
     let bootstrap: Vec<String> = properties
         .iter()
@@ -77,7 +78,7 @@ pub fn probe_seeing(
         match cc.create_with_context(Collector::default()) {
             Ok(c) => Disposed::new(c),
             // An invalid configuration is reported by the first real client, with its property.
-            Err(_) => return Ok(false),
+            Err(_) => return Ok(Sighting::Unsure),
         };
     loop {
         let remaining = deadline.saturating_sub(start.elapsed());
@@ -91,7 +92,9 @@ pub fn probe_seeing(
                 elapsed_ms = start.elapsed().as_secs_f64() * 1e3,
                 "a Kafka broker answered the probe"
             );
-            return Ok(topic.is_some_and(|t| crate::progress_topic::settled_in(&md, t)));
+            return Ok(topic.map_or(Sighting::Unsure, |t| {
+                crate::progress_topic::sighted_in(&md, t)
+            }));
         }
         // Errors reach the context when polled; log lines as they come.
         for _ in 0..100 {

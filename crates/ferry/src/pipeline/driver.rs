@@ -47,6 +47,7 @@ use super::transactional::{self, Txn};
 use super::watch::{watch_server, WalClock};
 use super::{PipelineError, PipelineSettings};
 use crate::producer::{self, Producer, Reports};
+use crate::progress_topic::Sighting;
 use crate::telemetry::repeats::Repeats;
 use crate::telemetry::Metrics;
 use crate::topics::Topics;
@@ -126,8 +127,9 @@ pub(super) struct Carry {
     /// Tables taken out of the publication while rows of theirs were still ahead in the WAL:
     /// the next sessions skip those rows ([`ferry_wal::assembly::OtherTables`]).
     pub tables_taken_out: Vec<SourceTable>,
-    /// The progress topic was created or found with one partition.
-    pub progress_topic_ready: bool,
+    /// What is known of the progress topic: [`Sighting::Settled`] once created or found with
+    /// one partition (by the broker probe, or a session's verdict); the probe's answer before.
+    pub progress_topic: Sighting,
     /// The first session's SQL connection, opened while the brokers were probed and the
     /// producer made (it decides nothing); taken by that session.
     pub early_sql: Option<tokio::task::JoinHandle<Result<tokio_postgres::Client, ReaderError>>>,
@@ -380,10 +382,8 @@ impl<'a> Driver<'a> {
     /// Connects, asks the start-time verdict, checks that the brokers serve transactions
     /// (exactly-once), and makes sure of the slot and publication.
     ///
-    /// The SQL connection and the progress topic's creation or check (once per pipeline; on a
-    /// restart the broker probe's answer already showed it) are independent of each other and
-    /// go side by side; the verdict reads the slot, then the progress topic, after both. A
-    /// connection error is reported before the topic's.
+    /// The verdict reads the slot, then creates or checks the progress topic (once per
+    /// pipeline; on a restart the broker probe's answer already showed it) and reads it.
     ///
     /// What the session reads after the verdict is read while the verdict reads the progress
     /// topic ([`super::ahead`]), and handed to [`Driver::open`].
@@ -393,40 +393,19 @@ impl<'a> Driver<'a> {
         let s = self.settings;
         let early = self.carry.early_sql.take();
         let kept = self.carry.standby_sql.take();
-        let connect = async move {
-            // The connection a standby kept, or the early one, if it is still good; otherwise
-            // a new one (whose error is the one reported, as it always was).
-            let reused = match (kept, early) {
-                (Some(c), _) => Some(c),
-                (None, Some(h)) => h.await.ok().and_then(Result::ok),
-                (None, None) => None,
-            };
-            match reused.filter(|c| !c.is_closed()) {
-                Some(c) => Ok(c),
-                None => slot::connect_sql(&s.postgres).await,
-            }
+        // The connection a standby kept, or the early one, if it is still good; otherwise a new
+        // one (whose error is the one reported, as it always was).
+        let reused = match (kept, early) {
+            (Some(c), _) => Some(c),
+            (None, Some(h)) => h.await.ok().and_then(Result::ok),
+            (None, None) => None,
         };
-        let ready = self.carry.progress_topic_ready;
-        let topic = async move {
-            if !ready {
-                crate::progress_topic::ensure_topic(
-                    &s.producer_properties,
-                    &s.progress_topic,
-                    s.create_topics.replication_factor,
-                    super::start::PROGRESS_TIMEOUT,
-                )
-                .await?;
-                tracing::debug!("start-up: progress topic ensured");
-            }
-            Ok::<(), PipelineError>(())
+        let sql = match reused.filter(|c| !c.is_closed()) {
+            Some(c) => c,
+            None => slot::connect_sql(&s.postgres).await?,
         };
-        let (sql, topic) = tokio::join!(connect, topic);
-        if topic.is_ok() {
-            self.carry.progress_topic_ready = true;
-        }
-        let sql = Arc::new(sql?);
+        let sql = Arc::new(sql);
         tracing::debug!("start-up: SQL connection open");
-        topic?;
         let (start, mut ahead) = match self.verdict(&sql, ahead::read(s, &sql)).await {
             Ok(started) => started,
             Err(e) => {

@@ -49,6 +49,7 @@ pub use error::PipelineError;
 pub use settings::PipelineSettings;
 
 use crate::producer::Producer;
+use crate::progress_topic::Sighting;
 use crate::telemetry::{Component, Metrics};
 use driver::{Carry, Driver, Link, Producing};
 
@@ -76,7 +77,7 @@ pub async fn run(
     let mut carry = Carry {
         pass: settings.pass,
         tables_taken_out: Vec::new(),
-        progress_topic_ready: false,
+        progress_topic: Sighting::Unsure,
         // Opened while the brokers are probed and the producer made: connecting decides
         // nothing, and the SCRAM exchange and the backend's start took 30-180 ms of the cold
         // start when they came after them.
@@ -100,8 +101,9 @@ pub async fn run(
     }
     tracing::debug!("start-up: a broker answered the probe");
     // A restart: the probe's answer showed the progress topic as it must be (ensure_topic's
-    // own request would ask the same question again).
-    carry.progress_topic_ready = supervisor.progress_topic_seen;
+    // own request would ask the same question again). A first start: it left the topic out,
+    // and the first session creates it without asking again.
+    carry.progress_topic = supervisor.progress_topic;
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -165,9 +167,9 @@ struct Supervisor<'a> {
     metrics: &'a Metrics,
     backoff: Duration,
     standing_by: bool,
-    /// A probe's answer showed the progress topic settled with one partition; read once, by
-    /// the first session (later probes, after a Kafka error, find the check long done).
-    progress_topic_seen: bool,
+    /// What the first answered probe showed of the progress topic; read once, by the first
+    /// session (later probes, after a Kafka error, find the check long done).
+    progress_topic: Sighting,
 }
 
 impl<'a> Supervisor<'a> {
@@ -177,7 +179,7 @@ impl<'a> Supervisor<'a> {
             metrics,
             backoff: settings.reconnect_backoff_min,
             standing_by: false,
-            progress_topic_seen: false,
+            progress_topic: Sighting::Unsure,
         }
     }
 
@@ -275,7 +277,9 @@ impl<'a> Supervisor<'a> {
                 r = probe => match r {
                     Ok(Err(unusable)) => unusable,
                     Ok(Ok(seen)) => {
-                        self.progress_topic_seen |= seen;
+                        if self.progress_topic != Sighting::Settled {
+                            self.progress_topic = seen;
+                        }
                         break;
                     }
                     // A probe that could not run says nothing: the session finds out.

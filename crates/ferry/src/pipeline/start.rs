@@ -16,7 +16,7 @@ use ferry_wal::{slot, Lsn};
 
 use super::driver::Driver;
 use super::{PipelineError, PipelineSettings};
-use crate::progress_topic;
+use crate::progress_topic::{self, Sighting};
 
 /// How long reading the progress topic, or creating it, may take at a session's start.
 pub(super) const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
@@ -66,6 +66,22 @@ impl From<FactsError> for PipelineError {
     }
 }
 
+/// How [`StartFacts::read`] comes to what the progress topic remembers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reading {
+    /// The topic was found (or created) before: read it.
+    Read,
+    /// Create the topic, or find it, first ([`progress_topic::ensure_topic`]; `absent`: the
+    /// broker probe's answer left it out). A topic this CreateTopics created holds nothing, and
+    /// is not read: the request goes out after the slot was read, so its "nothing" is the
+    /// topic's state after the slot's, as a read's would be (a first start's verdict no longer
+    /// waits for the new topic to settle and then for a reader's connections, ~20–30 ms).
+    Ensure {
+        replication_factor: i32,
+        absent: bool,
+    },
+}
+
 /// What runs beside the progress read ([`StartFacts::read`]): finished, or still running when
 /// the read was done. The caller waits for it only if it still wants it: a start the verdict
 /// refuses says why at once, not after a connection still being opened beside it (a host list
@@ -108,6 +124,7 @@ impl StartFacts {
     pub async fn read<B: Future>(
         s: &PipelineSettings,
         sql: &tokio_postgres::Client,
+        reading: Reading,
         until: progress_topic::Until,
         timeout: Duration,
         refuse_active: bool,
@@ -148,19 +165,41 @@ impl StartFacts {
             name.clone(),
         );
         let history = async {
+            if let Reading::Ensure {
+                replication_factor,
+                absent,
+            } = reading
+            {
+                let ensured = progress_topic::ensure_topic_at_start(
+                    &properties,
+                    &topic,
+                    replication_factor,
+                    timeout,
+                    absent,
+                )
+                .await
+                .map_err(FactsError::Topic)?;
+                tracing::debug!("start-up: progress topic ensured");
+                if ensured == progress_topic::Ensured::Created {
+                    // Created by this request, sent after the slot was read: it holds nothing.
+                    return Ok(progress_topic::SlotHistory {
+                        topic_exists: true,
+                        records: Vec::new(),
+                    });
+                }
+            }
             let history = tokio::task::spawn_blocking(move || {
                 progress_topic::read_slot(&properties, &topic, &slot_name, timeout, until)
             })
             .await;
             tracing::debug!("start-up: progress topic read");
             history
+                .map_err(|e| FactsError::Join(e.to_string()))?
+                .map_err(FactsError::Topic)
         };
         // Both, but a failed read returns at once (what runs beside is dropped).
         let mut beside = Beside::Running(Box::pin(beside));
-        let history = beside.alongside(history).await;
-        let history = history
-            .map_err(|e| FactsError::Join(e.to_string()))?
-            .map_err(FactsError::Topic)?;
+        let history = beside.alongside(history).await?;
         let remembered = history.remembered(identity.system_id);
         let facts = StartFacts {
             state,
@@ -347,14 +386,48 @@ impl Driver<'_> {
     ) -> Result<(Start, B::Output), PipelineError> {
         let s = self.settings;
         let name = &s.slot.slot;
-        // The progress topic was created or checked beside the connection ([`Driver::prepare`]).
         let until = match s.exactly_once {
             Some(_) => progress_topic::Until::Stable,
             None => progress_topic::Until::End,
         };
+        // The progress topic is created or checked once per pipeline, after the slot is read;
+        // on a restart the broker probe's answer already showed it.
+        let reading = match self.carry.progress_topic {
+            Sighting::Settled => Reading::Read,
+            sighting => Reading::Ensure {
+                replication_factor: s.create_topics.replication_factor,
+                absent: sighting == Sighting::Absent,
+            },
+        };
+        // The probe's answer speaks for the first try only.
+        if self.carry.progress_topic == Sighting::Absent {
+            self.carry.progress_topic = Sighting::Unsure;
+        }
         // The slot first, then the progress topic (see the module docs for why this order).
-        let (facts, mut beside) =
-            StartFacts::read(s, sql, until, PROGRESS_TIMEOUT, true, beside).await?;
+        let read = StartFacts::read(s, sql, reading, until, PROGRESS_TIMEOUT, true, beside).await;
+        if let (
+            Err(FactsError::Server(ReaderError::SlotInUse { .. })),
+            Reading::Ensure {
+                replication_factor,
+                absent,
+            },
+        ) = (&read, reading)
+        {
+            // A standby: the topic is created or checked while it waits, as before the verdict
+            // read the slot first, so that a takeover reads it instead of waiting for its
+            // CreateTopics. Its error is the session's, as it was then.
+            progress_topic::ensure_topic_at_start(
+                &s.producer_properties,
+                &s.progress_topic,
+                replication_factor,
+                PROGRESS_TIMEOUT,
+                absent,
+            )
+            .await?;
+            self.carry.progress_topic = Sighting::Settled;
+        }
+        let (facts, mut beside) = read?;
+        self.carry.progress_topic = Sighting::Settled;
         // The slot again: another Ferry starting at the same moment may have created it (and
         // written its first record) between the two reads, which would look like a lost slot.
         // A slot that changed while Ferry looked is judged on the next attempt.
