@@ -181,7 +181,10 @@ impl Running {
             .env("FERRY_ROUTE_TOPIC", topic)
             .env("FERRY_KAFKA_PROGRESS_TOPIC", &progress_topic)
             .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{port}"))
-            .env("FERRY_POSTGRES_STANDBY_POLL_INTERVAL", "50ms")
+            .env(
+                "FERRY_POSTGRES_STANDBY_POLL_INTERVAL",
+                format!("{}ms", STANDBY_POLL.as_millis()),
+            )
             .env(
                 "FERRY_LOG_LEVEL",
                 std::env::var("FERRY_BENCH_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
@@ -252,6 +255,9 @@ impl Holder {
         Ok(Holder(conn))
     }
 }
+
+/// How often a standby Ferry polls its slot here (`postgres.standby_poll_interval`).
+pub const STANDBY_POLL: Duration = Duration::from_millis(50);
 
 /// How long Ferry stands by before the slot is freed: long enough for the producer id (~60 ms
 /// from start against a local broker, up to ~1 s when the brokers answer slowly).

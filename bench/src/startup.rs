@@ -306,6 +306,14 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Freed at a point of the standby's poll cycle that moves run by run. The wait above ends
+    // on the harness's 20 ms grid a fixed time after the spawn, and the standby polls on a cycle
+    // fixed by its own start-up: freed at the same point of that cycle in every run, a build
+    // whose start-up took a few ms longer or shorter waited a different share of the cycle in
+    // every run (round 32: 10 ms between two builds' medians whose take-over chains differed
+    // the other way). Spread by the golden ratio, any seven runs cover the cycle evenly.
+    let offset = (f64::from(run) * 0.618_033_988_75).fract();
+    tokio::time::sleep(crate::ferry::STANDBY_POLL.mul_f64(offset)).await;
     let mark = CpuMark::now(Some(standby.child.id()), broker);
     let released = Instant::now();
     drop(holder);
