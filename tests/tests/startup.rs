@@ -146,3 +146,83 @@ async fn a_standby_creates_the_progress_topic_while_it_waits() {
     assert_eq!(got.len(), 1, "log:\n{}", f.log_text());
     assert!(f.terminate().await.success(), "{}", f.log_text());
 }
+
+/// A first start creates its progress topic while it starts to stream: the controller said the
+/// topic was not there (after the slot was read), so there is nothing to read. Its first
+/// progress record waits for that creation: produced earlier, the producer's metadata request
+/// would have the broker create the topic with its defaults (`auto.create.topics.enable`, on
+/// here), neither compacted nor checked. A failpoint holds the creation back for 2 s, so that
+/// the record comes first (without it, the CreateTopics sent at the verdict reaches the
+/// controller first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_creates_its_progress_topic_compacted_while_it_streams() {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+
+    let mut w = World::new().await;
+    let topic = w.create_topic("order", 1).await;
+    // The creation held back 2 s, past the session's first progress record.
+    w.env.push((
+        "FERRY_TEST_FAILPOINT".into(),
+        ferry::progress_topic::SLOW_CREATION.into(),
+    ));
+    let mut f = w.start_ferry();
+    f.wait_ready().await;
+    w.insert("order", "o-1", "Created", r#"{"n": 1}"#).await;
+    assert_eq!(w.consume(&topic, 1).await.len(), 1, "{}", f.log_text());
+    // Its first progress record, read as Ferry reads it (a topic still settling is asked again).
+    let properties = vec![("bootstrap.servers".to_string(), w.brokers.clone())];
+    let progress_topic = w.progress_topic();
+    let (p, t, slot) = (properties.clone(), progress_topic.clone(), w.slot.clone());
+    let history = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match ferry::progress_topic::read_slot(
+                &p,
+                &t,
+                &slot,
+                Duration::from_secs(10),
+                ferry::progress_topic::Until::End,
+            ) {
+                Ok(h) if !h.records.is_empty() => return Ok(h),
+                Err(e) if !e.is_transient() => return Err(e),
+                other if std::time::Instant::now() >= deadline => return other,
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(!history.records.is_empty(), "{}", f.log_text());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &w.brokers)
+        .create()
+        .unwrap();
+    let configs = admin
+        .describe_configs(
+            [&ResourceSpecifier::Topic(&progress_topic)],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    let config = configs[0]
+        .as_ref()
+        .expect("the progress topic's configuration");
+    assert_eq!(
+        config
+            .get("cleanup.policy")
+            .and_then(|e| e.value.as_deref()),
+        Some("compact"),
+        "{}",
+        f.log_text()
+    );
+    let (b, t) = (w.brokers.clone(), progress_topic.clone());
+    let partitions =
+        tokio::task::spawn_blocking(move || ferry_testkit::kafka::partition_count(&b, &t))
+            .await
+            .unwrap();
+    assert_eq!(partitions, Some(1));
+    assert!(f.terminate().await.success(), "{}", f.log_text());
+}
