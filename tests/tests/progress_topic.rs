@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ferry::progress_topic::{self as progress, AtStart, Ensured, ProgressTopicError, Remembered};
+use ferry::progress_topic::{self as progress, Ensured, ProgressTopicError, Remembered};
 use ferry_core::progress_record::{Mode, Partial, ProgressKey, ProgressRecord};
 use ferry_wal::Lsn;
 use rdkafka::config::ClientConfig;
@@ -97,45 +97,23 @@ fn read(brokers: &str, topic: &str, k: &ProgressKey) -> Result<Remembered, Progr
 }
 
 /// A first start sends CreateTopics first when the broker probe's answer left the topic out,
-/// and its verdict reads nothing from a topic that was not there when it asked: one the
-/// controller validated for creation (its creation then goes on beside the session), or one
-/// that CreateTopics created. A topic that exists all the same (a broker whose metadata lagged,
-/// a principal that may not describe it) is found, never taken for an absent one: its records
-/// are read.
+/// and its verdict reads nothing from a topic that call created. A topic that exists all the
+/// same (a broker whose metadata lagged, a principal that may not describe it) is found, never
+/// taken for one just created: its records are read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_a_topic_absent_when_asked_is_taken_as_empty() {
+async fn only_a_topic_this_start_created_is_taken_as_empty() {
     let brokers = ferry_testkit::kafka::shared().brokers();
-    let props = properties(&brokers);
     let topic = unique("absent");
-    let at_start = |absent, background| {
-        progress::ensure_topic_at_start(&props, &topic, 1, TIMEOUT, absent, background)
-    };
-    let AtStart::Creating(creating) = at_start(true, true).await.unwrap() else {
-        panic!("a topic no broker knows is validated and created in the background");
-    };
-    creating.await.unwrap().unwrap();
-    // Other starts, the probe's answer (wrongly) without the topic, and one that saw it.
-    for (absent, background) in [(true, true), (true, false), (false, false)] {
-        let found = at_start(absent, background).await.unwrap();
-        assert!(
-            matches!(found, AtStart::Found),
-            "{absent} {background}: {found:?}"
-        );
-    }
-    assert_eq!(
-        read(&brokers, &topic, &key("a")).unwrap(),
-        Remembered::Nothing
-    );
-    // Created in place (an exactly-once start), and by ensure_topic, which waits for a topic it
-    // created to settle: a read right after finds it.
-    let in_place = unique("in-place");
-    let found = progress::ensure_topic_at_start(&props, &in_place, 1, TIMEOUT, true, false)
-        .await
-        .unwrap();
-    assert!(matches!(found, AtStart::Created), "{found:?}");
+    let props = properties(&brokers);
+    let at_start = |absent| progress::ensure_topic_at_start(&props, &topic, 1, TIMEOUT, absent);
+    assert_eq!(at_start(true).await.unwrap(), Ensured::Created);
+    // Another start, the probe's answer (wrongly) without the topic, and one that saw it.
+    assert_eq!(at_start(true).await.unwrap(), Ensured::Found);
+    assert_eq!(at_start(false).await.unwrap(), Ensured::Found);
+    // ensure_topic waits for a topic it created to settle: a read right after finds it.
     let settled = unique("settled");
     assert_eq!(
-        progress::ensure_topic(&props, &settled, 1, TIMEOUT)
+        progress::ensure_topic(&properties(&brokers), &settled, 1, TIMEOUT)
             .await
             .unwrap(),
         Ensured::Created

@@ -570,148 +570,29 @@ pub async fn ensure_topic(
     ensure(properties, topic, replication_factor, timeout, false, true).await
 }
 
-/// What [`ensure_topic_at_start`] found.
-#[derive(Debug)]
-pub enum AtStart {
-    /// The topic exists, with one partition: read it.
-    Found,
-    /// This call's CreateTopics created it: it holds no record.
-    Created,
-    /// The controller said it could create the topic (a CreateTopics that only validates), so it
-    /// did not exist then and holds no record; the real CreateTopics went out on the same client
-    /// at once, and `creating` ends with it (the topic checked as [`ensure_topic`] checks one
-    /// another Ferry created meanwhile). Nothing may be produced to the topic before: a
-    /// producer's metadata request for a topic the brokers do not know may create it with the
-    /// brokers' defaults (librdkafka's `allow.auto.create.topics` is true for producers).
-    Creating(tokio::task::JoinHandle<Result<(), ProgressTopicError>>),
-}
-
-/// [`ensure_topic`] for a session's start, whose verdict reads nothing from a topic that did not
-/// exist after the slot was read, and so does not wait for a topic it creates to settle (a
-/// producer waits for its leader; a reader that comes to it while it settles fails, transient,
-/// and is tried again).
-///
-/// `absent`: an answer for every topic just left it out (the broker probe's, on a first start),
-/// so CreateTopics goes first, without a metadata request of its own; a topic that exists all
-/// the same (a broker whose metadata lags, a principal not allowed to describe it) answers
-/// "already exists" or refuses, and is then looked at as [`ensure_topic`] does. With
-/// `in_background` too, that first CreateTopics only validates (~3 ms against ~30 for a
-/// creation on one KRaft node, which appends and commits the topic's records), and the creation
-/// goes on in [`AtStart::Creating`]; a validation refused or not understood takes the way above.
+/// [`ensure_topic`] for a session's start, whose verdict reads nothing from a topic it just
+/// created and so does not wait for it to settle (a producer waits for its leader; a reader
+/// that comes to it while it settles fails, transient, and is tried again). `absent`: an answer
+/// for every topic just left it out (the broker probe's, on a first start), so CreateTopics
+/// goes first; a topic that exists all the same (a broker whose metadata lags, a principal not
+/// allowed to describe it) answers "already exists" or refuses, and is then looked at as
+/// [`ensure_topic`] does.
 pub async fn ensure_topic_at_start(
     properties: &[(String, String)],
     topic: &str,
     replication_factor: i32,
     timeout: Duration,
     absent: bool,
-    in_background: bool,
-) -> Result<AtStart, ProgressTopicError> {
-    if absent && in_background {
-        if let Some(creating) =
-            validate_then_create(properties, topic, replication_factor, timeout).await?
-        {
-            return Ok(AtStart::Creating(creating));
-        }
-    }
-    Ok(
-        match ensure(
-            properties,
-            topic,
-            replication_factor,
-            timeout,
-            absent,
-            false,
-        )
-        .await?
-        {
-            Ensured::Created => AtStart::Created,
-            Ensured::Found => AtStart::Found,
-        },
-    )
-}
-
-/// The progress topic as Ferry creates it: one partition, compacted, segments rolling every
-/// [`SEGMENT_MS`].
-fn new_topic<'a>(topic: &'a str, replication_factor: i32, segment_ms: &'a str) -> NewTopic<'a> {
-    NewTopic::new(topic, 1, TopicReplication::Fixed(replication_factor))
-        .set("cleanup.policy", "compact")
-        .set("segment.ms", segment_ms)
-}
-
-/// The failpoint (`FERRY_TEST_FAILPOINT`) that holds [`AtStart::Creating`]'s CreateTopics back
-/// for 2 s (tests only).
-pub const SLOW_CREATION: &str = "slow-progress-topic-creation";
-
-/// See [`AtStart::Creating`]: `Some` when the controller validated the creation, `None` for
-/// any other answer (for [`ensure`] to take its way and say why).
-async fn validate_then_create(
-    properties: &[(String, String)],
-    topic: &str,
-    replication_factor: i32,
-    timeout: Duration,
-) -> Result<Option<tokio::task::JoinHandle<Result<(), ProgressTopicError>>>, ProgressTopicError> {
-    let kafka = |error| kafka_error(topic, "creating the progress topic", properties, error);
-    let deadline = Instant::now() + timeout;
-    let admin = Disposed::new(
-        kafka_client::config(properties, Role::ProgressTopic)
-            .create_with_context::<_, AdminClient<Reader>>(Reader)
-            .map_err(kafka)?,
-    );
-    let segment_ms = SEGMENT_MS.to_string();
-    let validate = AdminOptions::new()
-        .operation_timeout(Some(remaining(deadline)))
-        .validate_only(true);
-    let validated = admin
-        .create_topics(
-            [&new_topic(topic, replication_factor, &segment_ms)],
-            &validate,
-        )
-        .await;
-    if !matches!(validated.as_deref(), Ok([Ok(_)])) {
-        return Ok(None);
-    }
-    tracing::debug!(
+) -> Result<Ensured, ProgressTopicError> {
+    ensure(
+        properties,
         topic,
-        "start-up: progress topic absent (CreateTopics validated)"
-    );
-    let (topic, properties) = (topic.to_string(), properties.to_vec());
-    Ok(Some(tokio::spawn(async move {
-        // Tests: a creation slower than the session's first progress record.
-        if crate::pipeline::transactional::failpoint_armed(SLOW_CREATION) {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-        let create = AdminOptions::new().operation_timeout(Some(remaining(deadline)));
-        let result = admin
-            .create_topics(
-                [&new_topic(&topic, replication_factor, &segment_ms)],
-                &create,
-            )
-            .await
-            .map_err(|e| kafka_error(&topic, "creating the progress topic", &properties, e))?;
-        match result.into_iter().next() {
-            Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {
-                // Another Ferry, a moment before: checked as ensure_topic checks it.
-                ensure(
-                    &properties,
-                    &topic,
-                    replication_factor,
-                    remaining(deadline),
-                    false,
-                    true,
-                )
-                .await
-                .map(drop)
-            }
-            Some(Err((_, code))) => Err(ProgressTopicError::Create {
-                topic,
-                error: code.to_string(),
-            }),
-            Some(Ok(_)) | None => {
-                tracing::info!(topic, "created the progress topic (1 partition, compacted)");
-                Ok(())
-            }
-        }
-    })))
+        replication_factor,
+        timeout,
+        absent,
+        false,
+    )
+    .await
 }
 
 async fn ensure(
@@ -759,7 +640,9 @@ async fn ensure(
             .map_err(kafka)?,
     );
     let segment_ms = SEGMENT_MS.to_string();
-    let new = new_topic(topic, replication_factor, &segment_ms);
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(replication_factor))
+        .set("cleanup.policy", "compact")
+        .set("segment.ms", &segment_ms);
     let opts = AdminOptions::new().operation_timeout(Some(remaining(deadline)));
     let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
     tracing::debug!(topic, "start-up: progress topic CreateTopics answered");

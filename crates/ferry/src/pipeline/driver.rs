@@ -41,7 +41,7 @@ use rdkafka::error::KafkaError;
 
 use super::ahead::{self, Ahead, Tables};
 use super::binary::Mode;
-use super::sink::{Gate, Sink};
+use super::sink::Sink;
 use super::start::transactions_supported;
 use super::transactional::{self, Txn};
 use super::watch::{watch_server, WalClock};
@@ -216,7 +216,7 @@ impl<'a> Driver<'a> {
         // Nothing is produced before the stream starts, so a shutdown during the set-up (a
         // server slow to answer, a progress topic read waiting on a transaction) ends it at
         // once: there is nothing to drain or confirm.
-        let (sql, mut start, ahead) = tokio::select! {
+        let (sql, start, ahead) = tokio::select! {
             r = self.prepare() => r?,
             _ = shutdown.as_mut() => {
                 tracing::info!("stopped before streaming began: nothing to drain");
@@ -251,9 +251,7 @@ impl<'a> Driver<'a> {
         let mut own_link;
         let (link, mut sink) = match producing {
             Producing::Idempotent(producer, link) => {
-                let creating = start.creating.take();
-                let sink =
-                    self.at_least_once(producer, link, &reader, binary_read, &start, creating);
+                let sink = self.at_least_once(producer, link, &reader, binary_read, &start);
                 (link, sink)
             }
             Producing::Transactional(topics) => {
@@ -280,11 +278,11 @@ impl<'a> Driver<'a> {
         };
         let (left_tx, left_rx) = tokio::sync::oneshot::channel();
         let watch = self.streaming(&reader, &sql, membership, left_tx);
-        let (stopped, raised_beside) = self
+        let (stopped, left_publication) = self
             .stream_loop(link, &mut sink, &mut reader, left_rx, shutdown)
             .await;
         watch.abort();
-        self.ended(stopped, raised_beside, link, &sink, reader, &sql)
+        self.ended(stopped, left_publication, link, &sink, reader, &sql)
             .await
     }
 
@@ -297,7 +295,6 @@ impl<'a> Driver<'a> {
         reader: &ReaderHandle,
         binary_read: bool,
         start: &super::start::Start,
-        creating: Option<super::start::Creating>,
     ) -> Sink<'p>
     where
         'a: 'p,
@@ -319,13 +316,6 @@ impl<'a> Driver<'a> {
             }
             .encode(),
             timeline: reader.system.timeline,
-            gate: match creating {
-                Some(creating) => Gate::Creating {
-                    creating,
-                    waiting: Vec::new(),
-                },
-                None => Gate::Open,
-            },
         }
     }
 
@@ -358,7 +348,7 @@ impl<'a> Driver<'a> {
     async fn ended(
         &mut self,
         stopped: Stopped,
-        raised_beside: Option<PipelineError>,
+        left_publication: Option<PipelineError>,
         link: &mut Link,
         sink: &Sink<'_>,
         reader: ReaderHandle,
@@ -371,7 +361,7 @@ impl<'a> Driver<'a> {
         if let Some(fenced) = self.fenced.take() {
             return Err(fenced);
         }
-        if let Some(e) = raised_beside {
+        if let Some(e) = left_publication {
             // Drained and confirmed what was streamed; a drain failure is reported first.
             stopped.map_err(|e| pipeline_error(e, s, sink.txn()))?;
             return Err(e);
@@ -544,9 +534,8 @@ impl<'a> Driver<'a> {
         Ok((link, sink))
     }
 
-    /// Feeds the machine until it stops; returns what it stopped with, and the error raised
-    /// beside the stream, if one was (the publication watch's, or the progress topic's
-    /// creation's: the session then drained first).
+    /// Feeds the machine until it stops; returns what it stopped with, and the error the
+    /// publication watch raised, if it did (the session then drained first).
     async fn stream_loop(
         &mut self,
         link: &mut Link,
@@ -555,7 +544,7 @@ impl<'a> Driver<'a> {
         mut left_rx: tokio::sync::oneshot::Receiver<PipelineError>,
         mut shutdown: Pin<&mut impl Future<Output = ()>>,
     ) -> (Stopped, Option<PipelineError>) {
-        let mut raised_beside = None;
+        let mut left_publication = None;
         let mut watching = true;
         // Metrics are published after every wake-up; this one guarantees wake-ups while the
         // loop waits on nothing else (window full, Kafka away), so the reader's counters
@@ -590,19 +579,6 @@ impl<'a> Driver<'a> {
                     shutdown_seen = true;
                     link.machine.shutdown(Instant::now());
                 }
-                created = sink.created(), if sink.creating() => {
-                    let now = Instant::now();
-                    if let Err(e) = created.result {
-                        tracing::error!("{e}: stopping after the records in flight");
-                        raised_beside.get_or_insert(e);
-                        link.machine.shutdown(now);
-                    }
-                    for (token, position) in created.waiting {
-                        if let Err(e) = sink.produce_progress(token, position) {
-                            link.machine.handle_refused(token, e, now);
-                        }
-                    }
-                }
                 ev = reader.recv(), if wants_events => match ev {
                     Some(ev) => {
                         stop = self.feed(link, sink, reader, ev).await;
@@ -621,7 +597,7 @@ impl<'a> Driver<'a> {
                     watching = false;
                     if let Ok(e) = r {
                         tracing::error!(publication = %self.settings.slot.publication, "{e}: stopping after the records in flight");
-                        raised_beside = Some(e);
+                        left_publication = Some(e);
                         link.machine.shutdown(Instant::now());
                     }
                 }
@@ -633,7 +609,7 @@ impl<'a> Driver<'a> {
         }
         (
             stop.expect("the loop ends once the machine stopped"),
-            raised_beside,
+            left_publication,
         )
     }
 

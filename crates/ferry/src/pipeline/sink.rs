@@ -14,7 +14,6 @@ use ferry_core::{CommitOutcome, DeliveryKey, Position};
 use ferry_router::Record;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use super::start::Creating;
 use super::transactional::Txn;
 use super::PipelineError;
 use crate::producer::{Producer, SendError};
@@ -27,29 +26,8 @@ pub(super) enum Sink<'a> {
         /// The progress record's key (server and slot) and the streaming server's timeline.
         key: Vec<u8>,
         timeline: u32,
-        gate: Gate,
     },
     Transactional(Txn),
-}
-
-/// Whether progress records may go to the progress topic yet (at-least-once).
-pub(super) enum Gate {
-    Open,
-    /// A first start's progress topic is being created ([`super::start::Reading`]): progress
-    /// records wait, since producing to a topic the brokers do not know may create it with
-    /// their defaults.
-    Creating {
-        creating: Creating,
-        waiting: Vec<(DeliveryKey, Position)>,
-    },
-    /// Its creation failed (the session ends): progress records are refused.
-    Failed,
-}
-
-/// The progress records that waited for the topic's creation, and how it ended.
-pub(super) struct Created {
-    pub waiting: Vec<(DeliveryKey, Position)>,
-    pub result: Result<(), PipelineError>,
 }
 
 impl Sink<'_> {
@@ -77,23 +55,10 @@ impl Sink<'_> {
     ) -> Result<(), KafkaError> {
         match self {
             Sink::Idempotent {
-                gate: Gate::Creating { waiting, .. },
-                ..
-            } => {
-                waiting.push((token, position));
-                Ok(())
-            }
-            Sink::Idempotent {
-                gate: Gate::Failed, ..
-            } => Err(KafkaError::MessageProduction(
-                RDKafkaErrorCode::UnknownTopicOrPartition,
-            )),
-            Sink::Idempotent {
                 producer,
                 progress_topic,
                 key,
                 timeline,
-                gate: Gate::Open,
             } => {
                 let value =
                     ProgressRecord::at(Mode::AtLeastOnce, *timeline, &position, unix_millis())
@@ -104,46 +69,6 @@ impl Sink<'_> {
             }
             Sink::Transactional(txn) => txn.produce_progress(token, position),
         }
-    }
-
-    /// Whether progress records wait for the progress topic's creation.
-    pub fn creating(&self) -> bool {
-        matches!(
-            self,
-            Sink::Idempotent {
-                gate: Gate::Creating { .. },
-                ..
-            }
-        )
-    }
-
-    /// Waits for the progress topic's creation (never ends unless [`Sink::creating`]); the
-    /// records that waited are then for the caller to produce again.
-    pub async fn created(&mut self) -> Created {
-        let Sink::Idempotent {
-            gate: gate @ Gate::Creating { .. },
-            ..
-        } = self
-        else {
-            return std::future::pending().await;
-        };
-        let Gate::Creating { creating, .. } = gate else {
-            unreachable!("matched above");
-        };
-        let result = match creating.await {
-            Ok(result) => result.map_err(PipelineError::from),
-            Err(e) => Err(PipelineError::ProducerFatal(format!(
-                "creating the progress topic: {e}"
-            ))),
-        };
-        let next = match result {
-            Ok(()) => Gate::Open,
-            Err(_) => Gate::Failed,
-        };
-        let Gate::Creating { waiting, .. } = std::mem::replace(gate, next) else {
-            unreachable!("matched above");
-        };
-        Created { waiting, result }
     }
 
     pub fn begin(&mut self) -> Result<(), KafkaError> {

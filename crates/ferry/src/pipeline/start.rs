@@ -42,12 +42,7 @@ pub(crate) struct StartFacts {
     pub history: progress_topic::SlotHistory,
     /// What the history says, seen from this server.
     pub remembered: verdict::Remembered,
-    /// The progress topic's creation, still under way ([`progress_topic::AtStart::Creating`]).
-    pub creating: Option<Creating>,
 }
-
-/// A progress topic's creation under way; nothing may be produced to the topic before it ends.
-pub(crate) type Creating = tokio::task::JoinHandle<Result<(), progress_topic::ProgressTopicError>>;
 
 /// Why [`StartFacts`] could not be read.
 #[derive(Debug)]
@@ -76,16 +71,14 @@ impl From<FactsError> for PipelineError {
 pub(crate) enum Reading {
     /// The topic was found (or created) before: read it.
     Read,
-    /// Create the topic, or find it, first ([`progress_topic::ensure_topic_at_start`];
-    /// `absent`: the broker probe's answer left it out; `in_background`: its creation may go on
-    /// while the session starts). A topic that did not exist when CreateTopics was answered
-    /// holds nothing, and is not read: the request goes out after the slot was read, so its
-    /// "nothing" is the topic's state after the slot's, as a read's would be (a first start's
-    /// verdict no longer waits for the new topic to settle and then for a reader's connections).
+    /// Create the topic, or find it, first ([`progress_topic::ensure_topic`]; `absent`: the
+    /// broker probe's answer left it out). A topic this CreateTopics created holds nothing, and
+    /// is not read: the request goes out after the slot was read, so its "nothing" is the
+    /// topic's state after the slot's, as a read's would be (a first start's verdict no longer
+    /// waits for the new topic to settle and then for a reader's connections, ~20–30 ms).
     Ensure {
         replication_factor: i32,
         absent: bool,
-        in_background: bool,
     },
 }
 
@@ -175,29 +168,24 @@ impl StartFacts {
             if let Reading::Ensure {
                 replication_factor,
                 absent,
-                in_background,
             } = reading
             {
-                let found = progress_topic::ensure_topic_at_start(
+                let ensured = progress_topic::ensure_topic_at_start(
                     &properties,
                     &topic,
                     replication_factor,
                     timeout,
                     absent,
-                    in_background,
                 )
                 .await
                 .map_err(FactsError::Topic)?;
                 tracing::debug!("start-up: progress topic ensured");
-                // Not there when CreateTopics was answered, after the slot was read: nothing.
-                let empty = progress_topic::SlotHistory {
-                    topic_exists: true,
-                    records: Vec::new(),
-                };
-                match found {
-                    progress_topic::AtStart::Found => {}
-                    progress_topic::AtStart::Created => return Ok((empty, None)),
-                    progress_topic::AtStart::Creating(h) => return Ok((empty, Some(h))),
+                if ensured == progress_topic::Ensured::Created {
+                    // Created by this request, sent after the slot was read: it holds nothing.
+                    return Ok(progress_topic::SlotHistory {
+                        topic_exists: true,
+                        records: Vec::new(),
+                    });
                 }
             }
             let history = tokio::task::spawn_blocking(move || {
@@ -205,14 +193,13 @@ impl StartFacts {
             })
             .await;
             tracing::debug!("start-up: progress topic read");
-            let history = history
+            history
                 .map_err(|e| FactsError::Join(e.to_string()))?
-                .map_err(FactsError::Topic)?;
-            Ok((history, None))
+                .map_err(FactsError::Topic)
         };
         // Both, but a failed read returns at once (what runs beside is dropped).
         let mut beside = Beside::Running(Box::pin(beside));
-        let (history, creating) = beside.alongside(history).await?;
+        let history = beside.alongside(history).await?;
         let remembered = history.remembered(identity.system_id);
         let facts = StartFacts {
             state,
@@ -220,7 +207,6 @@ impl StartFacts {
             current_wal_lsn,
             history,
             remembered,
-            creating,
         };
         Ok((facts, beside))
     }
@@ -265,8 +251,6 @@ pub(super) struct Start {
     pub identity: SystemIdentity,
     /// An accepted gap: the acceptance is used up once the fresh record is written.
     pub accepted: bool,
-    /// The progress topic's creation, still under way: no progress record before it ends.
-    pub creating: Option<Creating>,
 }
 
 impl Driver<'_> {
@@ -413,8 +397,6 @@ impl Driver<'_> {
             sighting => Reading::Ensure {
                 replication_factor: s.create_topics.replication_factor,
                 absent: sighting == Sighting::Absent,
-                // An exactly-once session checks the topic again before its first transaction.
-                in_background: s.exactly_once.is_none(),
             },
         };
         // The probe's answer speaks for the first try only.
@@ -428,7 +410,6 @@ impl Driver<'_> {
             Reading::Ensure {
                 replication_factor,
                 absent,
-                ..
             },
         ) = (&read, reading)
         {
@@ -441,17 +422,12 @@ impl Driver<'_> {
                 replication_factor,
                 PROGRESS_TIMEOUT,
                 absent,
-                false,
             )
             .await?;
             self.carry.progress_topic = Sighting::Settled;
         }
-        let (mut facts, mut beside) = read?;
-        // A creation still under way is the session's to finish; a later session checks.
-        self.carry.progress_topic = match facts.creating {
-            Some(_) => Sighting::Unsure,
-            None => Sighting::Settled,
-        };
+        let (facts, mut beside) = read?;
+        self.carry.progress_topic = Sighting::Settled;
         // The slot again: another Ferry starting at the same moment may have created it (and
         // written its first record) between the two reads, which would look like a lost slot.
         // A slot that changed while Ferry looked is judged on the next attempt.
@@ -480,10 +456,9 @@ impl Driver<'_> {
         if let Some(r) = record_lsn {
             self.metrics.progress_lsn.set(r.0);
         }
-        let mut start = self
+        let start = self
             .start_of(verdict, facts.identity, record_lsn, &facts.remembered)
             .map_err(|refusal| PipelineError::Gap(*refusal))?;
-        start.creating = facts.creating.take();
         Ok((start, beside.finish().await))
     }
 
@@ -502,7 +477,6 @@ impl Driver<'_> {
             remembered,
             identity,
             accepted,
-            creating: None,
         };
         match verdict {
             Verdict::CreateSlot => {

@@ -377,7 +377,7 @@ fn failpoint_target(point: &str) -> Option<u64> {
 }
 
 /// Whether `point` is the failpoint asked for (without counting a hit).
-pub(crate) fn failpoint_armed(point: &str) -> bool {
+fn failpoint_armed(point: &str) -> bool {
     failpoint_target(point).is_some()
 }
 
