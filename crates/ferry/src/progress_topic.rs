@@ -571,8 +571,8 @@ pub async fn ensure_topic(
 }
 
 /// [`ensure_topic`] for a session's start, whose verdict reads nothing from a topic it just
-/// created and so does not wait for it to settle (a producer waits for its leader; a reader
-/// that comes to it while it settles fails, transient, and is tried again). `absent`: an answer
+/// created and so does not wait for it to settle (a producer waits for its leader; a later
+/// session looks at the topic again before it reads it). `absent`: an answer
 /// for every topic just left it out (the broker probe's, on a first start), so CreateTopics
 /// goes first; a topic that exists all the same (a broker whose metadata lags, a principal not
 /// allowed to describe it) answers "already exists" or refuses, and is then looked at as
@@ -643,7 +643,11 @@ async fn ensure(
     let new = NewTopic::new(topic, 1, TopicReplication::Fixed(replication_factor))
         .set("cleanup.policy", "compact")
         .set("segment.ms", &segment_ms);
-    let opts = AdminOptions::new().operation_timeout(Some(remaining(deadline)));
+    // Bounded by the deadline, as the metadata requests are: a first start sends it without a
+    // metadata request before it (`absent`), which would have found the brokers unreachable.
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(remaining(deadline)))
+        .request_timeout(Some(remaining(deadline)));
     let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
     tracing::debug!(topic, "start-up: progress topic CreateTopics answered");
     let mut create_refused = None;

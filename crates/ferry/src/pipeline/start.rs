@@ -42,6 +42,8 @@ pub(crate) struct StartFacts {
     pub history: progress_topic::SlotHistory,
     /// What the history says, seen from this server.
     pub remembered: verdict::Remembered,
+    /// This read's CreateTopics created the progress topic ([`Reading::Ensure`]).
+    pub created_topic: bool,
 }
 
 /// Why [`StartFacts`] could not be read.
@@ -182,10 +184,11 @@ impl StartFacts {
                 tracing::debug!("start-up: progress topic ensured");
                 if ensured == progress_topic::Ensured::Created {
                     // Created by this request, sent after the slot was read: it holds nothing.
-                    return Ok(progress_topic::SlotHistory {
+                    let empty = progress_topic::SlotHistory {
                         topic_exists: true,
                         records: Vec::new(),
-                    });
+                    };
+                    return Ok((empty, true));
                 }
             }
             let history = tokio::task::spawn_blocking(move || {
@@ -193,13 +196,14 @@ impl StartFacts {
             })
             .await;
             tracing::debug!("start-up: progress topic read");
-            history
+            let history = history
                 .map_err(|e| FactsError::Join(e.to_string()))?
-                .map_err(FactsError::Topic)
+                .map_err(FactsError::Topic)?;
+            Ok((history, false))
         };
         // Both, but a failed read returns at once (what runs beside is dropped).
         let mut beside = Beside::Running(Box::pin(beside));
-        let history = beside.alongside(history).await?;
+        let (history, created_topic) = beside.alongside(history).await?;
         let remembered = history.remembered(identity.system_id);
         let facts = StartFacts {
             state,
@@ -207,6 +211,7 @@ impl StartFacts {
             current_wal_lsn,
             history,
             remembered,
+            created_topic,
         };
         Ok((facts, beside))
     }
@@ -408,26 +413,29 @@ impl Driver<'_> {
         if let (
             Err(FactsError::Server(ReaderError::SlotInUse { .. })),
             Reading::Ensure {
-                replication_factor,
-                absent,
+                replication_factor, ..
             },
         ) = (&read, reading)
         {
-            // A standby: the topic is created or checked while it waits, as before the verdict
-            // read the slot first, so that a takeover reads it instead of waiting for its
-            // CreateTopics. Its error is the session's, as it was then.
-            progress_topic::ensure_topic_at_start(
+            // A standby: the topic is created or checked while it waits (and waited for until
+            // it settled: a standby is in no hurry), as before the verdict read the slot first,
+            // so that a takeover reads it instead of waiting for its CreateTopics. Its error is
+            // the session's, as it was then.
+            progress_topic::ensure_topic(
                 &s.producer_properties,
                 &s.progress_topic,
                 replication_factor,
                 PROGRESS_TIMEOUT,
-                absent,
             )
             .await?;
             self.carry.progress_topic = Sighting::Settled;
         }
         let (facts, mut beside) = read?;
-        self.carry.progress_topic = Sighting::Settled;
+        // A topic this start created may still be settling: a later session looks first.
+        self.carry.progress_topic = match facts.created_topic {
+            true => Sighting::Unsure,
+            false => Sighting::Settled,
+        };
         // The slot again: another Ferry starting at the same moment may have created it (and
         // written its first record) between the two reads, which would look like a lost slot.
         // A slot that changed while Ferry looked is judged on the next attempt.
