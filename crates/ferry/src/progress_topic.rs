@@ -559,8 +559,8 @@ pub enum Ensured {
 ///
 /// A restart finds the topic: one metadata request settles it, with no admin client and no
 /// CreateTopics (~10 ms of a restart, in its debug lines). Anything else (missing, settling, an
-/// error) takes the way a first start takes: CreateTopics, then metadata until the answer
-/// settles.
+/// error) takes the way a first start once took: CreateTopics, then metadata until the answer
+/// settles (a session's start no longer waits for it: [`ensure_topic_at_start`]).
 pub async fn ensure_topic(
     properties: &[(String, String)],
     topic: &str,
@@ -645,9 +645,11 @@ async fn ensure(
         .set("segment.ms", &segment_ms);
     // Bounded by the deadline, as the metadata requests are: a first start sends it without a
     // metadata request before it (`absent`), which would have found the brokers unreachable.
+    // The request's own timeout a little after the broker's, so that a slow controller
+    // answers REQUEST_TIMED_OUT before the client gives up.
     let opts = AdminOptions::new()
         .operation_timeout(Some(remaining(deadline)))
-        .request_timeout(Some(remaining(deadline)));
+        .request_timeout(Some(remaining(deadline) + Duration::from_secs(1)));
     let result = admin.create_topics([&new], &opts).await.map_err(kafka)?;
     tracing::debug!(topic, "start-up: progress topic CreateTopics answered");
     let mut create_refused = None;
@@ -727,14 +729,15 @@ async fn ensure(
 /// What an answer for every topic (the broker probe's) showed of the progress topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Sighting {
-    /// Not asked, or shown another way (settling, another partition count, an error): for
-    /// [`ensure_topic`] to settle or say.
+    /// Not asked, or shown another way (settling, another partition count, an error), or
+    /// created by a session's start and not looked at since: for [`ensure_topic`] (or
+    /// [`ensure_topic_at_start`]) to settle or say.
     #[default]
     Unsure,
     /// Settled with its one partition and that partition's leader: a restart's progress topic,
     /// found without a request of its own.
     Settled,
-    /// Left out: a first start's topic, for [`ensure_topic`] to create at once.
+    /// Left out: a first start's topic, for [`ensure_topic_at_start`] to create at once.
     Absent,
 }
 

@@ -127,8 +127,10 @@ pub(super) struct Carry {
     /// Tables taken out of the publication while rows of theirs were still ahead in the WAL:
     /// the next sessions skip those rows ([`ferry_wal::assembly::OtherTables`]).
     pub tables_taken_out: Vec<SourceTable>,
-    /// What is known of the progress topic: [`Sighting::Settled`] once created or found with
-    /// one partition (by the broker probe, or a session's verdict); the probe's answer before.
+    /// What is known of the progress topic: [`Sighting::Settled`] once found with one partition
+    /// (by the broker probe, a session's verdict, or a standby's check); [`Sighting::Unsure`]
+    /// after a verdict that created it (it may still be settling: the next session looks
+    /// first); the probe's answer before the first session.
     pub progress_topic: Sighting,
     /// The first session's SQL connection, opened while the brokers were probed and the
     /// producer made (it decides nothing); taken by that session.
@@ -382,8 +384,9 @@ impl<'a> Driver<'a> {
     /// Connects, asks the start-time verdict, checks that the brokers serve transactions
     /// (exactly-once), and makes sure of the slot and publication.
     ///
-    /// The verdict reads the slot, then creates or checks the progress topic (once per
-    /// pipeline; on a restart the broker probe's answer already showed it) and reads it.
+    /// The verdict reads the slot, then creates or checks the progress topic (until a session
+    /// found it; on a restart the broker probe's answer already showed it) and reads it, unless
+    /// it created it.
     ///
     /// What the session reads after the verdict is read while the verdict reads the progress
     /// topic ([`super::ahead`]), and handed to [`Driver::open`].

@@ -167,8 +167,8 @@ struct Supervisor<'a> {
     metrics: &'a Metrics,
     backoff: Duration,
     standing_by: bool,
-    /// What the first answered probe showed of the progress topic; read once, by the first
-    /// session (later probes, after a Kafka error, find the check long done).
+    /// What the first answered probe showed of the progress topic; read once, when the first
+    /// session starts (later probes, after a Kafka error, set it unread).
     progress_topic: Sighting,
 }
 

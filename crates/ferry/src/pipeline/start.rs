@@ -73,11 +73,12 @@ impl From<FactsError> for PipelineError {
 pub(crate) enum Reading {
     /// The topic was found (or created) before: read it.
     Read,
-    /// Create the topic, or find it, first ([`progress_topic::ensure_topic`]; `absent`: the
-    /// broker probe's answer left it out). A topic this CreateTopics created holds nothing, and
-    /// is not read: the request goes out after the slot was read, so its "nothing" is the
-    /// topic's state after the slot's, as a read's would be (a first start's verdict no longer
-    /// waits for the new topic to settle and then for a reader's connections, ~20–30 ms).
+    /// Create the topic, or find it, first ([`progress_topic::ensure_topic_at_start`];
+    /// `absent`: the broker probe's answer left it out). A topic this CreateTopics created
+    /// holds nothing, and is not read: the request goes out after the slot was read, so its
+    /// "nothing" is the topic's state after the slot's, as a read's would be (a first start's
+    /// verdict no longer waits for the new topic to settle and then for a reader's
+    /// connections, ~20–30 ms).
     Ensure {
         replication_factor: i32,
         absent: bool,
@@ -395,8 +396,8 @@ impl Driver<'_> {
             Some(_) => progress_topic::Until::Stable,
             None => progress_topic::Until::End,
         };
-        // The progress topic is created or checked once per pipeline, after the slot is read;
-        // on a restart the broker probe's answer already showed it.
+        // The progress topic is created or checked after the slot is read, until a session
+        // found it; on a restart the broker probe's answer already showed it.
         let reading = match self.carry.progress_topic {
             Sighting::Settled => Reading::Read,
             sighting => Reading::Ensure {
