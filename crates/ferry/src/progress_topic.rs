@@ -567,7 +567,7 @@ pub async fn ensure_topic(
     replication_factor: i32,
     timeout: Duration,
 ) -> Result<Ensured, ProgressTopicError> {
-    ensure(properties, topic, replication_factor, timeout, false, true).await
+    ensure(properties, topic, replication_factor, timeout, Way::Settled).await
 }
 
 /// [`ensure_topic`] for a session's start, whose verdict reads nothing from a topic it just
@@ -584,15 +584,18 @@ pub async fn ensure_topic_at_start(
     timeout: Duration,
     absent: bool,
 ) -> Result<Ensured, ProgressTopicError> {
-    ensure(
-        properties,
-        topic,
-        replication_factor,
-        timeout,
-        absent,
-        false,
-    )
-    .await
+    let way = Way::AtStart { absent };
+    ensure(properties, topic, replication_factor, timeout, way).await
+}
+
+/// How [`ensure`] goes about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Look first; wait for a topic it created to settle ([`ensure_topic`]).
+    Settled,
+    /// A session's start ([`ensure_topic_at_start`]): CreateTopics first when `absent`; a
+    /// topic it created is not waited for.
+    AtStart { absent: bool },
 }
 
 async fn ensure(
@@ -600,8 +603,7 @@ async fn ensure(
     topic: &str,
     replication_factor: i32,
     timeout: Duration,
-    absent: bool,
-    settle_created: bool,
+    way: Way,
 ) -> Result<Ensured, ProgressTopicError> {
     let kafka = |error| kafka_error(topic, "checking the progress topic", properties, error);
     let deadline = Instant::now() + timeout;
@@ -615,7 +617,7 @@ async fn ensure(
             .map_err(kafka)
     };
     let mut looked = None;
-    if !absent {
+    if way != (Way::AtStart { absent: true }) {
         let consumer = consumer()?;
         let topic_owned = topic.to_string();
         let (consumer, found) = tokio::task::spawn_blocking(move || {
@@ -657,7 +659,7 @@ async fn ensure(
     match result.into_iter().next() {
         Some(Ok(_)) => {
             tracing::info!(topic, "created the progress topic (1 partition, compacted)");
-            if !settle_created {
+            if matches!(way, Way::AtStart { .. }) {
                 return Ok(Ensured::Created);
             }
             created = true;

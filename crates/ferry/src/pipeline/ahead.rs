@@ -87,15 +87,10 @@ pub(super) async fn read(s: &PipelineSettings, sql: &tokio_postgres::Client) -> 
         (survey, Some(replication))
     };
     let ((survey, replication), tables) = tokio::join!(survey_then_connect, tables(sql, s));
-    match replication {
-        Some(replication) => Ahead {
-            survey: Some(survey),
-            tables: Some(tables),
-            replication: Some(replication),
-        },
-        None => Ahead {
-            survey: Some(survey),
-            ..Ahead::default()
-        },
+    Ahead {
+        survey: Some(survey),
+        // Kept where the connection opened: the slot and the publication are there.
+        tables: replication.is_some().then_some(tables),
+        replication,
     }
 }

@@ -167,7 +167,7 @@ struct Supervisor<'a> {
     metrics: &'a Metrics,
     backoff: Duration,
     standing_by: bool,
-    /// What the first answered probe showed of the progress topic; read once, when the first
+    /// What the last answered probe showed of the progress topic; read once, when the first
     /// session starts (later probes, after a Kafka error, set it unread).
     progress_topic: Sighting,
 }
@@ -277,9 +277,7 @@ impl<'a> Supervisor<'a> {
                 r = probe => match r {
                     Ok(Err(unusable)) => unusable,
                     Ok(Ok(seen)) => {
-                        if self.progress_topic != Sighting::Settled {
-                            self.progress_topic = seen;
-                        }
+                        self.progress_topic = seen;
                         break;
                     }
                     // A probe that could not run says nothing: the session finds out.
