@@ -105,7 +105,15 @@ async fn only_a_topic_this_start_created_is_taken_as_empty() {
     let brokers = ferry_testkit::kafka::shared().brokers();
     let topic = unique("absent");
     let props = properties(&brokers);
-    let at_start = |absent| progress::ensure_topic_at_start(&props, &topic, 1, TIMEOUT, absent);
+    let at_start = |absent| {
+        progress::ensure_topic_as(
+            &props,
+            &topic,
+            1,
+            TIMEOUT,
+            progress::Way::AtStart { absent },
+        )
+    };
     assert_eq!(at_start(true).await.unwrap(), Ensured::Created);
     // Another start, the probe's answer (wrongly) without the topic, and one that saw it.
     assert_eq!(at_start(true).await.unwrap(), Ensured::Found);

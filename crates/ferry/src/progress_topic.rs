@@ -560,45 +560,32 @@ pub enum Ensured {
 /// A restart finds the topic: one metadata request settles it, with no admin client and no
 /// CreateTopics (~10 ms of a restart, in its debug lines). Anything else (missing, settling, an
 /// error) takes the way a first start once took: CreateTopics, then metadata until the answer
-/// settles (a session's start no longer waits for it: [`ensure_topic_at_start`]).
+/// settles (a session's start no longer waits for it: [`Way::AtStart`]).
 pub async fn ensure_topic(
     properties: &[(String, String)],
     topic: &str,
     replication_factor: i32,
     timeout: Duration,
 ) -> Result<Ensured, ProgressTopicError> {
-    ensure(properties, topic, replication_factor, timeout, Way::Settled).await
+    ensure_topic_as(properties, topic, replication_factor, timeout, Way::Settled).await
 }
 
-/// [`ensure_topic`] for a session's start, whose verdict reads nothing from a topic it just
-/// created and so does not wait for it to settle (a producer waits for its leader; a later
-/// session looks at the topic again before it reads it). `absent`: an answer
-/// for every topic just left it out (the broker probe's, on a first start), so CreateTopics
-/// goes first; a topic that exists all the same (a broker whose metadata lags, a principal not
-/// allowed to describe it) answers "already exists" or refuses, and is then looked at as
-/// [`ensure_topic`] does.
-pub async fn ensure_topic_at_start(
-    properties: &[(String, String)],
-    topic: &str,
-    replication_factor: i32,
-    timeout: Duration,
-    absent: bool,
-) -> Result<Ensured, ProgressTopicError> {
-    let way = Way::AtStart { absent };
-    ensure(properties, topic, replication_factor, timeout, way).await
-}
-
-/// How [`ensure`] goes about it.
+/// How [`ensure_topic_as`] goes about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Way {
+pub enum Way {
     /// Look first; wait for a topic it created to settle ([`ensure_topic`]).
     Settled,
-    /// A session's start ([`ensure_topic_at_start`]): CreateTopics first when `absent`; a
-    /// topic it created is not waited for.
+    /// A session's start, whose verdict reads nothing from a topic it just created and so does
+    /// not wait for it to settle (a producer waits for its leader; a later session looks at
+    /// the topic again before it reads it). `absent`: an answer for every topic just left it
+    /// out (the broker probe's, on a first start), so CreateTopics goes first; a topic that
+    /// exists all the same (a broker whose metadata lags, a principal not allowed to describe
+    /// it) answers "already exists" or refuses, and is then looked at as [`ensure_topic`] does.
     AtStart { absent: bool },
 }
 
-async fn ensure(
+/// [`ensure_topic`], the [`Way`] asked.
+pub async fn ensure_topic_as(
     properties: &[(String, String)],
     topic: &str,
     replication_factor: i32,
@@ -733,13 +720,13 @@ async fn ensure(
 pub enum Sighting {
     /// Not asked, or shown another way (settling, another partition count, an error), or
     /// created by a session's start and not looked at since: for [`ensure_topic`] (or
-    /// [`ensure_topic_at_start`]) to settle or say.
+    /// [`ensure_topic_as`]) to settle or say.
     #[default]
     Unsure,
     /// Settled with its one partition and that partition's leader: a restart's progress topic,
     /// found without a request of its own.
     Settled,
-    /// Left out: a first start's topic, for [`ensure_topic_at_start`] to create at once.
+    /// Left out: a first start's topic, for [`ensure_topic_as`] to create at once.
     Absent,
 }
 

@@ -73,7 +73,7 @@ impl From<FactsError> for PipelineError {
 pub(crate) enum Reading {
     /// The topic was found (or created) before: read it.
     Read,
-    /// Create the topic, or find it, first ([`progress_topic::ensure_topic_at_start`];
+    /// Create the topic, or find it, first ([`progress_topic::Way::AtStart`];
     /// `absent`: the broker probe's answer left it out). A topic this CreateTopics created
     /// holds nothing, and is not read: the request goes out after the slot was read, so its
     /// "nothing" is the topic's state after the slot's, as a read's would be (a first start's
@@ -173,12 +173,12 @@ impl StartFacts {
                 absent,
             } = reading
             {
-                let ensured = progress_topic::ensure_topic_at_start(
+                let ensured = progress_topic::ensure_topic_as(
                     &properties,
                     &topic,
                     replication_factor,
                     timeout,
-                    absent,
+                    progress_topic::Way::AtStart { absent },
                 )
                 .await
                 .map_err(FactsError::Topic)?;
