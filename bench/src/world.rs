@@ -12,6 +12,10 @@ use crate::{kafka, Contender, Res, PUBLICATION};
 /// `wal_init_zero = on; log_autovacuum_min_duration = 0`), after its defaults.
 pub const PG_CONF_ENV: &str = "FERRY_BENCH_PG_CONF";
 
+/// `server.properties` lines for the benchmark's own broker, `;`-separated (e.g.
+/// `controller.quorum.append.linger.ms=0`), after its defaults (a later key wins).
+pub const KAFKA_CONF_ENV: &str = "FERRY_BENCH_KAFKA_CONF";
+
 /// PostgreSQL and the broker.
 pub struct World {
     _cluster: Option<PgCluster>,
@@ -44,14 +48,7 @@ impl World {
                     "wal_init_zero = off".into(),
                 ];
                 // Settings of an experiment, after the defaults (the last one set wins).
-                if let Ok(more) = std::env::var(PG_CONF_ENV) {
-                    extra_conf.extend(
-                        more.split(';')
-                            .map(str::trim)
-                            .filter(|l| !l.is_empty())
-                            .map(String::from),
-                    );
-                }
+                extra_conf.extend(extra_lines(PG_CONF_ENV));
                 let c = PgCluster::start(pg::ClusterOptions {
                     tls: false,
                     extra_conf,
@@ -101,11 +98,19 @@ impl World {
     pub fn broker_version(&self) -> String {
         match &self.external_brokers {
             Some(b) => format!("external ({b})"),
-            None => format!(
-                "Apache Kafka {} (local, one KRaft node as broker and controller, JVM: {})",
-                testkafka::KAFKA_VERSION,
-                jvm_opts()
-            ),
+            None => {
+                let props = extra_lines(KAFKA_CONF_ENV);
+                format!(
+                    "Apache Kafka {} (local, one KRaft node as broker and controller, JVM: {}{})",
+                    testkafka::KAFKA_VERSION,
+                    jvm_opts(),
+                    if props.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {KAFKA_CONF_ENV}: {}", props.join("; "))
+                    }
+                )
+            }
         }
     }
 }
@@ -116,10 +121,25 @@ fn jvm_opts() -> String {
         .unwrap_or_else(|_| testkafka::KAFKA_SERVER_JVM_OPTS.to_string())
 }
 
-/// A single-node Apache Kafka, run as Kafka's start script runs it.
+/// The `;`-separated lines of an experiment's settings in the environment variable `var`.
+fn extra_lines(var: &str) -> Vec<String> {
+    std::env::var(var)
+        .map(|more| {
+            more.split(';')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A single-node Apache Kafka, run as Kafka's start script runs it, with an experiment's
+/// `server.properties` lines ([`KAFKA_CONF_ENV`]).
 async fn start_broker() -> testkafka::LocalBroker {
     testkafka::LocalBroker::start_with(testkafka::ClusterOptions {
         jvm_opts: Some(jvm_opts()),
+        properties: extra_lines(KAFKA_CONF_ENV),
         ..Default::default()
     })
     .await

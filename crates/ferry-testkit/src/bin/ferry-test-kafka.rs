@@ -2,7 +2,7 @@
 //! for the no-Docker demo (`demo/run-local.sh`) and for trying Ferry by hand.
 //!
 //! ```text
-//! ferry-test-kafka [--port N] [--nodes N]
+//! ferry-test-kafka [--port N] [--nodes N] [--property KEY=VALUE]...
 //! ```
 //!
 //! Formats fresh storage in a temporary directory, starts the node(s) (KRaft, each broker and
@@ -23,6 +23,21 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let value = args.next();
+        if a == "--property" {
+            match value {
+                Some(v) if v.contains('=') => {
+                    opts.properties.push(v);
+                    continue;
+                }
+                _ => {
+                    eprintln!(
+                        "usage: ferry-test-kafka [--port N] [--nodes N] [--property KEY=VALUE]...  \
+                         (--property takes a server.properties line, got {value:?})"
+                    );
+                    return ExitCode::from(2);
+                }
+            }
+        }
         let parsed = match (a.as_str(), value.as_deref().map(str::parse::<u16>)) {
             ("--port", Some(Ok(p))) => {
                 opts.port = Some(p);
@@ -35,7 +50,10 @@ fn main() -> ExitCode {
             _ => false,
         };
         if !parsed {
-            eprintln!("usage: ferry-test-kafka [--port N] [--nodes N]  (got {a:?} {value:?})");
+            eprintln!(
+                "usage: ferry-test-kafka [--port N] [--nodes N] [--property KEY=VALUE]...  \
+                 (got {a:?} {value:?})"
+            );
             return ExitCode::from(2);
         }
     }
