@@ -105,19 +105,22 @@ async fn only_a_topic_this_start_created_is_taken_as_empty() {
     let brokers = ferry_testkit::kafka::shared().brokers();
     let topic = unique("absent");
     let props = properties(&brokers);
-    let at_start = |absent| {
+    // `ahead`: on an admin client made before (as when the probe answered), or on its own.
+    let at_start = |absent, ahead: bool| {
         progress::ensure_topic_as(
             &props,
             &topic,
             1,
             TIMEOUT,
             progress::Way::AtStart { absent },
+            ahead.then(|| progress::Admin::ahead(&props)).flatten(),
         )
     };
-    assert_eq!(at_start(true).await.unwrap(), Ensured::Created);
+    assert_eq!(at_start(true, true).await.unwrap(), Ensured::Created);
     // Another start, the probe's answer (wrongly) without the topic, and one that saw it.
-    assert_eq!(at_start(true).await.unwrap(), Ensured::Found);
-    assert_eq!(at_start(false).await.unwrap(), Ensured::Found);
+    assert_eq!(at_start(true, true).await.unwrap(), Ensured::Found);
+    assert_eq!(at_start(true, false).await.unwrap(), Ensured::Found);
+    assert_eq!(at_start(false, false).await.unwrap(), Ensured::Found);
     // ensure_topic waits for a topic it created to settle: a read right after finds it.
     let settled = unique("settled");
     assert_eq!(

@@ -567,7 +567,15 @@ pub async fn ensure_topic(
     replication_factor: i32,
     timeout: Duration,
 ) -> Result<Ensured, ProgressTopicError> {
-    ensure_topic_as(properties, topic, replication_factor, timeout, Way::Settled).await
+    ensure_topic_as(
+        properties,
+        topic,
+        replication_factor,
+        timeout,
+        Way::Settled,
+        None,
+    )
+    .await
 }
 
 /// How [`ensure_topic_as`] goes about it.
@@ -584,13 +592,40 @@ pub enum Way {
     AtStart { absent: bool },
 }
 
-/// [`ensure_topic`], the [`Way`] asked.
+/// The admin client a first start's CreateTopics goes out on, made as soon as the broker
+/// probe's answer left the progress topic out ([`Sighting::Absent`]). It connects to a bootstrap
+/// broker, asks it for metadata and then, sparse connections being off for its role, connects
+/// to every broker the answer names (the one CreateTopics goes to among them) while the session
+/// opens and reads the slot. Made when CreateTopics goes out, after the slot was read, those
+/// round trips came first: bench/README.md, "Round 33".
+pub struct Admin(Disposed<AdminClient<Reader>>);
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("progress_topic::Admin")
+    }
+}
+
+impl Admin {
+    /// `None` when it cannot be made: [`ensure_topic_as`] then makes its own, and says why that
+    /// fails.
+    pub fn ahead(properties: &[(String, String)]) -> Option<Admin> {
+        kafka_client::config(properties, Role::ProgressTopic)
+            .create_with_context::<_, AdminClient<Reader>>(Reader)
+            .ok()
+            .map(|admin| Admin(Disposed::new(admin)))
+    }
+}
+
+/// [`ensure_topic`], the [`Way`] asked; CreateTopics goes out on `ahead` when given
+/// ([`Admin::ahead`]), else on an admin client made for it.
 pub async fn ensure_topic_as(
     properties: &[(String, String)],
     topic: &str,
     replication_factor: i32,
     timeout: Duration,
     way: Way,
+    ahead: Option<Admin>,
 ) -> Result<Ensured, ProgressTopicError> {
     let kafka = |error| kafka_error(topic, "checking the progress topic", properties, error);
     let deadline = Instant::now() + timeout;
@@ -623,11 +658,14 @@ pub async fn ensure_topic_as(
         }
         looked = Some(consumer);
     }
-    let cc = kafka_client::config(properties, Role::ProgressTopic);
-    let admin = Disposed::new(
-        cc.create_with_context::<_, AdminClient<Reader>>(Reader)
-            .map_err(kafka)?,
-    );
+    let admin = match ahead {
+        Some(Admin(admin)) => admin,
+        None => Disposed::new(
+            kafka_client::config(properties, Role::ProgressTopic)
+                .create_with_context::<_, AdminClient<Reader>>(Reader)
+                .map_err(kafka)?,
+        ),
+    };
     let segment_ms = SEGMENT_MS.to_string();
     let new = NewTopic::new(topic, 1, TopicReplication::Fixed(replication_factor))
         .set("cleanup.policy", "compact")

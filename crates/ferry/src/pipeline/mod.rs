@@ -78,6 +78,7 @@ pub async fn run(
         pass: settings.pass,
         tables_taken_out: Vec::new(),
         progress_topic: Sighting::Unsure,
+        progress_topic_admin: None,
         // Opened while the brokers are probed and the producer made: connecting decides
         // nothing, and the SCRAM exchange and the backend's start took 30-180 ms of the cold
         // start when they came after them.
@@ -104,6 +105,7 @@ pub async fn run(
     // own request would ask the same question again). A first start: it left the topic out,
     // and the first session creates it without asking again.
     carry.progress_topic = supervisor.progress_topic;
+    carry.progress_topic_admin = supervisor.progress_topic_admin.take();
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -170,6 +172,11 @@ struct Supervisor<'a> {
     /// What the last answered probe showed of the progress topic; read once, when the first
     /// session starts (later probes, after a Kafka error, set it unread).
     progress_topic: Sighting,
+    /// The first answered probe's admin client when it left the progress topic out
+    /// ([`crate::progress_topic::Admin::ahead`]); read with `progress_topic`.
+    progress_topic_admin: Option<crate::progress_topic::Admin>,
+    /// Whether a probe has answered (later ones make no admin client: nothing reads it).
+    answered: bool,
 }
 
 impl<'a> Supervisor<'a> {
@@ -180,6 +187,8 @@ impl<'a> Supervisor<'a> {
             backoff: settings.reconnect_backoff_min,
             standing_by: false,
             progress_topic: Sighting::Unsure,
+            progress_topic_admin: None,
+            answered: false,
         }
     }
 
@@ -266,18 +275,27 @@ impl<'a> Supervisor<'a> {
         loop {
             let props = s.producer_properties.clone();
             let topic = s.progress_topic.clone();
+            let first = !self.answered;
             let probe = tokio::task::spawn_blocking(move || {
-                crate::kafka_access::probe_seeing(
+                let seen = crate::kafka_access::probe_seeing(
                     &props,
                     crate::kafka_access::PROBE_DEADLINE,
                     Some(&topic),
-                )
+                );
+                // A first start creates the topic: its admin client connects meanwhile.
+                let admin = match (&seen, first) {
+                    (Ok(Sighting::Absent), true) => crate::progress_topic::Admin::ahead(&props),
+                    _ => None,
+                };
+                (seen, admin)
             });
             let unusable = tokio::select! {
                 r = probe => match r {
-                    Ok(Err(unusable)) => unusable,
-                    Ok(Ok(seen)) => {
+                    Ok((Err(unusable), _)) => unusable,
+                    Ok((Ok(seen), admin)) => {
                         self.progress_topic = seen;
+                        self.progress_topic_admin = admin;
+                        self.answered = true;
                         break;
                     }
                     // A probe that could not run says nothing: the session finds out.

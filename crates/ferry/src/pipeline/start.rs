@@ -69,7 +69,6 @@ impl From<FactsError> for PipelineError {
 }
 
 /// How [`StartFacts::read`] comes to what the progress topic remembers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reading {
     /// The topic was found (or created) before: read it.
     Read,
@@ -78,10 +77,12 @@ pub(crate) enum Reading {
     /// holds nothing, and is not read: the request goes out after the slot was read, so its
     /// "nothing" is the topic's state after the slot's, as a read's would be (a first start's
     /// verdict no longer waits for the new topic to settle and then for a reader's
-    /// connections, ~20–30 ms).
+    /// connections, ~20–30 ms). `ahead`: the admin client made when the probe answered
+    /// ([`progress_topic::Admin::ahead`]).
     Ensure {
         replication_factor: i32,
         absent: bool,
+        ahead: Option<progress_topic::Admin>,
     },
 }
 
@@ -171,6 +172,7 @@ impl StartFacts {
             if let Reading::Ensure {
                 replication_factor,
                 absent,
+                ahead,
             } = reading
             {
                 let ensured = progress_topic::ensure_topic_as(
@@ -179,6 +181,7 @@ impl StartFacts {
                     replication_factor,
                     timeout,
                     progress_topic::Way::AtStart { absent },
+                    ahead,
                 )
                 .await
                 .map_err(FactsError::Topic)?;
@@ -398,26 +401,24 @@ impl Driver<'_> {
         };
         // The progress topic is created or checked after the slot is read, until a session
         // found it; on a restart the broker probe's answer already showed it.
+        // A first start's admin client, made when the probe answered (dropped if unused).
+        let ahead = self.carry.progress_topic_admin.take();
         let reading = match self.carry.progress_topic {
             Sighting::Settled => Reading::Read,
             sighting => Reading::Ensure {
                 replication_factor: s.create_topics.replication_factor,
                 absent: sighting == Sighting::Absent,
+                ahead,
             },
         };
+        let ensuring = matches!(reading, Reading::Ensure { .. });
         // The probe's answer speaks for the first try only.
         if self.carry.progress_topic == Sighting::Absent {
             self.carry.progress_topic = Sighting::Unsure;
         }
         // The slot first, then the progress topic (see the module docs for why this order).
         let read = StartFacts::read(s, sql, reading, until, PROGRESS_TIMEOUT, true, beside).await;
-        if let (
-            Err(FactsError::Server(ReaderError::SlotInUse { .. })),
-            Reading::Ensure {
-                replication_factor, ..
-            },
-        ) = (&read, reading)
-        {
+        if let (Err(FactsError::Server(ReaderError::SlotInUse { .. })), true) = (&read, ensuring) {
             // A standby: the topic is created or checked while it waits (and waited for until
             // it settled: a standby is in no hurry), as before the verdict read the slot first,
             // so that a takeover reads it instead of waiting for its CreateTopics. Its error is
@@ -425,7 +426,7 @@ impl Driver<'_> {
             progress_topic::ensure_topic(
                 &s.producer_properties,
                 &s.progress_topic,
-                replication_factor,
+                s.create_topics.replication_factor,
                 PROGRESS_TIMEOUT,
             )
             .await?;
