@@ -148,6 +148,10 @@ pub async fn run(
             producer = Some((p, link));
             result
         };
+        // Made for the first session's verdict only: kept through a backoff (PostgreSQL down
+        // at a first start), an idle client would hold its connections, and report their
+        // closing, for nothing.
+        carry.progress_topic_admin = None;
         if matches!(result, Ok(driver::End::Shutdown)) {
             // Every report is in (the session drained), so this returns at once; it waits for
             // anything librdkafka itself still has to send. Blocking: off the runtime.
