@@ -113,7 +113,11 @@ async fn only_a_topic_this_start_created_is_taken_as_empty() {
             1,
             TIMEOUT,
             progress::Way::AtStart { absent },
-            ahead.then(|| progress::Admin::ahead(&props)).flatten(),
+            if ahead {
+                progress::Admin::ahead(&props)
+            } else {
+                None
+            },
         )
     };
     assert_eq!(at_start(true, true).await.unwrap(), Ensured::Created);

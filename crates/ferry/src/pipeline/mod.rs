@@ -179,7 +179,7 @@ struct Supervisor<'a> {
     /// The first answered probe's admin client when it left the progress topic out
     /// ([`crate::progress_topic::Admin::ahead`]); read with `progress_topic`.
     progress_topic_admin: Option<crate::progress_topic::Admin>,
-    /// Whether a probe has answered (later ones make no admin client: nothing reads it).
+    /// Whether a probe has ended (later ones make no admin client: nothing would take it).
     answered: bool,
 }
 
@@ -299,7 +299,6 @@ impl<'a> Supervisor<'a> {
                     Ok((Ok(seen), admin)) => {
                         self.progress_topic = seen;
                         self.progress_topic_admin = admin;
-                        self.answered = true;
                         break;
                     }
                     // A probe that could not run says nothing: the session finds out.
@@ -327,6 +326,8 @@ impl<'a> Supervisor<'a> {
             }
             self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
         }
+        // Answered, or could not run: either way no later probe makes an admin client.
+        self.answered = true;
         if failed {
             self.metrics.kafka_unusable.set(None);
             tracing::info!("a Kafka broker answers");

@@ -77,12 +77,12 @@ pub(crate) enum Reading {
     /// holds nothing, and is not read: the request goes out after the slot was read, so its
     /// "nothing" is the topic's state after the slot's, as a read's would be (a first start's
     /// verdict no longer waits for the new topic to settle and then for a reader's
-    /// connections, ~20–30 ms). `ahead`: the admin client made when the probe answered
+    /// connections, ~20–30 ms). `admin`: the admin client made when the probe answered
     /// ([`progress_topic::Admin::ahead`]).
     Ensure {
         replication_factor: i32,
         absent: bool,
-        ahead: Option<progress_topic::Admin>,
+        admin: Option<progress_topic::Admin>,
     },
 }
 
@@ -172,7 +172,7 @@ impl StartFacts {
             if let Reading::Ensure {
                 replication_factor,
                 absent,
-                ahead,
+                admin,
             } = reading
             {
                 let ensured = progress_topic::ensure_topic_as(
@@ -181,7 +181,7 @@ impl StartFacts {
                     replication_factor,
                     timeout,
                     progress_topic::Way::AtStart { absent },
-                    ahead,
+                    admin,
                 )
                 .await
                 .map_err(FactsError::Topic)?;
@@ -402,13 +402,13 @@ impl Driver<'_> {
         // The progress topic is created or checked after the slot is read, until a session
         // found it; on a restart the broker probe's answer already showed it.
         // A first start's admin client, made when the probe answered (dropped if unused).
-        let ahead = self.carry.progress_topic_admin.take();
+        let admin = self.carry.progress_topic_admin.take();
         let reading = match self.carry.progress_topic {
             Sighting::Settled => Reading::Read,
             sighting => Reading::Ensure {
                 replication_factor: s.create_topics.replication_factor,
                 absent: sighting == Sighting::Absent,
-                ahead,
+                admin,
             },
         };
         let ensuring = matches!(reading, Reading::Ensure { .. });
