@@ -5,7 +5,7 @@
 //!   histogram (observed per record when its delivery report arrives), the difference between
 //!   snapshots taken after warm-up and after the last row was confirmed; quantiles are
 //!   interpolated within buckets as Prometheus' `histogram_quantile` does, so they are only as
-//!   fine as the buckets (1, 2.5, 5, 10, 25 ms, ...).
+//!   fine as the buckets (1, 2.5, 5, 7.5, 10, 15, 25 ms, ...).
 //! - Lag growth: `pg_current_wal_lsn() - confirmed_flush_lsn` of Ferry's slot, sampled every
 //!   250 ms; the median of the first and of the last quarter of the run, the maximum, and how
 //!   long Ferry needs after the writer stops to confirm everything.

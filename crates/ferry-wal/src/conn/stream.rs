@@ -141,9 +141,9 @@ pub struct ReaderStats {
 
 /// Upper bounds (inclusive, microseconds) of [`SourceDelay`]'s buckets: 1 ms to 60 s, as the
 /// pipeline's replication lag histogram.
-pub const SOURCE_DELAY_BOUNDS_MICROS: [i64; 15] = [
-    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
-    5_000_000, 10_000_000, 30_000_000, 60_000_000,
+pub const SOURCE_DELAY_BOUNDS_MICROS: [i64; 17] = [
+    1_000, 2_500, 5_000, 7_500, 10_000, 15_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000, 60_000_000,
 ];
 
 /// Per transaction: from its commit time to the server's clock when it sent the transaction's
@@ -940,7 +940,7 @@ mod tests {
         let mut want = vec![0u64; SOURCE_DELAY_BOUNDS_MICROS.len() + 1];
         want[0] = 2; // 1 ms and 0
         want[1] = 1; // 1.001 ms <= 2.5 ms
-        want[5] = 1; // 42 ms <= 50 ms
+        want[7] = 1; // 42 ms <= 50 ms
         want[SOURCE_DELAY_BOUNDS_MICROS.len()] = 1;
         assert_eq!(counts(&d), want);
         assert_eq!(

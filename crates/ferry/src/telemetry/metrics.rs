@@ -181,8 +181,9 @@ pub const SPEC: [MetricSpec; 36] = {
 
 /// Upper bounds (inclusive, seconds) of the replication lag histogram (and of the transaction
 /// commit histogram); `+Inf` is implicit.
-pub const REPLICATION_LAG_BUCKETS: [f64; 15] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+pub const REPLICATION_LAG_BUCKETS: [f64; 17] = [
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0,
 ];
 
 /// The `Content-Type` of [`Metrics::render`]'s output.

@@ -54,7 +54,9 @@ ferry_wal_lag_bytes 1000
 ferry_replication_lag_seconds_bucket{le="0.001"} 0
 ferry_replication_lag_seconds_bucket{le="0.0025"} 0
 ferry_replication_lag_seconds_bucket{le="0.005"} 1
+ferry_replication_lag_seconds_bucket{le="0.0075"} 1
 ferry_replication_lag_seconds_bucket{le="0.01"} 1
+ferry_replication_lag_seconds_bucket{le="0.015"} 1
 ferry_replication_lag_seconds_bucket{le="0.025"} 1
 ferry_replication_lag_seconds_bucket{le="0.05"} 1
 ferry_replication_lag_seconds_bucket{le="0.1"} 1
@@ -77,7 +79,9 @@ ferry_replication_lag_latest_seconds 200
 ferry_source_delay_seconds_bucket{le="0.001"} 0
 ferry_source_delay_seconds_bucket{le="0.0025"} 0
 ferry_source_delay_seconds_bucket{le="0.005"} 0
+ferry_source_delay_seconds_bucket{le="0.0075"} 0
 ferry_source_delay_seconds_bucket{le="0.01"} 0
+ferry_source_delay_seconds_bucket{le="0.015"} 0
 ferry_source_delay_seconds_bucket{le="0.025"} 0
 ferry_source_delay_seconds_bucket{le="0.05"} 0
 ferry_source_delay_seconds_bucket{le="0.1"} 0
@@ -170,7 +174,9 @@ ferry_kafka_transactions_aborted_total 1
 ferry_kafka_transaction_commit_seconds_bucket{le="0.001"} 0
 ferry_kafka_transaction_commit_seconds_bucket{le="0.0025"} 0
 ferry_kafka_transaction_commit_seconds_bucket{le="0.005"} 0
+ferry_kafka_transaction_commit_seconds_bucket{le="0.0075"} 0
 ferry_kafka_transaction_commit_seconds_bucket{le="0.01"} 0
+ferry_kafka_transaction_commit_seconds_bucket{le="0.015"} 0
 ferry_kafka_transaction_commit_seconds_bucket{le="0.025"} 0
 ferry_kafka_transaction_commit_seconds_bucket{le="0.05"} 0
 ferry_kafka_transaction_commit_seconds_bucket{le="0.1"} 1
@@ -360,13 +366,14 @@ fn replication_lag_buckets_span_a_millisecond_to_a_minute() {
     assert!(REPLICATION_LAG_BUCKETS.windows(2).all(|w| w[0] < w[1]));
     let m = Metrics::new();
     for ms in [
-        0u64, 1, 2, 3, 7, 20, 40, 90, 200, 400, 900, 2000, 4000, 9000, 20_000, 60_000, 61_000,
+        0u64, 1, 2, 3, 6, 8, 12, 20, 40, 90, 200, 400, 900, 2000, 4000, 9000, 20_000, 60_000,
+        61_000,
     ] {
         m.observe_replication_lag(Duration::from_millis(ms).as_secs_f64());
     }
     // Exactly one observation per bucket, the last past every bound; 0 and 1 ms share le="0.001".
     let got = buckets(&m.replication_lag);
-    let want: Vec<u64> = (2..=17).collect();
+    let want: Vec<u64> = (2..=19).collect();
     assert_eq!(got, want);
 }
 
@@ -443,9 +450,15 @@ fn counts_added_from_elsewhere_render_as_if_observed_here() {
     }
     let added = Histogram::new(&REPLICATION_LAG_BUCKETS);
     let mut counts = vec![0u64; REPLICATION_LAG_BUCKETS.len() + 1];
-    counts[0] = 1; // <= 1 ms
-    counts[2] = 2; // <= 5 ms
-    counts[6] = 1; // <= 100 ms
+    let bucket = |le: f64| {
+        REPLICATION_LAG_BUCKETS
+            .iter()
+            .position(|&b| b == le)
+            .unwrap()
+    };
+    counts[bucket(0.001)] = 1;
+    counts[bucket(0.005)] = 2;
+    counts[bucket(0.1)] = 1;
     counts[REPLICATION_LAG_BUCKETS.len()] = 1; // +Inf
     added.add(&counts, 0.0005 + 0.004 + 0.004 + 0.07 + 100.0);
     assert_eq!(added.cumulative(), observed.cumulative());
