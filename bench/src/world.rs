@@ -8,11 +8,11 @@ use ferry_testkit::pg::{self, PgCluster};
 use crate::workload::Workload;
 use crate::{kafka, Contender, Res, PUBLICATION};
 
-/// `postgresql.conf` lines for the benchmark's own cluster, `;`-separated (e.g.
+/// `postgresql.conf` lines for the benchmark's own cluster, `;`-separated ([`split_lines`]; e.g.
 /// `wal_init_zero = on; log_autovacuum_min_duration = 0`), after its defaults.
 pub const PG_CONF_ENV: &str = "FERRY_BENCH_PG_CONF";
 
-/// `server.properties` lines for the benchmark's own broker, `;`-separated (e.g.
+/// `server.properties` lines for the benchmark's own broker, `;`-separated ([`split_lines`]; e.g.
 /// `controller.quorum.append.linger.ms=0`), after its defaults (a later key wins).
 pub const KAFKA_CONF_ENV: &str = "FERRY_BENCH_KAFKA_CONF";
 
@@ -121,17 +121,40 @@ fn jvm_opts() -> String {
         .unwrap_or_else(|_| testkafka::KAFKA_SERVER_JVM_OPTS.to_string())
 }
 
-/// The `;`-separated lines of an experiment's settings in the environment variable `var`.
+/// The lines of an experiment's settings in the environment variable `var` ([`split_lines`]).
 fn extra_lines(var: &str) -> Vec<String> {
     std::env::var(var)
-        .map(|more| {
-            more.split(';')
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect()
-        })
+        .map(|more| split_lines(&more))
         .unwrap_or_default()
+}
+
+/// Lines separated by `;` or a newline, each trimmed, the empty ones left out. `\;` is a `;`
+/// within a line (a JAAS setting ends with one), and `\\` a backslash.
+fn split_lines(text: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(next @ (';' | '\\')) => line.push(next),
+                Some(other) => {
+                    line.push('\\');
+                    line.push(other);
+                }
+                None => line.push('\\'),
+            },
+            ';' | '\n' => lines.push(std::mem::take(&mut line)),
+            c => line.push(c),
+        }
+    }
+    lines.push(line);
+    lines
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// A single-node Apache Kafka, run as Kafka's start script runs it, with an experiment's
@@ -169,5 +192,30 @@ pub async fn create_topics(brokers: &str, workload: &str, contenders: &[Contende
     testkafka::create_topic(brokers, kafka::WARMUP_TOPIC, 1).await;
     for c in contenders.iter().filter(|c| **c != Contender::Recv) {
         testkafka::create_topic(brokers, &kafka::topic(workload, c.key()), kafka::PARTITIONS).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_lines;
+
+    #[test]
+    fn settings_split_on_semicolons_and_newlines_and_keep_escaped_ones() {
+        assert_eq!(
+            split_lines(" a = 1 ;b=2\nc=3;; \n"),
+            ["a = 1", "b=2", "c=3"]
+        );
+        assert_eq!(
+            split_lines(r#"sasl.jaas.config=M required user="u" password="p"\;;x=1"#),
+            [
+                r#"sasl.jaas.config=M required user="u" password="p";"#,
+                "x=1"
+            ]
+        );
+        assert_eq!(
+            split_lines(r"dir=C:\\tmp;re=\d+\"),
+            [r"dir=C:\tmp", r"re=\d+\"]
+        );
+        assert!(split_lines("").is_empty());
     }
 }
