@@ -292,6 +292,94 @@ async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
     assert!(b.terminate().await.success(), "{}", b.log_text());
 }
 
+/// How many of the test database's slot hand-over locks (`ferry_wal::slot::handover`) are in
+/// `mode`, granted or waiting.
+async fn handover_locks(w: &World, mode: &str, granted: bool) -> i64 {
+    w.sql
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+             AND classid::bigint = $1 AND mode = $2 AND granted = $3 \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[
+                &i64::from(ferry_wal::slot::handover::CLASS),
+                &mode,
+                &granted,
+            ],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn insert_event(w: &World, key: &str) -> String {
+    w.sql
+        .query_one(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) \
+             VALUES ('order', $1, 'HandedOver', '{}') RETURNING id::text",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_when_the_active_session_ends_not_at_its_next_poll() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("order", 3).await;
+    // Polls an hour apart: within this test only the hand-over can wake a standby.
+    w.env
+        .push(("FERRY_POSTGRES_STANDBY_POLL_INTERVAL".into(), "1h".into()));
+    let mut a = w.start_ferry();
+    a.wait_ready().await;
+    wait_until(
+        "A holds the slot's hand-over lock",
+        Duration::from_secs(30),
+        || async { handover_locks(&w, "ExclusiveLock", true).await == 1 },
+    )
+    .await;
+    let mut b = w.start_ferry();
+    wait_until(
+        "B stands by, waiting for the lock",
+        Duration::from_secs(30),
+        || async { handover_locks(&w, "ShareLock", false).await == 1 },
+    )
+    .await;
+    assert_eq!(b.metric("ferry_standby").await, Some(1.0));
+
+    // A dies: its backends end, and with them the lock.
+    a.kill9();
+    let after_kill = insert_event(&w, "killed").await;
+    wait_until("B takes over", Duration::from_secs(30), || async {
+        b.metric("ferry_streaming").await == Some(1.0)
+            && b.metric("ferry_standby").await == Some(0.0)
+    })
+    .await;
+    consume_ids(&w, &topic, std::slice::from_ref(&after_kill)).await;
+
+    // A clean stop hands over too: the session's end closes its connection.
+    wait_until("B holds the lock", Duration::from_secs(30), || async {
+        handover_locks(&w, "ExclusiveLock", true).await == 1
+    })
+    .await;
+    let mut c = w.start_ferry();
+    wait_until(
+        "C stands by, waiting for the lock",
+        Duration::from_secs(30),
+        || async { handover_locks(&w, "ShareLock", false).await == 1 },
+    )
+    .await;
+    assert!(b.terminate().await.success(), "{}", b.log_text());
+    let after_stop = insert_event(&w, "stopped").await;
+    wait_until("C takes over", Duration::from_secs(30), || async {
+        c.metric("ferry_streaming").await == Some(1.0)
+            && c.metric("ferry_standby").await == Some(0.0)
+    })
+    .await;
+    consume_ids(&w, &topic, std::slice::from_ref(&after_stop)).await;
+    assert!(c.terminate().await.success(), "{}", c.log_text());
+}
+
 const GOOD_1: &str = "00000000-0000-0000-0000-000000000001";
 const GOOD_2: &str = "00000000-0000-0000-0000-000000000002";
 const GOOD_3: &str = "00000000-0000-0000-0000-000000000003";

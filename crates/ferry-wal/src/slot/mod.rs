@@ -24,6 +24,8 @@
 //! - `check`: reads the facts the check judges, deciding nothing; `problems` judges them into
 //!   the problem list without I/O ([`Problem`], [`Severity`]), with `capacity`, `failover` and
 //!   [`privileges`] judging their own facts; all of it unit-tested without a server;
+//! - [`handover`]: the advisory lock an instance streaming from the slot holds, which a standby
+//!   waits for, so that it takes over when the instance's session ends, not at its next poll;
 //! - `setup`: [`ensure`], whose decisions (what to create, with which SQL, what a failure means)
 //!   are pure functions too.
 //!
@@ -48,6 +50,7 @@ mod capacity;
 mod check;
 mod connect;
 mod failover;
+pub mod handover;
 pub mod privileges;
 mod problems;
 mod publication;

@@ -339,6 +339,22 @@ impl<'a> Driver<'a> {
             self.metrics.standby.set_flag(false);
         }
         tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
+        // Held while this session's SQL connection lasts: a standby waiting for it takes over
+        // as soon as the connection closes (see `ferry_wal::slot::handover`). Off the start's
+        // path: the stream does not wait for it.
+        tokio::spawn({
+            let (sql, slot) = (sql.clone(), s.stream.slot.clone());
+            async move {
+                match ferry_wal::slot::handover::hold(&sql, &slot).await {
+                    Ok(true) => tracing::debug!("holding the slot's hand-over lock"),
+                    Ok(false) => tracing::debug!(
+                        "the slot's hand-over lock is still held by an ended session's backend: \
+                         a standby takes over at its next poll"
+                    ),
+                    Err(e) => tracing::debug!(error = %e, "the slot's hand-over lock not taken"),
+                }
+            }
+        });
         self.metrics.streaming.set_flag(true);
         self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
         tokio::spawn(watch_server(

@@ -12,8 +12,9 @@
 //!   brokers unreachable past the delivery timeout) is followed by a new one after a backoff;
 //!   the new session resumes from the slot's `confirmed_flush_lsn`, so what was in flight is
 //!   produced again (duplicates, never loss);
-//! - a slot streamed by another process makes this instance a **hot standby**: it polls until
-//!   the slot is free and then takes over;
+//! - a slot streamed by another process makes this instance a **hot standby**: it waits for
+//!   the streaming session's hand-over lock (`ferry_wal::slot::handover`), and polls every
+//!   `postgres.standby_poll_interval` when no Ferry session holds one, then takes over;
 //! - a **permanent** error (privileges, an invalidated slot, a record Kafka refuses, a routing
 //!   error under `on_error = "fail"`, a row without a column the route reads under any
 //!   `on_error`, a gap the start-time verdict found: a slot lost, moved or on another server,
@@ -52,6 +53,7 @@ use crate::producer::Producer;
 use crate::progress_topic::Sighting;
 use crate::telemetry::{Component, Metrics};
 use driver::{Carry, Driver, Link, Producing};
+use ferry_wal::slot::handover::Waited;
 
 /// Runs sessions until `shutdown` resolves (Ok) or a permanent error (Err).
 ///
@@ -160,7 +162,10 @@ pub async fn run(
             }
             return Ok(());
         }
-        if !supervisor.after(result, shutdown.as_mut()).await? {
+        if !supervisor
+            .after(result, carry.standby_sql.as_mut(), shutdown.as_mut())
+            .await?
+        {
             return Ok(());
         }
     }
@@ -181,7 +186,20 @@ struct Supervisor<'a> {
     progress_topic_admin: Option<crate::progress_topic::Admin>,
     /// Whether a probe has ended (later ones make no admin client: nothing would take it).
     answered: bool,
+    /// How soon a standby tries the slot again while nobody holds its hand-over lock, when it
+    /// has just begun to stand by or seen the holder's session end ([`Supervisor::stand_by`]).
+    retry_soon: Option<Duration>,
 }
+
+/// The longest one wait for the slot's hand-over lock lasts before it is asked again: the
+/// waiting statement holds a snapshot, which holds back the server's cleanup of rows deleted
+/// since (as any statement running that long would).
+const LOCK_WAIT_STEP: Duration = Duration::from_secs(1);
+
+/// How soon a standby first tries the slot again while nobody holds its hand-over lock, doubling
+/// up to the poll interval: the slot of an instance that just ended is held until its walsender
+/// has noticed and exited, a few milliseconds (a restart after kill -9 meets it too).
+const RETRY_SOON: Duration = Duration::from_millis(5);
 
 impl<'a> Supervisor<'a> {
     fn new(settings: &'a PipelineSettings, metrics: &'a Metrics) -> Self {
@@ -193,28 +211,42 @@ impl<'a> Supervisor<'a> {
             progress_topic: Sighting::Unsure,
             progress_topic_admin: None,
             answered: false,
+            retry_soon: None,
         }
     }
 
     /// Waits as a session's end asks; Ok(true) to start the next session, Ok(false) when
     /// `shutdown` resolved meanwhile, Err for a permanent error.
+    ///
+    /// `standby_sql`: the connection a standby keeps between polls, on which it waits for the
+    /// slot's hand-over.
     async fn after(
         &mut self,
         result: Result<driver::End, PipelineError>,
+        standby_sql: Option<&mut tokio_postgres::Client>,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
+        if !matches!(&result, Err(e) if e.is_standby()) {
+            // Quick retries end with anything but the slot still in use.
+            self.retry_soon = None;
+        }
         match result {
             Ok(driver::End::Shutdown) => return Ok(false),
             Ok(driver::End::Streamed) => self.backoff = s.reconnect_backoff_min,
             Err(e) if e.is_standby() => {
                 if !self.standing_by {
                     tracing::info!(slot = %s.stream.slot, "{e}; standing by");
+                    self.retry_soon = Some(RETRY_SOON);
                 }
                 self.standing_by = true;
                 self.metrics.standby.set_flag(true);
-                return Ok(!sleep_or_shutdown(s.standby_poll_interval, shutdown).await);
+                return Ok(tokio::select! {
+                    () = self.stand_by(standby_sql) => true,
+                    _ = shutdown => false,
+                });
             }
+
             Err(e) if e.is_transient() && e.component() == Component::Kafka => {
                 // Why the brokers cannot be reached at all, if a client said (a refused
                 // password, an untrusted certificate: permanent; see `kafka_access`).
@@ -333,6 +365,51 @@ impl<'a> Supervisor<'a> {
             tracing::info!("a Kafka broker answers");
         }
         Ok(true)
+    }
+
+    /// A standby's wait for its next try of the slot: until the session holding the slot's
+    /// hand-over lock ends, or the poll interval ran out (see `ferry_wal::slot::handover`).
+    /// Nobody holding the lock, the slot is tried again after [`RETRY_SOON`], doubling up to
+    /// the poll interval, when this instance has just begun to stand by or the holder's
+    /// session just ended: the ended instance's walsender may hold the slot a moment longer.
+    async fn stand_by(&mut self, sql: Option<&mut tokio_postgres::Client>) {
+        let s = self.settings;
+        let poll = s.standby_poll_interval;
+        let until = tokio::time::Instant::now() + poll;
+        let waited = match sql {
+            // The slot was taken between the verdict and START_REPLICATION: no connection kept.
+            None => Ok(Waited::Unheld),
+            Some(sql) => loop {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                let step = left.min(LOCK_WAIT_STEP);
+                match ferry_wal::slot::handover::wait_for_release(sql, &s.stream.slot, step).await {
+                    Ok(Waited::StillHeld) if left > step => continue,
+                    waited => break waited,
+                }
+            },
+        };
+        match waited {
+            Ok(Waited::Released) => {
+                tracing::debug!("the slot's holder ended its session: trying the slot");
+                self.retry_soon = Some(RETRY_SOON);
+            }
+            Ok(Waited::StillHeld) => self.retry_soon = None,
+            Ok(Waited::Unheld) => match self.retry_soon {
+                Some(after) if after < poll => {
+                    tokio::time::sleep(after).await;
+                    self.retry_soon = Some(after * 2);
+                }
+                _ => {
+                    self.retry_soon = None;
+                    tokio::time::sleep(poll).await;
+                }
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, "waiting for the slot's hand-over failed: polling");
+                self.retry_soon = None;
+                tokio::time::sleep(poll).await;
+            }
+        }
     }
 
     /// A session starts again (after a transient error or a clean end): a standby takes over.
