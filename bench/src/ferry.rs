@@ -183,7 +183,7 @@ impl Running {
             .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{port}"))
             .env(
                 "FERRY_POSTGRES_STANDBY_POLL_INTERVAL",
-                format!("{}ms", STANDBY_POLL.as_millis()),
+                format!("{}ms", standby_poll().as_millis()),
             )
             .env(
                 "FERRY_LOG_LEVEL",
@@ -242,7 +242,13 @@ impl Running {
 
 /// Keeps a slot active without consuming it: a replication connection that started streaming
 /// and never reads. Dropping it frees the slot.
-pub struct Holder(#[allow(dead_code)] ReplicationConnection);
+/// Holds a slot as a streaming Ferry does: a replication connection streaming from it, and the
+/// slot's hand-over lock on an SQL connection (`ferry_wal::slot::handover`), which a standby
+/// Ferry waits for. Dropped, both connections close, as when a Ferry process dies.
+pub struct Holder {
+    _replication: ReplicationConnection,
+    _sql: tokio_postgres::Client,
+}
 
 impl Holder {
     pub async fn hold(db_url: &str, slot: &str) -> Res<Holder> {
@@ -252,12 +258,27 @@ impl Holder {
              (proto_version '1', publication_names '\"{PUBLICATION}\"', messages 'true')"
         ))
         .await?;
-        Ok(Holder(conn))
+        let sql = ferry_testkit::pg::connect(db_url).await;
+        if !ferry_wal::slot::handover::hold(&sql, slot).await? {
+            return Err(format!("the hand-over lock of slot {slot} is held elsewhere").into());
+        }
+        Ok(Holder {
+            _replication: conn,
+            _sql: sql,
+        })
     }
 }
 
-/// How often a standby Ferry polls its slot here (`postgres.standby_poll_interval`).
-pub const STANDBY_POLL: Duration = Duration::from_millis(50);
+/// How often a standby Ferry polls its slot here (`postgres.standby_poll_interval`): Ferry's
+/// default, or `FERRY_BENCH_STANDBY_POLL_MS` milliseconds (to time a build that has no
+/// hand-over lock as the harness did before, at 50 ms).
+pub fn standby_poll() -> Duration {
+    std::env::var("FERRY_BENCH_STANDBY_POLL_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(ferry::config::defaults::STANDBY_POLL_INTERVAL)
+}
 
 /// How long Ferry stands by before the slot is freed: long enough for the producer id (~60 ms
 /// from start against a local broker, up to ~1 s when the brokers answer slowly).

@@ -7,7 +7,10 @@
 //!   producer getting its producer id, the replication connection.
 //! - **standby takeover**: Ferry stands by while another connection holds the slot (its producer
 //!   warmed up meanwhile); the clock runs from the holder letting go until the first
-//!   acknowledgement: noticing the free slot (polled every 50 ms here), connecting, streaming.
+//!   acknowledgement: noticing the free slot, connecting, streaming. The holder holds the slot's
+//!   hand-over lock as a streaming Ferry does, and lets go of both at once, as a dying one
+//!   does; the standby polls at Ferry's default interval (`FERRY_BENCH_STANDBY_POLL_MS` sets
+//!   another).
 //! - **restart after kill -9**: a Ferry that has relayed a transaction is killed with SIGKILL
 //!   and a new one spawned at once with the same configuration (the same slot, and the same
 //!   progress topic, holding the killed Ferry's progress records, as a restarted pod finds
@@ -313,7 +316,7 @@ pub async fn run(
     // every run (round 32: 10 ms between two builds' medians whose take-over chains differed
     // the other way). Spread by the golden ratio, any seven runs cover the cycle evenly.
     let offset = (f64::from(run) * 0.618_033_988_75).fract();
-    tokio::time::sleep(crate::ferry::STANDBY_POLL.mul_f64(offset)).await;
+    tokio::time::sleep(crate::ferry::standby_poll().mul_f64(offset)).await;
     let mark = CpuMark::now(Some(standby.child.id()), broker);
     let released = Instant::now();
     drop(holder);
