@@ -273,11 +273,13 @@ impl Holder {
 /// default, or `FERRY_BENCH_STANDBY_POLL_MS` milliseconds (to time a build that has no
 /// hand-over lock as the harness did before, at 50 ms).
 pub fn standby_poll() -> Duration {
-    std::env::var("FERRY_BENCH_STANDBY_POLL_MS")
-        .ok()
-        .and_then(|ms| ms.parse().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(ferry::config::defaults::STANDBY_POLL_INTERVAL)
+    match std::env::var("FERRY_BENCH_STANDBY_POLL_MS") {
+        Ok(ms) if !ms.is_empty() => match ms.parse() {
+            Ok(ms) => Duration::from_millis(ms),
+            Err(_) => panic!("FERRY_BENCH_STANDBY_POLL_MS={ms:?}: not a number of milliseconds"),
+        },
+        _ => ferry::config::defaults::STANDBY_POLL_INTERVAL,
+    }
 }
 
 /// How long Ferry stands by before the slot is freed: long enough for the producer id (~60 ms

@@ -107,7 +107,8 @@ impl World {
                     if props.is_empty() {
                         String::new()
                     } else {
-                        format!("; {KAFKA_CONF_ENV}: {}", props.join("; "))
+                        let shown: Vec<String> = props.iter().map(|l| hide_secret(l)).collect();
+                        format!("; {KAFKA_CONF_ENV}: {}", shown.join("; "))
                     }
                 )
             }
@@ -155,6 +156,20 @@ fn split_lines(text: &str) -> Vec<String> {
         .filter(|l| !l.is_empty())
         .map(String::from)
         .collect()
+}
+
+/// A setting as the report shows it: the value of a JAAS or password setting hidden.
+fn hide_secret(line: &str) -> String {
+    match line.split_once('=') {
+        Some((key, _))
+            if ["jaas", "password"]
+                .iter()
+                .any(|secret| key.to_ascii_lowercase().contains(secret)) =>
+        {
+            format!("{}=<hidden>", key.trim_end())
+        }
+        _ => line.to_string(),
+    }
 }
 
 /// A single-node Apache Kafka, run as Kafka's start script runs it, with an experiment's
@@ -217,5 +232,21 @@ mod tests {
             [r"dir=C:\tmp", r"re=\d+\"]
         );
         assert!(split_lines("").is_empty());
+    }
+
+    #[test]
+    fn the_report_hides_jaas_and_password_values() {
+        use super::hide_secret;
+        assert_eq!(
+            hide_secret(
+                r#"listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=M required password="p";"#
+            ),
+            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=<hidden>"
+        );
+        assert_eq!(
+            hide_secret("ssl.key.password = s"),
+            "ssl.key.password=<hidden>"
+        );
+        assert_eq!(hide_secret("log.retention.ms=1"), "log.retention.ms=1");
     }
 }

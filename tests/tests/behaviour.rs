@@ -323,61 +323,79 @@ async fn insert_event(w: &World, key: &str) -> String {
         .get(0)
 }
 
+/// Waits until `ferry` is a standby waiting for the slot's hand-over lock, held by another.
+async fn waits_for_the_handover(w: &World, ferry: &mut Ferry, who: &str) {
+    wait_until(
+        &format!("{who} stands by, waiting for the hand-over lock"),
+        Duration::from_secs(30),
+        || async {
+            handover_locks(w, "ExclusiveLock", true).await == 1
+                && handover_locks(w, "ShareLock", false).await == 1
+        },
+    )
+    .await;
+    assert_eq!(ferry.metric("ferry_standby").await, Some(1.0), "{who}");
+}
+
+/// Waits until `ferry` streams, then for a row committed after `what` to reach Kafka.
+async fn takes_over(w: &World, ferry: &mut Ferry, topic: &str, who: &str, what: &str) {
+    let id = insert_event(w, what).await;
+    wait_until(
+        &format!("{who} takes over"),
+        Duration::from_secs(30),
+        || async {
+            ferry.metric("ferry_streaming").await == Some(1.0)
+                && ferry.metric("ferry_standby").await == Some(0.0)
+        },
+    )
+    .await;
+    consume_ids(w, topic, std::slice::from_ref(&id)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_when_the_active_session_ends_not_at_its_next_poll() {
     let mut w = World::new().await;
     let topic = w.create_topic("order", 3).await;
-    // Polls an hour apart: within this test only the hand-over can wake a standby.
+    // Polls an hour apart: within this test only the hand-over can wake a standby. A session
+    // that ends begins the next one 5 s later, so the standby, not the instance whose session
+    // ended, takes the slot.
     w.env
         .push(("FERRY_POSTGRES_STANDBY_POLL_INTERVAL".into(), "1h".into()));
+    w.env
+        .push(("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN".into(), "5s".into()));
     let mut a = w.start_ferry();
     a.wait_ready().await;
-    wait_until(
-        "A holds the slot's hand-over lock",
-        Duration::from_secs(30),
-        || async { handover_locks(&w, "ExclusiveLock", true).await == 1 },
-    )
-    .await;
     let mut b = w.start_ferry();
-    wait_until(
-        "B stands by, waiting for the lock",
-        Duration::from_secs(30),
-        || async { handover_locks(&w, "ShareLock", false).await == 1 },
-    )
-    .await;
-    assert_eq!(b.metric("ferry_standby").await, Some(1.0));
+    waits_for_the_handover(&w, &mut b, "B").await;
 
-    // A dies: its backends end, and with them the lock.
-    a.kill9();
-    let after_kill = insert_event(&w, "killed").await;
-    wait_until("B takes over", Duration::from_secs(30), || async {
-        b.metric("ferry_streaming").await == Some(1.0)
-            && b.metric("ferry_standby").await == Some(0.0)
-    })
-    .await;
-    consume_ids(&w, &topic, std::slice::from_ref(&after_kill)).await;
+    // A's session ends, A lives on: its walsender is terminated, the session ends with it and
+    // closes its SQL connection.
+    w.sql
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&w.slot],
+        )
+        .await
+        .unwrap();
+    takes_over(&w, &mut b, &topic, "B", "a session's end").await;
+    assert!(a.is_running(), "A's session ended, not A");
+    waits_for_the_handover(&w, &mut a, "A").await;
 
-    // A clean stop hands over too: the session's end closes its connection.
-    wait_until("B holds the lock", Duration::from_secs(30), || async {
-        handover_locks(&w, "ExclusiveLock", true).await == 1
-    })
-    .await;
+    // B dies with SIGKILL: its backends end, and with them the lock.
+    b.kill9();
+    takes_over(&w, &mut a, &topic, "A", "a kill -9").await;
+
+    // A stops cleanly: the last session's end closes its connection.
     let mut c = w.start_ferry();
-    wait_until(
-        "C stands by, waiting for the lock",
-        Duration::from_secs(30),
-        || async { handover_locks(&w, "ShareLock", false).await == 1 },
-    )
-    .await;
-    assert!(b.terminate().await.success(), "{}", b.log_text());
-    let after_stop = insert_event(&w, "stopped").await;
-    wait_until("C takes over", Duration::from_secs(30), || async {
-        c.metric("ferry_streaming").await == Some(1.0)
-            && c.metric("ferry_standby").await == Some(0.0)
-    })
-    .await;
-    consume_ids(&w, &topic, std::slice::from_ref(&after_stop)).await;
+    waits_for_the_handover(&w, &mut c, "C").await;
+    assert!(a.terminate().await.success(), "{}", a.log_text());
+    takes_over(&w, &mut c, &topic, "C", "a clean stop").await;
     assert!(c.terminate().await.success(), "{}", c.log_text());
+    for (who, ferry) in [("A", &a), ("B", &b), ("C", &c)] {
+        let log = ferry.log_text();
+        assert!(!log.contains("hand-over lock failed"), "{who}: {log}");
+    }
 }
 
 const GOOD_1: &str = "00000000-0000-0000-0000-000000000001";

@@ -1,4 +1,4 @@
-//! A slot handed over the moment its instance dies, not at a standby's next poll.
+//! A slot handed over the moment its instance's session ends, not at a standby's next poll.
 //!
 //! PostgreSQL says nothing when a replication slot is released: a standby could only ask again
 //! every `postgres.standby_poll_interval` (2 s by default), and a take-over waited on average
@@ -9,19 +9,31 @@
 //! the socket (kill -9 included). The standby then tries the slot at once.
 //!
 //! The lock decides nothing: the slot's `active_pid` still says who streams, and a standby
-//! whose wait found no holder (an instance of an older Ferry, `pg_recvlogical`, a pooler
-//! that does not keep a session's locks) polls as before. The lock is the two-key form,
-//! `pg_advisory_lock(int4, int4)`: [`CLASS`] and a hash of the slot's name ([`lock_key`]), so it
-//! cannot be taken for an application's one-key (`bigint`) lock, which PostgreSQL keeps apart
-//! (`pg_locks.objsubid` 1 against 2). Advisory locks need no privilege, work on a server in
-//! recovery, and are never written to the WAL.
+//! whose wait found no holder (an instance of an older Ferry, `pg_recvlogical`, a
+//! transaction-pooling proxy that keeps the lock on another server connection) polls as
+//! before. The lock is the two-key form, `pg_advisory_lock(int4, int4)`: [`CLASS`] and a hash of
+//! the slot's name ([`lock_key`]), so it cannot be taken for an application's one-key (`bigint`)
+//! lock, which PostgreSQL keeps apart (`pg_locks.objsubid` 1 against 2). Advisory locks need no
+//! privilege, work on a server in recovery, and are never written to the WAL.
+//!
+//! A standby's wait is a transaction-level shared request, so nothing outlives the wait's
+//! transaction on the connection the standby's next session reuses. It is bounded by
+//! `lock_timeout` inside a PL/pgSQL block that catches the timeout: a wait that runs out is
+//! neither an error in the server's log nor a rolled-back transaction in its statistics. While
+//! it waits it is a lock wait like any other (`pg_locks.granted` false, `pg_blocking_pids`
+//! naming the streaming instance's backend), and its statement holds a snapshot: each wait
+//! lasts at most [`WAIT_STEP`], so neither lasts long.
 
 use std::time::Duration;
 
-use tokio_postgres::error::SqlState;
-
 /// The first key of every slot's lock: "Fery" in ASCII.
 pub const CLASS: i32 = 0x4665_7279;
+
+/// The longest one wait lasts before the standby asks again: shorter than PostgreSQL's default
+/// `deadlock_timeout` (1 s), so a wait ends before the deadlock check would run, and short
+/// enough that its statement's snapshot holds back the server's cleanup of deleted rows no
+/// longer than a short query's would.
+pub const WAIT_STEP: Duration = Duration::from_millis(500);
 
 /// The advisory lock of `slot`: ([`CLASS`], the slot name's 32-bit FNV-1a hash).
 pub fn lock_key(slot: &str) -> (i32, i32) {
@@ -33,9 +45,10 @@ pub fn lock_key(slot: &str) -> (i32, i32) {
     (CLASS, i32::from_ne_bytes(hash.to_ne_bytes()))
 }
 
-/// Takes `slot`'s lock on `sql` for as long as that connection lasts (the session that streams
-/// from the slot). Whether it was taken: another backend may still hold it (an instance whose
-/// backend has not ended yet), and then this session's end wakes no standby, which polls.
+/// Tries to take `slot`'s lock on `sql` for as long as that connection lasts (the session that
+/// streams from the slot). Whether it was taken: a standby's probe holds the lock shared for a
+/// moment, and an ended instance's backend may not have ended yet (a lost node's lingers until
+/// the server's TCP keepalive gives up on it), so the caller tries again until it is held.
 pub async fn hold(sql: &tokio_postgres::Client, slot: &str) -> Result<bool, tokio_postgres::Error> {
     let (class, key) = lock_key(slot);
     let row = sql
@@ -49,56 +62,53 @@ pub async fn hold(sql: &tokio_postgres::Client, slot: &str) -> Result<bool, toki
 pub enum Waited {
     /// The lock's holder let go while this waited: its session ended, so try the slot now.
     Released,
-    /// Nobody held the lock: whatever holds the slot is not a Ferry session that took it.
+    /// Nobody held the lock when asked.
     Unheld,
     /// The lock was still held when `at_most` ran out.
     StillHeld,
 }
 
-/// Waits, at most `at_most`, for the session holding `slot`'s lock to end. The wait is
-/// PostgreSQL's own (a shared lock request queued behind the holder's exclusive one), bounded by
-/// `lock_timeout` in a transaction of its own, so the connection is idle again when this
-/// returns, with no lock and no setting left on it.
+/// Waits, at most `at_most` (capped at [`WAIT_STEP`]), for the session holding `slot`'s lock to
+/// end. The wait is PostgreSQL's own: a shared request queued behind the holder's exclusive
+/// one. The connection's `statement_timeout` is lifted for the wait's transaction (a role's
+/// shorter one would end every wait with an error); `lock_timeout` bounds it instead.
 pub async fn wait_for_release(
     sql: &mut tokio_postgres::Client,
     slot: &str,
     at_most: Duration,
 ) -> Result<Waited, tokio_postgres::Error> {
     let (class, key) = lock_key(slot);
-    let free: bool = sql
-        .query_one(
-            "SELECT pg_try_advisory_lock_shared($1, $2)",
-            &[&class, &key],
-        )
+    let millis = at_most.min(WAIT_STEP).as_millis().max(1);
+    // A DO block takes no parameters: the keys are integers, written in.
+    let wait = format!(
+        "DO $ferry$ BEGIN
+           IF pg_try_advisory_xact_lock_shared({class}, {key}) THEN
+             PERFORM set_config('ferry.handover', 'unheld', true);
+           ELSE
+             BEGIN
+               PERFORM set_config('lock_timeout', '{millis}', true);
+               PERFORM pg_advisory_xact_lock_shared({class}, {key});
+               PERFORM set_config('ferry.handover', 'released', true);
+             EXCEPTION WHEN lock_not_available THEN
+               PERFORM set_config('ferry.handover', 'held', true);
+             END;
+           END IF;
+         END $ferry$"
+    );
+    let tx = sql.transaction().await?;
+    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    tx.batch_execute(&wait).await?;
+    let outcome: String = tx
+        .query_one("SELECT current_setting('ferry.handover')", &[])
         .await?
         .get(0);
-    let waited = if free {
-        Waited::Unheld
-    } else {
-        // lock_timeout is an integer of milliseconds; 0 would mean no limit.
-        let millis = at_most.as_millis().clamp(1, i32::MAX as u128).to_string();
-        let tx = sql.transaction().await?;
-        tx.query_one("SELECT set_config('lock_timeout', $1, true)", &[&millis])
-            .await?;
-        match tx
-            .query_one("SELECT pg_advisory_lock_shared($1, $2)", &[&class, &key])
-            .await
-        {
-            Ok(_) => {
-                tx.commit().await?;
-                Waited::Released
-            }
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                tx.rollback().await?;
-                return Ok(Waited::StillHeld);
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    // A session-level lock outlives the transaction that took it: let it go at once.
-    sql.query_one("SELECT pg_advisory_unlock_shared($1, $2)", &[&class, &key])
-        .await?;
-    Ok(waited)
+    // Ends the transaction, and with it the shared lock if it was granted.
+    tx.commit().await?;
+    Ok(match outcome.as_str() {
+        "released" => Waited::Released,
+        "unheld" => Waited::Unheld,
+        _ => Waited::StillHeld,
+    })
 }
 
 #[cfg(test)]

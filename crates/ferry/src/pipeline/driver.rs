@@ -339,31 +339,22 @@ impl<'a> Driver<'a> {
             self.metrics.standby.set_flag(false);
         }
         tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
-        // Held while this session's SQL connection lasts: a standby waiting for it takes over
-        // as soon as the connection closes (see `ferry_wal::slot::handover`). Off the start's
-        // path: the stream does not wait for it.
-        tokio::spawn({
-            let (sql, slot) = (sql.clone(), s.stream.slot.clone());
-            async move {
-                match ferry_wal::slot::handover::hold(&sql, &slot).await {
-                    Ok(true) => tracing::debug!("holding the slot's hand-over lock"),
-                    Ok(false) => tracing::debug!(
-                        "the slot's hand-over lock is still held by an ended session's backend: \
-                         a standby takes over at its next poll"
-                    ),
-                    Err(e) => tracing::debug!(error = %e, "the slot's hand-over lock not taken"),
-                }
-            }
-        });
         self.metrics.streaming.set_flag(true);
         self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
-        tokio::spawn(watch_server(
+        let watch = watch_server(
             sql.clone(),
             self.metrics.clone(),
             s.lag_sample_interval,
             (s.slot.clone(), membership, left_tx),
             self.wal_clock.clone(),
-        ))
+        );
+        // Both end with the session (the caller aborts the task): the hand-over lock is held
+        // while this session's SQL connection lasts, so that a standby waiting for it takes
+        // over as soon as the connection closes (see `ferry_wal::slot::handover`).
+        let hold = hold_handover_lock(sql.clone(), s.stream.slot.clone());
+        tokio::spawn(async move {
+            tokio::join!(hold, watch);
+        })
     }
 
     /// After the loop: the reader's outcome, and the session's result (the first failure wins).
@@ -969,4 +960,38 @@ fn source_of(reader: &ReaderHandle, slot: &str) -> String {
         reader.system.timeline,
         slot,
     )
+}
+
+/// Takes the slot's hand-over lock on the session's SQL connection, trying again (10 ms,
+/// doubling up to a second) while another backend holds it: a standby's probe for a moment, or
+/// an ended instance's backend until the server notices it is gone. Stops at the first error
+/// (the connection is gone, and the lock with it).
+async fn hold_handover_lock(sql: Arc<tokio_postgres::Client>, slot: String) {
+    let mut pause = Duration::from_millis(10);
+    let mut said = false;
+    loop {
+        match ferry_wal::slot::handover::hold(&sql, &slot).await {
+            Ok(true) => {
+                tracing::debug!("holding the slot's hand-over lock");
+                return;
+            }
+            Ok(false) => {
+                if pause >= Duration::from_secs(1) && !said {
+                    said = true;
+                    tracing::info!(
+                        slot = %slot,
+                        "another backend holds the slot's hand-over lock (an ended instance's, \
+                         until the server notices it is gone): until it is free, a standby \
+                         takes over at its next poll"
+                    );
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the slot's hand-over lock not taken");
+                return;
+            }
+        }
+    }
 }

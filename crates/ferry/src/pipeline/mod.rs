@@ -189,12 +189,11 @@ struct Supervisor<'a> {
     /// How soon a standby tries the slot again while nobody holds its hand-over lock, when it
     /// has just begun to stand by or seen the holder's session end ([`Supervisor::stand_by`]).
     retry_soon: Option<Duration>,
+    /// Whether the last wait for the hand-over lock found it held.
+    lock_seen_held: bool,
+    /// Whether a failed wait for the hand-over lock was said (once while standing by).
+    wait_failed_said: bool,
 }
-
-/// The longest one wait for the slot's hand-over lock lasts before it is asked again: the
-/// waiting statement holds a snapshot, which holds back the server's cleanup of rows deleted
-/// since (as any statement running that long would).
-const LOCK_WAIT_STEP: Duration = Duration::from_secs(1);
 
 /// How soon a standby first tries the slot again while nobody holds its hand-over lock, doubling
 /// up to the poll interval: the slot of an instance that just ended is held until its walsender
@@ -212,6 +211,8 @@ impl<'a> Supervisor<'a> {
             progress_topic_admin: None,
             answered: false,
             retry_soon: None,
+            lock_seen_held: false,
+            wait_failed_said: false,
         }
     }
 
@@ -228,8 +229,10 @@ impl<'a> Supervisor<'a> {
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
         if !matches!(&result, Err(e) if e.is_standby()) {
-            // Quick retries end with anything but the slot still in use.
+            // A standby's state ends with anything but the slot still in use.
             self.retry_soon = None;
+            self.lock_seen_held = false;
+            self.wait_failed_said = false;
         }
         match result {
             Ok(driver::End::Shutdown) => return Ok(false),
@@ -369,21 +372,31 @@ impl<'a> Supervisor<'a> {
 
     /// A standby's wait for its next try of the slot: until the session holding the slot's
     /// hand-over lock ends, or the poll interval ran out (see `ferry_wal::slot::handover`).
-    /// Nobody holding the lock, the slot is tried again after [`RETRY_SOON`], doubling up to
-    /// the poll interval, when this instance has just begun to stand by or the holder's
-    /// session just ended: the ended instance's walsender may hold the slot a moment longer.
+    /// A lock seen held and then free counts as a release, whether it was let go during a wait
+    /// or between two. Nobody holding the lock, the slot is tried again after [`RETRY_SOON`],
+    /// doubling up to the poll interval, when this instance has just begun to stand by or the
+    /// holder's session just ended (the ended instance's walsender may hold the slot a moment
+    /// longer); otherwise at the poll interval.
     async fn stand_by(&mut self, sql: Option<&mut tokio_postgres::Client>) {
         let s = self.settings;
         let poll = s.standby_poll_interval;
-        let until = tokio::time::Instant::now() + poll;
+        // (No deadline past a year: an interval that long is as good as none.)
+        let until = tokio::time::Instant::now() + poll.min(Duration::from_secs(365 * 86_400));
         let waited = match sql {
             // The slot was taken between the verdict and START_REPLICATION: no connection kept.
             None => Ok(Waited::Unheld),
             Some(sql) => loop {
                 let left = until.saturating_duration_since(tokio::time::Instant::now());
-                let step = left.min(LOCK_WAIT_STEP);
-                match ferry_wal::slot::handover::wait_for_release(sql, &s.stream.slot, step).await {
-                    Ok(Waited::StillHeld) if left > step => continue,
+                match ferry_wal::slot::handover::wait_for_release(sql, &s.stream.slot, left).await {
+                    Ok(Waited::StillHeld) => {
+                        self.lock_seen_held = true;
+                        if left > ferry_wal::slot::handover::WAIT_STEP {
+                            continue;
+                        }
+                        break Ok(Waited::StillHeld);
+                    }
+                    // Held at the last wait, free now: let go between the two.
+                    Ok(Waited::Unheld) if self.lock_seen_held => break Ok(Waited::Released),
                     waited => break waited,
                 }
             },
@@ -391,6 +404,7 @@ impl<'a> Supervisor<'a> {
         match waited {
             Ok(Waited::Released) => {
                 tracing::debug!("the slot's holder ended its session: trying the slot");
+                self.lock_seen_held = false;
                 self.retry_soon = Some(RETRY_SOON);
             }
             Ok(Waited::StillHeld) => self.retry_soon = None,
@@ -405,7 +419,15 @@ impl<'a> Supervisor<'a> {
                 }
             },
             Err(e) => {
-                tracing::debug!(error = %e, "waiting for the slot's hand-over failed: polling");
+                if !self.wait_failed_said {
+                    self.wait_failed_said = true;
+                    tracing::warn!(
+                        error = %e,
+                        poll_ms = poll.as_millis() as u64,
+                        "waiting for the slot's hand-over lock failed; polling the slot instead"
+                    );
+                }
+                self.lock_seen_held = false;
                 self.retry_soon = None;
                 tokio::time::sleep(poll).await;
             }
