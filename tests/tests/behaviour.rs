@@ -327,7 +327,7 @@ async fn insert_event(w: &World, key: &str) -> String {
 async fn waits_for_the_handover(w: &World, ferry: &mut Ferry, who: &str) {
     wait_until(
         &format!("{who} stands by, waiting for the hand-over lock"),
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || async {
             handover_locks(w, "ExclusiveLock", true).await == 1
                 && handover_locks(w, "ShareLock", false).await == 1
@@ -357,12 +357,12 @@ async fn a_standby_takes_over_when_the_active_session_ends_not_at_its_next_poll(
     let mut w = World::new().await;
     let topic = w.create_topic("order", 3).await;
     // Polls an hour apart: within this test only the hand-over can wake a standby. A session
-    // that ends begins the next one 5 s later, so the standby, not the instance whose session
+    // that ends begins the next one 10 s later, so the standby, not the instance whose session
     // ended, takes the slot.
     w.env
         .push(("FERRY_POSTGRES_STANDBY_POLL_INTERVAL".into(), "1h".into()));
     w.env
-        .push(("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN".into(), "5s".into()));
+        .push(("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN".into(), "10s".into()));
     let mut a = w.start_ferry();
     a.wait_ready().await;
     let mut b = w.start_ferry();

@@ -64,14 +64,16 @@ pub enum Waited {
     Released,
     /// Nobody held the lock when asked.
     Unheld,
-    /// The lock was still held when `at_most` ran out.
+    /// The lock was still held when the wait (`at_most`, at most [`WAIT_STEP`]) ran out.
     StillHeld,
 }
 
 /// Waits, at most `at_most` (capped at [`WAIT_STEP`]), for the session holding `slot`'s lock to
 /// end. The wait is PostgreSQL's own: a shared request queued behind the holder's exclusive
-/// one. The connection's `statement_timeout` is lifted for the wait's transaction (a role's
-/// shorter one would end every wait with an error); `lock_timeout` bounds it instead.
+/// one. The connection's `statement_timeout` (and `transaction_timeout`) are lifted for the
+/// wait's transaction (a role's shorter one would end every wait with an error);
+/// `lock_timeout` bounds it instead. It runs in PL/pgSQL (`USAGE` on the language, which
+/// PostgreSQL grants to everyone by default).
 pub async fn wait_for_release(
     sql: &mut tokio_postgres::Client,
     slot: &str,
@@ -96,7 +98,12 @@ pub async fn wait_for_release(
          END $ferry$"
     );
     let tx = sql.transaction().await?;
-    tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
+    // (transaction_timeout exists from PostgreSQL 17 on: set where it exists.)
+    tx.batch_execute(
+        "SET LOCAL statement_timeout = 0; \
+         SELECT set_config(name, '0', true) FROM pg_settings WHERE name = 'transaction_timeout'",
+    )
+    .await?;
     tx.batch_execute(&wait).await?;
     let outcome: String = tx
         .query_one("SELECT current_setting('ferry.handover')", &[])

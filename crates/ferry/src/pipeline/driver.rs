@@ -287,7 +287,7 @@ impl<'a> Driver<'a> {
         let (stopped, left_publication) = self
             .stream_loop(link, &mut sink, &mut reader, left_rx, shutdown)
             .await;
-        watch.abort();
+        drop(watch);
         self.ended(stopped, left_publication, link, &sink, reader, &sql)
             .await
     }
@@ -332,7 +332,7 @@ impl<'a> Driver<'a> {
         sql: &Arc<tokio_postgres::Client>,
         membership: Vec<Option<String>>,
         left_tx: tokio::sync::oneshot::Sender<PipelineError>,
-    ) -> tokio::task::JoinHandle<()> {
+    ) -> AbortOnDrop {
         let s = self.settings;
         if self.metrics.standby.get() != 0 {
             tracing::info!(slot = %s.stream.slot, "the slot is free: taking over from standby");
@@ -352,9 +352,9 @@ impl<'a> Driver<'a> {
         // while this session's SQL connection lasts, so that a standby waiting for it takes
         // over as soon as the connection closes (see `ferry_wal::slot::handover`).
         let hold = hold_handover_lock(sql.clone(), s.stream.slot.clone());
-        tokio::spawn(async move {
+        AbortOnDrop(tokio::spawn(async move {
             tokio::join!(hold, watch);
-        })
+        }))
     }
 
     /// After the loop: the reader's outcome, and the session's result (the first failure wins).
@@ -960,6 +960,17 @@ fn source_of(reader: &ReaderHandle, slot: &str) -> String {
         reader.system.timeline,
         slot,
     )
+}
+
+/// A task that ends when this is dropped: the session's watch, and the hand-over lock's
+/// holder, whose clone of the SQL connection would otherwise keep the lock past the session
+/// (and every standby waiting).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Takes the slot's hand-over lock on the session's SQL connection, trying again (10 ms,

@@ -163,7 +163,7 @@ pub async fn run(
             return Ok(());
         }
         if !supervisor
-            .after(result, carry.standby_sql.as_mut(), shutdown.as_mut())
+            .after(result, &mut carry.standby_sql, shutdown.as_mut())
             .await?
         {
             return Ok(());
@@ -195,6 +195,10 @@ struct Supervisor<'a> {
     wait_failed_said: bool,
 }
 
+/// How long a standby waits for the server's answer to one wait for the hand-over lock (a
+/// step of at most 500 ms and five round trips) before it takes the connection for lost.
+const WAIT_ANSWER: Duration = Duration::from_secs(10);
+
 /// How soon a standby first tries the slot again while nobody holds its hand-over lock, doubling
 /// up to the poll interval: the slot of an instance that just ended is held until its walsender
 /// has noticed and exited, a few milliseconds (a restart after kill -9 meets it too).
@@ -224,7 +228,7 @@ impl<'a> Supervisor<'a> {
     async fn after(
         &mut self,
         result: Result<driver::End, PipelineError>,
-        standby_sql: Option<&mut tokio_postgres::Client>,
+        standby_sql: &mut Option<tokio_postgres::Client>,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
@@ -377,17 +381,31 @@ impl<'a> Supervisor<'a> {
     /// doubling up to the poll interval, when this instance has just begun to stand by or the
     /// holder's session just ended (the ended instance's walsender may hold the slot a moment
     /// longer); otherwise at the poll interval.
-    async fn stand_by(&mut self, sql: Option<&mut tokio_postgres::Client>) {
+    async fn stand_by(&mut self, kept: &mut Option<tokio_postgres::Client>) {
         let s = self.settings;
         let poll = s.standby_poll_interval;
         // (No deadline past a year: an interval that long is as good as none.)
         let until = tokio::time::Instant::now() + poll.min(Duration::from_secs(365 * 86_400));
-        let waited = match sql {
+        let waited = match kept.as_mut() {
             // The slot was taken between the verdict and START_REPLICATION: no connection kept.
             None => Ok(Waited::Unheld),
             Some(sql) => loop {
                 let left = until.saturating_duration_since(tokio::time::Instant::now());
-                match ferry_wal::slot::handover::wait_for_release(sql, &s.stream.slot, left).await {
+                // A server that vanished mid-wait would leave the wait unanswered until TCP
+                // keepalive gave up, hours later: the answer is due within a step.
+                let wait = ferry_wal::slot::handover::wait_for_release(sql, &s.stream.slot, left);
+                let waited = match tokio::time::timeout(WAIT_ANSWER, wait).await {
+                    Ok(waited) => waited.map_err(|e| (e.to_string(), sql.is_closed())),
+                    // Its state unknown (an answer may still come): not used again.
+                    Err(_) => Err((
+                        format!(
+                            "no answer from PostgreSQL within {} s",
+                            WAIT_ANSWER.as_secs()
+                        ),
+                        true,
+                    )),
+                };
+                match waited {
                     Ok(Waited::StillHeld) => {
                         self.lock_seen_held = true;
                         if left > ferry_wal::slot::handover::WAIT_STEP {
@@ -418,7 +436,15 @@ impl<'a> Supervisor<'a> {
                     tokio::time::sleep(poll).await;
                 }
             },
-            Err(e) => {
+            Err((e, lost)) => {
+                self.lock_seen_held = false;
+                self.retry_soon = None;
+                if lost {
+                    // The next session opens a connection of its own, at once.
+                    *kept = None;
+                    tracing::info!(error = %e, "the standby's connection is lost: reconnecting");
+                    return;
+                }
                 if !self.wait_failed_said {
                     self.wait_failed_said = true;
                     tracing::warn!(
@@ -427,8 +453,6 @@ impl<'a> Supervisor<'a> {
                         "waiting for the slot's hand-over lock failed; polling the slot instead"
                     );
                 }
-                self.lock_seen_held = false;
-                self.retry_soon = None;
                 tokio::time::sleep(poll).await;
             }
         }
