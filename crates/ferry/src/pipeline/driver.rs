@@ -348,9 +348,9 @@ impl<'a> Driver<'a> {
             (s.slot.clone(), membership, left_tx),
             self.wal_clock.clone(),
         );
-        // Both end with the session (the caller aborts the task): the hand-over lock is held
-        // while this session's SQL connection lasts, so that a standby waiting for it takes
-        // over as soon as the connection closes (see `ferry_wal::slot::handover`).
+        // Both end with the session (the task ends when its handle drops): the hand-over lock
+        // is held while this session's SQL connection lasts, so that a standby waiting for it
+        // takes over as soon as the connection closes (see `ferry_wal::slot::handover`).
         let hold = hold_handover_lock(sql.clone(), s.stream.slot.clone());
         AbortOnDrop(tokio::spawn(async move {
             tokio::join!(hold, watch);
@@ -978,8 +978,8 @@ impl Drop for AbortOnDrop {
 /// an ended instance's backend until the server notices it is gone. Stops at the first error
 /// (the connection is gone, and the lock with it).
 async fn hold_handover_lock(sql: Arc<tokio_postgres::Client>, slot: String) {
+    const LONGEST: Duration = Duration::from_secs(1);
     let mut pause = Duration::from_millis(10);
-    let mut said = false;
     loop {
         match ferry_wal::slot::handover::hold(&sql, &slot).await {
             Ok(true) => {
@@ -987,8 +987,9 @@ async fn hold_handover_lock(sql: Arc<tokio_postgres::Client>, slot: String) {
                 return;
             }
             Ok(false) => {
-                if pause >= Duration::from_secs(1) && !said {
-                    said = true;
+                // Said once: when the pauses have grown to their longest.
+                let next = (pause * 2).min(LONGEST);
+                if next == LONGEST && pause < LONGEST {
                     tracing::info!(
                         slot = %slot,
                         "another backend holds the slot's hand-over lock (an ended instance's, \
@@ -997,7 +998,7 @@ async fn hold_handover_lock(sql: Arc<tokio_postgres::Client>, slot: String) {
                     );
                 }
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
+                pause = next;
             }
             Err(e) => {
                 tracing::debug!(error = %e, "the slot's hand-over lock not taken");

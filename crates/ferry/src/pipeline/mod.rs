@@ -253,7 +253,6 @@ impl<'a> Supervisor<'a> {
                     _ = shutdown => false,
                 });
             }
-
             Err(e) if e.is_transient() && e.component() == Component::Kafka => {
                 // Why the brokers cannot be reached at all, if a client said (a refused
                 // password, an untrusted certificate: permanent; see `kafka_access`).
@@ -392,7 +391,7 @@ impl<'a> Supervisor<'a> {
             Some(sql) => loop {
                 let left = until.saturating_duration_since(tokio::time::Instant::now());
                 // A server that vanished mid-wait would leave the wait unanswered until TCP
-                // keepalive gave up, hours later: the answer is due within a step.
+                // keepalive gave up, hours later: the answer is due within `WAIT_ANSWER`.
                 let wait = ferry_wal::slot::handover::wait_for_release(sql, &s.stream.slot, left);
                 let waited = match tokio::time::timeout(WAIT_ANSWER, wait).await {
                     Ok(waited) => waited.map_err(|e| (e.to_string(), sql.is_closed())),
@@ -450,7 +449,9 @@ impl<'a> Supervisor<'a> {
                     tracing::warn!(
                         error = %e,
                         poll_ms = poll.as_millis() as u64,
-                        "waiting for the slot's hand-over lock failed; polling the slot instead"
+                        "waiting for the slot's hand-over lock failed, so a take-over waits for \
+                         the next poll (postgres.standby_poll_interval); if the error names the \
+                         language plpgsql, GRANT USAGE ON LANGUAGE plpgsql TO Ferry's role"
                     );
                 }
                 tokio::time::sleep(poll).await;
