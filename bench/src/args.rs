@@ -25,6 +25,9 @@ usage: ferry-bench [flags]
   --startup-fill N      before each kill -9, write N records of another key to the killed Ferry's
                         progress topic, as an hour of streaming leaves in its active segment
                         (default 0)
+  --startup-topics N    before the start-up runs, give the broker N other topics (one partition
+                        each, kept for later runs on a --keep-broker broker), as a cluster in use
+                        holds them (default 0)
   --out DIR             write results.md and results.svg to DIR (default: bench/ of the source
                         tree for a full-matrix run, nowhere otherwise)
   --pinned              PostgreSQL on CPU 0, the contenders, the broker and this harness on CPU 1
@@ -63,6 +66,7 @@ pub struct Args {
     pub startup: u32,
     /// Records written to the progress topic before each kill -9 (see `startup`).
     pub startup_fill: u32,
+    pub startup_topics: u32,
     /// `kafka.compression` for Ferry and the same codec for the other producers.
     pub compression: String,
     pub out: Option<PathBuf>,
@@ -98,6 +102,7 @@ impl Args {
             latency_secs: 30.0,
             startup: 7,
             startup_fill: 0,
+            startup_topics: 0,
             compression: ferry::config::KafkaConfig::default()
                 .compression
                 .as_str()
@@ -161,6 +166,10 @@ impl Args {
                 }
                 "--startup-fill" => {
                     a.startup_fill = value()?.parse()?;
+                    full = false;
+                }
+                "--startup-topics" => {
+                    a.startup_topics = value()?.parse()?;
                     full = false;
                 }
                 "--out" => a.out = Some(value()?.into()),
@@ -289,6 +298,8 @@ mod tests {
         assert_eq!((a.startup, a.workloads.len(), a.startup_fill), (9, 0, 0));
         let a = parse("--workloads none --rates none --startup 3 --startup-fill 18000");
         assert_eq!((a.startup, a.startup_fill), (3, 18_000));
+        let a = parse("--workloads none --rates none --startup-topics 5000");
+        assert_eq!((a.startup, a.startup_topics), (7, 5_000));
         assert!(a.out.is_none());
         let v: Vec<String> = vec!["--workloads".into(), "nope".into()];
         assert!(Args::parse(&v).is_err());

@@ -399,6 +399,57 @@ pub async fn warm_broker(brokers: &str, how_long: Duration) -> Res<u64> {
     Ok(sent)
 }
 
+/// Gives the broker `n` topics of one partition (`ferry-bench.other.00000`, ...), as a cluster
+/// in use holds topics Ferry never touches: every metadata request for all topics answers for
+/// them. Topics that exist already are kept; returns once the broker lists all of them.
+pub async fn other_topics(brokers: &str, n: u32) -> Res<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let names: Vec<String> = (0..n)
+        .map(|i| format!("ferry-bench.other.{i:05}"))
+        .collect();
+    for chunk in names.chunks(500) {
+        let topics: Vec<NewTopic<'_>> = chunk
+            .iter()
+            .map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1)))
+            .collect();
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(60)));
+        for result in admin.create_topics(&topics, &options).await? {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, e)) => return Err(format!("creating {t}: {e}").into()),
+            }
+        }
+    }
+    // Created is not yet listed: wait until a metadata answer holds them all.
+    let consumer = consumer(brokers)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let listed =
+            tokio::task::block_in_place(|| consumer.fetch_metadata(None, Duration::from_secs(30)))?
+                .topics()
+                .iter()
+                .filter(|t| t.name().starts_with("ferry-bench.other."))
+                .count();
+        if listed >= names.len() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{listed} of {} other topics listed after 120 s",
+                names.len()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -620,6 +620,15 @@ async fn run_startup(
     );
     let (db, url) = create_db(admin, world, &latency::workload()).await?;
     let brokers = world.brokers();
+    if args.startup_topics > 0 {
+        let started = std::time::Instant::now();
+        kafka::other_topics(&brokers, args.startup_topics).await?;
+        println!(
+            "[startup] the broker holds {} other topics (one partition each; made in {:.1} s)",
+            args.startup_topics,
+            started.elapsed().as_secs_f64()
+        );
+    }
     create_topics(&brokers, "steady", &[Contender::Ferry]).await;
     let debezium = args.contenders.contains(&Contender::Debezium);
     if debezium {

@@ -451,3 +451,64 @@ async fn the_topic_is_read_with_one_broker_of_three_down() {
     }
     drop(cluster);
 }
+
+/// The broker probe names the progress topic alone, and asking never creates it (the shared
+/// broker auto-creates topics, Kafka's default): a first start's topic is then created by
+/// Ferry's CreateTopics, compacted with one partition, not by the brokers with their defaults.
+/// Unknown, it is `Absent` (a first start creates it at once); once made, `Settled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_sees_a_missing_progress_topic_without_creating_it() {
+    use ferry::progress_topic::Sighting;
+    let brokers = ferry_testkit::kafka::shared().brokers();
+    let topic = unique("probed");
+    let probe = |brokers: String, topic: String| {
+        tokio::task::spawn_blocking(move || {
+            ferry::kafka_access::probe_seeing(&properties(&brokers), TIMEOUT, Some(&topic))
+                .expect("a broker answers")
+        })
+    };
+    assert_eq!(
+        probe(brokers.clone(), topic.clone()).await.unwrap(),
+        Sighting::Absent
+    );
+    // Asked again after a pause longer than an auto-creation takes to show: still unknown.
+    let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let listed = |consumer: &rdkafka::consumer::BaseConsumer, topic: &str| {
+        use rdkafka::consumer::Consumer;
+        consumer
+            .fetch_metadata(None, TIMEOUT)
+            .unwrap()
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        assert!(
+            !listed(&consumer, &topic),
+            "asking for {topic}'s metadata created it"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        probe(brokers.clone(), topic.clone()).await.unwrap(),
+        Sighting::Absent
+    );
+    progress::ensure_topic(&properties(&brokers), &topic, 1, TIMEOUT)
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        match probe(brokers.clone(), topic.clone()).await.unwrap() {
+            Sighting::Settled => break,
+            seen => assert!(
+                std::time::Instant::now() < deadline,
+                "the created topic seen {seen:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

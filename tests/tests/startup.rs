@@ -146,3 +146,72 @@ async fn a_standby_creates_the_progress_topic_while_it_waits() {
     assert_eq!(got.len(), 1, "log:\n{}", f.log_text());
     assert!(f.terminate().await.success(), "{}", f.log_text());
 }
+
+/// A start asks the brokers for the topics it uses, never for every topic: an answer for every
+/// topic grows with the cluster (against one local broker holding 5,000 topics a restart took
+/// 76–115 ms with the two such requests, 29–38 ms without; bench/README.md, "Start-up"). The one
+/// exception is a first start's producer, made before its progress topic exists. And the broker
+/// probe, which names the progress topic, must not create it by asking: the topic a first start
+/// leaves is Ferry's compacted one, not one the brokers made with their defaults (auto-creation is
+/// on here, as it is by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_asks_the_brokers_for_no_topic_but_its_own() {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::ClientConfig;
+
+    let mut w = World::new().await;
+    let topic = w.create_topic("order", 1).await;
+    // librdkafka's metadata lines ("Request metadata for all topics: ...") from every client.
+    w.env.push(("FERRY_LOG_LEVEL".into(), "debug".into()));
+    w.env
+        .push(("FERRY_KAFKA_PROPERTIES_DEBUG".into(), "metadata".into()));
+
+    let mut first = w.start_ferry();
+    first.wait_ready().await;
+    w.insert("order", "o-1", "Created", "{}").await;
+    assert_eq!(w.consume(&topic, 1).await.len(), 1, "{}", first.log_text());
+    assert!(first.terminate().await.success(), "{}", first.log_text());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &w.brokers)
+        .create()
+        .unwrap();
+    let progress_topic = w.progress_topic();
+    let described = admin
+        .describe_configs(
+            [&ResourceSpecifier::Topic(&progress_topic)],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    let config = described[0].as_ref().expect("the progress topic's config");
+    assert_eq!(
+        config
+            .get("cleanup.policy")
+            .and_then(|e| e.value.as_deref()),
+        Some("compact"),
+        "the progress topic was not the one Ferry creates; first start's log:\n{}",
+        first.log_text()
+    );
+
+    let mut second = w.start_ferry();
+    second.wait_ready().await;
+    w.insert("order", "o-2", "Created", "{}").await;
+    assert_eq!(w.consume(&topic, 2).await.len(), 2, "{}", second.log_text());
+    assert!(second.terminate().await.success(), "{}", second.log_text());
+    let log = second.log_text();
+    // The lines this test reads are there at all.
+    assert!(
+        log.contains("Request metadata for"),
+        "no librdkafka metadata lines in the log:\n{log}"
+    );
+    let every: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Request metadata for all topics"))
+        .collect();
+    assert!(
+        every.is_empty(),
+        "the restart asked for every topic:\n{}\n\nlog:\n{log}",
+        every.join("\n")
+    );
+}

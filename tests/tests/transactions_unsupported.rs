@@ -198,8 +198,10 @@ async fn the_probe_reads_the_brokers_api_versions() {
     use ferry::broker_apis::Support;
     let probe = |brokers: String| {
         tokio::task::spawn_blocking(move || {
+            // A topic the brokers do not know: their answer for it counts all the same.
             ferry::txn_probe::probe(
                 &[("bootstrap.servers".to_string(), brokers)],
+                "ferry-test.no-such-topic",
                 Duration::from_secs(30),
             )
             .expect("the broker answers")

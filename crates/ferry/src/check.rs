@@ -624,10 +624,14 @@ async fn exactly_once(
     }
     // Which APIs the brokers serve (issue 30): a broker can initialise a transactional producer
     // and still lack EndTxn, so initialising one proves too little.
-    let properties = settings.producer_properties.clone();
-    let probe =
-        tokio::task::spawn_blocking(move || crate::txn_probe::probe(&properties, KAFKA_TIMEOUT))
-            .await;
+    let (properties, topic) = (
+        settings.producer_properties.clone(),
+        settings.progress_topic.clone(),
+    );
+    let probe = tokio::task::spawn_blocking(move || {
+        crate::txn_probe::probe(&properties, &topic, KAFKA_TIMEOUT)
+    })
+    .await;
     let names = crate::broker_apis::NEEDED.map(|n| n.name).join(", ");
     match probe {
         Ok(Ok(crate::broker_apis::Support::Supported)) => found.push(Problem {

@@ -20,8 +20,8 @@
 //! | role | client, where | what it sets, and why |
 //! |---|---|---|
 //! | [`Role::Producer`] | the relay's producer, idempotent or transactional ([`crate::producer::Producer::new`]) | `statistics.interval.ms` = [`STATISTICS_INTERVAL_MS`] unless the properties set it: the brokers' view (`ferry_kafka_brokers_up`, `/readyz`) comes from the statistics; `message.copy.max.bytes` = [`MESSAGE_COPY_MAX_BYTES`] unless they set it: a value above it goes into the produce request by reference to librdkafka's copy, not copied again |
-//! | [`Role::BrokerProbe`] | the bootstrap probe ([`crate::kafka_access::probe`]) | drops `transactional.id`; `enable.idempotence=false` (an idempotent client adds connection requests of its own); `reconnect.backoff.ms=500`, `reconnect.backoff.max.ms=10000` (attempts 250 ms apart); `enable.sparse.connections=false` (the first metadata response retires the bootstrap broker and fails the request it carried: the retry needs a learned broker, which a sparse client would connect to only after 250 ms); adds `broker` to the user's `debug` contexts (the state changes tell an accepted connection from a refused one); log level Debug (so the debug lines reach the client's context) |
-//! | [`Role::ApiVersionsProbe`] | the transactions API probe ([`crate::txn_probe::probe`]) | drops `transactional.id` (it initialises nothing) and the user's `debug`; `debug=feature` (the ApiVersions lines it judges); log level Debug |
+//! | [`Role::BrokerProbe`] | the bootstrap probe ([`crate::kafka_access::probe`]) | drops `transactional.id`; `enable.idempotence=false` (an idempotent client adds connection requests of its own); `reconnect.backoff.ms=500`, `reconnect.backoff.max.ms=10000` (attempts 250 ms apart); `enable.sparse.connections=false` (the first metadata response retires the bootstrap broker and fails the request it carried: the retry needs a learned broker, which a sparse client would connect to only after 250 ms); `allow.auto.create.topics=false` (it asks for the progress topic's metadata, which must not create it); adds `broker` to the user's `debug` contexts (the state changes tell an accepted connection from a refused one); log level Debug (so the debug lines reach the client's context) |
+//! | [`Role::ApiVersionsProbe`] | the transactions API probe ([`crate::txn_probe::probe`]) | drops `transactional.id` (it initialises nothing) and the user's `debug`; `debug=feature` (the ApiVersions lines it judges); `allow.auto.create.topics=false` (its metadata request names the progress topic); log level Debug |
 //! | [`Role::TopicWatchAdmin`] | the topic watch's admin client (made by the watch's thread when it first asks, [`crate::topics`]) | drops `enable.idempotence` (an admin client is a producer inside librdkafka and would ask for a producer id) and `transactional.id` |
 //! | [`Role::TopicWatchMetadata`] | the topic watch's metadata consumer (same) | drops [`PRODUCER_ONLY`] (each would log a warning on a consumer); `allow.auto.create.topics=false` (asking for a topic's metadata must not create it) |
 //! | [`Role::ProgressTopic`] | the progress topic's admin client and metadata consumer ([`crate::progress_topic::ensure_topic`]; a first start's admin client is made when the broker probe answers, [`crate::progress_topic::Admin::ahead`]) | drops [`PRODUCER_ONLY`], `transactional.id`, `transaction.timeout.ms`; `enable.sparse.connections=false` (a client that lives for one request connects to the brokers at once: 55 -> 5 ms; one made ahead has usually connected to the broker CreateTopics goes to by the time it is sent) |
@@ -144,8 +144,15 @@ impl Role {
                 // request it carried; the retry waits for a learned broker, which a sparse
                 // client connects to only 250 ms later at this backoff.
                 ("enable.sparse.connections", "false"),
+                // It asks for the progress topic's metadata alone (a request for every topic
+                // grows with the cluster): asking must not create it with the brokers'
+                // defaults.
+                ("allow.auto.create.topics", "false"),
             ],
-            Role::ApiVersionsProbe => vec![("debug", "feature")],
+            // Its metadata request names the progress topic, which it must not create.
+            Role::ApiVersionsProbe => {
+                vec![("debug", "feature"), ("allow.auto.create.topics", "false")]
+            }
             Role::TopicWatchMetadata => vec![("allow.auto.create.topics", "false")],
             // These clients live for one read: connecting to the brokers as soon as metadata
             // names them (rather than when a request needs one, paced by
@@ -353,6 +360,7 @@ mod tests {
             ("reconnect.backoff.ms", "500"),
             ("reconnect.backoff.max.ms", "10000"),
             ("enable.sparse.connections", "false"),
+            ("allow.auto.create.topics", "false"),
             ("debug", "protocol,broker"),
         ]));
         assert_eq!(map(&cc), want);
@@ -396,17 +404,19 @@ mod tests {
                 ("reconnect.backoff.max.ms", "10000"),
                 ("enable.idempotence", "false"),
                 ("enable.sparse.connections", "false"),
+                ("allow.auto.create.topics", "false"),
                 ("debug", "broker"),
             ])
         );
     }
 
     #[test]
-    fn the_api_versions_probe_debugs_features_only() {
+    fn the_api_versions_probe_debugs_features_only_and_creates_no_topic() {
         let cc = config(&producer_like(), Role::ApiVersionsProbe);
         let mut want: BTreeMap<String, String> = producer_like().into_iter().collect();
         want.remove("transactional.id");
         want.insert("debug".into(), "feature".into());
+        want.insert("allow.auto.create.topics".into(), "false".into());
         assert_eq!(map(&cc), want);
         assert!(logs_at_debug(&cc));
     }

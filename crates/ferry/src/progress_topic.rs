@@ -585,15 +585,15 @@ pub enum Way {
     Settled,
     /// A session's start, whose verdict reads nothing from a topic it just created and so does
     /// not wait for it to settle (a producer waits for its leader; a later session looks at
-    /// the topic again before it reads it). `absent`: an answer for every topic just left it
-    /// out (the broker probe's, on a first start), so CreateTopics goes first; a topic that
+    /// the topic again before it reads it). `absent`: the broker probe's answer said the brokers
+    /// do not know it (a first start), so CreateTopics goes first; a topic that
     /// exists all the same (a broker whose metadata lags, a principal not allowed to describe
     /// it) answers "already exists" or refuses, and is then looked at as [`ensure_topic`] does.
     AtStart { absent: bool },
 }
 
 /// The admin client a first start's CreateTopics goes out on, made as soon as the broker
-/// probe's answer left the progress topic out ([`Sighting::Absent`]). It begins connecting while
+/// probe's answer said the brokers do not know the progress topic ([`Sighting::Absent`]). It begins connecting while
 /// the session opens and reads the slot: to a bootstrap broker, which it asks for metadata, and
 /// then, sparse connections being off for its role, to every broker the answer names (the one
 /// CreateTopics goes to among them). Made when CreateTopics goes out, after the slot was read, those
@@ -753,7 +753,7 @@ pub async fn ensure_topic_as(
     }
 }
 
-/// What an answer for every topic (the broker probe's) showed of the progress topic.
+/// What the broker probe's answer showed of the progress topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Sighting {
     /// Not asked, or shown another way (settling, another partition count, an error), or
@@ -764,15 +764,22 @@ pub enum Sighting {
     /// Settled with its one partition and that partition's leader: a restart's progress topic,
     /// found without a request of its own.
     Settled,
-    /// Left out: a first start's topic, for [`ensure_topic_as`] to create at once.
+    /// Unknown to the brokers (left out of an answer for every topic, or answered
+    /// `UNKNOWN_TOPIC_OR_PARTITION`): a first start's topic, for [`ensure_topic_as`] to create
+    /// at once. A brokers' view only: a topic that exists all the same is found by that
+    /// CreateTopics ("already exists") and read.
     Absent,
 }
 
-/// What `metadata` (an answer for every topic, as the broker probe asks) shows of `topic`.
+/// What `metadata` (the broker probe's answer, for `topic` alone or for every topic) shows of
+/// `topic`.
 pub(crate) fn sighted_in(metadata: &rdkafka::metadata::Metadata, topic: &str) -> Sighting {
     let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
         return Sighting::Absent;
     };
+    if let Some(code) = t.error() {
+        return sighted_as(code.into());
+    }
     let settled = TopicShape::of(t.error().map(RDKafkaErrorCode::from), t.partitions().len())
         == TopicShape::Partitions(1)
         && t.partitions()
@@ -781,6 +788,14 @@ pub(crate) fn sighted_in(metadata: &rdkafka::metadata::Metadata, topic: &str) ->
     match settled {
         true => Sighting::Settled,
         false => Sighting::Unsure,
+    }
+}
+
+/// What a broker's error `code` for the topic alone says of it.
+pub(crate) fn sighted_as(code: RDKafkaErrorCode) -> Sighting {
+    match TopicShape::of(Some(code), 0) {
+        TopicShape::Missing => Sighting::Absent,
+        _ => Sighting::Unsure,
     }
 }
 
@@ -866,6 +881,20 @@ mod tests {
             Err(KafkaError::MetadataFetch(E::TopicAuthorizationFailed))
         });
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn only_a_topic_the_brokers_do_not_know_is_sighted_absent_from_its_error() {
+        use RDKafkaErrorCode as E;
+        assert_eq!(sighted_as(E::UnknownTopicOrPartition), Sighting::Absent);
+        // Hidden or settling: ensure_topic looks, and says why.
+        for code in [
+            E::TopicAuthorizationFailed,
+            E::LeaderNotAvailable,
+            E::InvalidTopic,
+        ] {
+            assert_eq!(sighted_as(code), Sighting::Unsure, "{code:?}");
+        }
     }
 
     #[test]

@@ -348,7 +348,7 @@ async fn run(settings: &PipelineSettings, args: &ReplayArgs) -> Result<(), Failu
             .map_err(|e| fail(format!("the broker probe failed: {e}")))?
             .map_err(|e| fail(format!("cannot use the Kafka brokers: {e}")))?;
             Some(
-                Producer::new(&properties, Topics::default(), Metrics::new())
+                Producer::new(&properties, Topics::default(), Metrics::new(), None)
                     .map_err(|e| fail(format!("cannot create the Kafka producer: {e}")))?,
             )
         }

@@ -47,13 +47,23 @@ impl rdkafka::producer::ProducerContext for Probe {
 }
 
 /// What the brokers Ferry reaches with `properties` say about transactions (blocking: run it
-/// off the runtime). `Err`: no broker answered the metadata request within `timeout`.
-pub fn probe(properties: &[(String, String)], timeout: Duration) -> Result<Support, KafkaError> {
+/// off the runtime). `Err`: no broker answered the metadata request within `timeout`. The
+/// request names `topic` alone (the role keeps it from creating it): any answer will do, and
+/// one for every topic grows with the cluster.
+pub fn probe(
+    properties: &[(String, String)],
+    topic: &str,
+    timeout: Duration,
+) -> Result<Support, KafkaError> {
     // Without the transactional.id (it initialises nothing) and the operator's debug
     // contexts; `debug=feature`, logged at Debug.
     let cc = crate::kafka_client::config(properties, crate::kafka_client::Role::ApiVersionsProbe);
     let producer: BaseProducer<Probe> = cc.create_with_context(Probe::default())?;
-    let metadata = producer.client().fetch_metadata(None, timeout);
+    let metadata = match producer.client().fetch_metadata(Some(topic), timeout) {
+        // A broker's error for the topic (unknown, not authorized) is an answer all the same.
+        Err(KafkaError::MetadataFetch(code)) if crate::kafka_access::from_broker(code) => Ok(()),
+        other => other.map(|_| ()),
+    };
     // The log lines reach the context only when polled; the connection that answered logged
     // its ApiVersions answer before it sent the metadata request, so it is queued by now.
     for _ in 0..MAX_EVENTS {

@@ -133,8 +133,8 @@ pub(super) struct Carry {
     /// first); the probe's answer before the first session.
     pub progress_topic: Sighting,
     /// A first start's admin client for the progress topic's CreateTopics, made when the
-    /// broker probe's answer left the topic out, so that it begins connecting while the first
-    /// session reads the slot; taken by that session's verdict.
+    /// broker probe's answer said the brokers do not know the topic, so that it begins
+    /// connecting while the first session reads the slot; taken by that session's verdict.
     pub progress_topic_admin: Option<crate::progress_topic::Admin>,
     /// The first session's SQL connection, opened while the brokers were probed and the
     /// producer made (it decides nothing); taken by that session.

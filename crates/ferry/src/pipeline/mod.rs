@@ -104,10 +104,13 @@ pub async fn run(
     }
     tracing::debug!("start-up: a broker answered the probe");
     // A restart: the probe's answer showed the progress topic as it must be (ensure_topic's
-    // own request would ask the same question again). A first start: it left the topic out,
-    // and the first session creates it without asking again.
+    // own request would ask the same question again). A first start: the brokers do not know
+    // the topic, and the first session creates it without asking again.
     carry.progress_topic = supervisor.progress_topic;
     carry.progress_topic_admin = supervisor.progress_topic_admin.take();
+    // The probe saw the progress topic settled: the producer's warm-up may name it (a first
+    // start's producer, made before the topic is created, asks for every topic).
+    let topic_known = carry.progress_topic == Sighting::Settled;
     // Lives as long as the pipeline: every producer reports its topics to it.
     let topic_watch = crate::topics::TopicWatch::start(
         &settings.producer_properties,
@@ -138,6 +141,7 @@ pub async fn run(
                     &settings.producer_properties,
                     topic_watch.topics(),
                     metrics.clone(),
+                    topic_known.then_some(settings.progress_topic.as_str()),
                 )
                 .map(|(p, rx)| (p, Link::new(rx, &settings, carry.pass)))
                 .map_err(PipelineError::ProducerConfig)
@@ -181,8 +185,8 @@ struct Supervisor<'a> {
     /// What the last answered probe showed of the progress topic; read once, when the first
     /// session starts (later probes, after a Kafka error, set it unread).
     progress_topic: Sighting,
-    /// The first answered probe's admin client when it left the progress topic out
-    /// ([`crate::progress_topic::Admin::ahead`]); read with `progress_topic`.
+    /// The first answered probe's admin client when it said the brokers do not know the
+    /// progress topic ([`crate::progress_topic::Admin::ahead`]); read with `progress_topic`.
     progress_topic_admin: Option<crate::progress_topic::Admin>,
     /// Whether a probe has ended (later ones make no admin client: nothing would take it).
     answered: bool,

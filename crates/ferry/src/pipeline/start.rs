@@ -73,11 +73,11 @@ pub(crate) enum Reading {
     /// The topic was found (or created) before: read it.
     Read,
     /// Create the topic, or find it, first ([`progress_topic::Way::AtStart`];
-    /// `absent`: the broker probe's answer left it out). A topic this CreateTopics created
-    /// holds nothing, and is not read: the request goes out after the slot was read, so its
-    /// "nothing" is the topic's state after the slot's, as a read's would be (a first start's
-    /// verdict no longer waits for the new topic to settle and then for a reader's
-    /// connections, ~20–30 ms). `admin`: the admin client made when the probe answered
+    /// `absent`: the broker probe's answer said the brokers do not know it). A topic this
+    /// CreateTopics created holds nothing, and is not read: the request goes out after the
+    /// slot was read, so its "nothing" is the topic's state after the slot's, as a read's
+    /// would be (a first start's verdict no longer waits for the new topic to settle and then
+    /// for a reader's connections, ~20–30 ms). `admin`: the admin client made when the probe answered
     /// ([`progress_topic::Admin::ahead`]).
     Ensure {
         replication_factor: i32,
@@ -550,14 +550,13 @@ pub(super) async fn transactions_supported(s: &PipelineSettings) -> Result<(), P
         // Tests only: the backstop behind this check (`first_start_failed`) is tested alone.
         return Ok(());
     }
-    let properties = s.producer_properties.clone();
+    let (properties, topic) = (s.producer_properties.clone(), s.progress_topic.clone());
     let started = Instant::now();
-    let support =
-        tokio::task::spawn_blocking(move || crate::txn_probe::probe(&properties, PROBE_TIMEOUT))
-            .await
-            .map_err(|e| {
-                PipelineError::ProducerFatal(format!("asking the brokers for their APIs: {e}"))
-            })?;
+    let support = tokio::task::spawn_blocking(move || {
+        crate::txn_probe::probe(&properties, &topic, PROBE_TIMEOUT)
+    })
+    .await
+    .map_err(|e| PipelineError::ProducerFatal(format!("asking the brokers for their APIs: {e}")))?;
     match support {
         Ok(Support::Supported) => {
             tracing::info!(

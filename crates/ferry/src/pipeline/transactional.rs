@@ -93,8 +93,14 @@ impl Txn {
         let mut props = properties.to_vec();
         props.push(("transactional.id".into(), transactional_id.clone()));
         topics.set_transactional_id(&transactional_id);
-        let (producer, rx) = Producer::new(&props, topics, metrics.clone())
-            .map_err(PipelineError::ProducerConfig)?;
+        // Made after the verdict ensured the progress topic: its warm-up asks for it alone.
+        let (producer, rx) = Producer::new(
+            &props,
+            topics,
+            metrics.clone(),
+            Some(settings.progress_topic.as_str()),
+        )
+        .map_err(PipelineError::ProducerConfig)?;
         let fail = |error| match denied_txn(&error, &transactional_id, properties) {
             Some(e) => e,
             None => match transaction_error(&error) {

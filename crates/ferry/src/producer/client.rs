@@ -640,6 +640,7 @@ mod tests {
             Topics::default(),
             Metrics::new(),
             Some(gathering),
+            None,
         )
         .expect("producer")
     }

@@ -24,10 +24,17 @@
 //! response comes from the bootstrap broker, which that same response retires in favour of the
 //! brokers it names: the id state machine finds no broker up and waits for the timer, so the
 //! first record was acknowledged ~500 ms (and with no connection yet, ~1 s) after start.
-//! [`Producer::new`] therefore asks for brokers-only metadata twice on a thread of its own: the
-//! first answer names the brokers, the second comes over a learned broker's connection and the
-//! id request goes out with it. With the default sparse connections the second request waits
-//! for librdkafka's connection pacing (`reconnect.backoff.ms` / 2, at least 11 ms: 50 ms at
+//! [`Producer::new`] therefore asks for metadata twice on a thread of its own: the first answer
+//! names the brokers, the second comes over a learned broker's connection and the id request
+//! goes out with it. It asks for one topic known to exist (the progress topic, when the caller
+//! knows it does): a request for every topic, all rust-rdkafka and librdkafka's public API
+//! offer otherwise (`rd_kafka_metadata` with no topic asks for every topic, whatever
+//! `all_topics` says, when the client knows none), grows with the cluster: 54–106 ms against
+//! one local broker holding 5,000 topics, on the first acknowledgement's path. A first start,
+//! whose progress topic does not exist yet, asks for every topic: naming an unknown topic would
+//! let the brokers create it with their defaults (auto-creation stays on for the relay's
+//! producer). With the default sparse connections the second request waits for librdkafka's
+//! connection pacing (`reconnect.backoff.ms` / 2, at least 11 ms: 50 ms at
 //! librdkafka's default of 100, 11 ms at Ferry's 20); measured against a local broker the first
 //! acknowledgement came 53–62 ms after creation instead of 503 ms at the default pacing
 //! (bench/README.md, "Start-up"). The warm-up only asks; if the brokers are unreachable, it
@@ -45,7 +52,6 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{
     BaseProducer, DeliveryResult, Producer as _, ProducerContext, PurgeConfig,
 };
-use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message};
 
 use client::{Client, Outgoing, TopicName};
@@ -235,13 +241,15 @@ impl Producer {
     /// Creates the producer from `properties` (built in one place by the configuration:
     /// idempotence and `acks=all` always on). Must be called within the tokio runtime that is to
     /// serve its reports (see [`client`]). `topics` is told the topic of every record sent and
-    /// reported.
+    /// reported. `existing`: a topic known to exist, for the warm-up's metadata requests (see
+    /// the [module documentation](self); `None`: every topic).
     pub fn new(
         properties: &[(String, String)],
         topics: Topics,
         metrics: Arc<Metrics>,
+        existing: Option<&str>,
     ) -> Result<(Producer, Reports), KafkaError> {
-        Producer::with_gathering(properties, topics, metrics, None)
+        Producer::with_gathering(properties, topics, metrics, None, existing)
     }
 
     /// [`Producer::new`], its reports gathering for `gathering` (`None`: for what the
@@ -251,6 +259,7 @@ impl Producer {
         topics: Topics,
         metrics: Arc<Metrics>,
         gathering: Option<Duration>,
+        existing: Option<&str>,
     ) -> Result<(Producer, Reports), KafkaError> {
         // The brokers' view (`ferry_kafka_brokers_up`, readiness) comes from the statistics:
         // Ferry's interval unless kafka.properties sets one. Only the relay's producers ask
@@ -267,7 +276,7 @@ impl Producer {
             brokers: Mutex::new((BrokerWatch::default(), false)),
         })?;
         let inner = Client::new(producer, gathering.unwrap_or_else(|| report_gathering(&cc)));
-        warm_up(Arc::downgrade(&inner));
+        warm_up(Arc::downgrade(&inner), existing.map(str::to_owned));
         Ok((
             Producer {
                 inner,
@@ -407,16 +416,21 @@ impl Producer {
 const WARM_UP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Gets the producer id requested now rather than on librdkafka's 500 ms timer (see the module
-/// essay): two brokers-only metadata requests on a thread of their own, so that neither the
-/// caller nor an unreachable cluster is held up. Best effort: a failed request ends it.
-fn warm_up(producer: Weak<Client>) {
+/// essay): two metadata requests, for `existing` alone or for every topic, on a thread of their
+/// own, so that neither the caller nor an unreachable cluster is held up. Best effort: a failed
+/// request ends it.
+fn warm_up(producer: Weak<Client>, existing: Option<String>) {
     let spawned = std::thread::Builder::new()
         .name("ferry-kafka-warm".into())
         .spawn(move || {
             let started = std::time::Instant::now();
             for round in 1..=2 {
                 let Some(p) = producer.upgrade() else { return };
-                if let Err(e) = brokers_metadata(&p.producer, WARM_UP_TIMEOUT) {
+                let asked = p
+                    .producer
+                    .client()
+                    .fetch_metadata(existing.as_deref(), WARM_UP_TIMEOUT);
+                if let Err(e) = asked {
                     tracing::debug!(round, error = %e, "Kafka warm-up: no metadata; the producer id comes on librdkafka's timer");
                     return;
                 }
@@ -429,35 +443,6 @@ fn warm_up(producer: Weak<Client>) {
         });
     if let Err(e) = spawned {
         tracing::debug!(error = %e, "Kafka warm-up thread not started");
-    }
-}
-
-/// A metadata request for the brokers alone (no topics: `rd_kafka_metadata` with
-/// `all_topics = 0` and no topic asks for the topics this client knows, none at start-up),
-/// blocking up to `timeout`. rust-rdkafka only offers all topics or one named topic; the first
-/// is large on a big cluster, the second could create a topic where auto-creation is on.
-#[allow(unsafe_code)]
-fn brokers_metadata(p: &BaseProducer<Context>, timeout: Duration) -> Result<(), KafkaError> {
-    let mut md: *const rdkafka::bindings::rd_kafka_metadata_t = std::ptr::null();
-    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: the client pointer is valid while `p` is borrowed; `md` is written only on
-    // success and then owned by us, released exactly once with rd_kafka_metadata_destroy.
-    let err = unsafe {
-        rdkafka::bindings::rd_kafka_metadata(
-            p.client().native_ptr(),
-            0,
-            std::ptr::null_mut(),
-            &mut md,
-            timeout_ms,
-        )
-    };
-    if !md.is_null() {
-        // SAFETY: see above; `md` came from rd_kafka_metadata and is not used afterwards.
-        unsafe { rdkafka::bindings::rd_kafka_metadata_destroy(md) };
-    }
-    match err {
-        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
-        e => Err(KafkaError::MetadataFetch(e.into())),
     }
 }
 
@@ -659,7 +644,12 @@ mod tests {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let created = Producer::new(&props, crate::topics::Topics::default(), Metrics::new());
+        let created = Producer::new(
+            &props,
+            crate::topics::Topics::default(),
+            Metrics::new(),
+            None,
+        );
         assert!(created.is_ok(), "{:?}", created.err());
     }
 
@@ -680,7 +670,7 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-            let created = Producer::new(&props, Topics::default(), Metrics::new());
+            let created = Producer::new(&props, Topics::default(), Metrics::new(), None);
             assert!(created.is_ok(), "{mechanism}: {:?}", created.err());
         }
     }
@@ -693,7 +683,8 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_producer_reports_every_record_it_held() {
         let (producer, mut reports) =
-            Producer::new(&unanswered(), Topics::default(), Metrics::new()).expect("producer");
+            Producer::new(&unanswered(), Topics::default(), Metrics::new(), None)
+                .expect("producer");
         let record = a_record();
         for key in 0..3 {
             producer.send(&record, key).expect("accepted");
@@ -736,7 +727,7 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let (producer, _reports) =
-            Producer::new(&props, Topics::default(), Metrics::new()).expect("producer");
+            Producer::new(&props, Topics::default(), Metrics::new(), None).expect("producer");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
             let text = captured.text();
