@@ -1,6 +1,8 @@
-//! Instances started at the same moment (a Deployment with two replicas, a rolling restart) on a
-//! database where nothing exists yet: they all race to create the publication and the slot.
-//! Exactly one streams, the others stand by, none stops with an error.
+//! Start-up. Instances started at the same moment (a Deployment with two replicas, a rolling
+//! restart) on a database where nothing exists yet: they all race to create the publication and
+//! the slot. Exactly one streams, the others stand by, none stops with an error. A standby on a
+//! first deployment creates the progress topic while it waits. A restart asks the brokers for
+//! the topics it uses, never for every topic.
 
 mod common;
 

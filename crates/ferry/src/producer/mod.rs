@@ -426,10 +426,20 @@ fn warm_up(producer: Weak<Client>, existing: Option<String>) {
             let started = std::time::Instant::now();
             for round in 1..=2 {
                 let Some(p) = producer.upgrade() else { return };
-                let asked = p
+                let asked = match p
                     .producer
                     .client()
-                    .fetch_metadata(existing.as_deref(), WARM_UP_TIMEOUT);
+                    .fetch_metadata(existing.as_deref(), WARM_UP_TIMEOUT)
+                {
+                    // A broker's error for the topic (a principal not allowed to describe it)
+                    // is an answer all the same: it came over a connection.
+                    Err(KafkaError::MetadataFetch(code))
+                        if crate::kafka_access::from_broker(code) =>
+                    {
+                        Ok(())
+                    }
+                    other => other.map(|_| ()),
+                };
                 if let Err(e) = asked {
                     tracing::debug!(round, error = %e, "Kafka warm-up: no metadata; the producer id comes on librdkafka's timer");
                     return;
