@@ -96,7 +96,8 @@ fn read(brokers: &str, topic: &str, k: &ProgressKey) -> Result<Remembered, Progr
     progress::read(&properties(brokers), topic, k, TIMEOUT)
 }
 
-/// A first start sends CreateTopics first when the broker probe's answer left the topic out,
+/// A first start sends CreateTopics first when the broker probe's answer said the brokers do not
+/// know the topic,
 /// and its verdict reads nothing from a topic that call created. A topic that exists all the
 /// same (a broker whose metadata lagged, a principal that may not describe it) is found, never
 /// taken for one just created: its records are read.

@@ -149,13 +149,15 @@ async fn a_standby_creates_the_progress_topic_while_it_waits() {
     assert!(f.terminate().await.success(), "{}", f.log_text());
 }
 
-/// A start asks the brokers for the topics it uses, never for every topic: an answer for every
-/// topic grows with the cluster (against one local broker holding 5,000 topics a restart took
-/// 76–115 ms with the two such requests, 29–38 ms without; bench/README.md, "Start-up"). The one
-/// exception is a first start's producer, made before its progress topic exists. And the broker
-/// probe, which names the progress topic, must not create it by asking: the topic a first start
-/// leaves is Ferry's compacted one, not one the brokers made with their defaults (auto-creation is
-/// on here, as it is by default).
+/// A restart's producer and the clients whose librdkafka lines reach the log ask the brokers for
+/// the topics they use, never for every topic: an answer for every topic grows with the cluster
+/// (against one local broker holding 5,000 other topics a restart took 137 ms with such
+/// requests, 41.5 ms without; bench/README.md, "Round 35"). A first start's producer, made before
+/// its progress topic exists, still asks for every topic; the broker probe's client logs only
+/// what it is polled for, so its request is not seen here. And the probe, which names the
+/// progress topic, must not create it by asking: the topic a first start leaves is Ferry's
+/// compacted one, not one the brokers made with their defaults (auto-creation is on here, as it
+/// is by default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_asks_the_brokers_for_no_topic_but_its_own() {
     use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};

@@ -196,12 +196,15 @@ async fn kafka_away_during_a_first_start_leaves_a_slot_the_retry_starts_from() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_reads_the_brokers_api_versions() {
     use ferry::broker_apis::Support;
+    // A topic the brokers do not know: their answer for it counts all the same, and asking
+    // does not create it (the shared broker auto-creates topics).
+    let topic = format!("ferry-test.txn-probe.{}", std::process::id());
     let probe = |brokers: String| {
+        let topic = topic.clone();
         tokio::task::spawn_blocking(move || {
-            // A topic the brokers do not know: their answer for it counts all the same.
             ferry::txn_probe::probe(
                 &[("bootstrap.servers".to_string(), brokers)],
-                "ferry-test.no-such-topic",
+                &topic,
                 Duration::from_secs(30),
             )
             .expect("the broker answers")
@@ -209,6 +212,21 @@ async fn the_probe_reads_the_brokers_api_versions() {
     };
     let real = probe(kafka::shared().brokers()).await.unwrap();
     assert_eq!(real, Support::Supported);
+    let listed: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka::shared().brokers())
+        .create()
+        .unwrap();
+    let names = {
+        use rdkafka::consumer::Consumer;
+        listed
+            .fetch_metadata(None, Duration::from_secs(30))
+            .unwrap()
+            .topics()
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(!names.contains(&topic), "the probe created {topic}");
     let (w, _proxy) = world_without_end_txn().await;
     let Support::Missing(missing) = probe(w.brokers.clone()).await.unwrap() else {
         panic!("the proxy hides EndTxn");

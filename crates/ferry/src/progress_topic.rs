@@ -593,11 +593,11 @@ pub enum Way {
 }
 
 /// The admin client a first start's CreateTopics goes out on, made as soon as the broker
-/// probe's answer said the brokers do not know the progress topic ([`Sighting::Absent`]). It begins connecting while
-/// the session opens and reads the slot: to a bootstrap broker, which it asks for metadata, and
-/// then, sparse connections being off for its role, to every broker the answer names (the one
-/// CreateTopics goes to among them). Made when CreateTopics goes out, after the slot was read, those
-/// round trips came first: bench/README.md, "Round 33".
+/// probe's answer said the brokers do not know the progress topic ([`Sighting::Absent`]). It
+/// begins connecting while the session opens and reads the slot: to a bootstrap broker, which
+/// it asks for metadata, and then, sparse connections being off for its role, to every broker
+/// the answer names (the one CreateTopics goes to among them). Made when CreateTopics goes out,
+/// after the slot was read, those round trips came first: bench/README.md, "Round 33".
 pub struct Admin(Disposed<AdminClient<Reader>>);
 
 impl std::fmt::Debug for Admin {

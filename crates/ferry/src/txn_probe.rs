@@ -59,11 +59,8 @@ pub fn probe(
     // contexts; `debug=feature`, logged at Debug.
     let cc = crate::kafka_client::config(properties, crate::kafka_client::Role::ApiVersionsProbe);
     let producer: BaseProducer<Probe> = cc.create_with_context(Probe::default())?;
-    let metadata = match producer.client().fetch_metadata(Some(topic), timeout) {
-        // A broker's error for the topic (unknown, not authorized) is an answer all the same.
-        Err(KafkaError::MetadataFetch(code)) if crate::kafka_access::from_broker(code) => Ok(()),
-        other => other.map(|_| ()),
-    };
+    // A broker's error for the topic (unknown, not authorized) comes inside the answer.
+    let metadata = producer.client().fetch_metadata(Some(topic), timeout);
     // The log lines reach the context only when polled; the connection that answered logged
     // its ApiVersions answer before it sent the metadata request, so it is queued by now.
     for _ in 0..MAX_EVENTS {

@@ -25,7 +25,6 @@ mod diagnosis;
 mod probe;
 
 pub use diagnosis::{diagnose, relayed, silent, Cause, Diagnosis};
-pub(crate) use probe::from_broker;
 pub use probe::{probe, probe_seeing, Unusable};
 
 /// How long a probe of the brokers waits for one to answer (a refused port, a name that does

@@ -77,8 +77,8 @@ pub(crate) enum Reading {
     /// CreateTopics created holds nothing, and is not read: the request goes out after the
     /// slot was read, so its "nothing" is the topic's state after the slot's, as a read's
     /// would be (a first start's verdict no longer waits for the new topic to settle and then
-    /// for a reader's connections, ~20–30 ms). `admin`: the admin client made when the probe answered
-    /// ([`progress_topic::Admin::ahead`]).
+    /// for a reader's connections, ~20–30 ms). `admin`: the admin client made when the probe
+    /// answered ([`progress_topic::Admin::ahead`]).
     Ensure {
         replication_factor: i32,
         absent: bool,

@@ -29,8 +29,9 @@
 //! goes out with it. It asks for one topic known to exist (the progress topic, when the caller
 //! knows it does): a request for every topic, all rust-rdkafka and librdkafka's public API
 //! offer otherwise (`rd_kafka_metadata` with no topic asks for every topic, whatever
-//! `all_topics` says, when the client knows none), grows with the cluster: 54–106 ms against
-//! one local broker holding 5,000 topics, on the first acknowledgement's path. A first start,
+//! `all_topics` says, when the client knows none), grows with the cluster: a restart's warm-up
+//! took 36–90 ms instead of 13–15 against one local broker holding 5,000 other topics, on the
+//! first acknowledgement's path (bench/README.md, "Round 35"). A first start,
 //! whose progress topic does not exist yet, asks for every topic: naming an unknown topic would
 //! let the brokers create it with their defaults (auto-creation stays on for the relay's
 //! producer). With the default sparse connections the second request waits for librdkafka's
@@ -401,15 +402,6 @@ impl Producer {
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.inner.producer.flush(timeout)
     }
-
-    /// Metadata round trip: whether the brokers answer within `timeout` (blocking).
-    pub fn reachable(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.inner
-            .producer
-            .client()
-            .fetch_metadata(None, timeout)
-            .map(|_| ())
-    }
 }
 
 /// How long each warm-up metadata request may wait for a broker.
@@ -426,20 +418,12 @@ fn warm_up(producer: Weak<Client>, existing: Option<String>) {
             let started = std::time::Instant::now();
             for round in 1..=2 {
                 let Some(p) = producer.upgrade() else { return };
-                let asked = match p
+                // A broker's error for the topic (a principal not allowed to describe it) comes
+                // inside the answer, which is all the warm-up needs.
+                let asked = p
                     .producer
                     .client()
-                    .fetch_metadata(existing.as_deref(), WARM_UP_TIMEOUT)
-                {
-                    // A broker's error for the topic (a principal not allowed to describe it)
-                    // is an answer all the same: it came over a connection.
-                    Err(KafkaError::MetadataFetch(code))
-                        if crate::kafka_access::from_broker(code) =>
-                    {
-                        Ok(())
-                    }
-                    other => other.map(|_| ()),
-                };
+                    .fetch_metadata(existing.as_deref(), WARM_UP_TIMEOUT);
                 if let Err(e) = asked {
                     tracing::debug!(round, error = %e, "Kafka warm-up: no metadata; the producer id comes on librdkafka's timer");
                     return;
