@@ -901,6 +901,15 @@ pub fn partition_count(brokers: &str, topic: &str) -> Option<i32> {
     })
 }
 
+/// Whether the brokers know `topic` (settled or still being created), asked without creating it.
+pub fn topic_known(brokers: &str, topic: &str) -> bool {
+    with_topic_metadata(brokers, topic, |t| {
+        let unknown = rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+        (t.error() != Some(unknown)).then_some(())
+    })
+    .is_some()
+}
+
 /// The broker id leading `topic`'s `partition`, if the metadata names one.
 pub fn leader_of(brokers: &str, topic: &str, partition: i32) -> Option<i32> {
     with_topic_metadata(brokers, topic, |t| {
