@@ -66,6 +66,7 @@ pub struct Args {
     pub startup: u32,
     /// Records written to the progress topic before each kill -9 (see `startup`).
     pub startup_fill: u32,
+    /// Other topics the broker holds before the start-up runs (see `startup`).
     pub startup_topics: u32,
     /// `kafka.compression` for Ferry and the same codec for the other producers.
     pub compression: String,
