@@ -455,6 +455,103 @@ async fn a_progress_topic_with_three_partitions_is_a_clear_error() {
     );
 }
 
+/// A progress topic that Kafka deletes records from (an administrator's, with the brokers'
+/// `cleanup.policy=delete`) would let a dropped slot go unnoticed once its record is gone:
+/// `ferry check` warns with the command that compacts it, and so does `ferry run`, at WARN, once
+/// it streams. Compacted, `check` says the topic keeps each slot's newest record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
+    let w = World::new().await;
+    let topic = w.create_topic(AGGREGATE, 1).await;
+    let progress_topic = w.progress_topic();
+    kafka::create_topic_with(
+        &w.brokers,
+        &progress_topic,
+        1,
+        &[
+            ("cleanup.policy", "delete"),
+            ("retention.ms", "86400000"),
+            ("segment.ms", "600000"),
+        ],
+    )
+    .await;
+    let deletes = "Kafka deletes its records 1 day after they are written (cleanup.policy=delete, retention.ms=86400000)";
+    let fix = format!(
+        "kafka-configs.sh --bootstrap-server {} --alter --entity-type topics --entity-name {progress_topic} --add-config cleanup.policy=compact,segment.ms=600000",
+        w.brokers
+    );
+    let mut check = Ferry::spawn(&w, &["check"]);
+    assert_eq!(check.wait_exit(EXIT).await.code(), Some(0));
+    let out = check.log_text();
+    let warning = out
+        .lines()
+        .position(|l| {
+            l.trim_start().starts_with("warning: the progress topic") && l.contains(deletes)
+        })
+        .unwrap_or_else(|| panic!("no warning about the progress topic:\n{out}"));
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[warning].contains("a slot dropped meanwhile goes unnoticed"),
+        "{out}"
+    );
+    assert_eq!(lines[warning + 1].trim(), format!("fix: {fix}"), "{out}");
+
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert(&w, 0..1).await;
+    w.consume(&topic, 1).await;
+    wait_until(
+        "the WARN about the progress topic",
+        Duration::from_secs(30),
+        || async {
+            ferry
+                .log_text()
+                .lines()
+                .any(|l| l.contains("WARN") && l.contains(deletes) && l.contains(&fix))
+        },
+    )
+    .await;
+    ferry.terminate().await;
+
+    alter_topic(
+        &w.brokers,
+        &progress_topic,
+        &[("cleanup.policy", "compact"), ("segment.ms", "600000")],
+    )
+    .await;
+    let compacted = format!(
+        "note: progress topic {progress_topic:?} keeps each slot's newest record (cleanup.policy=compact, segment.ms=600000)"
+    );
+    // The brokers apply a change a moment after they acknowledge it.
+    wait_until("check sees the topic compacted", EXIT, || async {
+        let mut check = Ferry::spawn(&w, &["check"]);
+        check.wait_exit(EXIT).await;
+        check.log_text().contains(&compacted)
+    })
+    .await;
+}
+
+/// Sets `topic`'s configs to `configs` (AlterConfigs: every other topic config goes back to the
+/// brokers' default).
+async fn alter_topic(brokers: &str, topic: &str, configs: &[(&str, &str)]) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let mut alter = AlterConfig::new(ResourceSpecifier::Topic(topic));
+    for (k, v) in configs {
+        alter = alter.set(k, v);
+    }
+    let altered = admin
+        .alter_configs([&alter], &AdminOptions::new())
+        .await
+        .expect("alter_configs");
+    assert!(altered.iter().all(|r| r.is_ok()), "{altered:?}");
+}
+
 /// Deletes `topic` and waits until the broker no longer lists it.
 async fn delete_topic(brokers: &str, topic: &str) {
     use rdkafka::admin::{AdminClient, AdminOptions};

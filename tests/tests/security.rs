@@ -214,6 +214,15 @@ async fn relays_with_the_minimal_acls(user: &str, exactly_once: bool) {
     let (code, out) = check(&w).await;
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("OK: Ferry can run"), "{out}");
+    // Without DescribeConfigs on the progress topic, `check` cannot judge its configuration
+    // and says what it should be instead.
+    assert!(
+        out.contains(&format!(
+            "note: cannot read the progress topic {:?}'s configuration",
+            w.progress_topic()
+        )) && out.contains("fix: make sure it is cleanup.policy=compact, segment.ms=600000"),
+        "{out}"
+    );
 
     let denied: Vec<String> = denials_of(user)
         .into_iter()

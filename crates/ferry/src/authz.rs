@@ -97,11 +97,7 @@ pub fn principal(properties: &[(String, String)]) -> String {
 
 /// The `kafka-acls.sh` command that grants `resource`'s operations to Ferry's principal.
 pub fn grant_command(resource: &Resource, properties: &[(String, String)]) -> String {
-    let brokers = properties
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "bootstrap.servers")
-        .map_or("<brokers>", |(_, v)| v.as_str());
+    let brokers = crate::kafka_client::bootstrap_servers(properties);
     let ops: String = resource
         .operations()
         .iter()

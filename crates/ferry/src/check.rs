@@ -540,6 +540,9 @@ async fn progress_problems(settings: &PipelineSettings) -> ProgressFindings {
                 .into(),
         });
     }
+    if inspection.topic_exists {
+        found.push(keeping_problem(settings).await);
+    }
     let slot = &settings.slot.slot;
     let (severity, what, fix) = match inspection.verdict {
         verdict::Verdict::CreateSlot => (
@@ -592,6 +595,49 @@ async fn progress_problems(settings: &PipelineSettings) -> ProgressFindings {
     ProgressFindings {
         problems: found,
         slot_lost,
+    }
+}
+
+/// Whether the progress topic keeps each slot's newest record, and little else
+/// ([`crate::progress_topic::keeping`]).
+async fn keeping_problem(settings: &PipelineSettings) -> Problem {
+    let (properties, topic) = (&settings.producer_properties, &settings.progress_topic);
+    let ferrys = format!(
+        "cleanup.policy=compact, segment.ms={}",
+        crate::progress_topic::SEGMENT_MS
+    );
+    let described = crate::progress_topic::describe_keeping(properties, topic, KAFKA_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|keeping| match keeping.cleanup_policy {
+            Some(_) => Ok(keeping),
+            // Refused (no DescribeConfigs on the topic): rdkafka hands back no entries.
+            None => Err("the brokers' answer holds none of its settings".to_string()),
+        });
+    match described {
+        Ok(keeping) => match keeping.warning(topic) {
+            Some(w) => Problem {
+                severity: Severity::Warning,
+                what: w.what.clone(),
+                fix: w.fix(kafka_client::bootstrap_servers(properties), topic),
+            },
+            None => Problem {
+                severity: Severity::Note,
+                what: format!(
+                    "progress topic {topic:?} keeps each slot's newest record (cleanup.policy={}, segment.ms={})",
+                    keeping.cleanup_policy.unwrap_or_default(),
+                    keeping.segment_ms.map_or("?".to_string(), |v| v.to_string()),
+                ),
+                fix: "none needed".into(),
+            },
+        },
+        Err(e) => Problem {
+            severity: Severity::Note,
+            what: format!("cannot read the progress topic {topic:?}'s configuration: {e}"),
+            fix: format!(
+                "make sure it is {ferrys}, as Ferry creates it; DescribeConfigs on the topic lets `ferry check` and `ferry run` read it"
+            ),
+        },
     }
 }
 

@@ -197,6 +197,16 @@ impl Role {
     }
 }
 
+/// The brokers `properties` name (`bootstrap.servers`, the last one set), for messages and
+/// commands; `<brokers>` when none.
+pub fn bootstrap_servers(properties: &[(String, String)]) -> &str {
+    properties
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "bootstrap.servers")
+        .map_or("<brokers>", |(_, v)| v.as_str())
+}
+
 /// The librdkafka configuration of a client of `role`, from `properties` (Ferry's producer
 /// properties, see the [module documentation](self)). Holds secrets: never log it.
 pub fn config(properties: &[(String, String)], role: Role) -> ClientConfig {

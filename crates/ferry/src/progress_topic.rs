@@ -2,7 +2,8 @@
 //!
 //! What a progress record holds and why it exists is written in [`ferry_core::progress_record`]. This
 //! module does the I/O: [`read`] finds the newest committed record of one slot and server, and
-//! [`ensure_topic`] creates the topic (one partition, compacted) or checks the one that exists.
+//! [`ensure_topic`] creates the topic (one partition, compacted) or checks the one that exists;
+//! [`keeping`] judges what an existing topic's configuration keeps ([`describe_keeping`]).
 //!
 //! # Reading to the end
 //!
@@ -40,6 +41,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::kafka_client::{self, Role};
 
+pub mod keeping;
 mod list_offsets;
 
 use list_offsets::Ends;
@@ -750,6 +752,33 @@ pub async fn ensure_topic_as(
             )),
         }),
         TopicShape::Failed(code) => Err(kafka(KafkaError::MetadataFetch(code))),
+    }
+}
+
+/// What a DescribeConfigs answer for the progress topic says it keeps.
+pub(crate) fn keeping_of(configs: &rdkafka::admin::ConfigResource) -> keeping::Keeping {
+    keeping::Keeping::from_entries(|name| configs.get(name).and_then(|e| e.value.as_deref()))
+}
+
+/// The progress topic's [`keeping::Keeping`], asked of the brokers (DescribeConfigs) by an
+/// admin client of its own. A resource the brokers refused (no DESCRIBE_CONFIGS on the topic)
+/// comes back with no entries, its error dropped by rdkafka 0.39: every setting `None`.
+pub async fn describe_keeping(
+    properties: &[(String, String)],
+    topic: &str,
+    timeout: Duration,
+) -> Result<keeping::Keeping, KafkaError> {
+    let admin = Disposed::new(
+        kafka_client::config(properties, Role::ProgressTopic)
+            .create_with_context::<_, AdminClient<Reader>>(Reader)?,
+    );
+    let opts = AdminOptions::new().request_timeout(Some(timeout));
+    let resource = rdkafka::admin::ResourceSpecifier::Topic(topic);
+    let answer = admin.describe_configs([&resource], &opts).await?;
+    match answer.into_iter().next() {
+        Some(Ok(configs)) => Ok(keeping_of(&configs)),
+        Some(Err(code)) => Err(KafkaError::AdminOp(code)),
+        None => Err(KafkaError::AdminOp(RDKafkaErrorCode::Fail)),
     }
 }
 

@@ -48,6 +48,10 @@
 //! the progress record waits instead. So when Ferry has records in flight and the confirmed
 //! LSN has not risen for a [`RECHECK_INTERVAL`], the watch looks at those partitions the same
 //! way.
+//!
+//! The first DescribeConfigs answer for the progress topic (at the watch's first look) is also
+//! judged once: a topic that deletes progress records or lets them pile up is said at WARN with
+//! the command that mends it ([`crate::progress_topic::keeping`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -55,7 +59,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ferry_router::CreateTopicsConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, ConfigResource, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -250,6 +256,8 @@ impl TopicWatch {
             min_insync: HashMap::new(),
             refusals: RefusalLog::default(),
             internal,
+            progress_topic: progress_topic.to_string(),
+            progress_topic_judged: false,
         };
         let thread = std::thread::Builder::new()
             .name("ferry-topics".into())
@@ -300,6 +308,10 @@ struct Worker {
     refusals: RefusalLog,
     /// The partitions Ferry writes besides the routed topics' (see the module docs).
     internal: Vec<(String, Internal)>,
+    /// The progress topic, whose configuration the first DescribeConfigs answer for it is
+    /// judged by once (`progress_topic_judged`).
+    progress_topic: String,
+    progress_topic_judged: bool,
 }
 
 /// The watch's two clients.
@@ -339,6 +351,14 @@ fn coordinator_partition(transactional_id: &str, partitions: usize) -> i32 {
         .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
     let abs = if hash == i32::MIN { 0 } else { hash.abs() };
     abs % i32::try_from(partitions.max(1)).unwrap_or(i32::MAX)
+}
+
+/// `min.insync.replicas` in a DescribeConfigs answer.
+fn min_insync_of(configs: &ConfigResource) -> Option<i32> {
+    configs
+        .get("min.insync.replicas")
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| v.parse().ok())
 }
 
 /// What the brokers say about a topic.
@@ -626,7 +646,11 @@ impl Worker {
                 return v;
             }
         }
-        match self.describe_min_insync(ResourceSpecifier::Topic(topic)) {
+        let described = self.describe(ResourceSpecifier::Topic(topic));
+        if let (Ok(Some(configs)), true) = (&described, topic == self.progress_topic) {
+            self.judge_progress_topic(configs);
+        }
+        match described.map(|c| c.as_ref().and_then(min_insync_of)) {
             Ok(Some(v)) => {
                 tracing::debug!(topic = %topic, min_insync = v, "min.insync.replicas");
                 self.min_insync.insert(topic.to_string(), (Some(v), now));
@@ -641,29 +665,47 @@ impl Worker {
                 match known {
                     Some((v, _)) => v,
                     None => leader.and_then(|id| {
-                        self.describe_min_insync(ResourceSpecifier::Broker(id))
+                        self.describe(ResourceSpecifier::Broker(id))
                             .ok()
                             .flatten()
+                            .as_ref()
+                            .and_then(min_insync_of)
                     }),
                 }
             }
         }
     }
 
-    /// `min.insync.replicas` of one resource (blocking).
-    fn describe_min_insync(
+    /// Says once, at WARN, what the progress topic's configuration costs when it deletes
+    /// progress records or lets them pile up ([`crate::progress_topic::keeping`]).
+    fn judge_progress_topic(&mut self, configs: &ConfigResource) {
+        if std::mem::replace(&mut self.progress_topic_judged, true) {
+            return;
+        }
+        let keeping = crate::progress_topic::keeping_of(configs);
+        tracing::debug!(topic = %self.progress_topic, ?keeping, "the progress topic's configuration");
+        if let Some(w) = keeping.warning(&self.progress_topic) {
+            let brokers = kafka_client::bootstrap_servers(&self.properties);
+            tracing::warn!(
+                topic = %self.progress_topic,
+                "{}. Fix: {}",
+                w.what,
+                w.fix(brokers, &self.progress_topic)
+            );
+        }
+    }
+
+    /// One resource's configs (blocking); `None` when the answer holds none for it. A resource
+    /// the brokers refused (no DESCRIBE_CONFIGS permission) comes back with no entries, its error
+    /// dropped by rdkafka 0.39.
+    fn describe(
         &self,
         resource: ResourceSpecifier<'_>,
-    ) -> Result<Option<i32>, KafkaError> {
+    ) -> Result<Option<ConfigResource>, KafkaError> {
         let (admin, runtime) = (&self.clients()?.admin, &self.runtime);
         let opts = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
         let results = runtime.block_on(admin.describe_configs([&resource], &opts))?;
-        Ok(results
-            .into_iter()
-            .next()
-            .and_then(Result::ok)
-            .and_then(|r| r.get("min.insync.replicas").and_then(|e| e.value.clone()))
-            .and_then(|v| v.parse().ok()))
+        Ok(results.into_iter().next().and_then(Result::ok))
     }
 
     /// One metadata request for `topic` (blocking), through a client that never creates it.
