@@ -87,7 +87,7 @@ pub enum ProgressTopicError {
         error: ProgressError,
     },
     #[error(
-        "the progress topic {topic} does not exist and Ferry may not create it: {error}. Create it with 1 partition and cleanup.policy=compact, or grant Ferry CREATE on the cluster"
+        "the progress topic {topic} does not exist and Ferry may not create it: {error}. Create it with 1 partition, cleanup.policy=compact and segment.ms=600000, or grant Ferry CREATE on the cluster"
     )]
     Create { topic: String, error: String },
     /// The broker refused Ferry's principal an operation on the topic (an ACL is missing): the

@@ -679,11 +679,13 @@ impl Worker {
     /// Says once, at WARN, what the progress topic's configuration costs when it deletes
     /// progress records or lets them pile up ([`crate::progress_topic::keeping`]).
     fn judge_progress_topic(&mut self, configs: &ConfigResource) {
-        if std::mem::replace(&mut self.progress_topic_judged, true) {
-            return;
-        }
         let keeping = crate::progress_topic::keeping_of(configs);
         tracing::debug!(topic = %self.progress_topic, ?keeping, "the progress topic's configuration");
+        // A refused answer says nothing: not judged (the next answer may say).
+        if self.progress_topic_judged || !keeping.is_said() {
+            return;
+        }
+        self.progress_topic_judged = true;
         if let Some(w) = keeping.warning(&self.progress_topic) {
             let brokers = kafka_client::bootstrap_servers(&self.properties);
             tracing::warn!(

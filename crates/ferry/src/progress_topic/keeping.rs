@@ -6,19 +6,24 @@
 //! ways that matter, and nothing else ever says so:
 //!
 //! - **Records deleted** (`cleanup.policy` includes `delete`, with a finite `retention.ms` or
-//!   `retention.bytes`). Ferry writes a progress record only when its position moves. A Ferry
-//!   stopped, or a database quiet, for longer than the retention finds no record at its next
-//!   start. A slot dropped meanwhile then looks like a first start, and the gap goes unnoticed;
-//!   exactly-once mode refuses to start from a slot it has no record for.
+//!   `retention.bytes`). Ferry writes a progress record only when its position moves, and Kafka's
+//!   time retention deletes even the active segment of a topic nobody writes to. A Ferry
+//!   stopped, or a server that writes no WAL, for longer than `retention.ms` finds no record at
+//!   its next start; so does one whose record other slots' records pushed past
+//!   `retention.bytes` on a topic they share (size retention never deletes the newest segment).
+//!   A slot dropped meanwhile then looks like a first start, and the gap goes unnoticed in
+//!   either mode; exactly-once mode refuses to start from a slot whose record is gone.
 //! - **Records piling up** (no `compact`, or segments that roll rarely). A start reads the topic
-//!   whole. Compaction keeps one record per slot, but never touches the active segment: with
-//!   Kafka's default `segment.ms` of 7 days, a busy Ferry's ~5 records a second pile up to ~3
-//!   million before compaction may drop them, and every restart reads them all.
+//!   whole. Compaction keeps one record per slot, but never touches the active segment, which
+//!   rolls every `segment.ms` (or `max.compaction.lag.ms`, if shorter): at Kafka's default of 7
+//!   days, an at-least-once Ferry's ~5 records a second pile up to ~3 million, and every restart
+//!   reads them all (~1.9 ms per 1,000 records).
 
 use super::SEGMENT_MS;
 
-/// Above this `segment.ms`, the records a restart reads are worth a warning: an hour's worth is
-/// ~18,000 records and ~30 ms of a restart (`SEGMENT_MS`'s measurement).
+/// Above this segment roll, the records a restart reads are worth a warning: an hour's worth
+/// is ~18,000 records of an at-least-once Ferry, ~34 ms of a restart (100,000 records cost
+/// ~190 ms, `ferry-bench --startup-fill`).
 pub const SEGMENT_MS_WARN: i64 = 60 * 60 * 1000;
 
 /// The progress topic's settings that decide what it keeps (DescribeConfigs: the topic's own
@@ -30,21 +35,23 @@ pub struct Keeping {
     pub retention_ms: Option<i64>,
     pub retention_bytes: Option<i64>,
     pub segment_ms: Option<i64>,
+    /// `max.compaction.lag.ms`: a compacted topic's segments also roll this often.
+    pub max_compaction_lag_ms: Option<i64>,
 }
 
 /// What is wrong with a [`Keeping`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Flaw {
-    /// Records older than `retention_ms` (or past `retention_bytes`) are deleted.
+    /// Records older than `retention_ms`, or past `retention_bytes`, are deleted.
     Deletes {
         retention_ms: Option<i64>,
         retention_bytes: Option<i64>,
     },
     /// Not compacted: every record is kept until deleted, and a start reads them all.
     Uncompacted,
-    /// Compacted, but the active segment (which compaction never touches) holds this long's
+    /// Compacted, but the active segment (which compaction never touches) holds `roll_ms`'s
     /// records.
-    LongSegments { segment_ms: i64 },
+    LongSegments { roll_ms: i64 },
 }
 
 impl Keeping {
@@ -56,7 +63,13 @@ impl Keeping {
             retention_ms: number("retention.ms"),
             retention_bytes: number("retention.bytes"),
             segment_ms: number("segment.ms"),
+            max_compaction_lag_ms: number("max.compaction.lag.ms"),
         }
+    }
+
+    /// Whether the answer said anything of the topic (a refused DescribeConfigs says nothing).
+    pub fn is_said(&self) -> bool {
+        self.cleanup_policy.is_some()
     }
 
     fn policy_has(&self, policy: &str) -> Option<bool> {
@@ -64,24 +77,38 @@ impl Keeping {
         Some(listed.split(',').any(|p| p.trim() == policy))
     }
 
+    /// How often the active segment rolls: `segment.ms`, or a compacted topic's
+    /// `max.compaction.lag.ms` if shorter (Kafka's `LogConfig.maxSegmentMs`).
+    fn roll_ms(&self) -> Option<i64> {
+        let lag = self
+            .max_compaction_lag_ms
+            .filter(|lag| *lag > 0 && self.policy_has("compact") == Some(true));
+        match (self.segment_ms, lag) {
+            (Some(segment), Some(lag)) => Some(segment.min(lag)),
+            (segment, _) => segment,
+        }
+    }
+
     /// What is wrong, in the order a reader should hear it; empty when the topic keeps every
     /// slot's newest record and little else (or when the answer did not say).
     pub fn flaws(&self) -> Vec<Flaw> {
         let mut flaws = Vec::new();
-        let finite = |v: Option<i64>| v.is_some_and(|v| v >= 0);
+        let finite = |v: Option<i64>| v.filter(|v| *v >= 0);
+        let (retention_ms, retention_bytes) =
+            (finite(self.retention_ms), finite(self.retention_bytes));
         if self.policy_has("delete") == Some(true)
-            && (finite(self.retention_ms) || finite(self.retention_bytes))
+            && (retention_ms.is_some() || retention_bytes.is_some())
         {
             flaws.push(Flaw::Deletes {
-                retention_ms: self.retention_ms.filter(|v| *v >= 0),
-                retention_bytes: self.retention_bytes.filter(|v| *v >= 0),
+                retention_ms,
+                retention_bytes,
             });
         }
         match self.policy_has("compact") {
             Some(false) => flaws.push(Flaw::Uncompacted),
             Some(true) => {
-                if let Some(segment_ms) = self.segment_ms.filter(|v| *v > SEGMENT_MS_WARN) {
-                    flaws.push(Flaw::LongSegments { segment_ms });
+                if let Some(roll_ms) = self.roll_ms().filter(|v| *v > SEGMENT_MS_WARN) {
+                    flaws.push(Flaw::LongSegments { roll_ms });
                 }
             }
             None => {}
@@ -89,8 +116,9 @@ impl Keeping {
         flaws
     }
 
-    /// The settings that mend `flaws`, as `kafka-configs.sh --add-config` takes them.
-    pub fn mend(flaws: &[Flaw]) -> String {
+    /// The settings that mend `flaws`, as `kafka-configs.sh --add-config` takes them: compacted
+    /// only, and segments that roll as often as Ferry's own (unless they do already).
+    fn mend(&self, flaws: &[Flaw]) -> String {
         let mut configs = Vec::new();
         if flaws
             .iter()
@@ -98,12 +126,13 @@ impl Keeping {
         {
             configs.push("cleanup.policy=compact".to_string());
         }
-        if flaws.iter().any(|f| match f {
-            Flaw::LongSegments { .. } => true,
-            // Compacted from now on, with the segments it has.
-            Flaw::Uncompacted => true,
-            Flaw::Deletes { .. } => false,
-        }) {
+        // Once compacted, segments rolling rarely would pile records up in their turn.
+        let long = |ms: Option<i64>| ms.is_none_or(|ms| ms > SEGMENT_MS_WARN);
+        let rolls_rarely = match flaws.contains(&Flaw::Uncompacted) {
+            true => long(self.segment_ms),
+            false => flaws.iter().any(|f| matches!(f, Flaw::LongSegments { .. })),
+        };
+        if rolls_rarely {
             configs.push(format!("segment.ms={SEGMENT_MS}"));
         }
         configs.join(",")
@@ -125,34 +154,47 @@ impl Keeping {
                     retention_bytes,
                 } => {
                     let mut settings = vec![format!("cleanup.policy={policy}")];
-                    let mut when = Vec::new();
+                    let (mut when, mut without) = (Vec::new(), Vec::new());
                     if let Some(ms) = retention_ms {
                         when.push(format!("{} after they are written", span(*ms)));
                         settings.push(format!("retention.ms={ms}"));
+                        without.push(
+                            "a Ferry stopped, or a server that writes no WAL, for that long"
+                                .to_string(),
+                        );
                     }
                     if let Some(bytes) = retention_bytes {
-                        when.push(format!("once they pass {bytes} bytes"));
+                        when.push(format!("oldest first once it holds {bytes} bytes"));
                         settings.push(format!("retention.bytes={bytes}"));
+                        without.push(
+                            "a Ferry idle while other slots sharing the topic write past that size"
+                                .to_string(),
+                        );
                     }
                     format!(
-                        "Kafka deletes its records {} ({}): Ferry writes one only when its position moves, so a Ferry stopped, or a database quiet, that long starts without its record, and a slot dropped meanwhile goes unnoticed (exactly-once mode refuses to start instead)",
-                        when.join(", or "),
-                        settings.join(", ")
+                        "Kafka deletes its records {} ({}), and Ferry writes one only when its position moves: {} starts without its record. A slot dropped meanwhile then looks like a first start, so the gap goes unnoticed, and exactly-once mode refuses to start from a slot whose record is gone",
+                        when.join(", and "),
+                        settings.join(", "),
+                        without.join(", or "),
                     )
                 }
                 Flaw::Uncompacted => format!(
-                    "it is not compacted (cleanup.policy={policy}): it keeps every progress record (~5 a second while Ferry is busy), and every start reads them all"
+                    "it is not compacted (cleanup.policy={policy}): it keeps every progress record (~5 a second while an at-least-once Ferry is busy, one per transaction in exactly-once mode), and every start reads them all (~1.9 ms per 1,000)"
                 ),
-                Flaw::LongSegments { segment_ms } => format!(
-                    "its segments roll every {} (segment.ms={segment_ms}): compaction never touches the active segment, so a restart reads up to that long's progress records (~5 a second while Ferry is busy; ~30 ms of a restart per hour's worth)",
-                    span(*segment_ms)
+                Flaw::LongSegments { roll_ms } => format!(
+                    "its segments roll every {} ({}): compaction never touches the active segment, so a restart reads up to that long's progress records (~5 a second while an at-least-once Ferry is busy, one per transaction in exactly-once mode; ~1.9 ms of a restart per 1,000)",
+                    span(*roll_ms),
+                    match self.segment_ms == Some(*roll_ms) {
+                        true => format!("segment.ms={roll_ms}"),
+                        false => format!("max.compaction.lag.ms={roll_ms}"),
+                    }
                 ),
             })
             .collect::<Vec<_>>()
             .join("; ");
         Some(Warning {
             what: format!("the progress topic {topic:?}: {what}"),
-            configs: Keeping::mend(&flaws),
+            configs: self.mend(&flaws),
         })
     }
 }
@@ -167,10 +209,11 @@ pub struct Warning {
 }
 
 impl Warning {
-    /// The command that mends it, for `brokers`.
+    /// The command that mends it, run with an administrator's client properties (Ferry's own
+    /// principal needs no AlterConfigs).
     pub fn fix(&self, brokers: &str, topic: &str) -> String {
         format!(
-            "kafka-configs.sh --bootstrap-server {brokers} --alter --entity-type topics --entity-name {topic} --add-config {}",
+            "kafka-configs.sh --bootstrap-server {brokers} --command-config <an admin's client properties> --alter --entity-type topics --entity-name {topic} --add-config {}",
             self.configs
         )
     }
@@ -238,17 +281,15 @@ mod tests {
         let w = k.warning("ferry.progress").unwrap();
         assert!(
             w.what.starts_with(
-                "the progress topic \"ferry.progress\": Kafka deletes its records 7 days after they are written (cleanup.policy=delete, retention.ms=604800000): "
+                "the progress topic \"ferry.progress\": Kafka deletes its records 7 days after they are written (cleanup.policy=delete, retention.ms=604800000), and Ferry writes one only when its position moves: a Ferry stopped, or a server that writes no WAL, for that long starts without its record. A slot dropped meanwhile then looks like a first start, so the gap goes unnoticed, and exactly-once mode refuses to start from a slot whose record is gone; it is not compacted"
             ),
             "{}",
             w.what
         );
-        assert!(w.what.contains("a slot dropped meanwhile goes unnoticed"));
-        assert!(w.what.contains("it is not compacted"));
         assert_eq!(w.configs, "cleanup.policy=compact,segment.ms=600000");
         assert_eq!(
             w.fix("kafka:9092", "ferry.progress"),
-            "kafka-configs.sh --bootstrap-server kafka:9092 --alter --entity-type topics --entity-name ferry.progress --add-config cleanup.policy=compact,segment.ms=600000"
+            "kafka-configs.sh --bootstrap-server kafka:9092 --command-config <an admin's client properties> --alter --entity-type topics --entity-name ferry.progress --add-config cleanup.policy=compact,segment.ms=600000"
         );
     }
 
@@ -269,7 +310,7 @@ mod tests {
         );
         let w = k.warning("p").unwrap();
         assert!(
-            w.what.contains("records once they pass 1073741824 bytes (cleanup.policy=compact,delete, retention.bytes=1073741824)"),
+            w.what.contains("records oldest first once it holds 1073741824 bytes (cleanup.policy=compact,delete, retention.bytes=1073741824), and Ferry writes one only when its position moves: a Ferry idle while other slots sharing the topic write past that size starts without its record."),
             "{}",
             w.what
         );
@@ -285,7 +326,14 @@ mod tests {
             ("segment.ms", "600000"),
         ]);
         assert_eq!(k.flaws(), vec![Flaw::Uncompacted]);
-        // With compaction on, long segments would pile up too: both are mended.
+        // Its segments already roll often enough once it is compacted.
+        assert_eq!(k.warning("p").unwrap().configs, "cleanup.policy=compact");
+        // Rolling rarely, they would pile records up in their turn: both are mended.
+        let k = Keeping {
+            segment_ms: Some(604_800_000),
+            ..k
+        };
+        assert_eq!(k.flaws(), vec![Flaw::Uncompacted]);
         assert_eq!(
             k.warning("p").unwrap().configs,
             "cleanup.policy=compact,segment.ms=600000"
@@ -305,7 +353,7 @@ mod tests {
         assert_eq!(
             k.flaws(),
             vec![Flaw::LongSegments {
-                segment_ms: 604_800_000
+                roll_ms: 604_800_000
             }]
         );
         let w = k.warning("p").unwrap();
@@ -326,10 +374,36 @@ mod tests {
             ..k
         };
         assert_eq!(k.flaws().len(), 1);
+        // A compacted topic's segments also roll at max.compaction.lag.ms, if shorter.
+        let k = Keeping {
+            segment_ms: Some(604_800_000),
+            max_compaction_lag_ms: Some(SEGMENT_MS_WARN),
+            ..k
+        };
+        assert_eq!(k.flaws(), vec![]);
+        let k = Keeping {
+            max_compaction_lag_ms: Some(2 * SEGMENT_MS_WARN),
+            ..k
+        };
+        assert_eq!(
+            k.flaws(),
+            vec![Flaw::LongSegments {
+                roll_ms: 2 * SEGMENT_MS_WARN
+            }]
+        );
+        assert!(
+            k.warning("p")
+                .unwrap()
+                .what
+                .contains("roll every 2 hours (max.compaction.lag.ms=7200000)"),
+            "{k:?}"
+        );
     }
 
     #[test]
     fn what_the_answer_does_not_say_is_no_flaw() {
+        assert!(!keeping(&[]).is_said());
+        assert!(keeping(&DEFAULTS).is_said());
         assert_eq!(keeping(&[]).flaws(), vec![]);
         assert_eq!(keeping(&[("retention.ms", "1")]).flaws(), vec![]);
         assert_eq!(
