@@ -511,6 +511,7 @@ async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
         },
     )
     .await;
+    assert_eq!(ferry.metric("ferry_progress_topic_flawed").await, Some(1.0));
     ferry.terminate().await;
 
     alter_topic(

@@ -49,9 +49,10 @@
 //! LSN has not risen for a [`RECHECK_INTERVAL`], the watch looks at those partitions the same
 //! way.
 //!
-//! The first DescribeConfigs answer for the progress topic (at the watch's first look) is also
-//! judged once: a topic that deletes progress records or lets them pile up is said at WARN with
-//! the command that mends it ([`crate::progress_topic::keeping`]).
+//! The progress topic's configuration is read (DescribeConfigs) at the watch's first look and
+//! every [`JUDGE_INTERVAL`] after: a topic that deletes progress records or lets them pile up
+//! is said at WARN with the command that mends it, and `ferry_progress_topic_flawed` is 1 until
+//! it is mended ([`crate::progress_topic::keeping`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
@@ -257,7 +258,7 @@ impl TopicWatch {
             refusals: RefusalLog::default(),
             internal,
             progress_topic: progress_topic.to_string(),
-            progress_topic_judged: false,
+            progress_topic_judged: None,
         };
         let thread = std::thread::Builder::new()
             .name("ferry-topics".into())
@@ -308,10 +309,10 @@ struct Worker {
     refusals: RefusalLog,
     /// The partitions Ferry writes besides the routed topics' (see the module docs).
     internal: Vec<(String, Internal)>,
-    /// The progress topic, whose configuration the first DescribeConfigs answer for it is
-    /// judged by once (`progress_topic_judged`).
+    /// The progress topic, whose configuration is judged every [`JUDGE_INTERVAL`]: when it
+    /// last was, and what was found wrong then (`None`: nothing, or not said).
     progress_topic: String,
-    progress_topic_judged: bool,
+    progress_topic_judged: Option<(Instant, Option<String>)>,
 }
 
 /// The watch's two clients.
@@ -330,6 +331,10 @@ struct Clients {
 /// a restart's first acknowledgements, not among them, where on a busy broker they made the
 /// restart wait. A missing topic is reported (or created) that much later once, at start.
 const FIRST_LOOK: Duration = Duration::from_millis(250);
+
+/// How often the progress topic's configuration is read again, so that its flaw's metric
+/// follows an administrator's change without a restart.
+const JUDGE_INTERVAL: Duration = Duration::from_secs(10 * 60);
 
 /// Kafka's transaction log.
 const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
@@ -351,6 +356,26 @@ fn coordinator_partition(transactional_id: &str, partitions: usize) -> i32 {
         .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
     let abs = if hash == i32::MIN { 0 } else { hash.abs() };
     abs % i32::try_from(partitions.max(1)).unwrap_or(i32::MAX)
+}
+
+/// What a judgement of the progress topic has to say, given what the last one found wrong
+/// (`last`) and what this one does (`now`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum News {
+    /// A flaw found for the first time, or another one than before: said at WARN.
+    Flawed,
+    /// The flaw of before is gone: said at INFO.
+    Mended,
+    /// As before.
+    Nothing,
+}
+
+fn news(last: Option<&str>, now: Option<&str>) -> News {
+    match (last, now) {
+        (_, Some(now)) if last != Some(now) => News::Flawed,
+        (Some(_), None) => News::Mended,
+        _ => News::Nothing,
+    }
 }
 
 /// `min.insync.replicas` in a DescribeConfigs answer.
@@ -384,6 +409,7 @@ impl Worker {
         {
             self.min_insync(&topic, None);
         }
+        self.judge_progress_topic();
         loop {
             let due: Vec<String> = {
                 let mut state = self.shared.lock();
@@ -464,6 +490,7 @@ impl Worker {
             };
             self.metrics.topics_missing.set(missing);
             self.look_at_stalled_topics();
+            self.judge_progress_topic();
         }
     }
 
@@ -646,11 +673,10 @@ impl Worker {
                 return v;
             }
         }
-        let described = self.describe(ResourceSpecifier::Topic(topic));
-        if let (Ok(Some(configs)), true) = (&described, topic == self.progress_topic) {
-            self.judge_progress_topic(configs);
-        }
-        match described.map(|c| c.as_ref().and_then(min_insync_of)) {
+        match self
+            .describe(ResourceSpecifier::Topic(topic))
+            .map(|c| c.as_ref().and_then(min_insync_of))
+        {
             Ok(Some(v)) => {
                 tracing::debug!(topic = %topic, min_insync = v, "min.insync.replicas");
                 self.min_insync.insert(topic.to_string(), (Some(v), now));
@@ -676,25 +702,59 @@ impl Worker {
         }
     }
 
-    /// Says once, at WARN, what the progress topic's configuration costs when it deletes
-    /// progress records or lets them pile up ([`crate::progress_topic::keeping`]).
-    fn judge_progress_topic(&mut self, configs: &ConfigResource) {
-        let keeping = crate::progress_topic::keeping_of(configs);
-        tracing::debug!(topic = %self.progress_topic, ?keeping, "the progress topic's configuration");
-        // A refused answer says nothing: not judged (the next answer may say).
-        if self.progress_topic_judged || !keeping.is_said() {
+    /// Reads the progress topic's configuration when [`JUDGE_INTERVAL`] has passed since it
+    /// last did, and judges it ([`crate::progress_topic::keeping`]): `ferry_progress_topic_flawed`
+    /// follows the judgement; a flaw is said at WARN, with the command that mends it, when it is
+    /// first found (and again if it changes), and its mending at INFO. An answer that says
+    /// nothing (refused: no DESCRIBE_CONFIGS on the topic) or none at all changes nothing.
+    fn judge_progress_topic(&mut self) {
+        let now = Instant::now();
+        if self.progress_topic.is_empty()
+            || self
+                .progress_topic_judged
+                .as_ref()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) < JUDGE_INTERVAL)
+        {
             return;
         }
-        self.progress_topic_judged = true;
-        if let Some(w) = keeping.warning(&self.progress_topic) {
-            let brokers = kafka_client::bootstrap_servers(&self.properties);
-            tracing::warn!(
-                topic = %self.progress_topic,
-                "{}. Fix: {}",
-                w.what,
-                w.fix(brokers, &self.progress_topic)
-            );
+        let last = self.progress_topic_judged.take().and_then(|(_, w)| w);
+        self.progress_topic_judged = Some((now, last.clone()));
+        let keeping = match self.describe(ResourceSpecifier::Topic(&self.progress_topic)) {
+            Ok(Some(configs)) => crate::progress_topic::keeping_of(&configs),
+            Ok(None) => return,
+            Err(err) => {
+                tracing::debug!(topic = %self.progress_topic, error = %err, "cannot describe the progress topic's configs");
+                return;
+            }
+        };
+        tracing::debug!(topic = %self.progress_topic, ?keeping, "the progress topic's configuration");
+        if !keeping.is_said() {
+            return;
         }
+        let warning = keeping.warning(&self.progress_topic);
+        self.metrics
+            .progress_topic_flawed
+            .set_flag(warning.is_some());
+        match (
+            &warning,
+            news(last.as_deref(), warning.as_ref().map(|w| w.what.as_str())),
+        ) {
+            (Some(w), News::Flawed) => {
+                let brokers = kafka_client::bootstrap_servers(&self.properties);
+                tracing::warn!(
+                    topic = %self.progress_topic,
+                    "{}. Fix: {}",
+                    w.what,
+                    w.fix(brokers, &self.progress_topic)
+                );
+            }
+            (_, News::Mended) => tracing::info!(
+                topic = %self.progress_topic,
+                "the progress topic's configuration keeps each slot's newest record now"
+            ),
+            _ => {}
+        }
+        self.progress_topic_judged = Some((now, warning.map(|w| w.what)));
     }
 
     /// One resource's configs (blocking); `None` when the answer holds none for it. A resource
@@ -901,6 +961,16 @@ mod tests {
             0,
             "no partitions known: no panic"
         );
+    }
+
+    /// A flaw is said when it is new or changed, its mending once, and nothing is repeated.
+    #[test]
+    fn a_judgement_says_only_what_changed() {
+        assert_eq!(news(None, None), News::Nothing);
+        assert_eq!(news(None, Some("deletes")), News::Flawed);
+        assert_eq!(news(Some("deletes"), Some("deletes")), News::Nothing);
+        assert_eq!(news(Some("deletes"), Some("piles up")), News::Flawed);
+        assert_eq!(news(Some("piles up"), None), News::Mended);
     }
 
     fn view(id: i32, leader: i32, in_sync: usize) -> PartitionView {

@@ -43,6 +43,7 @@
 //! | `ferry_progress_lsn` | gauge | | LSN of the newest progress record Kafka acknowledged (the slot is never confirmed past it), as a number. |
 //! | `ferry_progress_write_errors_total` | counter | | Progress records Kafka failed (confirming waits until one succeeds). |
 //! | `ferry_progress_failing` | gauge | | 1 while the newest progress record failed and none succeeded since (the slot is not confirmed; WAL is retained). |
+//! | `ferry_progress_topic_flawed` | gauge | | 1 when the progress topic's configuration, as the topic watch read it (DescribeConfigs), deletes progress records (a slot dropped while its record is gone goes unnoticed) or lets them pile up (every restart reads them); 0 when it keeps each slot's newest record and little else, or could not be read. The WARN says which, with the command that mends it. |
 //! | `ferry_kafka_transactions_committed_total` | counter | | Exactly-once mode: Kafka transactions committed (each carries a progress record). |
 //! | `ferry_kafka_transactions_aborted_total` | counter | | Exactly-once mode: Kafka transactions aborted (a record failed; the session starts over from what Kafka holds). |
 //! | `ferry_kafka_transaction_commit_seconds` | histogram | | Exactly-once mode: time from asking the commit to its acknowledgement, per committed transaction. |
@@ -101,6 +102,7 @@ pub const LOG_WRITE_ERRORS_TOTAL: &str = "ferry_log_write_errors_total";
 pub const PROGRESS_LSN: &str = "ferry_progress_lsn";
 pub const PROGRESS_WRITE_ERRORS_TOTAL: &str = "ferry_progress_write_errors_total";
 pub const PROGRESS_FAILING: &str = "ferry_progress_failing";
+pub const PROGRESS_TOPIC_FLAWED: &str = "ferry_progress_topic_flawed";
 pub const KAFKA_TRANSACTIONS_COMMITTED_TOTAL: &str = "ferry_kafka_transactions_committed_total";
 pub const KAFKA_TRANSACTIONS_ABORTED_TOTAL: &str = "ferry_kafka_transactions_aborted_total";
 pub const KAFKA_TRANSACTION_COMMIT_SECONDS: &str = "ferry_kafka_transaction_commit_seconds";
@@ -137,7 +139,7 @@ const fn spec(name: &'static str, kind: Kind, help: &'static str) -> MetricSpec 
 
 /// Every metric, in render order (the order of the table in the module docs).
 #[rustfmt::skip]
-pub const SPEC: [MetricSpec; 36] = {
+pub const SPEC: [MetricSpec; 37] = {
     use Kind::{Counter as C, Gauge as G, Histogram as H};
     [
         spec(BUILD_INFO, G, "Build information; always 1."),
@@ -173,6 +175,7 @@ pub const SPEC: [MetricSpec; 36] = {
         spec(PROGRESS_LSN, G, "LSN of the newest progress record Kafka acknowledged."),
         spec(PROGRESS_WRITE_ERRORS_TOTAL, C, "Progress records Kafka failed."),
         spec(PROGRESS_FAILING, G, "1 while progress records fail (the slot is not confirmed)."),
+        spec(PROGRESS_TOPIC_FLAWED, G, "1 when the progress topic's configuration deletes progress records or lets them pile up."),
         spec(KAFKA_TRANSACTIONS_COMMITTED_TOTAL, C, "Exactly-once mode: Kafka transactions committed."),
         spec(KAFKA_TRANSACTIONS_ABORTED_TOTAL, C, "Exactly-once mode: Kafka transactions aborted."),
         spec(KAFKA_TRANSACTION_COMMIT_SECONDS, H, "Exactly-once mode: seconds from asking a Kafka transaction's commit to its acknowledgement."),
@@ -583,6 +586,8 @@ pub struct Metrics {
     pub progress_lsn: StampedGauge,
     pub progress_write_errors: Counter,
     pub progress_failing: Gauge,
+    /// Set by the topic watch when it judges the progress topic's configuration.
+    pub progress_topic_flawed: Gauge,
     pub kafka_transactions_committed: Counter,
     pub kafka_transactions_aborted: Counter,
     pub kafka_transaction_commit: Histogram,
@@ -803,6 +808,7 @@ impl Metrics {
             progress_lsn: StampedGauge::new(),
             progress_write_errors: Counter::default(),
             progress_failing: Gauge::default(),
+            progress_topic_flawed: Gauge::default(),
             kafka_transactions_committed: Counter::default(),
             kafka_transactions_aborted: Counter::default(),
             kafka_transaction_commit: Histogram::new(&REPLICATION_LAG_BUCKETS),
@@ -858,7 +864,7 @@ impl Metrics {
     }
 
     /// The current values, in [`SPEC`] order.
-    fn samples(&self, now: Instant, now_unix_micros: i64) -> [Sample<'_>; 36] {
+    fn samples(&self, now: Instant, now_unix_micros: i64) -> [Sample<'_>; 37] {
         let brokers = self.kafka_brokers.get();
         [
             Sample::Info,
@@ -898,6 +904,7 @@ impl Metrics {
             Sample::Int(self.progress_lsn.get()),
             Sample::Int(self.progress_write_errors.get()),
             Sample::Int(self.progress_failing.get()),
+            Sample::Int(self.progress_topic_flawed.get()),
             Sample::Int(self.kafka_transactions_committed.get()),
             Sample::Int(self.kafka_transactions_aborted.get()),
             Sample::Histogram(&self.kafka_transaction_commit),

@@ -163,6 +163,9 @@ ferry_progress_write_errors_total 0
 # HELP ferry_progress_failing 1 while progress records fail (the slot is not confirmed).
 # TYPE ferry_progress_failing gauge
 ferry_progress_failing 0
+# HELP ferry_progress_topic_flawed 1 when the progress topic's configuration deletes progress records or lets them pile up.
+# TYPE ferry_progress_topic_flawed gauge
+ferry_progress_topic_flawed 1
 # HELP ferry_kafka_transactions_committed_total Exactly-once mode: Kafka transactions committed.
 # TYPE ferry_kafka_transactions_committed_total counter
 ferry_kafka_transactions_committed_total 2
@@ -233,6 +236,7 @@ fn renders_the_exposition_format_exactly() {
             records_waiting: 4,
         }]);
 
+    m.progress_topic_flawed.set(1);
     m.kafka_transactions_committed.add(2);
     m.kafka_transactions_aborted.inc();
     // Binary-exact values, so the sum prints exactly.
