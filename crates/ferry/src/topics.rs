@@ -258,7 +258,8 @@ impl TopicWatch {
             refusals: RefusalLog::default(),
             internal,
             progress_topic: progress_topic.to_string(),
-            progress_topic_judged: None,
+            progress_topic_due: Instant::now(),
+            progress_topic_flaw: None,
         };
         let thread = std::thread::Builder::new()
             .name("ferry-topics".into())
@@ -309,10 +310,12 @@ struct Worker {
     refusals: RefusalLog,
     /// The partitions Ferry writes besides the routed topics' (see the module docs).
     internal: Vec<(String, Internal)>,
-    /// The progress topic, whose configuration is judged every [`JUDGE_INTERVAL`]: when it
-    /// last was, and what was found wrong then (`None`: nothing, or not said).
+    /// The progress topic, whose configuration is judged every [`JUDGE_INTERVAL`]
+    /// ([`Worker::judge_progress_topic`]): when it is due next, and what the last judgement
+    /// found wrong (`None`: nothing, or never judged).
     progress_topic: String,
-    progress_topic_judged: Option<(Instant, Option<String>)>,
+    progress_topic_due: Instant,
+    progress_topic_flaw: Option<String>,
 }
 
 /// The watch's two clients.
@@ -335,6 +338,8 @@ const FIRST_LOOK: Duration = Duration::from_millis(250);
 /// How often the progress topic's configuration is read again, so that its flaw's metric
 /// follows an administrator's change without a restart.
 const JUDGE_INTERVAL: Duration = Duration::from_secs(10 * 60);
+/// How soon a read of it that failed, or said nothing, is tried again.
+const JUDGE_RETRY: Duration = Duration::from_secs(60);
 
 /// Kafka's transaction log.
 const TRANSACTION_STATE_TOPIC: &str = "__transaction_state";
@@ -400,6 +405,8 @@ impl Worker {
         {
             return;
         }
+        // Its answer also gives the progress topic's `min.insync.replicas` to the loop below.
+        self.judge_progress_topic();
         // Asked now, while the cluster is most likely whole (see `min_insync`).
         for topic in self
             .internal
@@ -409,7 +416,6 @@ impl Worker {
         {
             self.min_insync(&topic, None);
         }
-        self.judge_progress_topic();
         loop {
             let due: Vec<String> = {
                 let mut state = self.shared.lock();
@@ -490,7 +496,9 @@ impl Worker {
             };
             self.metrics.topics_missing.set(missing);
             self.look_at_stalled_topics();
-            self.judge_progress_topic();
+            if !self.shared.lock().stop {
+                self.judge_progress_topic();
+            }
         }
     }
 
@@ -702,39 +710,42 @@ impl Worker {
         }
     }
 
-    /// Reads the progress topic's configuration when [`JUDGE_INTERVAL`] has passed since it
-    /// last did, and judges it ([`crate::progress_topic::keeping`]): `ferry_progress_topic_flawed`
-    /// follows the judgement; a flaw is said at WARN, with the command that mends it, when it is
-    /// first found (and again if it changes), and its mending at INFO. An answer that says
-    /// nothing (refused: no DESCRIBE_CONFIGS on the topic) or none at all changes nothing.
+    /// Reads the progress topic's configuration when it is due, and judges it
+    /// ([`crate::progress_topic::keeping`]): `ferry_progress_topic_flawed` follows the
+    /// judgement; a flaw is said at WARN, with the command that mends it, when it is first found
+    /// (and again if it changes), and its mending at INFO. Due again after [`JUDGE_INTERVAL`];
+    /// after [`JUDGE_RETRY`] when the read failed or its answer said nothing (refused: no
+    /// DESCRIBE_CONFIGS on the topic), which changes nothing. The answer's
+    /// `min.insync.replicas` is remembered as [`Worker::min_insync`] would.
     fn judge_progress_topic(&mut self) {
         let now = Instant::now();
-        if self.progress_topic.is_empty()
-            || self
-                .progress_topic_judged
-                .as_ref()
-                .is_some_and(|(at, _)| now.saturating_duration_since(*at) < JUDGE_INTERVAL)
-        {
+        if self.progress_topic.is_empty() || now < self.progress_topic_due {
             return;
         }
-        let last = self.progress_topic_judged.take().and_then(|(_, w)| w);
-        self.progress_topic_judged = Some((now, last.clone()));
-        let keeping = match self.describe(ResourceSpecifier::Topic(&self.progress_topic)) {
-            Ok(Some(configs)) => crate::progress_topic::keeping_of(&configs),
+        self.progress_topic_due = now + JUDGE_RETRY;
+        let configs = match self.describe(ResourceSpecifier::Topic(&self.progress_topic)) {
+            Ok(Some(configs)) => configs,
             Ok(None) => return,
             Err(err) => {
                 tracing::debug!(topic = %self.progress_topic, error = %err, "cannot describe the progress topic's configs");
                 return;
             }
         };
+        if let Some(v) = min_insync_of(&configs) {
+            self.min_insync
+                .insert(self.progress_topic.clone(), (Some(v), now));
+        }
+        let keeping = crate::progress_topic::keeping_of(&configs);
         tracing::debug!(topic = %self.progress_topic, ?keeping, "the progress topic's configuration");
         if !keeping.is_said() {
             return;
         }
+        self.progress_topic_due = now + JUDGE_INTERVAL;
         let warning = keeping.warning(&self.progress_topic);
         self.metrics
             .progress_topic_flawed
             .set_flag(warning.is_some());
+        let last = self.progress_topic_flaw.take();
         match (
             &warning,
             news(last.as_deref(), warning.as_ref().map(|w| w.what.as_str())),
@@ -754,7 +765,7 @@ impl Worker {
             ),
             _ => {}
         }
-        self.progress_topic_judged = Some((now, warning.map(|w| w.what)));
+        self.progress_topic_flaw = warning.map(|w| w.what);
     }
 
     /// One resource's configs (blocking); `None` when the answer holds none for it. A resource

@@ -105,7 +105,9 @@ pub fn probe_seeing(
             );
             return Ok(sighting);
         }
-        // Errors reach the context when polled; log lines as they come.
+        // Errors and log lines reach the context only when polled (rdkafka 0.39 sets
+        // `log.queue` and routes librdkafka's logs to the main queue): a probe answered at once
+        // is never polled, and its librdkafka lines are dropped with it.
         for _ in 0..100 {
             client.poll(Duration::ZERO);
         }
