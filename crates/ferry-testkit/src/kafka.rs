@@ -58,6 +58,9 @@ pub const KAFKA_SERVER_JVM_OPTS: &str = "-Xms1G -Xmx1G -server -XX:+UseG1GC \
 /// controlled shutdown takes a few seconds (the node hands its leaderships over); one that asks a
 /// controller quorum that is gone, or a JVM whose shutdown hook hangs, would wait for good.
 pub const NODE_STOP_DEADLINE: Duration = Duration::from_secs(60);
+/// How many times [`LocalBroker::start_blocking_with`] starts a cluster whose node found its
+/// port taken.
+pub const START_ATTEMPTS: u32 = 3;
 
 /// A broker tests can use.
 #[derive(Debug)]
@@ -200,7 +203,31 @@ impl LocalBroker {
 
     /// Starts a cluster as `opts` says: formats every node's storage, starts the nodes in
     /// parallel, and waits until the cluster's metadata lists every broker. Blocking.
+    ///
+    /// Its ports are found free ([`process::free_port`]) and only then bound by the JVM: a port
+    /// taken in between (by another test's process, or an outgoing connection's ephemeral
+    /// port) stops a node at start ("Address already in use"). The cluster is then started
+    /// again, with new ports, up to [`START_ATTEMPTS`] times.
     pub fn start_blocking_with(opts: ClusterOptions) -> LocalBroker {
+        let mut attempt = 1;
+        loop {
+            match LocalBroker::try_start(opts.clone()) {
+                Ok(b) => return b,
+                Err(conflict) if attempt < START_ATTEMPTS => {
+                    eprintln!(
+                        "Kafka: {conflict}; starting the cluster again with other ports (attempt {} of {START_ATTEMPTS})",
+                        attempt + 1
+                    );
+                    attempt += 1;
+                }
+                Err(conflict) => panic!("Kafka: {conflict}, {START_ATTEMPTS} times"),
+            }
+        }
+    }
+
+    /// One attempt of [`LocalBroker::start_blocking_with`]: `Err` when a node could not bind
+    /// its port (the cluster is stopped and its directory removed as it drops).
+    fn try_start(opts: ClusterOptions) -> Result<LocalBroker, String> {
         assert!(opts.nodes >= 1, "a Kafka cluster needs at least one node");
         let dir = std::env::temp_dir().join(unique_name("ferry-broker"));
         // `create_dir`, not `create_dir_all`: a directory that exists belongs to another run.
@@ -248,8 +275,8 @@ impl LocalBroker {
         for i in 0..b.nodes.len() {
             b.spawn_node(i);
         }
-        b.wait_ready(b.nodes.len());
-        b
+        b.wait_started(b.nodes.len())?;
+        Ok(b)
     }
 
     fn java_command(&self) -> Command {
@@ -424,18 +451,33 @@ impl LocalBroker {
 
     /// Waits until the cluster's metadata lists `brokers` brokers, through any live node.
     fn wait_ready(&self, brokers: usize) {
+        if let Err(conflict) = self.wait_started(brokers) {
+            panic!("Kafka: {conflict}");
+        }
+    }
+
+    /// [`LocalBroker::wait_ready`], or `Err` when a node stopped because its port was taken.
+    fn wait_started(&self, brokers: usize) -> Result<(), String> {
         let start = Instant::now();
         let deadline = Duration::from_secs(90);
         loop {
             if let Some(n) = metadata_brokers(&self.brokers()) {
                 if n >= brokers {
-                    return;
+                    return Ok(());
                 }
             }
             for node in &self.nodes {
                 let mut child = node.child.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                     *child = None;
+                    let log =
+                        std::fs::read_to_string(node.dir.join("server.log")).unwrap_or_default();
+                    if log.contains("java.net.BindException: Address already in use") {
+                        return Err(format!(
+                            "node {} could not bind its port (Address already in use)",
+                            node.id
+                        ));
+                    }
                     panic!(
                         "Kafka node {} exited ({status}) while starting; its log ({}):\n{}",
                         node.id,

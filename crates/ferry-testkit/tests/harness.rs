@@ -36,3 +36,19 @@ async fn private_cluster_restarts_on_the_same_port() {
         .get(0);
     assert_eq!(n, 1);
 }
+
+/// A Kafka node whose port was taken between finding it free and binding it stops at start:
+/// the cluster is started again with other ports, and a port that stays taken (here node 1's,
+/// held throughout) is said after the last attempt.
+#[cfg(feature = "kafka")]
+#[test]
+#[should_panic(expected = "node 1 could not bind its port (Address already in use), 3 times")]
+fn a_kafka_node_whose_port_is_taken_is_started_again_then_said() {
+    use ferry_testkit::kafka;
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let _cluster = kafka::LocalBroker::start_blocking_with(kafka::ClusterOptions {
+        port: Some(port),
+        ..Default::default()
+    });
+}
