@@ -514,7 +514,7 @@ async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
     assert_eq!(ferry.metric("ferry_progress_topic_flawed").await, Some(1.0));
     ferry.terminate().await;
 
-    alter_topic(
+    kafka::alter_topic_configs(
         &w.brokers,
         &progress_topic,
         &[("cleanup.policy", "compact"), ("segment.ms", "600000")],
@@ -530,27 +530,6 @@ async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
         check.log_text().contains(&compacted)
     })
     .await;
-}
-
-/// Sets `topic`'s configs to `configs` (AlterConfigs: every other topic config goes back to the
-/// brokers' default).
-async fn alter_topic(brokers: &str, topic: &str, configs: &[(&str, &str)]) {
-    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::config::ClientConfig;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("admin client");
-    let mut alter = AlterConfig::new(ResourceSpecifier::Topic(topic));
-    for (k, v) in configs {
-        alter = alter.set(k, v);
-    }
-    let altered = admin
-        .alter_configs([&alter], &AdminOptions::new())
-        .await
-        .expect("alter_configs");
-    assert!(altered.iter().all(|r| r.is_ok()), "{altered:?}");
 }
 
 /// Deletes `topic` and waits until the broker no longer lists it.

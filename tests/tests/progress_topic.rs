@@ -263,20 +263,19 @@ async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
 /// Deletes `topic`'s records before `offset` (`kafka-delete-records`). Kafka deletes records of
 /// a topic whose cleanup policy includes `delete` only: the policy becomes `compact,delete`.
 async fn delete_records_before(brokers: &str, topic: &str, offset: i64) {
-    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::admin::{AdminClient, AdminOptions};
     use rdkafka::client::DefaultClientContext;
     use rdkafka::{Offset, TopicPartitionList};
+    ferry_testkit::kafka::alter_topic_configs(
+        brokers,
+        topic,
+        &[("cleanup.policy", "compact,delete")],
+    )
+    .await;
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
         .unwrap();
-    let policy =
-        AlterConfig::new(ResourceSpecifier::Topic(topic)).set("cleanup.policy", "compact,delete");
-    let altered = admin
-        .alter_configs([&policy], &AdminOptions::new())
-        .await
-        .unwrap();
-    assert!(altered.iter().all(|r| r.is_ok()), "{altered:?}");
     let mut before = TopicPartitionList::new();
     before
         .add_partition_offset(topic, 0, Offset::Offset(offset))

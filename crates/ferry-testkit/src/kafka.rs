@@ -20,7 +20,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -934,6 +936,24 @@ pub async fn create_topic_with(
         }
     })
     .await;
+}
+
+/// Sets `topic`'s configs to `configs` (AlterConfigs: every topic config not named goes back to
+/// the brokers' default). The brokers apply it a moment after they acknowledge it.
+pub async fn alter_topic_configs(brokers: &str, topic: &str, configs: &[(&str, &str)]) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let mut alter = AlterConfig::new(ResourceSpecifier::Topic(topic));
+    for (k, v) in configs {
+        alter = alter.set(k, v);
+    }
+    let altered = admin
+        .alter_configs([&alter], &AdminOptions::new())
+        .await
+        .expect("alter_configs");
+    assert!(altered.iter().all(|r| r.is_ok()), "{altered:?}");
 }
 
 /// The number of partitions the broker reports for `topic`, if it knows the topic.

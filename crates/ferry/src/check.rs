@@ -535,9 +535,11 @@ async fn progress_problems(settings: &PipelineSettings) -> ProgressFindings {
         found.push(Problem {
             severity: Severity::Note,
             what: format!("progress topic {:?} does not exist", settings.progress_topic),
-            fix: "none needed: `ferry run` creates it (1 partition, cleanup.policy=compact, segment.ms=600000); \
-                  if Ferry may not create topics, create it so"
-                .into(),
+            fix: format!(
+                "none needed: `ferry run` creates it (1 partition, cleanup.policy=compact, segment.ms={}); \
+                 if Ferry may not create topics, create it so",
+                crate::progress_topic::SEGMENT_MS
+            ),
         });
     }
     if inspection.topic_exists {
@@ -609,14 +611,10 @@ async fn keeping_problem(settings: &PipelineSettings) -> Problem {
     let described = crate::progress_topic::describe_keeping(properties, topic, KAFKA_TIMEOUT)
         .await
         .map_err(|e| e.to_string())
-        .and_then(|keeping| match keeping.is_said() {
-            true => Ok(keeping),
-            // Refused: rdkafka hands back no entries.
-            false => Err(
-                "the brokers' answer holds none of its settings (Ferry's principal may lack DescribeConfigs on the topic)"
-                    .to_string(),
-            ),
-        });
+        .and_then(|keeping| keeping.ok_or_else(|| {
+            "the brokers' answer holds none of its settings (Ferry's principal may lack DescribeConfigs on the topic)"
+                .to_string()
+        }));
     match described {
         Ok(keeping) => match keeping.warning(topic) {
             Some(w) => Problem {

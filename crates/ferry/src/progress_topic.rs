@@ -87,7 +87,8 @@ pub enum ProgressTopicError {
         error: ProgressError,
     },
     #[error(
-        "the progress topic {topic} does not exist and Ferry may not create it: {error}. Create it with 1 partition, cleanup.policy=compact and segment.ms=600000, or grant Ferry CREATE on the cluster"
+        "the progress topic {topic} does not exist and Ferry may not create it: {error}. Create it with 1 partition, cleanup.policy=compact and segment.ms={segment_ms}, or grant Ferry CREATE on the cluster",
+        segment_ms = SEGMENT_MS
     )]
     Create { topic: String, error: String },
     /// The broker refused Ferry's principal an operation on the topic (an ACL is missing): the
@@ -755,19 +756,23 @@ pub async fn ensure_topic_as(
     }
 }
 
-/// What a DescribeConfigs answer for the progress topic says it keeps.
-pub(crate) fn keeping_of(configs: &rdkafka::admin::ConfigResource) -> keeping::Keeping {
-    keeping::Keeping::from_entries(|name| configs.get(name).and_then(|e| e.value.as_deref()))
+/// What a DescribeConfigs answer for the progress topic says it keeps; `None` when it says
+/// nothing: a resource the brokers refused (no DESCRIBE_CONFIGS on the topic) comes back with no
+/// entries, its error dropped by rdkafka 0.39.
+pub(crate) fn keeping_of(configs: &rdkafka::admin::ConfigResource) -> Option<keeping::Keeping> {
+    Some(keeping::Keeping::from_entries(|name| {
+        configs.get(name).and_then(|e| e.value.as_deref())
+    }))
+    .filter(keeping::Keeping::is_said)
 }
 
 /// The progress topic's [`keeping::Keeping`], asked of the brokers (DescribeConfigs) by an
-/// admin client of its own. A resource the brokers refused (no DESCRIBE_CONFIGS on the topic)
-/// comes back with no entries, its error dropped by rdkafka 0.39: every setting `None`.
+/// admin client of its own; `None` when the answer says nothing ([`keeping_of`]).
 pub async fn describe_keeping(
     properties: &[(String, String)],
     topic: &str,
     timeout: Duration,
-) -> Result<keeping::Keeping, KafkaError> {
+) -> Result<Option<keeping::Keeping>, KafkaError> {
     let admin = Disposed::new(
         kafka_client::config(properties, Role::ProgressTopic)
             .create_with_context::<_, AdminClient<Reader>>(Reader)?,

@@ -737,9 +737,9 @@ impl Worker {
         }
         let keeping = crate::progress_topic::keeping_of(&configs);
         tracing::debug!(topic = %self.progress_topic, ?keeping, "the progress topic's configuration");
-        if !keeping.is_said() {
+        let Some(keeping) = keeping else {
             return;
-        }
+        };
         self.progress_topic_due = now + JUDGE_INTERVAL;
         let warning = keeping.warning(&self.progress_topic);
         self.metrics

@@ -26,6 +26,10 @@ use super::SEGMENT_MS;
 /// ~190 ms, `ferry-bench --startup-fill`).
 pub const SEGMENT_MS_WARN: i64 = 60 * 60 * 1000;
 
+/// How many progress records Ferry writes, as the warnings say it.
+const RATE: &str =
+    "~5 a second while an at-least-once Ferry is busy, one per transaction in exactly-once mode";
+
 /// The progress topic's settings that decide what it keeps (DescribeConfigs: the topic's own
 /// values or the brokers' defaults); `None` where the answer did not say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -179,10 +183,10 @@ impl Keeping {
                     )
                 }
                 Flaw::Uncompacted => format!(
-                    "it is not compacted (cleanup.policy={policy}): it keeps every progress record (~5 a second while an at-least-once Ferry is busy, one per transaction in exactly-once mode), and every start reads them all (~1.9 ms per 1,000)"
+                    "it is not compacted (cleanup.policy={policy}): it keeps every progress record ({RATE}), and every start reads them all (~1.9 ms per 1,000)"
                 ),
                 Flaw::LongSegments { roll_ms } => format!(
-                    "its segments roll every {} ({}): compaction never touches the active segment, so a restart reads up to that long's progress records (~5 a second while an at-least-once Ferry is busy, one per transaction in exactly-once mode; ~1.9 ms of a restart per 1,000)",
+                    "its segments roll every {} ({}): compaction never touches the active segment, so a restart reads up to that long's progress records ({RATE}; ~1.9 ms of a restart per 1,000)",
                     span(*roll_ms),
                     match self.segment_ms == Some(*roll_ms) {
                         true => format!("segment.ms={roll_ms}"),
