@@ -44,19 +44,19 @@ pub fn bin() -> Res<PathBuf> {
     Ok(p)
 }
 
-/// `FERRY_BENCH_EXACTLY_ONCE=true` runs Ferry in exactly-once mode (`kafka.exactly_once`,
-/// a progress topic per slot), so the two modes are compared on the same workloads.
-fn exactly_once(slot: &str) -> Vec<(String, String)> {
-    match std::env::var("FERRY_BENCH_EXACTLY_ONCE").as_deref() {
-        Ok("true" | "1") => vec![
-            ("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()),
-            (
-                "FERRY_KAFKA_PROGRESS_TOPIC".into(),
-                format!("ferry-progress.{slot}"),
-            ),
-        ],
-        _ => Vec::new(),
-    }
+/// `FERRY_BENCH_EXACTLY_ONCE=true` runs Ferry in exactly-once mode (`kafka.exactly_once`), so
+/// the two modes are compared on the same workloads. Every Ferry has a progress topic of its own
+/// already ([`progress_topic_for`]), as exactly-once mode needs.
+fn exactly_once() -> Option<(&'static str, &'static str)> {
+    exactly_once_on().then_some(("FERRY_KAFKA_EXACTLY_ONCE", "true"))
+}
+
+/// Whether `FERRY_BENCH_EXACTLY_ONCE` asks for exactly-once mode.
+pub fn exactly_once_on() -> bool {
+    matches!(
+        std::env::var("FERRY_BENCH_EXACTLY_ONCE").as_deref(),
+        Ok("true" | "1")
+    )
 }
 
 /// A new progress topic's name for a Ferry on `slot`. Slots of one name are dropped and created
@@ -92,6 +92,11 @@ struct Args {
     brokers: String,
     slot: String,
     topic: String,
+    /// The slot is one the harness created (every slot of the harness is) and this Ferry streams
+    /// it first: in exactly-once mode it starts with `--initialize-progress`, as a deployment
+    /// adopting a slot it did not create does (such a slot has no progress record, and
+    /// exactly-once mode refuses it otherwise). A [`Running::restart`] does not.
+    adopts_slot: bool,
 }
 
 impl Args {
@@ -102,6 +107,7 @@ impl Args {
             brokers: brokers.into(),
             slot: slot.into(),
             topic: topic.into(),
+            adopts_slot: true,
         }
     }
 }
@@ -145,7 +151,11 @@ impl Running {
     /// The same Ferry started again (after this one was killed, say): same slot, same
     /// configuration, same progress topic, as a restarted pod finds them.
     pub fn restart(&self) -> Res<Running> {
-        Running::start(self.args.clone(), self.progress_topic.clone())
+        let args = Args {
+            adopts_slot: false,
+            ..self.args.clone()
+        };
+        Running::start(args, self.progress_topic.clone())
     }
 
     fn start(args: Args, progress_topic: String) -> Res<Running> {
@@ -155,6 +165,7 @@ impl Running {
             brokers,
             slot,
             topic,
+            adopts_slot,
         } = &args;
         let (db_url, brokers, slot, topic) = (
             db_url.as_str(),
@@ -171,8 +182,11 @@ impl Running {
                 c
             }
         };
-        cmd.arg("run")
-            .env_clear()
+        cmd.arg("run");
+        if *adopts_slot && exactly_once_on() {
+            cmd.arg("--initialize-progress");
+        }
+        cmd.env_clear()
             .env("FERRY_POSTGRES_URL", db_url)
             .env("FERRY_POSTGRES_SLOT", slot)
             .env("FERRY_POSTGRES_PUBLICATION", PUBLICATION)
@@ -189,7 +203,7 @@ impl Running {
                 "FERRY_LOG_LEVEL",
                 std::env::var("FERRY_BENCH_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
             )
-            .envs(exactly_once(slot))
+            .envs(exactly_once())
             // The allocator's own settings pass through, for experiments: glibc's tunables (e.g.
             // `glibc.malloc.mxfast=0`), another allocator preloaded (`LD_PRELOAD`) and its
             // options (`MALLOC_CONF` for jemalloc, `MIMALLOC_*`); all are read at process start.
@@ -198,10 +212,12 @@ impl Running {
                     || k == "LD_PRELOAD"
                     || k == "MALLOC_CONF"
                     || k.starts_with("MIMALLOC_")
-                    // and the in-flight window, for memory experiments, and librdkafka's own
-                    // properties (`message.copy.max.bytes`, `linger.ms`, ...)
+                    // and the in-flight window, for memory experiments, librdkafka's own
+                    // properties (`message.copy.max.bytes`, `linger.ms`, ...), and the
+                    // exactly-once transactions' bounds (`FERRY_KAFKA_TRANSACTION_INTERVAL`)
                     || k.starts_with("FERRY_KAFKA_MAX_IN_FLIGHT_")
                     || k.starts_with("FERRY_KAFKA_PROPERTIES_")
+                    || k.starts_with("FERRY_KAFKA_TRANSACTION_")
             }))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
