@@ -16,10 +16,11 @@
 //! the pipeline's other tasks run.
 //!
 //! The same queue carries librdkafka's log (rust-rdkafka sets `log.queue`), which the task hands
-//! to the context's `log` as rust-rdkafka's own poll would. rust-rdkafka's `flush` (and so
-//! `commit_transaction`, which flushes first) also polls this queue while it waits: reports it
-//! takes reach the relay through the context's `delivery`, by the same channel. Those calls
-//! block, so they run on tokio's blocking pool while the task goes on serving. The client must be
+//! to the context's `log` as rust-rdkafka's own poll would. A flush (and an exactly-once commit,
+//! which flushes first) waits in librdkafka until the task has served every report
+//! ([`Client::flush`]); rust-rdkafka's `commit_transaction`, called after it, finds nothing left
+//! to flush. Those calls block, so they run on tokio's blocking pool while the task goes on
+//! serving. The client must be
 //! created within the runtime. Dropping the client purges what it still holds and serves the
 //! purge's reports itself, so that a producer dropped where the task cannot run (on the runtime's
 //! thread, or on the warm-up thread) does not wait for it.
@@ -250,6 +251,26 @@ impl Client {
         match error {
             None => Ok(()),
             Some(code) => Err(code.into()),
+        }
+    }
+
+    /// Waits up to `timeout` until every record handed to librdkafka is reported and its
+    /// report served, or fails with `KafkaError::Flush` (blocking: off the runtime's thread,
+    /// while the report task serves). librdkafka's `rd_kafka_flush`, not rust-rdkafka's
+    /// `flush`: with reports as events, librdkafka waits on its count of records held, and the
+    /// report task's destroying the last report wakes it. rust-rdkafka's asks without waiting
+    /// and then polls the queue for 100 ms, and its poll waits out its whole timeout whatever
+    /// comes; with the report task serving the queue, a flush that found one report not yet
+    /// served took 100 ms. Every exactly-once commit did: its progress record is produced
+    /// just before it (bench/README.md, "Round 37").
+    #[allow(unsafe_code)]
+    pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: the handle is live (destroyed only in `drop`); the call only waits.
+        let code = unsafe { rd::rd_kafka_flush(self.producer.client().native_ptr(), ms) };
+        match code {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
+            code => Err(KafkaError::Flush(code.into())),
         }
     }
 
@@ -696,6 +717,48 @@ mod tests {
         .expect("the report came, and the pipeline's thread served it");
         assert_eq!(report.key, 7);
         assert!(report.result.is_err(), "purged");
+    }
+
+    /// A flush waits in librdkafka for the report task to serve every report, and returns
+    /// once it has; one that runs out of time says so. The task here gathers for an hour, so
+    /// the report waits until the pipeline's thread serves it, while the flush waits on a
+    /// thread of its own (as a commit's does, on tokio's blocking pool).
+    #[tokio::test]
+    async fn a_flush_returns_once_every_report_is_served() {
+        let (producer, mut reports) = unanswered(Duration::from_secs(3600));
+        tokio::task::yield_now().await;
+        producer.send(&record(), 3).expect("accepted");
+        producer.purge_queued();
+        while !producer.inner.wake.came.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let client = producer.inner.clone();
+        let short = tokio::task::spawn_blocking(move || client.flush(Duration::from_millis(1)))
+            .await
+            .expect("the flush");
+        assert!(
+            matches!(short, Err(rdkafka::error::KafkaError::Flush(_))),
+            "a report nobody served yet: {short:?}"
+        );
+        let client = producer.inner.clone();
+        let flush = tokio::task::spawn_blocking(move || client.flush(DEADLINE));
+        let report = tokio::time::timeout(DEADLINE, async {
+            loop {
+                producer.serve_waiting();
+                if let Some(report) = reports.try_recv() {
+                    break report;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the report, served by the pipeline's thread");
+        assert_eq!(report.key, 3);
+        tokio::time::timeout(DEADLINE, flush)
+            .await
+            .expect("the flush returns once the report is served")
+            .expect("the flush's thread")
+            .expect("nothing left to flush");
     }
 
     /// A report that comes while the pipeline's thread takes the ones before it keeps its

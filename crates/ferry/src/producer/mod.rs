@@ -363,9 +363,17 @@ impl Producer {
 
     /// `commit_transaction`: flushes the transaction's records and commits (blocking, off the
     /// runtime). An error leaves the outcome to [`transaction_error`]'s judgement.
+    ///
+    /// The flush is Ferry's ([`client::Client::flush`]) and comes first: rust-rdkafka's
+    /// `commit_transaction` flushes with its own, which took 100 ms whenever a report was not
+    /// yet served, and returns at once when nothing is left.
     pub async fn commit_transaction(&self, timeout: Duration) -> Result<(), KafkaError> {
         let inner = self.inner.clone();
-        blocking(move || inner.producer.commit_transaction(timeout)).await
+        blocking(move || {
+            inner.flush(timeout)?;
+            inner.producer.commit_transaction(timeout)
+        })
+        .await
     }
 
     /// `abort_transaction` (blocking, off the runtime).
@@ -400,7 +408,7 @@ impl Producer {
     /// Waits (blocking) up to `timeout` for every accepted record to be reported: call this off
     /// the runtime's thread (see [`client`]).
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        self.inner.producer.flush(timeout)
+        self.inner.flush(timeout)
     }
 }
 
