@@ -348,20 +348,17 @@ fn scan(
     consumer.assign(&tpl).map_err(kafka)?;
     // Newest per key, in the order keys were first seen.
     let mut newest: Vec<(Vec<u8>, i64, Option<Vec<u8>>)> = Vec::new();
-    // The offset after the record the last poll brought.
-    let mut after_last = None;
+    // Whether the last poll brought a record.
+    let mut after_record = false;
     loop {
-        // A transaction's marker is the log's last offset after an exactly-once Ferry's last
-        // commit, and no poll returns a marker: librdkafka moves the position past it and waits
-        // on for a record until the poll's timeout (a restart waited 100 ms for nothing). With
-        // one offset left after a record, the poll does not wait: the marker came in the same
-        // fetch as the record before it, and the position read below is past it. Otherwise
-        // (a record written since, or the fetch cut between them) the next poll waits as usual.
-        let wait = if after_last == Some(high - 1) {
-            Duration::ZERO
-        } else {
-            POLL
-        };
+        // What ends the log after an exactly-once Ferry's last commit is a transaction marker
+        // (and, after a Ferry killed in a transaction, that transaction's aborted records), and
+        // no poll returns either: librdkafka moves the position past them and waits on for a
+        // record until the poll's timeout (a restart waited 100 ms for nothing). A poll right
+        // after a record does not wait: what came in the same fetch is taken off the queue, and
+        // the position read below is past it. When nothing more had come, the next poll waits
+        // as usual (one position read per fetch drained, not per record).
+        let wait = if after_record { Duration::ZERO } else { POLL };
         let polled = match consumer.poll(wait) {
             // One broker of several unreachable is news, not a failure: the client goes on
             // with the others (and the deadline below bounds the wait for all of them).
@@ -392,7 +389,7 @@ fn scan(
         // record stands for): asking after every record (librdkafka builds a list of the
         // assignment each time) cost a restart ~250 ms of CPU on 18,000 records, an hour of
         // progress records before the segment rolls.
-        after_last = past_record;
+        after_record = past_record.is_some();
         let position = match past_record {
             Some(next) => next,
             None => position(&consumer, topic).map_err(kafka)?,

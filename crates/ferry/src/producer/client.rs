@@ -20,10 +20,9 @@
 //! which flushes first) waits in librdkafka until the task has served every report
 //! ([`Client::flush`]); rust-rdkafka's `commit_transaction`, called after it, finds nothing left
 //! to flush. Those calls block, so they run on tokio's blocking pool while the task goes on
-//! serving. The client must be
-//! created within the runtime. Dropping the client purges what it still holds and serves the
-//! purge's reports itself, so that a producer dropped where the task cannot run (on the runtime's
-//! thread, or on the warm-up thread) does not wait for it.
+//! serving. The client must be created within the runtime. Dropping the client purges what it
+//! still holds and serves the purge's reports itself, so that a producer dropped where the task
+//! cannot run (on the runtime's thread, or on the warm-up thread) does not wait for it.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
