@@ -42,7 +42,7 @@ use rdkafka::error::KafkaError;
 use super::ahead::{self, Ahead, Tables};
 use super::binary::Mode;
 use super::sink::Sink;
-use super::start::transactions_supported;
+use super::start::transactions_probe;
 use super::transactional::{self, Txn};
 use super::watch::{watch_server, WalClock};
 use super::{PipelineError, PipelineSettings};
@@ -393,7 +393,8 @@ impl<'a> Driver<'a> {
     }
 
     /// Connects, asks the start-time verdict, checks that the brokers serve transactions
-    /// (exactly-once), and makes sure of the slot and publication.
+    /// (exactly-once: asked beside the verdict, judged after it), and makes sure of the slot
+    /// and publication.
     ///
     /// The verdict reads the slot, then creates or checks the progress topic (until a session
     /// found it; on a restart the broker probe's answer already showed it) and reads it, unless
@@ -407,6 +408,11 @@ impl<'a> Driver<'a> {
         let s = self.settings;
         let early = self.carry.early_sql.take();
         let kept = self.carry.standby_sql.take();
+        // Exactly-once: whether the brokers serve transactions is asked beside the verdict (a
+        // client of its own, 16–23 ms) and judged after it. A standby polling a slot that
+        // something else holds asks after its verdict, as before: a question asked beside
+        // every poll would mostly be dropped unanswered.
+        let probe = (s.exactly_once.is_some() && kept.is_none()).then(|| transactions_probe(s));
         // The connection a standby kept, or the early one, if it is still good; otherwise a new
         // one (whose error is the one reported, as it always was).
         let reused = match (kept, early) {
@@ -433,7 +439,10 @@ impl<'a> Driver<'a> {
         tracing::debug!("start-up: verdict decided");
         if s.exactly_once.is_some() {
             // Before the slot is created or transactions initialised (issue 30).
-            transactions_supported(s).await?;
+            probe
+                .unwrap_or_else(|| transactions_probe(s))
+                .judge()
+                .await?;
         }
         let spec = SlotSpec {
             create_slot: s.slot.create_slot && start.create_slot,

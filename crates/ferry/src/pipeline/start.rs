@@ -17,11 +17,12 @@ use ferry_wal::{slot, Lsn};
 use super::driver::Driver;
 use super::{PipelineError, PipelineSettings};
 use crate::progress_topic::{self, Sighting};
+use rdkafka::error::KafkaError;
 
 /// How long reading the progress topic, or creating it, may take at a session's start.
 pub(super) const PROGRESS_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Set (to anything), sessions skip [`transactions_supported`]: the end-to-end tests use it to
+/// Set (to anything), sessions skip [`transactions_probe`]: the end-to-end tests use it to
 /// reach the transaction calls of a broker without transactions. Nothing else reads it.
 pub const SKIP_API_CHECK_ENV: &str = "FERRY_TEST_SKIP_API_CHECK";
 
@@ -544,39 +545,62 @@ impl Driver<'_> {
 /// A broker that lacks them is a permanent error; brokers that do not answer a transient one
 /// (no slot is created until they do); an answer Ferry cannot read is let through with a WARN
 /// (the transaction calls themselves then fail permanently).
-pub(super) async fn transactions_supported(s: &PipelineSettings) -> Result<(), PipelineError> {
-    use crate::broker_apis::Support;
+///
+/// The question goes out at once, on a client of its own on the blocking pool
+/// ([`transactions_probe`]); [`TransactionsProbe::judge`] waits for the answer and judges it, so
+/// a session asks beside its verdict and judges after it.
+pub(super) struct TransactionsProbe {
+    /// `None` when the tests skip the check ([`SKIP_API_CHECK_ENV`]).
+    answer: Option<tokio::task::JoinHandle<(Result<crate::broker_apis::Support, KafkaError>, u64)>>,
+}
+
+/// Asks the brokers which APIs they serve, now (see [`TransactionsProbe`]).
+pub(super) fn transactions_probe(s: &PipelineSettings) -> TransactionsProbe {
     if std::env::var_os(SKIP_API_CHECK_ENV).is_some() {
         // Tests only: the backstop behind this check (`first_start_failed`) is tested alone.
-        return Ok(());
+        return TransactionsProbe { answer: None };
     }
     let (properties, topic) = (s.producer_properties.clone(), s.progress_topic.clone());
-    let started = Instant::now();
-    let support = tokio::task::spawn_blocking(move || {
-        crate::txn_probe::probe(&properties, &topic, PROBE_TIMEOUT)
-    })
-    .await
-    .map_err(|e| PipelineError::ProducerFatal(format!("asking the brokers for their APIs: {e}")))?;
-    match support {
-        Ok(Support::Supported) => {
-            tracing::info!(
-                probe_ms = started.elapsed().as_millis() as u64,
-                "exactly-once: the Kafka brokers serve the transaction APIs Ferry uses"
-            );
-            Ok(())
+    TransactionsProbe {
+        answer: Some(tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let support = crate::txn_probe::probe(&properties, &topic, PROBE_TIMEOUT);
+            (support, started.elapsed().as_millis() as u64)
+        })),
+    }
+}
+
+impl TransactionsProbe {
+    /// The answer, judged.
+    pub(super) async fn judge(self) -> Result<(), PipelineError> {
+        use crate::broker_apis::Support;
+        let Some(answer) = self.answer else {
+            return Ok(());
+        };
+        let (support, probe_ms) = answer.await.map_err(|e| {
+            PipelineError::ProducerFatal(format!("asking the brokers for their APIs: {e}"))
+        })?;
+        match support {
+            Ok(Support::Supported) => {
+                tracing::info!(
+                    probe_ms,
+                    "exactly-once: the Kafka brokers serve the transaction APIs Ferry uses"
+                );
+                Ok(())
+            }
+            Ok(Support::Missing(missing)) => Err(PipelineError::TransactionsUnsupported {
+                what: crate::broker_apis::describe(&missing),
+            }),
+            Ok(Support::Unknown) => {
+                tracing::warn!(
+                    "exactly-once: could not read which APIs the Kafka brokers serve; assuming they support transactions"
+                );
+                Ok(())
+            }
+            Err(e) => Err(PipelineError::ProducerFatal(format!(
+                "asking the Kafka brokers which APIs they serve: {e}"
+            ))),
         }
-        Ok(Support::Missing(missing)) => Err(PipelineError::TransactionsUnsupported {
-            what: crate::broker_apis::describe(&missing),
-        }),
-        Ok(Support::Unknown) => {
-            tracing::warn!(
-                "exactly-once: could not read which APIs the Kafka brokers serve; assuming they support transactions"
-            );
-            Ok(())
-        }
-        Err(e) => Err(PipelineError::ProducerFatal(format!(
-            "asking the Kafka brokers which APIs they serve: {e}"
-        ))),
     }
 }
 
