@@ -52,7 +52,7 @@ fn exactly_once() -> Option<(&'static str, &'static str)> {
 }
 
 /// Whether `FERRY_BENCH_EXACTLY_ONCE` asks for exactly-once mode.
-pub fn exactly_once_on() -> bool {
+fn exactly_once_on() -> bool {
     matches!(
         std::env::var("FERRY_BENCH_EXACTLY_ONCE").as_deref(),
         Ok("true" | "1")

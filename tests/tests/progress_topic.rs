@@ -263,8 +263,7 @@ async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
 /// Deletes `topic`'s records before `offset` (`kafka-delete-records`). Kafka deletes records of
 /// a topic whose cleanup policy includes `delete` only: the policy becomes `compact,delete`.
 async fn delete_records_before(brokers: &str, topic: &str, offset: i64) {
-    use rdkafka::admin::{AdminClient, AdminOptions};
-    use rdkafka::client::DefaultClientContext;
+    use rdkafka::admin::AdminOptions;
     use rdkafka::{Offset, TopicPartitionList};
     ferry_testkit::kafka::alter_topic_configs(
         brokers,
@@ -272,10 +271,7 @@ async fn delete_records_before(brokers: &str, topic: &str, offset: i64) {
         &[("cleanup.policy", "compact,delete")],
     )
     .await;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .unwrap();
+    let admin = ferry_testkit::kafka::admin(brokers);
     let mut before = TopicPartitionList::new();
     before
         .add_partition_offset(topic, 0, Offset::Offset(offset))

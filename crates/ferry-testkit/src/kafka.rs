@@ -893,6 +893,14 @@ fn metadata_brokers(brokers: &str) -> Option<usize> {
         .map(|md| md.brokers().len())
 }
 
+/// An admin client of `brokers` (no security settings: the testkit's own brokers).
+pub fn admin(brokers: &str) -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client")
+}
+
 /// Creates `topic` with `partitions` partitions (the cluster's default replication factor:
 /// 1 on one node, 3 on three) and waits until its metadata shows every partition.
 pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
@@ -906,10 +914,7 @@ pub async fn create_topic_with(
     partitions: i32,
     configs: &[(&str, &str)],
 ) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("admin client");
+    let admin = admin(brokers);
     let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
     for (k, v) in configs {
         new = new.set(k, v);
@@ -941,10 +946,7 @@ pub async fn create_topic_with(
 /// Sets `topic`'s configs to `configs` (AlterConfigs: every topic config not named goes back to
 /// the brokers' default). The brokers apply it a moment after they acknowledge it.
 pub async fn alter_topic_configs(brokers: &str, topic: &str, configs: &[(&str, &str)]) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("admin client");
+    let admin = admin(brokers);
     let mut alter = AlterConfig::new(ResourceSpecifier::Topic(topic));
     for (k, v) in configs {
         alter = alter.set(k, v);

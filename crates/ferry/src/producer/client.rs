@@ -665,6 +665,18 @@ mod tests {
         .expect("producer")
     }
 
+    /// Waits until librdkafka has called back: an event is on the queue (a purge's report, or
+    /// first the brokers' refusal). Fails the test past [`DEADLINE`].
+    async fn called_back(producer: &Producer) {
+        tokio::time::timeout(DEADLINE, async {
+            while !producer.inner.wake.came.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("librdkafka called back");
+    }
+
     /// Each report comes, one record after another, whether the task waits on the timer (a
     /// linger) or wakes at once (none): a gathering that never ends, or a report that came
     /// while nobody would set the timer, hangs here.
@@ -695,11 +707,7 @@ mod tests {
         producer.purge_queued();
         let report = tokio::time::timeout(DEADLINE, async {
             loop {
-                // librdkafka calls back once an event is on the queue (the purge's report, or
-                // first the brokers' refusal).
-                while !producer.inner.wake.came.load(Ordering::Acquire) {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                called_back(&producer).await;
                 // Were the report task woken, it would run now.
                 tokio::task::yield_now().await;
                 assert!(
@@ -728,9 +736,7 @@ mod tests {
         tokio::task::yield_now().await;
         producer.send(&record(), 3).expect("accepted");
         producer.purge_queued();
-        while !producer.inner.wake.came.load(Ordering::Acquire) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        called_back(&producer).await;
         let client = producer.inner.clone();
         let short = tokio::task::spawn_blocking(move || client.flush(Duration::from_millis(1)))
             .await
