@@ -228,14 +228,17 @@ async fn killed_after_the_slot_confirm_every_row_arrives_exactly_once() {
 /// holds more (the aborted copies).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aborted_transactions_are_invisible_to_read_committed_only() {
-    // A transaction that stays open long enough to be seen and killed.
+    // A transaction that stays open long enough to be seen and killed: its commit is held (a
+    // long interval no longer keeps one open: it commits once its records are in).
     let (mut w, topic) = world("5s").await;
-    w.env.push((
-        "FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(),
-        "100000".into(),
-    ));
-    w.env
-        .push(("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(), "400000".into()));
+    w.env.extend([
+        (
+            "FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(),
+            "100000".into(),
+        ),
+        ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(), "400000".into()),
+        ("FERRY_TEST_HOLD_COMMIT_MS".into(), "600000".into()),
+    ]);
     let mut first = w.start_ferry();
     slot_created(&w).await;
     let total = insert(&w, 0, 20, 10).await;
@@ -256,6 +259,7 @@ async fn aborted_transactions_are_invisible_to_read_committed_only() {
         "read_committed saw {} records of a transaction never committed",
         committed.len()
     );
+    w.env.retain(|(k, _)| k != "FERRY_TEST_HOLD_COMMIT_MS");
     let second = w.start_ferry();
     wait_until("every row committed", Duration::from_secs(120), || {
         let (b, t) = (brokers.clone(), topic.clone());
@@ -320,16 +324,18 @@ async fn check_reports_what_exactly_once_needs() {
 /// transactional.id, and nothing appears twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_instance_is_fenced_by_its_successor_and_exits() {
-    // The longest interval (6 s), so the paused instance holds an open transaction (with 2 s
-    // it could commit before the pause on a loaded machine, and a producer with nothing open
-    // learns of its fencing only when it next writes); checked below.
-    let (mut w, topic) = world("6s").await;
-    w.env.push((
-        "FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(),
-        "100000".into(),
-    ));
-    w.env
-        .push(("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(), "400000".into()));
+    // The paused instance must hold an open transaction (a producer with nothing open learns
+    // of its fencing only when it next writes): its commit is held 15 s, past the pause, and
+    // checked below.
+    let (mut w, topic) = world("100ms").await;
+    w.env.extend([
+        (
+            "FERRY_KAFKA_TRANSACTION_MAX_RECORDS".into(),
+            "100000".into(),
+        ),
+        ("FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(), "400000".into()),
+        ("FERRY_TEST_HOLD_COMMIT_MS".into(), "15000".into()),
+    ]);
     let mut first = w.start_ferry();
     slot_created(&w).await;
     let total = insert(&w, 0, 10, 10).await;
@@ -364,11 +370,8 @@ async fn a_paused_instance_is_fenced_by_its_successor_and_exits() {
         )
         .await
         .unwrap();
-    // The successor commits at the usual pace.
-    w.env
-        .retain(|(k, _)| k != "FERRY_KAFKA_TRANSACTION_INTERVAL");
-    w.env
-        .push(("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), "100ms".into()));
+    // The successor commits at once.
+    w.env.retain(|(k, _)| k != "FERRY_TEST_HOLD_COMMIT_MS");
     let _second = w.start_ferry();
     wait_until(
         "the second instance committed",

@@ -273,7 +273,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                     since_unix_micros: None,
                 };
                 txn.position = Some(position);
-                self.commit(position);
+                self.commit(position, None);
             }
         }
         self.pump(now);
@@ -320,7 +320,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                 remember.poll_timeout(),
                 finishing.as_ref().map(|f| f.deadline),
             ),
-            Mode::ExactlyOnce(txn) if txn.stage == Stage::Idle => txn.deadline(),
+            Mode::ExactlyOnce(txn) if txn.stage == Stage::Idle => txn.wake_at(),
             Mode::ExactlyOnce(_) => None,
         };
         earliest(relay, own)
@@ -367,6 +367,9 @@ impl<E: Clone + std::fmt::Display> Session<E> {
             Mode::AtLeastOnce { .. } => self.relay.handle_report(token, result, now),
             // Held until the transaction ends; a failure poisons it.
             Mode::ExactlyOnce(txn) => {
+                if token != PROGRESS_DELIVERY_KEY {
+                    txn.handed(false);
+                }
                 if let Err(error) = result {
                     tracing::warn!(error = %error, "a record of the open Kafka transaction failed; it will be aborted");
                     let topic = match token {
@@ -396,6 +399,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                 } else {
                     // Never in the transaction: its report will not come, and nothing after
                     // its event may be committed.
+                    txn.handed(false);
                     if let Some(i) = txn.held.iter().rposition(|t| *t == token) {
                         txn.held.remove(i);
                     }
@@ -521,6 +525,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                         }
                         txn.held.push(token);
                         txn.held_bytes += record.size_bytes() as u64;
+                        txn.handed(true);
                     }
                     self.actions.push_back(Action::Produce { token, record });
                 }
@@ -611,7 +616,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                 {
                     if let Some(position) = txn.position {
                         txn.finishing = Some(result);
-                        return self.commit(position);
+                        return self.commit(position, Some(now));
                     }
                 }
                 if txn.open {
@@ -740,6 +745,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
         let Mode::ExactlyOnce(txn) = &mut self.mode else {
             return;
         };
+        txn.settled(now);
         if txn.stage != Stage::Idle {
             return;
         }
@@ -761,17 +767,21 @@ impl<E: Clone + std::fmt::Display> Session<E> {
             return;
         }
         if let Some(position) = txn.due(draining, now) {
-            self.commit(position);
+            self.commit(position, Some(now));
         }
     }
 
     /// Exactly-once: the progress record at `position` into the transaction (begun if it is
     /// not), then the commit ([`Session::poll_action`] asks for it once the record is handed
-    /// over).
-    fn commit(&mut self, position: Position) {
+    /// over). `decided`: when, to pace early commits by (`None`: the commit of a fresh slot's
+    /// position at the session's start, which paces nothing).
+    fn commit(&mut self, position: Position, decided: Option<Instant>) {
         let Mode::ExactlyOnce(txn) = &mut self.mode else {
             return;
         };
+        if let Some(now) = decided {
+            txn.paced(now);
+        }
         if !txn.open {
             txn.open = true;
             self.actions.push_back(Action::BeginTransaction);

@@ -13,14 +13,30 @@
 //!   transaction is older than the interval, when it holds its cap of records or bytes (no WAL is
 //!   taken meanwhile), or when the session drains with records held. The progress record holding
 //!   the position goes into the transaction last, after the records it covers.
-//! - **One call at a time.** From the progress record to the commit's outcome nothing else
-//!   happens to the transaction.
+//! - **Commit the end of a burst without waiting for the interval**: once every record handed
+//!   over has had its delivery report and no new one came for [`QUIET`] (a lone event, the end of
+//!   a backlog, a burst after an idle stretch), waiting longer would only hold back what is
+//!   already written (a position alone, with no record held, is not: nobody waits for it).
+//!   Such early commits are paced so that, on average, commits come no more
+//!   often than one an interval, as in a busy stream: an early commit waits until the commit
+//!   before the last one was decided an interval ago, so no three commits decided by the
+//!   interval and the pace fall within one interval (a rule with a burst of two, rather than
+//!   "an interval since the last commit": under that, events arriving about an interval apart
+//!   would each wait a little longer than the one before, up to the whole interval). Commits at
+//!   a cap or a drain do not wait, and push the pace at most an interval ahead. The commit a
+//!   fresh slot's position makes at the session's start does not count.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::inflight::DeliveryKey;
 use crate::relay::{CoreError, End, Position};
+
+/// How long every record handed over must have had its report, with no new one, before an
+/// early commit ([module documentation](self)): a burst of transactions an application writes a
+/// few milliseconds apart stays in one Kafka transaction, and a lone event waits this much
+/// rather than an interval.
+pub const QUIET: Duration = Duration::from_millis(5);
 
 /// What bounds a Kafka transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +87,15 @@ pub(crate) struct Transaction<E> {
     pub committed_at: Option<Instant>,
     pub poisoned: Option<Poison<E>>,
     pub stage: Stage,
+    /// Records handed over this session whose reports have not come (a report of a committed
+    /// transaction may come after its commit's outcome: the count is the session's, not the
+    /// transaction's). It only decides when to commit, never what.
+    pub unreported: usize,
+    /// Since when `unreported` has been 0, as last told ([`Transaction::settled`]).
+    pub settled_since: Option<Instant>,
+    /// Earliest time of an early commit ([`Transaction::paced`]; `None`: no commit paces it
+    /// yet).
+    pub early_from: Option<Instant>,
     /// The session is over once its last position is committed; it ends with this.
     pub finishing: Option<Result<End, CoreError<E>>>,
 }
@@ -89,6 +114,9 @@ impl<E> Transaction<E> {
             poisoned: None,
             stage: Stage::Idle,
             finishing: None,
+            unreported: 0,
+            settled_since: None,
+            early_from: None,
         }
     }
 
@@ -109,6 +137,24 @@ impl<E> Transaction<E> {
         }
     }
 
+    /// A record was handed over (`true`), or its report came or it was refused (`false`).
+    pub fn handed(&mut self, handed: bool) {
+        match handed {
+            true => self.unreported += 1,
+            // A late report of an earlier session's record counts for nothing.
+            false => self.unreported = self.unreported.saturating_sub(1),
+        }
+    }
+
+    /// Notes whether every record handed over has had its report, as of `now`: before each
+    /// [`Transaction::due`] and [`Transaction::wake_at`].
+    pub fn settled(&mut self, now: Instant) {
+        match self.unreported {
+            0 => _ = self.settled_since.get_or_insert(now),
+            _ => self.settled_since = None,
+        }
+    }
+
     /// When the open transaction must commit at the latest; `None` while everything the core
     /// gave is committed (a position it repeats starts no clock).
     pub fn deadline(&self) -> Option<Instant> {
@@ -116,6 +162,37 @@ impl<E> Transaction<E> {
             return None;
         }
         self.since.map(|s| s + self.limits.interval)
+    }
+
+    /// When it may commit early: it holds records, none is in flight, no record came for
+    /// [`QUIET`], and the pace allows it ([`Transaction::paced`]). A position alone (an idle
+    /// stretch of WAL, rows skipped) waits for the interval: no consumer waits for it, and the
+    /// server's keepalive after every transaction would otherwise commit a second time each.
+    pub fn early_at(&self) -> Option<Instant> {
+        if self.position == self.committed || self.held.is_empty() {
+            return None;
+        }
+        let quiet = self.settled_since? + QUIET;
+        Some(self.early_from.map_or(quiet, |t| t.max(quiet)))
+    }
+
+    /// A commit was decided at `now`: the next early one goes an interval after the pace of
+    /// this one at the soonest, and never before `now`, nor more than an interval after it
+    /// (a commit at a cap, which does not wait for the pace, does not hold early ones back
+    /// further). From the decision, not the outcome: commits take time, and paced from their
+    /// outcomes, events about an interval apart would again each wait a little longer.
+    pub fn paced(&mut self, now: Instant) {
+        let interval = self.limits.interval;
+        let next = self.early_from.map_or(now, |f| (f + interval).max(now));
+        self.early_from = Some(next.min(now + interval));
+    }
+
+    /// When the machine must look again: the deadline, or an early commit's time if sooner.
+    pub fn wake_at(&self) -> Option<Instant> {
+        match (self.deadline(), self.early_at()) {
+            (Some(d), Some(e)) => Some(d.min(e)),
+            (d, e) => d.or(e),
+        }
     }
 
     /// Whether it holds its cap of records or bytes: no more WAL until it commits.
@@ -132,19 +209,21 @@ impl<E> Transaction<E> {
             return None;
         }
         let late = self.deadline().is_some_and(|d| now >= d);
+        let early = self.early_at().is_some_and(|e| now >= e);
         let draining = draining && !self.held.is_empty();
         let full = self.full();
-        if full || late || draining {
+        if full || late || early || draining {
             tracing::debug!(
                 full,
                 late,
+                early,
                 draining,
                 records = self.held.len(),
                 end_lsn = %position.end_lsn,
                 "committing the Kafka transaction"
             );
         }
-        (full || late || draining).then_some(position)
+        (full || late || early || draining).then_some(position)
     }
 
     /// The commit succeeded: the held records are durable.

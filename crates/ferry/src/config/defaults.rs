@@ -73,8 +73,10 @@ pub const PROGRESS_TOPIC: &str = "ferry.progress";
 /// `isolation.level=read_committed`.
 pub const EXACTLY_ONCE: bool = false;
 /// `kafka.transaction_interval`: how long a Kafka transaction collects records before it
-/// commits. Read-committed consumers see a record only after its commit, so this is added to
-/// their latency; each commit costs a few broker round trips, so shorter costs throughput.
+/// commits, and the least time between two commits (a burst that ends commits sooner, once the
+/// previous commit is this old). Read-committed consumers see a record only after its commit,
+/// so up to this is added to their latency; each commit costs a few broker round trips, so
+/// shorter costs throughput.
 pub const TRANSACTION_INTERVAL: Duration = Duration::from_millis(100);
 /// `kafka.transaction_max_records`: a Kafka transaction commits at this many records even
 /// before the interval. Must stay below half the in-flight window: the transactional sink holds

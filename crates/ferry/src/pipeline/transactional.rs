@@ -63,6 +63,12 @@ use crate::topics::Topics;
 /// The environment variable naming a failpoint (tests only).
 pub const FAILPOINT_ENV: &str = "FERRY_TEST_FAILPOINT";
 
+/// The environment variable holding every commit of a transaction that carries records for
+/// this many milliseconds before it is asked for (tests only): a transaction kept open to be
+/// seen, paused or killed. Without it, a transaction commits as soon as its records are in
+/// and the stream pauses, however long `kafka.transaction_interval` is.
+pub const HOLD_COMMIT_ENV: &str = "FERRY_TEST_HOLD_COMMIT_MS";
+
 /// The transactional producer of one session, and what its calls need to say why they failed.
 /// It carries out the session machine's transaction actions ([`ferry_core::session`] decides
 /// when to begin, commit or abort); it decides nothing.
@@ -212,6 +218,11 @@ impl Txn {
         records: usize,
     ) -> CommitOutcome<KafkaError> {
         let carrying = self.sent > 0;
+        if let Some(ms) = std::env::var(HOLD_COMMIT_ENV).ok().filter(|_| carrying) {
+            let ms = ms.parse().expect("FERRY_TEST_HOLD_COMMIT_MS: milliseconds");
+            tracing::warn!(ms, "{HOLD_COMMIT_ENV}: holding the commit (tests only)");
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         if carrying && failpoint_armed("commit_sent") {
             // Killed while the commit is in flight: whether it lands is the broker's business.
             std::thread::spawn(|| {
