@@ -641,3 +641,59 @@ impl Writer {
         self.task.await.expect("writer")
     }
 }
+
+/// A standby in exactly-once mode takes over from a Ferry killed with kill -9: every row once,
+/// in order per key. It judges the answer on transactions it asked while it stood by, rather
+/// than asking on the take-over's path (16–23 ms of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_judging_the_answer_it_asked_while_it_waited() {
+    let (mut w, topic) = world("100ms").await;
+    w.env.extend([
+        (
+            "FERRY_POSTGRES_STANDBY_POLL_INTERVAL".into(),
+            "200ms".into(),
+        ),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX".into(), "1s".into()),
+    ]);
+    let mut first = w.start_ferry();
+    first.wait_ready().await;
+    let total = insert(&w, 0, 5, 4).await;
+    let mut standby = w.start_ferry();
+    wait_until("the second stands by", Duration::from_secs(30), || async {
+        standby.metric("ferry_standby").await == Some(1.0)
+    })
+    .await;
+    let stood_by = Instant::now();
+    // Polls go by (every 200 ms) before the take-over.
+    wait_until("two seconds of polls", Duration::from_secs(30), || async {
+        stood_by.elapsed() >= Duration::from_secs(2)
+    })
+    .await;
+    first.kill9();
+    let total = insert(&w, total, 5, 4).await;
+    wait_until(
+        "the standby takes over",
+        Duration::from_secs(60),
+        || async { standby.metric("ferry_streaming").await == Some(1.0) },
+    )
+    .await;
+    all_in_once_and_confirmed(&w, &topic, total).await;
+    let log = standby.log_text();
+    let judged: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("serve the transaction APIs Ferry uses"))
+        .filter_map(|l| l.split("asked_ms_ago=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(judged.len(), 1, "one session, one judgement:\n{log}");
+    assert!(
+        judged[0] >= 1_000,
+        "the take-over asked on its path ({} ms before judging):\n{log}",
+        judged[0]
+    );
+    assert!(
+        standby.terminate().await.success(),
+        "{}",
+        standby.log_text()
+    );
+}

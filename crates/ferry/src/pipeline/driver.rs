@@ -143,7 +143,16 @@ pub(super) struct Carry {
     /// query, not a new backend and an authentication, and a takeover starts on a connection
     /// already open.
     pub standby_sql: Option<tokio_postgres::Client>,
+    /// Exactly-once: a standby's question whether the brokers serve transactions, kept from
+    /// the poll that asked it, so that a take-over judges its answer rather than asking on its
+    /// path. Asked again once older than [`PROBE_KEPT`].
+    pub transactions_probe: Option<super::start::TransactionsProbe>,
 }
+
+/// How long a standby's answer on transactions is judged instead of asking again: brokers
+/// do not lose the transaction APIs, and if they did, the transaction calls would fail
+/// permanently anyway (the probe only says so first, and clearly).
+pub(super) const PROBE_KEPT: Duration = Duration::from_secs(300);
 
 /// What the session machine stopped with.
 type Stopped = Result<ferry_core::End, CoreError<KafkaError>>;
@@ -410,9 +419,13 @@ impl<'a> Driver<'a> {
         let kept = self.carry.standby_sql.take();
         // Exactly-once: whether the brokers serve transactions is asked beside the verdict (a
         // client of its own, 16–23 ms) and judged after it. A standby polling a slot that
-        // something else holds asks after its verdict, as before: a question asked beside
-        // every poll would mostly be dropped unanswered.
-        let probe = (s.exactly_once.is_some() && kept.is_none()).then(|| transactions_probe(s));
+        // something else holds keeps the question for its next polls, and asks again only
+        // every PROBE_KEPT: its take-over judges an answer already in.
+        let (probe, probe_kept) = match self.carry.transactions_probe.take() {
+            _ if s.exactly_once.is_none() => (None, false),
+            Some(probe) if probe.asked.elapsed() < PROBE_KEPT => (Some(probe), true),
+            _ => (Some(transactions_probe(s)), false),
+        };
         // The connection a standby kept, or the early one, if it is still good; otherwise a new
         // one (whose error is the one reported, as it always was).
         let reused = match (kept, early) {
@@ -432,17 +445,21 @@ impl<'a> Driver<'a> {
                 if e.is_standby() {
                     // Polled again on the same connection (the verdict's reads are all done).
                     self.carry.standby_sql = Arc::try_unwrap(sql).ok();
+                    self.carry.transactions_probe = probe;
                 }
                 return Err(e);
             }
         };
         tracing::debug!("start-up: verdict decided");
-        if s.exactly_once.is_some() {
-            // Before the slot is created or transactions initialised (issue 30).
-            probe
-                .unwrap_or_else(|| transactions_probe(s))
-                .judge()
-                .await?;
+        // Before the slot is created or transactions initialised (issue 30).
+        if let Some(probe) = probe {
+            match probe.judge().await {
+                // A kept question that got no answer (the brokers away then): asked again.
+                Err(PipelineError::ProducerFatal(_)) if probe_kept => {
+                    transactions_probe(s).judge().await?
+                }
+                judged => judged?,
+            }
         }
         let spec = SlotSpec {
             create_slot: s.slot.create_slot && start.create_slot,

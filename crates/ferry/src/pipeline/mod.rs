@@ -89,6 +89,7 @@ pub async fn run(
             async move { ferry_wal::slot::connect_sql(&postgres).await }
         })),
         standby_sql: None,
+        transactions_probe: None,
     };
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.

@@ -552,13 +552,18 @@ impl Driver<'_> {
 pub(super) struct TransactionsProbe {
     /// `None` when the tests skip the check ([`SKIP_API_CHECK_ENV`]).
     answer: Option<tokio::task::JoinHandle<(Result<crate::broker_apis::Support, KafkaError>, u64)>>,
+    /// When the question went out (a standby judges an answer it asked polls ago).
+    pub asked: Instant,
 }
 
 /// Asks the brokers which APIs they serve, now (see [`TransactionsProbe`]).
 pub(super) fn transactions_probe(s: &PipelineSettings) -> TransactionsProbe {
     if std::env::var_os(SKIP_API_CHECK_ENV).is_some() {
         // Tests only: the backstop behind this check (`first_start_failed`) is tested alone.
-        return TransactionsProbe { answer: None };
+        return TransactionsProbe {
+            answer: None,
+            asked: Instant::now(),
+        };
     }
     let (properties, topic) = (s.producer_properties.clone(), s.progress_topic.clone());
     TransactionsProbe {
@@ -567,6 +572,7 @@ pub(super) fn transactions_probe(s: &PipelineSettings) -> TransactionsProbe {
             let support = crate::txn_probe::probe(&properties, &topic, PROBE_TIMEOUT);
             (support, started.elapsed().as_millis() as u64)
         })),
+        asked: Instant::now(),
     }
 }
 
@@ -577,6 +583,7 @@ impl TransactionsProbe {
         let Some(answer) = self.answer else {
             return Ok(());
         };
+        let asked_ms_ago = self.asked.elapsed().as_millis() as u64;
         let (support, probe_ms) = answer.await.map_err(|e| {
             PipelineError::ProducerFatal(format!("asking the brokers for their APIs: {e}"))
         })?;
@@ -584,6 +591,7 @@ impl TransactionsProbe {
             Ok(Support::Supported) => {
                 tracing::info!(
                     probe_ms,
+                    asked_ms_ago,
                     "exactly-once: the Kafka brokers serve the transaction APIs Ferry uses"
                 );
                 Ok(())
