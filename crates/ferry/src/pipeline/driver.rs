@@ -185,8 +185,16 @@ pub(super) struct Driver<'a> {
 pub(super) enum Producing<'a, 'l> {
     /// At-least-once: the idempotent producer shared across sessions, and its link.
     Idempotent(&'a Producer, &'l mut Link),
-    /// Exactly-once: a transactional producer made once the slot is this session's.
+    /// Exactly-once: a transactional producer made for the session, initialised once the slot
+    /// is its own.
     Transactional(Topics),
+}
+
+/// A session's producer once its verdict is in: exactly-once's is being made
+/// ([`Driver::make_transactional`]).
+enum Made<'a, 'l> {
+    Idempotent(&'a Producer, &'l mut Link),
+    Transactional(tokio::task::JoinHandle<Result<transactional::Unready, PipelineError>>),
 }
 
 impl<'a> Driver<'a> {
@@ -241,6 +249,15 @@ impl<'a> Driver<'a> {
         // An exactly-once session that created the slot: until its first record commits,
         // nothing remembers it (see `first_start_failed`).
         let created = s.exactly_once.is_some() && s.slot.create_slot && start.create_slot;
+        // Exactly-once: the transactional producer is made now and connects to the brokers
+        // while replication starts (~20 ms of a start); only `init_transactions`, which fences,
+        // waits for the slot.
+        let producing = match producing {
+            Producing::Transactional(topics) => {
+                Made::Transactional(self.make_transactional(topics, start.identity.system_id))
+            }
+            Producing::Idempotent(producer, link) => Made::Idempotent(producer, link),
+        };
         let opened = tokio::select! {
             r = self.open(&sql, ahead) => r,
             _ = shutdown.as_mut() => {
@@ -265,13 +282,13 @@ impl<'a> Driver<'a> {
         self.accepting = start.accepted;
         let mut own_link;
         let (link, mut sink) = match producing {
-            Producing::Idempotent(producer, link) => {
+            Made::Idempotent(producer, link) => {
                 let sink = self.at_least_once(producer, link, &reader, binary_read, &start);
                 (link, sink)
             }
-            Producing::Transactional(topics) => {
+            Made::Transactional(made) => {
                 let started = tokio::select! {
-                    r = self.exactly_once(topics, &reader, binary_read) => r,
+                    r = self.exactly_once(made, &reader, binary_read) => r,
                     // Honoured during the set-up too (init_transactions can take a while).
                     _ = shutdown.as_mut() => {
                         let _ = finish(reader).await;
@@ -514,12 +531,48 @@ impl<'a> Driver<'a> {
         Ok((membership, mode == Mode::Binary, reader))
     }
 
+    /// Exactly-once: makes the session's transactional producer (on the blocking pool: its
+    /// client and threads) and sees the progress topic settled (a first start's verdict created
+    /// it without waiting), beside each other and beside the replication's start. Nothing is
+    /// fenced: a session that ends before its slot is its own drops the producer unused.
+    fn make_transactional(
+        &self,
+        topics: Topics,
+        system_id: u64,
+    ) -> tokio::task::JoinHandle<Result<transactional::Unready, PipelineError>> {
+        let s = self.settings;
+        let Some(eo) = s.exactly_once.clone() else {
+            unreachable!("an exactly-once session without exactly-once settings");
+        };
+        let properties = s.producer_properties.clone();
+        let (slot, metrics) = (s.stream.slot.clone(), self.metrics.clone());
+        let replication_factor = s.create_topics.replication_factor;
+        tokio::spawn(async move {
+            let made = tokio::task::spawn_blocking({
+                let (eo, properties) = (eo.clone(), properties.clone());
+                move || Txn::make(&eo, &properties, topics, system_id, &slot, metrics)
+            });
+            crate::progress_topic::ensure_topic(
+                &properties,
+                &eo.progress_topic,
+                replication_factor,
+                eo.call_timeout,
+            )
+            .await?;
+            made.await
+                .map_err(|e| {
+                    PipelineError::ProducerFatal(format!("making the transactional producer: {e}"))
+                })?
+                .map_err(PipelineError::ProducerConfig)
+        })
+    }
+
     /// Exactly-once: the slot is ours; fence older producers, read what Kafka holds, and start
     /// the machine from it. A fresh slot's position is committed at once, in a transaction of
     /// its own, before anything streams.
     async fn exactly_once(
         &mut self,
-        topics: Topics,
+        made: tokio::task::JoinHandle<Result<transactional::Unready, PipelineError>>,
         reader: &ReaderHandle,
         binary_read: bool,
     ) -> Result<(Link, Sink<'static>), PipelineError> {
@@ -527,23 +580,19 @@ impl<'a> Driver<'a> {
         let Some(eo) = &s.exactly_once else {
             unreachable!("an exactly-once session without exactly-once settings");
         };
-        crate::progress_topic::ensure_topic(
-            &s.producer_properties,
-            &eo.progress_topic,
-            s.create_topics.replication_factor,
-            eo.call_timeout,
-        )
-        .await?;
         let slot = &s.stream.slot;
-        let (txn, rx) = Txn::start(
-            eo,
-            &s.producer_properties,
-            topics,
-            reader.system,
-            slot,
-            self.metrics.clone(),
-        )
-        .await?;
+        let unready = made.await.map_err(|e| {
+            PipelineError::ProducerFatal(format!("making the transactional producer: {e}"))
+        })??;
+        let (txn, rx) = unready
+            .init(
+                eo,
+                &s.producer_properties,
+                reader.system,
+                slot,
+                self.metrics.clone(),
+            )
+            .await?;
         let remembered = txn
             .remembered(&s.producer_properties, reader.system, slot)
             .await?;

@@ -2,11 +2,11 @@
 //!
 //! The position travels inside the Kafka transaction. A session in exactly-once mode:
 //!
-//! 1. starts replication (the slot is free: a standby never gets here, so it never fences the
-//!    instance streaming), then creates a producer whose `transactional.id` is derived from the
-//!    server's system identifier and the slot, and calls `init_transactions`: every older
-//!    producer with that id is fenced (a zombie Ferry can never commit again) and whatever it
-//!    left open is aborted;
+//! 1. makes a producer whose `transactional.id` is derived from the server's system identifier
+//!    and the slot while it starts replication (the producer connects meanwhile); once the slot
+//!    is its own (a standby never gets here, so it never fences the instance streaming), it
+//!    calls `init_transactions`: every older producer with that id is fenced (a zombie Ferry can
+//!    never commit again) and whatever it left open is aborted;
 //! 2. reads the progress topic to its end (`crate::progress_topic::read`: high watermark first, then
 //!    read_committed up to it) for the newest committed record of this slot and server;
 //! 3. starts the relay core from it: every event it covers is skipped (`ferry_core::relay`);
@@ -85,28 +85,62 @@ pub(super) struct Txn {
     metrics: std::sync::Arc<Metrics>,
 }
 
+/// A session's transactional producer, made and connecting to the brokers, not yet
+/// initialised: it has fenced nothing ([`Unready::init`] does).
+pub(super) struct Unready {
+    producer: Producer,
+    reports: Reports,
+    transactional_id: String,
+}
+
 impl Txn {
-    /// Creates the transactional producer for `slot` on `system` and fences every older one.
-    pub async fn start(
+    /// Makes the transactional producer for `slot` on the server `system_id` (blocking:
+    /// librdkafka's client and its threads). Its warm-up connects to the brokers at once, so a
+    /// session makes it while replication starts; `init_transactions`, which fences, waits for
+    /// the slot ([`Unready::init`]).
+    pub fn make(
         settings: &ExactlyOnce,
         properties: &[(String, String)],
         topics: Topics,
-        system: SystemIdentity,
+        system_id: u64,
         slot: &str,
         metrics: std::sync::Arc<Metrics>,
-    ) -> Result<(Txn, Reports), PipelineError> {
-        let transactional_id = crate::config::transactional_id(system.system_id, slot);
+    ) -> Result<Unready, KafkaError> {
+        let transactional_id = crate::config::transactional_id(system_id, slot);
         let mut props = properties.to_vec();
         props.push(("transactional.id".into(), transactional_id.clone()));
         topics.set_transactional_id(&transactional_id);
         // Made after the verdict ensured the progress topic: its warm-up asks for it alone.
-        let (producer, rx) = Producer::new(
+        let (producer, reports) = Producer::new(
             &props,
             topics,
-            metrics.clone(),
+            metrics,
             Some(settings.progress_topic.as_str()),
-        )
-        .map_err(PipelineError::ProducerConfig)?;
+        )?;
+        Ok(Unready {
+            producer,
+            reports,
+            transactional_id,
+        })
+    }
+}
+
+impl Unready {
+    /// `init_transactions`: every older producer of this slot and server is fenced. Only the
+    /// session holding the slot may call it (a standby never gets here).
+    pub async fn init(
+        self,
+        settings: &ExactlyOnce,
+        properties: &[(String, String)],
+        system: SystemIdentity,
+        slot: &str,
+        metrics: std::sync::Arc<Metrics>,
+    ) -> Result<(Txn, Reports), PipelineError> {
+        let Unready {
+            producer,
+            reports,
+            transactional_id,
+        } = self;
         let fail = |error| match denied_txn(&error, &transactional_id, properties) {
             Some(e) => e,
             None => match transaction_error(&error) {
@@ -141,10 +175,12 @@ impl Txn {
                 metrics,
                 properties: properties.to_vec(),
             },
-            rx,
+            reports,
         ))
     }
+}
 
+impl Txn {
     /// The newest committed progress record of this slot and server (blocking read, off the
     /// runtime); `None` on a first start.
     pub async fn remembered(
