@@ -16,15 +16,16 @@
 //! - **Commit the end of a burst without waiting for the interval**: once every record handed
 //!   over has had its delivery report and no new one came for [`QUIET`] (a lone event, the end of
 //!   a backlog, a burst after an idle stretch), waiting longer would only hold back what is
-//!   already written (a position alone, with no record held, is not: nobody waits for it).
-//!   Such early commits are paced so that, on average, commits come no more
-//!   often than one an interval, as in a busy stream: an early commit waits until the commit
-//!   before the last one was decided an interval ago, so no three commits decided by the
-//!   interval and the pace fall within one interval (a rule with a burst of two, rather than
-//!   "an interval since the last commit": under that, events arriving about an interval apart
-//!   would each wait a little longer than the one before, up to the whole interval). Commits at
-//!   a cap or a drain do not wait, and push the pace at most an interval ahead. The commit a
-//!   fresh slot's position makes at the session's start does not count.
+//!   already written. A position alone, with no record held, waits: nobody waits for it.
+//! - **Pace the early commits** so that commits come no more often than one an interval on
+//!   average, as in a busy stream: an early commit waits until the commit before the last one
+//!   was decided an interval ago, so no three of them fall within one interval. A rule of "an
+//!   interval since the last commit" would have events arriving about an interval apart each
+//!   wait a little longer than the one before, up to the whole interval. Commits at a cap or a
+//!   drain do not wait for the pace, and push it at most an interval ahead; the commit of a fresh
+//!   slot's position at the session's start does not count.
+//! - **One call at a time.** From the progress record to the commit's outcome nothing else
+//!   happens to the transaction.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -189,10 +190,7 @@ impl<E> Transaction<E> {
 
     /// When the machine must look again: the deadline, or an early commit's time if sooner.
     pub fn wake_at(&self) -> Option<Instant> {
-        match (self.deadline(), self.early_at()) {
-            (Some(d), Some(e)) => Some(d.min(e)),
-            (d, e) => d.or(e),
-        }
+        super::earliest(self.deadline(), self.early_at())
     }
 
     /// Whether it holds its cap of records or bytes: no more WAL until it commits.

@@ -72,11 +72,11 @@ pub const PROGRESS_TOPIC: &str = "ferry.progress";
 /// `kafka.exactly_once`: off; it needs brokers with transactions and consumers reading with
 /// `isolation.level=read_committed`.
 pub const EXACTLY_ONCE: bool = false;
-/// `kafka.transaction_interval`: how long a Kafka transaction collects records before it
-/// commits, and the least time between two commits (a burst that ends commits sooner, once the
-/// previous commit is this old). Read-committed consumers see a record only after its commit,
-/// so up to this is added to their latency; each commit costs a few broker round trips, so
-/// shorter costs throughput.
+/// `kafka.transaction_interval`: how long a Kafka transaction collects records at most before
+/// it commits, and the pace of commits: no more than one an interval on average (a burst that
+/// ends commits sooner, within that pace). Read-committed consumers see a record only after its
+/// commit, so up to this is added to their latency in a steady stream; each commit costs a few
+/// broker round trips, so shorter costs throughput.
 pub const TRANSACTION_INTERVAL: Duration = Duration::from_millis(100);
 /// `kafka.transaction_max_records`: a Kafka transaction commits at this many records even
 /// before the interval. Must stay below half the in-flight window: the transactional sink holds

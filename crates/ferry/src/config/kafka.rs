@@ -56,10 +56,10 @@ pub struct KafkaConfig {
     /// progress record with the exact position, and a restart skips what a committed one covers.
     /// Needs brokers with transactions; consumers must read with `isolation.level=read_committed`.
     pub exactly_once: bool,
-    /// Exactly-once: how long a Kafka transaction collects records before it commits, and the
-    /// least time between two commits. A transaction whose records are all acknowledged, with
-    /// nothing new for 5 ms, commits without waiting for it once the previous commit is this old
-    /// (see `ferry_core::session::transaction`).
+    /// Exactly-once: how long a Kafka transaction collects records at most before it commits,
+    /// and the pace of commits (no more than one an interval on average). A transaction whose
+    /// records are all acknowledged, with nothing new for 5 ms, commits without waiting for it,
+    /// within that pace (see `ferry_core::session::transaction`).
     pub transaction_interval: ConfigDuration,
     /// Exactly-once: a Kafka transaction commits at this many records even before the interval
     /// (at most half the in-flight window: see [`KafkaConfig::transaction_caps`]).
