@@ -172,6 +172,13 @@ fn report(m: &mut Session<TestError>, seen: &mut Seen, i: usize, now: Instant) {
     carry(m, seen, now);
 }
 
+/// A one-row transaction `n` at `at`, its record reported 2 ms later; returns that moment.
+fn lone_event(m: &mut Session<TestError>, seen: &mut Seen, n: u64, at: Instant) -> Instant {
+    one_row(m, seen, n, at);
+    report(m, seen, 0, at + ms(2));
+    at + ms(2)
+}
+
 /// Lets time pass to `to`, waking the machine at each deadline on the way, as the driver does.
 fn wait(m: &mut Session<TestError>, seen: &mut Seen, to: Instant) {
     while let Some(due) = m.poll_timeout().filter(|d| *d <= to) {
@@ -212,16 +219,12 @@ fn a_lone_event_commits_once_its_report_is_in_and_the_quiet_time_passed() {
     assert_eq!(at(&seen), [early], "the end of the burst commits early");
     // A second lone event goes early too; a third waits until the first is an interval old
     // (never three commits in an interval), not for an interval of its own.
-    let second = early + ms(30);
-    one_row(&mut m, &mut seen, 2, second);
-    report(&mut m, &mut seen, 0, second + ms(2));
+    let second = lone_event(&mut m, &mut seen, 2, early + ms(30));
     wait(&mut m, &mut seen, second + ms(50));
-    let third = early + ms(60);
-    one_row(&mut m, &mut seen, 3, third);
-    report(&mut m, &mut seen, 0, third + ms(2));
+    let third = lone_event(&mut m, &mut seen, 3, early + ms(60));
     assert_eq!(m.poll_timeout(), Some(early + INTERVAL), "paced");
     wait(&mut m, &mut seen, third + INTERVAL);
-    assert_eq!(at(&seen), [early, second + ms(2) + QUIET, early + INTERVAL]);
+    assert_eq!(at(&seen), [early, second + QUIET, early + INTERVAL]);
 }
 
 #[test]
@@ -259,12 +262,10 @@ fn a_backlog_committed_at_the_cap_does_not_hold_early_commits_back() {
     }
     assert!(seen.commits.len() >= 20, "{} commits", seen.commits.len());
     wait(&mut m, &mut seen, now + INTERVAL);
-    let lone = now + INTERVAL * 3;
-    one_row(&mut m, &mut seen, 10_001, lone);
-    report(&mut m, &mut seen, 0, lone + ms(2));
+    let lone = lone_event(&mut m, &mut seen, 10_001, now + INTERVAL * 3);
     assert_eq!(
         m.poll_timeout(),
-        Some(lone + ms(2) + QUIET),
+        Some(lone + QUIET),
         "commits at the cap pushed the pace far ahead"
     );
 }
@@ -274,10 +275,9 @@ fn a_position_alone_waits_for_the_interval_and_goes_with_the_next_record() {
     let (mut m, mut seen) = (machine(), Seen::default());
     let t0 = Instant::now();
     restarted(&mut m, t0);
-    one_row(&mut m, &mut seen, 1, t0);
-    report(&mut m, &mut seen, 0, t0 + ms(2));
+    let first = lone_event(&mut m, &mut seen, 1, t0);
     wait(&mut m, &mut seen, t0 + ms(20));
-    assert_eq!(at(&seen), [t0 + ms(2) + QUIET]);
+    assert_eq!(at(&seen), [first + QUIET]);
     // The server's keepalive after the transaction: WAL past it, no record.
     let keepalive = t0 + ms(30);
     m.handle_keepalive_at(Lsn(5_000), None, keepalive);
@@ -288,24 +288,28 @@ fn a_position_alone_waits_for_the_interval_and_goes_with_the_next_record() {
         "a position alone commits early"
     );
     // The next transaction takes it along, early.
-    let next = t0 + ms(60);
-    one_row(&mut m, &mut seen, 50, next);
-    report(&mut m, &mut seen, 0, next + ms(2));
+    let next = lone_event(&mut m, &mut seen, 50, t0 + ms(60));
     wait(&mut m, &mut seen, next + INTERVAL * 2);
-    assert_eq!(at(&seen), [t0 + ms(2) + QUIET, next + ms(2) + QUIET]);
+    assert_eq!(at(&seen), [first + QUIET, next + QUIET]);
 }
 
 #[test]
-fn a_fresh_slot_s_start_commit_does_not_hold_the_first_event_back() {
+fn a_fresh_slot_s_start_commit_does_not_count_in_the_pace() {
     let (mut m, mut seen) = (machine(), Seen::default());
     let t0 = Instant::now();
     m.start_exactly_once(Lsn(100), false, None, t0);
     carry(&mut m, &mut seen, t0 + ms(5));
     assert_eq!(at(&seen), [t0 + ms(5)], "the slot's position");
-    let first = t0 + ms(20);
-    one_row(&mut m, &mut seen, 1, first);
-    report(&mut m, &mut seen, 0, first + ms(2));
-    assert_eq!(m.poll_timeout(), Some(first + ms(2) + QUIET));
+    let first = lone_event(&mut m, &mut seen, 1, t0 + ms(20));
+    assert_eq!(m.poll_timeout(), Some(first + QUIET));
+    wait(&mut m, &mut seen, first + QUIET);
+    // The burst of two is the events' own.
+    let second = lone_event(&mut m, &mut seen, 2, first + ms(20));
+    assert_eq!(
+        m.poll_timeout(),
+        Some(second + QUIET),
+        "the start commit paced it"
+    );
 }
 
 /// The model of the pace: after commits decided at `d1, d2, ...`, an early commit may go from
