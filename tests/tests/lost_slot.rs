@@ -461,7 +461,7 @@ async fn a_progress_topic_with_three_partitions_is_a_clear_error() {
 /// it streams. Compacted, `check` says the topic keeps each slot's newest record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
-    let w = World::new().await;
+    let mut w = World::new().await;
     let topic = w.create_topic(AGGREGATE, 1).await;
     let progress_topic = w.progress_topic();
     kafka::create_topic_with(
@@ -496,6 +496,10 @@ async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
     );
     assert_eq!(lines[warning + 1].trim(), format!("fix: {fix}"), "{out}");
 
+    // The configuration read again every half second (ten minutes by default), so the
+    // mending below is seen while Ferry runs.
+    w.env
+        .push(("FERRY_TEST_PROGRESS_TOPIC_JUDGE_MS".into(), "500".into()));
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
     insert(&w, 0..1).await;
@@ -512,7 +516,6 @@ async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
     )
     .await;
     assert_eq!(ferry.metric("ferry_progress_topic_flawed").await, Some(1.0));
-    ferry.terminate().await;
 
     kafka::alter_topic_configs(
         &w.brokers,
@@ -520,6 +523,20 @@ async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
         &[("cleanup.policy", "compact"), ("segment.ms", "600000")],
     )
     .await;
+    // The running Ferry sees it mended: the gauge falls to 0, and an INFO line says so.
+    wait_until(
+        "the progress topic judged mended",
+        Duration::from_secs(60),
+        || async {
+            ferry.metric("ferry_progress_topic_flawed").await == Some(0.0)
+                && ferry.log_text().lines().any(|l| {
+                    l.contains("INFO")
+                        && l.contains("the progress topic's configuration keeps each slot's newest record now")
+                })
+        },
+    )
+    .await;
+    ferry.terminate().await;
     let compacted = format!(
         "note: progress topic {progress_topic:?} keeps each slot's newest record (cleanup.policy=compact, segment.ms=600000)"
     );
