@@ -241,7 +241,7 @@ fn lone_events_an_interval_apart_each_commit_early_however_long_a_commit_takes()
         report(&mut m, &mut seen, 0, reported);
         wait(&mut m, &mut seen, t + INTERVAL / 2);
         assert_eq!(
-            seen.commits.last().map(|c| c.at),
+            at(&seen).last().copied(),
             Some(reported + QUIET),
             "event {k} waits for more than its own report and the quiet time"
         );

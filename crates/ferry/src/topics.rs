@@ -349,6 +349,7 @@ fn judge_interval() -> Duration {
         .and_then(|ms| ms.parse().ok())
         .map_or(JUDGE_INTERVAL, Duration::from_millis)
 }
+
 /// How soon a read of it that failed, or said nothing, is tried again.
 const JUDGE_RETRY: Duration = Duration::from_secs(60);
 
