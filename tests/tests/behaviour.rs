@@ -194,6 +194,114 @@ async fn an_idle_outbox_in_a_busy_database_lets_the_slot_advance() {
     assert!(ferry.terminate().await.success(), "{}", ferry.log_text());
 }
 
+/// The server sends a keepalive when its WAL passes what Ferry said it received, and then no
+/// other until its WAL moves again. One that comes while records are in flight cannot be
+/// confirmed then; once they land, its WAL end must be, or an idle server's slot stays behind
+/// it until something else writes WAL. Its own cluster and broker: nothing else writes WAL
+/// (an attempt in which something did, before the slot moved, proves nothing and is repeated),
+/// and the broker can be paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keepalive_that_comes_while_records_are_in_flight_is_confirmed_once_they_land() {
+    keepalive_while_records_are_in_flight(false).await;
+}
+
+/// The same in exactly-once mode, where the WAL end is committed in a progress record first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_keepalive_that_comes_while_records_are_in_flight_is_confirmed_once_they_land(
+) {
+    keepalive_while_records_are_in_flight(true).await;
+}
+
+async fn keepalive_while_records_are_in_flight(exactly_once: bool) {
+    let pg = pg::Postgres::Local(pg::PgCluster::start(pg::ClusterOptions::default()).await);
+    let pg::Postgres::Local(cluster) = &pg else {
+        unreachable!()
+    };
+    let broker = LocalBroker::start().await;
+    let mut w = World::on(pg.create_db().await, broker.brokers()).await;
+    if exactly_once {
+        w.env
+            .push(("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()));
+    }
+    let topic = w.create_topic("order", 1).await;
+    // WAL that the slot's database does not decode: another database's transactions.
+    let other = pg::connect(&cluster.url("postgres")).await;
+    other
+        .batch_execute("CREATE TABLE elsewhere (v int)")
+        .await
+        .unwrap();
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let mut sent = 0;
+    for attempt in 1..=4 {
+        broker.pause_node(0);
+        w.insert("order", "o1", "Placed", "{}").await;
+        sent += 1;
+        wait_until("the row is in flight", Duration::from_secs(30), || async {
+            ferry.metric("ferry_in_flight_records").await == Some(1.0)
+        })
+        .await;
+        other
+            .batch_execute("INSERT INTO elsewhere VALUES (1)")
+            .await
+            .unwrap();
+        let target = w.current_wal_lsn().await;
+        wait_until(
+            "Ferry receives the WAL end past the other database's commit",
+            Duration::from_secs(30),
+            || async {
+                ferry
+                    .metric("ferry_received_lsn")
+                    .await
+                    .is_some_and(|r| r as u64 >= target.0)
+            },
+        )
+        .await;
+        // Ferry reports what it received after it handled what it read: past this, the
+        // keepalive met the record in flight (and the server sends no other for this WAL end).
+        wait_until(
+            "Ferry reports the WAL end as received",
+            Duration::from_secs(30),
+            || async {
+                let row = w
+                    .sql
+                    .query_one(
+                        "SELECT coalesce(r.write_lsn::text, '0/0') FROM pg_stat_replication r \
+                         JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1",
+                        &[&w.slot],
+                    )
+                    .await
+                    .unwrap();
+                row.get::<_, String>(0).parse::<ferry_wal::Lsn>().unwrap() >= target
+            },
+        )
+        .await;
+        assert_eq!(ferry.metric("ferry_in_flight_records").await, Some(1.0));
+        broker.resume_node(0);
+        w.consume(&topic, sent).await;
+        wait_until(
+            "the slot reaches the WAL end (or the server writes more WAL)",
+            Duration::from_secs(60),
+            || async {
+                w.confirmed_lsn().await.is_some_and(|c| c >= target)
+                    || w.current_wal_lsn().await > target
+            },
+        )
+        .await;
+        let confirmed = w.confirmed_lsn().await.expect("slot");
+        let moved = w.current_wal_lsn().await > target;
+        if confirmed >= target && !moved {
+            assert!(ferry.is_running());
+            return;
+        }
+        eprintln!("attempt {attempt}: the server wrote WAL past {target} before the slot reached it (confirmed {confirmed}); again");
+    }
+    panic!(
+        "the slot never reached an idle WAL end before the server wrote more WAL; log:\n{}",
+        ferry.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
     let mut w = World::new().await;

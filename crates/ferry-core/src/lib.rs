@@ -36,7 +36,8 @@
 //!    until the commit, so the watermark moves only then, and the slot is confirmed up to the
 //!    lower of the watermark and the committed record's end LSN. A restart reads the record back
 //!    and skips every event it covers: nothing is repeated.
-//! 4. **Idle.** A keepalive's `wal_end` is confirmed when nothing is registered or in flight, so an
+//! 4. **Idle.** A keepalive's `wal_end` is confirmed when nothing is registered or in flight (one
+//!    that came between transactions while records were in flight, once they land), so an
 //!    idle outbox pins no WAL (in both modes: through a progress record first).
 //! 5. **Never backwards**, in a session or across: the watermark never lowers its LSN, a session
 //!    starts at the slot's position, and a progress record is never written below the newest.

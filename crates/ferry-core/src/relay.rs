@@ -302,6 +302,11 @@ pub struct Relay<E> {
     idle_at: Option<(Lsn, i64)>,
     /// Every transaction after the confirmed LSN committed at or after about this time.
     confirmed_since_micros: Option<i64>,
+    /// The newest keepalive's WAL end (with its time) that came between transactions while
+    /// records were in flight: confirmed once they all are. The server sends a keepalive when
+    /// its WAL passes what Ferry said it received, and no other until its WAL moves again, so
+    /// on an idle server no later one would come to confirm it.
+    owed_idle: Option<(Lsn, Option<i64>)>,
 }
 
 impl<E> Relay<E> {
@@ -333,6 +338,7 @@ impl<E> Relay<E> {
             last_commit_micros: None,
             idle_at: None,
             confirmed_since_micros: None,
+            owed_idle: None,
         }
     }
 
@@ -411,6 +417,7 @@ impl<E> Relay<E> {
         // The server replays from `resume`: what the last session saw whole is seen again.
         self.commit_times.clear();
         self.idle_at = None;
+        self.owed_idle = None;
         self.binary = binary.then(|| BinaryGuard::new(&self.config.routers));
         self.failure = None;
         self.drain = None;
@@ -581,19 +588,32 @@ impl<E> Relay<E> {
     /// or after (Unix microseconds; the server's clock read at a WAL position at or before
     /// `wal_end`): the bound an idle confirmation carries ([`Relay::confirmed_since_micros`]).
     /// Without one, the last confirmed transaction's commit time stays the bound.
+    ///
+    /// Between transactions with records still in flight, the WAL end is owed: it is confirmed
+    /// once they all are (every transaction that committed before it had been sent).
     pub fn handle_keepalive_at(&mut self, wal_end: Lsn, unix_micros: Option<i64>) {
         if self.stopped {
             return;
         }
+        if self.current.is_none() {
+            self.pass_moved(Moved::Idle(wal_end));
+            if self.wm.open_transactions() > 0
+                && self.owed_idle.is_none_or(|(owed, _)| wal_end > owed)
+            {
+                self.owed_idle = Some((wal_end, unix_micros));
+            }
+        }
+        self.idle_end(wal_end, unix_micros);
+    }
+
+    /// Confirms an idle WAL end if nothing is pending ([`Relay::handle_keepalive_at`]).
+    fn idle_end(&mut self, wal_end: Lsn, unix_micros: Option<i64>) {
         let (before, open) = (self.wm.confirmed(), self.wm.open_transactions());
         self.wm.idle_advance(wal_end);
         if self.wm.confirmed() > before {
             if let Some(t) = unix_micros {
                 self.idle_at = Some((self.wm.confirmed(), t));
             }
-        }
-        if self.current.is_none() {
-            self.pass_moved(Moved::Idle(wal_end));
         }
         if self.config.exactly_once && self.current.is_none() && self.wm.confirmed() > before {
             // Idle: the session machine may commit a progress record at the WAL end, so that an idle
@@ -822,6 +842,11 @@ impl<E> Relay<E> {
             }
             self.actions.push_back(Action::Confirm(confirmed));
             self.pass_moved(Moved::Confirmed(confirmed));
+        }
+        if open == 0 && self.current.is_none() {
+            if let Some((wal_end, t)) = self.owed_idle.take() {
+                self.idle_end(wal_end, t);
+            }
         }
     }
 

@@ -64,7 +64,9 @@
 //! keepalive's `wal_end` may be confirmed with [`Watermark::idle_advance`], so that an idle outbox
 //! does not pin WAL on the server. Otherwise it is a no-op, and it never moves backwards. A
 //! transaction's Begin always reaches the pipeline before any keepalive sent after it, so calling
-//! [`Watermark::begin`] on Begin is what makes this safe.
+//! [`Watermark::begin`] on Begin is what makes this safe. The relay core ([`crate::relay`]) keeps
+//! a WAL end that came between transactions while records were in flight, and advances to it
+//! once they are confirmed: the server sends no other keepalive until its WAL moves again.
 //!
 //! # Reconnect
 //!

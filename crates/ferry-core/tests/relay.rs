@@ -269,10 +269,77 @@ fn an_idle_keepalive_is_confirmed_only_when_nothing_is_pending() {
         "a record is in flight"
     );
     r.handle_report(p[0].0, Ok(()), now);
+    assert_eq!(
+        confirms(&actions(&mut r)),
+        vec![Lsn(170), Lsn(200)],
+        "the keepalive that came while the record was in flight, once it landed"
+    );
     r.handle_keepalive(Lsn(200));
-    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(170), Lsn(200)]);
     r.handle_keepalive(Lsn(190));
     assert!(confirms(&actions(&mut r)).is_empty(), "never backwards");
+}
+
+/// The server sends a keepalive when its WAL passes what Ferry said it received, and no other
+/// until its WAL moves again: one that came while records were in flight is the last word an
+/// idle server says. Its WAL end is owed, and confirmed when they land, not at a later keepalive
+/// that may never come; the newest of several is; the time it carries comes with it.
+#[test]
+fn a_keepalive_that_came_while_records_were_in_flight_is_confirmed_when_they_land() {
+    let now = Instant::now();
+    let mut r = started(OnError::Fail, 100, 1 << 20, 100);
+    let rel = relation(oid::JSONB);
+    let t = 1_795_000_000_000_000;
+    r.handle_outbox(begin(1, 110), now);
+    r.handle_outbox(row(&rel, 1, 105, 1, "a", Some("{}")), now);
+    r.handle_outbox(commit(1, 110, 120), now);
+    r.handle_outbox(begin(2, 130), now);
+    r.handle_outbox(row(&rel, 2, 125, 2, "b", Some("{}")), now);
+    r.handle_outbox(commit(2, 130, 140), now);
+    let p = produced(&actions(&mut r));
+    r.handle_keepalive_at(Lsn(150), Some(t));
+    r.handle_keepalive_at(Lsn(180), Some(t + 1));
+    r.handle_keepalive_at(Lsn(170), Some(t + 2));
+    assert!(confirms(&actions(&mut r)).is_empty());
+    r.handle_report(p[0].0, Ok(()), now);
+    assert_eq!(
+        confirms(&actions(&mut r)),
+        vec![Lsn(120)],
+        "one still in flight"
+    );
+    r.handle_report(p[1].0, Ok(()), now);
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(140), Lsn(180)]);
+    assert_eq!(r.confirmed_since_micros(), Some(t + 1));
+
+    // A transaction that began after the keepalive ends past its WAL end: the owed end is
+    // below what that transaction's confirmation reaches, and nothing goes backwards.
+    r.handle_outbox(begin(3, 200), now);
+    r.handle_outbox(row(&rel, 3, 195, 3, "c", Some("{}")), now);
+    r.handle_outbox(commit(3, 200, 210), now);
+    let p = produced(&actions(&mut r));
+    r.handle_keepalive(Lsn(210));
+    r.handle_outbox(begin(4, 220), now);
+    r.handle_outbox(row(&rel, 4, 215, 4, "d", Some("{}")), now);
+    // A ping inside a transaction owes nothing of its own.
+    r.handle_keepalive(Lsn(216));
+    r.handle_outbox(commit(4, 220, 230), now);
+    let p4 = produced(&actions(&mut r));
+    r.handle_report(p[0].0, Ok(()), now);
+    assert_eq!(
+        confirms(&actions(&mut r)),
+        vec![Lsn(210)],
+        "not past the transaction still in flight"
+    );
+    r.handle_report(p4[0].0, Ok(()), now);
+    assert_eq!(confirms(&actions(&mut r)), vec![Lsn(230)]);
+
+    // A failed record: nothing is confirmed past it, the owed end included.
+    r.handle_outbox(begin(5, 240), now);
+    r.handle_outbox(row(&rel, 5, 235, 5, "e", Some("{}")), now);
+    r.handle_outbox(commit(5, 240, 250), now);
+    let p = produced(&actions(&mut r));
+    r.handle_keepalive(Lsn(260));
+    r.handle_report(p[0].0, Err("broker down".into()), now);
+    assert!(confirms(&actions(&mut r)).is_empty());
 }
 
 #[test]

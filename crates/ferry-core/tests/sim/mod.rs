@@ -191,6 +191,8 @@ pub struct Sim {
     largest: u64,
     faults_left: u32,
     crashes_left: u32,
+    /// The session began with no fault left to inject.
+    clean_session: bool,
     pub seen: Seen,
     /// `FERRY_SIM_TRACE=1`: every input and action on stderr (for replaying one seed).
     trace: bool,
@@ -277,6 +279,7 @@ impl Sim {
             cap_bytes,
             largest: 0,
             faults_left: 8,
+            clean_session: false,
             crashes_left: 4,
             seen: Seen::default(),
             trace: std::env::var_os("FERRY_SIM_TRACE").is_some(),
@@ -350,6 +353,7 @@ impl Sim {
         self.session_no += 1;
         self.seen.sessions += 1;
         self.shutting_down = false;
+        self.clean_session = self.faults_left == 0 && self.crashes_left == 0;
         if let Some(pass) = self.pass.take() {
             self.session.set_pass(Some(pass));
         }
@@ -875,15 +879,25 @@ impl Sim {
             self.done = true;
             return;
         }
+        // A session that was sent everything and met no fault has confirmed the idle WAL end
+        // when it shuts down: the server sends no other keepalive until its WAL moves.
+        if matches!(result, Ok(End::Shutdown)) && self.clean_session && self.pg.done() {
+            let confirmed = self.session.relay().confirmed();
+            assert!(
+                confirmed.0 >= self.pg.idle_end(),
+                "a session without faults shut down having confirmed {confirmed}, before the idle WAL end {}",
+                Lsn(self.pg.idle_end())
+            );
+        }
         match self.mode {
             Mode::AtLeastOnce => self.start_session(),
             Mode::ExactlyOnce => self.start_process(),
         }
     }
 
-    /// Everything is in Kafka and the slot is past the last transaction.
+    /// Everything is in Kafka and the slot is at the server's idle WAL end.
     fn finished(&self) -> bool {
-        let last = self.pg.last_end();
+        let last = self.pg.idle_end();
         self.pg.slot >= last && self.kafka.progress_lsn().is_some_and(|p| p >= last)
     }
 
@@ -1028,7 +1042,7 @@ impl Sim {
         );
         self.model.finish(&self.pg.txns);
         self.seen.duplicates = self.model.duplicates;
-        let last = self.pg.last_end();
+        let last = self.pg.idle_end();
         assert!(
             self.pg.slot >= last,
             "ended with the slot at {} before the last end {last}",

@@ -116,6 +116,9 @@ pub struct Pg {
     /// The reader: transaction index, and its next step (0 = Begin, 1.. = events, len + 1 =
     /// Commit, len + 2 = the keepalive after it).
     pos: (usize, usize),
+    /// The keepalive a session that resumes past the last transaction gets first, when the
+    /// server's WAL end is past the slot (what it sends before it waits for more WAL).
+    resend: Option<u64>,
 }
 
 impl Pg {
@@ -129,6 +132,7 @@ impl Pg {
             created_at: slot,
             pending: None,
             pos: (0, 0),
+            resend: None,
         }
     }
 
@@ -141,12 +145,14 @@ impl Pg {
             .position(|t| t.end_lsn > self.slot)
             .unwrap_or(self.txns.len());
         self.pos = (first, 0);
+        self.resend =
+            (first == self.txns.len() && self.idle_end() > self.slot).then(|| self.idle_end());
         self.slot
     }
 
-    /// Every transaction was handed over.
+    /// Every transaction was handed over, and the keepalive owed a resumed session.
     pub fn done(&self) -> bool {
-        self.pos.0 >= self.txns.len()
+        self.pos.0 >= self.txns.len() && self.resend.is_none()
     }
 
     /// The transaction being read (the one a record produced now belongs to).
@@ -158,8 +164,20 @@ impl Pg {
         self.txns.last().map_or(0, |t| t.end_lsn)
     }
 
+    /// The server's WAL end once everything was sent: the last transaction's end, or the
+    /// keepalive after it. Nothing follows, so the server sends no other keepalive to a session
+    /// that already received it.
+    pub fn idle_end(&self) -> u64 {
+        self.txns
+            .last()
+            .map_or(0, |t| t.keepalive.unwrap_or(0).max(t.end_lsn))
+    }
+
     /// The reader's next message.
     pub fn next(&mut self) -> Next {
+        if let Some(k) = self.resend.take() {
+            return Next::Keepalive(Lsn(k));
+        }
         let (ti, step) = self.pos;
         let t = &self.txns[ti];
         self.pos.1 += 1;
