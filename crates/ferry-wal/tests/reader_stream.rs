@@ -6,11 +6,13 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use ferry_testkit::pg;
 use ferry_testkit::proxy::{Fault, Proxy};
 use ferry_wal::assembly::OutboxEvent;
 use ferry_wal::conn::{ReaderEvent, ReaderHandle, StreamOptions};
 use ferry_wal::pgoutput::TupleValue;
 use ferry_wal::slot;
+use ferry_wal::Lsn;
 
 #[tokio::test]
 async fn committed_rows_arrive_with_correct_values() {
@@ -514,4 +516,80 @@ async fn transactions_trickling_in_arrive_whole_and_in_order() {
         expect_five_rows(&mut r, t).await;
     }
     end_having_paused(proxy, r, "the pause").await;
+}
+
+/// The server sends a keepalive when its WAL passes what the reader said it received, and then
+/// none until its WAL moves again. One that finds the pipeline's channel full is not lost: its
+/// WAL end reaches the pipeline once it takes what is queued, or an idle slot would stay
+/// behind it until something else writes WAL. Its own cluster: nothing else writes WAL (an
+/// attempt in which something did proves nothing and is repeated).
+#[tokio::test]
+async fn a_keepalive_that_finds_the_channel_full_reaches_the_pipeline_once_it_has_room() {
+    let pg = pg::Postgres::Local(pg::PgCluster::start(pg::ClusterOptions::default()).await);
+    let pg::Postgres::Local(cluster) = &pg else {
+        unreachable!()
+    };
+    let s = setup_on(pg.create_db().await).await;
+    // Another database's transactions: WAL the slot does not decode, so only keepalives come.
+    let other = pg::connect(&cluster.url("postgres")).await;
+    other
+        .batch_execute("CREATE TABLE elsewhere (v int)")
+        .await
+        .unwrap();
+    let mut r = start(&s).await;
+    for attempt in 1..=4 {
+        // A keepalive a write, each read alone and handed over as a batch, until the channel
+        // is full (nothing takes from it).
+        let mut writes = 0;
+        while !r.channel_full() {
+            assert!(writes < 10_000, "the channel never filled up");
+            other
+                .batch_execute("INSERT INTO elsewhere VALUES (1)")
+                .await
+                .unwrap();
+            writes += 1;
+        }
+        other
+            .batch_execute("INSERT INTO elsewhere VALUES (2)")
+            .await
+            .unwrap();
+        let target = slot::current_wal_lsn(&s.sql).await.unwrap();
+        // The reader reports what it received after it handled what it read: past this, the
+        // keepalive met the full channel.
+        ferry_testkit::wait_until(
+            "the reader reports the WAL end past the last write as received",
+            Duration::from_secs(30),
+            || async {
+                let row = s
+                    .sql
+                    .query_one(
+                        "SELECT coalesce(write_lsn::text, '0/0') FROM pg_stat_replication WHERE pid = $1",
+                        &[&r.backend_pid],
+                    )
+                    .await
+                    .unwrap();
+                row.get::<_, String>(0).parse::<Lsn>().unwrap() >= target
+            },
+        )
+        .await;
+        assert!(r.channel_full());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let ev = tokio::time::timeout_at(deadline, r.recv())
+                .await
+                .expect("a keepalive at the WAL end within 60s")
+                .expect("reader alive");
+            match ev {
+                ReaderEvent::Keepalive { wal_end } if wal_end >= target => break,
+                ReaderEvent::Keepalive { .. } => {}
+                ReaderEvent::Outbox(e) => panic!("no outbox event expected, got {e:?}"),
+            }
+        }
+        if slot::current_wal_lsn(&s.sql).await.unwrap() == target {
+            r.shutdown().await.unwrap();
+            return;
+        }
+        eprintln!("attempt {attempt}: the server wrote WAL past {target}; again");
+    }
+    panic!("the WAL end never reached the pipeline before the server wrote more WAL");
 }

@@ -255,6 +255,12 @@ impl ReaderHandle {
         CHANNEL_BYTES - self.budget.available_permits()
     }
 
+    /// Whether the channel holds as many batches as it can: the reader task waits for room
+    /// before it hands over more rows.
+    pub fn channel_full(&self) -> bool {
+        self.events.capacity() == 0
+    }
+
     /// Stops streaming after a final status update; returns the task's outcome.
     pub async fn shutdown(self) -> Result<(), ReaderError> {
         let ReaderHandle {
@@ -443,6 +449,7 @@ async fn start_with(
         pending: Vec::new(),
         pending_bytes: 0,
         pending_rows: 0,
+        owed_keepalive: None,
     };
     Ok(ReaderHandle {
         events: rx,
@@ -530,6 +537,10 @@ struct Task {
     pending: Vec<ReaderEvent>,
     pending_bytes: usize,
     pending_rows: usize,
+    /// The newest WAL end of keepalives the busy pipeline had no room for: handed over as soon
+    /// as it has (the server sends no other keepalive until its WAL moves again, so an idle
+    /// slot would wait behind it for new WAL).
+    owed_keepalive: Option<Lsn>,
 }
 
 /// Most buffered messages handled in a row before the task looks at its timers again.
@@ -557,6 +568,8 @@ enum Wake {
     StatusDue,
     BatchWaitOver,
     PauseOver,
+    /// The pipeline has room for an owed keepalive (`false`: it is gone).
+    Room(bool),
 }
 
 impl Task {
@@ -590,6 +603,7 @@ impl Task {
                 _ = tokio::time::sleep_until(due) => Wake::StatusDue,
                 _ = tokio::time::sleep_until(batch_until.unwrap_or(due)), if batch_until.is_some() => Wake::BatchWaitOver,
                 () = pause_over(&mut self.pause), if paused.is_some() => Wake::PauseOver,
+                room = self.tx.reserve(), if self.owed_keepalive.is_some() => Wake::Room(room.is_ok()),
                 // While paused until the rest comes, readable only once the mark's bytes are.
                 data = self.conn.recv_copy_data(), if read => Wake::Data(data),
             };
@@ -597,6 +611,8 @@ impl Task {
                 Wake::Confirmed(false) => return Err(ReaderError::Closed),
                 Wake::Confirmed(true) => self.take_confirmation()?,
                 Wake::StatusDue => self.send_status().await?,
+                Wake::Room(false) => return Err(ReaderError::Closed),
+                Wake::Room(true) => self.flush().await?,
                 Wake::BatchWaitOver => self.batch_reads(0),
                 Wake::PauseOver => {
                     // Lowering the mark reports readable at once if anything is queued.
@@ -823,8 +839,12 @@ impl Task {
 
     /// Hands the pending events to the pipeline as one batch, keeping the session alive while
     /// the pipeline applies backpressure (a full channel or an exhausted byte budget). A batch of
-    /// keepalives alone is dropped if the channel is full.
+    /// keepalives alone is not waited for if the channel is full: its newest WAL end is owed, and
+    /// goes first in the next batch, or alone once there is room ([`Task::stream`]).
     async fn flush(&mut self) -> Result<(), ReaderError> {
+        if let Some(wal_end) = self.owed_keepalive.take() {
+            self.pending.insert(0, ReaderEvent::Keepalive { wal_end });
+        }
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -840,7 +860,18 @@ impl Task {
                 permit: None,
             }) {
                 Err(mpsc::error::TrySendError::Closed(_)) => Err(ReaderError::Closed),
-                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => Ok(()),
+                Ok(()) => Ok(()),
+                Err(mpsc::error::TrySendError::Full(batch)) => {
+                    self.owed_keepalive = batch
+                        .events
+                        .iter()
+                        .filter_map(|e| match e {
+                            ReaderEvent::Keepalive { wal_end } => Some(*wal_end),
+                            ReaderEvent::Outbox(_) => None,
+                        })
+                        .max();
+                    Ok(())
+                }
             };
         }
         let want = size.clamp(1, CHANNEL_BYTES) as u32;

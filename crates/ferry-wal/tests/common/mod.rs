@@ -50,7 +50,11 @@ pub fn spec() -> SlotSpec {
 
 /// A database with the outbox table, its publication and a slot.
 pub async fn setup() -> Setup {
-    let db = pg::shared().create_db().await;
+    setup_on(pg::shared().create_db().await).await
+}
+
+/// [`setup`] on a given database.
+pub async fn setup_on(db: TestDb) -> Setup {
     let sql = db.client().await;
     sql.batch_execute(OUTBOX_DDL).await.unwrap();
     let spec = spec();
