@@ -220,8 +220,12 @@ async fn keepalive_while_records_are_in_flight(exactly_once: bool) {
     let broker = LocalBroker::start().await;
     let mut w = World::on(pg.create_db().await, broker.brokers()).await;
     if exactly_once {
-        w.env
-            .push(("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()));
+        // No commit while the broker is paused (one that waits for it holds the driver, and
+        // the metrics this test reads): the row's transaction commits once its report is in.
+        w.env.extend([
+            ("FERRY_KAFKA_EXACTLY_ONCE".into(), "true".into()),
+            ("FERRY_KAFKA_TRANSACTION_INTERVAL".into(), "6s".into()),
+        ]);
     }
     let topic = w.create_topic("order", 1).await;
     // WAL that the slot's database does not decode: another database's transactions.

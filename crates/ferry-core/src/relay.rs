@@ -592,7 +592,9 @@ impl<E> Relay<E> {
     /// Between transactions with records still in flight, the WAL end is owed: it is confirmed
     /// once they all are (every transaction that committed before it had been sent).
     pub fn handle_keepalive_at(&mut self, wal_end: Lsn, unix_micros: Option<i64>) {
-        if self.stopped {
+        // After a failure, events are ignored (the session drains and stops): so is a WAL end
+        // past them.
+        if self.stopped || self.failure.is_some() {
             return;
         }
         if self.current.is_none() {
@@ -843,7 +845,7 @@ impl<E> Relay<E> {
             self.actions.push_back(Action::Confirm(confirmed));
             self.pass_moved(Moved::Confirmed(confirmed));
         }
-        if open == 0 && self.current.is_none() {
+        if open == 0 && self.current.is_none() && self.failure.is_none() {
             if let Some((wal_end, t)) = self.owed_idle.take() {
                 self.idle_end(wal_end, t);
             }

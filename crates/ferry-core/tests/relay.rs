@@ -316,11 +316,11 @@ fn a_keepalive_that_came_while_records_were_in_flight_is_confirmed_when_they_lan
     r.handle_outbox(row(&rel, 3, 195, 3, "c", Some("{}")), now);
     r.handle_outbox(commit(3, 200, 210), now);
     let p = produced(&actions(&mut r));
-    r.handle_keepalive(Lsn(210));
+    r.handle_keepalive(Lsn(218));
     r.handle_outbox(begin(4, 220), now);
-    r.handle_outbox(row(&rel, 4, 215, 4, "d", Some("{}")), now);
+    r.handle_outbox(row(&rel, 4, 219, 4, "d", Some("{}")), now);
     // A ping inside a transaction owes nothing of its own.
-    r.handle_keepalive(Lsn(216));
+    r.handle_keepalive(Lsn(219));
     r.handle_outbox(commit(4, 220, 230), now);
     let p4 = produced(&actions(&mut r));
     r.handle_report(p[0].0, Ok(()), now);

@@ -880,7 +880,10 @@ impl Sim {
             return;
         }
         // A session that was sent everything and met no fault has confirmed the idle WAL end
-        // when it shuts down: the server sends no other keepalive until its WAL moves.
+        // when it shuts down: the server sends no other keepalive until its WAL moves. The
+        // core's confirmation, which the slot follows once its progress record is in (a
+        // shutdown may end before that record's report, and exactly-once's last commit at a
+        // shutdown reaches the slot at the next start: `finished` checks the slot).
         if matches!(result, Ok(End::Shutdown)) && self.clean_session && self.pg.done() {
             let confirmed = self.session.relay().confirmed();
             assert!(
