@@ -699,3 +699,52 @@ async fn a_standby_takes_over_judging_the_answer_it_asked_while_it_waited() {
         standby.log_text()
     );
 }
+
+/// A shutdown whose drain ends with the session's last commit confirms what that commit holds
+/// before Ferry exits: the slot is at the last transaction's end, not at the commit before it
+/// (the commit's reports ended the relay core's drain, and the commit came after).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_confirms_what_its_last_commit_holds() {
+    use ferry_testkit::pg;
+    let pg = pg::Postgres::Local(pg::PgCluster::start(pg::ClusterOptions::default()).await);
+    let broker = ferry_testkit::kafka::LocalBroker::start().await;
+    // No commit at the interval while the broker is paused: once the records are in.
+    let (w, topic) = world_on(
+        World::on(pg.create_db().await, broker.brokers()).await,
+        "6s",
+    )
+    .await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let first = insert(&w, 0, 1, 5).await;
+    let end = w.current_wal_lsn().await;
+    wait_until(
+        "the first transaction confirmed",
+        Duration::from_secs(60),
+        || async { w.confirmed_lsn().await.is_some_and(|c| c >= end) },
+    )
+    .await;
+
+    // The second transaction's records wait for the paused broker when the shutdown begins.
+    broker.pause_node(0);
+    let total = insert(&w, first, 1, 5).await;
+    let end = w.current_wal_lsn().await;
+    wait_until("the records in flight", Duration::from_secs(30), || async {
+        ferry.metric("ferry_in_flight_records").await == Some(5.0)
+    })
+    .await;
+    ferry.send_signal(libc::SIGTERM);
+    ferry
+        .wait_log("shutting down: draining", Duration::from_secs(30))
+        .await;
+    broker.resume_node(0);
+    let status = ferry.wait_exit(Duration::from_secs(60)).await;
+    assert!(status.success(), "{}", ferry.log_text());
+    assert_exactly_once(&read(&w.brokers, &topic, "read_committed").await, total);
+    let slot = w.confirmed_lsn().await.expect("slot");
+    assert!(
+        slot >= end,
+        "the slot ({slot}) is behind the last transaction ({end}) its last commit held; log:\n{}",
+        ferry.log_text()
+    );
+}

@@ -636,11 +636,9 @@ impl<E> Relay<E> {
     }
 
     /// Exactly-once: a progress record holding `end_lsn` is committed in Kafka; the slot may be
-    /// confirmed up to it (and no further than the watermark).
+    /// confirmed up to it (and no further than the watermark). Also after the relay stopped: a
+    /// session's last commit comes after its drain (what it holds is in Kafka either way).
     pub fn progress_committed(&mut self, end_lsn: Lsn) {
-        if self.stopped {
-            return;
-        }
         if end_lsn > self.committed_end {
             self.committed_end = end_lsn;
             let open = self.wm.open_transactions();

@@ -449,11 +449,22 @@ impl<E: Clone + std::fmt::Display> Session<E> {
         };
         match outcome {
             CommitOutcome::Committed => {
+                // The position first: the reports may end the relay core's drain, and it
+                // confirms what they release only up to a committed position.
+                self.relay.progress_committed(position.end_lsn);
                 for token in txn.committed(position, now) {
                     self.relay.handle_report(token, Ok(()), now);
                 }
-                self.relay.progress_committed(position.end_lsn);
                 if let Some(result) = txn.finishing.take() {
+                    // The session's last commit, after the relay core stopped: what it confirmed
+                    // goes out before the end.
+                    while let Some(action) = self.relay.poll_action() {
+                        if let relay::Action::Confirm(lsn) = action {
+                            self.actions.push_back(Action::Confirm(lsn));
+                            self.actions
+                                .push_back(Action::Count(Count::ProgressRecorded(lsn)));
+                        }
+                    }
                     return self.stop(result);
                 }
             }

@@ -885,6 +885,17 @@ impl Sim {
         // shutdown may end before that record's report, and exactly-once's last commit at a
         // shutdown reaches the slot at the next start: `finished` checks the slot).
         if matches!(result, Ok(End::Shutdown)) && self.clean_session && self.pg.done() {
+            // Exactly-once: the slot itself (what the last commit held is confirmed before the
+            // session ends).
+            if self.exactly_once() {
+                assert!(
+                    self.pg.slot >= self.pg.idle_end(),
+                    "an exactly-once session without faults shut down with the slot at {}, before the idle WAL end {} (committed {:?})",
+                    self.pg.slot,
+                    self.pg.idle_end(),
+                    self.kafka.progress_lsn()
+                );
+            }
             let confirmed = self.session.relay().confirmed();
             assert!(
                 confirmed.0 >= self.pg.idle_end(),
