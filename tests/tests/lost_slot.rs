@@ -499,7 +499,7 @@ async fn a_progress_topic_that_deletes_records_is_said_with_its_fix() {
     // The configuration read again every half second (ten minutes by default), so the
     // mending below is seen while Ferry runs.
     w.env
-        .push(("FERRY_TEST_PROGRESS_TOPIC_JUDGE_MS".into(), "500".into()));
+        .push((ferry::topics::JUDGE_INTERVAL_ENV.into(), "500".into()));
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
     insert(&w, 0..1).await;

@@ -460,9 +460,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                     // goes out before the end.
                     while let Some(action) = self.relay.poll_action() {
                         if let relay::Action::Confirm(lsn) = action {
-                            self.actions.push_back(Action::Confirm(lsn));
-                            self.actions
-                                .push_back(Action::Count(Count::ProgressRecorded(lsn)));
+                            self.confirm_committed(lsn);
                         }
                     }
                     return self.stop(result);
@@ -563,12 +561,7 @@ impl<E: Clone + std::fmt::Display> Session<E> {
                         remember.confirmed(lsn);
                         *confirmed_since = (lsn, self.relay.confirmed_since_micros());
                     }
-                    // The committed Kafka transaction held the progress record.
-                    Mode::ExactlyOnce(_) => {
-                        self.actions.push_back(Action::Confirm(lsn));
-                        self.actions
-                            .push_back(Action::Count(Count::ProgressRecorded(lsn)));
-                    }
+                    Mode::ExactlyOnce(_) => self.confirm_committed(lsn),
                 },
                 relay::Action::Count(c) => self.actions.push_back(Action::Count(c)),
                 relay::Action::Stop(result) => self.relay_stopped(*result, now),
@@ -581,6 +574,14 @@ impl<E: Clone + std::fmt::Display> Session<E> {
             Mode::AtLeastOnce { .. } => self.remember(now),
             Mode::ExactlyOnce(_) => self.settle(now),
         }
+    }
+
+    /// Exactly-once: the relay core confirmed `lsn`; the committed Kafka transaction held the
+    /// progress record.
+    fn confirm_committed(&mut self, lsn: Lsn) {
+        self.actions.push_back(Action::Confirm(lsn));
+        self.actions
+            .push_back(Action::Count(Count::ProgressRecorded(lsn)));
     }
 
     /// The relay core stopped. At-least-once: the last progress record is written before the
