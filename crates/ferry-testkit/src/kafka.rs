@@ -239,18 +239,22 @@ impl LocalBroker {
             crate::pg::make_certs(&dir, None);
             dir.join("ca.crt")
         });
+        // Every port of the cluster at once, so that no two are the same.
+        let mut ports = process::free_ports(3 * opts.nodes).into_iter();
         let nodes = (1..=opts.nodes as u32)
             .map(|id| {
                 let node_dir = dir.join(format!("node-{id}"));
                 std::fs::create_dir_all(&node_dir).expect("create node dir");
+                let (port, controller_port, sasl_port) = (
+                    ports.next().expect("a port"),
+                    ports.next().expect("a port"),
+                    ports.next().expect("a port"),
+                );
                 Node {
                     id,
-                    port: opts
-                        .port
-                        .filter(|_| id == 1)
-                        .unwrap_or_else(process::free_port),
-                    controller_port: process::free_port(),
-                    sasl_port: opts.security.as_ref().map(|_| process::free_port()),
+                    port: opts.port.filter(|_| id == 1).unwrap_or(port),
+                    controller_port,
+                    sasl_port: opts.security.as_ref().map(|_| sasl_port),
                     dir: node_dir,
                     child: Mutex::new(None),
                 }

@@ -95,8 +95,18 @@ pub fn signal_pid(pid: u32, signal: libc::c_int) {
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+    free_ports(1)[0]
+}
+
+/// `n` distinct free ports: each is held until all are found (one after another, a port just
+/// released may be handed out again).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("local addr").port())
+        .collect()
 }
 
 /// Waits until `cond` holds, polling with a short backoff, or panics with `what` at the deadline.
