@@ -260,6 +260,85 @@ async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
     .unwrap();
 }
 
+/// Exactly-once reads the progress topic to its stable end for the verdict, then, after
+/// fencing, takes that read up where it ended: the first read's finding stands, and whatever was
+/// decided or written since (the transaction open then, committed; a later one; an aborted one,
+/// never) is read now, to the end of the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_taken_up_where_it_ended_sees_what_was_decided_since() {
+    let (brokers, topic) = progress_topic("cursor").await;
+    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
+    tokio::task::spawn_blocking(move || {
+        let props = properties(&b);
+        let open = |slot: &str| {
+            progress::read_slot_open(&props, &t, slot, TIMEOUT, progress::Until::Stable).unwrap()
+        };
+        // 100 committed, 200 left open; the read to the stable end sees 100 only.
+        let p = committed_then_open(&b, &t, &k);
+        let (history, cursor) = open("a");
+        assert_eq!(history.records, vec![(k.system_id, record(100, None))]);
+        let cursor = cursor.expect("the topic exists");
+        let (_, first) = open("a");
+        // Another slot's key, read apart (a key the cursor did not read is read whole).
+        let (_, other_slot) = open("a");
+        // The transaction open then commits: its record is the answer.
+        p.commit_transaction(TIMEOUT).unwrap();
+        match first
+            .expect("the topic exists")
+            .read(&props, &t, &k, TIMEOUT)
+            .unwrap()
+        {
+            Remembered::Record { record: r, .. } => assert_eq!(r, record(200, None)),
+            other => panic!("{other:?}"),
+        }
+        // Then 300 is committed by another producer, 400 is aborted, and another server's record
+        // of the slot comes.
+        let q = transactional(&b, &unique("tid"));
+        q.begin_transaction().unwrap();
+        send(&q, &t, &k, &record(300, None));
+        q.commit_transaction(TIMEOUT).unwrap();
+        q.begin_transaction().unwrap();
+        send(&q, &t, &k, &record(400, None));
+        q.flush(TIMEOUT).unwrap();
+        q.abort_transaction(TIMEOUT).unwrap();
+        let other_server = ProgressKey {
+            system_id: 1,
+            ..k.clone()
+        };
+        q.begin_transaction().unwrap();
+        send(&q, &t, &other_server, &record(900, None));
+        q.commit_transaction(TIMEOUT).unwrap();
+        let whole = read(&b, &t, &k).unwrap();
+        let Remembered::Record { record: r, offset } = &whole else {
+            panic!("{whole:?}");
+        };
+        assert_eq!(*r, record(300, None));
+        assert_eq!(cursor.read(&props, &t, &k, TIMEOUT).unwrap(), whole);
+        assert_eq!(
+            other_slot
+                .expect("the topic exists")
+                .read(&props, &t, &key("b"), TIMEOUT)
+                .unwrap(),
+            Remembered::Nothing
+        );
+        // A read taken up with nothing new: what it found stands.
+        let (_, cursor) = open("a");
+        let again = cursor
+            .expect("the topic exists")
+            .read(&props, &t, &k, TIMEOUT)
+            .unwrap();
+        assert_eq!(
+            again,
+            Remembered::Record {
+                record: record(300, None),
+                offset: *offset
+            }
+        );
+    })
+    .await
+    .unwrap();
+}
+
 /// Deletes `topic`'s records before `offset` (`kafka-delete-records`). Kafka deletes records of
 /// a topic whose cleanup policy includes `delete` only: the policy becomes `compact,delete`.
 async fn delete_records_before(brokers: &str, topic: &str, offset: i64) {

@@ -239,7 +239,7 @@ impl<'a> Driver<'a> {
         // Nothing is produced before the stream starts, so a shutdown during the set-up (a
         // server slow to answer, a progress topic read waiting on a transaction) ends it at
         // once: there is nothing to drain or confirm.
-        let (sql, start, ahead) = tokio::select! {
+        let (sql, mut start, ahead) = tokio::select! {
             r = self.prepare() => r?,
             _ = shutdown.as_mut() => {
                 tracing::info!("stopped before streaming began: nothing to drain");
@@ -288,7 +288,7 @@ impl<'a> Driver<'a> {
             }
             Made::Transactional(made) => {
                 let started = tokio::select! {
-                    r = self.exactly_once(made, &reader, binary_read) => r,
+                    r = self.exactly_once(made, &reader, binary_read, start.cursor.take()) => r,
                     // Honoured during the set-up too (init_transactions can take a while).
                     _ = shutdown.as_mut() => {
                         let _ = finish(reader).await;
@@ -575,6 +575,7 @@ impl<'a> Driver<'a> {
         made: tokio::task::JoinHandle<Result<transactional::Unready, PipelineError>>,
         reader: &ReaderHandle,
         binary_read: bool,
+        cursor: Option<crate::progress_topic::Cursor>,
     ) -> Result<(Link, Sink<'static>), PipelineError> {
         let s = self.settings;
         let Some(eo) = &s.exactly_once else {
@@ -594,11 +595,11 @@ impl<'a> Driver<'a> {
             )
             .await?;
         let remembered = txn
-            .remembered(&s.producer_properties, reader.system, slot)
+            .remembered(&s.producer_properties, reader.system, slot, cursor)
             .await?;
         // The start-time verdict compared the slot with what the progress topic held before
         // the slot was taken; this read follows the fencing, so a transaction a fenced producer
-        // left open is decided.
+        // left open is decided. It takes up where the verdict's read ended.
         tracing::info!(
             remembered = remembered.as_ref().map(|r| r.position()),
             slot_lsn = %reader.resume_lsn,

@@ -45,6 +45,9 @@ pub(crate) struct StartFacts {
     pub remembered: verdict::Remembered,
     /// This read's CreateTopics created the progress topic ([`Reading::Ensure`]).
     pub created_topic: bool,
+    /// A read to the stable end, kept open where it ended: exactly-once's read after the
+    /// fencing takes up from there ([`progress_topic::Cursor`]).
+    pub cursor: Option<progress_topic::Cursor>,
 }
 
 /// Why [`StartFacts`] could not be read.
@@ -193,22 +196,30 @@ impl StartFacts {
                         topic_exists: true,
                         records: Vec::new(),
                     };
-                    return Ok((empty, true));
+                    return Ok((empty, true, None));
                 }
             }
-            let history = tokio::task::spawn_blocking(move || {
-                progress_topic::read_slot(&properties, &topic, &slot_name, timeout, until)
+            let read = tokio::task::spawn_blocking(move || {
+                let read =
+                    progress_topic::read_slot_open(&properties, &topic, &slot_name, timeout, until);
+                // Only a read to the stable end is taken up again (exactly-once, after fencing).
+                read.map(|(history, cursor)| {
+                    (
+                        history,
+                        cursor.filter(|_| until == progress_topic::Until::Stable),
+                    )
+                })
             })
             .await;
             tracing::debug!("start-up: progress topic read");
-            let history = history
+            let (history, cursor) = read
                 .map_err(|e| FactsError::Join(e.to_string()))?
                 .map_err(FactsError::Topic)?;
-            Ok((history, false))
+            Ok((history, false, cursor))
         };
         // Both, but a failed read returns at once (what runs beside is dropped).
         let mut beside = Beside::Running(Box::pin(beside));
-        let (history, created_topic) = beside.alongside(history).await?;
+        let (history, created_topic, cursor) = beside.alongside(history).await?;
         let remembered = history.remembered(identity.system_id);
         let facts = StartFacts {
             state,
@@ -217,6 +228,7 @@ impl StartFacts {
             history,
             remembered,
             created_topic,
+            cursor,
         };
         Ok((facts, beside))
     }
@@ -261,6 +273,8 @@ pub(super) struct Start {
     pub identity: SystemIdentity,
     /// An accepted gap: the acceptance is used up once the fresh record is written.
     pub accepted: bool,
+    /// Exactly-once: the verdict's read of the progress topic, to be taken up after fencing.
+    pub cursor: Option<progress_topic::Cursor>,
 }
 
 impl Driver<'_> {
@@ -467,9 +481,10 @@ impl Driver<'_> {
         if let Some(r) = record_lsn {
             self.metrics.progress_lsn.set(r.0);
         }
-        let start = self
+        let mut start = self
             .start_of(verdict, facts.identity, record_lsn, &facts.remembered)
             .map_err(|refusal| PipelineError::Gap(*refusal))?;
+        start.cursor = facts.cursor;
         Ok((start, beside.finish().await))
     }
 
@@ -488,6 +503,7 @@ impl Driver<'_> {
             remembered,
             identity,
             accepted,
+            cursor: None,
         };
         match verdict {
             Verdict::CreateSlot => {

@@ -182,12 +182,14 @@ impl Unready {
 
 impl Txn {
     /// The newest committed progress record of this slot and server (blocking read, off the
-    /// runtime); `None` on a first start.
+    /// runtime); `None` on a first start. `cursor`: the verdict's read, taken up where it ended
+    /// (what came since is read; without one, the topic is read whole).
     pub async fn remembered(
         &self,
         properties: &[(String, String)],
         system: SystemIdentity,
         slot: &str,
+        cursor: Option<crate::progress_topic::Cursor>,
     ) -> Result<Option<ProgressRecord>, PipelineError> {
         let props = properties.to_vec();
         let topic = self.settings.progress_topic.clone();
@@ -196,8 +198,9 @@ impl Txn {
             system_id: system.system_id,
             slot: slot.to_string(),
         };
-        let read = tokio::task::spawn_blocking(move || {
-            crate::progress_topic::read(&props, &topic, &key, timeout)
+        let read = tokio::task::spawn_blocking(move || match cursor {
+            Some(cursor) => cursor.read(&props, &topic, &key, timeout),
+            None => crate::progress_topic::read(&props, &topic, &key, timeout),
         })
         .await
         .map_err(|_| PipelineError::Transaction {
