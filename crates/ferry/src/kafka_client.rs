@@ -488,6 +488,7 @@ mod tests {
             ("debug", "protocol"),
             ("topic.metadata.propagation.max.ms", "1800000"),
             ("enable.sparse.connections", "false"),
+            ("fetch.wait.max.ms", "10"),
             ("allow.auto.create.topics", "false"),
             ("enable.auto.commit", "false"),
             ("enable.auto.offset.store", "false"),
