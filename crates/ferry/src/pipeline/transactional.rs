@@ -8,7 +8,9 @@
 //!    calls `init_transactions`: every older producer with that id is fenced (a zombie Ferry can
 //!    never commit again) and whatever it left open is aborted;
 //! 2. reads the progress topic to its end (`crate::progress_topic::read`: high watermark first, then
-//!    read_committed up to it) for the newest committed record of this slot and server;
+//!    read_committed up to it) for the newest committed record of this slot and server, taking
+//!    up the verdict's read (to the stable end, before fencing) where it ended
+//!    (`crate::progress_topic::Cursor`);
 //! 3. starts the relay core from it: every event it covers is skipped (`ferry_core::relay`);
 //! 4. produces into a Kafka transaction; after each event the core gives the exact position
 //!    reached. When the interval passed, or the transaction holds its cap of records or bytes,
