@@ -82,7 +82,17 @@ fn committed_then_open(
     topic: &str,
     k: &ProgressKey,
 ) -> ThreadedProducer<DefaultProducerContext> {
-    let p = transactional(brokers, &unique("tid"));
+    committed_then_open_as(brokers, topic, k, &unique("tid"))
+}
+
+/// [`committed_then_open`] by a producer with `transactional.id` `tid`.
+fn committed_then_open_as(
+    brokers: &str,
+    topic: &str,
+    k: &ProgressKey,
+    tid: &str,
+) -> ThreadedProducer<DefaultProducerContext> {
+    let p = transactional(brokers, tid);
     p.begin_transaction().unwrap();
     send(&p, topic, k, &record(100, None));
     p.commit_transaction(TIMEOUT).unwrap();
@@ -334,6 +344,126 @@ async fn a_read_taken_up_where_it_ended_sees_what_was_decided_since() {
                 offset: *offset
             }
         );
+    })
+    .await
+    .unwrap();
+}
+
+/// The read after fencing, as an exactly-once restart does it: the killed Ferry's transaction
+/// is open when the verdict reads to the stable end; the new producer's `init_transactions`
+/// aborts it; the read taken up passes the aborted record (which begins where the first read
+/// ended) and answers with the record committed before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_taken_up_after_fencing_passes_what_the_fenced_producer_left_open() {
+    let (brokers, topic) = progress_topic("fenced").await;
+    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
+    tokio::task::spawn_blocking(move || {
+        let props = properties(&b);
+        let tid = unique("tid");
+        let _killed = committed_then_open_as(&b, &t, &k, &tid);
+        let (history, cursor) =
+            progress::read_slot_open(&props, &t, "a", TIMEOUT, progress::Until::Stable).unwrap();
+        assert_eq!(history.records, vec![(k.system_id, record(100, None))]);
+        // The successor fences the killed producer: its open transaction is aborted.
+        let _successor = transactional(&b, &tid);
+        let found = cursor
+            .expect("the topic exists")
+            .read(&props, &t, &k, TIMEOUT)
+            .unwrap();
+        assert_eq!(
+            found,
+            Remembered::Record {
+                record: record(100, None),
+                offset: 0
+            }
+        );
+        assert_eq!(read(&b, &t, &k).unwrap(), found);
+    })
+    .await
+    .unwrap();
+}
+
+/// A read of an empty topic ends without ever fetching; taken up, it reads what came since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_an_empty_topic_taken_up_finds_what_came_since() {
+    let (brokers, topic) = progress_topic("empty").await;
+    let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
+    tokio::task::spawn_blocking(move || {
+        let props = properties(&b);
+        let (history, cursor) =
+            progress::read_slot_open(&props, &t, "a", TIMEOUT, progress::Until::Stable).unwrap();
+        assert!(history.topic_exists && history.records.is_empty());
+        let p = transactional(&b, &unique("tid"));
+        p.begin_transaction().unwrap();
+        send(&p, &t, &k, &record(100, None));
+        p.commit_transaction(TIMEOUT).unwrap();
+        match cursor
+            .expect("the topic exists")
+            .read(&props, &t, &k, TIMEOUT)
+            .unwrap()
+        {
+            Remembered::Record { record: r, .. } => assert_eq!(r, record(100, None)),
+            other => panic!("{other:?}"),
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// A read taken up does not read again what it read: a record it found stands even where it
+/// was deleted since (a whole read finds nothing), and records deleted past where it ended are
+/// skipped from the log's new start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_taken_up_keeps_what_it_found_and_starts_past_deleted_records() {
+    let (brokers, topic) = progress_topic("kept").await;
+    let k = key("a");
+    // 100, 200, 300 at offsets 0, 2 and 4, each followed by its commit marker.
+    three_committed(&brokers, &topic, &k).await;
+    let (b, t, kk) = (brokers.clone(), topic.clone(), k.clone());
+    let (first, second) = tokio::task::spawn_blocking(move || {
+        let open = || {
+            progress::read_slot_open(&properties(&b), &t, "a", TIMEOUT, progress::Until::Stable)
+                .unwrap()
+        };
+        let ((history, first), (_, second)) = (open(), open());
+        assert_eq!(history.records, vec![(kk.system_id, record(300, None))]);
+        (first.unwrap(), second.unwrap())
+    })
+    .await
+    .unwrap();
+    delete_records_before(&brokers, &topic, 6).await;
+    let (b, t, kk) = (brokers.clone(), topic.clone(), k.clone());
+    let second = tokio::task::spawn_blocking(move || {
+        let props = properties(&b);
+        assert_eq!(read(&b, &t, &kk).unwrap(), Remembered::Nothing);
+        assert_eq!(
+            first.read(&props, &t, &kk, TIMEOUT).unwrap(),
+            Remembered::Record {
+                record: record(300, None),
+                offset: 4
+            }
+        );
+        // 400 and 500 at offsets 6 and 8.
+        let p = transactional(&b, &unique("tid"));
+        for end in [400, 500] {
+            p.begin_transaction().unwrap();
+            send(&p, &t, &kk, &record(end, None));
+            p.commit_transaction(TIMEOUT).unwrap();
+        }
+        second
+    })
+    .await
+    .unwrap();
+    // The log now starts at 8, past where the second read ended (6).
+    delete_records_before(&brokers, &topic, 8).await;
+    let (b, t) = (brokers.clone(), topic.clone());
+    tokio::task::spawn_blocking(move || {
+        let want = Remembered::Record {
+            record: record(500, None),
+            offset: 8,
+        };
+        assert_eq!(second.read(&properties(&b), &t, &k, TIMEOUT).unwrap(), want);
+        assert_eq!(read(&b, &t, &k).unwrap(), want);
     })
     .await
     .unwrap();

@@ -154,7 +154,7 @@ pub fn read(
     timeout: Duration,
 ) -> Result<Remembered, ProgressTopicError> {
     let wanted = key.encode();
-    let found = scan(properties, topic, timeout, Until::End, |k| {
+    let found = scan(properties, topic, timeout, Until::End, false, |k| {
         k == wanted.as_slice() || same_key(k, key)
     })?;
     match found {
@@ -218,14 +218,25 @@ impl Cursor {
         let wanted = |k: &[u8]| k == wanted.as_slice() || same_key(k, key);
         self.scan.newest.retain(|(k, _, _)| wanted(k));
         let deadline = Instant::now() + timeout;
-        // Seen by the earlier read: a topic missing now is a transient answer, not "no record".
+        // Seen by the earlier read: a topic missing now is a transient answer (an error), not
+        // "no record"; `None` does not come back.
         let Some(ends) = ends(&self.scan.consumer, topic, Until::End, deadline, true)
             .map_err(|e| e.error(topic, properties))?
         else {
             return Ok(Remembered::NoTopic);
         };
+        // A log that ends before the earlier read did (truncated by an unclean leader election,
+        // or the topic deleted and made again) is not the log it read: read whole.
+        if ends.high < self.scan.next {
+            tracing::debug!(
+                end = ends.high,
+                earlier = self.scan.next,
+                "progress topic: the log ends before the earlier read did; reading it whole"
+            );
+            return read(properties, topic, key, timeout);
+        }
         self.scan
-            .drain(properties, topic, ends, deadline, timeout, &wanted)?;
+            .drain(properties, topic, ends, deadline, timeout, false, &wanted)?;
         newest_of(topic, key, self.scan.newest)
     }
 }
@@ -278,7 +289,13 @@ pub fn read_slot(
     timeout: Duration,
     until: Until,
 ) -> Result<SlotHistory, ProgressTopicError> {
-    read_slot_open(properties, topic, slot, timeout, until).map(|(history, _)| history)
+    let found = scan(properties, topic, timeout, until, false, |k| {
+        ProgressKey::decode(k).is_ok_and(|k| k.slot == slot)
+    })?;
+    match found {
+        Some(found) => slot_history(topic, &found.newest),
+        None => Ok(SlotHistory::default()),
+    }
 }
 
 /// [`read_slot`], and the read kept open where it ended (`None`: no topic), for a later read of
@@ -290,7 +307,7 @@ pub fn read_slot_open(
     timeout: Duration,
     until: Until,
 ) -> Result<(SlotHistory, Option<Cursor>), ProgressTopicError> {
-    let found = scan(properties, topic, timeout, until, |k| {
+    let found = scan(properties, topic, timeout, until, true, |k| {
         ProgressKey::decode(k).is_ok_and(|k| k.slot == slot)
     })?;
     let Some(found) = found else {
@@ -354,7 +371,7 @@ struct Scan {
     /// The offset after the last one read: every committed record below it was read, so a
     /// later read takes up from here ([`Cursor`]).
     next: i64,
-    /// The consumer is assigned the partition, and its position is `next`.
+    /// The consumer is assigned the partition (between reads, its position is `next`).
     assigned: bool,
     /// Its fetching is paused (a read ended; see [`Scan::drain`]).
     paused: bool,
@@ -379,12 +396,14 @@ impl Ended {
 }
 
 /// The newest committed value (and its offset) of every key `wanted` accepts, read to the end
-/// of the partition; `None` if the topic does not exist.
+/// of the partition; `None` if the topic does not exist. `keep`: the read is to be taken up
+/// ([`Cursor`]).
 fn scan(
     properties: &[(String, String)],
     topic: &str,
     timeout: Duration,
     until: Until,
+    keep: bool,
     wanted: impl Fn(&[u8]) -> bool,
 ) -> Result<Option<Scan>, ProgressTopicError> {
     let deadline = Instant::now() + timeout;
@@ -407,7 +426,7 @@ fn scan(
         paused: false,
         newest: Vec::new(),
     };
-    scan.drain(properties, topic, ends, deadline, timeout, &wanted)?;
+    scan.drain(properties, topic, ends, deadline, timeout, keep, &wanted)?;
     Ok(Some(scan))
 }
 
@@ -491,7 +510,9 @@ fn ends(
 
 impl Scan {
     /// Reads from where the scan ended (or the log's start, if past it) until its position
-    /// passes `high`, keeping the newest value of every key `wanted` accepts.
+    /// passes `high`, keeping the newest value of every key `wanted` accepts. `keep`: the read
+    /// is to be taken up (its fetching is paused when it ends).
+    #[allow(clippy::too_many_arguments)]
     fn drain(
         &mut self,
         properties: &[(String, String)],
@@ -499,6 +520,7 @@ impl Scan {
         Ends { low, high }: Ends,
         deadline: Instant,
         timeout: Duration,
+        keep: bool,
         wanted: &dyn Fn(&[u8]) -> bool,
     ) -> Result<(), ProgressTopicError> {
         let kafka = |error| kafka_error(topic, "reading the progress topic", properties, error);
@@ -579,7 +601,9 @@ impl Scan {
                 // up waited behind two of them (~1 s of a restart at librdkafka's 500 ms). The
                 // fetch already sent comes back within the reader's 10 ms. (Not pausing only
                 // costs time: this read has its answer.)
-                self.paused = consumer.pause(&tpl).is_ok();
+                if keep {
+                    self.paused = consumer.pause(&tpl).is_ok();
+                }
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -689,7 +713,7 @@ fn same_key(bytes: &[u8], key: &ProgressKey) -> bool {
     ProgressKey::decode(bytes).is_ok_and(|k| k == *key)
 }
 
-/// The consumer's next offset on partition 0 (`-1001`, invalid, before the first fetch).
+/// The consumer's next offset on partition 0 (`-1`: none yet, before the first fetch).
 fn position(consumer: &BaseConsumer<Reader>, topic: &str) -> Result<i64, KafkaError> {
     let tpl = consumer.position()?;
     Ok(tpl

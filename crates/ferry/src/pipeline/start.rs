@@ -199,16 +199,15 @@ impl StartFacts {
                     return Ok((empty, true, None));
                 }
             }
-            let read = tokio::task::spawn_blocking(move || {
-                let read =
-                    progress_topic::read_slot_open(&properties, &topic, &slot_name, timeout, until);
-                // Only a read to the stable end is taken up again (exactly-once, after fencing).
-                read.map(|(history, cursor)| {
-                    (
-                        history,
-                        cursor.filter(|_| until == progress_topic::Until::Stable),
-                    )
-                })
+            let read = tokio::task::spawn_blocking(move || match until {
+                // Exactly-once: taken up again after fencing (`ferry check` drops it).
+                progress_topic::Until::Stable => {
+                    progress_topic::read_slot_open(&properties, &topic, &slot_name, timeout, until)
+                }
+                progress_topic::Until::End => {
+                    progress_topic::read_slot(&properties, &topic, &slot_name, timeout, until)
+                        .map(|history| (history, None))
+                }
             })
             .await;
             tracing::debug!("start-up: progress topic read");
