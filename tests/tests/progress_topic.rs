@@ -270,6 +270,31 @@ async fn a_read_to_the_stable_end_stops_before_an_open_transaction() {
     .unwrap();
 }
 
+/// A read of `slot`'s records to the stable end, kept open to be taken up.
+fn read_open(brokers: &str, topic: &str, slot: &str) -> (progress::SlotHistory, progress::Cursor) {
+    let (history, cursor) = progress::read_slot_open(
+        &properties(brokers),
+        topic,
+        slot,
+        TIMEOUT,
+        progress::Until::Stable,
+    )
+    .unwrap();
+    (history, cursor.expect("the topic exists"))
+}
+
+/// Commits `r` of `k` in a transaction of its own.
+fn commit_one(
+    p: &ThreadedProducer<DefaultProducerContext>,
+    topic: &str,
+    k: &ProgressKey,
+    r: &ProgressRecord,
+) {
+    p.begin_transaction().unwrap();
+    send(p, topic, k, r);
+    p.commit_transaction(TIMEOUT).unwrap();
+}
+
 /// Exactly-once reads the progress topic to its stable end for the verdict, then, after
 /// fencing, takes that read up where it ended: the first read's finding stands, and whatever was
 /// decided or written since (the transaction open then, committed; a later one; an aborted one,
@@ -280,33 +305,23 @@ async fn a_read_taken_up_where_it_ended_sees_what_was_decided_since() {
     let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
     tokio::task::spawn_blocking(move || {
         let props = properties(&b);
-        let open = |slot: &str| {
-            progress::read_slot_open(&props, &t, slot, TIMEOUT, progress::Until::Stable).unwrap()
-        };
         // 100 committed, 200 left open; the read to the stable end sees 100 only.
         let p = committed_then_open(&b, &t, &k);
-        let (history, cursor) = open("a");
+        let (history, cursor) = read_open(&b, &t, "a");
         assert_eq!(history.records, vec![(k.system_id, record(100, None))]);
-        let cursor = cursor.expect("the topic exists");
-        let (_, first) = open("a");
+        let (_, first) = read_open(&b, &t, "a");
         // Another slot's key, read apart (a key the cursor did not read is read whole).
-        let (_, other_slot) = open("a");
+        let (_, other_slot) = read_open(&b, &t, "a");
         // The transaction open then commits: its record is the answer.
         p.commit_transaction(TIMEOUT).unwrap();
-        match first
-            .expect("the topic exists")
-            .read(&props, &t, &k, TIMEOUT)
-            .unwrap()
-        {
+        match first.read(&props, &t, &k, TIMEOUT).unwrap() {
             Remembered::Record { record: r, .. } => assert_eq!(r, record(200, None)),
             other => panic!("{other:?}"),
         }
         // Then 300 is committed by another producer, 400 is aborted, and another server's record
         // of the slot comes.
         let q = transactional(&b, &unique("tid"));
-        q.begin_transaction().unwrap();
-        send(&q, &t, &k, &record(300, None));
-        q.commit_transaction(TIMEOUT).unwrap();
+        commit_one(&q, &t, &k, &record(300, None));
         q.begin_transaction().unwrap();
         send(&q, &t, &k, &record(400, None));
         q.flush(TIMEOUT).unwrap();
@@ -315,9 +330,7 @@ async fn a_read_taken_up_where_it_ended_sees_what_was_decided_since() {
             system_id: 1,
             ..k.clone()
         };
-        q.begin_transaction().unwrap();
-        send(&q, &t, &other_server, &record(900, None));
-        q.commit_transaction(TIMEOUT).unwrap();
+        commit_one(&q, &t, &other_server, &record(900, None));
         let whole = read(&b, &t, &k).unwrap();
         let Remembered::Record { record: r, offset } = &whole else {
             panic!("{whole:?}");
@@ -325,18 +338,12 @@ async fn a_read_taken_up_where_it_ended_sees_what_was_decided_since() {
         assert_eq!(*r, record(300, None));
         assert_eq!(cursor.read(&props, &t, &k, TIMEOUT).unwrap(), whole);
         assert_eq!(
-            other_slot
-                .expect("the topic exists")
-                .read(&props, &t, &key("b"), TIMEOUT)
-                .unwrap(),
+            other_slot.read(&props, &t, &key("b"), TIMEOUT).unwrap(),
             Remembered::Nothing
         );
         // A read taken up with nothing new: what it found stands.
-        let (_, cursor) = open("a");
-        let again = cursor
-            .expect("the topic exists")
-            .read(&props, &t, &k, TIMEOUT)
-            .unwrap();
+        let (_, cursor) = read_open(&b, &t, "a");
+        let again = cursor.read(&props, &t, &k, TIMEOUT).unwrap();
         assert_eq!(
             again,
             Remembered::Record {
@@ -361,15 +368,11 @@ async fn a_read_taken_up_after_fencing_passes_what_the_fenced_producer_left_open
         let props = properties(&b);
         let tid = unique("tid");
         let _killed = committed_then_open_as(&b, &t, &k, &tid);
-        let (history, cursor) =
-            progress::read_slot_open(&props, &t, "a", TIMEOUT, progress::Until::Stable).unwrap();
+        let (history, cursor) = read_open(&b, &t, "a");
         assert_eq!(history.records, vec![(k.system_id, record(100, None))]);
         // The successor fences the killed producer: its open transaction is aborted.
         let _successor = transactional(&b, &tid);
-        let found = cursor
-            .expect("the topic exists")
-            .read(&props, &t, &k, TIMEOUT)
-            .unwrap();
+        let found = cursor.read(&props, &t, &k, TIMEOUT).unwrap();
         assert_eq!(
             found,
             Remembered::Record {
@@ -389,19 +392,15 @@ async fn a_read_of_an_empty_topic_taken_up_finds_what_came_since() {
     let (brokers, topic) = progress_topic("empty").await;
     let (b, t, k) = (brokers.clone(), topic.clone(), key("a"));
     tokio::task::spawn_blocking(move || {
-        let props = properties(&b);
-        let (history, cursor) =
-            progress::read_slot_open(&props, &t, "a", TIMEOUT, progress::Until::Stable).unwrap();
+        let (history, cursor) = read_open(&b, &t, "a");
         assert!(history.topic_exists && history.records.is_empty());
-        let p = transactional(&b, &unique("tid"));
-        p.begin_transaction().unwrap();
-        send(&p, &t, &k, &record(100, None));
-        p.commit_transaction(TIMEOUT).unwrap();
-        match cursor
-            .expect("the topic exists")
-            .read(&props, &t, &k, TIMEOUT)
-            .unwrap()
-        {
+        commit_one(
+            &transactional(&b, &unique("tid")),
+            &t,
+            &k,
+            &record(100, None),
+        );
+        match cursor.read(&properties(&b), &t, &k, TIMEOUT).unwrap() {
             Remembered::Record { record: r, .. } => assert_eq!(r, record(100, None)),
             other => panic!("{other:?}"),
         }
@@ -421,13 +420,9 @@ async fn a_read_taken_up_keeps_what_it_found_and_starts_past_deleted_records() {
     three_committed(&brokers, &topic, &k).await;
     let (b, t, kk) = (brokers.clone(), topic.clone(), k.clone());
     let (first, second) = tokio::task::spawn_blocking(move || {
-        let open = || {
-            progress::read_slot_open(&properties(&b), &t, "a", TIMEOUT, progress::Until::Stable)
-                .unwrap()
-        };
-        let ((history, first), (_, second)) = (open(), open());
+        let ((history, first), (_, second)) = (read_open(&b, &t, "a"), read_open(&b, &t, "a"));
         assert_eq!(history.records, vec![(kk.system_id, record(300, None))]);
-        (first.unwrap(), second.unwrap())
+        (first, second)
     })
     .await
     .unwrap();
@@ -446,9 +441,7 @@ async fn a_read_taken_up_keeps_what_it_found_and_starts_past_deleted_records() {
         // 400 and 500 at offsets 6 and 8.
         let p = transactional(&b, &unique("tid"));
         for end in [400, 500] {
-            p.begin_transaction().unwrap();
-            send(&p, &t, &kk, &record(end, None));
-            p.commit_transaction(TIMEOUT).unwrap();
+            commit_one(&p, &t, &kk, &record(end, None));
         }
         second
     })
