@@ -588,6 +588,14 @@ unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *m
         } else if m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__FATAL {
             // SAFETY: the client of this event, live while its queue is served.
             Err(KafkaError::MessageProduction(unsafe { fatal_cause(rk) }))
+        } else if m.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__PURGE_QUEUE {
+            // When the client's error turns fatal, librdkafka purges the records still queued
+            // (`rd_kafka_set_fatal_error0`): such a record failed of that error, which must not
+            // read as a purge a new session retries (a producer refused its producer id for
+            // want of an ACL was retried once, by a race, before it stopped with the grant).
+            // SAFETY: as above.
+            let code = unsafe { fatal_error(rk) }.unwrap_or(RDKafkaErrorCode::PurgeQueue);
+            Err(KafkaError::MessageProduction(code))
         } else {
             Err(KafkaError::MessageProduction(m.err.into()))
         };
@@ -617,12 +625,22 @@ unsafe fn deliveries(context: &Context, event: *mut rd::rd_kafka_event_t, rk: *m
 /// `rk` is a live client.
 #[allow(unsafe_code)]
 pub(super) unsafe fn fatal_cause(rk: *mut rd::rd_kafka_t) -> RDKafkaErrorCode {
+    // SAFETY: the caller's live client.
+    unsafe { fatal_error(rk) }.unwrap_or(RDKafkaErrorCode::Fatal)
+}
+
+/// The client's fatal error, if it has one.
+///
+/// # Safety
+/// `rk` is a live client.
+#[allow(unsafe_code)]
+unsafe fn fatal_error(rk: *mut rd::rd_kafka_t) -> Option<RDKafkaErrorCode> {
     let mut errstr = [0 as std::os::raw::c_char; 256];
     // SAFETY: the caller's live client; librdkafka writes at most `errstr.len()` bytes.
     let code = unsafe { rd::rd_kafka_fatal_error(rk, errstr.as_mut_ptr(), errstr.len()) };
     match code {
-        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => RDKafkaErrorCode::Fatal,
-        c => c.into(),
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => None,
+        c => Some(c.into()),
     }
 }
 
@@ -675,6 +693,49 @@ mod tests {
         })
         .await
         .expect("librdkafka called back");
+    }
+
+    /// A record still queued when the client's error turns fatal is purged by librdkafka; its
+    /// report carries the fatal error's cause (here an authorization failure, which stops
+    /// Ferry with the grant), not the purge (which a new session would retry). Records purged
+    /// without a fatal error still say so.
+    #[tokio::test]
+    #[allow(unsafe_code)]
+    async fn a_record_purged_by_a_fatal_error_is_reported_with_its_cause() {
+        use rdkafka::error::RDKafkaErrorCode;
+        use rdkafka::producer::Producer as _;
+        use rdkafka::types::RDKafkaRespErr;
+        let (producer, mut reports) = unanswered(Duration::ZERO);
+        producer.send(&record(), 1).expect("accepted");
+        producer.purge_queued();
+        let purged = tokio::time::timeout(DEADLINE, reports.recv())
+            .await
+            .expect("the report comes")
+            .expect("alive");
+        assert_eq!(
+            purged.result.unwrap_err().rdkafka_error_code(),
+            Some(RDKafkaErrorCode::PurgeQueue)
+        );
+        producer.send(&record(), 2).expect("accepted");
+        let rk = producer.inner.producer.client().native_ptr();
+        // SAFETY: a live client; the reason is a NUL-terminated string.
+        let raised = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                rk,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED,
+                c"a test: no producer id".as_ptr(),
+            )
+        };
+        assert_eq!(raised, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
+        let fatal = tokio::time::timeout(DEADLINE, reports.recv())
+            .await
+            .expect("the report comes")
+            .expect("alive");
+        assert_eq!(fatal.key, 2);
+        assert_eq!(
+            fatal.result.unwrap_err().rdkafka_error_code(),
+            Some(RDKafkaErrorCode::ClusterAuthorizationFailed)
+        );
     }
 
     /// Each report comes, one record after another, whether the task waits on the timer (a
