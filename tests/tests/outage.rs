@@ -127,19 +127,14 @@ async fn a_broker_outage_turns_readyz_503_within_the_bound_and_the_lag_grows() {
     .await;
     // Once (round 40's CI, beside the other outage tests) this waited out its 30 s with a broker
     // up: a failure says what the metrics and the log held.
-    let counted = async {
-        while !ferry
+    let counted = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        ferry
             .metric_labeled("ferry_reconnects_total", "component", "kafka")
             .await
             .is_some_and(|n| n > reconnects_before)
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    if tokio::time::timeout(Duration::from_secs(30), counted)
-        .await
-        .is_err()
-    {
+    })
+    .await;
+    if !counted {
         let metrics = ferry.http_get("/metrics").await;
         panic!(
             "the re-established connection was not counted within 30 s (before: \

@@ -23,4 +23,4 @@ pub mod pg;
 pub mod process;
 pub mod proxy;
 
-pub use process::wait_until;
+pub use process::{wait_for, wait_until};

@@ -110,7 +110,19 @@ pub fn free_ports(n: usize) -> Vec<u16> {
 }
 
 /// Waits until `cond` holds, polling with a short backoff, or panics with `what` at the deadline.
-pub async fn wait_until<F, Fut>(what: &str, deadline: std::time::Duration, mut cond: F)
+pub async fn wait_until<F, Fut>(what: &str, deadline: std::time::Duration, cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    if !wait_for(deadline, cond).await {
+        panic!("timed out after {deadline:?} waiting for: {what}");
+    }
+}
+
+/// [`wait_until`] that returns whether `cond` came to hold before the deadline, for a caller
+/// whose failure says more than what it waited for.
+pub async fn wait_for<F, Fut>(deadline: std::time::Duration, mut cond: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -119,10 +131,10 @@ where
     let mut pause = std::time::Duration::from_millis(5);
     loop {
         if cond().await {
-            return;
+            return true;
         }
         if start.elapsed() > deadline {
-            panic!("timed out after {deadline:?} waiting for: {what}");
+            return false;
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(std::time::Duration::from_millis(200));

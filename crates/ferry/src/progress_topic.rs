@@ -153,10 +153,7 @@ pub fn read(
     key: &ProgressKey,
     timeout: Duration,
 ) -> Result<Remembered, ProgressTopicError> {
-    let wanted = key.encode();
-    let found = scan(properties, topic, timeout, Until::End, false, |k| {
-        k == wanted.as_slice() || same_key(k, key)
-    })?;
+    let found = scan(properties, topic, timeout, Until::End, false, of_key(key))?;
     match found {
         None => Ok(Remembered::NoTopic),
         Some(found) => newest_of(topic, key, found.newest),
@@ -214,8 +211,7 @@ impl Cursor {
         if topic != self.topic || key.slot != self.slot {
             return read(properties, topic, key, timeout);
         }
-        let wanted = key.encode();
-        let wanted = |k: &[u8]| k == wanted.as_slice() || same_key(k, key);
+        let wanted = of_key(key);
         self.scan.newest.retain(|(k, _, _)| wanted(k));
         let deadline = Instant::now() + timeout;
         // Seen by the earlier read: a topic missing now is a transient answer (an error), not
@@ -289,9 +285,7 @@ pub fn read_slot(
     timeout: Duration,
     until: Until,
 ) -> Result<SlotHistory, ProgressTopicError> {
-    let found = scan(properties, topic, timeout, until, false, |k| {
-        ProgressKey::decode(k).is_ok_and(|k| k.slot == slot)
-    })?;
+    let found = scan(properties, topic, timeout, until, false, of_slot(slot))?;
     match found {
         Some(found) => slot_history(topic, &found.newest),
         None => Ok(SlotHistory::default()),
@@ -307,9 +301,7 @@ pub fn read_slot_open(
     timeout: Duration,
     until: Until,
 ) -> Result<(SlotHistory, Option<Cursor>), ProgressTopicError> {
-    let found = scan(properties, topic, timeout, until, true, |k| {
-        ProgressKey::decode(k).is_ok_and(|k| k.slot == slot)
-    })?;
+    let found = scan(properties, topic, timeout, until, true, of_slot(slot))?;
     let Some(found) = found else {
         return Ok((SlotHistory::default(), None));
     };
@@ -707,6 +699,17 @@ impl TopicShape {
 }
 
 impl ConsumerContext for Reader {}
+
+/// Whether a record's key is `key` (either encoding: two encodings are two keys to Kafka).
+fn of_key(key: &ProgressKey) -> impl Fn(&[u8]) -> bool + '_ {
+    let encoded = key.encode();
+    move |k| k == encoded.as_slice() || same_key(k, key)
+}
+
+/// Whether a record's key is one of `slot`'s, under any system identifier.
+fn of_slot(slot: &str) -> impl Fn(&[u8]) -> bool + '_ {
+    move |k| ProgressKey::decode(k).is_ok_and(|k| k.slot == slot)
+}
 
 /// Another encoding of the same key (written by another serializer): compared decoded.
 fn same_key(bytes: &[u8], key: &ProgressKey) -> bool {

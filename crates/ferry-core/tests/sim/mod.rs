@@ -884,8 +884,6 @@ impl Sim {
         // Exactly-once: the slot itself (what the last commit held is confirmed before the
         // session ends).
         if matches!(result, Ok(End::Shutdown)) && self.clean_session && self.pg.done() {
-            // At-least-once: the core's confirmation (the slot follows once the progress
-            // record's report is in, which a shutdown may end before).
             if self.exactly_once() {
                 assert!(
                     self.pg.slot >= self.pg.idle_end(),
@@ -895,6 +893,8 @@ impl Sim {
                     self.kafka.progress_lsn()
                 );
             } else {
+                // At-least-once: the core's confirmation (the slot follows once the progress
+                // record's report is in, which a shutdown may end before).
                 let confirmed = self.session.relay().confirmed();
                 assert!(
                     confirmed.0 >= self.pg.idle_end(),
