@@ -126,7 +126,8 @@ async fn a_broker_outage_turns_readyz_503_within_the_bound_and_the_lag_grows() {
     })
     .await;
     // Once (round 40's CI, beside the other outage tests) this waited out its 30 s with a broker
-    // up: a failure says what the metrics and the log held.
+    // up, when the count followed librdkafka's `disconnects` alone, which a broker object made
+    // again starts at 0 (`telemetry::brokers`): a failure says what the metrics and the log held.
     let counted = ferry_testkit::wait_for(Duration::from_secs(30), || async {
         ferry
             .metric_labeled("ferry_reconnects_total", "component", "kafka")

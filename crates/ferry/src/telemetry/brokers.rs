@@ -23,7 +23,12 @@
 //! **Reconnects.** A broker's `disconnects` counts connections that were up and were lost
 //! (`rd_kafka_broker_fail` counts only a transport in state `UP` or later). Each such loss is
 //! counted once the broker is seen up again: that is a re-established connection, whatever its
-//! cause (the broker stopped, the network, the broker's `connections.max.idle.ms`).
+//! cause (the broker stopped, the network, the broker's `connections.max.idle.ms`). That count
+//! belongs to librdkafka's object for the broker, not to the broker: librdkafka 2.10 and later
+//! drop a learned broker that a metadata answer leaves out and make a new one, counting from 0,
+//! when it is listed again. So a broker seen up, then seen not connected (or not listed), then
+//! up again counts one re-established connection too, whatever its `disconnects` say; a count
+//! that went back marks a new object, whose losses count from there.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -94,9 +99,55 @@ struct BrokerStats {
 #[derive(Debug, Default)]
 pub struct BrokerWatch {
     none_up_since: Option<Instant>,
-    /// Per broker, the disconnects already counted as reconnects.
-    disconnects_counted: HashMap<String, u64>,
+    /// Per broker name, what earlier statistics showed of its connection.
+    seen: HashMap<String, Seen>,
 }
+
+/// One broker's connection across statistics, for counting its re-established connections.
+#[derive(Debug, Default)]
+struct Seen {
+    /// librdkafka's `disconnects` for it at the last statistics that listed it.
+    disconnects: u64,
+    /// Losses not yet counted: they count when it is seen up again.
+    pending: u64,
+    /// Seen up, and not seen disconnected since.
+    up: bool,
+    /// Seen up, then seen not connected or not listed: one loss at least, whether or not
+    /// `disconnects` shows it.
+    lost: bool,
+}
+
+impl Seen {
+    /// Takes in one statistics' view of the broker (`connected`: librdkafka's state is one of a
+    /// live connection, even a silent one); returns the connections re-established.
+    fn observe(&mut self, disconnects: u64, connected: bool, up: bool) -> u64 {
+        if disconnects < self.disconnects {
+            // librdkafka made a new object for this broker: its count starts over.
+            self.disconnects = 0;
+        }
+        self.pending += disconnects - self.disconnects;
+        self.disconnects = disconnects;
+        if up {
+            let reconnects = self.pending.max(u64::from(self.lost));
+            (self.pending, self.lost, self.up) = (0, false, true);
+            reconnects
+        } else {
+            if !connected {
+                self.unlisted_or_down();
+            }
+            0
+        }
+    }
+
+    fn unlisted_or_down(&mut self) {
+        if self.up {
+            (self.up, self.lost) = (false, true);
+        }
+    }
+}
+
+/// librdkafka's states of a live connection (the others: not yet connected, or lost).
+const CONNECTED: [&str; 3] = ["UP", "UPDATE", "REAUTH"];
 
 /// What one statistics event changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,19 +176,25 @@ impl BrokerWatch {
                 let silent = b.waitresp_cnt > 0
                     && u64::try_from(b.rxidle)
                         .is_ok_and(|us| us >= SILENT_AFTER.as_micros() as u64);
+                let connected = CONNECTED.contains(&b.state.as_str());
                 let state = match b.state.as_str() {
                     "UP" if silent => "SILENT".to_string(),
                     _ => b.state,
                 };
                 was_up |= b.disconnects > 0;
-                if state == "UP" {
-                    let counted = self.disconnects_counted.entry(name.clone()).or_insert(0);
-                    reconnects += b.disconnects.saturating_sub(*counted);
-                    *counted = (*counted).max(b.disconnects);
-                }
+                reconnects += self.seen.entry(name.clone()).or_default().observe(
+                    b.disconnects,
+                    connected,
+                    state == "UP",
+                );
                 Broker { name, state }
             })
             .collect();
+        for (name, seen) in &mut self.seen {
+            if !brokers.iter().any(|b| &b.name == name) {
+                seen.unlisted_or_down();
+            }
+        }
         brokers.sort_by(|a, b| a.name.cmp(&b.name));
         let any_up = brokers.iter().any(Broker::is_up);
         self.none_up_since = match (any_up, self.none_up_since) {
@@ -293,6 +350,69 @@ mod tests {
         assert_eq!(w.update(&at("UP", 1), now).unwrap().reconnects, 0);
         // Two losses between two statistics, up again at the second.
         assert_eq!(w.update(&at("UP", 3), now).unwrap().reconnects, 2);
+    }
+
+    /// librdkafka (2.10 and later) drops a learned broker that a metadata answer leaves out
+    /// (a stopped broker of a cluster, as soon as the others stop listing it), and makes a new
+    /// one, counting its disconnects from 0, once it is listed again: the statistics of a
+    /// three-broker run showed `b/1` `UP` with 0 disconnects, then no `b/1`, then `b/1` `INIT`
+    /// with 0. Its re-established connection counts all the same.
+    #[test]
+    fn a_broker_librdkafka_made_again_counts_its_reconnection() {
+        let mut w = BrokerWatch::default();
+        let now = Instant::now();
+        let two = |state: &'static str, disconnects| {
+            stats(&[
+                ("b:9092/1", "learned", state, 0, 10, disconnects),
+                ("c:9092/2", "learned", "UP", 0, 10, 0),
+            ])
+        };
+        let without = stats(&[("c:9092/2", "learned", "UP", 0, 10, 0)]);
+        assert_eq!(w.update(&two("UP", 0), now).unwrap().reconnects, 0);
+        assert_eq!(w.update(&without, now).unwrap().reconnects, 0);
+        assert_eq!(w.update(&two("INIT", 0), now).unwrap().reconnects, 0);
+        assert_eq!(w.update(&two("UP", 0), now).unwrap().reconnects, 1);
+        assert_eq!(w.update(&two("UP", 0), now).unwrap().reconnects, 0);
+        // Shown down with its loss, then dropped while none is up: only the bootstrap broker
+        // librdkafka added back is listed, and it answers.
+        let one = |state: &'static str, disconnects| {
+            stats(&[("b:9092/1", "learned", state, 0, 10, disconnects)])
+        };
+        assert_eq!(w.update(&one("TRY_CONNECT", 1), now).unwrap().reconnects, 0);
+        let bootstrap = stats(&[("b:9092/bootstrap", "configured", "UP", 0, 10, 0)]);
+        let u = w.update(&bootstrap, now).unwrap();
+        assert_eq!((u.view.up(), u.reconnects), (1, 0));
+        assert_eq!(w.update(&one("CONNECT", 0), now).unwrap().reconnects, 0);
+        assert_eq!(w.update(&one("UP", 0), now).unwrap().reconnects, 1);
+        // The new object's own losses count from its own count.
+        assert_eq!(w.update(&one("UP", 2), now).unwrap().reconnects, 2);
+    }
+
+    /// A broker seen up, then down, then up again was reconnected, whether or not its
+    /// `disconnects` show it; one that never was up, or a silent connection that answers again,
+    /// was not.
+    #[test]
+    fn a_broker_seen_down_between_two_ups_counts_one_reconnection() {
+        let mut w = BrokerWatch::default();
+        let now = Instant::now();
+        let one = |state: &'static str, waitresp, rxidle, disconnects| {
+            stats(&[("b:9092/1", "learned", state, waitresp, rxidle, disconnects)])
+        };
+        let mut counted = |json: Vec<u8>| w.update(&json, now).unwrap().reconnects;
+        assert_eq!(counted(one("TRY_CONNECT", 0, -1, 0)), 0);
+        assert_eq!(counted(one("APIVERSION_QUERY", 0, -1, 0)), 0);
+        assert_eq!(counted(one("UP", 0, 10, 0)), 0, "the first connection");
+        assert_eq!(counted(one("UP", 1, 6_000_000, 0)), 0, "silent");
+        assert_eq!(counted(one("UPDATE", 0, 10, 0)), 0);
+        assert_eq!(counted(one("UP", 0, 10, 0)), 0, "answering again");
+        // Its count went back (a new object) and it is down: one loss, counted when it is up.
+        assert_eq!(counted(one("DOWN", 0, -1, 0)), 0);
+        assert_eq!(counted(one("CONNECT", 0, -1, 0)), 0);
+        assert_eq!(counted(one("UP", 0, 10, 0)), 1);
+        // Down and shown as one disconnect: still one.
+        assert_eq!(counted(one("DOWN", 0, -1, 1)), 0);
+        assert_eq!(counted(one("UP", 0, 10, 1)), 1);
+        assert_eq!(counted(one("UP", 0, 10, 1)), 0);
     }
 
     #[test]
