@@ -284,6 +284,7 @@ mod tests {
         props(&[
             ("client.id", "ferry"),
             ("reconnect.backoff.ms", "20"),
+            ("reconnect.backoff.max.ms", "1000"),
             ("security.protocol", "sasl_ssl"),
             ("sasl.password", "secret"),
             ("debug", "protocol"),
@@ -304,9 +305,10 @@ mod tests {
     }
 
     /// The connection and user settings every role keeps.
-    const SHARED: [(&str, &str); 5] = [
+    const SHARED: [(&str, &str); 6] = [
         ("client.id", "ferry"),
         ("reconnect.backoff.ms", "20"),
+        ("reconnect.backoff.max.ms", "1000"),
         ("security.protocol", "sasl_ssl"),
         ("sasl.password", "secret"),
         ("bootstrap.servers", "a:9092,b:9092"),

@@ -94,7 +94,8 @@ impl Default for KafkaConfig {
 
 impl KafkaConfig {
     /// The producer's librdkafka configuration, in the order to apply it: `client.id` (`ferry`)
-    /// and `reconnect.backoff.ms` (20) unless the passthrough sets them, the passthrough
+    /// and `reconnect.backoff.ms` (20) with `reconnect.backoff.max.ms` (1000) unless the
+    /// passthrough sets them, the passthrough
     /// (`properties`, then `property_files` read now), then every property Ferry controls, last
     /// so that it wins even over an unvalidated passthrough. Holds secrets: never log it (see [`is_secret_property`]). Fails
     /// when a property file cannot be read, with `kafka.property_files."<name>"` and why.
@@ -109,12 +110,17 @@ impl KafkaConfig {
         // librdkafka paces connections to brokers it learned from metadata by half of this
         // (`sparse_connect_intvl`, 50 ms at its default of 100), and the idempotent producer's
         // id waits for such a connection: at 20 ms a cold start's first acknowledgement comes
-        // ~14 ms sooner (bench/README.md, "Start-up"). Reconnects after an outage still back
-        // off exponentially up to `reconnect.backoff.max.ms`.
+        // ~14 ms sooner (bench/README.md, "Start-up"). Reconnects after an outage back off
+        // exponentially up to `reconnect.backoff.max.ms`, and the records of the partitions a
+        // broker leads wait for its connection: at most a second, not librdkafka's ten.
         if !user_sets("reconnect.backoff.ms") && !user_sets("reconnect.backoff.max.ms") {
             out.push((
                 "reconnect.backoff.ms".into(),
                 defaults::RECONNECT_BACKOFF_MS.to_string(),
+            ));
+            out.push((
+                "reconnect.backoff.max.ms".into(),
+                defaults::RECONNECT_BACKOFF_MAX_MS.to_string(),
             ));
         }
         out.extend(

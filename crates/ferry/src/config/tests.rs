@@ -703,8 +703,9 @@ fn producer_properties_pin_what_the_guarantee_needs() {
     assert_eq!(props.iter().filter(|(k, _)| k == "client.id").count(), 1);
 }
 
-/// Ferry's `reconnect.backoff.ms` is a default: a passthrough of it, or of its maximum (which
-/// librdkafka requires to be at least it), leaves the user's values alone.
+/// Ferry's `reconnect.backoff.ms` and `reconnect.backoff.max.ms` are defaults: a passthrough of
+/// either (librdkafka requires the maximum to be at least the first) leaves the user's values
+/// alone.
 #[test]
 fn reconnect_backoff_is_a_default_the_passthrough_overrides() {
     let values = |c: &Config| -> Vec<(String, String)> {
@@ -716,7 +717,13 @@ fn reconnect_backoff_is_a_default_the_passthrough_overrides() {
             .collect()
     };
     let mut c = Config::default();
-    assert_eq!(values(&c), [("reconnect.backoff.ms".into(), "20".into())]);
+    assert_eq!(
+        values(&c),
+        [
+            ("reconnect.backoff.ms".into(), "20".into()),
+            ("reconnect.backoff.max.ms".into(), "1000".into())
+        ]
+    );
     c.kafka
         .properties
         .0
