@@ -25,6 +25,9 @@ usage: ferry-bench [flags]
   --startup-fill N      before each kill -9, write N records of another key to the killed Ferry's
                         progress topic, as an hour of streaming leaves in its active segment
                         (default 0)
+  --outage-for S        in each start-up run, also stop the local broker for S seconds under a
+                        running Ferry and time its return to every record written meanwhile
+                        acknowledged (default 0: not measured)
   --startup-topics N    before the start-up runs, give the broker N other topics (one partition
                         each, kept for later runs on a --keep-broker broker), as a cluster in use
                         holds them (default 0)
@@ -68,6 +71,9 @@ pub struct Args {
     pub startup_fill: u32,
     /// Other topics the broker holds before the start-up runs (see `startup`).
     pub startup_topics: u32,
+    /// `--outage-for`: a broker outage of this long in each start-up run (see
+    /// `startup::outage`); zero: none.
+    pub outage_for: std::time::Duration,
     /// `kafka.compression` for Ferry and the same codec for the other producers.
     pub compression: String,
     pub out: Option<PathBuf>,
@@ -104,6 +110,7 @@ impl Args {
             startup: 7,
             startup_fill: 0,
             startup_topics: 0,
+            outage_for: std::time::Duration::ZERO,
             compression: ferry::config::KafkaConfig::default()
                 .compression
                 .as_str()
@@ -168,6 +175,9 @@ impl Args {
                 "--startup-fill" => {
                     a.startup_fill = value()?.parse()?;
                     full = false;
+                }
+                "--outage-for" => {
+                    a.outage_for = std::time::Duration::from_secs_f64(value()?.parse()?);
                 }
                 "--startup-topics" => {
                     a.startup_topics = value()?.parse()?;
@@ -297,6 +307,9 @@ mod tests {
         assert!(a.out.is_none());
         let a = parse("--workloads none --rates none --startup 9");
         assert_eq!((a.startup, a.workloads.len(), a.startup_fill), (9, 0, 0));
+        assert!(a.outage_for.is_zero());
+        let a = parse("--workloads none --rates none --startup 3 --outage-for 8");
+        assert_eq!(a.outage_for, std::time::Duration::from_secs(8));
         let a = parse("--workloads none --rates none --startup 3 --startup-fill 18000");
         assert_eq!((a.startup, a.startup_fill), (3, 18_000));
         let a = parse("--workloads none --rates none --startup-topics 5000");

@@ -636,6 +636,16 @@ async fn run_startup(
     }
     let last = |v: &Vec<f64>| v.last().copied().unwrap_or(f64::NAN) * 1e3;
     let mut out = startup::Startup::default();
+    if !args.outage_for.is_zero() {
+        if world.local_broker().is_none() {
+            return Err(
+                "--outage-for stops the local broker, and FERRY_TEST_KAFKA_BROKERS names \
+                        another: unset it"
+                    .into(),
+            );
+        }
+        out.outage_for = Some(args.outage_for);
+    }
     for run in 0..args.startup {
         startup::run(
             &url,
@@ -657,6 +667,24 @@ async fn run_startup(
             last(&out.restart_kafka),
             last(&out.takeover),
         );
+        if let (Some(outage_for), Some(broker)) = (out.outage_for, world.local_broker()) {
+            startup::outage(
+                &url,
+                broker,
+                "{aggregatetype}.steady.ferry",
+                run,
+                outage_for,
+                &mut out,
+            )
+            .await?;
+            println!(
+                "[startup] run {}/{}: the broker back after {:.1} s away -> every record written meanwhile acknowledged {:.0} ms",
+                run + 1,
+                args.startup,
+                outage_for.as_secs_f64(),
+                last(&out.outage),
+            );
+        }
         if debezium {
             startup::run_debezium(&url, &brokers, run, &mut out).await?;
             println!(

@@ -54,6 +54,10 @@ pub struct Startup {
     /// CPU seconds spent while each kind's clock ran (Ferry's, index 0: cold, 1: restart, 2:
     /// takeover).
     pub cpu: [Vec<Cpu>; 3],
+    /// `--outage-for`: the broker's outage under a running Ferry, and from the broker back to
+    /// every record written meanwhile acknowledged ([`outage`]).
+    pub outage_for: Option<Duration>,
+    pub outage: Vec<f64>,
 }
 
 /// CPU spent while one start-up's clock ran, seconds: whether the machine, not Ferry's chain of
@@ -134,6 +138,12 @@ impl Startup {
                 &self.debezium_restart,
             ),
             ("Ferry", "slot freed → warm standby", ack, &self.takeover),
+            (
+                "Ferry",
+                "the broker back after an outage (`--outage-for`)",
+                "every record written during it acknowledged (Ferry's metric)",
+                &self.outage,
+            ),
         ] {
             if v.is_empty() {
                 continue;
@@ -333,6 +343,62 @@ pub async fn run(
 
 /// How long a first record may take.
 const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A broker outage under a running Ferry: Ferry streams on a fresh slot and has relayed a
+/// transaction; the local broker is stopped (SIGTERM, waited for), a 10-row transaction is
+/// written, and `outage_for` later the broker is started again on the same port (returning once
+/// the cluster lists it). The clock runs from then until Ferry reports those 10 records
+/// acknowledged: how soon the producer is connected and producing again (librdkafka's
+/// `reconnect.backoff.*` pace its attempts while the broker is away).
+pub async fn outage(
+    url: &str,
+    broker: &ferry_testkit::kafka::LocalBroker,
+    topic: &str,
+    run: u32,
+    outage_for: Duration,
+    out: &mut Startup,
+) -> Res<()> {
+    let sql = pg::connect(url).await;
+    let w = workload();
+    let slot = format!("bench_outage_{run}");
+    sql.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&slot],
+    )
+    .await?;
+    w.insert_one_txn(&sql, 0, w.rows).await?;
+    let spawned = Instant::now();
+    let mut ferry = Running::spawn(url, &broker.brokers(), &slot, topic)?;
+    wait_produced(&mut ferry, w.rows, spawned).await?;
+    tokio::task::block_in_place(|| broker.stop());
+    let stopped = Instant::now();
+    w.insert_one_txn(&sql, 100, w.rows).await?;
+    // The fault's length, not a wait for a condition.
+    tokio::time::sleep(outage_for.saturating_sub(stopped.elapsed())).await;
+    tokio::task::block_in_place(|| broker.start_again());
+    let back = Instant::now();
+    wait_produced(&mut ferry, 2 * w.rows, back).await?;
+    out.outage.push(back.elapsed().as_secs_f64());
+    ferry.stop().await;
+    crate::drop_slot(&sql, &slot).await?;
+    sql.batch_execute("TRUNCATE outbox").await?;
+    Ok(())
+}
+
+/// Polls until Ferry reports `n` records acknowledged, at most [`DEADLINE`] after `since`.
+async fn wait_produced(ferry: &mut Running, n: u64, since: Instant) -> Res<()> {
+    while ferry.produced().await.is_none_or(|p| p < n as f64) {
+        ferry.check_alive()?;
+        if since.elapsed() > DEADLINE {
+            return Err(format!(
+                "ferry did not report {n} records acknowledged within {DEADLINE:?}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
 
 /// Writes `n` records of another key (~90 bytes each, as progress records are) to
 /// `progress_topic` and waits for their acknowledgements: what a restart finds after an hour of

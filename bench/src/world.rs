@@ -90,6 +90,11 @@ impl World {
         }
     }
 
+    /// The local broker (`None` for an external one).
+    pub fn local_broker(&self) -> Option<&testkafka::LocalBroker> {
+        self.broker.as_ref()
+    }
+
     /// The local broker's process id (`None` for an external broker).
     pub fn broker_pid(&self) -> Option<u32> {
         self.broker.as_ref().and_then(|b| b.pid(0))
