@@ -25,9 +25,9 @@ usage: ferry-bench [flags]
   --startup-fill N      before each kill -9, write N records of another key to the killed Ferry's
                         progress topic, as an hour of streaming leaves in its active segment
                         (default 0)
-  --outage-for S        in each start-up run, also stop the local broker for S seconds under a
-                        running Ferry and time its return to every record written meanwhile
-                        acknowledged (default 0: not measured)
+  --outage-for S        after the start-up runs, as many outages: the local broker stopped for S
+                        seconds under a running Ferry, timed from its return to every record
+                        written meanwhile acknowledged (default 0: none)
   --startup-topics N    before the start-up runs, give the broker N other topics (one partition
                         each, kept for later runs on a --keep-broker broker), as a cluster in use
                         holds them (default 0)

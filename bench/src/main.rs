@@ -667,6 +667,20 @@ async fn run_startup(
             last(&out.restart_kafka),
             last(&out.takeover),
         );
+        if debezium {
+            startup::run_debezium(&url, &brokers, run, &mut out).await?;
+            println!(
+                "[startup] run {}/{}: Debezium cold {:.0} ms, restart after kill -9 {:.0} ms (first record in Kafka)",
+                run + 1,
+                args.startup,
+                last(&out.debezium_cold),
+                last(&out.debezium_restart),
+            );
+        }
+    }
+    // Once the other start-up runs are done: a broker just started again slows the next cold
+    // start (its coordinators load their partitions, ~0.6 s in exactly-once mode).
+    for run in 0..args.startup {
         if let (Some(outage_for), Some(broker)) = (out.outage_for, world.local_broker()) {
             startup::outage(
                 &url,
@@ -678,21 +692,11 @@ async fn run_startup(
             )
             .await?;
             println!(
-                "[startup] run {}/{}: the broker back after {:.1} s away -> every record written meanwhile acknowledged {:.0} ms",
+                "[startup] outage {}/{}: the broker back after {:.1} s away -> every record written meanwhile acknowledged {:.0} ms",
                 run + 1,
                 args.startup,
                 outage_for.as_secs_f64(),
                 last(&out.outage),
-            );
-        }
-        if debezium {
-            startup::run_debezium(&url, &brokers, run, &mut out).await?;
-            println!(
-                "[startup] run {}/{}: Debezium cold {:.0} ms, restart after kill -9 {:.0} ms (first record in Kafka)",
-                run + 1,
-                args.startup,
-                last(&out.debezium_cold),
-                last(&out.debezium_restart),
             );
         }
     }
