@@ -3,8 +3,9 @@
 //! in, a [`BrokerView`] out; the producer's context feeds it and puts the view in the registry.
 //!
 //! librdkafka emits its statistics every `statistics.interval.ms` (Ferry's default 1 s, see
-//! [`crate::config::defaults::STATISTICS_INTERVAL_MS`]); each broker has a `state` (`INIT`,
-//! `TRY_CONNECT`, `CONNECT`, `DOWN`, the handshake states, `UP`, `UPDATE`), `waitresp_cnt`
+//! [`crate::config::defaults::STATISTICS_INTERVAL_MS`]); each broker has a `state` (in
+//! librdkafka 2.12's order: `INIT`, `DOWN`, `TRY_CONNECT`, `CONNECT`, `SSL_HANDSHAKE`,
+//! `AUTH_LEGACY`, `UP`, `APIVERSION_QUERY`, `AUTH_HANDSHAKE`, `AUTH_REQ`, `REAUTH`), `waitresp_cnt`
 //! (requests sent and not answered) and `rxidle` (µs since it last received a byte on the
 //! current connection). Ferry counts a broker as **up** when its state is `UP` and it is not
 //! silent: a broker with requests outstanding that has received nothing for [`SILENT_AFTER`]
@@ -20,15 +21,16 @@
 //! cluster cannot be reached, not that the client is idle. The view remembers since when none
 //! has been up; readiness ([`super::readiness`]) decides from that.
 //!
-//! **Reconnects.** A broker's `disconnects` counts connections that were up and were lost
-//! (`rd_kafka_broker_fail` counts only a transport in state `UP` or later). Each such loss is
-//! counted once the broker is seen up again: that is a re-established connection, whatever its
-//! cause (the broker stopped, the network, the broker's `connections.max.idle.ms`). That count
-//! belongs to librdkafka's object for the broker, not to the broker: librdkafka 2.10 and later
-//! drop a learned broker that a metadata answer leaves out and make a new one, counting from 0,
-//! when it is listed again. So a broker seen up, then seen not connected (or not listed), then
-//! up again counts one re-established connection too, whatever its `disconnects` say; a count
-//! that went back marks a new object, whose losses count from there.
+//! **Reconnects.** A broker seen up again after it lost its connection counts one re-established
+//! connection, whatever the cause (the broker stopped, the network, the broker's
+//! `connections.max.idle.ms`). Two signs of a loss: its `disconnects` rose (`rd_kafka_broker_fail`
+//! counts a transport failed in state `UP` or later, which includes the handshake states after
+//! it: a connection whose handshake failed counts too, so a rise counts once however large), or
+//! it was seen in a state of no connection, or not listed at all. The second is needed because
+//! the count belongs to librdkafka's object for the broker: librdkafka 2.10 and later drop a
+//! learned broker that a metadata answer leaves out and make a new one, counting from 0, when it
+//! is listed again. A count that went back marks such a new object. A loss and a return both
+//! between two statistics count only through `disconnects`; two of them count as one.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -108,31 +110,29 @@ pub struct BrokerWatch {
 struct Seen {
     /// librdkafka's `disconnects` for it at the last statistics that listed it.
     disconnects: u64,
-    /// Losses not yet counted: they count when it is seen up again.
-    pending: u64,
-    /// Seen up, and not seen disconnected since.
+    /// Seen up, and since then not seen without a connection.
     up: bool,
-    /// Seen up, then seen not connected or not listed: one loss at least, whether or not
-    /// `disconnects` shows it.
+    /// Lost since it was last seen up: its `disconnects` rose, or it was seen without a
+    /// connection or not listed.
     lost: bool,
 }
 
 impl Seen {
-    /// Takes in one statistics' view of the broker (`connected`: librdkafka's state is one of a
-    /// live connection, even a silent one); returns the connections re-established.
-    fn observe(&mut self, disconnects: u64, connected: bool, up: bool) -> u64 {
+    /// Takes in one statistics' view of the broker (`state`: librdkafka's; `up`: answering);
+    /// returns the connections re-established (0 or 1).
+    fn observe(&mut self, disconnects: u64, state: &str, up: bool) -> u64 {
         if disconnects < self.disconnects {
             // librdkafka made a new object for this broker: its count starts over.
             self.disconnects = 0;
         }
-        self.pending += disconnects - self.disconnects;
+        self.lost |= disconnects > self.disconnects;
         self.disconnects = disconnects;
         if up {
-            let reconnects = self.pending.max(u64::from(self.lost));
-            (self.pending, self.lost, self.up) = (0, false, true);
-            reconnects
+            let reconnected = u64::from(self.lost);
+            (self.lost, self.up) = (false, true);
+            reconnected
         } else {
-            if !connected {
+            if NOT_CONNECTED.contains(&state) {
                 self.unlisted_or_down();
             }
             0
@@ -146,8 +146,18 @@ impl Seen {
     }
 }
 
-/// librdkafka's states of a live connection (the others: not yet connected, or lost).
-const CONNECTED: [&str; 3] = ["UP", "UPDATE", "REAUTH"];
+/// librdkafka's states of a broker without a connection, or with one still being set up. The
+/// authentication states are left out: a SASL re-authentication passes `REAUTH`,
+/// `AUTH_HANDSHAKE` and `AUTH_REQ` on the same connection (a new connection passes `CONNECT`
+/// and `APIVERSION_QUERY` first).
+const NOT_CONNECTED: [&str; 6] = [
+    "INIT",
+    "DOWN",
+    "TRY_CONNECT",
+    "CONNECT",
+    "SSL_HANDSHAKE",
+    "APIVERSION_QUERY",
+];
 
 /// What one statistics event changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,17 +186,17 @@ impl BrokerWatch {
                 let silent = b.waitresp_cnt > 0
                     && u64::try_from(b.rxidle)
                         .is_ok_and(|us| us >= SILENT_AFTER.as_micros() as u64);
-                let connected = CONNECTED.contains(&b.state.as_str());
+                let up = b.state == "UP" && !silent;
+                reconnects +=
+                    self.seen
+                        .entry(name.clone())
+                        .or_default()
+                        .observe(b.disconnects, &b.state, up);
                 let state = match b.state.as_str() {
                     "UP" if silent => "SILENT".to_string(),
                     _ => b.state,
                 };
                 was_up |= b.disconnects > 0;
-                reconnects += self.seen.entry(name.clone()).or_default().observe(
-                    b.disconnects,
-                    connected,
-                    state == "UP",
-                );
                 Broker { name, state }
             })
             .collect();
@@ -348,8 +358,16 @@ mod tests {
         assert_eq!(w.update(&at("CONNECT", 1), now).unwrap().reconnects, 0);
         assert_eq!(w.update(&at("UP", 1), now).unwrap().reconnects, 1);
         assert_eq!(w.update(&at("UP", 1), now).unwrap().reconnects, 0);
-        // Two losses between two statistics, up again at the second.
-        assert_eq!(w.update(&at("UP", 3), now).unwrap().reconnects, 2);
+        // Losses between two statistics, up at both: once (a rise of `disconnects` also counts
+        // connections whose handshake failed, which were never re-established).
+        assert_eq!(w.update(&at("UP", 3), now).unwrap().reconnects, 1);
+        assert_eq!(
+            w.update(&at("APIVERSION_QUERY", 5), now)
+                .unwrap()
+                .reconnects,
+            0
+        );
+        assert_eq!(w.update(&at("UP", 6), now).unwrap().reconnects, 1);
     }
 
     /// librdkafka (2.10 and later) drops a learned broker that a metadata answer leaves out
@@ -385,12 +403,12 @@ mod tests {
         assert_eq!(w.update(&one("CONNECT", 0), now).unwrap().reconnects, 0);
         assert_eq!(w.update(&one("UP", 0), now).unwrap().reconnects, 1);
         // The new object's own losses count from its own count.
-        assert_eq!(w.update(&one("UP", 2), now).unwrap().reconnects, 2);
+        assert_eq!(w.update(&one("UP", 2), now).unwrap().reconnects, 1);
     }
 
-    /// A broker seen up, then down, then up again was reconnected, whether or not its
-    /// `disconnects` show it; one that never was up, or a silent connection that answers again,
-    /// was not.
+    /// A broker seen up, then without a connection, then up again was reconnected, whether or
+    /// not its `disconnects` show it; one that never was up, a silent connection that answers
+    /// again, or a SASL re-authentication on the same connection was not.
     #[test]
     fn a_broker_seen_down_between_two_ups_counts_one_reconnection() {
         let mut w = BrokerWatch::default();
@@ -403,9 +421,13 @@ mod tests {
         assert_eq!(counted(one("APIVERSION_QUERY", 0, -1, 0)), 0);
         assert_eq!(counted(one("UP", 0, 10, 0)), 0, "the first connection");
         assert_eq!(counted(one("UP", 1, 6_000_000, 0)), 0, "silent");
-        assert_eq!(counted(one("UPDATE", 0, 10, 0)), 0);
         assert_eq!(counted(one("UP", 0, 10, 0)), 0, "answering again");
-        // Its count went back (a new object) and it is down: one loss, counted when it is up.
+        for reauthenticating in ["REAUTH", "AUTH_HANDSHAKE", "AUTH_REQ"] {
+            assert_eq!(counted(one(reauthenticating, 0, 10, 0)), 0);
+        }
+        assert_eq!(counted(one("UP", 0, 10, 0)), 0, "re-authenticated");
+        // Down with no disconnect counted (a new object in between, say): one loss, counted
+        // when it is up.
         assert_eq!(counted(one("DOWN", 0, -1, 0)), 0);
         assert_eq!(counted(one("CONNECT", 0, -1, 0)), 0);
         assert_eq!(counted(one("UP", 0, 10, 0)), 1);
