@@ -4,7 +4,7 @@
 //!
 //! 1. [`KafkaConfig::producer_properties`](crate::config::KafkaConfig::producer_properties)
 //!    turns `[kafka]` into one list of properties: Ferry's defaults (`client.id`,
-//!    `reconnect.backoff.ms`), the user's passthrough (`kafka.properties`,
+//!    `reconnect.backoff.ms`, `reconnect.backoff.max.ms`), the user's passthrough (`kafka.properties`,
 //!    `kafka.property_files`), then every property Ferry controls, last so that it wins:
 //!    `bootstrap.servers`, `enable.idempotence=true`, `acks=all`, the `murmur2_random`
 //!    partitioner, compression, linger, timeouts and queue limits (and in exactly-once mode

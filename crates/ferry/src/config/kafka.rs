@@ -113,15 +113,44 @@ impl KafkaConfig {
         // ~14 ms sooner (bench/README.md, "Start-up"). Reconnects after an outage back off
         // exponentially up to `reconnect.backoff.max.ms`, and the records of the partitions a
         // broker leads wait for its connection: at most a second, not librdkafka's ten.
-        if !user_sets("reconnect.backoff.ms") && !user_sets("reconnect.backoff.max.ms") {
-            out.push((
-                "reconnect.backoff.ms".into(),
-                defaults::RECONNECT_BACKOFF_MS.to_string(),
-            ));
-            out.push((
+        // A passthrough of one of the two keeps Ferry's other one where librdkafka allows it
+        // (the maximum at least the first): a Java client's `reconnect.backoff.ms = 50` alone
+        // would otherwise bring back librdkafka's maximum of 10 s. A value that is not a
+        // number is the passthrough's to answer for (librdkafka names it).
+        let user_ms = |name: &str| -> Option<Option<u64>> {
+            user_sets(name).then(|| {
+                self.properties
+                    .0
+                    .get(name)
+                    .and_then(|v| v.trim().parse().ok())
+            })
+        };
+        let (first, max) = (
+            user_ms("reconnect.backoff.ms"),
+            user_ms("reconnect.backoff.max.ms"),
+        );
+        match (first, max) {
+            (None, None) => {
+                out.push((
+                    "reconnect.backoff.ms".into(),
+                    defaults::RECONNECT_BACKOFF_MS.to_string(),
+                ));
+                out.push((
+                    "reconnect.backoff.max.ms".into(),
+                    defaults::RECONNECT_BACKOFF_MAX_MS.to_string(),
+                ));
+            }
+            (Some(Some(first)), None) => out.push((
                 "reconnect.backoff.max.ms".into(),
-                defaults::RECONNECT_BACKOFF_MAX_MS.to_string(),
-            ));
+                first
+                    .max(defaults::RECONNECT_BACKOFF_MAX_MS.into())
+                    .to_string(),
+            )),
+            (None, Some(Some(max))) => out.push((
+                "reconnect.backoff.ms".into(),
+                max.min(defaults::RECONNECT_BACKOFF_MS.into()).to_string(),
+            )),
+            _ => {}
         }
         out.extend(
             self.properties

@@ -704,11 +704,16 @@ fn producer_properties_pin_what_the_guarantee_needs() {
 }
 
 /// Ferry's `reconnect.backoff.ms` and `reconnect.backoff.max.ms` are defaults: a passthrough of
-/// either (librdkafka requires the maximum to be at least the first) leaves the user's values
-/// alone.
+/// either wins, and the other one stays Ferry's where librdkafka allows it (the maximum at least
+/// the first), so that a Java client's `reconnect.backoff.ms = 50` alone does not bring back
+/// librdkafka's maximum of 10 s.
 #[test]
 fn reconnect_backoff_is_a_default_the_passthrough_overrides() {
-    let values = |c: &Config| -> Vec<(String, String)> {
+    let values = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        let mut c = Config::default();
+        for (k, v) in pairs {
+            c.kafka.properties.0.insert(k.to_string(), v.to_string());
+        }
         c.kafka
             .producer_properties()
             .unwrap()
@@ -716,28 +721,31 @@ fn reconnect_backoff_is_a_default_the_passthrough_overrides() {
             .filter(|(k, _)| k.starts_with("reconnect.backoff"))
             .collect()
     };
-    let mut c = Config::default();
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let (first, max) = ("reconnect.backoff.ms", "reconnect.backoff.max.ms");
+    assert_eq!(values(&[]), pairs(&[(first, "20"), (max, "1000")]));
+    assert_eq!(values(&[(max, "10")]), pairs(&[(first, "10"), (max, "10")]));
     assert_eq!(
-        values(&c),
-        [
-            ("reconnect.backoff.ms".into(), "20".into()),
-            ("reconnect.backoff.max.ms".into(), "1000".into())
-        ]
+        values(&[(max, "5000")]),
+        pairs(&[(first, "20"), (max, "5000")])
     );
-    c.kafka
-        .properties
-        .0
-        .insert("reconnect.backoff.max.ms".into(), "10".into());
     assert_eq!(
-        values(&c),
-        [("reconnect.backoff.max.ms".into(), "10".into())]
+        values(&[(first, "50")]),
+        pairs(&[(max, "1000"), (first, "50")])
     );
-    let mut c = Config::default();
-    c.kafka
-        .properties
-        .0
-        .insert("reconnect.backoff.ms".into(), "100".into());
-    assert_eq!(values(&c), [("reconnect.backoff.ms".into(), "100".into())]);
+    assert_eq!(
+        values(&[(first, "2000")]),
+        pairs(&[(max, "2000"), (first, "2000")])
+    );
+    assert_eq!(
+        values(&[(first, "100"), (max, "300")]),
+        pairs(&[(max, "300"), (first, "100")])
+    );
+    assert_eq!(values(&[(first, "soon")]), pairs(&[(first, "soon")]));
 }
 
 #[test]
