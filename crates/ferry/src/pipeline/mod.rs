@@ -307,47 +307,25 @@ impl<'a> Supervisor<'a> {
     /// Waits until a Kafka broker answers (`kafka_access::probe`), saying why none does at WARN
     /// after every attempt and backing off exponentially between attempts (the session
     /// backoff: `postgres.reconnect_backoff_min` doubling up to `_max`, so at most one line per
-    /// attempt). Ok(false) when `shutdown` resolved meanwhile; Err when only causes retrying
-    /// does not fix were found, [`crate::kafka_access::CONFIRMATIONS`] probes in a row.
+    /// attempt). Between two attempts it asks again quietly every [`QUIET_PROBE_EVERY`], so that
+    /// a broker back is used within about a second, not up to `_max` later (30 s by default).
+    /// Ok(false) when `shutdown` resolved meanwhile; Err when only causes retrying does not fix
+    /// were found, [`crate::kafka_access::CONFIRMATIONS`] attempts in a row.
     async fn brokers_answer(
         &mut self,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
         let mut failed = false;
-        // Probes in a row that found only causes retrying does not fix (a refused password, an
+        // Attempts in a row that found only causes retrying does not fix (a refused password, an
         // untrusted CA): stop at `CONFIRMATIONS` of them (one broker in the middle of a
         // credential or certificate change may refuse once or twice).
         let mut refusals = 0;
-        loop {
-            let props = s.producer_properties.clone();
-            let topic = s.progress_topic.clone();
-            let first = !self.answered;
-            let probe = tokio::task::spawn_blocking(move || {
-                let seen = crate::kafka_access::probe_seeing(
-                    &props,
-                    crate::kafka_access::PROBE_DEADLINE,
-                    Some(&topic),
-                );
-                // A first start creates the topic: its admin client connects meanwhile.
-                let admin = match (&seen, first) {
-                    (Ok(Sighting::Absent), true) => crate::progress_topic::Admin::ahead(&props),
-                    _ => None,
-                };
-                (seen, admin)
-            });
-            let unusable = tokio::select! {
-                r = probe => match r {
-                    Ok((Err(unusable), _)) => unusable,
-                    Ok((Ok(seen), admin)) => {
-                        self.progress_topic = seen;
-                        self.progress_topic_admin = admin;
-                        break;
-                    }
-                    // A probe that could not run says nothing: the session finds out.
-                    Err(_) => break,
-                },
-                _ = shutdown.as_mut() => return Ok(false),
+        'attempts: loop {
+            let unusable = match self.probe(shutdown.as_mut()).await {
+                Probed::Answered => break,
+                Probed::Shutdown => return Ok(false),
+                Probed::Unusable(unusable) => unusable,
             };
             failed = true;
             if unusable.diagnoses.iter().all(|d| d.permanent) {
@@ -364,10 +342,23 @@ impl<'a> Supervisor<'a> {
                 retry_in_ms = self.backoff.as_millis() as u64,
                 "the Kafka brokers cannot be used: {unusable}"
             );
-            if sleep_or_shutdown(self.backoff, shutdown.as_mut()).await {
-                return Ok(false);
-            }
+            let next = tokio::time::Instant::now() + self.backoff;
             self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
+            loop {
+                let left = next.saturating_duration_since(tokio::time::Instant::now());
+                if sleep_or_shutdown(left.min(QUIET_PROBE_EVERY), shutdown.as_mut()).await {
+                    return Ok(false);
+                }
+                if tokio::time::Instant::now() >= next {
+                    continue 'attempts;
+                }
+                // What a quiet probe finds is said by the next attempt, if it lasts.
+                match self.probe(shutdown.as_mut()).await {
+                    Probed::Answered => break 'attempts,
+                    Probed::Shutdown => return Ok(false),
+                    Probed::Unusable(_) => {}
+                }
+            }
         }
         // Answered, or could not run: either way no later probe makes an admin client.
         self.answered = true;
@@ -376,6 +367,40 @@ impl<'a> Supervisor<'a> {
             tracing::info!("a Kafka broker answers");
         }
         Ok(true)
+    }
+
+    /// One probe of the brokers, off the runtime. When a broker answers, what it showed of the
+    /// progress topic is kept (and, at the first start, the admin client that creates it).
+    async fn probe(&mut self, shutdown: std::pin::Pin<&mut impl Future<Output = ()>>) -> Probed {
+        let props = self.settings.producer_properties.clone();
+        let topic = self.settings.progress_topic.clone();
+        let first = !self.answered;
+        let probe = tokio::task::spawn_blocking(move || {
+            let seen = crate::kafka_access::probe_seeing(
+                &props,
+                crate::kafka_access::PROBE_DEADLINE,
+                Some(&topic),
+            );
+            // A first start creates the topic: its admin client connects meanwhile.
+            let admin = match (&seen, first) {
+                (Ok(Sighting::Absent), true) => crate::progress_topic::Admin::ahead(&props),
+                _ => None,
+            };
+            (seen, admin)
+        });
+        tokio::select! {
+            r = probe => match r {
+                Ok((Err(unusable), _)) => Probed::Unusable(unusable),
+                Ok((Ok(seen), admin)) => {
+                    self.progress_topic = seen;
+                    self.progress_topic_admin = admin;
+                    Probed::Answered
+                }
+                // A probe that could not run says nothing: the session finds out.
+                Err(_) => Probed::Answered,
+            },
+            _ = shutdown => Probed::Shutdown,
+        }
     }
 
     /// A standby's wait for its next try of the slot: until the session holding the slot's
@@ -477,6 +502,19 @@ impl<'a> Supervisor<'a> {
 }
 
 /// Sleeps for `d`; returns true if `shutdown` resolved first.
+/// Between two attempts of [`Supervisor::brokers_answer`], the brokers are asked again this
+/// often, quietly: librdkafka's own reconnections are paced alike (`reconnect.backoff.max.ms`,
+/// 1 s by default).
+const QUIET_PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// What one probe of the brokers found.
+enum Probed {
+    /// A broker answered (or the probe could not run: the session finds out).
+    Answered,
+    Unusable(crate::kafka_access::Unusable),
+    Shutdown,
+}
+
 async fn sleep_or_shutdown(
     d: Duration,
     shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
