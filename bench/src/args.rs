@@ -71,7 +71,7 @@ pub struct Args {
     pub startup_fill: u32,
     /// Other topics the broker holds before the start-up runs (see `startup`).
     pub startup_topics: u32,
-    /// `--outage-for`: a broker outage of this long in each start-up run (see
+    /// `--outage-for`: after the start-up runs, as many broker outages of this long (see
     /// `startup::outage`); zero: none.
     pub outage_for: std::time::Duration,
     /// `kafka.compression` for Ferry and the same codec for the other producers.
@@ -177,7 +177,15 @@ impl Args {
                     full = false;
                 }
                 "--outage-for" => {
-                    a.outage_for = std::time::Duration::from_secs_f64(value()?.parse()?);
+                    let v = value()?;
+                    a.outage_for = v
+                        .parse()
+                        .ok()
+                        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+                        .ok_or_else(|| {
+                            format!("--outage-for {v}: not a number of seconds (0 or more)")
+                        })?;
+                    full = false;
                 }
                 "--startup-topics" => {
                     a.startup_topics = value()?.parse()?;
@@ -225,6 +233,11 @@ impl Args {
         }
         if let Some(s) = scale {
             a.workloads = a.workloads.iter().map(|w| w.scaled(s)).collect();
+        }
+        if !a.outage_for.is_zero() && a.startup == 0 {
+            return Err(
+                "--outage-for runs as many outages as --startup runs: --startup 0 runs none".into(),
+            );
         }
         if a.out.is_none() && full {
             let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -310,6 +323,15 @@ mod tests {
         assert!(a.outage_for.is_zero());
         let a = parse("--workloads none --rates none --startup 3 --outage-for 8");
         assert_eq!(a.outage_for, std::time::Duration::from_secs(8));
+        assert!(a.out.is_none(), "not the full matrix");
+        for bad in [
+            "--startup 3 --outage-for -1",
+            "--startup 3 --outage-for soon",
+            "--startup 0 --outage-for 8",
+        ] {
+            let args: Vec<String> = bad.split_whitespace().map(String::from).collect();
+            assert!(Args::parse(&args).is_err(), "{bad}");
+        }
         let a = parse("--workloads none --rates none --startup 3 --startup-fill 18000");
         assert_eq!((a.startup, a.startup_fill), (3, 18_000));
         let a = parse("--workloads none --rates none --startup-topics 5000");

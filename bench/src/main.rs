@@ -258,6 +258,13 @@ async fn run(args: Args) -> Res<()> {
     if args.keep_broker {
         report.machine.broker += "; one broker for every run (--keep-broker)";
     }
+    if !args.outage_for.is_zero() && world.local_broker().is_none() {
+        return Err(
+            "--outage-for stops the local broker, and FERRY_TEST_KAFKA_BROKERS names an external \
+             one: unset it"
+                .into(),
+        );
+    }
     if args.stall_broker {
         if world.broker_pid().is_none() {
             return Err(
@@ -637,13 +644,6 @@ async fn run_startup(
     let last = |v: &Vec<f64>| v.last().copied().unwrap_or(f64::NAN) * 1e3;
     let mut out = startup::Startup::default();
     if !args.outage_for.is_zero() {
-        if world.local_broker().is_none() {
-            return Err(
-                "--outage-for stops the local broker, and FERRY_TEST_KAFKA_BROKERS names \
-                        another: unset it"
-                    .into(),
-            );
-        }
         out.outage_for = Some(args.outage_for);
     }
     for run in 0..args.startup {
@@ -692,7 +692,7 @@ async fn run_startup(
             )
             .await?;
             println!(
-                "[startup] outage {}/{}: the broker back after {:.1} s away -> every record written meanwhile acknowledged {:.0} ms",
+                "[startup] outage {}/{}: the broker stopped, {:.1} s later started again; from it listed to every record written meanwhile acknowledged {:.0} ms",
                 run + 1,
                 args.startup,
                 outage_for.as_secs_f64(),

@@ -140,7 +140,7 @@ impl Startup {
             ("Ferry", "slot freed → warm standby", ack, &self.takeover),
             (
                 "Ferry",
-                "the broker back after an outage (`--outage-for`)",
+                "the broker listed again after an outage (`--outage-for`)",
                 "every record written during it acknowledged (Ferry's metric)",
                 &self.outage,
             ),
@@ -346,10 +346,12 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 /// A broker outage under a running Ferry: Ferry streams on a fresh slot and has relayed a
 /// transaction; the local broker is stopped (SIGTERM, waited for), a 10-row transaction is
-/// written, and `outage_for` later the broker is started again on the same port (returning once
-/// the cluster lists it). The clock runs from then until Ferry reports those 10 records
+/// written, and `outage_for` after the stop ended the broker is started again on the same port
+/// (returning once the harness's own client sees the cluster list it, which is after it accepts
+/// connections). The clock runs from then until Ferry reports those 10 records
 /// acknowledged: how soon the producer is connected and producing again (librdkafka's
-/// `reconnect.backoff.*` pace its attempts while the broker is away).
+/// `reconnect.backoff.*` pace its attempts while the broker is away). It starts a little late,
+/// by the same for any build.
 pub async fn outage(
     url: &str,
     broker: &ferry_testkit::kafka::LocalBroker,
