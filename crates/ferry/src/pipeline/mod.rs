@@ -501,7 +501,6 @@ impl<'a> Supervisor<'a> {
     }
 }
 
-/// Sleeps for `d`; returns true if `shutdown` resolved first.
 /// Between two attempts of [`Supervisor::brokers_answer`], the brokers are asked again this
 /// often, quietly: librdkafka's own reconnections are paced alike (`reconnect.backoff.max.ms`,
 /// 1 s by default).
@@ -515,6 +514,7 @@ enum Probed {
     Shutdown,
 }
 
+/// Sleeps for `d`; returns true if `shutdown` resolved first.
 async fn sleep_or_shutdown(
     d: Duration,
     shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
