@@ -210,16 +210,8 @@ fn workload() -> Workload {
 
 /// Polls until Ferry reports an acknowledged record; seconds since `since`.
 async fn first_ack(ferry: &mut Running, since: Instant) -> Res<f64> {
-    loop {
-        if ferry.produced().await.is_some_and(|p| p > 0.0) {
-            return Ok(since.elapsed().as_secs_f64());
-        }
-        ferry.check_alive()?;
-        if since.elapsed() > Duration::from_secs(60) {
-            return Err("no record acknowledged within 60 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_produced(ferry, 1, since, Duration::from_secs(60)).await?;
+    Ok(since.elapsed().as_secs_f64())
 }
 
 /// One run of each kind on fresh slots of the database at `url` (which has the outbox table).
@@ -371,7 +363,7 @@ pub async fn outage(
     w.insert_one_txn(&sql, 0, w.rows).await?;
     let spawned = Instant::now();
     let mut ferry = Running::spawn(url, &broker.brokers(), &slot, topic)?;
-    wait_produced(&mut ferry, w.rows, spawned).await?;
+    wait_produced(&mut ferry, w.rows, spawned, DEADLINE).await?;
     tokio::task::block_in_place(|| broker.stop());
     let stopped = Instant::now();
     w.insert_one_txn(&sql, 100, w.rows).await?;
@@ -379,7 +371,7 @@ pub async fn outage(
     tokio::time::sleep(outage_for.saturating_sub(stopped.elapsed())).await;
     tokio::task::block_in_place(|| broker.start_again());
     let back = Instant::now();
-    wait_produced(&mut ferry, 2 * w.rows, back).await?;
+    wait_produced(&mut ferry, 2 * w.rows, back, DEADLINE).await?;
     out.outage.push(back.elapsed().as_secs_f64());
     ferry.stop().await;
     crate::drop_slot(&sql, &slot).await?;
@@ -387,13 +379,14 @@ pub async fn outage(
     Ok(())
 }
 
-/// Polls until Ferry reports `n` records acknowledged, at most [`DEADLINE`] after `since`.
-async fn wait_produced(ferry: &mut Running, n: u64, since: Instant) -> Res<()> {
+/// Polls every 2 ms until Ferry reports `n` records acknowledged, at most `deadline` after
+/// `since`.
+async fn wait_produced(ferry: &mut Running, n: u64, since: Instant, deadline: Duration) -> Res<()> {
     while ferry.produced().await.is_none_or(|p| p < n as f64) {
         ferry.check_alive()?;
-        if since.elapsed() > DEADLINE {
+        if since.elapsed() > deadline {
             return Err(format!(
-                "ferry did not report {n} records acknowledged within {DEADLINE:?}"
+                "ferry did not report {n} record(s) acknowledged within {deadline:?}"
             )
             .into());
         }

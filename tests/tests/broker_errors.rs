@@ -226,7 +226,11 @@ async fn run_goes_on_once_the_broker_is_back_without_waiting_out_its_backoff() {
         .into_boxed_str(),
     );
     ferry.wait_log(said, RUN_BOUND).await;
-    assert!(ferry.log_text().contains("retry_in_ms=60000"));
+    let log = ferry.log_text();
+    assert!(
+        log.contains("retry_in_ms=60000"),
+        "the backoff is a minute: {log}"
+    );
     tokio::task::block_in_place(|| broker.start_again());
     // Well within the minute the backoff would take.
     ferry

@@ -117,40 +117,31 @@ impl KafkaConfig {
         // (the maximum at least the first): a Java client's `reconnect.backoff.ms = 50` alone
         // would otherwise bring back librdkafka's maximum of 10 s. A value that is not a
         // number is the passthrough's to answer for (librdkafka names it).
-        let user_ms = |name: &str| -> Option<Option<u64>> {
-            user_sets(name).then(|| {
-                self.properties
-                    .0
-                    .get(name)
-                    .and_then(|v| v.trim().parse().ok())
-            })
+        let (first, max) = ("reconnect.backoff.ms", "reconnect.backoff.max.ms");
+        let number = |name: &str| -> Option<u64> {
+            self.properties
+                .0
+                .get(name)
+                .and_then(|v| v.trim().parse().ok())
         };
-        let (first, max) = (
-            user_ms("reconnect.backoff.ms"),
-            user_ms("reconnect.backoff.max.ms"),
-        );
-        match (first, max) {
-            (None, None) => {
-                out.push((
-                    "reconnect.backoff.ms".into(),
-                    defaults::RECONNECT_BACKOFF_MS.to_string(),
-                ));
-                out.push((
-                    "reconnect.backoff.max.ms".into(),
-                    defaults::RECONNECT_BACKOFF_MAX_MS.to_string(),
-                ));
+        match (user_sets(first), user_sets(max)) {
+            (false, false) => {
+                out.push((first.into(), defaults::RECONNECT_BACKOFF_MS.to_string()));
+                out.push((max.into(), defaults::RECONNECT_BACKOFF_MAX_MS.to_string()));
             }
-            (Some(Some(first)), None) => out.push((
-                "reconnect.backoff.max.ms".into(),
-                first
-                    .max(defaults::RECONNECT_BACKOFF_MAX_MS.into())
-                    .to_string(),
-            )),
-            (None, Some(Some(max))) => out.push((
-                "reconnect.backoff.ms".into(),
-                max.min(defaults::RECONNECT_BACKOFF_MS.into()).to_string(),
-            )),
-            _ => {}
+            (true, false) => {
+                if let Some(ms) = number(first) {
+                    let ms = ms.max(defaults::RECONNECT_BACKOFF_MAX_MS.into());
+                    out.push((max.into(), ms.to_string()));
+                }
+            }
+            (false, true) => {
+                if let Some(ms) = number(max) {
+                    let ms = ms.min(defaults::RECONNECT_BACKOFF_MS.into());
+                    out.push((first.into(), ms.to_string()));
+                }
+            }
+            (true, true) => {}
         }
         out.extend(
             self.properties
