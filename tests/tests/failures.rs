@@ -391,6 +391,67 @@ async fn postgres_restart_under_ferry_reconnects_and_resumes() {
     assert!(ferry.is_running(), "Ferry exited across the restarts");
 }
 
+/// A long-lived instance is not punished for its past: a session that worked (it confirmed
+/// something) starts the backoff over, so every one of several walsender terminations, each
+/// after a working session, is retried after the minimum wait, not after a doubling one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_session_that_worked_starts_the_backoff_over() {
+    const ENDS: usize = 5;
+    let mut w = World::new().await;
+    // A maximum no session here lasts: only a confirmation can start the backoff over.
+    for (k, v) in [
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "50ms"),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1h"),
+    ] {
+        w.env.push((k.into(), v.into()));
+    }
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    let mut pid = None;
+    for i in 0..=ENDS as u64 {
+        // A new session streams...
+        let old = pid;
+        let seen = ferry_testkit::wait_for(Duration::from_secs(60), || async {
+            walsender(&w).await.is_some_and(|(p, _)| Some(p) != old)
+        })
+        .await;
+        assert!(seen, "session {i} did not start:\n{}", ferry.log_text());
+        pid = walsender(&w).await.map(|(p, _)| p);
+        // ...and works: a row is produced and its position confirmed.
+        let before = metric(&ferry, "ferry_confirmed_lsn").await;
+        insert_events(&w.sql, i * 10..(i + 1) * 10, 0).await;
+        consume_events(&w.brokers, &topic, 0..(i + 1) * 10).await;
+        wait_until(
+            "the session confirmed the row's position",
+            Duration::from_secs(30),
+            || async { metric(&ferry, "ferry_confirmed_lsn").await > before },
+        )
+        .await;
+        if i == ENDS as u64 {
+            break;
+        }
+        // Its walsender ends; Ferry lives on.
+        w.sql
+            .execute("SELECT pg_terminate_backend($1)", &[&pid.unwrap()])
+            .await
+            .expect("pg_terminate_backend");
+    }
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+    let log = ferry.log_text();
+    let waits: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("session ended"))
+        .filter_map(|l| l.split("retry_in_ms=").nth(1))
+        .map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(waits, vec!["50"; ENDS], "the waits after each end:\n{log}");
+}
+
 // ---------------------------------------------------------------------------------------------
 
 /// Small backoffs so that reconnects happen within the test's time.

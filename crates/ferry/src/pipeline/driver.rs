@@ -40,6 +40,7 @@ use ferry_wal::slot::SlotSpec;
 use rdkafka::error::KafkaError;
 
 use super::ahead::{self, Ahead, Tables};
+use super::backoff::Lived;
 use super::binary::Mode;
 use super::sink::Sink;
 use super::start::transactions_probe;
@@ -147,6 +148,8 @@ pub(super) struct Carry {
     /// the poll that asked it, so that a take-over judges its answer rather than asking on its
     /// path. Asked again once older than [`PROBE_KEPT`].
     pub transactions_probe: Option<super::start::TransactionsProbe>,
+    /// What the last session did that bears on the wait after it (set by each session).
+    pub lived: Lived,
 }
 
 /// How long a standby's answer on transactions is judged instead of asking again: brokers
@@ -225,6 +228,7 @@ impl<'a> Driver<'a> {
         producing: Producing<'_, '_>,
         shutdown: Pin<&mut impl Future<Output = ()>>,
     ) -> Result<End, PipelineError> {
+        self.carry.lived = Lived::default();
         let result = self.stream(producing, shutdown).await;
         self.metrics.streaming.set_flag(false);
         result
@@ -367,6 +371,7 @@ impl<'a> Driver<'a> {
         tracing::info!(slot = %s.stream.slot, lsn = %reader.resume_lsn, pid = reader.backend_pid, "streaming");
         self.metrics.streaming.set_flag(true);
         self.metrics.confirmed_lsn.set(reader.resume_lsn.0);
+        self.carry.lived.streaming_since = Some(Instant::now());
         let watch = watch_server(
             sql.clone(),
             self.metrics.clone(),
@@ -791,6 +796,9 @@ impl<'a> Driver<'a> {
                 Action::Confirm(lsn) => {
                     reader.confirm(lsn);
                     self.metrics.confirmed_lsn.set(lsn.0);
+                    if lsn > reader.resume_lsn {
+                        self.carry.lived.confirmed_past_start = true;
+                    }
                     if sink.txn().is_some() {
                         transactional::failpoint("confirmed");
                     }

@@ -11,7 +11,8 @@
 //! - a session that ends with a **transient** error (Postgres restarted, network dropped, the
 //!   brokers unreachable past the delivery timeout) is followed by a new one after a backoff;
 //!   the new session resumes from the slot's `confirmed_flush_lsn`, so what was in flight is
-//!   produced again (duplicates, never loss);
+//!   produced again (duplicates, never loss); the backoff doubles from one failed session to
+//!   the next, and a session that worked starts it over ([`backoff`]);
 //! - a slot streamed by another process makes this instance a **hot standby**: it waits for
 //!   the streaming session's hand-over lock (`ferry_wal::slot::handover`), and polls every
 //!   `postgres.standby_poll_interval` when no Ferry session holds one, then takes over;
@@ -33,6 +34,7 @@
 //! per-key order across reconnects.
 
 mod ahead;
+mod backoff;
 pub mod binary;
 mod driver;
 mod error;
@@ -90,6 +92,7 @@ pub async fn run(
         })),
         standby_sql: None,
         transactions_probe: None,
+        lived: backoff::Lived::default(),
     };
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
@@ -168,7 +171,12 @@ pub async fn run(
             return Ok(());
         }
         if !supervisor
-            .after(result, &mut carry.standby_sql, shutdown.as_mut())
+            .after(
+                result,
+                carry.lived,
+                &mut carry.standby_sql,
+                shutdown.as_mut(),
+            )
             .await?
         {
             return Ok(());
@@ -181,7 +189,8 @@ pub async fn run(
 struct Supervisor<'a> {
     settings: &'a PipelineSettings,
     metrics: &'a Metrics,
-    backoff: Duration,
+    /// The wait after a transient error, and between the attempts that find no Kafka broker.
+    backoff: backoff::Backoff,
     standing_by: bool,
     /// What the last answered probe showed of the progress topic; read once, when the first
     /// session starts (later probes, after a Kafka error, set it unread).
@@ -214,7 +223,10 @@ impl<'a> Supervisor<'a> {
         Supervisor {
             settings,
             metrics,
-            backoff: settings.reconnect_backoff_min,
+            backoff: backoff::Backoff::new(
+                settings.reconnect_backoff_min,
+                settings.reconnect_backoff_max,
+            ),
             standing_by: false,
             progress_topic: Sighting::Unsure,
             progress_topic_admin: None,
@@ -228,11 +240,13 @@ impl<'a> Supervisor<'a> {
     /// Waits as a session's end asks; Ok(true) to start the next session, Ok(false) when
     /// `shutdown` resolved meanwhile, Err for a permanent error.
     ///
+    /// `lived`: what the session did (one that worked starts the backoff over, see [`backoff`]).
     /// `standby_sql`: the connection a standby keeps between polls, on which it waits for the
     /// slot's hand-over.
     async fn after(
         &mut self,
         result: Result<driver::End, PipelineError>,
+        lived: backoff::Lived,
         standby_sql: &mut Option<tokio_postgres::Client>,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
@@ -243,9 +257,12 @@ impl<'a> Supervisor<'a> {
             self.lock_seen_held = false;
             self.wait_failed_said = false;
         }
+        if self.backoff.session_ended(lived, std::time::Instant::now()) {
+            tracing::debug!("the session worked: the backoff starts over");
+        }
         match result {
             Ok(driver::End::Shutdown) => return Ok(false),
-            Ok(driver::End::Streamed) => self.backoff = s.reconnect_backoff_min,
+            Ok(driver::End::Streamed) => self.backoff.reset(),
             Err(e) if e.is_standby() => {
                 if !self.standing_by {
                     tracing::info!(slot = %s.stream.slot, "{e}; standing by");
@@ -296,11 +313,12 @@ impl<'a> Supervisor<'a> {
         } else {
             "reconnecting"
         };
-        tracing::warn!(error = %e, retry_in_ms = self.backoff.as_millis() as u64, "session ended; {next}");
-        if sleep_or_shutdown(self.backoff, shutdown).await {
+        let wait = self.backoff.next();
+        tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "session ended; {next}");
+        if sleep_or_shutdown(wait, shutdown).await {
             return Ok(false);
         }
-        self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
+        self.backoff.took();
         Ok(self.resumed())
     }
 
@@ -315,7 +333,6 @@ impl<'a> Supervisor<'a> {
         &mut self,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
-        let s = self.settings;
         let mut failed = false;
         // Attempts in a row that found only causes retrying does not fix (a refused password, an
         // untrusted CA): stop at `CONFIRMATIONS` of them (one broker in the middle of a
@@ -338,12 +355,13 @@ impl<'a> Supervisor<'a> {
             }
             self.metrics.reconnects.inc(Component::Kafka);
             self.metrics.kafka_unusable.set(Some(unusable.to_string()));
+            let wait = self.backoff.next();
             tracing::warn!(
-                retry_in_ms = self.backoff.as_millis() as u64,
+                retry_in_ms = wait.as_millis() as u64,
                 "the Kafka brokers cannot be used: {unusable}"
             );
-            let next = tokio::time::Instant::now() + self.backoff;
-            self.backoff = (self.backoff * 2).min(s.reconnect_backoff_max);
+            let next = tokio::time::Instant::now() + wait;
+            self.backoff.took();
             loop {
                 let left = next.saturating_duration_since(tokio::time::Instant::now());
                 if sleep_or_shutdown(left.min(QUIET_PROBE_EVERY), shutdown.as_mut()).await {
