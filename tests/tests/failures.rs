@@ -391,6 +391,45 @@ async fn postgres_restart_under_ferry_reconnects_and_resumes() {
     assert!(ferry.is_running(), "Ferry exited across the restarts");
 }
 
+/// A session that could not connect is followed by quiet attempts during its backoff: Ferry
+/// streams again soon after PostgreSQL is back, not when a long backoff ends. Ferry starts
+/// while the server is down, with a backoff of a minute; the server comes back once Ferry has
+/// said it waits, and Ferry must stream within 30 s (the old build waited the minute out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_back_is_used_without_waiting_out_the_backoff() {
+    let pg = Postgres::Local(PgCluster::start(ClusterOptions::default()).await);
+    let Postgres::Local(cluster) = &pg else {
+        unreachable!()
+    };
+    let mut w = World::on(pg.create_db().await, kafka::shared().brokers()).await;
+    for (k, v) in [
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "1m"),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1m"),
+    ] {
+        w.env.push((k.into(), v.into()));
+    }
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    tokio::task::block_in_place(|| cluster.stop(false));
+    let mut ferry = w.start_ferry();
+    ferry
+        .wait_log("retry_in_ms=60000", Duration::from_secs(60))
+        .await;
+    tokio::task::block_in_place(|| cluster.start_again());
+    w.sql = w.db.client().await;
+    let streams = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        walsender(&w).await.is_some()
+    })
+    .await;
+    assert!(
+        streams,
+        "Ferry did not stream within 30 s of the server's return:\n{}",
+        ferry.log_text()
+    );
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+}
+
 /// A long-lived instance is not punished for its past: a session that worked (it confirmed
 /// something) starts the backoff over, so every one of several walsender terminations, each
 /// after a working session, is retried after the minimum wait, not after a doubling one.

@@ -26,6 +26,10 @@ pub(super) struct Lived {
     pub streaming_since: Option<Instant>,
     /// Whether it confirmed a position past the one it started from.
     pub confirmed_past_start: bool,
+    /// Whether it opened its SQL connection to PostgreSQL (its first step): a session that
+    /// could not is followed by quiet attempts to connect during the backoff
+    /// ([`super::Supervisor::retry`]).
+    pub connected: bool,
 }
 
 /// The exponential backoff of the supervisor.
@@ -114,6 +118,7 @@ mod tests {
             let lived = Lived {
                 streaming_since: Some(now),
                 confirmed_past_start: true,
+                connected: true,
             };
             assert!(b.session_ended(lived, now + Duration::from_millis(10)));
         }
@@ -128,6 +133,7 @@ mod tests {
         let lived = Lived {
             streaming_since: Some(since),
             confirmed_past_start: false,
+            connected: true,
         };
         assert!(!b.session_ended(lived, since + MAX - Duration::from_millis(1)));
         assert_eq!(b.next(), MAX);
@@ -147,11 +153,13 @@ mod tests {
             Lived {
                 streaming_since: Some(now),
                 confirmed_past_start: false,
+                connected: true,
             },
             Lived::default(),
             Lived {
                 streaming_since: Some(now),
                 confirmed_past_start: false,
+                connected: true,
             },
         ] {
             seen.push(b.next().as_millis() as u64);

@@ -142,7 +142,8 @@ pub(super) struct Carry {
     pub early_sql: Option<tokio::task::JoinHandle<Result<tokio_postgres::Client, ReaderError>>>,
     /// A standby's SQL connection, kept from one poll of the slot to the next: a poll is one
     /// query, not a new backend and an authentication, and a takeover starts on a connection
-    /// already open.
+    /// already open. Also the connection a quiet attempt opened after a session could not
+    /// connect (`Supervisor::retry`): the next session starts on it.
     pub standby_sql: Option<tokio_postgres::Client>,
     /// Exactly-once: a standby's question whether the brokers serve transactions, kept from
     /// the poll that asked it, so that a take-over judges its answer rather than asking on its
@@ -459,6 +460,7 @@ impl<'a> Driver<'a> {
             Some(c) => c,
             None => slot::connect_sql(&s.postgres).await?,
         };
+        self.carry.lived.connected = true;
         let sql = Arc::new(sql);
         tracing::debug!("start-up: SQL connection open");
         let (start, mut ahead) = match self.verdict(&sql, ahead::read(s, &sql)).await {

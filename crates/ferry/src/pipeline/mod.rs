@@ -287,13 +287,13 @@ impl<'a> Supervisor<'a> {
                     }
                     None => {}
                 }
-                if !self.retry(e, shutdown.as_mut()).await? {
+                if !self.retry(e, lived, standby_sql, shutdown.as_mut()).await? {
                     return Ok(false);
                 }
                 return self.brokers_answer(shutdown).await;
             }
             Err(e) if e.is_transient() => {
-                return self.retry(e, shutdown).await;
+                return self.retry(e, lived, standby_sql, shutdown).await;
             }
             Err(e) => return Err(e),
         }
@@ -301,10 +301,20 @@ impl<'a> Supervisor<'a> {
     }
 
     /// The backoff after a transient error; Ok(false) when `shutdown` resolved meanwhile.
+    ///
+    /// A session that could not connect to PostgreSQL (`lived.connected` false: the server
+    /// restarting, failing over, or unreachable) is followed by quiet attempts to connect, every
+    /// [`QUIET_PROBE_EVERY`] of the backoff: the first that connects ends the wait, and the
+    /// next session starts on its connection (`kept`). So a server back is used within about a
+    /// second, not up to `postgres.reconnect_backoff_max` later (30 s by default), while the log
+    /// still says why once per backoff step. A session that failed after it connected waits the
+    /// whole backoff: connecting would tell nothing about what failed.
     async fn retry(
         &mut self,
         e: PipelineError,
-        shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+        lived: backoff::Lived,
+        kept: &mut Option<tokio_postgres::Client>,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
         self.metrics.reconnects.inc(e.component());
@@ -315,10 +325,34 @@ impl<'a> Supervisor<'a> {
         };
         let wait = self.backoff.next();
         tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "session ended; {next}");
-        if sleep_or_shutdown(wait, shutdown).await {
-            return Ok(false);
-        }
         self.backoff.took();
+        let probing = !lived.connected && e.component() == Component::Postgres;
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let step = if probing {
+                left.min(QUIET_PROBE_EVERY)
+            } else {
+                left
+            };
+            if sleep_or_shutdown(step, shutdown.as_mut()).await {
+                return Ok(false);
+            }
+            if !probing || tokio::time::Instant::now() >= until {
+                break;
+            }
+            // What a quiet attempt finds is said by the next session, if it lasts.
+            tokio::select! {
+                connected = ferry_wal::slot::connect_sql(&s.postgres) => {
+                    if let Ok(client) = connected {
+                        tracing::debug!("PostgreSQL accepts a connection again");
+                        *kept = Some(client);
+                        break;
+                    }
+                }
+                _ = shutdown.as_mut() => return Ok(false),
+            }
+        }
         Ok(self.resumed())
     }
 
@@ -521,7 +555,8 @@ impl<'a> Supervisor<'a> {
 
 /// Between two attempts of [`Supervisor::brokers_answer`], the brokers are asked again this
 /// often, quietly: librdkafka's own reconnections are paced alike (`reconnect.backoff.max.ms`,
-/// 1 s by default).
+/// 1 s by default). PostgreSQL too, after a session that could not connect
+/// ([`Supervisor::retry`]).
 const QUIET_PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// What one probe of the brokers found.
