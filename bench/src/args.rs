@@ -28,6 +28,10 @@ usage: ferry-bench [flags]
   --outage-for S        after the start-up runs, as many outages: the local broker stopped for S
                         seconds under a running Ferry, timed from its return to every record
                         written meanwhile acknowledged (default 0: none)
+  --pg-outage-for S     after the start-up runs, as many PostgreSQL outages: the benchmark's own
+                        cluster stopped (fast shutdown) for S seconds under a running Ferry, timed
+                        from it accepting connections again to a transaction written then
+                        acknowledged (default 0: none)
   --startup-topics N    before the start-up runs, give the broker N other topics (one partition
                         each, kept for later runs on a --keep-broker broker), as a cluster in use
                         holds them (default 0)
@@ -74,6 +78,9 @@ pub struct Args {
     /// `--outage-for`: after the start-up runs, as many broker outages of this long (see
     /// `startup::outage`); zero: none.
     pub outage_for: std::time::Duration,
+    /// `--pg-outage-for`: after the start-up runs, as many PostgreSQL outages of this long (see
+    /// `startup::pg_outage`); zero: none.
+    pub pg_outage_for: std::time::Duration,
     /// `kafka.compression` for Ferry and the same codec for the other producers.
     pub compression: String,
     pub out: Option<PathBuf>,
@@ -111,6 +118,7 @@ impl Args {
             startup_fill: 0,
             startup_topics: 0,
             outage_for: std::time::Duration::ZERO,
+            pg_outage_for: std::time::Duration::ZERO,
             compression: ferry::config::KafkaConfig::default()
                 .compression
                 .as_str()
@@ -176,15 +184,20 @@ impl Args {
                     a.startup_fill = value()?.parse()?;
                     full = false;
                 }
-                "--outage-for" => {
+                flag @ ("--outage-for" | "--pg-outage-for") => {
                     let v = value()?;
-                    a.outage_for = v
+                    let secs = v
                         .parse()
                         .ok()
                         .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
                         .ok_or_else(|| {
-                            format!("--outage-for {v}: not a number of seconds (0 or more)")
+                            format!("{flag} {v}: not a number of seconds (0 or more)")
                         })?;
+                    if flag == "--outage-for" {
+                        a.outage_for = secs;
+                    } else {
+                        a.pg_outage_for = secs;
+                    }
                     full = false;
                 }
                 "--startup-topics" => {
@@ -234,10 +247,16 @@ impl Args {
         if let Some(s) = scale {
             a.workloads = a.workloads.iter().map(|w| w.scaled(s)).collect();
         }
-        if !a.outage_for.is_zero() && a.startup == 0 {
-            return Err(
-                "--outage-for runs as many outages as --startup runs: --startup 0 runs none".into(),
-            );
+        for (flag, d) in [
+            ("--outage-for", a.outage_for),
+            ("--pg-outage-for", a.pg_outage_for),
+        ] {
+            if !d.is_zero() && a.startup == 0 {
+                return Err(format!(
+                    "{flag} runs as many outages as --startup runs: --startup 0 runs none"
+                )
+                .into());
+            }
         }
         if a.out.is_none() && full {
             let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -323,11 +342,18 @@ mod tests {
         assert!(a.outage_for.is_zero());
         let a = parse("--workloads none --rates none --startup 3 --outage-for 8");
         assert_eq!(a.outage_for, std::time::Duration::from_secs(8));
+        assert!(a.pg_outage_for.is_zero());
+        assert!(a.out.is_none(), "not the full matrix");
+        let a = parse("--workloads none --rates none --startup 3 --pg-outage-for 2.5");
+        assert_eq!(a.pg_outage_for, std::time::Duration::from_millis(2_500));
+        assert!(a.outage_for.is_zero());
         assert!(a.out.is_none(), "not the full matrix");
         for bad in [
             "--startup 3 --outage-for -1",
             "--startup 3 --outage-for soon",
             "--startup 0 --outage-for 8",
+            "--startup 3 --pg-outage-for -1",
+            "--startup 0 --pg-outage-for 8",
         ] {
             let args: Vec<String> = bad.split_whitespace().map(String::from).collect();
             assert!(Args::parse(&args).is_err(), "{bad}");

@@ -265,6 +265,14 @@ async fn run(args: Args) -> Res<()> {
                 .into(),
         );
     }
+    if !args.pg_outage_for.is_zero() && world.local_postgres().is_none() {
+        return Err(format!(
+            "--pg-outage-for stops the benchmark's own PostgreSQL cluster, and {} names an \
+             external server: unset it",
+            pg::PG_URL_ENV
+        )
+        .into());
+    }
     if args.stall_broker {
         if world.broker_pid().is_none() {
             return Err(
@@ -646,6 +654,9 @@ async fn run_startup(
     if !args.outage_for.is_zero() {
         out.outage_for = Some(args.outage_for);
     }
+    if !args.pg_outage_for.is_zero() {
+        out.pg_outage_for = Some(args.pg_outage_for);
+    }
     for run in 0..args.startup {
         startup::run(
             &url,
@@ -700,6 +711,36 @@ async fn run_startup(
             );
         }
     }
+    for run in 0..args.startup {
+        if let (Some(outage_for), Some(cluster)) = (out.pg_outage_for, world.local_postgres()) {
+            startup::pg_outage(
+                &url,
+                &brokers,
+                cluster,
+                "{aggregatetype}.steady.ferry",
+                run,
+                outage_for,
+                &mut out,
+            )
+            .await?;
+            println!(
+                "[startup] PostgreSQL outage {}/{}: the server stopped, {:.1} s later started again; from it accepting connections to a transaction written then acknowledged {:.0} ms",
+                run + 1,
+                args.startup,
+                outage_for.as_secs_f64(),
+                last(&out.pg_outage),
+            );
+        }
+    }
+    // A server restarted by the PostgreSQL outages ended `admin`'s connection.
+    let reconnected;
+    let admin = match out.pg_outage_for {
+        Some(_) => {
+            reconnected = pg::connect(&world.admin_url).await;
+            &reconnected
+        }
+        None => admin,
+    };
     admin.batch_execute(&format!("DROP DATABASE {db}")).await?;
     Ok(out)
 }

@@ -58,6 +58,10 @@ pub struct Startup {
     /// every record written meanwhile acknowledged ([`outage`]).
     pub outage_for: Option<Duration>,
     pub outage: Vec<f64>,
+    /// `--pg-outage-for`: PostgreSQL's outage under a running Ferry, and from the server back
+    /// to a transaction written then acknowledged ([`pg_outage`]).
+    pub pg_outage_for: Option<Duration>,
+    pub pg_outage: Vec<f64>,
 }
 
 /// CPU spent while one start-up's clock ran, seconds: whether the machine, not Ferry's chain of
@@ -143,6 +147,12 @@ impl Startup {
                 "the broker listed again after an outage (`--outage-for`)",
                 "every record written during it acknowledged (Ferry's metric)",
                 &self.outage,
+            ),
+            (
+                "Ferry",
+                "PostgreSQL accepting connections after an outage (`--pg-outage-for`)",
+                "a transaction written then acknowledged (Ferry's metric)",
+                &self.pg_outage,
             ),
         ] {
             if v.is_empty() {
@@ -373,6 +383,51 @@ pub async fn outage(
     let back = Instant::now();
     wait_produced(&mut ferry, 2 * w.rows, back, DEADLINE).await?;
     out.outage.push(back.elapsed().as_secs_f64());
+    ferry.stop().await;
+    crate::drop_slot(&sql, &slot).await?;
+    sql.batch_execute("TRUNCATE outbox").await?;
+    Ok(())
+}
+
+/// A PostgreSQL outage under a running Ferry: Ferry streams on a fresh slot and has relayed a
+/// transaction; the benchmark's cluster is stopped (fast shutdown, waited for), and
+/// `outage_for` after the stop ended it is started again (returning once `pg_isready` says it
+/// accepts connections). The clock runs from then until Ferry reports a 10-row transaction,
+/// written at once on a new connection, acknowledged: how soon Ferry streams again (its
+/// sessions back off from `postgres.reconnect_backoff_min` while the server is away). It
+/// starts a little late, by the same for any build.
+pub async fn pg_outage(
+    url: &str,
+    brokers: &str,
+    cluster: &ferry_testkit::pg::PgCluster,
+    topic: &str,
+    run: u32,
+    outage_for: Duration,
+    out: &mut Startup,
+) -> Res<()> {
+    let sql = pg::connect(url).await;
+    let w = workload();
+    let slot = format!("bench_pg_outage_{run}");
+    sql.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&slot],
+    )
+    .await?;
+    w.insert_one_txn(&sql, 0, w.rows).await?;
+    let spawned = Instant::now();
+    let mut ferry = Running::spawn(url, brokers, &slot, topic)?;
+    wait_produced(&mut ferry, w.rows, spawned, DEADLINE).await?;
+    drop(sql);
+    tokio::task::block_in_place(|| cluster.stop(false));
+    let stopped = Instant::now();
+    // The fault's length, not a wait for a condition.
+    tokio::time::sleep(outage_for.saturating_sub(stopped.elapsed())).await;
+    tokio::task::block_in_place(|| cluster.start_again());
+    let back = Instant::now();
+    let sql = pg::connect(url).await;
+    w.insert_one_txn(&sql, 100, w.rows).await?;
+    wait_produced(&mut ferry, 2 * w.rows, back, DEADLINE).await?;
+    out.pg_outage.push(back.elapsed().as_secs_f64());
     ferry.stop().await;
     crate::drop_slot(&sql, &slot).await?;
     sql.batch_execute("TRUNCATE outbox").await?;

@@ -18,7 +18,7 @@ pub const KAFKA_CONF_ENV: &str = "FERRY_BENCH_KAFKA_CONF";
 
 /// PostgreSQL and the broker.
 pub struct World {
-    _cluster: Option<PgCluster>,
+    cluster: Option<PgCluster>,
     broker: Option<testkafka::LocalBroker>,
     external_brokers: Option<String>,
     pub admin_url: String,
@@ -66,7 +66,7 @@ impl World {
             None => Some(start_broker().await),
         };
         Ok(World {
-            _cluster: cluster,
+            cluster,
             broker,
             external_brokers,
             admin_url,
@@ -88,6 +88,11 @@ impl World {
             drop(old);
             self.broker = Some(start_broker().await);
         }
+    }
+
+    /// The benchmark's own PostgreSQL cluster (`None` for an external server).
+    pub fn local_postgres(&self) -> Option<&PgCluster> {
+        self.cluster.as_ref()
     }
 
     /// The local broker (`None` for an external one).
