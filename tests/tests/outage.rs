@@ -152,7 +152,15 @@ async fn a_broker_outage_turns_readyz_503_within_the_bound_and_the_lag_grows() {
     let log = ferry.log_text();
     assert!(log.contains("no Kafka broker is up"), "{log}");
     assert!(log.contains("a Kafka broker is up again"), "{log}");
-    eprintln!("/readyz 503 {not_ready_after:?} after the broker stopped: {body}");
+    // The refused connections are said once each, at WARN with the cause and its fix, not
+    // twice (librdkafka logs each and sends it as an error event too) nor at ERROR: the
+    // outage is waited out.
+    assert!(
+        log.contains("Kafka client error: nothing listens at"),
+        "{log}"
+    );
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(errors.is_empty(), "ERROR lines in an outage: {errors:#?}");
 }
 
 /// Exactly-once mode: its producer lives as long as its session, and a session whose Kafka

@@ -201,6 +201,21 @@ impl Role {
     }
 }
 
+/// Whether librdkafka reports a log line of `level` and facility `fac` again as an error
+/// event with the same text: a broker's failure (`FAIL`) at `LOG_ERR` or worse is both logged
+/// and sent to the error callback (`rd_kafka_broker_set_error`, librdkafka 2.12). A context
+/// that logs its error events says it there; its log line would only say it twice.
+pub fn also_an_error_event(level: RDKafkaLogLevel, fac: &str) -> bool {
+    fac == "FAIL"
+        && matches!(
+            level,
+            RDKafkaLogLevel::Emerg
+                | RDKafkaLogLevel::Alert
+                | RDKafkaLogLevel::Critical
+                | RDKafkaLogLevel::Error
+        )
+}
+
 /// The brokers `properties` name (`bootstrap.servers`, the last one set), for messages and
 /// commands; `<brokers>` when none.
 pub fn bootstrap_servers(properties: &[(String, String)]) -> &str {
@@ -251,6 +266,21 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+
+    #[test]
+    fn only_a_broker_failure_at_error_or_worse_comes_again_as_an_error_event() {
+        use RDKafkaLogLevel as L;
+        for level in [L::Emerg, L::Alert, L::Critical, L::Error] {
+            assert!(also_an_error_event(level, "FAIL"), "{level:?}");
+        }
+        // Below LOG_ERR librdkafka logs the failure and sends no event: the line is the report.
+        for level in [L::Warning, L::Notice, L::Info, L::Debug] {
+            assert!(!also_an_error_event(level, "FAIL"), "{level:?}");
+        }
+        for fac in ["GETPID", "ERROR", "BROKERFAIL", "fail"] {
+            assert!(!also_an_error_event(L::Error, fac), "{fac}");
+        }
+    }
 
     fn props(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

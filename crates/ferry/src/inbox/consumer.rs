@@ -59,6 +59,10 @@ impl ClientContext for Context {
             _ if fac == "COMMITFAIL" => {
                 tracing::debug!(facility = fac, "librdkafka (inbox consumer): {message}")
             }
+            // Said by `error` below at WARN: the same text comes as an error event.
+            _ if crate::kafka_client::also_an_error_event(level, fac) => {
+                tracing::debug!(facility = fac, "librdkafka (inbox consumer): {message}")
+            }
             L::Emerg | L::Alert | L::Critical | L::Error => {
                 tracing::error!(facility = fac, "librdkafka (inbox consumer): {message}")
             }

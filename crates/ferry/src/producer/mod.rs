@@ -108,6 +108,11 @@ impl ClientContext for Context {
         crate::kafka_access::observe(None, log_message);
         let log_message = crate::kafka_access::relayed(None, log_message);
         match level {
+            // Said by [`Context::error`] at WARN, rate-limited: the same text comes as an error
+            // event (a broker's connection failed; retried, so not an ERROR).
+            _ if crate::kafka_client::also_an_error_event(level, fac) => {
+                tracing::debug!(facility = fac, "librdkafka: {log_message}")
+            }
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
