@@ -140,11 +140,13 @@ impl ClientContext for Context {
                     *said_down = true;
                     tracing::warn!(
                         brokers = %states(&update.view),
-                        "no Kafka broker is up; records wait until one answers"
+                        "no Kafka broker answers (none is up, or each left a request unanswered \
+                         for {} s); records wait until one does",
+                        crate::telemetry::brokers::SILENT_AFTER.as_secs()
                     );
                 } else if up > 0 && *said_down {
                     *said_down = false;
-                    tracing::info!(brokers = %states(&update.view), "a Kafka broker is up again");
+                    tracing::info!(brokers = %states(&update.view), "a Kafka broker answers again");
                 }
                 self.metrics
                     .reconnects
