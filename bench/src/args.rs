@@ -258,6 +258,13 @@ impl Args {
                 .into());
             }
         }
+        if !a.pg_outage_for.is_zero() && a.pinned {
+            return Err(
+                "--pg-outage-for restarts PostgreSQL, and the restarted server would not be \
+                 pinned (--pinned): leave one of them out"
+                    .into(),
+            );
+        }
         if a.out.is_none() && full {
             let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
             a.out = dir.is_dir().then_some(dir);
@@ -354,6 +361,7 @@ mod tests {
             "--startup 0 --outage-for 8",
             "--startup 3 --pg-outage-for -1",
             "--startup 0 --pg-outage-for 8",
+            "--startup 3 --pg-outage-for 8 --pinned",
         ] {
             let args: Vec<String> = bad.split_whitespace().map(String::from).collect();
             assert!(Args::parse(&args).is_err(), "{bad}");

@@ -392,8 +392,9 @@ pub async fn outage(
 /// A PostgreSQL outage under a running Ferry: Ferry streams on a fresh slot and has relayed a
 /// transaction; the benchmark's cluster is stopped (fast shutdown, waited for), and
 /// `outage_for` after the stop ended it is started again (returning once `pg_isready` says it
-/// accepts connections). The clock runs from then until Ferry reports a 10-row transaction,
-/// written at once on a new connection, acknowledged: how soon Ferry streams again (its
+/// accepts connections). The stop waits until the slot is confirmed past the first transaction,
+/// so that the stream does not replay it. The clock runs from then until Ferry reports a 10-row
+/// transaction, written at once on a new connection, acknowledged: how soon Ferry streams again (its
 /// sessions back off from `postgres.reconnect_backoff_min` while the server is away). It
 /// starts a little late, by the same for any build.
 pub async fn pg_outage(
@@ -414,9 +415,25 @@ pub async fn pg_outage(
     )
     .await?;
     w.insert_one_txn(&sql, 0, w.rows).await?;
+    let written: String = sql
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let written: ferry_wal::Lsn = written.parse()?;
     let spawned = Instant::now();
     let mut ferry = Running::spawn(url, brokers, &slot, topic)?;
     wait_produced(&mut ferry, w.rows, spawned, DEADLINE).await?;
+    // Confirmed in the slot: after the restart the stream starts past it, and Ferry's count
+    // grows only by the transaction written then (not by this one, replayed).
+    while crate::confirmed(&sql, &slot).await? < written {
+        ferry.check_alive()?;
+        if spawned.elapsed() > DEADLINE {
+            return Err(
+                format!("the slot was not confirmed past {written} within {DEADLINE:?}").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     drop(sql);
     tokio::task::block_in_place(|| cluster.stop(false));
     let stopped = Instant::now();

@@ -241,6 +241,27 @@ impl ReaderError {
         }
     }
 
+    /// Whether the error says the server is away rather than refusing: down, restarting or
+    /// shutting down, in recovery where `target_session_attrs` asks for another kind, or not
+    /// reachable (what a restart or a failover shows while it lasts). An attempt to connect
+    /// again soon then costs the server nothing, or a start-up it turns away. A refusal (a
+    /// password, too many connections, TLS) is not such an error: trying it often would only
+    /// repeat it, and a refused password many times over can lock the role out.
+    pub fn is_server_away(&self) -> bool {
+        match self {
+            ReaderError::Io { .. }
+            | ReaderError::Timeout { .. }
+            | ReaderError::Resolve { .. }
+            | ReaderError::Connect { .. }
+            | ReaderError::Unsuitable { .. } => true,
+            // admin_shutdown, crash_shutdown, cannot_connect_now (starting up, shutting down,
+            // in recovery).
+            ReaderError::Server(e) => matches!(e.code.as_str(), "57P01" | "57P02" | "57P03"),
+            ReaderError::Hosts(attempts) => attempts.iter().all(|(_, e)| e.is_server_away()),
+            _ => false,
+        }
+    }
+
     /// The outcome of trying every host in turn: the one error when there was one host.
     pub(crate) fn from_attempts(mut attempts: Vec<(String, ReaderError)>) -> ReaderError {
         if attempts.len() == 1 {
@@ -257,6 +278,71 @@ impl ReaderError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn server(code: &str, message: &str) -> ReaderError {
+        ReaderError::Server(ServerError {
+            severity: "FATAL".into(),
+            code: code.into(),
+            message: message.into(),
+            detail: None,
+            hint: None,
+        })
+    }
+
+    fn refused() -> ReaderError {
+        ReaderError::Connect {
+            server: "127.0.0.1:5432".into(),
+            source: io::Error::from(io::ErrorKind::ConnectionRefused),
+        }
+    }
+
+    #[test]
+    fn a_server_away_is_told_from_one_that_refuses() {
+        let away = [
+            refused(),
+            ReaderError::Timeout {
+                what: "connecting to PostgreSQL",
+                secs: 10,
+            },
+            ReaderError::Io {
+                context: "reading",
+                source: io::Error::from(io::ErrorKind::ConnectionReset),
+            },
+            server("57P03", "the database system is starting up"),
+            server(
+                "57P01",
+                "terminating connection due to administrator command",
+            ),
+            ReaderError::Hosts(vec![("a".into(), refused()), ("b".into(), refused())]),
+        ];
+        for e in &away {
+            assert!(e.is_server_away(), "{e}");
+            assert!(e.is_transient(), "{e}");
+        }
+        let refusing = [
+            ReaderError::Auth {
+                user: "ferry".into(),
+                reason: "password authentication failed".into(),
+            },
+            server("53300", "sorry, too many clients already"),
+            server("55006", "replication slot \"s\" is active for PID 1"),
+            ReaderError::StreamEnded,
+            // One host down, the other refusing the password: the refusal is what repeats.
+            ReaderError::Hosts(vec![
+                ("a".into(), refused()),
+                (
+                    "b".into(),
+                    ReaderError::Auth {
+                        user: "ferry".into(),
+                        reason: "password authentication failed".into(),
+                    },
+                ),
+            ]),
+        ];
+        for e in &refusing {
+            assert!(!e.is_server_away(), "{e}");
+        }
+    }
 
     #[test]
     fn protocol_violations_and_bugs_are_permanent_and_say_what_they_are() {

@@ -272,6 +272,11 @@ impl PipelineError {
         }
     }
 
+    /// Whether PostgreSQL is away rather than refusing ([`ReaderError::is_server_away`]).
+    pub fn is_server_away(&self) -> bool {
+        matches!(self, PipelineError::Reader(e) if e.is_server_away())
+    }
+
     /// Whether another process streams the slot (this instance stands by).
     pub fn is_standby(&self) -> bool {
         matches!(self, PipelineError::Reader(ReaderError::SlotInUse { .. }))

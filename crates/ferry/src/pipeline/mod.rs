@@ -260,6 +260,10 @@ impl<'a> Supervisor<'a> {
         if self.backoff.session_ended(lived, std::time::Instant::now()) {
             tracing::debug!("the session worked: the backoff starts over");
         }
+        if lived.streaming_since.is_some() {
+            // A standby that streamed took over (the driver said so, and cleared the gauge).
+            self.standing_by = false;
+        }
         match result {
             Ok(driver::End::Shutdown) => return Ok(false),
             Ok(driver::End::Streamed) => self.backoff.reset(),
@@ -297,18 +301,21 @@ impl<'a> Supervisor<'a> {
             }
             Err(e) => return Err(e),
         }
-        Ok(self.resumed())
+        Ok(true)
     }
 
     /// The backoff after a transient error; Ok(false) when `shutdown` resolved meanwhile.
     ///
-    /// A session that could not connect to PostgreSQL (`lived.connected` false: the server
-    /// restarting, failing over, or unreachable) is followed by quiet attempts to connect, every
-    /// [`QUIET_PROBE_EVERY`] of the backoff: the first that connects ends the wait, and the
-    /// next session starts on its connection (`kept`). So a server back is used within about a
-    /// second, not up to `postgres.reconnect_backoff_max` later (30 s by default), while the log
-    /// still says why once per backoff step. A session that failed after it connected waits the
-    /// whole backoff: connecting would tell nothing about what failed.
+    /// A session that could not connect to PostgreSQL because the server is away
+    /// (`lived.connected` false, [`PipelineError::is_server_away`]: restarting, failing over,
+    /// in recovery, unreachable) is followed by quiet attempts to connect, every
+    /// [`QUIET_PROBE_EVERY`] of the backoff, each cut off where the backoff ends: the first that
+    /// connects ends the wait, and the next session starts on its connection (`kept`). So a
+    /// server back is used within about a second, not up to `postgres.reconnect_backoff_max`
+    /// later (30 s by default), while the log still says why once per backoff step. A server
+    /// that refuses (a password, too many connections) is not asked more often than the
+    /// backoff says; nor is one after a session that failed once connected: connecting would
+    /// tell nothing about what failed.
     async fn retry(
         &mut self,
         e: PipelineError,
@@ -326,7 +333,11 @@ impl<'a> Supervisor<'a> {
         let wait = self.backoff.next();
         tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "session ended; {next}");
         self.backoff.took();
-        let probing = !lived.connected && e.component() == Component::Postgres;
+        // A standby whose session failed says so again if it finds the slot in use, and tries
+        // it soon once the holder lets go, as when it began to stand by; it stays counted as
+        // one meanwhile (it took nothing over).
+        self.standing_by = false;
+        let probing = !lived.connected && e.is_server_away();
         let until = tokio::time::Instant::now() + wait;
         loop {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
@@ -341,10 +352,12 @@ impl<'a> Supervisor<'a> {
             if !probing || tokio::time::Instant::now() >= until {
                 break;
             }
-            // What a quiet attempt finds is said by the next session, if it lasts.
+            // What a quiet attempt finds is said by the next session, if it lasts. An attempt
+            // still waiting on a host that does not answer when the backoff ends is dropped:
+            // the session connects on its own then.
             tokio::select! {
-                connected = ferry_wal::slot::connect_sql(&s.postgres) => {
-                    if let Ok(client) = connected {
+                connected = tokio::time::timeout_at(until, ferry_wal::slot::connect_sql(&s.postgres)) => {
+                    if let Ok(Ok(client)) = connected {
                         tracing::debug!("PostgreSQL accepts a connection again");
                         *kept = Some(client);
                         break;
@@ -353,7 +366,7 @@ impl<'a> Supervisor<'a> {
                 _ = shutdown.as_mut() => return Ok(false),
             }
         }
-        Ok(self.resumed())
+        Ok(true)
     }
 
     /// Waits until a Kafka broker answers (`kafka_access::probe`), saying why none does at WARN
@@ -539,17 +552,6 @@ impl<'a> Supervisor<'a> {
                 tokio::time::sleep(poll).await;
             }
         }
-    }
-
-    /// A session starts again (after a transient error or a clean end): a standby takes over.
-    fn resumed(&mut self) -> bool {
-        let s = self.settings;
-        if self.standing_by {
-            tracing::info!(slot = %s.stream.slot, "slot is free; taking over");
-            self.standing_by = false;
-            self.metrics.standby.set_flag(false);
-        }
-        true
     }
 }
 
