@@ -22,6 +22,7 @@ use common::*;
 use ferry_core::testing::Rng;
 use ferry_testkit::kafka::{self, LocalBroker};
 use ferry_testkit::pg::{self, ClusterOptions, PgCluster, Postgres};
+use ferry_testkit::proxy::Fault;
 use ferry_wal::Lsn;
 use sequenced::*;
 
@@ -389,6 +390,55 @@ async fn postgres_restart_under_ferry_reconnects_and_resumes() {
     assert_key_order(&events, 0..400);
     wait_confirmed(&w, end).await;
     assert!(ferry.is_running(), "Ferry exited across the restarts");
+}
+
+/// PostgreSQL gone silent under a streaming Ferry, the connection left open (a dropped route,
+/// a vanished host behind a proxy): the session ends once `postgres.receive_timeout` passed
+/// (the server does not answer the reply asked for at half of it), Ferry reconnects once the
+/// route is back, and nothing is lost. Without the timeout the session waited as long as the
+/// connection stayed open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
+    let mut w = World::new().await;
+    quick_reconnects(&mut w);
+    let (url, proxy) = through_proxy(&w.db.url).await;
+    for (k, v) in [
+        ("FERRY_POSTGRES_URL", url.as_str()),
+        ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
+        ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
+    ] {
+        w.env.push((k.into(), v.into()));
+    }
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+
+    let before = reconnects(&ferry, "postgres").await;
+    proxy.inject(Fault::Blackhole);
+    // Written meanwhile (on the test's own connection, not through the proxy).
+    insert_events(&w.sql, 10..20, 0).await;
+    let ended = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        reconnects(&ferry, "postgres").await > before
+    })
+    .await;
+    assert!(
+        ended,
+        "the session still waits on the silent server 30 s in:\n{}",
+        ferry.log_text()
+    );
+    assert!(
+        ferry.log_text().contains("postgres.receive_timeout"),
+        "{}",
+        ferry.log_text()
+    );
+    proxy.heal();
+    let end = w.current_wal_lsn().await;
+    let events = consume_events(&w.brokers, &topic, 0..20).await;
+    assert_key_order(&events, 0..20);
+    wait_confirmed(&w, end).await;
+    assert!(ferry.is_running(), "{}", ferry.log_text());
 }
 
 /// A session that could not connect is followed by quiet attempts during its backoff: Ferry

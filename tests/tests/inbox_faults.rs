@@ -17,16 +17,15 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{wait_until, Ferry, World};
+use common::{through_proxy, wait_until, Ferry, World};
 use ferry_core::testing::Rng;
 use ferry_testkit::kafka::{self, LocalBroker};
 use ferry_testkit::pg::{self, ClusterOptions, PgCluster, Postgres};
-use ferry_testkit::proxy::{Fault, Proxy};
+use ferry_testkit::proxy::Fault;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
@@ -239,15 +238,6 @@ async fn a_paused_copy_that_lost_its_partitions_is_fenced_and_writes_nothing() {
     assert!(b_status.success(), "B: {}", b.log_text());
     assert_exactly_once(&w.sql, &topic, &group, &recs).await;
     eprintln!("took {:?}", started.elapsed());
-}
-
-/// `url` through a new TCP proxy to its host and port: the URL and the proxy.
-async fn through_proxy(url: &str) -> (String, Proxy) {
-    let (head, rest) = url.rsplit_once('@').expect("user@host in the URL");
-    let (hostport, db) = rest.split_once('/').expect("a database in the URL");
-    let upstream: SocketAddr = hostport.parse().expect("host:port");
-    let proxy = Proxy::tcp(upstream).await.expect("start the proxy");
-    (format!("{head}@{}/{db}", proxy.addr()), proxy)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -187,6 +187,7 @@ async fn drain_with_reader(
         failover: false,
         // What Ferry's default linger (1 ms) gives.
         pause_inside_transaction: conn::stream::MAX_PAUSE_INSIDE_TRANSACTION,
+        receive_timeout: Some(conn::stream::DEFAULT_RECEIVE_TIMEOUT),
     };
     let (cpu0, _) = cpu_seconds(tck);
     let t = Instant::now();

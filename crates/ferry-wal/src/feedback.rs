@@ -149,6 +149,89 @@ impl Progress {
     }
 }
 
+/// How long the server may stay silent on the replication connection, and what the reader does
+/// about it; pure, the reader task drives it with the clock.
+///
+/// A server that vanished without closing the connection (a host gone, a dropped route, a
+/// proxy whose server died) sends nothing more, and the reader would wait forever: the status
+/// updates it writes are acknowledged by a proxy, or retransmitted by the kernel for about 15
+/// minutes (`tcp_retries2`) before the socket fails. PostgreSQL's own logical replication
+/// worker ends such a connection after `wal_receiver_timeout` (60 s by default), asking the
+/// walsender for a reply (a status update with `reply_requested`, which it answers with a
+/// keepalive at once) when half of it has passed in silence. Ferry does the same, with
+/// `postgres.receive_timeout`.
+///
+/// Only the time the reader spends waiting on the socket counts: the reader marks the server
+/// heard after every read it handled, including the waits for the pipeline inside it (a
+/// pipeline that stops taking events stops the reader reading, which is not the server's
+/// silence).
+#[derive(Debug, Clone)]
+pub struct Silence {
+    timeout: Option<Duration>,
+    heard_at: Instant,
+    pinged: bool,
+}
+
+/// What silence calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Silent {
+    /// Nothing yet.
+    Fine,
+    /// Half the timeout passed: send a status update asking for a reply.
+    Ping,
+    /// The whole timeout passed: the connection is lost.
+    Lost,
+}
+
+impl Silence {
+    /// Heard at `now`; `timeout` `None` never takes the connection for lost.
+    pub fn new(timeout: Option<Duration>, now: Instant) -> Silence {
+        Silence {
+            timeout: timeout.filter(|t| !t.is_zero()),
+            heard_at: now,
+            pinged: false,
+        }
+    }
+
+    /// The server was heard from (or the reader was busy, not waiting on it) at `now`.
+    pub fn heard(&mut self, now: Instant) {
+        self.heard_at = self.heard_at.max(now);
+        self.pinged = false;
+    }
+
+    /// When to look again: the ping's time until it is sent, then the timeout's end; `None`
+    /// without a timeout.
+    pub fn next_check(&self) -> Option<Instant> {
+        let t = self.timeout?;
+        Some(if self.pinged {
+            self.heard_at + t
+        } else {
+            self.heard_at + t / 2
+        })
+    }
+
+    /// What the silence up to `now` calls for. A ping is asked for once per silence.
+    pub fn check(&mut self, now: Instant) -> Silent {
+        let Some(t) = self.timeout else {
+            return Silent::Fine;
+        };
+        let silent = now.saturating_duration_since(self.heard_at);
+        if silent >= t {
+            Silent::Lost
+        } else if silent >= t / 2 && !self.pinged {
+            self.pinged = true;
+            Silent::Ping
+        } else {
+            Silent::Fine
+        }
+    }
+
+    /// The timeout, for the error that reports it.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +309,44 @@ mod tests {
         let u = p.take_update(now, PgTimestamp(0));
         assert_eq!((u.write_lsn, u.flush_lsn), (Lsn(10), Lsn(1)));
         assert!(!p.is_due(now));
+    }
+
+    #[test]
+    fn silence_pings_at_half_the_timeout_and_is_lost_at_the_whole() {
+        let now = t0();
+        let mut s = Silence::new(Some(60 * SEC), now);
+        assert_eq!(s.next_check(), Some(now + 30 * SEC));
+        assert_eq!(s.check(now + 29 * SEC), Silent::Fine);
+        assert_eq!(s.check(now + 30 * SEC), Silent::Ping);
+        // Asked once per silence.
+        assert_eq!(s.check(now + 31 * SEC), Silent::Fine);
+        assert_eq!(s.next_check(), Some(now + 60 * SEC));
+        assert_eq!(s.check(now + 60 * SEC), Silent::Lost);
+    }
+
+    #[test]
+    fn hearing_from_the_server_starts_the_silence_over() {
+        let now = t0();
+        let mut s = Silence::new(Some(10 * SEC), now);
+        assert_eq!(s.check(now + 5 * SEC), Silent::Ping);
+        s.heard(now + 6 * SEC);
+        assert_eq!(s.next_check(), Some(now + 11 * SEC));
+        assert_eq!(s.check(now + 10 * SEC), Silent::Fine);
+        assert_eq!(s.check(now + 12 * SEC), Silent::Ping);
+        assert_eq!(s.check(now + 15 * SEC), Silent::Fine);
+        // An earlier instant never moves it back.
+        s.heard(now);
+        assert_eq!(s.check(now + 16 * SEC), Silent::Lost);
+    }
+
+    #[test]
+    fn no_timeout_never_loses_the_connection() {
+        let now = t0();
+        for timeout in [None, Some(Duration::ZERO)] {
+            let mut s = Silence::new(timeout, now);
+            assert_eq!(s.next_check(), None);
+            assert_eq!(s.check(now + 3600 * SEC), Silent::Fine);
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use common::*;
 use ferry_testkit::pg;
 use ferry_testkit::proxy::{Fault, Proxy};
 use ferry_wal::assembly::OutboxEvent;
-use ferry_wal::conn::{ReaderEvent, ReaderHandle, StreamOptions};
+use ferry_wal::conn::{ReaderError, ReaderEvent, ReaderHandle, StreamOptions};
 use ferry_wal::pgoutput::TupleValue;
 use ferry_wal::slot;
 use ferry_wal::Lsn;
@@ -437,6 +437,47 @@ async fn start_through_proxy(s: &Setup, opts: StreamOptions) -> (Proxy, ReaderHa
     let cfg = ferry_wal::conn::ConnectConfig::parse(&url).unwrap();
     let r = ferry_wal::conn::start(&cfg, &s.sql, opts).await.unwrap();
     (proxy, r)
+}
+
+/// A server that goes silent without closing the connection (here a proxy that forwards
+/// nothing more, as a dropped route or a vanished host does) ends the stream with a transient
+/// timeout once `receive_timeout` passed, a reply asked for at half of it: without one the
+/// reader would wait for as long as the connection stays open.
+#[tokio::test]
+async fn a_server_that_went_silent_ends_the_stream_after_the_receive_timeout() {
+    let s = setup().await;
+    let opts = StreamOptions {
+        receive_timeout: Some(Duration::from_secs(2)),
+        ..options(&s.spec, Some("outbox"))
+    };
+    let (proxy, mut r) = start_through_proxy(&s, opts).await;
+    // The stream works, and an idle stream longer than the timeout stays up: the server
+    // answers the reply asked for at half of it.
+    insert_and_expect_note(&s.sql, &mut r, "before the silence").await;
+    let idle = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < idle {
+        assert!(!r.is_finished(), "an idle stream that answers ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.inject(Fault::Blackhole);
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        while r.recv().await.is_some() {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the reader still waits 30 s into the silence"
+    );
+    let err = r.shutdown().await.expect_err("a silent server is an error");
+    assert!(
+        matches!(err, ReaderError::Timeout { .. }) && err.is_transient() && err.is_server_away(),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("postgres.receive_timeout"),
+        "{err}"
+    );
+    proxy.heal();
 }
 
 /// The next transaction, whose five rows' notes are `t/1` to `t/5`.

@@ -456,3 +456,14 @@ pub fn assert_problem(out: &str, what: &str, fix: &str) {
         "the fix for {what:?} should contain {fix:?}:\n{out}"
     );
 }
+
+/// `url` through a new TCP proxy to its host and port: the URL and the proxy.
+pub async fn through_proxy(url: &str) -> (String, ferry_testkit::proxy::Proxy) {
+    let (head, rest) = url.rsplit_once('@').expect("user@host in the URL");
+    let (hostport, db) = rest.split_once('/').expect("a database in the URL");
+    let upstream: std::net::SocketAddr = hostport.parse().expect("host:port");
+    let proxy = ferry_testkit::proxy::Proxy::tcp(upstream)
+        .await
+        .expect("start the proxy");
+    (format!("{head}@{}/{db}", proxy.addr()), proxy)
+}

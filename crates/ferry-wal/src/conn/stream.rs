@@ -34,7 +34,7 @@ use super::error::ReaderError;
 use super::pause::{Bound, Pace, Pause, PauseUntil};
 use super::replication::ReplicationConnection;
 use crate::assembly::{Assembler, AssemblyStats, OutboxEvent, OutboxSource};
-use crate::feedback::Progress;
+use crate::feedback::{Progress, Silence, Silent};
 use crate::pgoutput::Decoder;
 use crate::slot::{quote_ident, quote_literal, slot_state};
 use crate::wire::{PgTimestamp, ReplicationMessage};
@@ -85,7 +85,13 @@ pub struct StreamOptions {
     /// transaction, so that the rest of it is read at once ([`pause_for_linger`]; while the
     /// stream is idle the pause ends sooner, when the rest has come); zero: never.
     pub pause_inside_transaction: Duration,
+    /// How long the server may send nothing before the connection is taken for lost (a reply
+    /// asked for at half of it; see [`crate::feedback::Silence`]); `None`: never.
+    pub receive_timeout: Option<Duration>,
 }
+
+/// [`StreamOptions::receive_timeout`] by default: PostgreSQL's own `wal_receiver_timeout`.
+pub const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The longest pause inside a transaction. At 1,000 ten-row transactions a second (pinned,
 /// bench/README.md) a pause of 500 µs cut the pipeline thread's CPU by ~18% and Ferry's by
@@ -435,6 +441,7 @@ async fn start_with(
         budget: budget.clone(),
         confirm: confirm_rx,
         progress: Progress::new(resume, opts.status_interval, CONFIRM_MIN_GAP),
+        silence: Silence::new(opts.receive_timeout, Instant::now()),
         decoder: Decoder::new(),
         assembler: Assembler::new(opts.source),
         stats: stats.clone(),
@@ -513,6 +520,8 @@ struct Task {
     budget: Arc<Semaphore>,
     confirm: watch::Receiver<Lsn>,
     progress: Progress,
+    /// How long the server has been silent, and what that calls for.
+    silence: Silence,
     decoder: Decoder,
     assembler: Assembler,
     stats: Arc<ReaderStats>,
@@ -566,6 +575,8 @@ enum Wake {
     Data(Result<bytes::Bytes, ReaderError>),
     Confirmed(bool),
     StatusDue,
+    /// The server has been silent long enough to ask for a reply, or to give up.
+    Silence,
     BatchWaitOver,
     PauseOver,
     /// The pipeline has room for an owed keepalive (`false`: it is gone).
@@ -597,10 +608,16 @@ impl Task {
             let batch_until = self.batching;
             let paused = self.paused;
             let read = paused != Some(PauseUntil::ItsEnd);
+            let silence = self
+                .silence
+                .next_check()
+                .map(tokio::time::Instant::from_std);
             let wake = tokio::select! {
                 biased;
                 changed = self.confirm.changed() => Wake::Confirmed(changed.is_ok()),
                 _ = tokio::time::sleep_until(due) => Wake::StatusDue,
+                // Only while the socket is read: a pause is the reader's own.
+                _ = tokio::time::sleep_until(silence.unwrap_or(due)), if read && silence.is_some() => Wake::Silence,
                 _ = tokio::time::sleep_until(batch_until.unwrap_or(due)), if batch_until.is_some() => Wake::BatchWaitOver,
                 () = pause_over(&mut self.pause), if paused.is_some() => Wake::PauseOver,
                 room = self.tx.reserve(), if self.owed_keepalive.is_some() => Wake::Room(room.is_ok()),
@@ -611,8 +628,24 @@ impl Task {
                 Wake::Confirmed(false) => return Err(ReaderError::Closed),
                 Wake::Confirmed(true) => self.take_confirmation()?,
                 Wake::StatusDue => self.send_status().await?,
+                Wake::Silence => match self.silence.check(Instant::now()) {
+                    Silent::Fine => {}
+                    Silent::Ping => self.send_status_asking_reply(true).await?,
+                    Silent::Lost => {
+                        return Err(ReaderError::Timeout {
+                            what: "waiting for the server to send anything on the replication \
+                                   connection, a reply asked for halfway included \
+                                   (postgres.receive_timeout): the connection is taken for lost",
+                            secs: self.silence.timeout().unwrap_or_default().as_secs(),
+                        })
+                    }
+                },
                 Wake::Room(false) => return Err(ReaderError::Closed),
-                Wake::Room(true) => self.flush().await?,
+                Wake::Room(true) => {
+                    self.flush().await?;
+                    // What the pipeline made the reader wait was not the server's silence.
+                    self.silence.heard(Instant::now());
+                }
                 Wake::BatchWaitOver => self.batch_reads(0),
                 Wake::PauseOver => {
                     // Lowering the mark reports readable at once if anything is queued.
@@ -640,6 +673,9 @@ impl Task {
                     }
                     // Before any wait: nothing read waits for company.
                     self.flush().await?;
+                    // Heard, and what the pipeline made the reader wait meanwhile was not the
+                    // server's silence.
+                    self.silence.heard(Instant::now());
                     self.batch_reads(bytes);
                     self.pause_inside_transaction();
                 }
@@ -729,9 +765,15 @@ impl Task {
     }
 
     async fn send_status(&mut self) -> Result<(), ReaderError> {
-        let update = self
+        self.send_status_asking_reply(false).await
+    }
+
+    /// A status update; `reply`: asking the walsender to answer at once (with a keepalive).
+    async fn send_status_asking_reply(&mut self, reply: bool) -> Result<(), ReaderError> {
+        let mut update = self
             .progress
             .take_update(Instant::now(), PgTimestamp::now());
+        update.reply_requested = reply;
         let mut buf = bytes::BytesMut::with_capacity(64);
         update.encode_into(&mut buf);
         self.conn.send_copy_data(&buf).await?;

@@ -75,6 +75,7 @@ pub fn options(spec: &SlotSpec, prefix: Option<&str>) -> StreamOptions {
         // The longest pause, so that the tests read through it wherever a read ends inside
         // a transaction.
         pause_inside_transaction: ferry_wal::conn::stream::MAX_PAUSE_INSIDE_TRANSACTION,
+        receive_timeout: Some(ferry_wal::conn::stream::DEFAULT_RECEIVE_TIMEOUT),
     }
 }
 

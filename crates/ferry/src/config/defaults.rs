@@ -23,6 +23,9 @@ pub const STATUS_INTERVAL: Duration = ferry_wal::conn::stream::DEFAULT_STATUS_IN
 /// Upper limit of `postgres.status_interval`: half of PostgreSQL's default `wal_sender_timeout`
 /// (60s), after which the server drops a client that sent no status update.
 pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(30);
+/// `postgres.receive_timeout`: how long the server may send nothing on the replication
+/// connection before it is taken for lost (PostgreSQL's own `wal_receiver_timeout`).
+pub const RECEIVE_TIMEOUT: Duration = ferry_wal::conn::stream::DEFAULT_RECEIVE_TIMEOUT;
 /// `postgres.connect_timeout`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `postgres.reconnect_backoff_min`: first delay after a transient failure.

@@ -78,6 +78,7 @@ pub(super) const KEYS: &[EnvKey] = env_keys! {
     postgres.create_publication = boolean;
     postgres.failover_slot = boolean;
     postgres.status_interval = ConfigDuration::from_str;
+    postgres.receive_timeout = ConfigDuration::from_str;
     postgres.connect_timeout = ConfigDuration::from_str;
     postgres.reconnect_backoff_min = ConfigDuration::from_str;
     postgres.reconnect_backoff_max = ConfigDuration::from_str;

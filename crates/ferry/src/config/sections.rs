@@ -37,6 +37,9 @@ pub struct PostgresConfig {
     pub failover_slot: bool,
     /// How often a standby status update (the confirmed LSN) is sent, also when idle.
     pub status_interval: ConfigDuration,
+    /// How long the server may send nothing on the replication connection (a reply is asked
+    /// for at half of it) before the connection is taken for lost; `0s`: never.
+    pub receive_timeout: ConfigDuration,
     /// Time allowed to establish a connection.
     pub connect_timeout: ConfigDuration,
     /// First delay before reconnecting after a transient failure; it doubles up to
@@ -63,6 +66,7 @@ impl Default for PostgresConfig {
             create_publication: defaults::CREATE_PUBLICATION,
             failover_slot: defaults::FAILOVER_SLOT,
             status_interval: defaults::STATUS_INTERVAL.into(),
+            receive_timeout: defaults::RECEIVE_TIMEOUT.into(),
             connect_timeout: defaults::CONNECT_TIMEOUT.into(),
             reconnect_backoff_min: defaults::RECONNECT_BACKOFF_MIN.into(),
             reconnect_backoff_max: defaults::RECONNECT_BACKOFF_MAX.into(),

@@ -110,6 +110,7 @@ fn every_scalar_key_is_overridable_from_the_environment() {
         ("FERRY_POSTGRES_CREATE_PUBLICATION", "false", |c| c.postgres.create_publication.to_string(), "false"),
         ("FERRY_POSTGRES_FAILOVER_SLOT", "true", |c| c.postgres.failover_slot.to_string(), "true"),
         ("FERRY_POSTGRES_STATUS_INTERVAL", "250ms", |c| format!("{:?}", c.postgres.status_interval), "250ms"),
+        ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "0s", |c| format!("{:?}", c.postgres.receive_timeout), "0ns"),
         ("FERRY_POSTGRES_CONNECT_TIMEOUT", "3s", |c| format!("{:?}", c.postgres.connect_timeout), "3s"),
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "1s", |c| format!("{:?}", c.postgres.reconnect_backoff_min), "1s"),
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1h", |c| format!("{:?}", c.postgres.reconnect_backoff_max), "3600s"),

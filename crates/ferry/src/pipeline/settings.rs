@@ -128,6 +128,7 @@ pub fn stream_options(
     spec: &SlotSpec,
     routers: &Routers,
     status_interval: Duration,
+    receive_timeout: Duration,
     capacity: usize,
     linger: Duration,
 ) -> StreamOptions {
@@ -141,6 +142,7 @@ pub fn stream_options(
         binary: false,
         failover: spec.failover,
         pause_inside_transaction: ferry_wal::conn::stream::pause_for_linger(linger),
+        receive_timeout: (!receive_timeout.is_zero()).then_some(receive_timeout),
     }
 }
 
@@ -182,6 +184,7 @@ impl PipelineSettings {
             &slot,
             &routers,
             config.postgres.status_interval.get(),
+            config.postgres.receive_timeout.get(),
             ferry_wal::conn::stream::DEFAULT_CHANNEL_CAPACITY,
             config.kafka.linger.get(),
         );
