@@ -470,7 +470,9 @@ async fn a_server_that_went_silent_ends_the_stream_after_the_receive_timeout() {
     );
     let err = r.shutdown().await.expect_err("a silent server is an error");
     assert!(
-        matches!(err, ReaderError::Timeout { .. }) && err.is_transient() && err.is_server_away(),
+        matches!(err, ReaderError::Silent { secs: 2 })
+            && err.is_transient()
+            && err.is_server_away(),
         "{err}"
     );
     assert!(

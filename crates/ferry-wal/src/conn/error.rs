@@ -200,6 +200,13 @@ pub enum ReaderError {
     },
     #[error("the reader's caller went away")]
     Closed,
+    /// The server sent nothing on the replication connection for the receive timeout, not even
+    /// the reply asked for at half of it ([`crate::feedback::Silence`]).
+    #[error(
+        "PostgreSQL sent nothing on the replication connection for {secs}s, not even the reply \
+         asked for halfway (postgres.receive_timeout): the connection is taken for lost"
+    )]
+    Silent { secs: u64 },
 }
 
 impl ReaderError {
@@ -212,6 +219,7 @@ impl ReaderError {
             | ReaderError::Connect { .. }
             | ReaderError::Unsuitable { .. }
             | ReaderError::StreamEnded
+            | ReaderError::Silent { .. }
             | ReaderError::SlotInUse { .. } => true,
             ReaderError::Server(e) => e.is_transient(),
             // Every other variant by name, so a new one cannot join a family by default.
@@ -253,6 +261,7 @@ impl ReaderError {
             | ReaderError::Timeout { .. }
             | ReaderError::Resolve { .. }
             | ReaderError::Connect { .. }
+            | ReaderError::Silent { .. }
             | ReaderError::Unsuitable { .. } => true,
             // admin_shutdown, crash_shutdown, cannot_connect_now (starting up, shutting down,
             // in recovery).
@@ -309,6 +318,7 @@ mod tests {
                 source: io::Error::from(io::ErrorKind::ConnectionReset),
             },
             server("57P03", "the database system is starting up"),
+            ReaderError::Silent { secs: 60 },
             server(
                 "57P01",
                 "terminating connection due to administrator command",

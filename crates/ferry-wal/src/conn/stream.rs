@@ -632,10 +632,7 @@ impl Task {
                     Silent::Fine => {}
                     Silent::Ping => self.send_status_asking_reply(true).await?,
                     Silent::Lost => {
-                        return Err(ReaderError::Timeout {
-                            what: "waiting for the server to send anything on the replication \
-                                   connection, a reply asked for halfway included \
-                                   (postgres.receive_timeout): the connection is taken for lost",
+                        return Err(ReaderError::Silent {
                             secs: self.silence.timeout().unwrap_or_default().as_secs(),
                         })
                     }
