@@ -441,6 +441,38 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
     assert!(ferry.is_running(), "{}", ferry.log_text());
 }
 
+/// Ferry stopped (SIGSTOP) for longer than `postgres.receive_timeout` while the server sends:
+/// once it runs again, what waits in the socket is read, not taken for the server's silence,
+/// and the session goes on (no reconnection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ferry_stopped_for_a_while_takes_no_silence_for_the_servers() {
+    let mut w = World::new().await;
+    w.env
+        .push(("FERRY_POSTGRES_RECEIVE_TIMEOUT".into(), "2s".into()));
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+    let before = reconnects(&ferry, "postgres").await;
+
+    ferry.send_signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    insert_events(&w.sql, 10..20, 0).await;
+    // The fault's length: two and a half receive timeouts.
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(stopped.elapsed())).await;
+    ferry.send_signal(libc::SIGCONT);
+
+    consume_events(&w.brokers, &topic, 0..20).await;
+    assert_eq!(
+        reconnects(&ferry, "postgres").await,
+        before,
+        "the session ended:\n{}",
+        ferry.log_text()
+    );
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+}
+
 /// A session that could not connect is followed by quiet attempts during its backoff: Ferry
 /// streams again soon after PostgreSQL is back, not when a long backoff ends. Ferry starts
 /// while the server is down, with a backoff of a minute; the server comes back once Ferry has

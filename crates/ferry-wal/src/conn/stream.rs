@@ -570,6 +570,11 @@ const XLOG_DATA_OVERHEAD: usize = 30;
 /// A keepalive's bytes on the wire: the CopyData's tag and length (5) and the message (18).
 const KEEPALIVE_WIRE: usize = 23;
 
+/// How long the reader looks at the socket once more before it takes a silent server's
+/// connection for lost ([`Silent::Lost`]): long enough for a runtime starved of CPU to look at
+/// the socket again, short beside the timeout.
+const LAST_LOOK: Duration = Duration::from_secs(1);
+
 /// What woke the task.
 enum Wake {
     Data(Result<bytes::Bytes, ReaderError>),
@@ -608,16 +613,21 @@ impl Task {
             let batch_until = self.batching;
             let paused = self.paused;
             let read = paused != Some(PauseUntil::ItsEnd);
+            // One timer for the status update and the silence's next check (only while the
+            // socket is read: a pause is the reader's own), whichever is first.
             let silence = self
                 .silence
                 .next_check()
+                .filter(|_| read)
                 .map(tokio::time::Instant::from_std);
+            let timer = silence.map_or(due, |s| s.min(due));
             let wake = tokio::select! {
                 biased;
                 changed = self.confirm.changed() => Wake::Confirmed(changed.is_ok()),
-                _ = tokio::time::sleep_until(due) => Wake::StatusDue,
-                // Only while the socket is read: a pause is the reader's own.
-                _ = tokio::time::sleep_until(silence.unwrap_or(due)), if read && silence.is_some() => Wake::Silence,
+                _ = tokio::time::sleep_until(timer) => match silence {
+                    Some(s) if s <= tokio::time::Instant::now() => Wake::Silence,
+                    _ => Wake::StatusDue,
+                },
                 _ = tokio::time::sleep_until(batch_until.unwrap_or(due)), if batch_until.is_some() => Wake::BatchWaitOver,
                 () = pause_over(&mut self.pause), if paused.is_some() => Wake::PauseOver,
                 room = self.tx.reserve(), if self.owed_keepalive.is_some() => Wake::Room(room.is_ok()),
@@ -631,10 +641,18 @@ impl Task {
                 Wake::Silence => match self.silence.check(Instant::now()) {
                     Silent::Fine => {}
                     Silent::Ping => self.send_status_asking_reply(true).await?,
+                    // A timer due while this process was stopped or starved of CPU fires
+                    // before the runtime has looked at the socket again: one last look at it,
+                    // briefly, before the connection is given up.
                     Silent::Lost => {
-                        return Err(ReaderError::Silent {
-                            secs: self.silence.timeout().unwrap_or_default().as_secs(),
-                        })
+                        match tokio::time::timeout(LAST_LOOK, self.conn.recv_copy_data()).await {
+                            Ok(data) => self.take_data(data?).await?,
+                            Err(_) => {
+                                return Err(ReaderError::Silent {
+                                    secs: self.silence.timeout().unwrap_or_default().as_secs(),
+                                })
+                            }
+                        }
                     }
                 },
                 Wake::Room(false) => return Err(ReaderError::Closed),
@@ -649,35 +667,38 @@ impl Task {
                     self.conn.set_read_low_watermark(1);
                     self.paused = None;
                 }
-                Wake::Data(data) => {
-                    let data = data?;
-                    self.pacing = self.pause.is_some() && self.batching.is_none();
-                    if self.pacing {
-                        self.woke = Instant::now();
-                    }
-                    let mut bytes = data.len();
-                    self.handle(data).await?;
-                    // Everything that read brought, before waiting on the socket and the
-                    // timers again (bounded, so confirmations and status updates stay prompt).
-                    for _ in 0..BUFFERED_BURST {
-                        match self.conn.buffered_copy_data()? {
-                            Some(data) => {
-                                bytes += data.len();
-                                self.handle(data).await?;
-                            }
-                            None => break,
-                        }
-                    }
-                    // Before any wait: nothing read waits for company.
-                    self.flush().await?;
-                    // Heard, and what the pipeline made the reader wait meanwhile was not the
-                    // server's silence.
-                    self.silence.heard(Instant::now());
-                    self.batch_reads(bytes);
-                    self.pause_inside_transaction();
-                }
+                Wake::Data(data) => self.take_data(data?).await?,
             }
         }
+    }
+
+    /// What a read of the socket brought, and whatever else is buffered behind it.
+    async fn take_data(&mut self, data: bytes::Bytes) -> Result<(), ReaderError> {
+        self.pacing = self.pause.is_some() && self.batching.is_none();
+        if self.pacing {
+            self.woke = Instant::now();
+        }
+        let mut bytes = data.len();
+        self.handle(data).await?;
+        // Everything that read brought, before waiting on the socket and the
+        // timers again (bounded, so confirmations and status updates stay prompt).
+        for _ in 0..BUFFERED_BURST {
+            match self.conn.buffered_copy_data()? {
+                Some(data) => {
+                    bytes += data.len();
+                    self.handle(data).await?;
+                }
+                None => break,
+            }
+        }
+        // Before any wait: nothing read waits for company.
+        self.flush().await?;
+        // Heard, and what the pipeline made the reader wait meanwhile was not the server's
+        // silence.
+        self.silence.heard(Instant::now());
+        self.batch_reads(bytes);
+        self.pause_inside_transaction();
+        Ok(())
     }
 
     /// Switches batched reading on and off after a wake-up that brought `bytes` (0: the batch
