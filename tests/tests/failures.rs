@@ -394,7 +394,7 @@ async fn postgres_restart_under_ferry_reconnects_and_resumes() {
 
 /// PostgreSQL gone silent under a streaming Ferry, the connection left open (a dropped route,
 /// a vanished host behind a proxy): the session ends once `postgres.receive_timeout` passed
-/// (the server does not answer the reply asked for at half of it), Ferry reconnects once the
+/// (the server does not answer the replies asked for), Ferry reconnects once the
 /// route is back, and nothing is lost. Without the timeout the session waited as long as the
 /// connection stayed open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

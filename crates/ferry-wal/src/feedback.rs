@@ -157,9 +157,16 @@ impl Progress {
 /// updates it writes are acknowledged by a proxy, or retransmitted by the kernel for about 15
 /// minutes (`tcp_retries2`) before the socket fails. PostgreSQL's own logical replication
 /// worker ends such a connection after `wal_receiver_timeout` (60 s by default), asking the
-/// walsender for a reply (a status update with `reply_requested`, which it answers with a
-/// keepalive at once) when half of it has passed in silence. Ferry does the same, with
-/// `postgres.receive_timeout`.
+/// walsender for a reply first. Ferry does the same with `postgres.receive_timeout` (`t`):
+///
+/// - after `t/4` of silence it **asks for a reply**: every status update from then on has
+///   `reply_requested` set, until the server is heard. A walsender answers it with a keepalive
+///   whenever it reads its client's messages: at once when idle or sending, and while it
+///   decodes changes it sends nothing for (other tables' rows) at least every
+///   `wal_sender_timeout / 2` (PostgreSQL 15+);
+/// - the connection is **lost** once `t` has passed since the server was last heard *and*
+///   `3t/4` since the first request: a reader that wakes late (its process stopped, or
+///   starved of CPU) asks first and waits before it gives up.
 ///
 /// Only the time the reader spends waiting on the socket counts: the reader marks the server
 /// heard after every read it handled, including the waits for the pipeline inside it (a
@@ -169,60 +176,76 @@ impl Progress {
 pub struct Silence {
     timeout: Option<Duration>,
     heard_at: Instant,
-    pinged: bool,
+    /// When the first request for a reply of this silence went out.
+    asked_at: Option<Instant>,
 }
 
 /// What silence calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Silent {
-    /// Nothing yet.
+    /// Nothing (more) yet.
     Fine,
-    /// Half the timeout passed: send a status update asking for a reply.
-    Ping,
-    /// The whole timeout passed: the connection is lost.
+    /// Ask the server for a reply (and keep asking in every status update until it is heard).
+    Ask,
+    /// The connection is lost.
     Lost,
 }
 
 impl Silence {
-    /// Heard at `now`; `timeout` `None` never takes the connection for lost.
+    /// Heard at `now`; `timeout` `None` (or zero) never takes the connection for lost.
     pub fn new(timeout: Option<Duration>, now: Instant) -> Silence {
         Silence {
             timeout: timeout.filter(|t| !t.is_zero()),
             heard_at: now,
-            pinged: false,
+            asked_at: None,
         }
     }
 
     /// The server was heard from (or the reader was busy, not waiting on it) at `now`.
     pub fn heard(&mut self, now: Instant) {
-        self.heard_at = self.heard_at.max(now);
-        self.pinged = false;
+        if now >= self.heard_at {
+            self.heard_at = now;
+            self.asked_at = None;
+        }
     }
 
-    /// When to look again: the ping's time until it is sent, then the timeout's end; `None`
-    /// without a timeout.
-    pub fn next_check(&self) -> Option<Instant> {
+    /// Whether status updates ask for a reply (the silence has lasted a quarter of the timeout).
+    pub fn asking(&self) -> bool {
+        self.asked_at.is_some()
+    }
+
+    /// When the connection is taken for lost if nothing is heard; `None` without a timeout.
+    pub fn lost_at(&self) -> Option<Instant> {
         let t = self.timeout?;
-        Some(if self.pinged {
-            self.heard_at + t
-        } else {
-            self.heard_at + t / 2
+        let by_silence = self.heard_at + t;
+        Some(match self.asked_at {
+            Some(asked) => by_silence.max(asked + t * 3 / 4),
+            // Asked at a quarter at the earliest: three quarters after it.
+            None => by_silence,
         })
     }
 
-    /// What the silence up to `now` calls for. A ping is asked for once per silence.
+    /// When to look again: the first request's time until it is made, then the loss's.
+    pub fn next_check(&self) -> Option<Instant> {
+        let t = self.timeout?;
+        match self.asked_at {
+            None => Some(self.heard_at + t / 4),
+            Some(_) => self.lost_at(),
+        }
+    }
+
+    /// What the silence up to `now` calls for.
     pub fn check(&mut self, now: Instant) -> Silent {
         let Some(t) = self.timeout else {
             return Silent::Fine;
         };
-        let silent = now.saturating_duration_since(self.heard_at);
-        if silent >= t {
-            Silent::Lost
-        } else if silent >= t / 2 && !self.pinged {
-            self.pinged = true;
-            Silent::Ping
-        } else {
-            Silent::Fine
+        match self.asked_at {
+            None if now.saturating_duration_since(self.heard_at) >= t / 4 => {
+                self.asked_at = Some(now);
+                Silent::Ask
+            }
+            Some(_) if self.lost_at().is_some_and(|lost| now >= lost) => Silent::Lost,
+            _ => Silent::Fine,
         }
     }
 
@@ -312,31 +335,48 @@ mod tests {
     }
 
     #[test]
-    fn silence_pings_at_half_the_timeout_and_is_lost_at_the_whole() {
+    fn silence_asks_at_a_quarter_and_is_lost_at_the_whole() {
         let now = t0();
         let mut s = Silence::new(Some(60 * SEC), now);
-        assert_eq!(s.next_check(), Some(now + 30 * SEC));
-        assert_eq!(s.check(now + 29 * SEC), Silent::Fine);
-        assert_eq!(s.check(now + 30 * SEC), Silent::Ping);
-        // Asked once per silence.
-        assert_eq!(s.check(now + 31 * SEC), Silent::Fine);
+        assert_eq!(s.next_check(), Some(now + 15 * SEC));
+        assert_eq!(s.check(now + 14 * SEC), Silent::Fine);
+        assert!(!s.asking());
+        assert_eq!(s.check(now + 15 * SEC), Silent::Ask);
+        // Every status update asks from then on; the first request is made once.
+        assert!(s.asking());
+        assert_eq!(s.check(now + 16 * SEC), Silent::Fine);
         assert_eq!(s.next_check(), Some(now + 60 * SEC));
+        assert_eq!(s.lost_at(), Some(now + 60 * SEC));
+        assert_eq!(s.check(now + 59 * SEC), Silent::Fine);
         assert_eq!(s.check(now + 60 * SEC), Silent::Lost);
+    }
+
+    #[test]
+    fn a_reader_that_wakes_late_asks_before_it_gives_up() {
+        let now = t0();
+        let mut s = Silence::new(Some(60 * SEC), now);
+        // Stopped for ten minutes: it asks first, and waits three quarters of the timeout.
+        let woke = now + 600 * SEC;
+        assert_eq!(s.check(woke), Silent::Ask);
+        assert_eq!(s.next_check(), Some(woke + 45 * SEC));
+        assert_eq!(s.check(woke + 44 * SEC), Silent::Fine);
+        assert_eq!(s.check(woke + 45 * SEC), Silent::Lost);
     }
 
     #[test]
     fn hearing_from_the_server_starts_the_silence_over() {
         let now = t0();
-        let mut s = Silence::new(Some(10 * SEC), now);
-        assert_eq!(s.check(now + 5 * SEC), Silent::Ping);
-        s.heard(now + 6 * SEC);
-        assert_eq!(s.next_check(), Some(now + 11 * SEC));
-        assert_eq!(s.check(now + 10 * SEC), Silent::Fine);
-        assert_eq!(s.check(now + 12 * SEC), Silent::Ping);
-        assert_eq!(s.check(now + 15 * SEC), Silent::Fine);
-        // An earlier instant never moves it back.
+        let mut s = Silence::new(Some(8 * SEC), now);
+        assert_eq!(s.check(now + 2 * SEC), Silent::Ask);
+        s.heard(now + 3 * SEC);
+        assert!(!s.asking());
+        assert_eq!(s.next_check(), Some(now + 5 * SEC));
+        assert_eq!(s.check(now + 4 * SEC), Silent::Fine);
+        assert_eq!(s.check(now + 5 * SEC), Silent::Ask);
+        // An earlier instant changes nothing.
         s.heard(now);
-        assert_eq!(s.check(now + 16 * SEC), Silent::Lost);
+        assert!(s.asking());
+        assert_eq!(s.check(now + 11 * SEC), Silent::Lost);
     }
 
     #[test]

@@ -441,8 +441,8 @@ async fn start_through_proxy(s: &Setup, opts: StreamOptions) -> (Proxy, ReaderHa
 
 /// A server that goes silent without closing the connection (here a proxy that forwards
 /// nothing more, as a dropped route or a vanished host does) ends the stream with a transient
-/// timeout once `receive_timeout` passed, a reply asked for at half of it: without one the
-/// reader would wait for as long as the connection stays open.
+/// timeout once `receive_timeout` passed, a reply asked for from a quarter of it on: without
+/// one the reader would wait for as long as the connection stays open.
 #[tokio::test]
 async fn a_server_that_went_silent_ends_the_stream_after_the_receive_timeout() {
     let s = setup().await;
@@ -452,7 +452,7 @@ async fn a_server_that_went_silent_ends_the_stream_after_the_receive_timeout() {
     };
     let (proxy, mut r) = start_through_proxy(&s, opts).await;
     // The stream works, and an idle stream longer than the timeout stays up: the server
-    // answers the reply asked for at half of it.
+    // answers the reply asked for.
     insert_and_expect_note(&s.sql, &mut r, "before the silence").await;
     let idle = tokio::time::Instant::now() + Duration::from_secs(5);
     while tokio::time::Instant::now() < idle {
@@ -470,9 +470,7 @@ async fn a_server_that_went_silent_ends_the_stream_after_the_receive_timeout() {
     );
     let err = r.shutdown().await.expect_err("a silent server is an error");
     assert!(
-        matches!(err, ReaderError::Silent { secs: 2 })
-            && err.is_transient()
-            && err.is_server_away(),
+        matches!(err, ReaderError::Silent { .. }) && err.is_transient() && err.is_server_away(),
         "{err}"
     );
     assert!(

@@ -201,12 +201,12 @@ pub enum ReaderError {
     #[error("the reader's caller went away")]
     Closed,
     /// The server sent nothing on the replication connection for the receive timeout, not even
-    /// the reply asked for at half of it ([`crate::feedback::Silence`]).
+    /// a reply it was asked for ([`crate::feedback::Silence`]).
     #[error(
-        "PostgreSQL sent nothing on the replication connection for {secs}s, not even the reply \
-         asked for halfway (postgres.receive_timeout): the connection is taken for lost"
+        "PostgreSQL sent nothing on the replication connection for {after:?}, not even a reply \
+         it was asked for (postgres.receive_timeout): the connection is taken for lost"
     )]
-    Silent { secs: u64 },
+    Silent { after: std::time::Duration },
 }
 
 impl ReaderError {
@@ -318,7 +318,9 @@ mod tests {
                 source: io::Error::from(io::ErrorKind::ConnectionReset),
             },
             server("57P03", "the database system is starting up"),
-            ReaderError::Silent { secs: 60 },
+            ReaderError::Silent {
+                after: std::time::Duration::from_secs(60),
+            },
             server(
                 "57P01",
                 "terminating connection due to administrator command",

@@ -86,7 +86,7 @@ pub struct StreamOptions {
     /// stream is idle the pause ends sooner, when the rest has come); zero: never.
     pub pause_inside_transaction: Duration,
     /// How long the server may send nothing before the connection is taken for lost (a reply
-    /// asked for at half of it; see [`crate::feedback::Silence`]); `None`: never.
+    /// asked for from a quarter of it on; see [`crate::feedback::Silence`]); `None`: never.
     pub receive_timeout: Option<Duration>,
 }
 
@@ -580,8 +580,8 @@ enum Wake {
     Data(Result<bytes::Bytes, ReaderError>),
     Confirmed(bool),
     StatusDue,
-    /// The server has been silent long enough to ask for a reply, or to give up.
-    Silence,
+    /// The server has been silent long enough to ask for a reply, or to give up (the time).
+    Silence(Instant),
     BatchWaitOver,
     PauseOver,
     /// The pipeline has room for an owed keepalive (`false`: it is gone).
@@ -625,7 +625,7 @@ impl Task {
                 biased;
                 changed = self.confirm.changed() => Wake::Confirmed(changed.is_ok()),
                 _ = tokio::time::sleep_until(timer) => match silence {
-                    Some(s) if s <= tokio::time::Instant::now() => Wake::Silence,
+                    Some(s) if s <= tokio::time::Instant::now() => Wake::Silence(tokio::time::Instant::now().into_std()),
                     _ => Wake::StatusDue,
                 },
                 _ = tokio::time::sleep_until(batch_until.unwrap_or(due)), if batch_until.is_some() => Wake::BatchWaitOver,
@@ -637,23 +637,11 @@ impl Task {
             match wake {
                 Wake::Confirmed(false) => return Err(ReaderError::Closed),
                 Wake::Confirmed(true) => self.take_confirmation()?,
-                Wake::StatusDue => self.send_status().await?,
-                Wake::Silence => match self.silence.check(Instant::now()) {
+                Wake::StatusDue => self.send_status_bounded().await?,
+                Wake::Silence(now) => match self.silence.check(now) {
                     Silent::Fine => {}
-                    Silent::Ping => self.send_status_asking_reply(true).await?,
-                    // A timer due while this process was stopped or starved of CPU fires
-                    // before the runtime has looked at the socket again: one last look at it,
-                    // briefly, before the connection is given up.
-                    Silent::Lost => {
-                        match tokio::time::timeout(LAST_LOOK, self.conn.recv_copy_data()).await {
-                            Ok(data) => self.take_data(data?).await?,
-                            Err(_) => {
-                                return Err(ReaderError::Silent {
-                                    secs: self.silence.timeout().unwrap_or_default().as_secs(),
-                                })
-                            }
-                        }
-                    }
+                    Silent::Ask => self.send_status_bounded().await?,
+                    Silent::Lost => self.last_look().await?,
                 },
                 Wake::Room(false) => return Err(ReaderError::Closed),
                 Wake::Room(true) => {
@@ -669,6 +657,32 @@ impl Task {
                 }
                 Wake::Data(data) => self.take_data(data?).await?,
             }
+        }
+    }
+
+    /// Before a silent server's connection is given up, one last look at the socket: a timer
+    /// due while this process was stopped or starved of CPU fires before the runtime has looked
+    /// at the socket again. Whatever is queued counts, below a raised low-water mark too.
+    async fn last_look(&mut self) -> Result<(), ReaderError> {
+        let was_paused = self.paused.take().is_some();
+        if was_paused {
+            if let Some(pause) = &mut self.pause {
+                pause.stop();
+            }
+        }
+        if self.batching.take().is_some() || was_paused {
+            self.conn.set_read_low_watermark(1);
+        }
+        match tokio::time::timeout(LAST_LOOK, self.conn.recv_copy_data()).await {
+            Ok(data) => self.take_data(data?).await,
+            Err(_) => Err(self.silent()),
+        }
+    }
+
+    /// The error of a connection the server's silence ended.
+    fn silent(&self) -> ReaderError {
+        ReaderError::Silent {
+            after: self.silence.timeout().unwrap_or_default(),
         }
     }
 
@@ -782,16 +796,23 @@ impl Task {
         Ok(self.progress.confirm(lsn)?)
     }
 
-    async fn send_status(&mut self) -> Result<(), ReaderError> {
-        self.send_status_asking_reply(false).await
+    /// A status update, given up with the connection if it cannot be written within the
+    /// receive timeout (a server gone: the kernel's send buffer full).
+    async fn send_status_bounded(&mut self) -> Result<(), ReaderError> {
+        match self.silence.timeout() {
+            Some(t) => tokio::time::timeout(t, self.send_status())
+                .await
+                .map_err(|_| self.silent())?,
+            None => self.send_status().await,
+        }
     }
 
-    /// A status update; `reply`: asking the walsender to answer at once (with a keepalive).
-    async fn send_status_asking_reply(&mut self, reply: bool) -> Result<(), ReaderError> {
+    /// A status update; while the server is silent, it asks for a reply ([`Silence`]).
+    async fn send_status(&mut self) -> Result<(), ReaderError> {
         let mut update = self
             .progress
             .take_update(Instant::now(), PgTimestamp::now());
-        update.reply_requested = reply;
+        update.reply_requested = self.silence.asking();
         let mut buf = bytes::BytesMut::with_capacity(64);
         update.encode_into(&mut buf);
         self.conn.send_copy_data(&buf).await?;

@@ -38,7 +38,7 @@ pub struct PostgresConfig {
     /// How often a standby status update (the confirmed LSN) is sent, also when idle.
     pub status_interval: ConfigDuration,
     /// How long the server may send nothing on the replication connection (a reply is asked
-    /// for at half of it) before the connection is taken for lost; `0s`: never.
+    /// for from a quarter of it on) before the connection is taken for lost; `0s`: never.
     pub receive_timeout: ConfigDuration,
     /// Time allowed to establish a connection.
     pub connect_timeout: ConfigDuration,

@@ -485,6 +485,7 @@ fn validate_reports_each_problem_with_its_key_path() {
         (|c| c.postgres.slot = "s".repeat(64), "postgres.slot: invalid slot name"),
         (|c| c.postgres.publication = String::new(), "postgres.publication: must be 1 to 63 bytes"),
         (|c| c.postgres.status_interval = Duration::ZERO.into(), "postgres.status_interval: must be greater than 0s"),
+        (|c| c.postgres.receive_timeout = Duration::from_millis(500).into(), "postgres.receive_timeout: must be 0s (never) or at least 1s"),
         (|c| c.postgres.status_interval = Duration::from_secs(31).into(), "postgres.status_interval: must be at most 30s"),
         (|c| c.postgres.connect_timeout = Duration::ZERO.into(), "postgres.connect_timeout: must be greater than 0s"),
         (|c| c.postgres.reconnect_backoff_min = Duration::ZERO.into(), "postgres.reconnect_backoff_min: must be greater"),

@@ -51,6 +51,9 @@ impl Problems {
     }
 }
 
+/// The shortest `postgres.receive_timeout` other than 0s.
+const MIN_RECEIVE_TIMEOUT: Duration = Duration::from_secs(1);
+
 fn postgres(c: &Config, p: &mut Problems) {
     let pg = &c.postgres;
     if pg.url.is_empty() {
@@ -114,6 +117,16 @@ fn postgres(c: &Config, p: &mut Problems) {
         defaults::MAX_STATUS_INTERVAL,
         "the server drops a client that sends no status update within wal_sender_timeout (60s by default)",
     );
+    if !pg.receive_timeout.is_zero() && pg.receive_timeout.get() < MIN_RECEIVE_TIMEOUT {
+        p.add(
+            "postgres.receive_timeout",
+            format!(
+                "must be 0s (never) or at least {}: shorter, the ordinary gaps between the \
+                 server's messages would end sessions",
+                duration::format(MIN_RECEIVE_TIMEOUT)
+            ),
+        );
+    }
     p.positive("postgres.connect_timeout", pg.connect_timeout);
     p.positive("postgres.reconnect_backoff_min", pg.reconnect_backoff_min);
     if pg.reconnect_backoff_max < pg.reconnect_backoff_min {

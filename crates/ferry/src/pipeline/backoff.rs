@@ -19,29 +19,6 @@
 
 use std::time::{Duration, Instant};
 
-/// The longest a session waits on a silent server, in `postgres.receive_timeout`s
-/// ([`next_silence_scale`]).
-pub(super) const MAX_SILENCE_SCALE: u32 = 32;
-
-/// How many `postgres.receive_timeout`s the next session waits on a silent server, after a
-/// session that ran with `scale`: twice as many after a session the silence ended, up to
-/// [`MAX_SILENCE_SCALE`]; one after a session that worked.
-///
-/// A server that vanished is not reached again, so the next session fails to connect and the
-/// longer wait is never used. A walsender silent because it is busy (decoding a large
-/// transaction of other tables, on a server whose `wal_sender_timeout` is off, so that it sends
-/// no keepalive meanwhile) would otherwise be cut off at the same point by every session, which
-/// starts the decoding over: the doubling lets one session wait long enough.
-pub(super) fn next_silence_scale(scale: u32, ended_by_silence: bool, lived: Lived) -> u32 {
-    if ended_by_silence {
-        scale.saturating_mul(2).clamp(1, MAX_SILENCE_SCALE)
-    } else if lived.confirmed_past_start {
-        1
-    } else {
-        scale.max(1)
-    }
-}
-
 /// What a session did that bears on the wait after it (kept by the session's driver).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Lived {
@@ -191,28 +168,6 @@ mod tests {
         }
         assert_eq!(seen, [500, 1_000, 2_000, 4_000]);
         assert_eq!(b.next(), Duration::from_secs(8));
-    }
-
-    #[test]
-    fn silence_doubles_the_next_sessions_wait_until_a_session_works() {
-        let none = Lived::default();
-        let worked = Lived {
-            confirmed_past_start: true,
-            ..Lived::default()
-        };
-        let mut scale = 1;
-        let mut seen = Vec::new();
-        for _ in 0..7 {
-            scale = next_silence_scale(scale, true, none);
-            seen.push(scale);
-        }
-        assert_eq!(seen, [2, 4, 8, 16, 32, 32, 32]);
-        // A session that failed otherwise, before working, keeps it.
-        assert_eq!(next_silence_scale(scale, false, none), 32);
-        // One that worked (and then failed, or ended) starts it over.
-        assert_eq!(next_silence_scale(scale, false, worked), 1);
-        // Silence that ended a session that had worked still doubles it: the stream stalled.
-        assert_eq!(next_silence_scale(1, true, worked), 2);
     }
 
     #[test]

@@ -151,9 +151,6 @@ pub(super) struct Carry {
     pub transactions_probe: Option<super::start::TransactionsProbe>,
     /// What the last session did that bears on the wait after it (set by each session).
     pub lived: Lived,
-    /// How many `postgres.receive_timeout`s this session waits on a silent server
-    /// ([`super::backoff::next_silence_scale`]).
-    pub silence_scale: u32,
 }
 
 /// How long a standby's answer on transactions is judged instead of asking again: brokers
@@ -521,9 +518,6 @@ impl<'a> Driver<'a> {
         };
         let mut options = s.stream.clone();
         options.binary = mode == Mode::Binary;
-        options.receive_timeout = options
-            .receive_timeout
-            .map(|t| t.saturating_mul(self.carry.silence_scale.max(1)));
         // ensure() refused tables the publication lists and no entry relays; one listed
         // later stops the stream at its first row (or the watch, whichever is first).
         options.source.other_tables = other_tables;

@@ -93,7 +93,6 @@ pub async fn run(
         standby_sql: None,
         transactions_probe: None,
         lived: backoff::Lived::default(),
-        silence_scale: 1,
     };
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
@@ -159,25 +158,6 @@ pub async fn run(
             producer = Some((p, link));
             result
         };
-        let silent = matches!(
-            &result,
-            Err(PipelineError::Reader(
-                ferry_wal::conn::ReaderError::Silent { .. }
-            ))
-        );
-        let scale = backoff::next_silence_scale(carry.silence_scale, silent, carry.lived);
-        if scale > carry.silence_scale {
-            if let Some(t) = settings.stream.receive_timeout {
-                tracing::info!(
-                    "the next session waits up to {} s on a silent server (the last one's silence \
-                     may have been a long decode of other tables' changes; back to {} s once a \
-                     session confirms)",
-                    t.saturating_mul(scale).as_secs(),
-                    t.as_secs()
-                );
-            }
-        }
-        carry.silence_scale = scale;
         // Made for the first session's verdict only: kept through a backoff (PostgreSQL down
         // at a first start), an idle client would hold its connections, and report their
         // closing, for nothing.
