@@ -362,18 +362,10 @@ pub async fn outage(
     outage_for: Duration,
     out: &mut Startup,
 ) -> Res<()> {
-    let sql = pg::connect(url).await;
-    let w = workload();
     let slot = format!("bench_outage_{run}");
-    sql.execute(
-        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-        &[&slot],
-    )
-    .await?;
-    w.insert_one_txn(&sql, 0, w.rows).await?;
-    let spawned = Instant::now();
-    let mut ferry = Running::spawn(url, &broker.brokers(), &slot, topic)?;
-    wait_produced(&mut ferry, w.rows, spawned, DEADLINE).await?;
+    let Relaying {
+        sql, w, mut ferry, ..
+    } = relaying(url, &broker.brokers(), &slot, topic).await?;
     tokio::task::block_in_place(|| broker.stop());
     let stopped = Instant::now();
     w.insert_one_txn(&sql, 100, w.rows).await?;
@@ -406,26 +398,17 @@ pub async fn pg_outage(
     outage_for: Duration,
     out: &mut Startup,
 ) -> Res<()> {
-    let sql = pg::connect(url).await;
-    let w = workload();
     let slot = format!("bench_pg_outage_{run}");
-    sql.execute(
-        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-        &[&slot],
-    )
-    .await?;
-    w.insert_one_txn(&sql, 0, w.rows).await?;
-    let written: String = sql
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await?
-        .get(0);
-    let written: ferry_wal::Lsn = written.parse()?;
-    let spawned = Instant::now();
-    let mut ferry = Running::spawn(url, brokers, &slot, topic)?;
-    wait_produced(&mut ferry, w.rows, spawned, DEADLINE).await?;
+    let Relaying {
+        sql,
+        w,
+        mut ferry,
+        written,
+        spawned,
+    } = relaying(url, brokers, &slot, topic).await?;
     // Confirmed in the slot: after the restart the stream starts past it, and Ferry's count
     // grows only by the transaction written then (not by this one, replayed).
-    while crate::confirmed(&sql, &slot).await? < written {
+    while confirmed(&sql, &slot).await? < written {
         ferry.check_alive()?;
         if spawned.elapsed() > DEADLINE {
             return Err(
@@ -449,6 +432,41 @@ pub async fn pg_outage(
     crate::drop_slot(&sql, &slot).await?;
     sql.batch_execute("TRUNCATE outbox").await?;
     Ok(())
+}
+
+/// A Ferry relaying on a fresh slot `slot`, which has relayed the one transaction written
+/// before it started ([`relaying`]).
+struct Relaying {
+    sql: tokio_postgres::Client,
+    w: Workload,
+    ferry: Running,
+    /// The WAL's end once that transaction was written.
+    written: ferry_wal::Lsn,
+    spawned: Instant,
+}
+
+/// Creates `slot`, writes a transaction, starts Ferry on the slot and waits until it reports
+/// the transaction's records acknowledged.
+async fn relaying(url: &str, brokers: &str, slot: &str, topic: &str) -> Res<Relaying> {
+    let sql = pg::connect(url).await;
+    let w = workload();
+    sql.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&slot],
+    )
+    .await?;
+    w.insert_one_txn(&sql, 0, w.rows).await?;
+    let written = current_lsn(&sql).await?;
+    let spawned = Instant::now();
+    let mut ferry = Running::spawn(url, brokers, slot, topic)?;
+    wait_produced(&mut ferry, w.rows, spawned, DEADLINE).await?;
+    Ok(Relaying {
+        sql,
+        w,
+        ferry,
+        written,
+        spawned,
+    })
 }
 
 /// Polls every 2 ms until Ferry reports `n` records acknowledged, at most `deadline` after
