@@ -393,13 +393,22 @@ async fn postgres_restart_under_ferry_reconnects_and_resumes() {
 }
 
 /// PostgreSQL gone silent under a streaming Ferry, the connection left open (a dropped route,
-/// a vanished host behind a proxy): the session ends once `postgres.receive_timeout` passed
-/// (the server does not answer the replies asked for), Ferry reconnects once the
+/// a vanished host behind a proxy): the session ends once the receive timeout passed (the
+/// configured one, or the server's `wal_sender_timeout` where longer; the server does not
+/// answer the replies asked for), Ferry reconnects once the
 /// route is back, and nothing is lost. Without the timeout the session waited as long as the
 /// connection stayed open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
     let mut w = World::new().await;
+    // Longer than the receive timeout below: the session waits the server's own.
+    w.sql
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET wal_sender_timeout = '3s'",
+            w.db.name
+        ))
+        .await
+        .unwrap();
     quick_reconnects(&mut w);
     let (url, proxy) = through_proxy(&w.db.url).await;
     for (k, v) in [
@@ -429,7 +438,9 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
         ferry.log_text()
     );
     assert!(
-        ferry.log_text().contains("postgres.receive_timeout"),
+        ferry
+            .log_text()
+            .contains("sent nothing on the replication connection for 3s"),
         "{}",
         ferry.log_text()
     );
@@ -447,6 +458,7 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ferry_stopped_for_a_while_takes_no_silence_for_the_servers() {
     let mut w = World::new().await;
+    without_wal_sender_timeout(&w).await;
     w.env
         .push(("FERRY_POSTGRES_RECEIVE_TIMEOUT".into(), "2s".into()));
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
@@ -574,6 +586,19 @@ async fn every_session_that_worked_starts_the_backoff_over() {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+/// The world's database without the server's `wal_sender_timeout`: Ferry's receive timeout is
+/// never shorter than it (60 s by default), and the walsender does not end the connection of a
+/// Ferry a test stops.
+async fn without_wal_sender_timeout(w: &World) {
+    w.sql
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET wal_sender_timeout = 0",
+            w.db.name
+        ))
+        .await
+        .expect("ALTER DATABASE ... SET wal_sender_timeout");
+}
 
 /// Small backoffs so that reconnects happen within the test's time.
 fn quick_reconnects(w: &mut World) {

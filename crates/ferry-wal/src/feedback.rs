@@ -180,6 +180,16 @@ pub struct Silence {
     asked_at: Option<Instant>,
 }
 
+/// The receive timeout a session streams with: the configured one, but never shorter than the
+/// server's `wal_sender_timeout` (`server`, `None` when off). While a walsender decodes changes
+/// it sends nothing for, it answers a request for a reply only every half of its own timeout
+/// (PostgreSQL 15+); [`Silence`] asks from a quarter of its timeout on, so at least the
+/// server's leaves a quarter to spare. A server without one reads replies every 100 changes.
+/// `configured` `None`: never.
+pub fn receive_timeout(configured: Option<Duration>, server: Option<Duration>) -> Option<Duration> {
+    configured.map(|t| t.max(server.unwrap_or_default()))
+}
+
 /// What silence calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Silent {
@@ -377,6 +387,15 @@ mod tests {
         s.heard(now);
         assert!(s.asking());
         assert_eq!(s.check(now + 11 * SEC), Silent::Lost);
+    }
+
+    #[test]
+    fn the_receive_timeout_is_never_shorter_than_the_servers() {
+        let (min, five) = (60 * SEC, 300 * SEC);
+        assert_eq!(receive_timeout(Some(min), None), Some(min));
+        assert_eq!(receive_timeout(Some(min), Some(30 * SEC)), Some(min));
+        assert_eq!(receive_timeout(Some(min), Some(five)), Some(five));
+        assert_eq!(receive_timeout(None, Some(five)), None);
     }
 
     #[test]

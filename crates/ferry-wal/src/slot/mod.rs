@@ -72,7 +72,7 @@ pub use publication::{
 };
 pub use server::{
     current_wal_lsn, in_recovery, replication_privilege, server_version_num, system_identity,
-    wal_clock,
+    wal_clock, wal_sender_timeout,
 };
 pub use setup::{ensure, ensure_surveyed, SetupError, Survey};
 pub use spec::{quote_ident, quote_literal, AcceptedTypes, RequiredColumn, SlotSpec, TableSpec};

@@ -83,6 +83,23 @@ pub async fn wal_clock(client: &tokio_postgres::Client) -> Result<(Lsn, i64), Re
     Ok((lsn_col(row.get(1)), row.get(0)))
 }
 
+/// The server's `wal_sender_timeout` for this role (`None`: off). While a walsender decodes
+/// changes it sends nothing for, it reads its client's messages (and so answers a request for a
+/// reply) only every half of it (PostgreSQL 15+; [`crate::feedback::Silence`]).
+pub async fn wal_sender_timeout(
+    client: &tokio_postgres::Client,
+) -> Result<Option<std::time::Duration>, ReaderError> {
+    let ms: i64 = client
+        .query_one(
+            "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_sender_timeout'",
+            &[],
+        )
+        .await
+        .map_err(sql_error)?
+        .get(0);
+    Ok((ms > 0).then(|| std::time::Duration::from_millis(ms as u64)))
+}
+
 /// The server's `server_version_num` (e.g. 150004).
 pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, ReaderError> {
     let v: String = client

@@ -33,6 +33,9 @@ pub(super) struct Tables {
     pub mode: Mode,
     pub other_tables: ferry_wal::assembly::OtherTables,
     pub oids: Vec<(u32, usize)>,
+    /// The server's `wal_sender_timeout` (`None`: off): the receive timeout is never shorter
+    /// ([`ferry_wal::slot::wal_sender_timeout`]).
+    pub wal_sender_timeout: Option<std::time::Duration>,
 }
 
 /// Reads [`Tables`], all at once (the connection pipelines the queries); an error is the first
@@ -42,17 +45,19 @@ pub(super) async fn tables(
     s: &PipelineSettings,
 ) -> Result<Tables, PipelineError> {
     // ensure() checked the publication covers the table; how it does is watched while streaming.
-    let (membership, mode, other_tables, oids) = tokio::join!(
+    let (membership, mode, other_tables, oids, wal_sender_timeout) = tokio::join!(
         slot::publication_membership(sql, &s.slot),
         binary::decide(sql, s),
         slot::other_tables(sql, &s.slot),
         slot::outbox_oids(sql, &s.slot),
+        slot::wal_sender_timeout(sql),
     );
     let tables = Tables {
         membership: membership?,
         mode: mode?,
         other_tables: other_tables?,
         oids: oids?,
+        wal_sender_timeout: wal_sender_timeout?,
     };
     tracing::debug!("start-up: publication membership, binary mode, other tables and oids read");
     Ok(tables)

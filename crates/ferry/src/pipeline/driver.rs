@@ -511,6 +511,7 @@ impl<'a> Driver<'a> {
             mode,
             other_tables,
             oids,
+            wal_sender_timeout,
         } = match ahead.tables {
             Some(Ok(tables)) => tables,
             // Read again: its error is reported as this read's own.
@@ -523,6 +524,8 @@ impl<'a> Driver<'a> {
         options.source.other_tables = other_tables;
         options.source.other_tables.tables = self.carry.tables_taken_out.clone();
         options.source.oids = oids;
+        options.receive_timeout =
+            ferry_wal::feedback::receive_timeout(options.receive_timeout, wal_sender_timeout);
         match &mode {
             Mode::Binary => tracing::info!("values stream in pgoutput's binary mode"),
             Mode::Text(why) => tracing::info!("values stream as text: {why}"),
