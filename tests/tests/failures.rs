@@ -110,13 +110,7 @@ async fn broker_outage_loses_nothing_keeps_memory_bounded_and_ferry_keeps_runnin
     let mut w = World::on(pg::shared().create_db().await, broker.brokers()).await;
     // The server ends a walsender silent this long: the outage outlasts it several times, so
     // only Ferry's status updates keep the replication connection alive.
-    w.sql
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{}\" SET wal_sender_timeout = '3s'",
-            w.db.name
-        ))
-        .await
-        .unwrap();
+    wal_sender_timeout(&w, "3s").await;
     quick_reconnects(&mut w);
     w.env.push((
         "FERRY_KAFKA_MAX_IN_FLIGHT_RECORDS".into(),
@@ -402,13 +396,7 @@ async fn postgres_restart_under_ferry_reconnects_and_resumes() {
 async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
     let mut w = World::new().await;
     // Longer than the receive timeout below: the session waits the server's own.
-    w.sql
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{}\" SET wal_sender_timeout = '3s'",
-            w.db.name
-        ))
-        .await
-        .unwrap();
+    wal_sender_timeout(&w, "3s").await;
     quick_reconnects(&mut w);
     let (url, proxy) = through_proxy(&w.db.url).await;
     for (k, v) in [
@@ -458,7 +446,7 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ferry_stopped_for_a_while_takes_no_silence_for_the_servers() {
     let mut w = World::new().await;
-    without_wal_sender_timeout(&w).await;
+    wal_sender_timeout(&w, "0").await;
     w.env
         .push(("FERRY_POSTGRES_RECEIVE_TIMEOUT".into(), "2s".into()));
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
@@ -587,13 +575,13 @@ async fn every_session_that_worked_starts_the_backoff_over() {
 
 // ---------------------------------------------------------------------------------------------
 
-/// The world's database without the server's `wal_sender_timeout`: Ferry's receive timeout is
-/// never shorter than it (60 s by default), and the walsender does not end the connection of a
-/// Ferry a test stops.
-async fn without_wal_sender_timeout(w: &World) {
+/// The server's `wal_sender_timeout` for the world's database (`"0"`: off). Ferry's receive
+/// timeout is never shorter than it (60 s by default); off, the walsender does not end the
+/// connection of a Ferry a test stops.
+async fn wal_sender_timeout(w: &World, value: &str) {
     w.sql
         .batch_execute(&format!(
-            "ALTER DATABASE \"{}\" SET wal_sender_timeout = 0",
+            "ALTER DATABASE \"{}\" SET wal_sender_timeout = '{value}'",
             w.db.name
         ))
         .await
