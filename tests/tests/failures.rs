@@ -399,13 +399,11 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
     wal_sender_timeout(&w, "3s").await;
     quick_reconnects(&mut w);
     let (url, proxy) = through_proxy(&w.db.url).await;
-    for (k, v) in [
+    w.set_env(&[
         ("FERRY_POSTGRES_URL", url.as_str()),
         ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
         ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
-    ] {
-        w.env.push((k.into(), v.into()));
-    }
+    ]);
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
@@ -447,8 +445,7 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
 async fn a_ferry_stopped_for_a_while_takes_no_silence_for_the_servers() {
     let mut w = World::new().await;
     wal_sender_timeout(&w, "0").await;
-    w.env
-        .push(("FERRY_POSTGRES_RECEIVE_TIMEOUT".into(), "2s".into()));
+    w.set_env(&[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")]);
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
@@ -484,12 +481,10 @@ async fn a_postgres_back_is_used_without_waiting_out_the_backoff() {
         unreachable!()
     };
     let mut w = World::on(pg.create_db().await, kafka::shared().brokers()).await;
-    for (k, v) in [
+    w.set_env(&[
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "1m"),
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1m"),
-    ] {
-        w.env.push((k.into(), v.into()));
-    }
+    ]);
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
     tokio::task::block_in_place(|| cluster.stop(false));
     let mut ferry = w.start_ferry();
@@ -520,12 +515,10 @@ async fn every_session_that_worked_starts_the_backoff_over() {
     const ENDS: usize = 5;
     let mut w = World::new().await;
     // A maximum no session here lasts: only a confirmation can start the backoff over.
-    for (k, v) in [
+    w.set_env(&[
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "50ms"),
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1h"),
-    ] {
-        w.env.push((k.into(), v.into()));
-    }
+    ]);
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;
@@ -590,12 +583,10 @@ async fn wal_sender_timeout(w: &World, value: &str) {
 
 /// Small backoffs so that reconnects happen within the test's time.
 fn quick_reconnects(w: &mut World) {
-    for (k, v) in [
+    w.set_env(&[
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "100ms"),
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1s"),
-    ] {
-        w.env.push((k.into(), v.into()));
-    }
+    ]);
 }
 
 /// A metric's value, 0 when absent (or Ferry not answering).

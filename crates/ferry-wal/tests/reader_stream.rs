@@ -454,6 +454,7 @@ async fn a_server_that_went_silent_ends_the_stream_after_the_receive_timeout() {
     // The stream works, and an idle stream longer than the timeout stays up: the server
     // answers the reply asked for.
     insert_and_expect_note(&s.sql, &mut r, "before the silence").await;
+    // A window to stay up through (2.5 timeouts), not a wait for a condition.
     let idle = tokio::time::Instant::now() + Duration::from_secs(5);
     while tokio::time::Instant::now() < idle {
         assert!(!r.is_finished(), "an idle stream that answers ended");

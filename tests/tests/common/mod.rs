@@ -193,6 +193,12 @@ impl World {
         env
     }
 
+    /// Adds `FERRY_*` variables to the environment Ferry starts with (a later one wins).
+    pub fn set_env(&mut self, vars: &[(&str, &str)]) {
+        self.env
+            .extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    }
+
     /// This world's progress topic (`kafka.progress_topic`).
     pub fn progress_topic(&self) -> String {
         format!("ferry-progress.{}", self.topic_prefix)

@@ -204,7 +204,9 @@ pub enum ReaderError {
     /// a reply it was asked for ([`crate::feedback::Silence`]).
     #[error(
         "PostgreSQL sent nothing on the replication connection for {after:?}, not even a reply \
-         it was asked for (postgres.receive_timeout): the connection is taken for lost"
+         it was asked for (postgres.receive_timeout): the connection is taken for lost, and Ferry \
+         reconnects. If the server or the network was down, nothing needs doing; if the \
+         server was only busy, raise postgres.receive_timeout"
     )]
     Silent { after: std::time::Duration },
 }

@@ -624,10 +624,13 @@ impl Task {
             let wake = tokio::select! {
                 biased;
                 changed = self.confirm.changed() => Wake::Confirmed(changed.is_ok()),
-                _ = tokio::time::sleep_until(timer) => match silence {
-                    Some(s) if s <= tokio::time::Instant::now() => Wake::Silence(tokio::time::Instant::now().into_std()),
-                    _ => Wake::StatusDue,
-                },
+                _ = tokio::time::sleep_until(timer) => {
+                    let now = tokio::time::Instant::now();
+                    match silence {
+                        Some(s) if s <= now => Wake::Silence(now.into_std()),
+                        _ => Wake::StatusDue,
+                    }
+                }
                 _ = tokio::time::sleep_until(batch_until.unwrap_or(due)), if batch_until.is_some() => Wake::BatchWaitOver,
                 () = pause_over(&mut self.pause), if paused.is_some() => Wake::PauseOver,
                 room = self.tx.reserve(), if self.owed_keepalive.is_some() => Wake::Room(room.is_ok()),

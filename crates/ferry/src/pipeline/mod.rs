@@ -337,19 +337,16 @@ impl<'a> Supervisor<'a> {
         // it soon once the holder lets go, as when it began to stand by; it stays counted as
         // one meanwhile (it took nothing over).
         self.standing_by = false;
-        let probing = !lived.connected && e.is_server_away();
+        if lived.connected || !e.is_server_away() {
+            return Ok(!sleep_or_shutdown(wait, shutdown).await);
+        }
         let until = tokio::time::Instant::now() + wait;
         loop {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
-            let step = if probing {
-                left.min(QUIET_PROBE_EVERY)
-            } else {
-                left
-            };
-            if sleep_or_shutdown(step, shutdown.as_mut()).await {
+            if sleep_or_shutdown(left.min(QUIET_PROBE_EVERY), shutdown.as_mut()).await {
                 return Ok(false);
             }
-            if !probing || tokio::time::Instant::now() >= until {
+            if tokio::time::Instant::now() >= until {
                 break;
             }
             // What a quiet attempt finds is said by the next session, if it lasts. An attempt
