@@ -438,6 +438,68 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
     assert!(ferry.is_running(), "{}", ferry.log_text());
 }
 
+/// PostgreSQL goes silent while Ferry waits for Kafka at its start: the SQL connection Ferry
+/// opened meanwhile is the first session's, and its first query goes unanswered. The session
+/// ends after the receive timeout (the old build waited for as long as the connection stayed
+/// open: forever through a proxy), and Ferry streams once the route is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_gone_silent_before_the_session_streams_ends_it_after_the_receive_timeout() {
+    let upstream: std::net::SocketAddr = kafka::shared().brokers().parse().expect("one address");
+    let broker = ferry_testkit::proxy::Proxy::kafka(upstream)
+        .await
+        .expect("proxy");
+    let mut w = World::on(pg::shared().create_db().await, broker.addr().to_string()).await;
+    quick_reconnects(&mut w);
+    let (url, postgres) = through_proxy(&w.db.url).await;
+    w.set_env(&[
+        ("FERRY_POSTGRES_URL", url.as_str()),
+        ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
+        ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
+    ]);
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    broker.inject(Fault::Blackhole);
+    let mut ferry = w.start_ferry();
+    ferry
+        .wait_log("the Kafka brokers cannot be used", Duration::from_secs(60))
+        .await;
+    // Ferry's SQL connection is open (through the proxy): the one its first session takes.
+    let opened = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        let row = w
+            .sql
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+                &[],
+            )
+            .await
+            .expect("pg_stat_activity");
+        row.get::<_, i64>(0) > 0
+    })
+    .await;
+    assert!(
+        opened,
+        "Ferry opened no SQL connection:\n{}",
+        ferry.log_text()
+    );
+    postgres.inject(Fault::Blackhole);
+    broker.heal();
+    ferry
+        .wait_log(
+            "PostgreSQL did not answer the reads of the slot and the server within 2s",
+            Duration::from_secs(60),
+        )
+        .await;
+    // A first start: the slot is created once the route is back, and relays what follows.
+    postgres.heal();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    let end = w.current_wal_lsn().await;
+    let events = consume_events(&w.brokers, &topic, 0..10).await;
+    assert_key_order(&events, 0..10);
+    wait_confirmed(&w, end).await;
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+}
+
 /// Ferry stopped (SIGSTOP) for longer than `postgres.receive_timeout` while the server sends:
 /// once it runs again, what waits in the socket is read, not taken for the server's silence,
 /// and the session goes on (no reconnection).

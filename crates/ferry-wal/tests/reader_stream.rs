@@ -425,6 +425,13 @@ async fn what_was_read_before_a_refused_row_reaches_the_pipeline() {
 
 /// A reader started with `opts` through a TCP fault proxy in front of the test server.
 async fn start_through_proxy(s: &Setup, opts: StreamOptions) -> (Proxy, ReaderHandle) {
+    let (proxy, cfg) = proxied(s).await;
+    let r = ferry_wal::conn::start(&cfg, &s.sql, opts).await.unwrap();
+    (proxy, r)
+}
+
+/// A proxy to the test server, and the connection settings that go through it.
+async fn proxied(s: &Setup) -> (Proxy, ferry_wal::conn::ConnectConfig) {
     let upstream = s.db.url.split_once('@').map(|(_, r)| r).unwrap_or_default();
     let hostport = upstream.split('/').next().unwrap_or_default();
     let addr = tokio::net::lookup_host(hostport)
@@ -434,9 +441,45 @@ async fn start_through_proxy(s: &Setup, opts: StreamOptions) -> (Proxy, ReaderHa
         .expect("an address");
     let proxy = Proxy::tcp(addr).await.unwrap();
     let url = s.db.url.replace(hostport, &proxy.addr().to_string());
-    let cfg = ferry_wal::conn::ConnectConfig::parse(&url).unwrap();
-    let r = ferry_wal::conn::start(&cfg, &s.sql, opts).await.unwrap();
-    (proxy, r)
+    (proxy, ferry_wal::conn::ConnectConfig::parse(&url).unwrap())
+}
+
+/// A server that goes silent between connecting and `START_REPLICATION` (the connection opened
+/// ahead, while the session read the progress topic): the start fails with a transient error
+/// once `receive_timeout` passed, instead of waiting for as long as the connection stays open.
+#[tokio::test]
+async fn a_server_silent_before_start_replication_fails_the_start_after_the_receive_timeout() {
+    let s = setup().await;
+    let opts = StreamOptions {
+        receive_timeout: Some(Duration::from_secs(2)),
+        ..options(&s.spec, Some("outbox"))
+    };
+    let (proxy, cfg) = proxied(&s).await;
+    let replication = ferry_wal::conn::Replication::connect(&cfg).await.unwrap();
+    proxy.inject(Fault::Blackhole);
+    let started = tokio::time::timeout(
+        Duration::from_secs(30),
+        ferry_wal::conn::start_on(replication, &s.sql, opts),
+    )
+    .await
+    .expect("the start still waits 30 s into the silence");
+    let err = started.expect_err("a silent server is an error");
+    assert!(
+        matches!(
+            err,
+            ReaderError::Unanswered {
+                what: "START_REPLICATION",
+                ..
+            }
+        ) && err.is_transient()
+            && err.is_server_away(),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("postgres.receive_timeout"),
+        "{err}"
+    );
+    proxy.heal();
 }
 
 /// A server that goes silent without closing the connection (here a proxy that forwards

@@ -209,6 +209,38 @@ pub enum ReaderError {
          server was only busy, raise postgres.receive_timeout"
     )]
     Silent { after: std::time::Duration },
+    /// A query of a session's set-up (the slot, the server, the tables, `START_REPLICATION`)
+    /// got no answer within the receive timeout ([`answered`]).
+    #[error(
+        "PostgreSQL did not answer {what} within {after:?} (postgres.receive_timeout): the \
+         connection is taken for lost, and Ferry reconnects. If the server or the network was \
+         down, nothing needs doing; if the server was only busy, raise postgres.receive_timeout"
+    )]
+    Unanswered {
+        what: &'static str,
+        after: std::time::Duration,
+    },
+}
+
+/// `query`'s answer, waited for at most `within` (`None`: as long as it takes): a server that
+/// vanished without closing the connection (a host gone, a dropped route, a proxy whose server
+/// died) leaves a query unanswered until TCP gives up, ~15 minutes, or forever through a proxy.
+/// Past `within`, [`ReaderError::Unanswered`] (transient: the connection is dropped, and the
+/// next session connects afresh). For the queries a session asks before it streams, each of
+/// which a live server answers in milliseconds; not for those that may wait on other
+/// transactions (creating the slot or the publication).
+pub async fn answered<T, E: From<ReaderError>>(
+    within: Option<std::time::Duration>,
+    what: &'static str,
+    query: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let Some(after) = within else {
+        return query.await;
+    };
+    match tokio::time::timeout(after, query).await {
+        Ok(answer) => answer,
+        Err(_) => Err(ReaderError::Unanswered { what, after }.into()),
+    }
 }
 
 impl ReaderError {
@@ -222,6 +254,7 @@ impl ReaderError {
             | ReaderError::Unsuitable { .. }
             | ReaderError::StreamEnded
             | ReaderError::Silent { .. }
+            | ReaderError::Unanswered { .. }
             | ReaderError::SlotInUse { .. } => true,
             ReaderError::Server(e) => e.is_transient(),
             // Every other variant by name, so a new one cannot join a family by default.
@@ -264,6 +297,7 @@ impl ReaderError {
             | ReaderError::Resolve { .. }
             | ReaderError::Connect { .. }
             | ReaderError::Silent { .. }
+            | ReaderError::Unanswered { .. }
             | ReaderError::Unsuitable { .. } => true,
             // admin_shutdown, crash_shutdown, cannot_connect_now (starting up, shutting down,
             // in recovery).
@@ -321,6 +355,10 @@ mod tests {
             },
             server("57P03", "the database system is starting up"),
             ReaderError::Silent {
+                after: std::time::Duration::from_secs(60),
+            },
+            ReaderError::Unanswered {
+                what: "START_REPLICATION",
                 after: std::time::Duration::from_secs(60),
             },
             server(
@@ -402,5 +440,44 @@ mod tests {
             assert!(!e.is_transient(), "{e}");
             assert!(e.to_string().contains(says), "{e}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_query_unanswered_within_the_bound_is_a_transient_error_naming_it() {
+        use std::time::Duration;
+        let never = std::future::pending::<Result<(), ReaderError>>();
+        let err = answered(Some(Duration::from_millis(10)), "the slot", never)
+            .await
+            .expect_err("never answered");
+        assert!(
+            matches!(
+                err,
+                ReaderError::Unanswered {
+                    what: "the slot",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("did not answer the slot within 10ms"),
+            "{err}"
+        );
+        // An answer within the bound is the answer, an error included; no bound: waited for.
+        let answer = answered(Some(Duration::from_secs(60)), "x", async {
+            Ok::<_, ReaderError>(7)
+        });
+        assert_eq!(answer.await.unwrap(), 7);
+        let refused = answered(Some(Duration::from_secs(60)), "x", async {
+            Err::<(), _>(ReaderError::Closed)
+        });
+        assert!(matches!(refused.await, Err(ReaderError::Closed)));
+        assert_eq!(
+            answered(None, "x", async { Ok::<_, ReaderError>(3) })
+                .await
+                .unwrap(),
+            3
+        );
     }
 }

@@ -17,7 +17,7 @@ pub mod stream;
 pub mod tls;
 
 pub use config::{ConnectConfig, SslMode, TargetSessionAttrs};
-pub use error::{ReaderError, ServerError};
+pub use error::{answered, ReaderError, ServerError};
 pub use replication::session_settings_sql;
 pub use stream::{
     start, start_on, ReaderEvent, ReaderHandle, ReaderStats, Replication, SourceDelay,

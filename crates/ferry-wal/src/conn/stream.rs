@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::config::ConnectConfig;
-use super::error::ReaderError;
+use super::error::{answered, ReaderError};
 use super::pause::{Bound, Pace, Pause, PauseUntil};
 use super::replication::ReplicationConnection;
 use crate::assembly::{Assembler, AssemblyStats, OutboxEvent, OutboxSource};
@@ -315,7 +315,13 @@ impl Replication {
     /// Connects for logical replication (`replication=database`) and identifies the server.
     pub async fn connect(cfg: &ConnectConfig) -> Result<Replication, ReaderError> {
         let mut conn = ReplicationConnection::connect(cfg).await?;
-        let ident = conn.simple_query("IDENTIFY_SYSTEM").await?;
+        // Part of connecting: within the connect timeout too.
+        let ident = answered(
+            cfg.connect_timeout,
+            "IDENTIFY_SYSTEM on a new replication connection",
+            conn.simple_query("IDENTIFY_SYSTEM"),
+        )
+        .await?;
         let column = |i: usize| ident.first().and_then(|r| r.get(i)).cloned().flatten();
         if column(3).is_none() {
             return Err(ReaderError::NotLogicalReplication);
@@ -357,22 +363,27 @@ pub async fn start_on(
     start_with(Connection::Open(replication), sql, opts).await
 }
 
+/// Each query is answered within `opts.receive_timeout` ([`answered`]).
 async fn start_with(
     connection: Connection<'_>,
     sql: &tokio_postgres::Client,
     opts: StreamOptions,
 ) -> Result<ReaderHandle, ReaderError> {
-    let before = slot_state(sql, &opts.slot).await?.ok_or_else(|| {
-        ReaderError::Server(super::error::ServerError {
-            severity: "ERROR".into(),
-            code: "42704".into(),
-            message: format!("replication slot {:?} does not exist", opts.slot),
-            detail: None,
-            hint: Some(
-                "run `ferry check`; Ferry creates it when postgres.create_slot = true".into(),
-            ),
-        })
-    })?;
+    let within = opts.receive_timeout;
+    let slot_read = "the read of the slot around START_REPLICATION";
+    let before = answered(within, slot_read, slot_state(sql, &opts.slot))
+        .await?
+        .ok_or_else(|| {
+            ReaderError::Server(super::error::ServerError {
+                severity: "ERROR".into(),
+                code: "42704".into(),
+                message: format!("replication slot {:?} does not exist", opts.slot),
+                detail: None,
+                hint: Some(
+                    "run `ferry check`; Ferry creates it when postgres.create_slot = true".into(),
+                ),
+            })
+        })?;
     if before.wal_status.as_deref() == Some("lost") {
         return Err(invalidated(&opts.slot, None));
     }
@@ -389,11 +400,11 @@ async fn start_with(
     };
     if opts.failover && before.failover == Some(false) && before.synced != Some(true) {
         // Replication protocol only: there is no SQL function for it.
-        conn.simple_query(&format!(
+        let alter = format!(
             "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
             quote_ident(&opts.slot)
-        ))
-        .await?;
+        );
+        answered(within, "ALTER_REPLICATION_SLOT", conn.simple_query(&alter)).await?;
     }
     let command = format!(
         "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}, messages 'true'{})",
@@ -402,23 +413,25 @@ async fn start_with(
         quote_literal(&quote_ident(&opts.publication)),
         if opts.binary { ", binary 'true'" } else { "" },
     );
-    conn.start_copy_both(&command).await.map_err(|e| match e {
-        ReaderError::Server(s) if s.code == "55006" => ReaderError::SlotInUse {
-            slot: opts.slot.clone(),
-            pid: parse_pid(&s.message).unwrap_or(0),
-        },
-        // Invalidated after we read the slot.
-        ReaderError::Server(s)
-            if s.code == "55000"
-                && s.detail
-                    .as_deref()
-                    .is_some_and(|d| d.contains("invalidated")) =>
-        {
-            invalidated(&opts.slot, Some(s))
-        }
-        other => other,
-    })?;
-    let after = slot_state(sql, &opts.slot).await?;
+    answered(within, "START_REPLICATION", conn.start_copy_both(&command))
+        .await
+        .map_err(|e| match e {
+            ReaderError::Server(s) if s.code == "55006" => ReaderError::SlotInUse {
+                slot: opts.slot.clone(),
+                pid: parse_pid(&s.message).unwrap_or(0),
+            },
+            // Invalidated after we read the slot.
+            ReaderError::Server(s)
+                if s.code == "55000"
+                    && s.detail
+                        .as_deref()
+                        .is_some_and(|d| d.contains("invalidated")) =>
+            {
+                invalidated(&opts.slot, Some(s))
+            }
+            other => other,
+        })?;
+    let after = answered(within, slot_read, slot_state(sql, &opts.slot)).await?;
     if let Some(after) = after {
         if after.confirmed_flush_lsn > resume {
             conn.close().await;

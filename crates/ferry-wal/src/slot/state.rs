@@ -49,14 +49,24 @@ pub async fn slot_state(
 }
 
 /// Drops `slot` once no process streams it (its walsender may take a moment to exit after the
-/// replication connection closed), waiting at most `timeout`. A slot already gone is fine.
-/// Only for a slot Ferry itself just created and never confirmed (a failed first start).
+/// replication connection closed), waiting at most `timeout`, for the server's answers too. A
+/// slot already gone is fine. Only for a slot Ferry itself just created and never confirmed (a
+/// failed first start).
 pub async fn drop_inactive(
     client: &tokio_postgres::Client,
     slot: &str,
     timeout: std::time::Duration,
 ) -> Result<(), ReaderError> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let dropped = drop_when_inactive(client, slot, deadline);
+    crate::conn::answered(Some(timeout), "the drop of the slot", dropped).await
+}
+
+async fn drop_when_inactive(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    deadline: tokio::time::Instant,
+) -> Result<(), ReaderError> {
     loop {
         let row = client
             .query_opt(

@@ -24,7 +24,8 @@ pub const STATUS_INTERVAL: Duration = ferry_wal::conn::stream::DEFAULT_STATUS_IN
 /// (60s), after which the server drops a client that sent no status update.
 pub const MAX_STATUS_INTERVAL: Duration = Duration::from_secs(30);
 /// `postgres.receive_timeout`: how long the server may send nothing on the replication
-/// connection before it is taken for lost (PostgreSQL's own `wal_receiver_timeout`).
+/// connection before it is taken for lost (PostgreSQL's own `wal_receiver_timeout`), and may
+/// leave a query of a session's set-up unanswered ([`ferry_wal::conn::answered`]).
 pub const RECEIVE_TIMEOUT: Duration = ferry_wal::conn::stream::DEFAULT_RECEIVE_TIMEOUT;
 /// `postgres.connect_timeout`.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

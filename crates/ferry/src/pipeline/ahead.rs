@@ -20,7 +20,7 @@
 //! facts read ahead could be that much older, and an idle replication connection held that
 //! long takes a WAL sender and may be closed by the server (`idle_session_timeout`).
 
-use ferry_wal::conn::{ReaderError, Replication};
+use ferry_wal::conn::{answered, ReaderError, Replication};
 use ferry_wal::slot;
 
 use super::binary::{self, Mode};
@@ -45,13 +45,20 @@ pub(super) async fn tables(
     s: &PipelineSettings,
 ) -> Result<Tables, PipelineError> {
     // ensure() checked the publication covers the table; how it does is watched while streaming.
-    let (membership, mode, other_tables, oids, wal_sender_timeout) = tokio::join!(
-        slot::publication_membership(sql, &s.slot),
-        binary::decide(sql, s),
-        slot::other_tables(sql, &s.slot),
-        slot::outbox_oids(sql, &s.slot),
-        slot::wal_sender_timeout(sql),
-    );
+    let (membership, mode, other_tables, oids, wal_sender_timeout) = answered(
+        s.stream.receive_timeout,
+        "the reads of the publication and the tables",
+        async {
+            Ok::<_, ReaderError>(tokio::join!(
+                slot::publication_membership(sql, &s.slot),
+                binary::decide(sql, s),
+                slot::other_tables(sql, &s.slot),
+                slot::outbox_oids(sql, &s.slot),
+                slot::wal_sender_timeout(sql),
+            ))
+        },
+    )
+    .await?;
     let tables = Tables {
         membership: membership?,
         mode: mode?,
@@ -82,7 +89,7 @@ pub(super) async fn read(s: &PipelineSettings, sql: &tokio_postgres::Client) -> 
         return Ahead::default();
     }
     let survey_then_connect = async {
-        let survey = slot::Survey::read(sql, &s.slot).await;
+        let survey = survey(sql, s).await;
         tracing::debug!("start-up: slot and publication surveyed (ahead)");
         if !matches!(&survey, Ok(survey) if survey.all_exist()) {
             return (survey, None);
@@ -98,4 +105,18 @@ pub(super) async fn read(s: &PipelineSettings, sql: &tokio_postgres::Client) -> 
         tables: replication.is_some().then_some(tables),
         replication,
     }
+}
+
+/// The facts [`slot::ensure_surveyed`] decides on ([`slot::Survey::read`]), answered within the
+/// receive timeout.
+pub(super) async fn survey(
+    sql: &tokio_postgres::Client,
+    s: &PipelineSettings,
+) -> Result<slot::Survey, ReaderError> {
+    answered(
+        s.stream.receive_timeout,
+        "the reads of the slot and the publication",
+        slot::Survey::read(sql, &s.slot),
+    )
+    .await
 }

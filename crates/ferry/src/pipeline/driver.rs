@@ -489,11 +489,13 @@ impl<'a> Driver<'a> {
             create_slot: s.slot.create_slot && start.create_slot,
             ..s.slot.clone()
         };
-        match ahead.survey.take() {
-            Some(Ok(survey)) => slot::ensure_surveyed(&sql, &spec, survey).await?,
-            // Read again: its error is reported as ensure's own.
-            Some(Err(_)) | None => slot::ensure(&sql, &spec).await?,
+        // Read again where it failed ahead: its error is reported as ensure's own.
+        let survey = match ahead.survey.take() {
+            Some(Ok(survey)) => survey,
+            Some(Err(_)) | None => ahead::survey(&sql, s).await?,
         };
+        // Creating the publication or the slot may wait on other transactions: not bounded.
+        slot::ensure_surveyed(&sql, &spec, survey).await?;
         tracing::debug!("start-up: slot and publication ensured");
         Ok((sql, start, ahead))
     }
@@ -942,7 +944,12 @@ impl<'a> Driver<'a> {
             ..
         } = &mut e
         {
-            if let Ok(name) = slot::format_type(sql, *type_oid).await {
+            let name = ferry_wal::conn::answered(
+                self.settings.stream.receive_timeout,
+                "the read of a type's name",
+                slot::format_type(sql, *type_oid),
+            );
+            if let Ok(name) = name.await {
                 *type_name = name;
             }
         }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ferry_core::progress_record as record;
 use ferry_core::verdict::{self, Acceptance, Notice, Refusal, SlotSeen, StartInput, Verdict};
 use ferry_wal::assembly::{AssemblyError, SourceTable};
-use ferry_wal::conn::{ReaderError, SystemIdentity};
+use ferry_wal::conn::{answered, ReaderError, SystemIdentity};
 use ferry_wal::{slot, Lsn};
 
 use super::driver::Driver;
@@ -139,12 +139,18 @@ impl StartFacts {
         beside: B,
     ) -> Result<(StartFacts, Beside<B>), FactsError> {
         let name = &s.slot.slot;
+        let within = s.stream.receive_timeout;
+        let what = "the reads of the slot and the server";
         // Sent at once: the connection pipelines the three (their errors are taken in order).
-        let (state, identity, in_recovery) = tokio::join!(
-            slot::slot_state(sql, name),
-            slot::system_identity(sql),
-            slot::in_recovery(sql)
-        );
+        let (state, identity, in_recovery) = answered(within, what, async {
+            Ok::<_, ReaderError>(tokio::join!(
+                slot::slot_state(sql, name),
+                slot::system_identity(sql),
+                slot::in_recovery(sql)
+            ))
+        })
+        .await
+        .map_err(FactsError::Server)?;
         let state = state.map_err(FactsError::Server)?;
         if let Some(pid) = state
             .as_ref()
@@ -161,7 +167,7 @@ impl StartFacts {
         let current_wal_lsn = match in_recovery.map_err(FactsError::Server)? {
             true => None,
             false => Some(
-                slot::current_wal_lsn(sql)
+                answered(within, what, slot::current_wal_lsn(sql))
                     .await
                     .map_err(FactsError::Server)?,
             ),
@@ -303,7 +309,12 @@ impl Driver<'_> {
             slot::quote_ident(name)
         );
         let at = format!("an INSERT of transaction {xid} at {lsn}");
-        let standing = match slot::standing(sql, &s.slot, *oid).await {
+        let standing = answered(
+            s.stream.receive_timeout,
+            "the read of the table's standing in the publication",
+            slot::standing(sql, &s.slot, *oid),
+        );
+        let standing = match standing.await {
             Ok(standing) => standing,
             // Asked again by the next session.
             Err(e) => return e.into(),
@@ -455,7 +466,12 @@ impl Driver<'_> {
         // The slot again: another Ferry starting at the same moment may have created it (and
         // written its first record) between the two reads, which would look like a lost slot.
         // A slot that changed while Ferry looked is judged on the next attempt.
-        let again = beside.alongside(slot::slot_state(sql, name)).await?;
+        let again = answered(
+            s.stream.receive_timeout,
+            "the second read of the slot",
+            beside.alongside(slot::slot_state(sql, name)),
+        )
+        .await?;
         if let Some(pid) = again.as_ref().and_then(|st| st.active_pid) {
             return Err(ReaderError::SlotInUse {
                 slot: name.clone(),
