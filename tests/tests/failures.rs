@@ -441,7 +441,9 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
 /// PostgreSQL goes silent while Ferry waits for Kafka at its start: the SQL connection Ferry
 /// opened meanwhile is the first session's, and its first query goes unanswered. The session
 /// ends after the receive timeout (the old build waited for as long as the connection stayed
-/// open: forever through a proxy), and Ferry streams once the route is back.
+/// open: forever through a proxy), and Ferry streams soon after the route is back: the
+/// connection was kept from before, so Ferry tries to connect every second, as after a failed
+/// connect, not once the minute's backoff has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_gone_silent_before_the_session_streams_ends_it_after_the_receive_timeout() {
     let upstream: std::net::SocketAddr = kafka::shared().brokers().parse().expect("one address");
@@ -449,9 +451,10 @@ async fn a_postgres_gone_silent_before_the_session_streams_ends_it_after_the_rec
         .await
         .expect("proxy");
     let mut w = World::on(pg::shared().create_db().await, broker.addr().to_string()).await;
-    quick_reconnects(&mut w);
     let (url, postgres) = through_proxy(&w.db.url).await;
     w.set_env(&[
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "1m"),
+        ("FERRY_POSTGRES_RECONNECT_BACKOFF_MAX", "1m"),
         ("FERRY_POSTGRES_URL", url.as_str()),
         ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
         ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
@@ -485,13 +488,19 @@ async fn a_postgres_gone_silent_before_the_session_streams_ends_it_after_the_rec
     broker.heal();
     ferry
         .wait_log(
-            "PostgreSQL did not answer the reads of the slot and the server within 2s",
+            "the server did not answer the reads of the slot and the server within 2s",
             Duration::from_secs(60),
         )
         .await;
     // A first start: the slot is created once the route is back, and relays what follows.
+    let healed = Instant::now();
     postgres.heal();
     ferry.wait_ready().await;
+    assert!(
+        healed.elapsed() < Duration::from_secs(30),
+        "Ferry waited out its backoff after a kept connection failed:\n{}",
+        ferry.log_text()
+    );
     insert_events(&w.sql, 0..10, 0).await;
     let end = w.current_wal_lsn().await;
     let events = consume_events(&w.brokers, &topic, 0..10).await;

@@ -524,6 +524,51 @@ async fn a_server_that_went_silent_ends_the_stream_after_the_receive_timeout() {
     proxy.heal();
 }
 
+/// A query given up on ([`ferry_wal::conn::answered`]) still runs on the server: a backend
+/// waiting on a lock would wait on, whoever asked. [`slot::cancel_sql`] ends it.
+#[tokio::test]
+async fn a_query_given_up_on_is_cancelled_on_the_server() {
+    let s = setup().await;
+    let cfg = ferry_wal::conn::ConnectConfig::parse(&s.db.url).unwrap();
+    let sql = slot::connect_sql(&cfg).await.unwrap();
+    let pid: i32 = sql
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let sleep = async {
+        sql.simple_query("SELECT pg_sleep(600)")
+            .await
+            .map_err(slot::sql_error)
+    };
+    let err = ferry_wal::conn::answered(Some(Duration::from_millis(200)), "a sleep", sleep)
+        .await
+        .expect_err("given up on");
+    assert!(matches!(err, ReaderError::Unanswered { .. }), "{err}");
+    assert!(
+        active(&s.sql, pid).await,
+        "the sleep should still run on the server"
+    );
+    slot::cancel_sql(&cfg, &sql.cancel_token()).await;
+    let ended = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        !active(&s.sql, pid).await
+    })
+    .await;
+    assert!(ended, "the query still runs 30 s after the cancel");
+}
+
+/// Whether backend `pid` runs a query.
+async fn active(sql: &tokio_postgres::Client, pid: i32) -> bool {
+    let row = sql
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active'",
+            &[&pid],
+        )
+        .await
+        .unwrap();
+    row.get::<_, i64>(0) == 1
+}
+
 /// The next transaction, whose five rows' notes are `t/1` to `t/5`.
 async fn expect_five_rows(r: &mut ReaderHandle, t: usize) {
     let txn = next_txn(r).await;

@@ -203,7 +203,7 @@ pub enum ReaderError {
     /// The server sent nothing on the replication connection for the receive timeout, not even
     /// a reply it was asked for ([`crate::feedback::Silence`]).
     #[error(
-        "PostgreSQL sent nothing on the replication connection for {after:?}, not even a reply \
+        "the server sent nothing on the replication connection for {after:?}, not even a reply \
          it was asked for (postgres.receive_timeout): the connection is taken for lost, and Ferry \
          reconnects. If the server or the network was down, nothing needs doing; if the \
          server was only busy, raise postgres.receive_timeout"
@@ -212,7 +212,7 @@ pub enum ReaderError {
     /// A query of a session's set-up (the slot, the server, the tables, `START_REPLICATION`)
     /// got no answer within the receive timeout ([`answered`]).
     #[error(
-        "PostgreSQL did not answer {what} within {after:?} (postgres.receive_timeout): the \
+        "the server did not answer {what} within {after:?} (postgres.receive_timeout): the \
          connection is taken for lost, and Ferry reconnects. If the server or the network was \
          down, nothing needs doing; if the server was only busy, raise postgres.receive_timeout"
     )]
@@ -234,7 +234,8 @@ pub async fn answered<T, E: From<ReaderError>>(
     what: &'static str,
     query: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, E> {
-    let Some(after) = within else {
+    // Zero is "never", as for the stream's silence.
+    let Some(after) = within.filter(|t| !t.is_zero()) else {
         return query.await;
     };
     match tokio::time::timeout(after, query).await {
@@ -464,6 +465,8 @@ mod tests {
                 .contains("did not answer the slot within 10ms"),
             "{err}"
         );
+        let zero = answered(Some(Duration::ZERO), "x", async { Ok::<_, ReaderError>(5) });
+        assert_eq!(zero.await.unwrap(), 5);
         // An answer within the bound is the answer, an error included; no bound: waited for.
         let answer = answered(Some(Duration::from_secs(60)), "x", async {
             Ok::<_, ReaderError>(7)

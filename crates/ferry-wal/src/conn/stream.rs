@@ -316,12 +316,13 @@ impl Replication {
     pub async fn connect(cfg: &ConnectConfig) -> Result<Replication, ReaderError> {
         let mut conn = ReplicationConnection::connect(cfg).await?;
         // Part of connecting: within the connect timeout too.
-        let ident = answered(
-            cfg.connect_timeout,
-            "IDENTIFY_SYSTEM on a new replication connection",
-            conn.simple_query("IDENTIFY_SYSTEM"),
-        )
-        .await?;
+        let timeout = cfg.connect_timeout.unwrap_or(Duration::from_secs(3600));
+        let ident = tokio::time::timeout(timeout, conn.simple_query("IDENTIFY_SYSTEM"))
+            .await
+            .map_err(|_| ReaderError::Timeout {
+                what: "identifying the server (IDENTIFY_SYSTEM) on a new replication connection",
+                secs: timeout.as_secs(),
+            })??;
         let column = |i: usize| ident.first().and_then(|r| r.get(i)).cloned().flatten();
         if column(3).is_none() {
             return Err(ReaderError::NotLogicalReplication);

@@ -22,6 +22,45 @@ pub async fn connect_sql(cfg: &ConnectConfig) -> Result<tokio_postgres::Client, 
     Err(ReaderError::from_attempts(attempts))
 }
 
+/// Asks the server to cancel what runs on the connection `token` is of: a query given up on
+/// ([`crate::conn::answered`]) still runs on the server otherwise, and a backend waiting on a
+/// lock (behind a partition's `DROP`, say) waits on, whoever asked. Best effort: the request
+/// goes to each of `cfg`'s hosts in turn, each within the connect timeout; a server where
+/// another backend has the process id ignores it (the secret key does not match).
+pub async fn cancel_sql(cfg: &ConnectConfig, token: &tokio_postgres::CancelToken) {
+    for target in cfg.targets() {
+        let timeout = target.connect_timeout.unwrap_or(Duration::from_secs(10));
+        let _ = tokio::time::timeout(timeout, cancel_one(&target, token)).await;
+    }
+}
+
+async fn cancel_one(
+    cfg: &ConnectConfig,
+    token: &tokio_postgres::CancelToken,
+) -> Result<(), ReaderError> {
+    let tls_config = match cfg.host {
+        Host::Unix(_) => None,
+        Host::Tcp(_) => tls::client_config(cfg)?,
+    };
+    let sent = match (crate::conn::net::open(cfg).await?, tls_config) {
+        (crate::conn::net::Socket::Unix(unix), _) => {
+            token.cancel_query_raw(unix, tokio_postgres::NoTls).await
+        }
+        (crate::conn::net::Socket::Tcp(tcp, _), None) => {
+            token.cancel_query_raw(tcp, tokio_postgres::NoTls).await
+        }
+        (crate::conn::net::Socket::Tcp(tcp, host), Some(tls_config)) => {
+            let tls =
+                tokio_postgres::tls::MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(
+                    &mut tls::MakeRustlsConnect::new(tls_config),
+                    &host,
+                )?;
+            token.cancel_query_raw(tcp, tls).await
+        }
+    };
+    sent.map_err(sql_error)
+}
+
 async fn connect_sql_one(cfg: &ConnectConfig) -> Result<tokio_postgres::Client, ReaderError> {
     let mut pg = tokio_postgres::Config::new();
     pg.user(&cfg.user)

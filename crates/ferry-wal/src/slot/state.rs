@@ -58,8 +58,12 @@ pub async fn drop_inactive(
     timeout: std::time::Duration,
 ) -> Result<(), ReaderError> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let dropped = drop_when_inactive(client, slot, deadline);
-    crate::conn::answered(Some(timeout), "the drop of the slot", dropped).await
+    tokio::time::timeout(timeout, drop_when_inactive(client, slot, deadline))
+        .await
+        .map_err(|_| ReaderError::Timeout {
+            what: "dropping the slot",
+            secs: timeout.as_secs(),
+        })?
 }
 
 async fn drop_when_inactive(

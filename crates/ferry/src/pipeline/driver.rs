@@ -145,6 +145,9 @@ pub(super) struct Carry {
     /// already open. Also the connection a quiet attempt opened after a session could not
     /// connect (`Supervisor::retry`): the next session starts on it.
     pub standby_sql: Option<tokio_postgres::Client>,
+    /// `standby_sql` was opened by a quiet attempt just now, not kept from before: the next
+    /// session counts as connected at once ([`super::backoff::Lived::connected`]).
+    pub quiet_sql: bool,
     /// Exactly-once: a standby's question whether the brokers serve transactions, kept from
     /// the poll that asked it, so that a take-over judges its answer rather than asking on its
     /// path. Asked again once older than [`PROBE_KEPT`].
@@ -273,7 +276,10 @@ impl<'a> Driver<'a> {
         };
         let (membership, binary_read, mut reader) = match opened {
             Ok(x) => x,
-            Err(e) => return Err(self.first_start_failed(&sql, created, e).await),
+            Err(e) => {
+                cancel_given_up(&e, &sql, s);
+                return Err(self.first_start_failed(&sql, created, e).await);
+            }
         };
         if reader.system.system_id != start.identity.system_id {
             let replication = reader.system.system_id;
@@ -456,19 +462,47 @@ impl<'a> Driver<'a> {
             (None, Some(h)) => h.await.ok().and_then(Result::ok),
             (None, None) => None,
         };
-        let sql = match reused.filter(|c| !c.is_closed()) {
-            Some(c) => c,
-            None => slot::connect_sql(&s.postgres).await?,
+        let (sql, kept) = match reused.filter(|c| !c.is_closed()) {
+            Some(c) => (c, true),
+            None => (slot::connect_sql(&s.postgres).await?, false),
         };
-        self.carry.lived.connected = true;
+        // A connection kept from before (the early one, a standby's) counts once the server
+        // answered on it: one that died while it waited (the server failed over, a load
+        // balancer dropped the idle flow) fails the verdict's first read, and the wait after it
+        // tries to connect every second, as after a failed connect, instead of waiting the
+        // whole backoff. One a quiet attempt just opened counts at once.
+        let quiet = std::mem::take(&mut self.carry.quiet_sql);
+        self.carry.lived.connected = !kept || quiet;
         let sql = Arc::new(sql);
         tracing::debug!("start-up: SQL connection open");
-        let (start, mut ahead) = match self.verdict(&sql, ahead::read(s, &sql)).await {
-            Ok(started) => started,
+        match self.prepare_on(&sql, probe, probe_kept).await {
+            Ok((start, ahead)) => Ok((sql, start, ahead)),
             Err(e) => {
+                cancel_given_up(&e, &sql, s);
                 if e.is_standby() {
                     // Polled again on the same connection (the verdict's reads are all done).
                     self.carry.standby_sql = Arc::try_unwrap(sql).ok();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Driver::prepare`] on its SQL connection: the verdict, the transactions check, the slot
+    /// and the publication.
+    async fn prepare_on(
+        &mut self,
+        sql: &Arc<tokio_postgres::Client>,
+        probe: Option<super::start::TransactionsProbe>,
+        probe_kept: bool,
+    ) -> Result<(super::start::Start, Ahead), PipelineError> {
+        let s = self.settings;
+        let verdict = self.verdict(sql, ahead::read(s, sql)).await;
+        self.carry.lived.connected |= verdict.is_ok();
+        let (start, mut ahead) = match verdict {
+            Ok(started) => started,
+            Err(e) => {
+                if e.is_standby() {
                     self.carry.transactions_probe = probe;
                 }
                 return Err(e);
@@ -492,12 +526,14 @@ impl<'a> Driver<'a> {
         // Read again where it failed ahead: its error is reported as ensure's own.
         let survey = match ahead.survey.take() {
             Some(Ok(survey)) => survey,
-            Some(Err(_)) | None => ahead::survey(&sql, s).await?,
+            Some(Err(_)) | None => ahead::survey(sql, s)
+                .await
+                .map_err(slot::SetupError::from)?,
         };
         // Creating the publication or the slot may wait on other transactions: not bounded.
-        slot::ensure_surveyed(&sql, &spec, survey).await?;
+        slot::ensure_surveyed(sql, &spec, survey).await?;
         tracing::debug!("start-up: slot and publication ensured");
-        Ok((sql, start, ahead))
+        Ok((start, ahead))
     }
 
     /// Starts replication: how the publication covers each table (watched while streaming),
@@ -954,6 +990,23 @@ impl<'a> Driver<'a> {
             }
         }
         e
+    }
+}
+
+/// A set-up query given up on ([`ReaderError::Unanswered`]) still runs on the server: a
+/// backend waiting on a lock waits on, and each session after it would add one. Cancelled,
+/// best effort, in the background ([`slot::cancel_sql`]); a query that was not on `sql` (the
+/// replication connection's) leaves nothing to cancel there, and the request is ignored.
+fn cancel_given_up(e: &PipelineError, sql: &tokio_postgres::Client, s: &PipelineSettings) {
+    let unanswered = |e: &ReaderError| matches!(e, ReaderError::Unanswered { .. });
+    let given_up = match e {
+        PipelineError::Reader(e) => unanswered(e),
+        PipelineError::Setup(slot::SetupError::Connection(e)) => unanswered(e),
+        _ => false,
+    };
+    if given_up {
+        let (token, cfg) = (sql.cancel_token(), s.postgres.clone());
+        tokio::spawn(async move { slot::cancel_sql(&cfg, &token).await });
     }
 }
 

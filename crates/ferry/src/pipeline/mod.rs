@@ -91,6 +91,7 @@ pub async fn run(
             async move { ferry_wal::slot::connect_sql(&postgres).await }
         })),
         standby_sql: None,
+        quiet_sql: false,
         transactions_probe: None,
         lived: backoff::Lived::default(),
     };
@@ -174,7 +175,7 @@ pub async fn run(
             .after(
                 result,
                 carry.lived,
-                &mut carry.standby_sql,
+                (&mut carry.standby_sql, &mut carry.quiet_sql),
                 shutdown.as_mut(),
             )
             .await?
@@ -241,15 +242,16 @@ impl<'a> Supervisor<'a> {
     /// `shutdown` resolved meanwhile, Err for a permanent error.
     ///
     /// `lived`: what the session did (one that worked starts the backoff over, see [`backoff`]).
-    /// `standby_sql`: the connection a standby keeps between polls, on which it waits for the
-    /// slot's hand-over.
+    /// `kept`: the connection a standby keeps between polls, on which it waits for the
+    /// slot's hand-over, or a quiet attempt opened (then flagged: [`Supervisor::retry`]).
     async fn after(
         &mut self,
         result: Result<driver::End, PipelineError>,
         lived: backoff::Lived,
-        standby_sql: &mut Option<tokio_postgres::Client>,
+        kept: Kept<'_>,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
+        let standby_sql = &mut *kept.0;
         let s = self.settings;
         if !matches!(&result, Err(e) if e.is_standby()) {
             // A standby's state ends with anything but the slot still in use.
@@ -291,13 +293,13 @@ impl<'a> Supervisor<'a> {
                     }
                     None => {}
                 }
-                if !self.retry(e, lived, standby_sql, shutdown.as_mut()).await? {
+                if !self.retry(e, lived, kept, shutdown.as_mut()).await? {
                     return Ok(false);
                 }
                 return self.brokers_answer(shutdown).await;
             }
             Err(e) if e.is_transient() => {
-                return self.retry(e, lived, standby_sql, shutdown).await;
+                return self.retry(e, lived, kept, shutdown).await;
             }
             Err(e) => return Err(e),
         }
@@ -320,7 +322,7 @@ impl<'a> Supervisor<'a> {
         &mut self,
         e: PipelineError,
         lived: backoff::Lived,
-        kept: &mut Option<tokio_postgres::Client>,
+        (kept, quiet): Kept<'_>,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let s = self.settings;
@@ -357,6 +359,7 @@ impl<'a> Supervisor<'a> {
                     if let Ok(Ok(client)) = connected {
                         tracing::debug!("PostgreSQL accepts a connection again");
                         *kept = Some(client);
+                        *quiet = true;
                         break;
                     }
                 }
@@ -551,6 +554,10 @@ impl<'a> Supervisor<'a> {
         }
     }
 }
+
+/// The SQL connection carried to the next session, and whether a quiet attempt opened it
+/// ([`driver::Carry::quiet_sql`]).
+type Kept<'a> = (&'a mut Option<tokio_postgres::Client>, &'a mut bool);
 
 /// Between two attempts of [`Supervisor::brokers_answer`], the brokers are asked again this
 /// often, quietly: librdkafka's own reconnections are paced alike (`reconnect.backoff.max.ms`,
