@@ -163,6 +163,29 @@ async fn check_reports_a_role_without_replication() {
         .unwrap();
 }
 
+/// A server that stops answering (here a query waiting on a lock another transaction holds on
+/// the outbox table) is reported within `postgres.receive_timeout`, not waited for. (The query
+/// is cancelled too, but the sample's own statement timeout would end this one anyway: the
+/// cancel is shown where nothing else would, in `reader_stream` and `schema`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_a_server_that_does_not_answer() {
+    let mut w = World::new().await;
+    w.set_env(&[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")]);
+    let mut locker = ferry_testkit::pg::connect(&w.db.url).await;
+    let held = locker.transaction().await.unwrap();
+    held.batch_execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let (code, out) = check(&w).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert_problem(
+        &out,
+        "the server did not answer within 2s (postgres.receive_timeout)",
+        "a query waiting on a lock",
+    );
+    held.rollback().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_reports_a_wrong_password_without_printing_it() {
     let mut w = World::new().await;

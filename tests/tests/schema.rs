@@ -936,6 +936,80 @@ async fn a_published_table_no_entry_relays_stops_ferry_until_it_is_relayed_or_ta
     }
 }
 
+/// A partitioned outbox with a partition locked while Ferry starts (ACCESS EXCLUSIVE, as a
+/// `DROP` of an old partition waiting behind a long transaction holds it): the session's read of
+/// the partitions waits on the lock, is given up on after `postgres.receive_timeout`, and is
+/// cancelled on the server, so the sessions that follow leave no backends waiting behind it
+/// (each would add one); once the lock goes, Ferry streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_locked_at_the_start_leaves_no_backends_waiting_behind_it() {
+    let ddl = "CREATE TABLE outbox (
+        id uuid NOT NULL DEFAULT gen_random_uuid(),
+        aggregatetype text NOT NULL DEFAULT 'ev',
+        aggregateid text NOT NULL,
+        type text NOT NULL DEFAULT 'Happened',
+        payload jsonb,
+        note text,
+        PRIMARY KEY (id, aggregatetype)
+    ) PARTITION BY LIST (aggregatetype);
+    CREATE TABLE outbox_ev PARTITION OF outbox FOR VALUES IN ('ev')";
+    let (mut w, topic) = world_on(
+        pg::shared().create_db().await,
+        kafka::shared().brokers(),
+        ddl,
+    )
+    .await;
+    w.sql
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)",
+            w.publication
+        ))
+        .await
+        .unwrap();
+    w.set_env(&[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")]);
+    let mut locker = pg::connect(&w.db.url).await;
+    let held = locker.transaction().await.unwrap();
+    held.batch_execute("LOCK TABLE outbox_ev IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut ferry = w.start_ferry();
+    let given_up = ferry_testkit::wait_for(Duration::from_secs(90), || async {
+        ferry
+            .log_text()
+            .matches("the server did not answer")
+            .count()
+            >= 4
+    })
+    .await;
+    assert!(
+        given_up,
+        "four sessions should have given up:\n{}",
+        ferry.log_text()
+    );
+    let waiting: i64 = w
+        .sql
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // The session waiting now, and perhaps the last one's, its cancel on its way.
+    assert!(
+        waiting <= 2,
+        "{waiting} backends wait on the lock after four sessions gave up:\n{}",
+        ferry.log_text()
+    );
+    held.rollback().await.unwrap();
+    ferry.wait_ready().await;
+    w.insert(AGGREGATE, "k-1", "Happened", "{}").await;
+    let got = w.consume(&topic, 1).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+}
+
 /// A partitioned outbox whose publication is switched to publish per partition while Ferry
 /// streams (review of issue 28, major 1): the rows arrive under the partition's name, which no
 /// entry names, but the partition is the outbox's by oid, so they are relayed, never skipped as

@@ -55,20 +55,37 @@ pub async fn check(config: Config) -> Result<ExitCode, ExitCode> {
             .unwrap_or("check postgres.url (host, port, user, password, sslmode) and that the server accepts the connection (pg_hba.conf)"),
         )),
         Ok(sql) => {
-            match slot::check(&sql, &settings.slot).await {
-                Ok(p) => found.extend(p),
-                Err(e) => found.push(error(format!("cannot inspect the database: {e}"), "see the error")),
+            // A server that stops answering (gone, or a lock it waits on) is said, not waited
+            // for: within postgres.receive_timeout, as a session's set-up queries are.
+            let inspected = async {
+                match slot::check(&sql, &settings.slot).await {
+                    Ok(p) => found.extend(p),
+                    Err(e) => found.push(error(format!("cannot inspect the database: {e}"), "see the error")),
+                }
+                if let Ok(mode) = binary::decide(&sql, &settings).await {
+                    let what = match mode {
+                        binary::Mode::Binary => "values will stream in pgoutput's binary mode (bytea read raw, not as hex text)".to_string(),
+                        binary::Mode::Text(why) => format!("values will stream as text: {why}"),
+                    };
+                    found.push(Problem { severity: Severity::Note, what, fix: "none needed (postgres.binary chooses)".into() });
+                }
+                let sample = sample_rows(&sql, &settings, &config).await;
+                topics = sample.topics;
+                found.extend(sample.problems);
+                Ok::<_, ferry_wal::conn::ReaderError>(())
+            };
+            let within = settings.stream.receive_timeout;
+            if ferry_wal::conn::answered(within, "the checks' queries", inspected).await.is_err() {
+                // What it waited on, still running on the server, is cancelled.
+                slot::cancel_sql(&settings.postgres, &sql.cancel_token()).await;
+                found.push(error(
+                    format!(
+                        "cannot inspect the database: the server did not answer within {:?} (postgres.receive_timeout)",
+                        within.unwrap_or_default()
+                    ),
+                    "the server stopped answering (down, unreachable, or a query waiting on a lock: see pg_stat_activity); run the check again once it answers",
+                ));
             }
-            if let Ok(mode) = binary::decide(&sql, &settings).await {
-                let what = match mode {
-                    binary::Mode::Binary => "values will stream in pgoutput's binary mode (bytea read raw, not as hex text)".to_string(),
-                    binary::Mode::Text(why) => format!("values will stream as text: {why}"),
-                };
-                found.push(Problem { severity: Severity::Note, what, fix: "none needed (postgres.binary chooses)".into() });
-            }
-            let sample = sample_rows(&sql, &settings, &config).await;
-            topics = sample.topics;
-            found.extend(sample.problems);
         }
     }
     // Asked now, printed in their own sections below: the slot's line must agree with the
