@@ -240,6 +240,48 @@ async fn a_paused_copy_that_lost_its_partitions_is_fenced_and_writes_nothing() {
     eprintln!("took {:?}", started.elapsed());
 }
 
+/// The database goes silent under `ferry inbox` (a proxy that forwards nothing, as a server
+/// gone without closing the connection or a failover behind a load balancer looks): the write
+/// in flight is given up on after `postgres.receive_timeout`, `/readyz` says the inbox is not
+/// ready, and once the route is back every record lands once. The old build waited on the
+/// write for as long as the connection stayed open, ready all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_gone_silent_is_given_up_on_and_every_record_lands_once_it_answers() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("inbox_silent", 3).await;
+    let group = format!("{topic}.group");
+    let (url, proxy) = through_proxy(&w.db.url).await;
+    inbox_env(
+        &mut w,
+        &topic,
+        &group,
+        &[
+            ("FERRY_POSTGRES_URL", url.as_str()),
+            ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
+            ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
+        ],
+    );
+    let recs = records(600, 50, 0x5113);
+    let p = producer(&w.brokers);
+    produce(&p, &topic, &recs[..300]).await;
+    let mut f = Ferry::spawn(&w, &["inbox"]);
+    wait_rows(&w.sql, &topic, 300, secs(60)).await;
+    proxy.inject(Fault::Blackhole);
+    produce(&p, &topic, &recs[300..]).await;
+    f.wait_log("the database did not answer the write within 2s", secs(60))
+        .await;
+    wait_until("the inbox says it is not ready", secs(30), || async {
+        matches!(f.http_get("/readyz").await, Some((503, _)))
+    })
+    .await;
+    proxy.heal();
+    wait_rows(&w.sql, &topic, 600, secs(60)).await;
+    assert!(f.is_running(), "{}", f.log_text());
+    let status = f.terminate().await;
+    assert!(status.success(), "{}", f.log_text());
+    assert_exactly_once(&w.sql, &topic, &group, &recs).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. the broker restarted
 

@@ -49,6 +49,9 @@ pub struct InboxSettings {
     pub processed_retention: Option<Duration>,
     pub cleanup_batch: i64,
     pub notify_channel: String,
+    /// `postgres.receive_timeout` (`None`: `0s`): how long a write or a load of offsets may go
+    /// unanswered before it is given up on ([`answered`]).
+    pub receive_timeout: Option<Duration>,
 }
 
 /// Without the Kafka properties and the password: they hold secrets.
@@ -127,6 +130,7 @@ impl InboxSettings {
                 .then(|| i.processed_retention.get()),
             cleanup_batch: i64::try_from(i.cleanup_batch).unwrap_or(i64::MAX),
             notify_channel: i.notify_channel.clone(),
+            receive_timeout: Some(c.postgres.receive_timeout.get()).filter(|t| !t.is_zero()),
         })
     }
 }
@@ -417,10 +421,19 @@ fn spawn_writer(
             let started = Instant::now();
             if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
                 client = match connect(&s.postgres).await {
-                    Ok(c) => match Statements::prepare(&c, &s.tables, &s.notify_channel).await {
-                        Ok(st) => Some((c, st)),
-                        Err(e) => {
-                            let error = store::describe(&e);
+                    Ok(c) => match answered(
+                        &s,
+                        c.cancel_token(),
+                        Statements::prepare(&c, &s.tables, &s.notify_channel),
+                    )
+                    .await
+                    {
+                        Some(Ok(st)) => Some((c, st)),
+                        outcome => {
+                            let error = match outcome {
+                                Some(Err(e)) => store::describe(&e),
+                                _ => unanswered("the preparation of its statements", &s),
+                            };
                             let _ = done
                                 .send(Done::Written(
                                     w,
@@ -444,7 +457,14 @@ fn spawn_writer(
                 };
             }
             let (c, st) = client.as_mut().expect("connected");
-            let outcome = store::write(c, st, &s.tables, &s.group, &w, dedup).await;
+            let token = c.cancel_token();
+            let write = store::write(c, st, &s.tables, &s.group, &w, dedup);
+            let outcome = match answered(&s, token, write).await {
+                Some(outcome) => outcome,
+                None => WriteOutcome::Failed {
+                    error: unanswered("the write", &s),
+                },
+            };
             if matches!(outcome, WriteOutcome::Failed { .. }) {
                 // Whatever the connection's state, the next write starts on a fresh one.
                 client = None;
@@ -461,6 +481,41 @@ fn spawn_writer(
     tx
 }
 
+/// `query`'s outcome, or `None` when the database left it unanswered for
+/// `postgres.receive_timeout` (a server gone without closing the connection, a failover behind
+/// a proxy, a lock it waits on): the query is then cancelled on the server, best effort, and the
+/// caller drops the connection. A write given up on is `Failed`: the offsets it stores say, on
+/// the next load, whether it committed (a write that commits after it was given up on leaves
+/// offsets the next write does not expect, which stops the inbox as a fenced write does; it
+/// loses and duplicates nothing).
+async fn answered<T>(
+    s: &InboxSettings,
+    token: tokio_postgres::CancelToken,
+    query: impl Future<Output = T>,
+) -> Option<T> {
+    let Some(within) = s.receive_timeout else {
+        return Some(query.await);
+    };
+    match tokio::time::timeout(within, query).await {
+        Ok(outcome) => Some(outcome),
+        Err(_) => {
+            let cfg = s.postgres.clone();
+            tokio::spawn(async move { ferry_wal::slot::cancel_sql(&cfg, &token).await });
+            None
+        }
+    }
+}
+
+/// Why a query [`answered`] gave up on failed.
+fn unanswered(what: &str, s: &InboxSettings) -> String {
+    format!(
+        "the database did not answer {what} within {:?} (postgres.receive_timeout): the query is \
+         cancelled and the connection dropped. If the database or the network was down, nothing \
+         needs doing; if it was only busy (a lock, a slow trigger), raise postgres.receive_timeout",
+        s.receive_timeout.unwrap_or_default()
+    )
+}
+
 fn spawn_loader(
     s: Arc<InboxSettings>,
     done: mpsc::Sender<Done>,
@@ -473,9 +528,13 @@ fn spawn_loader(
         };
         while let Some((load, partitions)) = rx.recv().await {
             let r = match conn.get().await {
-                Ok(c) => store::load(c, &s.tables, &s.group, &partitions)
-                    .await
-                    .map_err(|e| store::describe(&e)),
+                Ok(c) => {
+                    let load = store::load(c, &s.tables, &s.group, &partitions);
+                    match answered(&s, c.cancel_token(), load).await {
+                        Some(r) => r.map_err(|e| store::describe(&e)),
+                        None => Err(unanswered("the read of the offsets", &s)),
+                    }
+                }
                 Err(e) => Err(e),
             };
             if r.is_err() {
