@@ -5,7 +5,7 @@
 
 use super::problems::problems;
 use super::{check, server_version_num, sql_error, Problem, Severity, SlotSpec, SlotState};
-use crate::conn::error::ReaderError;
+use crate::conn::error::{answered, ReaderError};
 
 /// Setup failed: the problems, each with its fix.
 #[derive(Debug, thiserror::Error)]
@@ -65,15 +65,17 @@ pub async fn ensure(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
 ) -> Result<SlotState, SetupError> {
-    ensure_surveyed(client, spec, Survey::read(client, spec).await?).await
+    ensure_surveyed(client, spec, Survey::read(client, spec).await?, None).await
 }
 
 /// [`ensure`] from facts read before ([`Survey::read`], with the same spec but for its
-/// `create_*` flags).
+/// `create_*` flags). The reads around a creation are answered `within` ([`answered`]); the
+/// creations are not bounded (they may wait on other transactions).
 pub async fn ensure_surveyed(
     client: &tokio_postgres::Client,
     spec: &SlotSpec,
     survey: Survey,
+    within: Option<std::time::Duration>,
 ) -> Result<SlotState, SetupError> {
     let Survey(facts) = survey;
     // Validate before creating anything: a start that fails anyway must not leave a new slot
@@ -101,7 +103,13 @@ pub async fn ensure_surveyed(
     if spec.create_slot && facts.slot.is_none() {
         created_any = true;
         // failover (the fifth argument) exists from PostgreSQL 17 on; check() refuses it before.
-        let failover = spec.failover && server_version_num(client).await? >= 170000;
+        let version = answered(within, "the read of the server's version", async {
+            match spec.failover {
+                true => server_version_num(client).await,
+                false => Ok(0),
+            }
+        });
+        let failover = version.await? >= 170000;
         let res = client
             .query_one(create_slot_sql(failover), &[&spec.slot])
             .await;
@@ -115,7 +123,14 @@ pub async fn ensure_surveyed(
     // created: the facts read above are still the answer (a restart's case, one read instead
     // of two: ~6 ms of its start-up).
     let facts = match created_any {
-        true => check::read(client, spec).await?,
+        true => {
+            answered(
+                within,
+                "the reads after creating",
+                check::read(client, spec),
+            )
+            .await?
+        }
         false => facts,
     };
     let errors = errors_of(problems(&created(spec), &facts));

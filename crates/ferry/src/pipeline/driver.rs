@@ -531,7 +531,7 @@ impl<'a> Driver<'a> {
                 .map_err(slot::SetupError::from)?,
         };
         // Creating the publication or the slot may wait on other transactions: not bounded.
-        slot::ensure_surveyed(sql, &spec, survey).await?;
+        slot::ensure_surveyed(sql, &spec, survey, s.stream.receive_timeout).await?;
         tracing::debug!("start-up: slot and publication ensured");
         Ok((start, ahead))
     }
