@@ -996,9 +996,10 @@ async fn a_partition_locked_at_the_start_leaves_no_backends_waiting_behind_it() 
         .await
         .unwrap()
         .get(0);
-    // The session waiting now, and perhaps the last one's, its cancel on its way.
+    // The session waiting now, and perhaps the last one or two, their cancels on their way
+    // (without the cancel, one for each session: four and more).
     assert!(
-        waiting <= 2,
+        waiting <= 3,
         "{waiting} backends wait on the lock after four sessions gave up:\n{}",
         ferry.log_text()
     );

@@ -18,6 +18,7 @@ pub mod store;
 
 use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
@@ -422,8 +423,8 @@ fn spawn_writer(
             if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
                 client = match connect(&s.postgres).await {
                     Ok(c) => match answered(
-                        &s,
-                        c.cancel_token(),
+                        s.receive_timeout,
+                        None,
                         Statements::prepare(&c, &s.tables, &s.notify_channel),
                     )
                     .await
@@ -432,7 +433,10 @@ fn spawn_writer(
                         outcome => {
                             let error = match outcome {
                                 Some(Err(e)) => store::describe(&e),
-                                _ => unanswered("the preparation of its statements", &s),
+                                _ => {
+                                    cancel(&s, c.cancel_token());
+                                    unanswered("the preparation of its statements", &s)
+                                }
                             };
                             let _ = done
                                 .send(Done::Written(
@@ -458,12 +462,16 @@ fn spawn_writer(
             }
             let (c, st) = client.as_mut().expect("connected");
             let token = c.cancel_token();
-            let write = store::write(c, st, &s.tables, &s.group, &w, dedup);
-            let outcome = match answered(&s, token, write).await {
+            let answers = AtomicU64::new(0);
+            let write = store::write(c, st, &s.tables, &s.group, &w, dedup, &answers);
+            let outcome = match answered(s.receive_timeout, Some(&answers), write).await {
                 Some(outcome) => outcome,
-                None => WriteOutcome::Failed {
-                    error: unanswered("the write", &s),
-                },
+                None => {
+                    cancel(&s, token);
+                    WriteOutcome::Failed {
+                        error: unanswered("the write", &s),
+                    }
+                }
             };
             if matches!(outcome, WriteOutcome::Failed { .. }) {
                 // Whatever the connection's state, the next write starts on a fresh one.
@@ -481,29 +489,48 @@ fn spawn_writer(
     tx
 }
 
-/// `query`'s outcome, or `None` when the database left it unanswered for
-/// `postgres.receive_timeout` (a server gone without closing the connection, a failover behind
-/// a proxy, a lock it waits on): the query is then cancelled on the server, best effort, and the
-/// caller drops the connection. A write given up on is `Failed`: the offsets it stores say, on
-/// the next load, whether it committed (a write that commits after it was given up on leaves
-/// offsets the next write does not expect, which stops the inbox as a fenced write does; it
-/// loses and duplicates nothing).
+/// `query`'s outcome, or `None` when the database left it unanswered for `within`
+/// (`postgres.receive_timeout`: a server gone without closing the connection, a failover behind
+/// a proxy, a lock it waits on); the caller then cancels it on the server ([`cancel`]) and
+/// drops its client. `answers`: what the query counts of the database's answers as they come
+/// (a write's statements, [`store::write`]); it is given up on only when none came for `within`
+/// (checked every quarter of it), however long it takes as a whole. A write given up on is
+/// `Failed`, and nothing is assumed of it: its transaction holds the offsets' rows until it
+/// ends, so the next load reads them as they are then, and the next write's compare-and-set on
+/// them fences anything else.
 async fn answered<T>(
-    s: &InboxSettings,
-    token: tokio_postgres::CancelToken,
+    within: Option<Duration>,
+    answers: Option<&AtomicU64>,
     query: impl Future<Output = T>,
 ) -> Option<T> {
-    let Some(within) = s.receive_timeout else {
+    let Some(within) = within else {
         return Some(query.await);
     };
-    match tokio::time::timeout(within, query).await {
-        Ok(outcome) => Some(outcome),
-        Err(_) => {
-            let cfg = s.postgres.clone();
-            tokio::spawn(async move { ferry_wal::slot::cancel_sql(&cfg, &token).await });
-            None
+    let mut query = std::pin::pin!(query);
+    let count = || answers.map(|a| a.load(Relaxed));
+    let (mut seen, mut since) = (count(), Instant::now());
+    loop {
+        let check = tokio::time::sleep(match answers {
+            Some(_) => within / 4,
+            None => within.saturating_sub(since.elapsed()),
+        });
+        tokio::select! {
+            outcome = &mut query => return Some(outcome),
+            () = check => {}
+        }
+        if count() != seen {
+            (seen, since) = (count(), Instant::now());
+        } else if since.elapsed() >= within {
+            return None;
         }
     }
+}
+
+/// Cancels what runs on `token`'s connection, best effort, in the background
+/// ([`ferry_wal::slot::cancel_sql`]).
+fn cancel(s: &InboxSettings, token: tokio_postgres::CancelToken) {
+    let cfg = s.postgres.clone();
+    tokio::spawn(async move { ferry_wal::slot::cancel_sql(&cfg, &token).await });
 }
 
 /// Why a query [`answered`] gave up on failed.
@@ -530,9 +557,12 @@ fn spawn_loader(
             let r = match conn.get().await {
                 Ok(c) => {
                     let load = store::load(c, &s.tables, &s.group, &partitions);
-                    match answered(&s, c.cancel_token(), load).await {
+                    match answered(s.receive_timeout, None, load).await {
                         Some(r) => r.map_err(|e| store::describe(&e)),
-                        None => Err(unanswered("the read of the offsets", &s)),
+                        None => {
+                            cancel(&s, c.cancel_token());
+                            Err(unanswered("the read of the offsets", &s))
+                        }
                     }
                 }
                 Err(e) => Err(e),
@@ -577,4 +607,43 @@ fn spawn_cleaner(s: Arc<InboxSettings>, done: mpsc::Sender<Done>) -> mpsc::Sende
         }
     });
     tx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answered;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::time::Duration;
+
+    const WITHIN: Option<Duration> = Some(Duration::from_secs(1));
+
+    #[tokio::test]
+    async fn a_query_answering_as_it_goes_is_waited_for_however_long_it_takes() {
+        // Three times the bound as a whole, an answer every tenth of a second.
+        let answers = AtomicU64::new(0);
+        let long = async {
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                answers.fetch_add(1, Relaxed);
+            }
+            7
+        };
+        assert_eq!(answered(WITHIN, Some(&answers), long).await, Some(7));
+    }
+
+    #[tokio::test]
+    async fn a_query_that_stops_answering_is_given_up_on() {
+        let answers = AtomicU64::new(0);
+        let stops = async {
+            answers.fetch_add(1, Relaxed);
+            std::future::pending::<()>().await
+        };
+        assert_eq!(answered(WITHIN, Some(&answers), stops).await, None);
+        // Without a count, the bound is on the whole.
+        let whole = tokio::time::sleep(Duration::from_secs(3));
+        assert_eq!(answered(WITHIN, None, whole).await, None);
+        // No bound: waited for.
+        let short = tokio::time::sleep(Duration::from_millis(10));
+        assert_eq!(answered(None, None, short).await, Some(()));
+    }
 }

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_core::inbox::{
@@ -564,6 +565,9 @@ enum Step {
 
 /// Carries out `write` in one transaction on `client`. The outcome says what the database holds
 /// (see [`WriteOutcome`]); it never guesses: an error on COMMIT is `Failed`.
+/// `answers` counts the database's answers as they come (one a statement, one a chunk of COPY
+/// data taken): the caller gives the write up only when none came for a while, however long the
+/// write as a whole takes (a careful batch is three round trips a row).
 pub async fn write(
     client: &mut Client,
     s: &Statements,
@@ -571,8 +575,9 @@ pub async fn write(
     group: &str,
     w: &Write,
     dedup: bool,
+    answers: &AtomicU64,
 ) -> WriteOutcome {
-    match write_inner(client, s, t, group, w, dedup).await {
+    match write_inner(client, s, t, group, w, dedup, answers).await {
         Step::Done(o) => o,
         Step::Error(e) => {
             if is_data_error(&e) {
@@ -588,10 +593,14 @@ pub async fn write(
     }
 }
 
+/// The statement's value, the answer counted; or the write's end with its error.
 macro_rules! tri {
-    ($e:expr) => {
+    ($answers:expr, $e:expr) => {
         match $e {
-            Ok(v) => v,
+            Ok(v) => {
+                $answers.fetch_add(1, Ordering::Relaxed);
+                v
+            }
             Err(e) => return Step::Error(e),
         }
     };
@@ -604,14 +613,16 @@ async fn write_inner(
     group: &str,
     w: &Write,
     dedup: bool,
+    answers: &AtomicU64,
 ) -> Step {
-    let tx = tri!(client.transaction().await);
+    let tx = tri!(answers, client.transaction().await);
     // The offsets first: a fenced batch stops before it writes anything else.
     let topics: Vec<&str> = w.offsets.iter().map(|o| &*o.partition.topic).collect();
     let parts: Vec<i32> = w.offsets.iter().map(|o| o.partition.partition).collect();
     let expected: Vec<Option<i64>> = w.offsets.iter().map(|o| o.expected).collect();
     let next: Vec<i64> = w.offsets.iter().map(|o| o.next).collect();
     let updated = tri!(
+        answers,
         tx.query(&s.advance, &[&group, &topics, &parts, &expected, &next])
             .await
     );
@@ -624,6 +635,7 @@ async fn write_inner(
         };
         if let Some(o) = w.offsets.iter().find(|o| !was_updated(o)) {
             let found: Option<i64> = tri!(
+                answers,
                 tx.query_opt(
                     &s.current,
                     &[&group, &&*o.partition.topic, &o.partition.partition]
@@ -645,15 +657,21 @@ async fn write_inner(
         for r in &w.rows {
             let mut c = Columns::with_capacity(1);
             c.push(&r.record, r.event_id.as_deref(), t.payload);
-            tri!(tx.execute("SAVEPOINT ferry_row", &[]).await);
+            tri!(answers, tx.execute("SAVEPOINT ferry_row", &[]).await);
             match insert(&tx, s, &c, t.payload, dedup).await {
                 Ok(k) => {
                     inserted += k;
                     candidates += 1;
-                    tri!(tx.execute("RELEASE SAVEPOINT ferry_row", &[]).await);
+                    tri!(
+                        answers,
+                        tx.execute("RELEASE SAVEPOINT ferry_row", &[]).await
+                    );
                 }
                 Err(e) if is_data_error(&e) => {
-                    tri!(tx.execute("ROLLBACK TO SAVEPOINT ferry_row", &[]).await);
+                    tri!(
+                        answers,
+                        tx.execute("ROLLBACK TO SAVEPOINT ferry_row", &[]).await
+                    );
                     tracing::warn!(
                         topic = &*r.record.partition.topic,
                         partition = r.record.partition.partition,
@@ -662,6 +680,7 @@ async fn write_inner(
                         "the database refused a record: it goes to the dead-letter table"
                     );
                     tri!(
+                        answers,
                         dead_letter(
                             &tx,
                             s,
@@ -683,7 +702,7 @@ async fn write_inner(
             c.push(&r.record, r.event_id.as_deref(), t.payload);
         }
         candidates = w.rows.len() as u64;
-        inserted = match copy_batch(&tx, s, &c, t.payload, dedup).await {
+        inserted = match copy_batch(&tx, s, &c, t.payload, dedup, answers).await {
             Ok(n) => n,
             Err(CopyError::Db(e)) => return Step::Error(e),
             Err(CopyError::Encode(error)) => return Step::Done(WriteOutcome::Failed { error }),
@@ -699,7 +718,7 @@ async fn write_inner(
                 "a record cannot be stored in the inbox: it goes to the dead-letter table"
             );
         }
-        tri!(dead_letter(&tx, s, &w.dead_letters).await);
+        tri!(answers, dead_letter(&tx, s, &w.dead_letters).await);
     }
     if !w.marks.is_empty() {
         let topics: Vec<&str> = w.marks.iter().map(|m| &*m.partition.topic).collect();
@@ -716,16 +735,17 @@ async fn write_inner(
             .map(|m| i32::try_from(m.position.index).unwrap_or(i32::MAX))
             .collect();
         tri!(
+            answers,
             tx.execute(&s.marks, &[&group, &topics, &parts, &sources, &lsns, &idx])
                 .await
         );
     }
     if inserted > 0 {
         if let Some(n) = &s.notify {
-            tri!(tx.batch_execute(n).await);
+            tri!(answers, tx.batch_execute(n).await);
         }
     }
-    tri!(tx.commit().await);
+    tri!(answers, tx.commit().await);
     Step::Done(WriteOutcome::Committed {
         inserted,
         duplicates: candidates - inserted,
@@ -761,6 +781,7 @@ async fn copy_batch(
     c: &Columns<'_>,
     payload: PayloadType,
     dedup: bool,
+    answers: &AtomicU64,
 ) -> Result<u64, CopyError> {
     let ids: Vec<&str> = c.event_id.iter().flatten().copied().collect();
     let fresh: Option<std::collections::HashSet<String>> = if dedup && !ids.is_empty() {
@@ -826,6 +847,7 @@ async fn copy_batch(
         }
         if buf.len() >= COPY_CHUNK {
             sink.send(buf.split().freeze()).await?;
+            answers.fetch_add(1, Ordering::Relaxed);
         }
     }
     buf.extend_from_slice(&(-1i16).to_be_bytes());
