@@ -936,27 +936,12 @@ async fn a_published_table_no_entry_relays_stops_ferry_until_it_is_relayed_or_ta
     }
 }
 
-/// A partitioned outbox with a partition locked while Ferry starts (ACCESS EXCLUSIVE, as a
-/// `DROP` of an old partition waiting behind a long transaction holds it): the session's read of
-/// the partitions waits on the lock, is given up on after `postgres.receive_timeout`, and is
-/// cancelled on the server, so the sessions that follow leave no backends waiting behind it
-/// (each would add one); once the lock goes, Ferry streams.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partition_locked_at_the_start_leaves_no_backends_waiting_behind_it() {
-    let ddl = "CREATE TABLE outbox (
-        id uuid NOT NULL DEFAULT gen_random_uuid(),
-        aggregatetype text NOT NULL DEFAULT 'ev',
-        aggregateid text NOT NULL,
-        type text NOT NULL DEFAULT 'Happened',
-        payload jsonb,
-        note text,
-        PRIMARY KEY (id, aggregatetype)
-    ) PARTITION BY LIST (aggregatetype);
-    CREATE TABLE outbox_ev PARTITION OF outbox FOR VALUES IN ('ev')";
-    let (mut w, topic) = world_on(
+/// A world whose outbox is [`PARTITIONED_DDL`], published through its root.
+async fn partitioned_world() -> (World, String) {
+    let (w, topic) = world_on(
         pg::shared().create_db().await,
         kafka::shared().brokers(),
-        ddl,
+        PARTITIONED_DDL,
     )
     .await;
     w.sql
@@ -966,6 +951,29 @@ async fn a_partition_locked_at_the_start_leaves_no_backends_waiting_behind_it() 
         ))
         .await
         .unwrap();
+    (w, topic)
+}
+
+/// An outbox partitioned by aggregate type, with the one partition the tests write to.
+const PARTITIONED_DDL: &str = "CREATE TABLE outbox (
+        id uuid NOT NULL DEFAULT gen_random_uuid(),
+        aggregatetype text NOT NULL DEFAULT 'ev',
+        aggregateid text NOT NULL,
+        type text NOT NULL DEFAULT 'Happened',
+        payload jsonb,
+        note text,
+        PRIMARY KEY (id, aggregatetype)
+    ) PARTITION BY LIST (aggregatetype);
+    CREATE TABLE outbox_ev PARTITION OF outbox FOR VALUES IN ('ev')";
+
+/// A partitioned outbox with a partition locked while Ferry starts (ACCESS EXCLUSIVE, as a
+/// `DROP` of an old partition waiting behind a long transaction holds it): the session's read of
+/// the partitions waits on the lock, is given up on after `postgres.receive_timeout`, and is
+/// cancelled on the server, so the sessions that follow leave no backends waiting behind it
+/// (each would add one); once the lock goes, Ferry streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_locked_at_the_start_leaves_no_backends_waiting_behind_it() {
+    let (mut w, topic) = partitioned_world().await;
     w.set_env(&[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")]);
     let mut locker = pg::connect(&w.db.url).await;
     let held = locker.transaction().await.unwrap();
@@ -1017,29 +1025,7 @@ async fn a_partition_locked_at_the_start_leaves_no_backends_waiting_behind_it() 
 /// a table no entry relays. (A restart then refuses the setting, as `check` does.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_outbox_published_per_partition_mid_stream_loses_nothing() {
-    let ddl = "CREATE TABLE outbox (
-        id uuid NOT NULL DEFAULT gen_random_uuid(),
-        aggregatetype text NOT NULL DEFAULT 'ev',
-        aggregateid text NOT NULL,
-        type text NOT NULL DEFAULT 'Happened',
-        payload jsonb,
-        note text,
-        PRIMARY KEY (id, aggregatetype)
-    ) PARTITION BY LIST (aggregatetype);
-    CREATE TABLE outbox_ev PARTITION OF outbox FOR VALUES IN ('ev')";
-    let (w, topic) = world_on(
-        pg::shared().create_db().await,
-        kafka::shared().brokers(),
-        ddl,
-    )
-    .await;
-    w.sql
-        .batch_execute(&format!(
-            "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)",
-            w.publication
-        ))
-        .await
-        .unwrap();
+    let (w, topic) = partitioned_world().await;
     let mut ferry = continues_through(
         &w,
         &topic,

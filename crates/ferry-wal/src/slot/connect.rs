@@ -50,15 +50,24 @@ async fn cancel_one(
             token.cancel_query_raw(tcp, tokio_postgres::NoTls).await
         }
         (crate::conn::net::Socket::Tcp(tcp, host), Some(tls_config)) => {
-            let tls =
-                tokio_postgres::tls::MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(
-                    &mut tls::MakeRustlsConnect::new(tls_config),
-                    &host,
-                )?;
-            token.cancel_query_raw(tcp, tls).await
+            token
+                .cancel_query_raw(tcp, rustls(tls_config, &host)?)
+                .await
         }
     };
     sent.map_err(sql_error)
+}
+
+/// TLS over rustls to `host` (the name the certificate must carry).
+fn rustls(
+    tls_config: std::sync::Arc<rustls::ClientConfig>,
+    host: &str,
+) -> Result<tls::RustlsConnect, ReaderError> {
+    let connect = tokio_postgres::tls::MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(
+        &mut tls::MakeRustlsConnect::new(tls_config),
+        host,
+    )?;
+    Ok(connect)
 }
 
 async fn connect_sql_one(cfg: &ConnectConfig) -> Result<tokio_postgres::Client, ReaderError> {
@@ -99,11 +108,7 @@ async fn connect_sql_one(cfg: &ConnectConfig) -> Result<tokio_postgres::Client, 
                 client
             }
             (crate::conn::net::Socket::Tcp(tcp, host), Some(tls_config)) => {
-                let tls =
-                    tokio_postgres::tls::MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(
-                        &mut tls::MakeRustlsConnect::new(tls_config),
-                        &host,
-                    )?;
+                let tls = rustls(tls_config, &host)?;
                 let (client, conn) =
                     pg.connect_raw(tcp, tls).await.map_err(
                         |e| match tls::rejected_certificate(&e) {
