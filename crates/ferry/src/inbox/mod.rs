@@ -537,8 +537,9 @@ fn cancel(s: &InboxSettings, token: tokio_postgres::CancelToken) {
 fn unanswered(what: &str, s: &InboxSettings) -> String {
     format!(
         "the database did not answer {what} within {:?} (postgres.receive_timeout): the query is \
-         cancelled and the connection dropped. If the database or the network was down, nothing \
-         needs doing; if it was only busy (a lock, a slow trigger), raise postgres.receive_timeout",
+         cancelled, and the inbox goes on on a new connection. If the database or the network \
+         was down, nothing needs doing; if it was only busy (a lock, a slow trigger), raise \
+         postgres.receive_timeout",
         s.receive_timeout.unwrap_or_default()
     )
 }
