@@ -222,6 +222,21 @@ pub enum ReaderError {
     },
 }
 
+/// `fut`'s outcome, or [`ReaderError::Timeout`] naming `what` once `timeout` has passed (the
+/// bounds of connecting: `postgres.connect_timeout`; of dropping a slot: its own).
+pub(crate) async fn timed<T>(
+    timeout: std::time::Duration,
+    what: &'static str,
+    fut: impl std::future::Future<Output = Result<T, ReaderError>>,
+) -> Result<T, ReaderError> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| ReaderError::Timeout {
+            what,
+            secs: timeout.as_secs(),
+        })?
+}
+
 /// `query`'s answer, waited for at most `within` (`None`: as long as it takes): a server that
 /// vanished without closing the connection (a host gone, a dropped route, a proxy whose server
 /// died) leaves a query unanswered until TCP gives up, ~15 minutes, or forever through a proxy.

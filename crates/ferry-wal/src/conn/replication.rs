@@ -18,7 +18,7 @@ use postgres_protocol::message::{backend, frontend};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::config::{ConnectConfig, SslMode, TargetSessionAttrs};
-use super::error::{ReaderError, ServerError};
+use super::error::{timed, ReaderError, ServerError};
 use super::net;
 use super::tls;
 use crate::frame::{self, StreamFrame};
@@ -102,12 +102,8 @@ impl ReplicationConnection {
 
     async fn connect_one(cfg: &ConnectConfig) -> Result<ReplicationConnection, ReaderError> {
         let timeout = cfg.connect_timeout.unwrap_or(Duration::from_secs(3600));
-        let mut conn = tokio::time::timeout(timeout, Self::connect_inner(cfg))
-            .await
-            .map_err(|_| ReaderError::Timeout {
-                what: "connecting to PostgreSQL for replication",
-                secs: timeout.as_secs(),
-            })??;
+        let what = "connecting to PostgreSQL for replication";
+        let mut conn = timed(timeout, what, Self::connect_inner(cfg)).await?;
         conn.check_session_attrs(cfg).await?;
         Ok(conn)
     }

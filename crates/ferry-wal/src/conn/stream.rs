@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::config::ConnectConfig;
-use super::error::{answered, ReaderError};
+use super::error::{answered, timed, ReaderError};
 use super::pause::{Bound, Pace, Pause, PauseUntil};
 use super::replication::ReplicationConnection;
 use crate::assembly::{Assembler, AssemblyStats, OutboxEvent, OutboxSource};
@@ -317,12 +317,8 @@ impl Replication {
         let mut conn = ReplicationConnection::connect(cfg).await?;
         // Part of connecting: within the connect timeout too.
         let timeout = cfg.connect_timeout.unwrap_or(Duration::from_secs(3600));
-        let ident = tokio::time::timeout(timeout, conn.simple_query("IDENTIFY_SYSTEM"))
-            .await
-            .map_err(|_| ReaderError::Timeout {
-                what: "identifying the server (IDENTIFY_SYSTEM) on a new replication connection",
-                secs: timeout.as_secs(),
-            })??;
+        let what = "identifying the server (IDENTIFY_SYSTEM) on a new replication connection";
+        let ident = timed(timeout, what, conn.simple_query("IDENTIFY_SYSTEM")).await?;
         let column = |i: usize| ident.first().and_then(|r| r.get(i)).cloned().flatten();
         if column(3).is_none() {
             return Err(ReaderError::NotLogicalReplication);

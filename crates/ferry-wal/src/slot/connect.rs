@@ -34,6 +34,13 @@ pub async fn cancel_sql(cfg: &ConnectConfig, token: &tokio_postgres::CancelToken
     }
 }
 
+/// [`cancel_sql`] in the background: the caller goes on (a new session, a new connection)
+/// without waiting on a server that may not answer.
+pub fn cancel_sql_soon(cfg: &ConnectConfig, token: tokio_postgres::CancelToken) {
+    let cfg = cfg.clone();
+    tokio::spawn(async move { cancel_sql(&cfg, &token).await });
+}
+
 async fn cancel_one(
     cfg: &ConnectConfig,
     token: &tokio_postgres::CancelToken,
@@ -123,12 +130,7 @@ async fn connect_sql_one(cfg: &ConnectConfig) -> Result<tokio_postgres::Client, 
         check_session_attrs(&client, cfg).await?;
         Ok(client)
     };
-    tokio::time::timeout(timeout, connect)
-        .await
-        .map_err(|_| ReaderError::Timeout {
-            what: "connecting to PostgreSQL",
-            secs: timeout.as_secs(),
-        })?
+    crate::conn::error::timed(timeout, "connecting to PostgreSQL", connect).await
 }
 
 /// `target_session_attrs` on the SQL connection, by asking as libpq does with servers that do

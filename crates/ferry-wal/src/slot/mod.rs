@@ -62,7 +62,7 @@ mod tables;
 
 pub use capacity::{capacity, Capacity};
 pub use check::{check, role_grants};
-pub use connect::{cancel_sql, connect_sql, sql_error};
+pub use connect::{cancel_sql, cancel_sql_soon, connect_sql, sql_error};
 pub use privileges::{RoleGrants, TableGrants};
 pub(crate) use problems::invalidated_slot_fix;
 pub use problems::{Problem, Severity};

@@ -58,12 +58,8 @@ pub async fn drop_inactive(
     timeout: std::time::Duration,
 ) -> Result<(), ReaderError> {
     let deadline = tokio::time::Instant::now() + timeout;
-    tokio::time::timeout(timeout, drop_when_inactive(client, slot, deadline))
-        .await
-        .map_err(|_| ReaderError::Timeout {
-            what: "dropping the slot",
-            secs: timeout.as_secs(),
-        })?
+    let dropped = drop_when_inactive(client, slot, deadline);
+    crate::conn::error::timed(timeout, "dropping the slot", dropped).await
 }
 
 async fn drop_when_inactive(

@@ -434,7 +434,7 @@ fn spawn_writer(
                             let error = match outcome {
                                 Some(Err(e)) => store::describe(&e),
                                 _ => {
-                                    cancel(&s, c.cancel_token());
+                                    ferry_wal::slot::cancel_sql_soon(&s.postgres, c.cancel_token());
                                     unanswered("the preparation of its statements", &s)
                                 }
                             };
@@ -467,7 +467,7 @@ fn spawn_writer(
             let outcome = match answered(s.receive_timeout, Some(&answers), write).await {
                 Some(outcome) => outcome,
                 None => {
-                    cancel(&s, token);
+                    ferry_wal::slot::cancel_sql_soon(&s.postgres, token);
                     WriteOutcome::Failed {
                         error: unanswered("the write", &s),
                     }
@@ -491,7 +491,7 @@ fn spawn_writer(
 
 /// `query`'s outcome, or `None` when the database left it unanswered for `within`
 /// (`postgres.receive_timeout`: a server gone without closing the connection, a failover behind
-/// a proxy, a lock it waits on); the caller then cancels it on the server ([`cancel`]) and
+/// a proxy, a lock it waits on); the caller then cancels it on the server ([`ferry_wal::slot::cancel_sql_soon`]) and
 /// drops its client. `answers`: what the query counts of the database's answers as they come
 /// (a write's statements, [`store::write`]); it is given up on only when none came for `within`
 /// (checked every quarter of it), however long it takes as a whole. A write given up on is
@@ -526,13 +526,6 @@ async fn answered<T>(
     }
 }
 
-/// Cancels what runs on `token`'s connection, best effort, in the background
-/// ([`ferry_wal::slot::cancel_sql`]).
-fn cancel(s: &InboxSettings, token: tokio_postgres::CancelToken) {
-    let cfg = s.postgres.clone();
-    tokio::spawn(async move { ferry_wal::slot::cancel_sql(&cfg, &token).await });
-}
-
 /// Why a query [`answered`] gave up on failed.
 fn unanswered(what: &str, s: &InboxSettings) -> String {
     format!(
@@ -561,7 +554,7 @@ fn spawn_loader(
                     match answered(s.receive_timeout, None, load).await {
                         Some(r) => r.map_err(|e| store::describe(&e)),
                         None => {
-                            cancel(&s, c.cancel_token());
+                            ferry_wal::slot::cancel_sql_soon(&s.postgres, c.cancel_token());
                             Err(unanswered("the read of the offsets", &s))
                         }
                     }

@@ -995,7 +995,7 @@ impl<'a> Driver<'a> {
 
 /// A set-up query given up on ([`ReaderError::Unanswered`]) still runs on the server: a
 /// backend waiting on a lock waits on, and each session after it would add one. Cancelled,
-/// best effort, in the background ([`slot::cancel_sql`]); a query that was not on `sql` (the
+/// best effort, in the background ([`slot::cancel_sql_soon`]); a query that was not on `sql` (the
 /// replication connection's) leaves nothing to cancel there, and the request is ignored.
 fn cancel_given_up(e: &PipelineError, sql: &tokio_postgres::Client, s: &PipelineSettings) {
     let unanswered = |e: &ReaderError| matches!(e, ReaderError::Unanswered { .. });
@@ -1005,8 +1005,7 @@ fn cancel_given_up(e: &PipelineError, sql: &tokio_postgres::Client, s: &Pipeline
         _ => false,
     };
     if given_up {
-        let (token, cfg) = (sql.cancel_token(), s.postgres.clone());
-        tokio::spawn(async move { slot::cancel_sql(&cfg, &token).await });
+        slot::cancel_sql_soon(&s.postgres, sql.cancel_token());
     }
 }
 
