@@ -163,7 +163,8 @@ impl Progress {
 ///   `reply_requested` set, until the server is heard. A walsender answers it with a keepalive
 ///   whenever it reads its client's messages: at once when idle or sending, and while it
 ///   decodes changes it sends nothing for (other tables' rows) at least every
-///   `wal_sender_timeout / 2` (PostgreSQL 15+);
+///   `wal_sender_timeout / 2` (PostgreSQL 15, and 14.4 and later, where the same fix was
+///   backpatched; every 100 changes with `wal_sender_timeout = 0`);
 /// - the connection is **lost** once `t` has passed since the server was last heard *and*
 ///   `3t/4` since the first request: a reader that wakes late (its process stopped, or
 ///   starved of CPU) asks first and waits before it gives up.
@@ -183,7 +184,7 @@ pub struct Silence {
 /// The receive timeout a session streams with: the configured one, but never shorter than the
 /// server's `wal_sender_timeout` (`server`, `None` when off). While a walsender decodes changes
 /// it sends nothing for, it answers a request for a reply only every half of its own timeout
-/// (PostgreSQL 15+); [`Silence`] asks from a quarter of its timeout on, so at least the
+/// (PostgreSQL 14.4+); [`Silence`] asks from a quarter of its timeout on, so at least the
 /// server's leaves a quarter to spare. A server without one reads replies every 100 changes.
 /// `configured` `None`: never.
 pub fn receive_timeout(configured: Option<Duration>, server: Option<Duration>) -> Option<Duration> {

@@ -723,3 +723,66 @@ async fn a_keepalive_that_finds_the_channel_full_reaches_the_pipeline_once_it_ha
     }
     panic!("the WAL end never reached the pipeline before the server wrote more WAL");
 }
+
+/// A walsender decoding a long transaction of another table's changes sends the client nothing
+/// until its commit, and with `wal_sender_timeout = 0` no keepalive of its own either. It
+/// still reads its client's messages every 100 changes (PostgreSQL 15+, and 14.4+ from the same
+/// fix backpatched), so the reply the reader asks for from a quarter of its receive timeout on
+/// keeps the stream up through a decode many timeouts long; the outbox row behind it arrives.
+#[tokio::test]
+async fn a_long_decode_of_another_tables_changes_keeps_the_stream_up() {
+    let s = setup().await;
+    // Changes spilled to disk (the smallest work memory) are slower to decode: a decode of
+    // several timeouts from a modest transaction.
+    s.sql
+        .batch_execute(&format!(
+            "ALTER ROLE CURRENT_USER IN DATABASE {} SET wal_sender_timeout = 0;
+             ALTER ROLE CURRENT_USER IN DATABASE {0} SET logical_decoding_work_mem = '64kB';
+             CREATE TABLE other (x int, pad text);",
+            s.db.name
+        ))
+        .await
+        .unwrap();
+    let timeout = Duration::from_millis(500);
+    let opts = StreamOptions {
+        receive_timeout: Some(timeout),
+        ..options(&s.spec, Some("outbox"))
+    };
+    // A connection made after the settings, which the reader reads `wal_sender_timeout` on.
+    let sql = s.db.client().await;
+    let mut r = ferry_wal::conn::start(&s.cfg, &sql, opts).await.unwrap();
+    insert_and_expect_note(&s.sql, &mut r, "before").await;
+    s.sql
+        .batch_execute(
+            "INSERT INTO other SELECT g, repeat('p', 100) FROM generate_series(1, 2000000) g;
+             INSERT INTO outbox (aggregatetype, aggregateid, type, note)
+               VALUES ('a', '1', 't', 'after');",
+        )
+        .await
+        .unwrap();
+    let decoding = std::time::Instant::now();
+    let row = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            match r.recv().await? {
+                ReaderEvent::Outbox(OutboxEvent::Row(row)) => return Some(row),
+                _ => continue,
+            }
+        }
+    })
+    .await
+    .expect("the row behind the long transaction did not arrive within 120 s");
+    let Some(row) = row else {
+        panic!(
+            "the stream ended during the decode: {:?}",
+            r.shutdown().await
+        )
+    };
+    assert_eq!(text(&row, "note").unwrap(), "after");
+    // The decode outlasted the timeout, or the test showed nothing.
+    let took = decoding.elapsed();
+    assert!(
+        took > 2 * timeout,
+        "the decode took {took:?}, too short to show anything: make the transaction larger"
+    );
+    r.shutdown().await.unwrap();
+}

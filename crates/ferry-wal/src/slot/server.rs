@@ -85,7 +85,7 @@ pub async fn wal_clock(client: &tokio_postgres::Client) -> Result<(Lsn, i64), Re
 
 /// The server's `wal_sender_timeout` for this role (`None`: off). While a walsender decodes
 /// changes it sends nothing for, it reads its client's messages (and so answers a request for a
-/// reply) only every half of it (PostgreSQL 15+; [`crate::feedback::Silence`]).
+/// reply) only every half of it (PostgreSQL 14.4+; [`crate::feedback::Silence`]).
 pub async fn wal_sender_timeout(
     client: &tokio_postgres::Client,
 ) -> Result<Option<std::time::Duration>, ReaderError> {
