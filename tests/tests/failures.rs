@@ -509,6 +509,160 @@ async fn a_postgres_gone_silent_before_the_session_streams_ends_it_after_the_rec
     assert!(ferry.is_running(), "{}", ferry.log_text());
 }
 
+/// The session's SQL connection ended by the server while the replication connection streams
+/// on (a DBA's `pg_terminate_backend` of a connection that looks idle, the server's
+/// `idle_session_timeout`). It holds the hand-over lock and samples the server's WAL position
+/// for the lag metric, so the session ends after the records in flight and the next one
+/// connects again, and the metric follows the server's WAL again. Before, the session streamed
+/// on with the metric frozen at its last sample, and nothing said so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_sql_connection_was_ended_ends_and_the_next_connects_again() {
+    let w = World::new().await;
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+    let before = reconnects(&ferry, "postgres").await;
+    // Ferry's SQL connections in this database (its walsender is not a client backend).
+    let ended: i64 = w
+        .sql
+        .query_one(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+             AND backend_type = 'client backend' AND application_name = 'ferry'",
+            &[],
+        )
+        .await
+        .expect("pg_terminate_backend")
+        .get(0);
+    assert!(ended >= 1, "Ferry had no SQL connection open");
+    let reconnected = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        reconnects(&ferry, "postgres").await > before
+    })
+    .await;
+    assert!(
+        reconnected,
+        "the session streamed on without its SQL connection:\n{}",
+        ferry.log_text()
+    );
+    assert!(
+        ferry
+            .log_text()
+            .contains("the session's SQL connection closed while it streamed"),
+        "{}",
+        ferry.log_text()
+    );
+    // What follows is relayed, and the lag metric follows the server's WAL past it.
+    insert_events(&w.sql, 10..20, 0).await;
+    let end = w.current_wal_lsn().await;
+    let events = consume_events(&w.brokers, &topic, 0..20).await;
+    assert_key_order(&events, 0..20);
+    wait_confirmed(&w, end).await;
+    let sampled = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        ferry
+            .metric("ferry_server_wal_lsn")
+            .await
+            .is_some_and(|lsn| lsn >= end.0 as f64)
+    })
+    .await;
+    assert!(
+        sampled,
+        "the lag metric's WAL position stayed behind {end}:\n{}",
+        ferry.log_text()
+    );
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+}
+
+/// The session's SQL connection left unanswered while the replication connection streams on:
+/// its backend stopped here (SIGSTOP); a dropped route or a proxy that lost its server looks the
+/// same. After `postgres.receive_timeout` the session ends, the query is cancelled, and the next
+/// session connects again; the lag metric follows the server's WAL again. Before, the watch
+/// waited on the query forever, the metric frozen at its last sample.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_sql_connection_stopped_answering_ends_after_the_receive_timeout() {
+    let mut w = World::new().await;
+    w.set_env(&[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")]);
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+    let before = reconnects(&ferry, "postgres").await;
+    let pids: Vec<i32> = w
+        .sql
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND backend_type = 'client backend' \
+             AND application_name = 'ferry'",
+            &[],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!pids.is_empty(), "Ferry had no SQL connection open");
+    // Continued when the test ends, however it ends: a stopped backend would hold up the
+    // database's drop.
+    let stopped = Stopped(pids);
+    stopped.signal(libc::SIGSTOP);
+    let gave_up = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        ferry
+            .log_text()
+            .contains("the server did not answer the session's watch")
+    })
+    .await;
+    assert!(
+        gave_up,
+        "the session waited on its SQL connection:\n{}",
+        ferry.log_text()
+    );
+    let reconnected = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        reconnects(&ferry, "postgres").await > before
+    })
+    .await;
+    assert!(reconnected, "{}", ferry.log_text());
+    // What follows is relayed, and the lag metric follows the server's WAL past it, all while
+    // the old backend stays stopped.
+    insert_events(&w.sql, 10..20, 0).await;
+    let end = w.current_wal_lsn().await;
+    let events = consume_events(&w.brokers, &topic, 0..20).await;
+    assert_key_order(&events, 0..20);
+    wait_confirmed(&w, end).await;
+    let sampled = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        ferry
+            .metric("ferry_server_wal_lsn")
+            .await
+            .is_some_and(|lsn| lsn >= end.0 as f64)
+    })
+    .await;
+    assert!(
+        sampled,
+        "the lag metric's WAL position stayed behind {end}:\n{}",
+        ferry.log_text()
+    );
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+    drop(stopped);
+}
+
+/// PostgreSQL backends stopped (SIGSTOP) until this is dropped.
+struct Stopped(Vec<i32>);
+
+impl Stopped {
+    fn signal(&self, signal: libc::c_int) {
+        for &pid in &self.0 {
+            ferry_testkit::process::signal_pid(pid as u32, signal);
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+    }
+}
+
 /// Ferry stopped (SIGSTOP) for longer than `postgres.receive_timeout` while the server sends:
 /// once it runs again, what waits in the socket is read, not taken for the server's silence,
 /// and the session goes on (no reconnection).

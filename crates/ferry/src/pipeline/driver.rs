@@ -321,11 +321,11 @@ impl<'a> Driver<'a> {
         };
         let (left_tx, left_rx) = tokio::sync::oneshot::channel();
         let watch = self.streaming(&reader, &sql, membership, left_tx);
-        let (stopped, left_publication) = self
+        let (stopped, watch_error) = self
             .stream_loop(link, &mut sink, &mut reader, left_rx, shutdown)
             .await;
         drop(watch);
-        self.ended(stopped, left_publication, link, &sink, reader, &sql)
+        self.ended(stopped, watch_error, link, &sink, reader, &sql)
             .await
     }
 
@@ -383,6 +383,10 @@ impl<'a> Driver<'a> {
             sql.clone(),
             self.metrics.clone(),
             s.lag_sample_interval,
+            super::watch::Asking {
+                within: s.stream.receive_timeout,
+                postgres: s.postgres.clone(),
+            },
             (s.slot.clone(), membership, left_tx),
             self.wal_clock.clone(),
         );
@@ -399,7 +403,7 @@ impl<'a> Driver<'a> {
     async fn ended(
         &mut self,
         stopped: Stopped,
-        left_publication: Option<PipelineError>,
+        watch_error: Option<PipelineError>,
         link: &mut Link,
         sink: &Sink<'_>,
         reader: ReaderHandle,
@@ -412,7 +416,7 @@ impl<'a> Driver<'a> {
         if let Some(fenced) = self.fenced.take() {
             return Err(fenced);
         }
-        if let Some(e) = left_publication {
+        if let Some(e) = watch_error {
             // Drained and confirmed what was streamed; a drain failure is reported first.
             stopped.map_err(|e| pipeline_error(e, s, sink.txn()))?;
             return Err(e);
@@ -673,7 +677,8 @@ impl<'a> Driver<'a> {
     }
 
     /// Feeds the machine until it stops; returns what it stopped with, and the error the
-    /// publication watch raised, if it did (the session then drained first).
+    /// server watch raised, if it did (the publication changed, the SQL connection lost; the
+    /// session then drained first).
     async fn stream_loop(
         &mut self,
         link: &mut Link,
@@ -682,7 +687,7 @@ impl<'a> Driver<'a> {
         mut left_rx: tokio::sync::oneshot::Receiver<PipelineError>,
         mut shutdown: Pin<&mut impl Future<Output = ()>>,
     ) -> (Stopped, Option<PipelineError>) {
-        let mut left_publication = None;
+        let mut watch_error = None;
         let mut watching = true;
         // Metrics are published after every wake-up; this one guarantees wake-ups while the
         // loop waits on nothing else (window full, Kafka away), so the reader's counters
@@ -734,8 +739,13 @@ impl<'a> Driver<'a> {
                 r = &mut left_rx, if watching => {
                     watching = false;
                     if let Ok(e) = r {
-                        tracing::error!(publication = %self.settings.slot.publication, "{e}: stopping after the records in flight");
-                        left_publication = Some(e);
+                        if e.is_transient() {
+                            // The session's SQL connection is lost: said with the session's end.
+                            tracing::info!("the session's SQL connection is lost: stopping after the records in flight");
+                        } else {
+                            tracing::error!(publication = %self.settings.slot.publication, "{e}: stopping after the records in flight");
+                        }
+                        watch_error = Some(e);
                         link.machine.shutdown(Instant::now());
                     }
                 }
@@ -747,7 +757,7 @@ impl<'a> Driver<'a> {
         }
         (
             stop.expect("the loop ends once the machine stopped"),
-            left_publication,
+            watch_error,
         )
     }
 

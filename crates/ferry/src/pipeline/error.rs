@@ -134,6 +134,16 @@ pub enum PipelineError {
     /// relations anew (`Session::unrelayed`).
     #[error("{why}; reconnecting")]
     Remap { why: String },
+    /// The session's SQL connection closed while the replication connection streamed on
+    /// (`watch::watch_server`): a backend ended by `pg_terminate_backend` or the server's
+    /// `idle_session_timeout`, say.
+    #[error(
+        "the session's SQL connection closed while it streamed ({cause}): it holds the slot's hand-over lock \
+         and samples the WAL position for the lag metric and watches the publication, so the session ends \
+         after the records in flight and the next one connects again. If something ends connections it takes \
+         for idle (the server's idle_session_timeout, a script that runs pg_terminate_backend), exempt Ferry's role"
+    )]
+    SqlClosed { cause: String },
 }
 
 fn unrelayed_message(publication: &str, table: &str, at: Option<&str>) -> String {
@@ -255,6 +265,7 @@ impl PipelineError {
             | PipelineError::TwoServers { .. }
             | PipelineError::SlotChanged { .. }
             | PipelineError::Remap { .. }
+            | PipelineError::SqlClosed { .. }
             | PipelineError::Transaction { .. } => true,
             PipelineError::ProgressTopic(e) => e.is_transient(),
             PipelineError::Gap(_)
