@@ -282,6 +282,86 @@ async fn a_database_gone_silent_is_given_up_on_and_every_record_lands_once_it_an
     assert_exactly_once(&w.sql, &topic, &group, &recs).await;
 }
 
+/// A write's connection stranded in the middle of its transaction (a NAT or conntrack entry
+/// lost: the flow's packets go nowhere, while the database lives on and new connections work).
+/// The backend stays in its transaction, holding the offsets' rows, until the server's TCP
+/// keepalive gives up (over two hours by default; through a proxy, never), and every load and
+/// write after it waits on those rows. The inbox ends that backend once the database answers
+/// on a new connection, and every record lands once. The old build retried behind it for as
+/// long as the backend lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_stranded_in_its_transaction_is_ended_and_every_record_lands_once() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("inbox_stranded", 3).await;
+    let group = format!("{topic}.group");
+    let (url, proxy) = through_proxy(&w.db.url).await;
+    inbox_env(
+        &mut w,
+        &topic,
+        &group,
+        &[
+            ("FERRY_POSTGRES_URL", url.as_str()),
+            ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
+            ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
+        ],
+    );
+    let recs = records(600, 50, 0x57a4);
+    let p = producer(&w.brokers);
+    produce(&p, &topic, &recs[..300]).await;
+    let mut f = Ferry::spawn(&w, &["inbox"]);
+    wait_rows(&w.sql, &topic, 300, secs(60)).await;
+    // The next write takes the offsets' rows first, then waits behind this lock to insert.
+    let locker = w.db.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE ferry_inbox IN SHARE MODE")
+        .await
+        .expect("lock");
+    produce(&p, &topic, &recs[300..]).await;
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND application_name = 'ferry' AND wait_event_type = 'Lock'";
+    wait_until("the write waits on the lock", secs(60), || async {
+        count(&w.sql, waiting).await >= 1
+    })
+    .await;
+    // Within the receive timeout: the write is not given up on yet.
+    proxy.inject(Fault::Strand);
+    locker.batch_execute("COMMIT").await.expect("unlock");
+    // The backend inserts, and its answer and the client's next statement go nowhere.
+    // Idle in its transaction, or in its COPY waiting for the data (the COPY's go-ahead is what
+    // went nowhere): either way waiting on the client, a transaction id held.
+    let stranded = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                    AND application_name = 'ferry' AND wait_event = 'ClientRead' \
+                    AND backend_xid IS NOT NULL";
+    wait_until(
+        "the stranded backend sits in its transaction",
+        secs(30),
+        || async { count(&w.sql, stranded).await >= 1 },
+    )
+    .await;
+    let landed =
+        ferry_testkit::wait_for(secs(60), || async { rows(&w.sql, &topic).await >= 600 }).await;
+    assert!(
+        landed,
+        "{} of 600 rows after 60 s, {} backend(s) still in a transaction:\n{}",
+        rows(&w.sql, &topic).await,
+        count(&w.sql, stranded).await,
+        f.log_text()
+    );
+    let ended =
+        ferry_testkit::wait_for(secs(30), || async { count(&w.sql, stranded).await == 0 }).await;
+    assert!(ended, "the stranded backend lives on:\n{}", f.log_text());
+    assert!(
+        f.log_text()
+            .contains("ended the database backend of the write given up on"),
+        "{}",
+        f.log_text()
+    );
+    assert!(f.is_running(), "{}", f.log_text());
+    let status = f.terminate().await;
+    assert!(status.success(), "{}", f.log_text());
+    assert_exactly_once(&w.sql, &topic, &group, &recs).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. the broker restarted
 

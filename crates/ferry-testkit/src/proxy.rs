@@ -44,6 +44,10 @@ pub enum Fault {
     Delay(Duration),
     /// At most this many bytes per second per direction per connection.
     Throttle(u64),
+    /// Forward nothing more, for good, on the connections open now; connections opened later
+    /// pass as usual (a NAT or conntrack entry lost: the old flows' packets go nowhere while
+    /// both ends live on, new flows work). Not undone by [`Proxy::heal`].
+    Strand,
 }
 
 /// The proxy's state: plain forwarding or a standing fault.
@@ -62,6 +66,8 @@ pub struct Proxy {
     mode: watch::Sender<Mode>,
     /// Bumped by every [`Fault::Cut`]; connections reset when it changes.
     cuts: watch::Sender<u64>,
+    /// Bumped by every [`Fault::Strand`]; a connection accepted before it forwards nothing more.
+    strands: watch::Sender<u64>,
     accept: JoinHandle<()>,
 }
 
@@ -115,17 +121,21 @@ impl Proxy {
         });
         let (mode, _) = watch::channel(Mode::Pass);
         let (cuts, _) = watch::channel(0u64);
-        let (mode_rx, cuts_rx) = (mode.subscribe(), cuts.subscribe());
+        let (strands, _) = watch::channel(0u64);
+        let (mode_rx, cuts_rx, strands_rx) =
+            (mode.subscribe(), cuts.subscribe(), strands.subscribe());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (m, c, r) = (mode_rx.clone(), cuts_rx.clone(), rewrite.clone());
-                tokio::spawn(connection(client, upstream, m, c, r));
+                let stranded = Stranded::from(strands_rx.clone());
+                tokio::spawn(connection(client, upstream, m, c, stranded, r));
             }
         });
         Ok(Proxy {
             listen,
             mode,
             cuts,
+            strands,
             accept,
         })
     }
@@ -150,6 +160,9 @@ impl Proxy {
             Fault::Throttle(bps) => {
                 self.mode.send_replace(Mode::Throttle(bps.max(1)));
             }
+            Fault::Strand => {
+                self.strands.send_modify(|n| *n += 1);
+            }
         }
     }
 
@@ -172,11 +185,36 @@ async fn pass_blackhole(mode: &mut watch::Receiver<Mode>) -> bool {
     mode.wait_for(|m| *m != Mode::Blackhole).await.is_ok()
 }
 
+/// Whether a [`Fault::Strand`] came after the connection was accepted.
+#[derive(Clone)]
+struct Stranded {
+    strands: watch::Receiver<u64>,
+    born: u64,
+}
+
+impl From<watch::Receiver<u64>> for Stranded {
+    fn from(strands: watch::Receiver<u64>) -> Stranded {
+        let born = *strands.borrow();
+        Stranded { strands, born }
+    }
+}
+
+impl Stranded {
+    /// Returns at once while the connection is not stranded; once it is, never (the connection
+    /// ends with the proxy).
+    async fn pass(&self) {
+        if *self.strands.borrow() != self.born {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 async fn connection(
     client: TcpStream,
     upstream: SocketAddr,
     mut mode: watch::Receiver<Mode>,
     mut cuts: watch::Receiver<u64>,
+    stranded: Stranded,
     rewrite: Option<Rewrite>,
 ) {
     cuts.mark_unchanged();
@@ -199,6 +237,7 @@ async fn connection(
         client.clone(),
         server.clone(),
         mode.clone(),
+        stranded.clone(),
         rewrite
             .as_ref()
             .map(|_| Direction::Requests(requests.clone())),
@@ -207,6 +246,7 @@ async fn connection(
         server.clone(),
         client.clone(),
         mode,
+        stranded,
         rewrite.map(|r| Direction::Responses(requests, r)),
     );
     tokio::select! {
@@ -239,6 +279,7 @@ async fn pump(
     from: Arc<TcpStream>,
     to: Arc<TcpStream>,
     mut mode: watch::Receiver<Mode>,
+    stranded: Stranded,
     kafka: Option<Direction>,
 ) {
     let mut buf = vec![0u8; CHUNK];
@@ -271,6 +312,8 @@ async fn pump(
             }
             Mode::Pass | Mode::Blackhole => {}
         }
+        // A strand that came while we read or waited holds what was read, for good.
+        stranded.pass().await;
         let out: Vec<u8> = match &kafka {
             None => buf[..n].to_vec(),
             Some(dir) => {

@@ -461,13 +461,13 @@ fn spawn_writer(
                 };
             }
             let (c, st) = client.as_mut().expect("connected");
-            let token = c.cancel_token();
+            let backend = st.backend.clone();
             let answers = AtomicU64::new(0);
             let write = store::write(c, st, &s.tables, &s.group, &w, dedup, &answers);
             let outcome = match answered(s.receive_timeout, Some(&answers), write).await {
                 Some(outcome) => outcome,
                 None => {
-                    ferry_wal::slot::cancel_sql_soon(&s.postgres, token);
+                    end_given_up(s.clone(), backend);
                     WriteOutcome::Failed {
                         error: unanswered("the write", &s),
                     }
@@ -489,15 +489,65 @@ fn spawn_writer(
     tx
 }
 
+/// Ends the backend of a write given up on ([`store::end_backend`]), in the background, on a
+/// new connection as soon as the database answers one. Its transaction may hold the offsets'
+/// rows for as long as its connection lives on the server's side, and every load and write
+/// after it would wait on them: a flow stranded by a lost NAT or conntrack entry lives until
+/// the server's TCP keepalive gives up (over two hours by default), and through a proxy that
+/// lives on, for good. A cancel would not do: a backend waiting for its client's `COPY` data
+/// does not take one.
+fn end_given_up(s: Arc<InboxSettings>, backend: store::Backend) {
+    tokio::spawn(async move {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let ended = match connect(&s.postgres).await {
+                Ok(c) => answered(s.receive_timeout, None, store::end_backend(&c, &backend)).await,
+                Err(_) => None,
+            };
+            match ended {
+                Some(Ok(true)) => {
+                    tracing::info!(
+                        pid = backend.pid,
+                        "ended the database backend of the write given up on: its transaction, \
+                         and what it held of the offsets' rows, are rolled back"
+                    );
+                    return;
+                }
+                // Gone by itself.
+                Some(Ok(false)) => return,
+                Some(Err(e))
+                    if e.code()
+                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+                {
+                    tracing::warn!(
+                        pid = backend.pid,
+                        "cannot end the database backend of the write given up on ({}): until the \
+                         server notices its client is gone, its transaction holds the offsets' rows \
+                         and the inbox waits on them; end it as a superuser \
+                         (SELECT pg_terminate_backend({}))",
+                        store::describe(&e),
+                        backend.pid
+                    );
+                    return;
+                }
+                // The database does not answer yet.
+                Some(Err(_)) | None => {}
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
+    });
+}
+
 /// `query`'s outcome, or `None` when the database left it unanswered for `within`
 /// (`postgres.receive_timeout`: a server gone without closing the connection, a failover behind
-/// a proxy, a lock it waits on); the caller then cancels it on the server ([`ferry_wal::slot::cancel_sql_soon`]) and
-/// drops its client. `answers`: what the query counts of the database's answers as they come
+/// a proxy, a lock it waits on); the caller then cancels it on the server ([`ferry_wal::slot::cancel_sql_soon`]),
+/// or for a write ends its backend ([`end_given_up`]), and drops its client. `answers`: what the query counts of the database's answers as they come
 /// (a write's statements, [`store::write`]); it is given up on only when none came for `within`
 /// (checked every quarter of it), however long it takes as a whole. A write given up on is
 /// `Failed`, and nothing is assumed of it: its transaction holds the offsets' rows until it
-/// ends, so the next load reads them as they are then, and the next write's compare-and-set on
-/// them fences anything else.
+/// ends (committed late, or rolled back when its backend is ended), so the next load reads them
+/// as they are then, and the next write's compare-and-set on them fences anything else.
 async fn answered<T>(
     within: Option<Duration>,
     answers: Option<&AtomicU64>,
@@ -529,8 +579,8 @@ async fn answered<T>(
 /// Why a query [`answered`] gave up on failed.
 fn unanswered(what: &str, s: &InboxSettings) -> String {
     format!(
-        "the database did not answer {what} within {:?} (postgres.receive_timeout): the query is \
-         cancelled, and the inbox goes on on a new connection. If the database or the network \
+        "the database did not answer {what} within {:?} (postgres.receive_timeout): it is \
+         cancelled (a write's backend ended), and the inbox goes on on a new connection. If the database or the network \
          was down, nothing needs doing; if it was only busy (a lock, a slow trigger), raise \
          postgres.receive_timeout",
         s.receive_timeout.unwrap_or_default()

@@ -458,9 +458,12 @@ fn base64(bytes: &[u8]) -> String {
     s
 }
 
-/// The statements of one writer, prepared once per connection.
+/// The statements of one writer, prepared once per connection, and the connection's backend.
 #[derive(Debug)]
 pub struct Statements {
+    /// The connection's backend on the server: ended if a write on it is given up on
+    /// ([`end_backend`]).
+    pub backend: Backend,
     advance: tokio_postgres::Statement,
     insert: tokio_postgres::Statement,
     insert_no_dedup: tokio_postgres::Statement,
@@ -543,6 +546,7 @@ impl Statements {
             t.offsets
         );
         Ok(Statements {
+            backend: backend(client).await?,
             advance: client.prepare(&advance).await?,
             insert: client.prepare(&insert).await?,
             insert_no_dedup: client.prepare(&insert_no_dedup).await?,
@@ -555,6 +559,52 @@ impl Statements {
                 .then(|| format!("NOTIFY {}", quote(notify_channel))),
         })
     }
+}
+
+/// A backend on the server, told apart from a later one given the same pid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backend {
+    pub pid: i32,
+    /// `backend_start`, in microseconds since the epoch.
+    started: i64,
+}
+
+const BACKEND_START_MICROS: &str = "(extract(epoch FROM backend_start) * 1000000)::int8";
+
+/// `client`'s backend.
+pub async fn backend(client: &Client) -> Result<Backend, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT pid, {BACKEND_START_MICROS} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            ),
+            &[],
+        )
+        .await?;
+    Ok(Backend {
+        pid: row.get(0),
+        started: row.get(1),
+    })
+}
+
+/// Ends `backend` (`pg_terminate_backend`, waiting up to 5 s for it to exit), from another
+/// connection of the same role: whether it was there to end. Its transaction is rolled back
+/// and what it locked let go. A backend waiting for its client's `COPY` data does not take a
+/// cancel, only this.
+pub async fn end_backend(
+    client: &Client,
+    backend: &Backend,
+) -> Result<bool, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+                 WHERE pid = $1 AND {BACKEND_START_MICROS} = $2"
+            ),
+            &[&backend.pid, &backend.started],
+        )
+        .await?;
+    Ok(row.is_some())
 }
 
 /// How a write's statements went.
