@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ferry_router::SimpleRow;
+use ferry_wal::conn::ReaderError;
 use ferry_wal::slot::{self, Problem, Severity};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
@@ -465,8 +466,16 @@ async fn inspect(
         std::future::ready(()),
     )
     .await
-    .map(|(facts, _)| facts)
-    .map_err(|e| match e {
+    .map(|(facts, _)| facts);
+    if let Err(FactsError::Server(ReaderError::Unanswered { .. })) = &facts {
+        // What it waited on, still running on the server, is cancelled.
+        slot::cancel_sql(&settings.postgres, &sql.cancel_token()).await;
+    }
+    let facts = facts.map_err(|e| match e {
+        // Said for a check, which neither takes the connection for lost nor reconnects.
+        FactsError::Server(ReaderError::Unanswered { what, after }) => InspectError::Unknown(
+            format!("the server did not answer {what} within {after:?} (postgres.receive_timeout)"),
+        ),
         FactsError::Server(e) => InspectError::Unknown(e.to_string()),
         FactsError::Join(e) => InspectError::Unknown(e),
         FactsError::Topic(e) if e.is_transient() => InspectError::Unknown(e.to_string()),
