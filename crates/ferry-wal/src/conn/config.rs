@@ -126,7 +126,36 @@ pub const SUPPORTED: &[&str] = &[
     "fallback_application_name",
     "connect_timeout",
     "target_session_attrs",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
 ];
+
+/// TCP keepalive on Ferry's connections to PostgreSQL (libpq's `keepalives`,
+/// `keepalives_idle`, `keepalives_interval`, `keepalives_count`; `None`: the kernel's
+/// setting). Ferry's defaults ([`Keepalive::DEFAULT`]) are shorter than the kernel's two hours
+/// of idle time: a connection idle for a minute is probed, so that a load balancer or NAT that
+/// drops idle flows keeps it (Azure's load balancer after 4 minutes, AWS's NAT gateway and
+/// Network Load Balancer after 350 s), and a peer gone without a word is noticed on an idle
+/// connection within two minutes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub on: bool,
+    pub idle: Option<Duration>,
+    pub interval: Option<Duration>,
+    pub count: Option<u32>,
+}
+
+impl Keepalive {
+    pub const DEFAULT: Keepalive = Keepalive {
+        on: true,
+        idle: Some(Duration::from_secs(60)),
+        interval: Some(Duration::from_secs(10)),
+        count: Some(6),
+    };
+}
 
 /// Parsed connection settings.
 #[derive(Clone, PartialEq, Eq)]
@@ -169,6 +198,12 @@ pub struct ConnectConfig {
     /// Whether the connection string set `connect_timeout` (it then wins over Ferry's
     /// `postgres.connect_timeout`).
     pub connect_timeout_given: bool,
+    /// TCP keepalive on each connection.
+    pub keepalive: Keepalive,
+    /// How long sent data may stay unacknowledged before the kernel closes the connection
+    /// (libpq's `tcp_user_timeout`, Linux's `TCP_USER_TIMEOUT`); `None`: the kernel's (about
+    /// 15 minutes of retransmissions).
+    pub tcp_user_timeout: Option<Duration>,
     application_name_given: bool,
 }
 
@@ -190,6 +225,8 @@ impl fmt::Debug for ConnectConfig {
             .field("sslkey", &self.sslkey)
             .field("application_name", &self.application_name)
             .field("connect_timeout", &self.connect_timeout)
+            .field("keepalive", &self.keepalive)
+            .field("tcp_user_timeout", &self.tcp_user_timeout)
             .finish()
     }
 }
@@ -220,6 +257,17 @@ pub fn server(host: &Host, port: u16) -> String {
         Host::Tcp(h) => format!("{h}:{port}"),
         Host::Unix(d) => format!("{}/.s.PGSQL.{port}", d.display()),
     }
+}
+
+/// A whole number for `key` (libpq's seconds, or milliseconds for `tcp_user_timeout`); `None`
+/// for 0, which leaves the kernel's setting, as in libpq.
+fn whole(key: &str, value: &str) -> Result<Option<u64>, ConfigError> {
+    let n: u64 = value.trim().parse().map_err(|_| {
+        ConfigError::new(format!(
+            "{key}={value:?} is not a whole number (0 leaves the kernel's setting)"
+        ))
+    })?;
+    Ok((n > 0).then_some(n))
 }
 
 /// A connection string that cannot be used, with what to change.
@@ -358,6 +406,8 @@ impl ConnectConfig {
             application_name: DEFAULT_APPLICATION_NAME.into(),
             connect_timeout: Some(Duration::from_secs(10)),
             connect_timeout_given: false,
+            keepalive: Keepalive::DEFAULT,
+            tcp_user_timeout: None,
             application_name_given: false,
         };
         let mut lists = HostLists::default();
@@ -475,6 +525,26 @@ impl ConnectConfig {
                 self.connect_timeout = (secs > 0).then(|| Duration::from_secs(secs.max(2)));
                 self.connect_timeout_given = true;
             }
+            "keepalives" => {
+                self.keepalive.on = match value.as_str() {
+                    "1" => true,
+                    "0" => false,
+                    _ => {
+                        return Err(ConfigError::new(format!(
+                            "keepalives={value:?} is not 0 or 1 (1, the default, probes idle connections)"
+                        )))
+                    }
+                }
+            }
+            "keepalives_idle" => self.keepalive.idle = whole(key, &value)?.map(Duration::from_secs),
+            "keepalives_interval" => {
+                self.keepalive.interval = whole(key, &value)?.map(Duration::from_secs)
+            }
+            "keepalives_count" => {
+                self.keepalive.count = whole(key, &value)?
+                    .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+            }
+            "tcp_user_timeout" => self.tcp_user_timeout = whole(key, &value)?.map(Duration::from_millis),
             // Ferry always connects to the server as given and decides replication itself.
             "replication" => {
                 return Err(ConfigError::new(
@@ -743,6 +813,32 @@ mod tests {
         assert_eq!(c.to_string(), "ferry@db.example.com:6432/app");
     }
 
+    /// libpq's keepalive parameters, over Ferry's defaults (probes after a minute idle); 0
+    /// leaves the kernel's setting.
+    #[test]
+    fn parses_keepalive_parameters() {
+        let c = ConnectConfig::parse("postgres://u@h/d").unwrap();
+        assert_eq!(c.keepalive, Keepalive::DEFAULT);
+        assert_eq!(c.tcp_user_timeout, None);
+        let c = ConnectConfig::parse(
+            "postgres://u@h/d?keepalives_idle=30&keepalives_interval=5&keepalives_count=3&tcp_user_timeout=20000",
+        )
+        .unwrap();
+        assert_eq!(
+            c.keepalive,
+            Keepalive {
+                on: true,
+                idle: Some(Duration::from_secs(30)),
+                interval: Some(Duration::from_secs(5)),
+                count: Some(3),
+            }
+        );
+        assert_eq!(c.tcp_user_timeout, Some(Duration::from_millis(20_000)));
+        let c = ConnectConfig::parse("user=u keepalives=0 keepalives_idle=0").unwrap();
+        assert!(!c.keepalive.on);
+        assert_eq!(c.keepalive.idle, None);
+    }
+
     #[test]
     fn parses_keyword_value_and_unix_sockets() {
         let c = ConnectConfig::parse(
@@ -805,8 +901,17 @@ mod tests {
                 "options is not supported",
             ),
             (
-                "postgres://u@h/d?keepalives=1",
-                "unsupported parameter \"keepalives\"; supported: host, hostaddr, port",
+                "postgres://u@h/d?keepalives_max=1",
+                "unsupported parameter \"keepalives_max\"; supported: host, hostaddr, port",
+            ),
+            ("postgres://u@h/d?keepalives=yes", "is not 0 or 1"),
+            (
+                "postgres://u@h/d?keepalives_idle=1m",
+                "is not a whole number",
+            ),
+            (
+                "postgres://u@h/d?tcp_user_timeout=-1",
+                "is not a whole number",
             ),
             ("postgres://u@h:0/d", "not a port"),
             ("postgres://h/d", "no user"),

@@ -16,15 +16,37 @@ pub(crate) enum Socket {
     Unix(UnixStream),
 }
 
-/// A TCP connection with keepalive on (the kernel's idle time, as tokio-postgres sets it by
-/// default), so that a peer that vanished without a word is noticed on an idle connection.
-async fn connect_tcp(addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+/// A TCP connection with `cfg`'s keepalive ([`super::config::Keepalive`]: by default idle
+/// connections are probed after a minute, so that a load balancer that drops idle flows keeps
+/// them and a peer that vanished without a word is noticed) and `tcp_user_timeout`.
+async fn connect_tcp(
+    addr: std::net::SocketAddr,
+    cfg: &ConnectConfig,
+) -> std::io::Result<TcpStream> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
-    socket.set_keepalive(true)?;
+    let k = cfg.keepalive;
+    socket.set_keepalive(k.on)?;
+    let sock = socket2::SockRef::from(&socket);
+    if k.on {
+        let mut params = socket2::TcpKeepalive::new();
+        if let Some(idle) = k.idle {
+            params = params.with_time(idle);
+        }
+        if let Some(interval) = k.interval {
+            params = params.with_interval(interval);
+        }
+        if let Some(count) = k.count {
+            params = params.with_retries(count);
+        }
+        sock.set_tcp_keepalive(&params)?;
+    }
+    if let Some(t) = cfg.tcp_user_timeout {
+        sock.set_tcp_user_timeout(Some(t))?;
+    }
     socket.connect(addr).await
 }
 
@@ -56,7 +78,7 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Socket, ReaderError> {
             };
             let mut last = None;
             for addr in &addrs {
-                match connect_tcp(*addr).await {
+                match connect_tcp(*addr, cfg).await {
                     Ok(tcp) => {
                         tcp.set_nodelay(true)
                             .map_err(ReaderError::io("setting TCP_NODELAY"))?;
@@ -76,5 +98,49 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Socket, ReaderError> {
             };
             Err(ReaderError::Connect { server, source })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// The socket carries the connection string's keepalive and user timeout, Ferry's defaults
+    /// where it sets none.
+    #[tokio::test]
+    async fn a_connection_carries_its_keepalive() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open_with = |params: &str| {
+            let cfg =
+                ConnectConfig::parse(&format!("postgres://u@127.0.0.1:{port}/d{params}")).unwrap();
+            async move {
+                match open(&cfg).await.unwrap() {
+                    Socket::Tcp(tcp, _) => tcp,
+                    Socket::Unix(_) => unreachable!("a TCP host"),
+                }
+            }
+        };
+        let tcp = open_with("").await;
+        let sock = socket2::SockRef::from(&tcp);
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(60));
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), Duration::from_secs(10));
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), 6);
+        let tcp = open_with(
+            "?keepalives_idle=30&keepalives_interval=5&keepalives_count=3&tcp_user_timeout=20000",
+        )
+        .await;
+        let sock = socket2::SockRef::from(&tcp);
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(30));
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), Duration::from_secs(5));
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), 3);
+        assert_eq!(
+            sock.tcp_user_timeout().unwrap(),
+            Some(Duration::from_secs(20))
+        );
+        let tcp = open_with("?keepalives=0").await;
+        assert!(!socket2::SockRef::from(&tcp).keepalive().unwrap());
     }
 }
