@@ -574,6 +574,68 @@ async fn a_session_whose_sql_connection_was_ended_ends_and_the_next_connects_aga
     assert!(ferry.is_running(), "{}", ferry.log_text());
 }
 
+/// Ferry stopping (SIGTERM) while records wait for Kafka, and its SQL connection ended during
+/// the drain (a database sidecar stopped with the pod): it drains and exits as a stop does,
+/// rather than starting another session, and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_connection_lost_while_stopping_still_stops() {
+    let upstream: std::net::SocketAddr = kafka::shared().brokers().parse().expect("one address");
+    let broker = ferry_testkit::proxy::Proxy::kafka(upstream)
+        .await
+        .expect("proxy");
+    let w = World::on(pg::shared().create_db().await, broker.addr().to_string()).await;
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+    // Records in flight that Kafka does not acknowledge: the drain waits on them.
+    broker.inject(Fault::Blackhole);
+    insert_events(&w.sql, 10..20, 0).await;
+    let in_flight = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        ferry
+            .metric("ferry_in_flight_records")
+            .await
+            .is_some_and(|n| n >= 10.0)
+    })
+    .await;
+    assert!(
+        in_flight,
+        "the records were not sent:\n{}",
+        ferry.log_text()
+    );
+    ferry.send_signal(libc::SIGTERM);
+    ferry
+        .wait_log("SIGTERM received", Duration::from_secs(30))
+        .await;
+    w.sql
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+             AND backend_type = 'client backend' AND application_name = 'ferry'",
+            &[],
+        )
+        .await
+        .expect("pg_terminate_backend");
+    // The watch samples every 5 s.
+    ferry
+        .wait_log(
+            "the session's SQL connection closed or does not answer",
+            Duration::from_secs(30),
+        )
+        .await;
+    broker.heal();
+    let status = ferry.wait_exit(Duration::from_secs(60)).await;
+    assert!(status.success(), "{status:?}:\n{}", ferry.log_text());
+    assert!(
+        !ferry.log_text().contains("session ended"),
+        "{}",
+        ferry.log_text()
+    );
+    let events = consume_events(&w.brokers, &topic, 0..20).await;
+    assert_key_order(&events, 0..20);
+}
+
 /// The session's SQL connection left unanswered while the replication connection streams on:
 /// its backend stopped here (SIGSTOP); a dropped route or a proxy that lost its server looks the
 /// same. After `postgres.receive_timeout` the session ends, the query is cancelled, and the next
@@ -582,6 +644,8 @@ async fn a_session_whose_sql_connection_was_ended_ends_and_the_next_connects_aga
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_sql_connection_stopped_answering_ends_after_the_receive_timeout() {
     let mut w = World::new().await;
+    // The watch waits as long as the stream, never less than the server's wal_sender_timeout.
+    wal_sender_timeout(&w, "0").await;
     w.set_env(&[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")]);
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
     let mut ferry = w.start_ferry();

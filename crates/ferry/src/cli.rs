@@ -526,12 +526,41 @@ fn one_shot_pass(
     Ok(Some(pass))
 }
 
-/// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves on either.
+/// Installs the SIGTERM and SIGINT handlers now and returns a future that resolves on either,
+/// and resolves again at once whenever it is polled after that ([`Sticky`]).
 ///
 /// Installed eagerly, not on the future's first poll: a SIGTERM that arrives while the pipeline
 /// is still starting (before it first polls its shutdown future) must stop Ferry gracefully, not
 /// kill it with the default action.
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    Sticky(Some(Box::pin(signalled())))
+}
+
+/// A future of `()` that, once resolved, resolves at once on every later poll: a stop seen by
+/// one session (which drained and ended) is seen again by whatever waits on it next (a backoff
+/// before the next session), where an `async` block polled after completion would panic.
+struct Sticky<F>(Option<std::pin::Pin<Box<F>>>);
+
+impl<F: std::future::Future<Output = ()>> std::future::Future for Sticky<F> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let Some(fut) = self.0.as_mut() else {
+            return std::task::Poll::Ready(());
+        };
+        let done = fut.as_mut().poll(cx);
+        if done.is_ready() {
+            self.0 = None;
+        }
+        done
+    }
+}
+
+/// The handlers, installed now, and the wait for either signal.
+fn signalled() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let int = signal(SignalKind::interrupt());
@@ -548,5 +577,21 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             _ = term.recv() => tracing::info!("SIGTERM received"),
             _ = int.recv() => tracing::info!("SIGINT received"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sticky;
+
+    /// Polled again after it resolved, the stop resolves again (an `async` block would panic).
+    #[tokio::test]
+    async fn a_stop_seen_once_is_seen_again() {
+        let mut stop = std::pin::pin!(Sticky(Some(Box::pin(async {}))));
+        stop.as_mut().await;
+        stop.as_mut().await;
+        let pending = Sticky(Some(Box::pin(std::future::pending::<()>())));
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(10), pending).await;
+        assert!(waited.is_err(), "a stop not yet seen resolved");
     }
 }

@@ -259,14 +259,23 @@ pub fn server(host: &Host, port: u16) -> String {
     }
 }
 
-/// A whole number for `key` (libpq's seconds, or milliseconds for `tcp_user_timeout`); `None`
-/// for 0, which leaves the kernel's setting, as in libpq.
-fn whole(key: &str, value: &str) -> Result<Option<u64>, ConfigError> {
-    let n: u64 = value.trim().parse().map_err(|_| {
-        ConfigError::new(format!(
-            "{key}={value:?} is not a whole number (0 leaves the kernel's setting)"
-        ))
-    })?;
+/// Linux's largest `TCP_KEEPIDLE` and `TCP_KEEPINTVL` (seconds), and `TCP_KEEPCNT`.
+const MAX_KEEPALIVE_SECS: u64 = 32_767;
+const MAX_KEEPALIVE_COUNT: u64 = 127;
+
+/// A whole number from 0 to `max` for `key` (libpq's seconds, or milliseconds for
+/// `tcp_user_timeout`); `None` for 0, which leaves the kernel's setting, as in libpq.
+fn whole(key: &str, value: &str, max: u64) -> Result<Option<u64>, ConfigError> {
+    let n: u64 = value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| *n <= max)
+        .ok_or_else(|| {
+            ConfigError::new(format!(
+                "{key}={value:?} is not a whole number from 0 to {max} (0 leaves the kernel's setting)"
+            ))
+        })?;
     Ok((n > 0).then_some(n))
 }
 
@@ -525,26 +534,33 @@ impl ConnectConfig {
                 self.connect_timeout = (secs > 0).then(|| Duration::from_secs(secs.max(2)));
                 self.connect_timeout_given = true;
             }
+            // libpq's: any whole number, 0 off.
             "keepalives" => {
-                self.keepalive.on = match value.as_str() {
-                    "1" => true,
-                    "0" => false,
-                    _ => {
-                        return Err(ConfigError::new(format!(
-                            "keepalives={value:?} is not 0 or 1 (1, the default, probes idle connections)"
-                        )))
-                    }
-                }
+                self.keepalive.on = value.trim().parse::<i64>().map_err(|_| {
+                    ConfigError::new(format!(
+                        "keepalives={value:?} is not a whole number (1, the default, probes idle connections; 0 does not)"
+                    ))
+                })? != 0
             }
-            "keepalives_idle" => self.keepalive.idle = whole(key, &value)?.map(Duration::from_secs),
+            "keepalives_idle" => {
+                self.keepalive.idle = whole(key, &value, MAX_KEEPALIVE_SECS)?.map(Duration::from_secs)
+            }
             "keepalives_interval" => {
-                self.keepalive.interval = whole(key, &value)?.map(Duration::from_secs)
+                self.keepalive.interval =
+                    whole(key, &value, MAX_KEEPALIVE_SECS)?.map(Duration::from_secs)
             }
             "keepalives_count" => {
-                self.keepalive.count = whole(key, &value)?
-                    .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+                self.keepalive.count = whole(key, &value, MAX_KEEPALIVE_COUNT)?.map(|n| n as u32)
             }
-            "tcp_user_timeout" => self.tcp_user_timeout = whole(key, &value)?.map(Duration::from_millis),
+            "tcp_user_timeout" if cfg!(target_os = "linux") => {
+                self.tcp_user_timeout =
+                    whole(key, &value, u64::from(u32::MAX))?.map(Duration::from_millis)
+            }
+            "tcp_user_timeout" => {
+                return Err(ConfigError::new(
+                    "tcp_user_timeout is supported on Linux only (TCP_USER_TIMEOUT): remove it",
+                ))
+            }
             // Ferry always connects to the server as given and decides replication itself.
             "replication" => {
                 return Err(ConfigError::new(
@@ -837,6 +853,13 @@ mod tests {
         let c = ConnectConfig::parse("user=u keepalives=0 keepalives_idle=0").unwrap();
         assert!(!c.keepalive.on);
         assert_eq!(c.keepalive.idle, None);
+        // Any whole number but 0 is on, as in libpq.
+        assert!(
+            ConnectConfig::parse("user=u keepalives=2")
+                .unwrap()
+                .keepalive
+                .on
+        );
     }
 
     #[test]
@@ -904,7 +927,9 @@ mod tests {
                 "postgres://u@h/d?keepalives_max=1",
                 "unsupported parameter \"keepalives_max\"; supported: host, hostaddr, port",
             ),
-            ("postgres://u@h/d?keepalives=yes", "is not 0 or 1"),
+            ("postgres://u@h/d?keepalives=yes", "is not a whole number"),
+            ("postgres://u@h/d?keepalives_idle=40000", "from 0 to 32767"),
+            ("postgres://u@h/d?keepalives_count=128", "from 0 to 127"),
             (
                 "postgres://u@h/d?keepalives_idle=1m",
                 "is not a whole number",

@@ -44,6 +44,8 @@ async fn connect_tcp(
         }
         sock.set_tcp_keepalive(&params)?;
     }
+    // Set only on Linux: the connection string refuses it elsewhere.
+    #[cfg(target_os = "linux")]
     if let Some(t) = cfg.tcp_user_timeout {
         sock.set_tcp_user_timeout(Some(t))?;
     }
@@ -126,7 +128,10 @@ mod tests {
         let sock = socket2::SockRef::from(&tcp);
         assert!(sock.keepalive().unwrap());
         assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(60));
-        assert_eq!(sock.tcp_keepalive_interval().unwrap(), Duration::from_secs(10));
+        assert_eq!(
+            sock.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(10)
+        );
         assert_eq!(sock.tcp_keepalive_retries().unwrap(), 6);
         let tcp = open_with(
             "?keepalives_idle=30&keepalives_interval=5&keepalives_count=3&tcp_user_timeout=20000",
@@ -134,7 +139,10 @@ mod tests {
         .await;
         let sock = socket2::SockRef::from(&tcp);
         assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(30));
-        assert_eq!(sock.tcp_keepalive_interval().unwrap(), Duration::from_secs(5));
+        assert_eq!(
+            sock.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(5)
+        );
         assert_eq!(sock.tcp_keepalive_retries().unwrap(), 3);
         assert_eq!(
             sock.tcp_user_timeout().unwrap(),

@@ -208,6 +208,9 @@ pub struct ReaderHandle {
     /// Which server and timeline is streaming (`IDENTIFY_SYSTEM`).
     pub system: SystemIdentity,
     pub stats: Arc<ReaderStats>,
+    /// The receive timeout the stream runs with: the configured one, never below the server's
+    /// `wal_sender_timeout` ([`crate::feedback::receive_timeout`]).
+    pub receive_timeout: Option<std::time::Duration>,
     confirm: watch::Sender<Lsn>,
     task: JoinHandle<Result<(), ReaderError>>,
 }
@@ -445,6 +448,7 @@ async fn start_with(
     let stats = Arc::new(ReaderStats::default());
     stats.reported_flush_lsn.store(resume.0, Ordering::Relaxed);
     let backend_pid = conn.backend_pid;
+    let receive_timeout = opts.receive_timeout;
     let task = Task {
         conn,
         tx,
@@ -477,6 +481,7 @@ async fn start_with(
         backend_pid,
         system,
         stats,
+        receive_timeout,
         confirm: confirm_tx,
         task: tokio::spawn(task.run()),
     })

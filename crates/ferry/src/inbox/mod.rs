@@ -464,16 +464,21 @@ fn spawn_writer(
             let backend = st.backend.clone();
             let answers = AtomicU64::new(0);
             let write = store::write(c, st, &s.tables, &s.group, &w, dedup, &answers);
-            let outcome = match answered(s.receive_timeout, Some(&answers), write).await {
-                Some(outcome) => outcome,
+            let (outcome, given_up) = match answered(s.receive_timeout, Some(&answers), write).await
+            {
+                Some(outcome) => (outcome, false),
                 None => {
-                    end_given_up(s.clone(), backend);
-                    WriteOutcome::Failed {
-                        error: unanswered("the write", &s),
-                    }
+                    let error = unanswered("the write", &s);
+                    (WriteOutcome::Failed { error }, true)
                 }
             };
             if matches!(outcome, WriteOutcome::Failed { .. }) {
+                // Given up on, or its connection broke in the middle of the write (a reset from a
+                // NAT that lost the flow, a keepalive that went unanswered): either may leave the
+                // backend in the transaction.
+                if given_up || c.is_closed() {
+                    end_given_up(s.clone(), backend);
+                }
                 // Whatever the connection's state, the next write starts on a fresh one.
                 client = None;
             }
@@ -489,15 +494,20 @@ fn spawn_writer(
     tx
 }
 
-/// Ends the backend of a write given up on ([`store::end_backend`]), in the background, on a
-/// new connection as soon as the database answers one. Its transaction may hold the offsets'
-/// rows for as long as its connection lives on the server's side, and every load and write
-/// after it would wait on them: a flow stranded by a lost NAT or conntrack entry lives until
-/// the server's TCP keepalive gives up (over two hours by default), and through a proxy that
-/// lives on, for good. A cancel would not do: a backend waiting for its client's `COPY` data
-/// does not take one.
+/// How long [`end_given_up`] keeps trying to reach the database.
+const END_GIVEN_UP_FOR: Duration = Duration::from_secs(30 * 60);
+
+/// Ends the backend of a write given up on, or whose connection broke ([`store::end_backend`]),
+/// in the background, on a new connection as soon as the database answers one (for
+/// [`END_GIVEN_UP_FOR`] at most). Its transaction may hold the offsets' rows for as long as its
+/// connection lives on the server's side, and every load and write after it would wait on
+/// them: a flow stranded by a lost NAT or conntrack entry lives until the server's TCP gives up
+/// on it (about 15 minutes of retransmissions when its last reply went unacknowledged, over two
+/// hours of keepalive when not), and through a proxy that lives on, for good. A cancel would
+/// not do: a backend waiting for its client's `COPY` data does not take one.
 fn end_given_up(s: Arc<InboxSettings>, backend: store::Backend) {
     tokio::spawn(async move {
+        let since = Instant::now();
         let mut pause = Duration::from_millis(100);
         loop {
             let ended = match connect(&s.postgres).await {
@@ -505,7 +515,7 @@ fn end_given_up(s: Arc<InboxSettings>, backend: store::Backend) {
                 Err(_) => None,
             };
             match ended {
-                Some(Ok(true)) => {
+                Some(Ok(Some(true))) => {
                     tracing::info!(
                         pid = backend.pid,
                         "ended the database backend of the write given up on: its transaction, \
@@ -514,7 +524,7 @@ fn end_given_up(s: Arc<InboxSettings>, backend: store::Backend) {
                     return;
                 }
                 // Gone by itself.
-                Some(Ok(false)) => return,
+                Some(Ok(None)) => return,
                 Some(Err(e))
                     if e.code()
                         == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
@@ -530,8 +540,19 @@ fn end_given_up(s: Arc<InboxSettings>, backend: store::Backend) {
                     );
                     return;
                 }
-                // The database does not answer yet.
-                Some(Err(_)) | None => {}
+                // Not signalled, or the database does not answer yet.
+                Some(Ok(Some(false))) | Some(Err(_)) | None => {}
+            }
+            if since.elapsed() >= END_GIVEN_UP_FOR {
+                tracing::warn!(
+                    pid = backend.pid,
+                    "could not end the database backend of a write given up on within {:?}: if it \
+                     is still there (pg_stat_activity), its transaction holds the offsets' rows and \
+                     the inbox waits on them; end it (SELECT pg_terminate_backend({}))",
+                    END_GIVEN_UP_FOR,
+                    backend.pid
+                );
+                return;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(5));

@@ -587,24 +587,24 @@ pub async fn backend(client: &Client) -> Result<Backend, tokio_postgres::Error> 
     })
 }
 
-/// Ends `backend` (`pg_terminate_backend`, waiting up to 5 s for it to exit), from another
-/// connection of the same role: whether it was there to end. Its transaction is rolled back
-/// and what it locked let go. A backend waiting for its client's `COPY` data does not take a
-/// cancel, only this.
+/// Ends `backend` (`pg_terminate_backend`), from another connection of the same role: `None`
+/// when it is gone already, else whether the server signalled it. It exits at once, its
+/// transaction rolled back and what it locked let go. A backend waiting for its client's
+/// `COPY` data does not take a cancel, only this.
 pub async fn end_backend(
     client: &Client,
     backend: &Backend,
-) -> Result<bool, tokio_postgres::Error> {
+) -> Result<Option<bool>, tokio_postgres::Error> {
     let row = client
         .query_opt(
             &format!(
-                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                  WHERE pid = $1 AND {BACKEND_START_MICROS} = $2"
             ),
             &[&backend.pid, &backend.started],
         )
         .await?;
-    Ok(row.is_some())
+    Ok(row.map(|r| r.get(0)))
 }
 
 /// How a write's statements went.

@@ -384,7 +384,8 @@ impl<'a> Driver<'a> {
             self.metrics.clone(),
             s.lag_sample_interval,
             super::watch::Asking {
-                within: s.stream.receive_timeout,
+                // The stream's: never below the server's wal_sender_timeout.
+                within: reader.receive_timeout,
                 postgres: s.postgres.clone(),
             },
             (s.slot.clone(), membership, left_tx),
@@ -740,8 +741,8 @@ impl<'a> Driver<'a> {
                     watching = false;
                     if let Ok(e) = r {
                         if e.is_transient() {
-                            // The session's SQL connection is lost: said with the session's end.
-                            tracing::info!("the session's SQL connection is lost: stopping after the records in flight");
+                            // Said with the session's end.
+                            tracing::info!("the session's SQL connection closed or does not answer: stopping after the records in flight");
                         } else {
                             tracing::error!(publication = %self.settings.slot.publication, "{e}: stopping after the records in flight");
                         }
@@ -754,6 +755,17 @@ impl<'a> Driver<'a> {
                 stop = self.carry_out(link, sink, reader).await;
             }
             self.publish_gauges(link, reader);
+        }
+        // Stopping anyway: a lost SQL connection found during the drain (a database sidecar
+        // stopped with the pod, say) is no reason to start another session.
+        if shutdown_seen
+            && watch_error
+                .as_ref()
+                .is_some_and(PipelineError::is_transient)
+        {
+            if let Some(e) = watch_error.take() {
+                tracing::debug!(error = %e, "the SQL connection was lost while stopping");
+            }
         }
         (
             stop.expect("the loop ends once the machine stopped"),

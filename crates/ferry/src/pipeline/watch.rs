@@ -26,8 +26,9 @@ pub(super) type MembershipWatch = (
     tokio::sync::oneshot::Sender<PipelineError>,
 );
 
-/// What [`watch_server`] asks with: each query answered within `within` (the receive timeout),
-/// or the connection taken for lost and the query cancelled (on `postgres`, best effort).
+/// What [`watch_server`] asks with: each query answered within `within` (the stream's receive
+/// timeout), or the connection taken for lost and the query cancelled (on `postgres`, best
+/// effort).
 pub(super) struct Asking {
     pub within: Option<Duration>,
     pub postgres: ferry_wal::conn::ConnectConfig,
@@ -36,15 +37,28 @@ pub(super) struct Asking {
 /// What the watch's queries are called where a timeout names them.
 const WATCH: &str = "the session's watch (the WAL position for the lag metric, the publication)";
 
+/// How long the watch waits once more for an answer past the timeout, as the stream does
+/// before it gives a connection up: an answer that came while Ferry was stopped or starved of
+/// CPU waits in the socket for the connection's task.
+const LAST_LOOK: Duration = Duration::from_secs(1);
+
 /// `query`'s answer. `Ok(None)` for a failure that leaves the connection usable (skipped: a
 /// standby has no WAL position, a catalog query may fail); an error when the connection is
-/// lost: closed, or the query unanswered within the receive timeout (then cancelled).
+/// lost: closed, or the query unanswered within the receive timeout and a last look (then
+/// cancelled).
 async fn ask<T>(
     sql: &tokio_postgres::Client,
     asking: &Asking,
     query: impl std::future::Future<Output = Result<T, ferry_wal::conn::ReaderError>>,
 ) -> Result<Option<T>, PipelineError> {
-    match ferry_wal::conn::answered(asking.within, WATCH, query).await {
+    let mut query = std::pin::pin!(query);
+    let mut answer = ferry_wal::conn::answered(asking.within, WATCH, &mut query).await;
+    if matches!(answer, Err(ferry_wal::conn::ReaderError::Unanswered { .. })) {
+        if let Ok(late) = tokio::time::timeout(LAST_LOOK, &mut query).await {
+            answer = late;
+        }
+    }
+    match answer {
         Ok(answer) => Ok(Some(answer)),
         Err(e @ ferry_wal::conn::ReaderError::Unanswered { .. }) => {
             slot::cancel_sql_soon(&asking.postgres, sql.cancel_token());
