@@ -574,6 +574,54 @@ async fn a_session_whose_sql_connection_was_ended_ends_and_the_next_connects_aga
     assert!(ferry.is_running(), "{}", ferry.log_text());
 }
 
+/// Ferry's connections stranded (a NAT or conntrack entry lost: their packets go nowhere,
+/// new connections work) under `wal_sender_timeout = 0`: the server keeps the walsender, and
+/// with it the slot, until its TCP gives up on the connection, hours later. Ferry's next
+/// session finds the slot held by its own earlier walsender, ends it, and streams on. Before,
+/// it stood by behind itself for as long as the walsender lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walsender_of_its_own_left_holding_the_slot_is_ended() {
+    let mut w = World::new().await;
+    wal_sender_timeout(&w, "0").await;
+    let (url, proxy) = through_proxy(&w.db.url).await;
+    w.set_env(&[
+        ("FERRY_POSTGRES_URL", url.as_str()),
+        ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
+    ]);
+    quick_reconnects(&mut w);
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+    // The watch read which backend the walsender is before its first sample.
+    let sampled = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        ferry
+            .metric("ferry_server_wal_lsn")
+            .await
+            .is_some_and(|lsn| lsn > 0.0)
+    })
+    .await;
+    assert!(sampled, "{}", ferry.log_text());
+    let old = walsender(&w).await.expect("a walsender streams the slot").0;
+    proxy.inject(Fault::Strand);
+    insert_events(&w.sql, 10..20, 0).await;
+    let end = w.current_wal_lsn().await;
+    let events = consume_events(&w.brokers, &topic, 0..20).await;
+    assert_key_order(&events, 0..20);
+    wait_confirmed(&w, end).await;
+    assert!(
+        ferry
+            .log_text()
+            .contains("ended this instance's walsender of an earlier session"),
+        "{}",
+        ferry.log_text()
+    );
+    let now = walsender(&w).await.expect("a walsender streams the slot").0;
+    assert_ne!(now, old, "{}", ferry.log_text());
+    assert!(ferry.is_running(), "{}", ferry.log_text());
+}
+
 /// Ferry stopping (SIGTERM) while records wait for Kafka, and its SQL connection ended during
 /// the drain (a database sidecar stopped with the pod): it drains and exits as a stop does,
 /// rather than starting another session, and exits 0.

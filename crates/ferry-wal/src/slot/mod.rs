@@ -71,8 +71,8 @@ pub use publication::{
     Standing,
 };
 pub use server::{
-    current_wal_lsn, in_recovery, replication_privilege, server_version_num, system_identity,
-    wal_clock, wal_sender_timeout,
+    backend, current_wal_lsn, end_backend, in_recovery, replication_privilege, server_version_num,
+    system_identity, wal_clock, wal_sender_timeout, Backend,
 };
 pub use setup::{ensure, ensure_surveyed, SetupError, Survey};
 pub use spec::{quote_ident, quote_literal, AcceptedTypes, RequiredColumn, SlotSpec, TableSpec};

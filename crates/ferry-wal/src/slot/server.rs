@@ -111,3 +111,55 @@ pub async fn server_version_num(client: &tokio_postgres::Client) -> Result<i32, 
         .parse()
         .map_err(|_| ReaderError::ServerVersion { shown: v.clone() })
 }
+
+/// A backend on the server, told apart from a later one given the same pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backend {
+    pub pid: i32,
+    /// `backend_start`, in microseconds since the epoch.
+    started: i64,
+}
+
+const BACKEND_START_MICROS: &str = "(extract(epoch FROM backend_start) * 1000000)::int8";
+
+/// Backend `pid` (`None`: the connection's own, `pg_backend_pid()`), if it is there.
+pub async fn backend(
+    client: &tokio_postgres::Client,
+    pid: Option<i32>,
+) -> Result<Option<Backend>, ReaderError> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT pid, {BACKEND_START_MICROS} FROM pg_stat_activity \
+                 WHERE pid = coalesce($1, pg_backend_pid())"
+            ),
+            &[&pid],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok(row.map(|r| Backend {
+        pid: r.get(0),
+        started: r.get(1),
+    }))
+}
+
+/// Ends `backend` (`pg_terminate_backend`), from another connection of the same role: `None`
+/// when it is gone already, else whether the server signalled it. It exits at once, its
+/// transaction rolled back and what it held let go (a replication slot, locks). A backend
+/// waiting for its client's `COPY` data does not take a cancel, only this.
+pub async fn end_backend(
+    client: &tokio_postgres::Client,
+    backend: &Backend,
+) -> Result<Option<bool>, ReaderError> {
+    let row = client
+        .query_opt(
+            &format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE pid = $1 AND {BACKEND_START_MICROS} = $2"
+            ),
+            &[&backend.pid, &backend.started],
+        )
+        .await
+        .map_err(sql_error)?;
+    Ok(row.map(|r| r.get(0)))
+}

@@ -461,7 +461,7 @@ fn spawn_writer(
                 };
             }
             let (c, st) = client.as_mut().expect("connected");
-            let backend = st.backend.clone();
+            let backend = st.backend;
             let answers = AtomicU64::new(0);
             let write = store::write(c, st, &s.tables, &s.group, &w, dedup, &answers);
             let (outcome, given_up) = match answered(s.receive_timeout, Some(&answers), write).await
@@ -476,8 +476,13 @@ fn spawn_writer(
                 // Given up on, or its connection broke in the middle of the write (a reset from a
                 // NAT that lost the flow, a keepalive that went unanswered): either may leave the
                 // backend in the transaction.
-                if given_up || c.is_closed() {
-                    end_given_up(s.clone(), backend);
+                match backend {
+                    Some(backend) if given_up || c.is_closed() => end_given_up(s.clone(), backend),
+                    // Its backend unknown: what it waits on is cancelled at least.
+                    None if given_up => {
+                        ferry_wal::slot::cancel_sql_soon(&s.postgres, c.cancel_token())
+                    }
+                    _ => {}
                 }
                 // Whatever the connection's state, the next write starts on a fresh one.
                 client = None;
@@ -497,7 +502,8 @@ fn spawn_writer(
 /// How long [`end_given_up`] keeps trying to reach the database.
 const END_GIVEN_UP_FOR: Duration = Duration::from_secs(30 * 60);
 
-/// Ends the backend of a write given up on, or whose connection broke ([`store::end_backend`]),
+/// Ends the backend of a write given up on, or whose connection broke
+/// ([`ferry_wal::slot::end_backend`]),
 /// in the background, on a new connection as soon as the database answers one (for
 /// [`END_GIVEN_UP_FOR`] at most). Its transaction may hold the offsets' rows for as long as its
 /// connection lives on the server's side, and every load and write after it would wait on
@@ -505,13 +511,16 @@ const END_GIVEN_UP_FOR: Duration = Duration::from_secs(30 * 60);
 /// on it (about 15 minutes of retransmissions when its last reply went unacknowledged, over two
 /// hours of keepalive when not), and through a proxy that lives on, for good. A cancel would
 /// not do: a backend waiting for its client's `COPY` data does not take one.
-fn end_given_up(s: Arc<InboxSettings>, backend: store::Backend) {
+fn end_given_up(s: Arc<InboxSettings>, backend: ferry_wal::slot::Backend) {
     tokio::spawn(async move {
         let since = Instant::now();
         let mut pause = Duration::from_millis(100);
         loop {
             let ended = match connect(&s.postgres).await {
-                Ok(c) => answered(s.receive_timeout, None, store::end_backend(&c, &backend)).await,
+                Ok(c) => {
+                    let end = ferry_wal::slot::end_backend(&c, &backend);
+                    answered(s.receive_timeout, None, end).await
+                }
                 Err(_) => None,
             };
             match ended {
@@ -525,17 +534,14 @@ fn end_given_up(s: Arc<InboxSettings>, backend: store::Backend) {
                 }
                 // Gone by itself.
                 Some(Ok(None)) => return,
-                Some(Err(e))
-                    if e.code()
-                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
-                {
+                Some(Err(ferry_wal::conn::ReaderError::Server(e))) if e.code == "42501" => {
                     tracing::warn!(
                         pid = backend.pid,
                         "cannot end the database backend of the write given up on ({}): until the \
                          server notices its client is gone, its transaction holds the offsets' rows \
                          and the inbox waits on them; end it as a superuser \
                          (SELECT pg_terminate_backend({}))",
-                        store::describe(&e),
+                        e.message,
                         backend.pid
                     );
                     return;

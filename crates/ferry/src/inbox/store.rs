@@ -462,8 +462,8 @@ fn base64(bytes: &[u8]) -> String {
 #[derive(Debug)]
 pub struct Statements {
     /// The connection's backend on the server: ended if a write on it is given up on
-    /// ([`end_backend`]).
-    pub backend: Backend,
+    /// ([`ferry_wal::slot::end_backend`]); `None` if it could not be read.
+    pub backend: Option<ferry_wal::slot::Backend>,
     advance: tokio_postgres::Statement,
     insert: tokio_postgres::Statement,
     insert_no_dedup: tokio_postgres::Statement,
@@ -546,7 +546,7 @@ impl Statements {
             t.offsets
         );
         Ok(Statements {
-            backend: backend(client).await?,
+            backend: ferry_wal::slot::backend(client, None).await.ok().flatten(),
             advance: client.prepare(&advance).await?,
             insert: client.prepare(&insert).await?,
             insert_no_dedup: client.prepare(&insert_no_dedup).await?,
@@ -559,52 +559,6 @@ impl Statements {
                 .then(|| format!("NOTIFY {}", quote(notify_channel))),
         })
     }
-}
-
-/// A backend on the server, told apart from a later one given the same pid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backend {
-    pub pid: i32,
-    /// `backend_start`, in microseconds since the epoch.
-    started: i64,
-}
-
-const BACKEND_START_MICROS: &str = "(extract(epoch FROM backend_start) * 1000000)::int8";
-
-/// `client`'s backend.
-pub async fn backend(client: &Client) -> Result<Backend, tokio_postgres::Error> {
-    let row = client
-        .query_one(
-            &format!(
-                "SELECT pid, {BACKEND_START_MICROS} FROM pg_stat_activity WHERE pid = pg_backend_pid()"
-            ),
-            &[],
-        )
-        .await?;
-    Ok(Backend {
-        pid: row.get(0),
-        started: row.get(1),
-    })
-}
-
-/// Ends `backend` (`pg_terminate_backend`), from another connection of the same role: `None`
-/// when it is gone already, else whether the server signalled it. It exits at once, its
-/// transaction rolled back and what it locked let go. A backend waiting for its client's
-/// `COPY` data does not take a cancel, only this.
-pub async fn end_backend(
-    client: &Client,
-    backend: &Backend,
-) -> Result<Option<bool>, tokio_postgres::Error> {
-    let row = client
-        .query_opt(
-            &format!(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE pid = $1 AND {BACKEND_START_MICROS} = $2"
-            ),
-            &[&backend.pid, &backend.started],
-        )
-        .await?;
-    Ok(row.map(|r| r.get(0)))
 }
 
 /// How a write's statements went.

@@ -154,7 +154,13 @@ pub(super) struct Carry {
     pub transactions_probe: Option<super::start::TransactionsProbe>,
     /// What the last session did that bears on the wait after it (set by each session).
     pub lived: Lived,
+    /// The walsender of the last session that streamed (recorded by its server watch): a
+    /// later session that finds the slot held by it ends it (`Supervisor::after`).
+    pub walsender: OwnWalsender,
 }
+
+/// This instance's walsender of its last streaming session, as the server watch found it.
+pub(super) type OwnWalsender = Arc<std::sync::Mutex<Option<slot::Backend>>>;
 
 /// How long a standby's answer on transactions is judged instead of asking again: brokers
 /// do not lose the transaction APIs, and if they did, the transaction calls would fail
@@ -390,6 +396,7 @@ impl<'a> Driver<'a> {
             },
             (s.slot.clone(), membership, left_tx),
             self.wal_clock.clone(),
+            (reader.backend_pid, self.carry.walsender.clone()),
         );
         // Both end with the session (the task ends when its handle drops): the hand-over lock
         // is held while this session's SQL connection lasts, so that a standby waiting for it

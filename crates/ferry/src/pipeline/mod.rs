@@ -94,6 +94,7 @@ pub async fn run(
         quiet_sql: false,
         transactions_probe: None,
         lived: backoff::Lived::default(),
+        walsender: Default::default(),
     };
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
@@ -176,6 +177,7 @@ pub async fn run(
                 result,
                 carry.lived,
                 (&mut carry.standby_sql, &mut carry.quiet_sql),
+                &carry.walsender,
                 shutdown.as_mut(),
             )
             .await?
@@ -249,6 +251,7 @@ impl<'a> Supervisor<'a> {
         result: Result<driver::End, PipelineError>,
         lived: backoff::Lived,
         kept: Kept<'_>,
+        own_walsender: &driver::OwnWalsender,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let standby_sql = &mut *kept.0;
@@ -270,6 +273,15 @@ impl<'a> Supervisor<'a> {
             Ok(driver::End::Shutdown) => return Ok(false),
             Ok(driver::End::Streamed) => self.backoff.reset(),
             Err(e) if e.is_standby() => {
+                if let (
+                    PipelineError::Reader(ferry_wal::conn::ReaderError::SlotInUse { pid, .. }),
+                    Some(sql),
+                ) = (&e, standby_sql.as_ref())
+                {
+                    if self.end_own_walsender(*pid, sql, own_walsender).await {
+                        return Ok(true);
+                    }
+                }
                 if !self.standing_by {
                     tracing::info!(slot = %s.stream.slot, "{e}; standing by");
                     self.retry_soon = Some(RETRY_SOON);
@@ -304,6 +316,45 @@ impl<'a> Supervisor<'a> {
             Err(e) => return Err(e),
         }
         Ok(true)
+    }
+
+    /// Whether the slot's holder, backend `pid`, was this instance's own walsender of an earlier
+    /// session, and is now ended. That walsender outlives a connection whose close never
+    /// reached the server (a flow lost without a reset, a NAT or conntrack entry gone): until
+    /// its `wal_sender_timeout` passes, or with none (0), until the server's TCP gives up on
+    /// the connection, hours later, while this instance would stand by behind itself.
+    async fn end_own_walsender(
+        &self,
+        pid: i32,
+        sql: &tokio_postgres::Client,
+        own: &driver::OwnWalsender,
+    ) -> bool {
+        let own_one = || own.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(ours) = own_one().filter(|b| b.pid == pid) else {
+            return false;
+        };
+        let within = self.settings.stream.receive_timeout;
+        let what = "the end of this instance's earlier walsender";
+        let ended =
+            ferry_wal::conn::answered(within, what, ferry_wal::slot::end_backend(sql, &ours)).await;
+        match ended {
+            Ok(Some(true)) => {
+                *own_one() = None;
+                tracing::info!(
+                    slot = %self.settings.stream.slot,
+                    pid,
+                    "ended this instance's walsender of an earlier session, which still held the \
+                     slot after its connection was lost"
+                );
+                true
+            }
+            // Gone meanwhile.
+            Ok(None) => {
+                *own_one() = None;
+                false
+            }
+            Ok(Some(false)) | Err(_) => false,
+        }
     }
 
     /// The backoff after a transient error; Ok(false) when `shutdown` resolved meanwhile.

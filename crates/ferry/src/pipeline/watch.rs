@@ -87,16 +87,27 @@ pub(super) async fn watch_server(
     asking: Asking,
     (spec, membership, left): MembershipWatch,
     wal_clock: WalClock,
+    (walsender_pid, walsender): (i32, super::driver::OwnWalsender),
 ) {
     let mut left = Some(left);
-    let lost = watching(
-        &sql,
-        &metrics,
-        every,
-        &asking,
-        (&spec, &membership, &mut left),
-        &wal_clock,
-    )
+    let lost = async {
+        // Which backend this session's walsender is, for a later session of this instance that
+        // finds the slot still held by it.
+        match ask(&sql, &asking, slot::backend(&sql, Some(walsender_pid))).await {
+            Ok(Some(Some(b))) => *walsender.lock().unwrap_or_else(|p| p.into_inner()) = Some(b),
+            Ok(_) => {}
+            Err(lost) => return lost,
+        }
+        watching(
+            &sql,
+            &metrics,
+            every,
+            &asking,
+            (&spec, &membership, &mut left),
+            &wal_clock,
+        )
+        .await
+    }
     .await;
     tracing::debug!(error = %lost, "the session's SQL connection is lost");
     if let Some(tx) = left.take() {
