@@ -619,6 +619,12 @@ async fn a_walsender_of_its_own_left_holding_the_slot_is_ended() {
     );
     let now = walsender(&w).await.expect("a walsender streams the slot").0;
     assert_ne!(now, old, "{}", ferry.log_text());
+    // Ended and gone before the next session read the slot: it never stood by behind itself.
+    assert!(
+        !ferry.log_text().contains("standing by"),
+        "{}",
+        ferry.log_text()
+    );
     assert!(ferry.is_running(), "{}", ferry.log_text());
 }
 
@@ -631,7 +637,9 @@ async fn a_sql_connection_lost_while_stopping_still_stops() {
     let broker = ferry_testkit::proxy::Proxy::kafka(upstream)
         .await
         .expect("proxy");
-    let w = World::on(pg::shared().create_db().await, broker.addr().to_string()).await;
+    let mut w = World::on(pg::shared().create_db().await, broker.addr().to_string()).await;
+    // Room for the steps below on a loaded machine before the drain would give up.
+    w.set_env(&[("FERRY_SHUTDOWN_DRAIN_TIMEOUT", "120s")]);
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
     let mut ferry = w.start_ferry();
     ferry.wait_ready().await;

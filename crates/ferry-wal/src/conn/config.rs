@@ -554,7 +554,7 @@ impl ConnectConfig {
             }
             "tcp_user_timeout" if cfg!(target_os = "linux") => {
                 self.tcp_user_timeout =
-                    whole(key, &value, u64::from(u32::MAX))?.map(Duration::from_millis)
+                    whole(key, &value, i32::MAX as u64)?.map(Duration::from_millis)
             }
             "tcp_user_timeout" => {
                 return Err(ConfigError::new(

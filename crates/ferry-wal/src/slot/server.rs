@@ -137,27 +137,33 @@ pub async fn backend(
         )
         .await
         .map_err(sql_error)?;
-    Ok(row.map(|r| Backend {
-        pid: r.get(0),
-        started: r.get(1),
+    // The start is hidden (NULL) from a role that may not see the backend: not found.
+    Ok(row.and_then(|r| {
+        Some(Backend {
+            pid: r.get(0),
+            started: r.get::<_, Option<i64>>(1)?,
+        })
     }))
 }
 
 /// Ends `backend` (`pg_terminate_backend`), from another connection of the same role: `None`
-/// when it is gone already, else whether the server signalled it. It exits at once, its
-/// transaction rolled back and what it held let go (a replication slot, locks). A backend
-/// waiting for its client's `COPY` data does not take a cancel, only this.
+/// when it is gone already, else whether the server signalled it and, with `wait`, saw it exit
+/// within that (PostgreSQL 14+). Its transaction is rolled back and what it held let go (a
+/// replication slot, locks). A backend waiting for its client's `COPY` data does not take a
+/// cancel, only this.
 pub async fn end_backend(
     client: &tokio_postgres::Client,
     backend: &Backend,
+    wait: std::time::Duration,
 ) -> Result<Option<bool>, ReaderError> {
+    let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
     let row = client
         .query_opt(
             &format!(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                "SELECT pg_terminate_backend(pid, $3) FROM pg_stat_activity \
                  WHERE pid = $1 AND {BACKEND_START_MICROS} = $2"
             ),
-            &[&backend.pid, &backend.started],
+            &[&backend.pid, &backend.started, &wait_ms],
         )
         .await
         .map_err(sql_error)?;

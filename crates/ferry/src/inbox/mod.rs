@@ -518,7 +518,7 @@ fn end_given_up(s: Arc<InboxSettings>, backend: ferry_wal::slot::Backend) {
         loop {
             let ended = match connect(&s.postgres).await {
                 Ok(c) => {
-                    let end = ferry_wal::slot::end_backend(&c, &backend);
+                    let end = ferry_wal::slot::end_backend(&c, &backend, Duration::ZERO);
                     answered(s.receive_timeout, None, end).await
                 }
                 Err(_) => None,

@@ -216,6 +216,10 @@ struct Supervisor<'a> {
 /// step of at most 500 ms and five round trips) before it takes the connection for lost.
 const WAIT_ANSWER: Duration = Duration::from_secs(10);
 
+/// How long the end of this instance's own earlier walsender is waited for: it exits at once
+/// unless it is stuck in the kernel.
+const OWN_WALSENDER_EXIT: Duration = Duration::from_secs(5);
+
 /// How soon a standby first tries the slot again while nobody holds its hand-over lock, doubling
 /// up to the poll interval: the slot of an instance that just ended is held until its walsender
 /// has noticed and exited, a few milliseconds (a restart after kill -9 meets it too).
@@ -278,8 +282,11 @@ impl<'a> Supervisor<'a> {
                     Some(sql),
                 ) = (&e, standby_sql.as_ref())
                 {
-                    if self.end_own_walsender(*pid, sql, own_walsender).await {
-                        return Ok(true);
+                    tokio::select! {
+                        ended = self.end_own_walsender(*pid, sql, own_walsender) => if ended {
+                            return Ok(true);
+                        },
+                        _ = shutdown.as_mut() => return Ok(false),
                     }
                 }
                 if !self.standing_by {
@@ -319,10 +326,10 @@ impl<'a> Supervisor<'a> {
     }
 
     /// Whether the slot's holder, backend `pid`, was this instance's own walsender of an earlier
-    /// session, and is now ended. That walsender outlives a connection whose close never
-    /// reached the server (a flow lost without a reset, a NAT or conntrack entry gone): until
-    /// its `wal_sender_timeout` passes, or with none (0), until the server's TCP gives up on
-    /// the connection, hours later, while this instance would stand by behind itself.
+    /// session, and is now ended and gone. That walsender outlives a connection whose close
+    /// never reached the server (a flow lost without a reset, a NAT or conntrack entry gone):
+    /// until its `wal_sender_timeout` passes, or with none (0), until the server's TCP gives up
+    /// on the connection, hours later, while this instance would stand by behind itself.
     async fn end_own_walsender(
         &self,
         pid: i32,
@@ -333,27 +340,41 @@ impl<'a> Supervisor<'a> {
         let Some(ours) = own_one().filter(|b| b.pid == pid) else {
             return false;
         };
-        let within = self.settings.stream.receive_timeout;
-        let what = "the end of this instance's earlier walsender";
-        let ended =
-            ferry_wal::conn::answered(within, what, ferry_wal::slot::end_backend(sql, &ours)).await;
-        match ended {
-            Ok(Some(true)) => {
+        let slot = &self.settings.stream.slot;
+        // Waited for until it exits (and lets the slot go), within the answer's bound.
+        let end = ferry_wal::slot::end_backend(sql, &ours, OWN_WALSENDER_EXIT);
+        match tokio::time::timeout(WAIT_ANSWER, end).await {
+            Ok(Ok(Some(true))) => {
                 *own_one() = None;
                 tracing::info!(
-                    slot = %self.settings.stream.slot,
+                    slot = %slot,
                     pid,
                     "ended this instance's walsender of an earlier session, which still held the \
                      slot after its connection was lost"
                 );
                 true
             }
-            // Gone meanwhile.
-            Ok(None) => {
+            // Gone meanwhile: the slot is free, or another process holds it under the same pid.
+            Ok(Ok(None)) => {
                 *own_one() = None;
                 false
             }
-            Ok(Some(false)) | Err(_) => false,
+            // Signalled, not yet gone: the standby's wait follows it.
+            Ok(Ok(Some(false))) => false,
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    slot = %slot,
+                    pid,
+                    error = %e,
+                    "this instance's walsender of an earlier session still holds the slot after its \
+                     connection was lost, and could not be ended: standing by until the server \
+                     ends it (wal_sender_timeout; with 0, when its TCP gives up); end it \
+                     (SELECT pg_terminate_backend({pid}))"
+                );
+                *own_one() = None;
+                false
+            }
+            Err(_) => false,
         }
     }
 

@@ -90,24 +90,15 @@ pub(super) async fn watch_server(
     (walsender_pid, walsender): (i32, super::driver::OwnWalsender),
 ) {
     let mut left = Some(left);
-    let lost = async {
-        // Which backend this session's walsender is, for a later session of this instance that
-        // finds the slot still held by it.
-        match ask(&sql, &asking, slot::backend(&sql, Some(walsender_pid))).await {
-            Ok(Some(Some(b))) => *walsender.lock().unwrap_or_else(|p| p.into_inner()) = Some(b),
-            Ok(_) => {}
-            Err(lost) => return lost,
-        }
-        watching(
-            &sql,
-            &metrics,
-            every,
-            &asking,
-            (&spec, &membership, &mut left),
-            &wal_clock,
-        )
-        .await
-    }
+    let lost = watching(
+        &sql,
+        &metrics,
+        every,
+        &asking,
+        (&spec, &membership, &mut left),
+        &wal_clock,
+        (walsender_pid, &walsender),
+    )
     .await;
     tracing::debug!(error = %lost, "the session's SQL connection is lost");
     if let Some(tx) = left.take() {
@@ -127,11 +118,25 @@ async fn watching(
         &mut Option<tokio::sync::oneshot::Sender<PipelineError>>,
     ),
     wal_clock: &WalClock,
+    (walsender_pid, walsender): (i32, &super::driver::OwnWalsender),
 ) -> PipelineError {
     let mut could_replicate = true;
+    let mut recorded = false;
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
+        // Which backend this session's walsender is, for a later session of this instance that
+        // finds the slot still held by it (read until it is).
+        if !recorded {
+            match ask(sql, asking, slot::backend(sql, Some(walsender_pid))).await {
+                Ok(Some(Some(b))) => {
+                    *walsender.lock().unwrap_or_else(|p| p.into_inner()) = Some(b);
+                    recorded = true;
+                }
+                Ok(_) => {}
+                Err(lost) => return lost,
+            }
+        }
         // On a standby there is no current WAL position (and no clock sample).
         match ask(sql, asking, slot::wal_clock(sql)).await {
             Ok(Some((lsn, micros))) => {
