@@ -524,19 +524,7 @@ async fn a_session_whose_sql_connection_was_ended_ends_and_the_next_connects_aga
     insert_events(&w.sql, 0..10, 0).await;
     consume_events(&w.brokers, &topic, 0..10).await;
     let before = reconnects(&ferry, "postgres").await;
-    // Ferry's SQL connections in this database (its walsender is not a client backend).
-    let ended: i64 = w
-        .sql
-        .query_one(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE datname = current_database() AND pid <> pg_backend_pid() \
-             AND backend_type = 'client backend' AND application_name = 'ferry'",
-            &[],
-        )
-        .await
-        .expect("pg_terminate_backend")
-        .get(0);
-    assert!(ended >= 1, "Ferry had no SQL connection open");
+    end_sql_backends(&w).await;
     let reconnected = ferry_testkit::wait_for(Duration::from_secs(30), || async {
         reconnects(&ferry, "postgres").await > before
     })
@@ -553,25 +541,7 @@ async fn a_session_whose_sql_connection_was_ended_ends_and_the_next_connects_aga
         "{}",
         ferry.log_text()
     );
-    // What follows is relayed, and the lag metric follows the server's WAL past it.
-    insert_events(&w.sql, 10..20, 0).await;
-    let end = w.current_wal_lsn().await;
-    let events = consume_events(&w.brokers, &topic, 0..20).await;
-    assert_key_order(&events, 0..20);
-    wait_confirmed(&w, end).await;
-    let sampled = ferry_testkit::wait_for(Duration::from_secs(30), || async {
-        ferry
-            .metric("ferry_server_wal_lsn")
-            .await
-            .is_some_and(|lsn| lsn >= end.0 as f64)
-    })
-    .await;
-    assert!(
-        sampled,
-        "the lag metric's WAL position stayed behind {end}:\n{}",
-        ferry.log_text()
-    );
-    assert!(ferry.is_running(), "{}", ferry.log_text());
+    relays_and_samples_on(&w, &mut ferry, &topic).await;
 }
 
 /// Ferry's connections stranded (a NAT or conntrack entry lost: their packets go nowhere,
@@ -664,15 +634,7 @@ async fn a_sql_connection_lost_while_stopping_still_stops() {
     ferry
         .wait_log("SIGTERM received", Duration::from_secs(30))
         .await;
-    w.sql
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = current_database() AND pid <> pg_backend_pid() \
-             AND backend_type = 'client backend' AND application_name = 'ferry'",
-            &[],
-        )
-        .await
-        .expect("pg_terminate_backend");
+    end_sql_backends(&w).await;
     // The watch samples every 5 s.
     ferry
         .wait_log(
@@ -709,20 +671,7 @@ async fn a_session_whose_sql_connection_stopped_answering_ends_after_the_receive
     insert_events(&w.sql, 0..10, 0).await;
     consume_events(&w.brokers, &topic, 0..10).await;
     let before = reconnects(&ferry, "postgres").await;
-    let pids: Vec<i32> = w
-        .sql
-        .query(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
-             AND pid <> pg_backend_pid() AND backend_type = 'client backend' \
-             AND application_name = 'ferry'",
-            &[],
-        )
-        .await
-        .expect("pg_stat_activity")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(!pids.is_empty(), "Ferry had no SQL connection open");
+    let pids = sql_backends(&w).await;
     // Continued when the test ends, however it ends: a stopped backend would hold up the
     // database's drop.
     let stopped = Stopped(pids);
@@ -743,13 +692,51 @@ async fn a_session_whose_sql_connection_stopped_answering_ends_after_the_receive
     })
     .await;
     assert!(reconnected, "{}", ferry.log_text());
-    // What follows is relayed, and the lag metric follows the server's WAL past it, all while
-    // the old backend stays stopped.
+    // All while the old backend stays stopped.
+    relays_and_samples_on(&w, &mut ferry, &topic).await;
+    drop(stopped);
+}
+
+/// The pids of Ferry's SQL connections to the world's database (its walsender is not a
+/// client backend); at least one.
+async fn sql_backends(w: &World) -> Vec<i32> {
+    let pids: Vec<i32> = w
+        .sql
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND backend_type = 'client backend' \
+             AND application_name = 'ferry'",
+            &[],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!pids.is_empty(), "Ferry had no SQL connection open");
+    pids
+}
+
+/// Ends Ferry's SQL connections to the world's database (`pg_terminate_backend`).
+async fn end_sql_backends(w: &World) {
+    let pids = sql_backends(w).await;
+    w.sql
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM unnest($1::int4[]) AS pid",
+            &[&pids],
+        )
+        .await
+        .expect("pg_terminate_backend");
+}
+
+/// After a session's SQL connection was lost: what follows is relayed and confirmed, and the
+/// lag metric follows the server's WAL past it.
+async fn relays_and_samples_on(w: &World, ferry: &mut Ferry, topic: &str) {
     insert_events(&w.sql, 10..20, 0).await;
     let end = w.current_wal_lsn().await;
-    let events = consume_events(&w.brokers, &topic, 0..20).await;
+    let events = consume_events(&w.brokers, topic, 0..20).await;
     assert_key_order(&events, 0..20);
-    wait_confirmed(&w, end).await;
+    wait_confirmed(w, end).await;
     let sampled = ferry_testkit::wait_for(Duration::from_secs(30), || async {
         ferry
             .metric("ferry_server_wal_lsn")
@@ -763,7 +750,6 @@ async fn a_session_whose_sql_connection_stopped_answering_ends_after_the_receive
         ferry.log_text()
     );
     assert!(ferry.is_running(), "{}", ferry.log_text());
-    drop(stopped);
 }
 
 /// PostgreSQL backends stopped (SIGSTOP) until this is dropped.

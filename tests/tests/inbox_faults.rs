@@ -247,25 +247,15 @@ async fn a_paused_copy_that_lost_its_partitions_is_fenced_and_writes_nothing() {
 /// write for as long as the connection stayed open, ready all along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_gone_silent_is_given_up_on_and_every_record_lands_once_it_answers() {
-    let mut w = World::new().await;
-    let topic = w.create_topic("inbox_silent", 3).await;
-    let group = format!("{topic}.group");
-    let (url, proxy) = through_proxy(&w.db.url).await;
-    inbox_env(
-        &mut w,
-        &topic,
-        &group,
-        &[
-            ("FERRY_POSTGRES_URL", url.as_str()),
-            ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
-            ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
-        ],
-    );
-    let recs = records(600, 50, 0x5113);
-    let p = producer(&w.brokers);
-    produce(&p, &topic, &recs[..300]).await;
-    let mut f = Ferry::spawn(&w, &["inbox"]);
-    wait_rows(&w.sql, &topic, 300, secs(60)).await;
+    let Proxied {
+        w,
+        topic,
+        group,
+        proxy,
+        recs,
+        p,
+        mut f,
+    } = inbox_through_proxy("inbox_silent", "2s", 0x5113).await;
     proxy.inject(Fault::Blackhole);
     produce(&p, &topic, &recs[300..]).await;
     f.wait_log("the database did not answer the write within 2s", secs(60))
@@ -291,25 +281,15 @@ async fn a_database_gone_silent_is_given_up_on_and_every_record_lands_once_it_an
 /// long as the backend lived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_stranded_in_its_transaction_is_ended_and_every_record_lands_once() {
-    let mut w = World::new().await;
-    let topic = w.create_topic("inbox_stranded", 3).await;
-    let group = format!("{topic}.group");
-    let (url, proxy) = through_proxy(&w.db.url).await;
-    inbox_env(
-        &mut w,
-        &topic,
-        &group,
-        &[
-            ("FERRY_POSTGRES_URL", url.as_str()),
-            ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "10s"),
-            ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
-        ],
-    );
-    let recs = records(600, 50, 0x57a4);
-    let p = producer(&w.brokers);
-    produce(&p, &topic, &recs[..300]).await;
-    let mut f = Ferry::spawn(&w, &["inbox"]);
-    wait_rows(&w.sql, &topic, 300, secs(60)).await;
+    let Proxied {
+        w,
+        topic,
+        group,
+        proxy,
+        recs,
+        p,
+        mut f,
+    } = inbox_through_proxy("inbox_stranded", "10s", 0x57a4).await;
     // The next write takes the offsets' rows first, then waits behind this lock to insert.
     let locker = w.db.client().await;
     locker
@@ -870,6 +850,50 @@ struct Rec {
 }
 
 /// `total` records over `keys` keys chosen at random (seeded), so keys repeat unevenly.
+/// `ferry inbox` reaching its database through a proxy, with 600 records (50 keys) of which
+/// the first 300 landed.
+struct Proxied {
+    w: World,
+    topic: String,
+    group: String,
+    proxy: ferry_testkit::proxy::Proxy,
+    recs: Vec<Rec>,
+    p: FutureProducer,
+    f: Ferry,
+}
+
+/// [`Proxied`], with `receive_timeout` and a connect timeout of 1 s.
+async fn inbox_through_proxy(name: &str, receive_timeout: &str, seed: u64) -> Proxied {
+    let mut w = World::new().await;
+    let topic = w.create_topic(name, 3).await;
+    let group = format!("{topic}.group");
+    let (url, proxy) = through_proxy(&w.db.url).await;
+    inbox_env(
+        &mut w,
+        &topic,
+        &group,
+        &[
+            ("FERRY_POSTGRES_URL", url.as_str()),
+            ("FERRY_POSTGRES_RECEIVE_TIMEOUT", receive_timeout),
+            ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
+        ],
+    );
+    let recs = records(600, 50, seed);
+    let p = producer(&w.brokers);
+    produce(&p, &topic, &recs[..300]).await;
+    let f = Ferry::spawn(&w, &["inbox"]);
+    wait_rows(&w.sql, &topic, 300, secs(60)).await;
+    Proxied {
+        w,
+        topic,
+        group,
+        proxy,
+        recs,
+        p,
+        f,
+    }
+}
+
 fn records(total: usize, keys: u64, seed: u64) -> Vec<Rec> {
     let mut rng = Rng::new(seed);
     let mut seqs: HashMap<String, u64> = HashMap::new();
