@@ -446,11 +446,7 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
 /// connect, not once the minute's backoff has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_gone_silent_before_the_session_streams_ends_it_after_the_receive_timeout() {
-    let upstream: std::net::SocketAddr = kafka::shared().brokers().parse().expect("one address");
-    let broker = ferry_testkit::proxy::Proxy::kafka(upstream)
-        .await
-        .expect("proxy");
-    let mut w = World::on(pg::shared().create_db().await, broker.addr().to_string()).await;
+    let (mut w, broker) = world_behind_a_kafka_proxy().await;
     let (url, postgres) = through_proxy(&w.db.url).await;
     w.set_env(&[
         ("FERRY_POSTGRES_RECONNECT_BACKOFF_MIN", "1m"),
@@ -603,11 +599,7 @@ async fn a_walsender_of_its_own_left_holding_the_slot_is_ended() {
 /// rather than starting another session, and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sql_connection_lost_while_stopping_still_stops() {
-    let upstream: std::net::SocketAddr = kafka::shared().brokers().parse().expect("one address");
-    let broker = ferry_testkit::proxy::Proxy::kafka(upstream)
-        .await
-        .expect("proxy");
-    let mut w = World::on(pg::shared().create_db().await, broker.addr().to_string()).await;
+    let (mut w, broker) = world_behind_a_kafka_proxy().await;
     // Room for the steps below on a loaded machine before the drain would give up.
     w.set_env(&[("FERRY_SHUTDOWN_DRAIN_TIMEOUT", "120s")]);
     let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
@@ -695,6 +687,16 @@ async fn a_session_whose_sql_connection_stopped_answering_ends_after_the_receive
     // All while the old backend stays stopped.
     relays_and_samples_on(&w, &mut ferry, &topic).await;
     drop(stopped);
+}
+
+/// A world of its own whose Ferry reaches the shared broker through a proxy.
+async fn world_behind_a_kafka_proxy() -> (World, ferry_testkit::proxy::Proxy) {
+    let upstream: std::net::SocketAddr = kafka::shared().brokers().parse().expect("one address");
+    let broker = ferry_testkit::proxy::Proxy::kafka(upstream)
+        .await
+        .expect("proxy");
+    let w = World::on(pg::shared().create_db().await, broker.addr().to_string()).await;
+    (w, broker)
 }
 
 /// The pids of Ferry's SQL connections to the world's database (its walsender is not a
