@@ -346,6 +346,17 @@ async fn stops_without(user: String, exactly_once: bool, left_out: usize) -> Str
         .lines()
         .find(|l| l.contains("stopping: permanent error"))
         .unwrap_or_else(|| panic!("no final error line: {what}"));
+    // With no Write anywhere, two refusals race, and either names a grant that fixes it: the
+    // producer id (IdempotentWrite on the cluster), or the outbox topic's metadata (Write on
+    // the topic, which implies IdempotentWrite), whichever librdkafka reports first.
+    let (code, resource, grant) = match missing {
+        None if stop.contains("TOPIC_AUTHORIZATION_FAILED") => (
+            "TOPIC_AUTHORIZATION_FAILED",
+            format!("topic {topic:?}"),
+            format!("--operation Write --topic {topic}"),
+        ),
+        _ => (code, resource, grant),
+    };
     for needle in [
         code,
         &format!("for principal User:{user} on {resource}"),
