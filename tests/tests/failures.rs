@@ -35,11 +35,7 @@ async fn confirmed_lsn_never_passes_an_unacknowledged_record_while_the_broker_is
     quick_reconnects(&mut w);
     w.env
         .push(("FERRY_POSTGRES_STATUS_INTERVAL".into(), "200ms".into()));
-    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
-    let mut ferry = w.start_ferry();
-    ferry.wait_ready().await;
-    insert_events(&w.sql, 0..10, 0).await;
-    consume_events(&w.brokers, &topic, 0..10).await;
+    let (topic, mut ferry) = relaying(&w).await;
 
     // The exact commit LSN of the first transaction written while the broker is down.
     let probe = CommitProbe::create(&w).await;
@@ -404,11 +400,7 @@ async fn a_postgres_gone_silent_ends_the_session_after_the_receive_timeout() {
         ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
         ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
     ]);
-    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
-    let mut ferry = w.start_ferry();
-    ferry.wait_ready().await;
-    insert_events(&w.sql, 0..10, 0).await;
-    consume_events(&w.brokers, &topic, 0..10).await;
+    let (topic, mut ferry) = relaying(&w).await;
 
     let before = reconnects(&ferry, "postgres").await;
     proxy.inject(Fault::Blackhole);
@@ -514,11 +506,7 @@ async fn a_postgres_gone_silent_before_the_session_streams_ends_it_after_the_rec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_sql_connection_was_ended_ends_and_the_next_connects_again() {
     let w = World::new().await;
-    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
-    let mut ferry = w.start_ferry();
-    ferry.wait_ready().await;
-    insert_events(&w.sql, 0..10, 0).await;
-    consume_events(&w.brokers, &topic, 0..10).await;
+    let (topic, mut ferry) = relaying(&w).await;
     let before = reconnects(&ferry, "postgres").await;
     end_sql_backends(&w).await;
     let reconnected = ferry_testkit::wait_for(Duration::from_secs(30), || async {
@@ -555,11 +543,7 @@ async fn a_walsender_of_its_own_left_holding_the_slot_is_ended() {
         ("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s"),
     ]);
     quick_reconnects(&mut w);
-    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
-    let mut ferry = w.start_ferry();
-    ferry.wait_ready().await;
-    insert_events(&w.sql, 0..10, 0).await;
-    consume_events(&w.brokers, &topic, 0..10).await;
+    let (topic, mut ferry) = relaying(&w).await;
     // The watch read which backend the walsender is before its first sample.
     let sampled = ferry_testkit::wait_for(Duration::from_secs(30), || async {
         ferry
@@ -602,11 +586,7 @@ async fn a_sql_connection_lost_while_stopping_still_stops() {
     let (mut w, broker) = world_behind_a_kafka_proxy().await;
     // Room for the steps below on a loaded machine before the drain would give up.
     w.set_env(&[("FERRY_SHUTDOWN_DRAIN_TIMEOUT", "120s")]);
-    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
-    let mut ferry = w.start_ferry();
-    ferry.wait_ready().await;
-    insert_events(&w.sql, 0..10, 0).await;
-    consume_events(&w.brokers, &topic, 0..10).await;
+    let (topic, mut ferry) = relaying(&w).await;
     // Records in flight that Kafka does not acknowledge: the drain waits on them.
     broker.inject(Fault::Blackhole);
     insert_events(&w.sql, 10..20, 0).await;
@@ -657,11 +637,7 @@ async fn a_session_whose_sql_connection_stopped_answering_ends_after_the_receive
     // The watch waits as long as the stream, never less than the server's wal_sender_timeout.
     wal_sender_timeout(&w, "0").await;
     w.set_env(&[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")]);
-    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
-    let mut ferry = w.start_ferry();
-    ferry.wait_ready().await;
-    insert_events(&w.sql, 0..10, 0).await;
-    consume_events(&w.brokers, &topic, 0..10).await;
+    let (topic, mut ferry) = relaying(&w).await;
     let before = reconnects(&ferry, "postgres").await;
     let pids = sql_backends(&w).await;
     // Continued when the test ends, however it ends: a stopped backend would hold up the
@@ -687,6 +663,16 @@ async fn a_session_whose_sql_connection_stopped_answering_ends_after_the_receive
     // All while the old backend stays stopped.
     relays_and_samples_on(&w, &mut ferry, &topic).await;
     drop(stopped);
+}
+
+/// Ferry started on the world's topic and relaying: the first 10 events are in Kafka.
+async fn relaying(w: &World) -> (String, Ferry) {
+    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
+    let mut ferry = w.start_ferry();
+    ferry.wait_ready().await;
+    insert_events(&w.sql, 0..10, 0).await;
+    consume_events(&w.brokers, &topic, 0..10).await;
+    (topic, ferry)
 }
 
 /// A world of its own whose Ferry reaches the shared broker through a proxy.
@@ -779,11 +765,7 @@ async fn a_ferry_stopped_for_a_while_takes_no_silence_for_the_servers() {
     let mut w = World::new().await;
     wal_sender_timeout(&w, "0").await;
     w.set_env(&[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")]);
-    let topic = w.create_topic(AGGREGATE, PARTITIONS).await;
-    let mut ferry = w.start_ferry();
-    ferry.wait_ready().await;
-    insert_events(&w.sql, 0..10, 0).await;
-    consume_events(&w.brokers, &topic, 0..10).await;
+    let (topic, mut ferry) = relaying(&w).await;
     let before = reconnects(&ferry, "postgres").await;
 
     ferry.send_signal(libc::SIGSTOP);

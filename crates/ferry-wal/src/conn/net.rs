@@ -29,9 +29,11 @@ async fn connect_tcp(
         tokio::net::TcpSocket::new_v6()?
     };
     let k = cfg.keepalive;
-    socket.set_keepalive(k.on)?;
     let sock = socket2::SockRef::from(&socket);
-    if k.on {
+    // set_tcp_keepalive turns SO_KEEPALIVE on as it sets the timing.
+    if !k.on {
+        socket.set_keepalive(false)?;
+    } else {
         let mut params = socket2::TcpKeepalive::new();
         if let Some(idle) = k.idle {
             params = params.with_time(idle);
