@@ -255,7 +255,7 @@ async fn a_database_gone_silent_is_given_up_on_and_every_record_lands_once_it_an
         recs,
         p,
         mut f,
-    } = inbox_through_proxy("inbox_silent", "2s", 0x5113).await;
+    } = inbox_through_proxy("inbox_silent", "2s", 0x5113, &[]).await;
     proxy.inject(Fault::Blackhole);
     produce(&p, &topic, &recs[300..]).await;
     f.wait_log("the database did not answer the write within 2s", secs(60))
@@ -289,7 +289,7 @@ async fn a_write_stranded_in_its_transaction_is_ended_and_every_record_lands_onc
         recs,
         p,
         mut f,
-    } = inbox_through_proxy("inbox_stranded", "10s", 0x57a4).await;
+    } = inbox_through_proxy("inbox_stranded", "10s", 0x57a4, &[]).await;
     // The next write takes the offsets' rows first, then waits behind this lock to insert.
     let locker = w.db.client().await;
     locker
@@ -341,6 +341,106 @@ async fn a_write_stranded_in_its_transaction_is_ended_and_every_record_lands_onc
     let status = f.terminate().await;
     assert!(status.success(), "{}", f.log_text());
     assert_exactly_once(&w.sql, &topic, &group, &recs).await;
+}
+
+/// The cleanup's connection stranded between two cleanups (a NAT or conntrack entry lost
+/// while it sat idle): the next cleanup's DELETE goes nowhere. It is given up on after
+/// `postgres.receive_timeout` and the next cleanup runs on a new connection. The old build
+/// waited on it for as long as the connection lived (through a proxy, for good), and no
+/// cleanup ran again: the deduplication and processed rows grew without bound, and nothing said
+/// so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_stranded_on_its_connection_is_given_up_on_and_the_next_one_cleans() {
+    let Proxied {
+        w,
+        topic,
+        mut f,
+        proxy,
+        ..
+    } = inbox_through_proxy(
+        "inbox_cleanup_stranded",
+        "2s",
+        0xc1ea,
+        &[
+            ("FERRY_INBOX_PROCESSED_RETENTION", "1s"),
+            ("FERRY_INBOX_CLEANUP_INTERVAL", "1s"),
+        ],
+    )
+    .await;
+    let process = |n: i64| {
+        let (sql, topic) = (&w.sql, &topic);
+        async move {
+            sql.execute(
+                "UPDATE ferry_inbox SET processed_at = now() - interval '1 hour' \
+                 WHERE ctid = ANY(ARRAY(SELECT ctid FROM ferry_inbox \
+                   WHERE topic = $1 AND processed_at IS NULL LIMIT $2))",
+                &[topic, &n],
+            )
+            .await
+            .expect("mark rows processed");
+        }
+    };
+    // A first cleanup deletes 100 rows: the cleaner holds its connection from then on.
+    process(100).await;
+    wait_until("the first cleanup deletes 100 rows", secs(60), || async {
+        rows(&w.sql, &topic).await == 200
+    })
+    .await;
+    proxy.inject(Fault::Strand);
+    process(200).await;
+    let cleaned =
+        ferry_testkit::wait_for(secs(30), || async { rows(&w.sql, &topic).await == 0 }).await;
+    assert!(
+        cleaned,
+        "{} processed rows left after 30 s:\n{}",
+        rows(&w.sql, &topic).await,
+        f.log_text()
+    );
+    assert!(
+        f.log_text()
+            .contains("the database did not answer the cleanup within 2s"),
+        "{}",
+        f.log_text()
+    );
+    assert!(f.is_running(), "{}", f.log_text());
+    let status = f.terminate().await;
+    assert!(status.success(), "{}", f.log_text());
+}
+
+/// The start waits on a lock on the inbox's tables (a migration's `ACCESS EXCLUSIVE` lock, a
+/// server gone behind a proxy look the same): `ferry inbox` stops after
+/// `postgres.receive_timeout` and says why, instead of waiting without a word, not ready, for
+/// as long as the lock is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_the_database_does_not_answer_stops_after_the_receive_timeout_and_says_why() {
+    let mut w = World::new().await;
+    let topic = w.create_topic("inbox_start_locked", 1).await;
+    let group = format!("{topic}.group");
+    inbox_env(
+        &mut w,
+        &topic,
+        &group,
+        &[("FERRY_POSTGRES_RECEIVE_TIMEOUT", "2s")],
+    );
+    // The tables first, so that the lock has something to hold.
+    let mut first = Ferry::spawn(&w, &["inbox"]);
+    first.wait_log("consuming into the inbox", secs(60)).await;
+    assert!(first.terminate().await.success(), "{}", first.log_text());
+    let locker = w.db.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE ferry_inbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock");
+    let mut f = Ferry::spawn(&w, &["inbox"]);
+    let status = f.wait_exit(secs(30)).await;
+    assert!(!status.success(), "{}", f.log_text());
+    assert!(
+        f.log_text()
+            .contains("the database did not answer the preparation of its statements within 2s"),
+        "{}",
+        f.log_text()
+    );
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -862,8 +962,13 @@ struct Proxied {
     f: Ferry,
 }
 
-/// [`Proxied`], with `receive_timeout` and a connect timeout of 1 s.
-async fn inbox_through_proxy(name: &str, receive_timeout: &str, seed: u64) -> Proxied {
+/// [`Proxied`], with `receive_timeout`, a connect timeout of 1 s, and `extra` environment.
+async fn inbox_through_proxy(
+    name: &str,
+    receive_timeout: &str,
+    seed: u64,
+    extra: &[(&str, &str)],
+) -> Proxied {
     let mut w = World::new().await;
     let topic = w.create_topic(name, 3).await;
     let group = format!("{topic}.group");
@@ -876,7 +981,11 @@ async fn inbox_through_proxy(name: &str, receive_timeout: &str, seed: u64) -> Pr
             ("FERRY_POSTGRES_URL", url.as_str()),
             ("FERRY_POSTGRES_RECEIVE_TIMEOUT", receive_timeout),
             ("FERRY_POSTGRES_CONNECT_TIMEOUT", "1s"),
-        ],
+        ]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect::<Vec<_>>(),
     );
     let recs = records(600, 50, seed);
     let p = producer(&w.brokers);

@@ -151,18 +151,25 @@ pub async fn run(
 ) -> Result<(), String> {
     let s = Arc::new(s);
     let mut first = connect(&s.postgres).await?;
-    prepare_tables(&mut first, &s).await?;
-    let statements = Statements::prepare(&first, &s.tables, &s.notify_channel)
+    answered(s.receive_timeout, None, prepare_tables(&mut first, &s))
         .await
-        .map_err(|e| {
-            format!(
-                "cannot prepare the inbox's statements on {}: {}; do the tables match sql/inbox.sql \
+        .ok_or_else(|| unanswered_at_start("the look-up or creation of its tables", &s))??;
+    let statements = answered(
+        s.receive_timeout,
+        None,
+        Statements::prepare(&first, &s.tables, &s.notify_channel),
+    )
+    .await
+    .ok_or_else(|| unanswered_at_start("the preparation of its statements", &s))?
+    .map_err(|e| {
+        format!(
+            "cannot prepare the inbox's statements on {}: {}; do the tables match sql/inbox.sql \
                  (inbox.payload_type = \"{}\")?",
-                s.tables.inbox,
-                store::describe(&e),
-                s.tables.payload.sql()
-            )
-        })?;
+            s.tables.inbox,
+            store::describe(&e),
+            s.tables.payload.sql()
+        )
+    })?;
     let (done_tx, mut done) = mpsc::channel::<Done>(64);
     let writer = spawn_writer(s.clone(), first, statements, done_tx.clone());
     let loader = spawn_loader(s.clone(), done_tx.clone());
@@ -614,6 +621,17 @@ fn unanswered(what: &str, s: &InboxSettings) -> String {
     )
 }
 
+/// Why the start, a query of which [`answered`] gave up on, failed.
+fn unanswered_at_start(what: &str, s: &InboxSettings) -> String {
+    format!(
+        "the database did not answer {what} within {:?} (postgres.receive_timeout), so the inbox \
+         stops without having consumed anything; check that the database is up and reachable. If \
+         it was only busy (a transaction holding a lock on the inbox's tables), raise \
+         postgres.receive_timeout",
+        s.receive_timeout.unwrap_or_default()
+    )
+}
+
 fn spawn_loader(
     s: Arc<InboxSettings>,
     done: mpsc::Sender<Done>,
@@ -658,15 +676,27 @@ fn spawn_cleaner(s: Arc<InboxSettings>, done: mpsc::Sender<Done>) -> mpsc::Sende
         };
         while rx.recv().await.is_some() {
             let r = match conn.get().await {
-                Ok(c) => store::cleanup(
-                    c,
-                    &s.tables,
-                    s.dedup_retention,
-                    s.processed_retention,
-                    s.cleanup_batch,
-                )
-                .await
-                .map_err(|e| store::describe(&e)),
+                Ok(c) => {
+                    let answers = AtomicU64::new(0);
+                    let cleanup = store::cleanup(
+                        c,
+                        &s.tables,
+                        s.dedup_retention,
+                        s.processed_retention,
+                        s.cleanup_batch,
+                        &answers,
+                    );
+                    // A DELETE that stopped getting answers (a server gone behind a live proxy,
+                    // a lock it waits on) would stop every cleanup after it, and the
+                    // deduplication rows would grow for good.
+                    match answered(s.receive_timeout, Some(&answers), cleanup).await {
+                        Some(r) => r.map_err(|e| store::describe(&e)),
+                        None => {
+                            ferry_wal::slot::cancel_sql_soon(&s.postgres, c.cancel_token());
+                            Err(unanswered("the cleanup", &s))
+                        }
+                    }
+                }
                 Err(e) => Err(e),
             };
             if r.is_err() {

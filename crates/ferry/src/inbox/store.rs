@@ -964,13 +964,15 @@ pub struct Cleaned {
 }
 
 /// Deletes expired deduplication rows and processed rows in batches of `batch`, each its own
-/// short transaction, until none is left.
+/// short transaction, until none is left. `answers` counts the database's answers as they come
+/// (one a statement), for the caller to give up on a cleanup that stops getting any.
 pub async fn cleanup(
     client: &Client,
     t: &Tables,
     dedup_retention: Duration,
     processed_retention: Option<Duration>,
     batch: i64,
+    answers: &AtomicU64,
 ) -> Result<Cleaned, tokio_postgres::Error> {
     let started = Instant::now();
     let mut cleaned = Cleaned::default();
@@ -980,6 +982,7 @@ pub async fn cleanup(
         dedup_retention,
         batch,
         &mut cleaned.longest,
+        answers,
     )
     .await?;
     if let Some(r) = processed_retention {
@@ -989,6 +992,7 @@ pub async fn cleanup(
             r,
             batch,
             &mut cleaned.longest,
+            answers,
         )
         .await?;
     }
@@ -1022,14 +1026,17 @@ async fn batches(
     retention: Duration,
     batch: i64,
     longest: &mut Duration,
+    answers: &AtomicU64,
 ) -> Result<u64, tokio_postgres::Error> {
     let stmt = client.prepare(sql).await?;
+    answers.fetch_add(1, Ordering::Relaxed);
     let secs = retention.as_secs_f64();
     let mut total = 0;
     let mut from: Option<std::time::SystemTime> = None;
     loop {
         let started = Instant::now();
         let row = client.query_one(&stmt, &[&secs, &batch, &from]).await?;
+        answers.fetch_add(1, Ordering::Relaxed);
         let n = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
         let took = started.elapsed();
         *longest = (*longest).max(took);
