@@ -530,11 +530,15 @@ async fn a_session_whose_sql_connection_was_ended_ends_and_the_next_connects_aga
 
 /// Ferry's connections stranded (a NAT or conntrack entry lost: their packets go nowhere,
 /// new connections work) under `wal_sender_timeout = 0`: the server keeps the walsender, and
-/// with it the slot, until its TCP gives up on the connection, hours later. Ferry's next
-/// session finds the slot held by its own earlier walsender, ends it, and streams on. Before,
-/// it stood by behind itself for as long as the walsender lived.
+/// with it the slot, until its TCP gives up on the connection, hours later; and the session's
+/// SQL backend, with the slot's hand-over lock. Ferry's next session finds the slot held by its
+/// own earlier walsender, ends it, and streams on; it finds the lock held by its own earlier
+/// SQL backend, ends it, and holds the lock, so that a standby takes over the moment this
+/// instance ends. Before, it stood by behind itself for as long as the walsender lived; and
+/// then (once that was fixed) the stale backend held the lock for good through a proxy, and a
+/// standby could only take over at its next poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_walsender_of_its_own_left_holding_the_slot_is_ended() {
+async fn its_own_backends_left_holding_the_slot_and_its_lock_are_ended() {
     let mut w = World::new().await;
     wal_sender_timeout(&w, "0").await;
     let (url, proxy) = through_proxy(&w.db.url).await;
@@ -554,6 +558,16 @@ async fn a_walsender_of_its_own_left_holding_the_slot_is_ended() {
     .await;
     assert!(sampled, "{}", ferry.log_text());
     let old = walsender(&w).await.expect("a walsender streams the slot").0;
+    let locked = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        lock_holder(&w).await.is_some()
+    })
+    .await;
+    assert!(
+        locked,
+        "the session holds no hand-over lock:\n{}",
+        ferry.log_text()
+    );
+    let old_sql = lock_holder(&w).await.expect("held");
     proxy.inject(Fault::Strand);
     insert_events(&w.sql, 10..20, 0).await;
     let end = w.current_wal_lsn().await;
@@ -569,6 +583,25 @@ async fn a_walsender_of_its_own_left_holding_the_slot_is_ended() {
     );
     let now = walsender(&w).await.expect("a walsender streams the slot").0;
     assert_ne!(now, old, "{}", ferry.log_text());
+    // The lock is this session's, and the stale backend gone.
+    let handed = ferry_testkit::wait_for(Duration::from_secs(30), || async {
+        lock_holder(&w).await.is_some_and(|pid| pid != old_sql)
+            && !sql_backends(&w).await.contains(&old_sql)
+    })
+    .await;
+    assert!(
+        handed,
+        "the hand-over lock is held by {:?} (the stranded backend: {old_sql}):\n{}",
+        lock_holder(&w).await,
+        ferry.log_text()
+    );
+    assert!(
+        ferry
+            .log_text()
+            .contains("ended this instance's SQL connection of an earlier session"),
+        "{}",
+        ferry.log_text()
+    );
     // Ended and gone before the next session read the slot: it never stood by behind itself.
     assert!(
         !ferry.log_text().contains("standing by"),
@@ -919,6 +952,13 @@ async fn reconnects(ferry: &Ferry, component: &str) -> f64 {
 
 /// The walsender streaming the world's slot: its pid and the time of the last status update it
 /// received (`reply_time`, as text).
+/// The backend holding the slot's hand-over lock, if one does.
+async fn lock_holder(w: &World) -> Option<i32> {
+    ferry_wal::slot::handover::holder(&w.sql, &w.slot)
+        .await
+        .expect("pg_locks")
+}
+
 async fn walsender(w: &World) -> Option<(i32, Option<String>)> {
     w.sql
         .query_opt(

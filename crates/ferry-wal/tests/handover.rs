@@ -1,5 +1,6 @@
 //! The slot hand-over lock (`ferry_wal::slot::handover`) against a real PostgreSQL: a standby's
 //! wait finds no holder, runs out while the holder holds on, or ends when the holder lets go;
+//! the holder is found by its pid;
 //! a role's short `statement_timeout` does not end it, and nothing outlives a wait on the
 //! standby's connection.
 
@@ -53,8 +54,19 @@ async fn a_wait_finds_no_holder_runs_out_while_held_and_ends_when_the_holder_let
         let waited = handover::wait_for_release(&mut standby, slot, step).await;
         assert_eq!(waited.unwrap(), Waited::Unheld, "{slot}: nobody holds it");
 
+        assert_eq!(handover::holder(&observer, slot).await.unwrap(), None);
         let holder = db.client().await;
         assert!(handover::hold(&holder, slot).await.unwrap(), "{slot}");
+        let pid: i32 = holder
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            handover::holder(&observer, slot).await.unwrap(),
+            Some(pid),
+            "{slot}: the holder found"
+        );
         let waited = handover::wait_for_release(&mut standby, slot, step).await;
         assert_eq!(
             waited.unwrap(),

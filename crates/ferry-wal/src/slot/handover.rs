@@ -57,6 +57,26 @@ pub async fn hold(sql: &tokio_postgres::Client, slot: &str) -> Result<bool, toki
     Ok(row.get(0))
 }
 
+/// The backend holding `slot`'s lock ([`hold`]) in the connection's database, if one does: its
+/// pid (`pg_locks`, which every role may read).
+pub async fn holder(
+    sql: &tokio_postgres::Client,
+    slot: &str,
+) -> Result<Option<i32>, tokio_postgres::Error> {
+    let (class, key) = lock_key(slot);
+    // The two-key form's keys are stored as `classid` and `objid` (oids: an int4's bits).
+    let row = sql
+        .query_opt(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+               AND mode = 'ExclusiveLock' AND objsubid = 2 \
+               AND classid = $1::int4::oid AND objid = $2::int4::oid \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&class, &key],
+        )
+        .await?;
+    Ok(row.and_then(|r| r.get(0)))
+}
+
 /// How a standby's [`wait_for_release`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waited {

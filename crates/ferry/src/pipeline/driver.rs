@@ -156,11 +156,15 @@ pub(super) struct Carry {
     pub lived: Lived,
     /// The walsender of the last session that streamed (recorded by its server watch): a
     /// later session that finds the slot held by it ends it (`Supervisor::after`).
-    pub walsender: OwnWalsender,
+    pub walsender: OwnBackend,
+    /// The SQL connection's backend of the last session that held the slot's hand-over lock:
+    /// a later session that finds the lock held by it ends it ([`hold_handover_lock`]).
+    pub lock_holder: OwnBackend,
 }
 
-/// This instance's walsender of its last streaming session, as the server watch found it.
-pub(super) type OwnWalsender = Arc<std::sync::Mutex<Option<slot::Backend>>>;
+/// A backend of this instance's last streaming session: its walsender, as the server watch
+/// found it, or its SQL connection's, as it took the hand-over lock.
+pub(super) type OwnBackend = Arc<std::sync::Mutex<Option<slot::Backend>>>;
 
 /// How long a standby's answer on transactions is judged instead of asking again: brokers
 /// do not lose the transaction APIs, and if they did, the transaction calls would fail
@@ -401,7 +405,11 @@ impl<'a> Driver<'a> {
         // Both end with the session (the task ends when its handle drops): the hand-over lock
         // is held while this session's SQL connection lasts, so that a standby waiting for it
         // takes over as soon as the connection closes (see `ferry_wal::slot::handover`).
-        let hold = hold_handover_lock(sql.clone(), s.stream.slot.clone());
+        let hold = hold_handover_lock(
+            sql.clone(),
+            s.stream.slot.clone(),
+            self.carry.lock_holder.clone(),
+        );
         AbortOnDrop(tokio::spawn(async move {
             tokio::join!(hold, watch);
         }))
@@ -1139,6 +1147,58 @@ fn source_of(reader: &ReaderHandle, slot: &str) -> String {
     )
 }
 
+/// How long the end of this instance's own earlier SQL backend is waited for: it exits at once
+/// (it is idle, or waits on its client).
+const OWN_LOCK_HOLDER_EXIT: Duration = Duration::from_secs(5);
+
+/// Whether `slot`'s hand-over lock was held by `earlier`, this instance's SQL backend of an
+/// earlier session, and it is now ended and gone (or gone by itself): `Some(true)`; `None`
+/// when it could not be ended (said). The caller's task ends with the session, which bounds
+/// the wait.
+async fn end_own_lock_holder(
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    earlier: &slot::Backend,
+) -> Option<bool> {
+    match ferry_wal::slot::handover::holder(sql, slot).await {
+        Ok(Some(pid)) if pid == earlier.pid => {}
+        // Another process's, or let go meanwhile.
+        Ok(_) => return Some(false),
+        Err(e) => {
+            tracing::debug!(error = %e, "the slot's hand-over lock's holder not read");
+            return Some(false);
+        }
+    }
+    match ferry_wal::slot::end_backend(sql, earlier, OWN_LOCK_HOLDER_EXIT).await {
+        Ok(Some(true)) => {
+            tracing::info!(
+                slot = %slot,
+                pid = earlier.pid,
+                "ended this instance's SQL connection of an earlier session, which still held the \
+                 slot's hand-over lock after its connection was lost"
+            );
+            Some(true)
+        }
+        // Gone by itself (the pid and start no longer match).
+        Ok(None) => Some(true),
+        // Signalled, not gone yet: asked again at the next try.
+        Ok(Some(false)) => Some(false),
+        Err(e) => {
+            tracing::warn!(
+                slot = %slot,
+                pid = earlier.pid,
+                error = %e,
+                "this instance's SQL connection of an earlier session still holds the slot's \
+                 hand-over lock after its connection was lost, and could not be ended: until the \
+                 server notices it is gone, a standby takes over at its next poll; end it \
+                 (SELECT pg_terminate_backend({}))",
+                earlier.pid
+            );
+            None
+        }
+    }
+}
+
 /// A task that ends when this is dropped: the session's watch, and the hand-over lock's
 /// holder, whose clone of the SQL connection would otherwise keep the lock past the session
 /// (and every standby waiting).
@@ -1154,16 +1214,38 @@ impl Drop for AbortOnDrop {
 /// doubling up to a second) while another backend holds it: a standby's probe for a moment, or
 /// an ended instance's backend until the server notices it is gone. Stops at the first error
 /// (the connection is gone, and the lock with it).
-async fn hold_handover_lock(sql: Arc<tokio_postgres::Client>, slot: String) {
+///
+/// A holder that is this instance's own SQL backend of an earlier session (`own`, recorded
+/// here as each session takes the lock) is ended: its connection was lost without the server
+/// noticing (a flow stranded by a lost NAT or conntrack entry), and it would hold the lock
+/// until the server's TCP keepalive gave up on it, hours later (through a proxy, for good),
+/// while a standby could only take over at its next poll.
+async fn hold_handover_lock(sql: Arc<tokio_postgres::Client>, slot: String, own: OwnBackend) {
     const LONGEST: Duration = Duration::from_secs(1);
+    let own_one = || own.lock().unwrap_or_else(|p| p.into_inner());
     let mut pause = Duration::from_millis(10);
     loop {
         match ferry_wal::slot::handover::hold(&sql, &slot).await {
             Ok(true) => {
                 tracing::debug!("holding the slot's hand-over lock");
+                // Unread (a role that may not see its own backend start): nothing to end later.
+                let me = ferry_wal::slot::backend(&sql, None).await.ok().flatten();
+                *own_one() = me;
                 return;
             }
             Ok(false) => {
+                let earlier = *own_one();
+                if let Some(earlier) = earlier {
+                    match end_own_lock_holder(&sql, &slot, &earlier).await {
+                        Some(true) => {
+                            *own_one() = None;
+                            continue;
+                        }
+                        // Said once: not tried again.
+                        None => *own_one() = None,
+                        Some(false) => {}
+                    }
+                }
                 // Said once: when the pauses have grown to their longest.
                 let next = (pause * 2).min(LONGEST);
                 if next == LONGEST && pause < LONGEST {

@@ -95,6 +95,7 @@ pub async fn run(
         transactions_probe: None,
         lived: backoff::Lived::default(),
         walsender: Default::default(),
+        lock_holder: Default::default(),
     };
     let mut supervisor = Supervisor::new(&settings, &metrics);
     // No client before a broker answers: a waiting client reconnects every few milliseconds.
@@ -255,7 +256,7 @@ impl<'a> Supervisor<'a> {
         result: Result<driver::End, PipelineError>,
         lived: backoff::Lived,
         kept: Kept<'_>,
-        own_walsender: &driver::OwnWalsender,
+        own_walsender: &driver::OwnBackend,
         mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<bool, PipelineError> {
         let standby_sql = &mut *kept.0;
@@ -334,7 +335,7 @@ impl<'a> Supervisor<'a> {
         &self,
         pid: i32,
         sql: &tokio_postgres::Client,
-        own: &driver::OwnWalsender,
+        own: &driver::OwnBackend,
     ) -> bool {
         let own_one = || own.lock().unwrap_or_else(|p| p.into_inner());
         let Some(ours) = own_one().filter(|b| b.pid == pid) else {

@@ -87,7 +87,7 @@ pub(super) async fn watch_server(
     asking: Asking,
     (spec, membership, left): MembershipWatch,
     wal_clock: WalClock,
-    (walsender_pid, walsender): (i32, super::driver::OwnWalsender),
+    (walsender_pid, walsender): (i32, super::driver::OwnBackend),
 ) {
     let mut left = Some(left);
     let lost = watching(
@@ -118,7 +118,7 @@ async fn watching(
         &mut Option<tokio::sync::oneshot::Sender<PipelineError>>,
     ),
     wal_clock: &WalClock,
-    (walsender_pid, walsender): (i32, &super::driver::OwnWalsender),
+    (walsender_pid, walsender): (i32, &super::driver::OwnBackend),
 ) -> PipelineError {
     let mut could_replicate = true;
     let mut recorded = false;
