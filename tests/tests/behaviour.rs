@@ -314,7 +314,8 @@ async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
 
     // A's SQL connection(s), to tell B's apart.
     let ferry_backends = "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity \
-                          WHERE application_name = 'ferry' AND backend_type = 'client backend'";
+                          WHERE datname = current_database() AND application_name = 'ferry' \
+                          AND backend_type = 'client backend'";
     let a_backends: Vec<i32> = w.sql.query_one(ferry_backends, &[]).await.unwrap().get(0);
     let mut b = w.start_ferry();
     wait_until("B reports standby", Duration::from_secs(30), || async {
@@ -330,7 +331,8 @@ async fn a_second_ferry_stands_by_and_takes_over_when_the_first_dies() {
         || async {
             w.sql
                 .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ferry' \
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                     AND application_name = 'ferry' \
                      AND backend_type = 'client backend' AND NOT (pid = ANY($1)) \
                      AND query_start - backend_start > interval '1 second'",
                     &[&a_backends],

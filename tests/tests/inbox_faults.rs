@@ -331,15 +331,11 @@ async fn a_write_stranded_in_its_transaction_is_ended_and_every_record_lands_onc
     let ended =
         ferry_testkit::wait_for(secs(30), || async { count(&w.sql, stranded).await == 0 }).await;
     assert!(ended, "the stranded backend lives on:\n{}", f.log_text());
-    assert!(
-        f.log_text()
-            .contains("ended the database backend of the write given up on"),
-        "{}",
-        f.log_text()
-    );
-    assert!(f.is_running(), "{}", f.log_text());
-    let status = f.terminate().await;
-    assert!(status.success(), "{}", f.log_text());
+    said_and_stops_cleanly(
+        &mut f,
+        "ended the database backend of the write given up on",
+    )
+    .await;
     assert_exactly_once(&w.sql, &topic, &group, &recs).await;
 }
 
@@ -396,21 +392,14 @@ async fn a_cleanup_stranded_on_its_connection_is_given_up_on_and_the_next_one_cl
         rows(&w.sql, &topic).await,
         f.log_text()
     );
-    assert!(
-        f.log_text()
-            .contains("the database did not answer the cleanup within 2s"),
-        "{}",
-        f.log_text()
-    );
-    assert!(f.is_running(), "{}", f.log_text());
-    let status = f.terminate().await;
-    assert!(status.success(), "{}", f.log_text());
+    said_and_stops_cleanly(&mut f, "the database did not answer the cleanup within 2s").await;
 }
 
-/// The start waits on a lock on the inbox's tables (a migration's `ACCESS EXCLUSIVE` lock, a
-/// server gone behind a proxy look the same): `ferry inbox` stops after
-/// `postgres.receive_timeout` and says why, instead of waiting without a word, not ready, for
-/// as long as the lock is held.
+/// The start waits on a lock (a migration's `ACCESS EXCLUSIVE` lock on the inbox's tables,
+/// another copy creating them; a server gone behind a proxy looks the same): `ferry inbox`
+/// stops after `postgres.receive_timeout`, says why, and leaves nothing waiting behind the lock
+/// (a restart after each would queue one more backend), instead of waiting without a word, not
+/// ready, for as long as the lock is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_the_database_does_not_answer_stops_after_the_receive_timeout_and_says_why() {
     let mut w = World::new().await;
@@ -426,21 +415,42 @@ async fn a_start_the_database_does_not_answer_stops_after_the_receive_timeout_an
     let mut first = Ferry::spawn(&w, &["inbox"]);
     first.wait_log("consuming into the inbox", secs(60)).await;
     assert!(first.terminate().await.success(), "{}", first.log_text());
-    let locker = w.db.client().await;
-    locker
-        .batch_execute("BEGIN; LOCK TABLE ferry_inbox IN ACCESS EXCLUSIVE MODE")
-        .await
-        .expect("lock");
-    let mut f = Ferry::spawn(&w, &["inbox"]);
-    let status = f.wait_exit(secs(30)).await;
-    assert!(!status.success(), "{}", f.log_text());
-    assert!(
-        f.log_text()
-            .contains("the database did not answer the preparation of its statements within 2s"),
-        "{}",
-        f.log_text()
-    );
-    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    // Each step of the start behind its lock: the tables' creation takes turns under an
+    // advisory lock (copies starting together), the statements' preparation reads the tables.
+    for (lock, step) in [
+        (
+            "SELECT pg_advisory_xact_lock(hashtext('ferry inbox tables \"public\".\"ferry_inbox\"'))",
+            "the look-up or creation of its tables",
+        ),
+        (
+            "LOCK TABLE ferry_inbox IN ACCESS EXCLUSIVE MODE",
+            "the preparation of its statements",
+        ),
+    ] {
+        let locker = w.db.client().await;
+        locker
+            .batch_execute(&format!("BEGIN; {lock}"))
+            .await
+            .expect("lock");
+        let mut f = Ferry::spawn(&w, &["inbox"]);
+        let status = f.wait_exit(secs(30)).await;
+        assert!(!status.success(), "{}", f.log_text());
+        assert!(
+            f.log_text().contains(&format!(
+                "the database did not answer {step} within 2s"
+            )),
+            "{}",
+            f.log_text()
+        );
+        // Cancelled before it stopped: nothing of it is left waiting behind the lock.
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                       AND application_name = 'ferry' AND wait_event_type = 'Lock'";
+        wait_until("nothing of it waits behind the lock", secs(30), || async {
+            count(&w.sql, waiting).await == 0
+        })
+        .await;
+        locker.batch_execute("ROLLBACK").await.expect("unlock");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1288,6 +1298,14 @@ fn inbox_env(w: &mut World, topic: &str, group: &str, extra: &[(&str, &str)]) {
         .chain(extra)
         .map(|(k, v)| (k.to_string(), v.to_string())),
     );
+}
+
+/// Asserts that `f` logged `text`, runs on, and exits 0 when told to stop.
+async fn said_and_stops_cleanly(f: &mut Ferry, text: &str) {
+    assert!(f.log_text().contains(text), "{}", f.log_text());
+    assert!(f.is_running(), "{}", f.log_text());
+    let status = f.terminate().await;
+    assert!(status.success(), "{}", f.log_text());
 }
 
 /// How many lines the inbox's Kafka consumer logged about the brokers (errors and warnings).

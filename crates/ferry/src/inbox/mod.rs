@@ -151,17 +151,21 @@ pub async fn run(
 ) -> Result<(), String> {
     let s = Arc::new(s);
     let mut first = connect(&s.postgres).await?;
-    answered(s.receive_timeout, None, prepare_tables(&mut first, &s))
-        .await
-        .ok_or_else(|| unanswered_at_start("the look-up or creation of its tables", &s))??;
-    let statements = answered(
+    let Some(prepared) = answered(s.receive_timeout, None, prepare_tables(&mut first, &s)).await
+    else {
+        return Err(unanswered_at_start("the look-up or creation of its tables", &first, &s).await);
+    };
+    prepared?;
+    let prepared = answered(
         s.receive_timeout,
         None,
         Statements::prepare(&first, &s.tables, &s.notify_channel),
     )
-    .await
-    .ok_or_else(|| unanswered_at_start("the preparation of its statements", &s))?
-    .map_err(|e| {
+    .await;
+    let Some(prepared) = prepared else {
+        return Err(unanswered_at_start("the preparation of its statements", &first, &s).await);
+    };
+    let statements = prepared.map_err(|e| {
         format!(
             "cannot prepare the inbox's statements on {}: {}; do the tables match sql/inbox.sql \
                  (inbox.payload_type = \"{}\")?",
@@ -442,7 +446,7 @@ fn spawn_writer(
                                 Some(Err(e)) => store::describe(&e),
                                 _ => {
                                     ferry_wal::slot::cancel_sql_soon(&s.postgres, c.cancel_token());
-                                    unanswered("the preparation of its statements", &s)
+                                    unanswered("the preparation of its statements", GOES_ON, &s)
                                 }
                             };
                             let _ = done
@@ -475,7 +479,7 @@ fn spawn_writer(
             {
                 Some(outcome) => (outcome, false),
                 None => {
-                    let error = unanswered("the write", &s);
+                    let error = unanswered("the write", GOES_ON, &s);
                     (WriteOutcome::Failed { error }, true)
                 }
             };
@@ -610,19 +614,25 @@ async fn answered<T>(
     }
 }
 
-/// Why a query [`answered`] gave up on failed.
-fn unanswered(what: &str, s: &InboxSettings) -> String {
+/// Why a query [`answered`] gave up on failed; `then`: what happens to it and after it.
+fn unanswered(what: &str, then: &str, s: &InboxSettings) -> String {
     format!(
-        "the database did not answer {what} within {:?} (postgres.receive_timeout): it is \
-         cancelled (a write's backend ended), and the inbox goes on on a new connection. If the database or the network \
-         was down, nothing needs doing; if it was only busy (a lock, a slow trigger), raise \
-         postgres.receive_timeout",
+        "the database did not answer {what} within {:?} (postgres.receive_timeout): {then}. If \
+         the database or the network was down, nothing needs doing; if it was only busy (a \
+         lock, a slow trigger), raise postgres.receive_timeout",
         s.receive_timeout.unwrap_or_default()
     )
 }
 
-/// Why the start, a query of which [`answered`] gave up on, failed.
-fn unanswered_at_start(what: &str, s: &InboxSettings) -> String {
+/// [`unanswered`]'s `then` for a write's and a read's queries.
+const GOES_ON: &str = "it is cancelled (a write's backend ended), and the inbox goes on on a new \
+                       connection";
+
+/// Why the start, a query of which [`answered`] gave up on, failed; the query cancelled first
+/// (the process ends next, and a backend waiting on a lock would not notice its client gone:
+/// a restart after each would queue one more behind the lock).
+async fn unanswered_at_start(what: &str, client: &Client, s: &InboxSettings) -> String {
+    ferry_wal::slot::cancel_sql(&s.postgres, &client.cancel_token()).await;
     format!(
         "the database did not answer {what} within {:?} (postgres.receive_timeout), so the inbox \
          stops without having consumed anything; check that the database is up and reachable. If \
@@ -650,7 +660,7 @@ fn spawn_loader(
                         Some(r) => r.map_err(|e| store::describe(&e)),
                         None => {
                             ferry_wal::slot::cancel_sql_soon(&s.postgres, c.cancel_token());
-                            Err(unanswered("the read of the offsets", &s))
+                            Err(unanswered("the read of the offsets", GOES_ON, &s))
                         }
                     }
                 }
@@ -693,7 +703,11 @@ fn spawn_cleaner(s: Arc<InboxSettings>, done: mpsc::Sender<Done>) -> mpsc::Sende
                         Some(r) => r.map_err(|e| store::describe(&e)),
                         None => {
                             ferry_wal::slot::cancel_sql_soon(&s.postgres, c.cancel_token());
-                            Err(unanswered("the cleanup", &s))
+                            Err(unanswered(
+                                "the cleanup",
+                                "it is cancelled, and the next cleanup runs on a new connection",
+                                &s,
+                            ))
                         }
                     }
                 }
