@@ -950,8 +950,6 @@ async fn reconnects(ferry: &Ferry, component: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The walsender streaming the world's slot: its pid and the time of the last status update it
-/// received (`reply_time`, as text).
 /// The backend holding the slot's hand-over lock, if one does.
 async fn lock_holder(w: &World) -> Option<i32> {
     ferry_wal::slot::handover::holder(&w.sql, &w.slot)
@@ -959,6 +957,8 @@ async fn lock_holder(w: &World) -> Option<i32> {
         .expect("pg_locks")
 }
 
+/// The walsender streaming the world's slot: its pid and the time of the last status update it
+/// received (`reply_time`, as text).
 async fn walsender(w: &World) -> Option<(i32, Option<String>)> {
     w.sql
         .query_opt(
